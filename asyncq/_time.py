@@ -1,0 +1,45 @@
+"""Time conversions between Python objects and asynq's wire units."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+__all__ = [
+    "GO_ZERO_TIME",
+    "GO_ZERO_UNIX",
+    "from_unix",
+    "require_aware",
+    "to_unix",
+]
+
+GO_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
+"""Go's zero ``time.Time``; asynq writes it for protobuf timestamps meaning "never"."""
+GO_ZERO_UNIX = -62135596800
+"""Unix seconds of :data:`GO_ZERO_TIME`."""
+
+
+def require_aware(value: datetime, name: str) -> datetime:
+    """Reject naive datetimes: asyncq never guesses a time zone."""
+    if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+        raise ValueError(
+            f"{name} must be a timezone-aware datetime (got naive {value.isoformat()}); "
+            "use datetime.now(UTC) or attach a tzinfo"
+        )
+    return value
+
+
+def to_unix(value: datetime) -> int:
+    """Whole unix seconds of an aware datetime (truncated like Go's ``Time.Unix``)."""
+    return int(require_aware(value, "datetime").timestamp() // 1)
+
+
+def from_unix(seconds: int) -> datetime | None:
+    """An aware UTC datetime, or None for asynq's 0 ("not set")."""
+    if seconds == 0:
+        return None
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def seconds(value: timedelta) -> int:
+    """Whole seconds of a duration, truncated toward zero like Go's int64(d.Seconds())."""
+    return int(value.total_seconds())

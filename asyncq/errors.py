@@ -1,0 +1,106 @@
+"""Exceptions raised by asyncq, mirroring asynq's sentinel errors."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AsyncqError",
+    "BrokerError",
+    "DuplicateTaskError",
+    "FailedPreconditionError",
+    "HandlerNotFoundError",
+    "LeaseExpiredError",
+    "QueueNotEmptyError",
+    "QueueNotFoundError",
+    "RevokeTask",
+    "ServerClosedError",
+    "SkipRetry",
+    "TaskIdConflictError",
+    "TaskNotFoundError",
+]
+
+
+class AsyncqError(Exception):
+    """Base class of every asyncq error."""
+
+
+class DuplicateTaskError(AsyncqError):
+    """A task with the same uniqueness key is already held (asynq: "task already exists")."""
+
+    def __init__(self, message: str = "task already exists") -> None:
+        super().__init__(message)
+
+
+class TaskIdConflictError(AsyncqError):
+    """A task with the same ID already exists (asynq: "task ID conflicts with another task")."""
+
+    def __init__(self, message: str = "task ID conflicts with another task") -> None:
+        super().__init__(message)
+
+
+class QueueNotFoundError(AsyncqError):
+    """The queue is not registered in ``asynq:queues``."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        super().__init__(f"queue not found: {queue!r}")
+
+
+class QueueNotEmptyError(AsyncqError):
+    """The queue still holds tasks (delete it with ``force=True``)."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        super().__init__(f"queue is not empty: {queue!r}")
+
+
+class TaskNotFoundError(AsyncqError):
+    """No task with that ID exists in the queue."""
+
+    def __init__(self, queue: str, task_id: str) -> None:
+        self.queue = queue
+        self.task_id = task_id
+        super().__init__(f"task not found: id={task_id!r} queue={queue!r}")
+
+
+class FailedPreconditionError(AsyncqError):
+    """The operation is not allowed in the task's or queue's current state."""
+
+
+class BrokerError(AsyncqError):
+    """Redis answered a broker script with an unexpected error."""
+
+
+class LeaseExpiredError(AsyncqError):
+    """The worker's lease on the task expired before it finished (asynq: "task lease expired")."""
+
+    def __init__(self, message: str = "asynq: task lease expired") -> None:
+        super().__init__(message)
+
+
+class ServerClosedError(AsyncqError):
+    """The server was already shut down."""
+
+    def __init__(self, message: str = "asynq: Server closed") -> None:
+        super().__init__(message)
+
+
+class HandlerNotFoundError(AsyncqError):
+    """No handler is registered for the task's type."""
+
+    def __init__(self, task_type: str) -> None:
+        self.task_type = task_type
+        super().__init__(f"handler not found for task {task_type!r}")
+
+
+class SkipRetry(AsyncqError):  # noqa: N818 - asynq's name, kept for familiarity
+    """Raise from a handler to archive the task at once, without further retries."""
+
+    def __init__(self, message: str = "skip retry for the task") -> None:
+        super().__init__(message)
+
+
+class RevokeTask(AsyncqError):  # noqa: N818 - asynq's name, kept for familiarity
+    """Raise from a handler to drop the task: no retry, no archive; it counts as processed."""
+
+    def __init__(self, message: str = "revoke task") -> None:
+        super().__init__(message)

@@ -1,0 +1,210 @@
+"""The Redis key schema shared with Go asynq v0.26 (its ``internal/base``).
+
+Every per-queue key starts with ``asynq:{<qname>}:``; the braces are a Redis
+Cluster hash tag, so all of a queue's keys (task hashes, unique locks, groups)
+live in one slot. Global keys are not co-located with any queue. This module
+is the only place that spells key names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+
+__all__ = [
+    "ALL_QUEUES",
+    "ALL_SCHEDULERS",
+    "ALL_SERVERS",
+    "ALL_WORKERS",
+    "CANCEL_CHANNEL",
+    "active_key",
+    "aggregation_set_key",
+    "all_aggregation_sets",
+    "archived_key",
+    "completed_key",
+    "failed_key",
+    "failed_total_key",
+    "group_key",
+    "group_key_prefix",
+    "all_groups",
+    "lease_key",
+    "paused_key",
+    "pending_key",
+    "processed_key",
+    "processed_total_key",
+    "queue_key_prefix",
+    "retry_key",
+    "scheduled_key",
+    "scheduler_entries_key",
+    "scheduler_history_key",
+    "server_info_key",
+    "task_key",
+    "task_key_prefix",
+    "unique_key",
+    "validate_queue_name",
+    "wakeup_channel",
+    "workers_key",
+]
+
+ALL_SERVERS = "asynq:servers"
+"""ZSET: server-info key name -> expiry (unix s)."""
+ALL_WORKERS = "asynq:workers"
+"""ZSET: workers key name -> expiry (unix s)."""
+ALL_SCHEDULERS = "asynq:schedulers"
+"""ZSET: scheduler entries key name -> expiry (unix s)."""
+ALL_QUEUES = "asynq:queues"
+"""SET of every queue name ever enqueued to."""
+CANCEL_CHANNEL = "asynq:cancel"
+"""Pub/Sub channel; message payload is a task ID to cancel."""
+
+
+def validate_queue_name(qname: str) -> None:
+    """Raise ValueError when *qname* is blank (asynq's only rule for queue names)."""
+    if not qname or not qname.strip():
+        raise ValueError("queue name must contain one or more characters")
+
+
+def queue_key_prefix(qname: str) -> str:
+    """``asynq:{<qname>}:``, the prefix of every per-queue key."""
+    return f"asynq:{{{qname}}}:"
+
+
+def task_key_prefix(qname: str) -> str:
+    """``asynq:{<qname>}:t:``; scripts append a task ID to it."""
+    return f"asynq:{{{qname}}}:t:"
+
+
+def task_key(qname: str, task_id: str) -> str:
+    """HASH holding one task: fields msg, state, pending_since, unique_key, group, result."""
+    return f"asynq:{{{qname}}}:t:{task_id}"
+
+
+def pending_key(qname: str) -> str:
+    """LIST of ready task IDs: new work is LPUSHed, workers take from the tail."""
+    return f"asynq:{{{qname}}}:pending"
+
+
+def active_key(qname: str) -> str:
+    """LIST of task IDs being processed."""
+    return f"asynq:{{{qname}}}:active"
+
+
+def scheduled_key(qname: str) -> str:
+    """ZSET of task IDs scored by process-at time (unix s)."""
+    return f"asynq:{{{qname}}}:scheduled"
+
+
+def retry_key(qname: str) -> str:
+    """ZSET of task IDs scored by retry-at time (unix s)."""
+    return f"asynq:{{{qname}}}:retry"
+
+
+def archived_key(qname: str) -> str:
+    """ZSET of task IDs scored by archive time (unix s)."""
+    return f"asynq:{{{qname}}}:archived"
+
+
+def lease_key(qname: str) -> str:
+    """ZSET of active task IDs scored by lease expiry (unix s)."""
+    return f"asynq:{{{qname}}}:lease"
+
+
+def completed_key(qname: str) -> str:
+    """ZSET of completed task IDs scored by their expiry (completed_at + retention)."""
+    return f"asynq:{{{qname}}}:completed"
+
+
+def paused_key(qname: str) -> str:
+    """STRING that exists exactly while the queue is paused."""
+    return f"asynq:{{{qname}}}:paused"
+
+
+def processed_total_key(qname: str) -> str:
+    """All-time processed counter (successes and failures)."""
+    return f"asynq:{{{qname}}}:processed"
+
+
+def failed_total_key(qname: str) -> str:
+    """All-time failed counter."""
+    return f"asynq:{{{qname}}}:failed"
+
+
+def _date(when: datetime) -> str:
+    # Daily counters are keyed by the UTC calendar date, whatever the local zone.
+    if when.tzinfo is None:
+        raise ValueError("stats keys need an aware datetime")
+    return when.astimezone(UTC).strftime("%Y-%m-%d")
+
+
+def processed_key(qname: str, when: datetime) -> str:
+    """Per-UTC-day processed counter: ``asynq:{q}:processed:YYYY-MM-DD``."""
+    return f"asynq:{{{qname}}}:processed:{_date(when)}"
+
+
+def failed_key(qname: str, when: datetime) -> str:
+    """Per-UTC-day failed counter: ``asynq:{q}:failed:YYYY-MM-DD``."""
+    return f"asynq:{{{qname}}}:failed:{_date(when)}"
+
+
+def unique_key(qname: str, task_type: str, payload: bytes | None) -> str:
+    """Uniqueness lock key for (queue, type, payload).
+
+    A ``None`` payload (Go's nil slice) gives an empty checksum, while an empty
+    ``b""`` payload hashes to md5("") -- the two differ, exactly as in asynq.
+    """
+    checksum = "" if payload is None else hashlib.md5(payload).hexdigest()  # noqa: S324
+    return f"asynq:{{{qname}}}:unique:{task_type}:{checksum}"
+
+
+def all_groups(qname: str) -> str:
+    """SET of group names with aggregating tasks in the queue."""
+    return f"asynq:{{{qname}}}:groups"
+
+
+def group_key_prefix(qname: str) -> str:
+    """``asynq:{<qname>}:g:``; scripts append a group name to it."""
+    return f"asynq:{{{qname}}}:g:"
+
+
+def group_key(qname: str, group: str) -> str:
+    """ZSET of aggregating task IDs in *group*, scored by the time added (unix s)."""
+    return f"asynq:{{{qname}}}:g:{group}"
+
+
+def aggregation_set_key(qname: str, group: str, set_id: str) -> str:
+    """ZSET of tasks staged for one aggregation run."""
+    return f"asynq:{{{qname}}}:g:{group}:{set_id}"
+
+
+def all_aggregation_sets(qname: str) -> str:
+    """ZSET of aggregation set keys scored by their deadline (unix s)."""
+    return f"asynq:{{{qname}}}:aggregation_sets"
+
+
+def server_info_key(host: str, pid: int, server_id: str) -> str:
+    """STRING holding a ServerInfo protobuf (TTL 2 x heartbeat)."""
+    return f"asynq:servers:{{{host}:{pid}:{server_id}}}"
+
+
+def workers_key(host: str, pid: int, server_id: str) -> str:
+    """HASH task ID -> WorkerInfo protobuf for one server."""
+    return f"asynq:workers:{{{host}:{pid}:{server_id}}}"
+
+
+def scheduler_entries_key(scheduler_id: str) -> str:
+    """LIST of SchedulerEntry protobufs written by one scheduler's heartbeat."""
+    return f"asynq:schedulers:{{{scheduler_id}}}"
+
+
+def scheduler_history_key(entry_id: str) -> str:
+    """ZSET of SchedulerEnqueueEvent protobufs for one entry, scored by enqueue time."""
+    return f"asynq:scheduler_history:{entry_id}"
+
+
+def wakeup_channel(qname: str) -> str:
+    """asyncq-only Pub/Sub channel that tells idle asyncq workers a queue has work.
+
+    It is a channel, not a key: Go asynq never subscribes to it, so publishing
+    on it changes nothing for Go servers, the asynq CLI or asynqmon.
+    """
+    return f"asyncq:wakeup:{{{qname}}}"

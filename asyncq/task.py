@@ -1,0 +1,219 @@
+"""Tasks, task states and the TaskInfo snapshot returned by the client and inspector."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+
+from typing_extensions import Unpack
+
+from asyncq._time import from_unix
+from asyncq.proto.asynq import TaskMessage
+
+__all__ = [
+    "EnqueueOptions",
+    "ResultWriter",
+    "Task",
+    "TaskInfo",
+    "TaskState",
+]
+
+
+class TaskState(enum.StrEnum):
+    """A task's state; the values are the strings stored in the task hash ``state`` field."""
+
+    ACTIVE = "active"
+    PENDING = "pending"
+    SCHEDULED = "scheduled"
+    RETRY = "retry"
+    ARCHIVED = "archived"
+    COMPLETED = "completed"
+    AGGREGATING = "aggregating"
+
+
+class EnqueueOptions(TypedDict, total=False):
+    """Options accepted by ``Client.enqueue`` and as defaults on a :class:`Task`.
+
+    Datetimes must be timezone-aware; naive ones are rejected with ValueError.
+    """
+
+    queue: str
+    max_retry: int
+    timeout: timedelta | None
+    deadline: datetime | None
+    unique: timedelta | None
+    process_at: datetime | None
+    process_in: timedelta | None
+    task_id: str | None
+    retention: timedelta | None
+    group: str | None
+    headers: Mapping[str, str] | None
+
+
+class ResultWriter(Protocol):
+    """Writes a handler's result into the task hash (``result`` field)."""
+
+    @property
+    def task_id(self) -> str: ...
+
+    async def write(self, data: bytes) -> int:
+        """Store *data* as the task's result; returns the number of bytes written."""
+        ...
+
+
+class Task:
+    """A unit of work: a type name, an opaque payload, headers and default options.
+
+    Inside a handler the same object also carries the running task's identity
+    (``id``, ``queue``, ``retry_count``, ``max_retry``, ``deadline``) and a
+    ``result_writer``.
+    """
+
+    __slots__ = (
+        "_message",
+        "deadline",
+        "headers",
+        "id",
+        "max_retry",
+        "options",
+        "payload",
+        "queue",
+        "result_writer",
+        "retry_count",
+        "type",
+    )
+
+    def __init__(
+        self,
+        type: str,  # noqa: A002 - asynq's vocabulary
+        payload: bytes | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> None:
+        if not isinstance(type, str) or not type.strip():
+            raise ValueError("task typename cannot be empty")
+        if payload is not None and not isinstance(payload, bytes | bytearray | memoryview):
+            raise TypeError(
+                f"task payload must be bytes or None, got {payload.__class__.__name__}; "
+                "use Task.from_json() for JSON data"
+            )
+        self.type = type
+        self.payload: bytes | None = None if payload is None else bytes(payload)
+        self.headers: dict[str, str] = dict(headers) if headers else {}
+        self.options: EnqueueOptions = options
+        self.id: str | None = None
+        self.queue: str | None = None
+        self.retry_count: int = 0
+        self.max_retry: int | None = None
+        self.deadline: datetime | None = None
+        self.result_writer: ResultWriter | None = None
+        self._message: TaskMessage | None = None
+
+    @classmethod
+    def from_json(
+        cls,
+        type: str,  # noqa: A002
+        data: Any,
+        *,
+        headers: Mapping[str, str] | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> Task:
+        """A task whose payload is *data* encoded as compact UTF-8 JSON."""
+        payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+        return cls(type, payload, headers=headers, **options)
+
+    def json(self) -> Any:
+        """Decode the payload as JSON (raises ValueError when it is not JSON)."""
+        if self.payload is None:
+            raise ValueError(f"task {self.type!r} has no payload to decode as JSON")
+        return json.loads(self.payload)
+
+    @classmethod
+    def _from_message(cls, msg: TaskMessage) -> Task:
+        """The handler-side Task for a dequeued message (internal)."""
+        task = cls.__new__(cls)
+        task.type = msg.type
+        task.payload = msg.payload
+        task.headers = dict(msg.headers)
+        task.options = {}
+        task.id = msg.id
+        task.queue = msg.queue
+        task.retry_count = msg.retried
+        task.max_retry = msg.retry
+        task.deadline = None
+        task.result_writer = None
+        task._message = msg
+        return task
+
+    def __repr__(self) -> str:
+        ident = f" id={self.id!r}" if self.id else ""
+        return f"<Task type={self.type!r}{ident}>"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """A snapshot of a task as stored in Redis (asynq's TaskInfo)."""
+
+    id: str
+    queue: str
+    type: str
+    payload: bytes
+    state: TaskState
+    max_retry: int
+    retried: int
+    last_error: str
+    last_failed_at: datetime | None
+    timeout: timedelta | None
+    deadline: datetime | None
+    group: str
+    next_process_at: datetime | None
+    retention: timedelta | None
+    completed_at: datetime | None
+    result: bytes | None
+    headers: dict[str, str] = field(default_factory=dict)
+    is_orphaned: bool = False
+
+    @classmethod
+    def from_message(
+        cls,
+        msg: TaskMessage,
+        state: TaskState,
+        next_process_at: datetime | None,
+        result: bytes | None = None,
+        *,
+        is_orphaned: bool = False,
+    ) -> TaskInfo:
+        """Build from a stored TaskMessage; asynq's 0 values become None."""
+        return cls(
+            id=msg.id,
+            queue=msg.queue,
+            type=msg.type,
+            payload=msg.payload,
+            state=state,
+            max_retry=msg.retry,
+            retried=msg.retried,
+            last_error=msg.error_msg,
+            last_failed_at=from_unix(msg.last_failed_at),
+            timeout=timedelta(seconds=msg.timeout) if msg.timeout else None,
+            deadline=from_unix(msg.deadline),
+            group=msg.group_key,
+            next_process_at=next_process_at,
+            retention=timedelta(seconds=msg.retention) if msg.retention else None,
+            completed_at=from_unix(msg.completed_at),
+            result=result,
+            headers=dict(msg.headers),
+            is_orphaned=is_orphaned,
+        )
+
+    def json(self) -> Any:
+        """Decode the payload as JSON."""
+        return json.loads(self.payload)
+
+
+if TYPE_CHECKING:  # keep the Protocol honest for mypy
+    _rw: ResultWriter

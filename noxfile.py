@@ -1,0 +1,60 @@
+"""Developer tasks: ``nox`` runs tests, lint and typecheck (what CI runs)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHON = "3.11"
+ROOT = Path(__file__).parent
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Run the test suite against throwaway redis-server processes."""
+    session.install("-e", ".[dev]")
+    args = session.posargs or ["-n", "2", "--dist", "loadgroup"]
+    session.run("pytest", *args)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check and format check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", "asyncq", "tests", "examples", "benchmarks", "noxfile.py")
+    session.run("ruff", "format", "--check", "asyncq", "tests", "examples", "benchmarks", "noxfile.py")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the package."""
+    session.install("-e", ".[dev]")
+    session.run("mypy", "--strict", "asyncq")
+
+
+@nox.session(python=PYTHON)
+def proto(session: nox.Session) -> None:
+    """Regenerate asyncq/proto from protos/asynq.proto with betterproto2_compiler."""
+    session.install("betterproto2_compiler>=0.10,<0.11", "grpcio-tools>=1.60")
+    out = ROOT / "asyncq" / "proto"
+    with tempfile.TemporaryDirectory() as tmp:
+        session.run(
+            "python", "-m", "grpc_tools.protoc", "-I", str(ROOT / "protos"),
+            f"--python_betterproto2_out={tmp}", str(ROOT / "protos" / "asynq.proto"),
+        )  # fmt: skip
+        shutil.rmtree(out)
+        shutil.copytree(tmp, out)
+    session.log(f"regenerated {out}")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks against the Python peers (see benchmarks/README.md)."""
+    session.install("-e", ".[uvloop]")
+    session.run("python", "-m", "benchmarks", *session.posargs)

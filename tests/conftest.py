@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from asyncq.broker import Broker
+from tests.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of a Redis the tests may flush: a throwaway server, or ASYNCQ_TEST_REDIS_URL."""
+    env = os.environ.get("ASYNCQ_TEST_REDIS_URL")
+    if env:
+        yield env
+        return
+    server = RedisServer().start()
+    try:
+        yield server.url
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    """A raw redis-py client on a flushed database (bytes responses)."""
+    client = Redis.from_url(redis_url)
+    await client.flushdb()
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def broker(redis: Redis) -> Broker:
+    return Broker(redis)
