@@ -28,7 +28,9 @@ def lint(session: nox.Session) -> None:
     """ruff check and format check."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", "asyncq", "tests", "examples", "benchmarks", "noxfile.py")
-    session.run("ruff", "format", "--check", "asyncq", "tests", "examples", "benchmarks", "noxfile.py")
+    session.run(
+        "ruff", "format", "--check", "asyncq", "tests", "examples", "benchmarks", "noxfile.py"
+    )
 
 
 @nox.session(python=PYTHON)

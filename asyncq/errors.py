@@ -92,14 +92,14 @@ class HandlerNotFoundError(AsyncqError):
         super().__init__(f"handler not found for task {task_type!r}")
 
 
-class SkipRetry(AsyncqError):  # noqa: N818 - asynq's name, kept for familiarity
+class SkipRetry(AsyncqError):
     """Raise from a handler to archive the task at once, without further retries."""
 
     def __init__(self, message: str = "skip retry for the task") -> None:
         super().__init__(message)
 
 
-class RevokeTask(AsyncqError):  # noqa: N818 - asynq's name, kept for familiarity
+class RevokeTask(AsyncqError):
     """Raise from a handler to drop the task: no retry, no archive; it counts as processed."""
 
     def __init__(self, message: str = "revoke task") -> None:

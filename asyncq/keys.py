@@ -20,13 +20,13 @@ __all__ = [
     "active_key",
     "aggregation_set_key",
     "all_aggregation_sets",
+    "all_groups",
     "archived_key",
     "completed_key",
     "failed_key",
     "failed_total_key",
     "group_key",
     "group_key_prefix",
-    "all_groups",
     "lease_key",
     "paused_key",
     "pending_key",
@@ -152,7 +152,7 @@ def unique_key(qname: str, task_type: str, payload: bytes | None) -> str:
     A ``None`` payload (Go's nil slice) gives an empty checksum, while an empty
     ``b""`` payload hashes to md5("") -- the two differ, exactly as in asynq.
     """
-    checksum = "" if payload is None else hashlib.md5(payload).hexdigest()  # noqa: S324
+    checksum = "" if payload is None else hashlib.md5(payload).hexdigest()
     return f"asynq:{{{qname}}}:unique:{task_type}:{checksum}"
 
 

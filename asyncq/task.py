@@ -19,6 +19,7 @@ __all__ = [
     "ResultWriter",
     "Task",
     "TaskInfo",
+    "TaskOptions",
     "TaskState",
 ]
 
@@ -35,8 +36,8 @@ class TaskState(enum.StrEnum):
     AGGREGATING = "aggregating"
 
 
-class EnqueueOptions(TypedDict, total=False):
-    """Options accepted by ``Client.enqueue`` and as defaults on a :class:`Task`.
+class TaskOptions(TypedDict, total=False):
+    """Enqueue options a :class:`Task` can carry as defaults (call options override them).
 
     Datetimes must be timezone-aware; naive ones are rejected with ValueError.
     """
@@ -51,6 +52,11 @@ class EnqueueOptions(TypedDict, total=False):
     task_id: str | None
     retention: timedelta | None
     group: str | None
+
+
+class EnqueueOptions(TaskOptions, total=False):
+    """Options accepted by ``Client.enqueue``: the task options plus extra ``headers``."""
+
     headers: Mapping[str, str] | None
 
 
@@ -89,11 +95,11 @@ class Task:
 
     def __init__(
         self,
-        type: str,  # noqa: A002 - asynq's vocabulary
+        type: str,
         payload: bytes | None = None,
         *,
         headers: Mapping[str, str] | None = None,
-        **options: Unpack[EnqueueOptions],
+        **options: Unpack[TaskOptions],
     ) -> None:
         if not isinstance(type, str) or not type.strip():
             raise ValueError("task typename cannot be empty")
@@ -105,7 +111,7 @@ class Task:
         self.type = type
         self.payload: bytes | None = None if payload is None else bytes(payload)
         self.headers: dict[str, str] = dict(headers) if headers else {}
-        self.options: EnqueueOptions = options
+        self.options: TaskOptions = options
         self.id: str | None = None
         self.queue: str | None = None
         self.retry_count: int = 0
@@ -117,11 +123,11 @@ class Task:
     @classmethod
     def from_json(
         cls,
-        type: str,  # noqa: A002
+        type: str,
         data: Any,
         *,
         headers: Mapping[str, str] | None = None,
-        **options: Unpack[EnqueueOptions],
+        **options: Unpack[TaskOptions],
     ) -> Task:
         """A task whose payload is *data* encoded as compact UTF-8 JSON."""
         payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()

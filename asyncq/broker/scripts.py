@@ -30,7 +30,7 @@ class Script:
     def __init__(self, name: str, source: str) -> None:
         self.name = name
         self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 - Redis' own script id
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
 
     async def __call__(
         self,
@@ -39,10 +39,10 @@ class Script:
         args: Sequence[KeyOrArg] = (),
     ) -> Any:
         try:
-            return await redis.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
+            return await redis.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             await self.load(redis)
-            return await redis.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
+            return await redis.evalsha(self.sha, len(keys), *keys, *args)
 
     async def load(self, redis: RedisClient) -> None:
         """SCRIPT LOAD the source (on every primary of a cluster)."""
