@@ -1,0 +1,191 @@
+"""A fast hand-written protobuf codec for TaskMessage, the message on asyncq's hot path.
+
+Every dequeued task is decoded and every retry/archive/completion re-encodes
+one, so the generic betterproto2 reflection path (~30 us to decode, ~40 us to
+encode on our machines) would dominate a no-op task's cost. This module
+speaks the same proto3 wire format for ``asynq.TaskMessage`` only: fields in
+number order, zero values omitted, map entries with key then value, and any
+unknown field (a newer asynq's addition) kept verbatim and re-emitted, so a
+round trip never loses data. The generated class stays the source of truth:
+the tests check this codec against betterproto2 on random messages.
+"""
+
+from __future__ import annotations
+
+from asyncq.proto.asynq import TaskMessage
+
+__all__ = ["decode_task_message", "encode_task_message"]
+
+_STR_FIELDS = {1: "type", 3: "id", 4: "queue", 7: "error_msg", 10: "unique_key", 14: "group_key"}
+_INT_FIELDS = {
+    5: "retry",
+    6: "retried",
+    8: "timeout",
+    9: "deadline",
+    11: "last_failed_at",
+    12: "retention",
+    13: "completed_at",
+}
+_INT32_FIELDS = frozenset({5, 6})
+_MASK64 = (1 << 64) - 1
+
+
+def _varint(value: int) -> bytes:
+    value &= _MASK64  # negative ints are sign-extended to 10 bytes, as proto requires
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        try:
+            b = buf[pos]
+        except IndexError:
+            raise ValueError("truncated varint in TaskMessage") from None
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 70:
+            raise ValueError("varint longer than 10 bytes in TaskMessage")
+
+
+def _skip(buf: bytes, pos: int, wire_type: int) -> int:
+    if wire_type == 0:
+        return _read_varint(buf, pos)[1]
+    if wire_type == 1:
+        return pos + 8
+    if wire_type == 2:
+        length, pos = _read_varint(buf, pos)
+        return pos + length
+    if wire_type == 5:
+        return pos + 4
+    raise ValueError(f"unsupported protobuf wire type {wire_type} in TaskMessage")
+
+
+def _signed(value: int, field: int) -> int:
+    if field in _INT32_FIELDS:
+        value &= 0xFFFFFFFF
+        return value - (1 << 32) if value >= 1 << 31 else value
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _decode_map_entry(buf: bytes) -> tuple[str, str]:
+    key = value = ""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        tag, pos = _read_varint(buf, pos)
+        wire_type = tag & 7
+        if wire_type == 2:
+            length, pos = _read_varint(buf, pos)
+            data = buf[pos : pos + length]
+            if len(data) != length:
+                raise ValueError("truncated header entry in TaskMessage")
+            pos += length
+            if tag >> 3 == 1:
+                key = data.decode()
+            elif tag >> 3 == 2:
+                value = data.decode()
+        else:
+            pos = _skip(buf, pos, wire_type)
+    return key, value
+
+
+def decode_task_message(data: bytes) -> TaskMessage:
+    """Decode ``asynq.TaskMessage`` bytes; raises ValueError on malformed input."""
+    fields: dict[str, object] = {}
+    headers: dict[str, str] = {}
+    unknown = bytearray()
+    pos = 0
+    end = len(data)
+    try:
+        while pos < end:
+            start = pos
+            tag, pos = _read_varint(data, pos)
+            field = tag >> 3
+            wire_type = tag & 7
+            if wire_type == 2 and (field in _STR_FIELDS or field in (2, 15)):
+                length, pos = _read_varint(data, pos)
+                chunk = data[pos : pos + length]
+                if len(chunk) != length:
+                    raise ValueError("truncated field in TaskMessage")
+                pos += length
+                if field == 2:
+                    fields["payload"] = chunk
+                elif field == 15:
+                    key, value = _decode_map_entry(chunk)
+                    headers[key] = value
+                else:
+                    fields[_STR_FIELDS[field]] = chunk.decode()
+            elif wire_type == 0 and field in _INT_FIELDS:
+                value, pos = _read_varint(data, pos)
+                fields[_INT_FIELDS[field]] = _signed(value, field)
+            else:
+                if field == 0:
+                    raise ValueError("invalid field number 0 in TaskMessage")
+                pos = _skip(data, pos, wire_type)
+                if pos > end:
+                    raise ValueError("truncated unknown field in TaskMessage")
+                unknown += data[start:pos]
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"invalid UTF-8 in TaskMessage string field: {exc}") from None
+    msg = TaskMessage(**fields, headers=headers)  # type: ignore[arg-type]
+    if unknown:
+        msg._unknown_fields = bytes(unknown)
+    return msg
+
+
+def _len_field(tag: int, raw: bytes) -> bytes:
+    return bytes((tag,)) + _varint(len(raw)) + raw
+
+
+def encode_task_message(msg: TaskMessage) -> bytes:
+    """Encode a TaskMessage exactly as proto3 does (zero values omitted, field order)."""
+    parts: list[bytes] = []
+    append = parts.append
+    if msg.type:
+        append(_len_field(0x0A, msg.type.encode()))
+    if msg.payload:
+        append(_len_field(0x12, bytes(msg.payload)))
+    if msg.id:
+        append(_len_field(0x1A, msg.id.encode()))
+    if msg.queue:
+        append(_len_field(0x22, msg.queue.encode()))
+    if msg.retry:
+        append(b"\x28" + _varint(msg.retry))
+    if msg.retried:
+        append(b"\x30" + _varint(msg.retried))
+    if msg.error_msg:
+        append(_len_field(0x3A, msg.error_msg.encode()))
+    if msg.timeout:
+        append(b"\x40" + _varint(msg.timeout))
+    if msg.deadline:
+        append(b"\x48" + _varint(msg.deadline))
+    if msg.unique_key:
+        append(_len_field(0x52, msg.unique_key.encode()))
+    if msg.last_failed_at:
+        append(b"\x58" + _varint(msg.last_failed_at))
+    if msg.retention:
+        append(b"\x60" + _varint(msg.retention))
+    if msg.completed_at:
+        append(b"\x68" + _varint(msg.completed_at))
+    if msg.group_key:
+        append(_len_field(0x72, msg.group_key.encode()))
+    for key, value in msg.headers.items():
+        # Map entries always carry both key and value, as protobuf-go writes them.
+        entry = _len_field(0x0A, key.encode()) + _len_field(0x12, value.encode())
+        append(_len_field(0x7A, entry))
+    unknown = getattr(msg, "_unknown_fields", b"")
+    if unknown:
+        append(bytes(unknown))
+    return b"".join(parts)
