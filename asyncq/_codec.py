@@ -123,8 +123,8 @@ def decode_task_message(data: bytes) -> TaskMessage:
                 if field == 2:
                     fields["payload"] = chunk
                 elif field == 15:
-                    key, value = _decode_map_entry(chunk)
-                    headers[key] = value
+                    hkey, hvalue = _decode_map_entry(chunk)
+                    headers[hkey] = hvalue
                 else:
                     fields[_STR_FIELDS[field]] = chunk.decode()
             elif wire_type == 0 and field in _INT_FIELDS:
