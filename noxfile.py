@@ -45,13 +45,18 @@ def proto(session: nox.Session) -> None:
     """Regenerate asyncq/proto from protos/asynq.proto with betterproto2_compiler."""
     session.install("betterproto2_compiler>=0.10,<0.11", "grpcio-tools>=1.60")
     out = ROOT / "asyncq" / "proto"
-    with tempfile.TemporaryDirectory() as tmp:
-        session.run(
-            "python", "-m", "grpc_tools.protoc", "-I", str(ROOT / "protos"),
-            f"--python_betterproto2_out={tmp}", str(ROOT / "protos" / "asynq.proto"),
-        )  # fmt: skip
+    with tempfile.TemporaryDirectory() as work, tempfile.TemporaryDirectory() as gen:
+        # The compiler formats its output with the ruff settings of the working
+        # directory; an empty ruff.toml gives ruff's defaults, which the committed
+        # code (and the drift test in tests/test_proto.py) uses.
+        (Path(work) / "ruff.toml").write_text("")
+        with session.chdir(work):
+            session.run(
+                "python", "-m", "grpc_tools.protoc", "-I", str(ROOT / "protos"),
+                f"--python_betterproto2_out={gen}", str(ROOT / "protos" / "asynq.proto"),
+            )  # fmt: skip
         shutil.rmtree(out)
-        shutil.copytree(tmp, out)
+        shutil.copytree(gen, out)
     session.log(f"regenerated {out}")
 
 

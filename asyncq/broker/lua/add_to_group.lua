@@ -1,0 +1,16 @@
+-- Add an aggregating task to a group (asynq AddToGroup).
+-- KEYS[1] task key
+-- KEYS[2] group     asynq:{q}:g:<group>
+-- KEYS[3] groups    asynq:{q}:groups
+-- ARGV[1] msg
+-- ARGV[2] task id
+-- ARGV[3] now, unix seconds
+-- ARGV[4] group name
+-- Returns 1 when written, 0 when the task id already exists.
+if redis.call("EXISTS", KEYS[1]) == 1 then
+    return 0
+end
+redis.call("HSET", KEYS[1], "msg", ARGV[1], "state", "aggregating", "group", ARGV[4])
+redis.call("ZADD", KEYS[2], ARGV[3], ARGV[2])
+redis.call("SADD", KEYS[3], ARGV[4])
+return 1

@@ -1,0 +1,22 @@
+-- Add an aggregating task guarded by a uniqueness lock (asynq AddToGroupUnique).
+-- KEYS[1] task key
+-- KEYS[2] group
+-- KEYS[3] groups
+-- KEYS[4] unique key
+-- ARGV[1] msg
+-- ARGV[2] task id
+-- ARGV[3] now, unix seconds
+-- ARGV[4] group name
+-- ARGV[5] lock TTL, whole seconds
+-- Returns 1 when written, -1 when the lock is held, 0 when the id exists.
+-- Like asynq, no unique_key hash field is written on this path.
+if not redis.call("SET", KEYS[4], ARGV[2], "NX", "EX", ARGV[5]) then
+    return -1
+end
+if redis.call("EXISTS", KEYS[1]) == 1 then
+    return 0
+end
+redis.call("HSET", KEYS[1], "msg", ARGV[1], "state", "aggregating", "group", ARGV[4])
+redis.call("ZADD", KEYS[2], ARGV[3], ARGV[2])
+redis.call("SADD", KEYS[3], ARGV[4])
+return 1

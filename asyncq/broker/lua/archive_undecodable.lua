@@ -1,0 +1,58 @@
+-- asyncq: archive a task whose msg cannot be decoded, keeping its bytes as they are.
+-- Same transition as archive.lua (and the same trimming), but the protobuf is
+-- not rewritten -- it cannot be -- and the reason goes into the hash field
+-- asyncq_error instead of error_msg.
+-- KEYS[1] task key
+-- KEYS[2] archived
+-- KEYS[3] source: the active list, or a group / aggregation-set zset
+-- KEYS[4] lease (only when KEYS[3] is the active list)
+-- KEYS[5] processed:<YYYY-MM-DD>, KEYS[6] failed:<YYYY-MM-DD>,
+-- KEYS[7] processed, KEYS[8] failed (only with KEYS[4]; counted as in archive.lua)
+-- ARGV[1] task id
+-- ARGV[2] now, unix seconds
+-- ARGV[3] cutoff: now - 90 days, unix seconds
+-- ARGV[4] archive size limit (10000)
+-- ARGV[5] task key prefix
+-- ARGV[6] error text
+-- ARGV[7] expiry of the daily counters, unix seconds
+-- ARGV[8] max int64
+if KEYS[4] then
+    if redis.call("LREM", KEYS[3], 0, ARGV[1]) == 0 then
+        return redis.error_reply("NOT FOUND")
+    end
+    redis.call("ZREM", KEYS[4], ARGV[1])
+elseif redis.call("ZREM", KEYS[3], ARGV[1]) == 0 then
+    return redis.error_reply("NOT FOUND")
+end
+redis.call("ZADD", KEYS[2], ARGV[2], ARGV[1])
+local old = redis.call("ZRANGE", KEYS[2], "-inf", ARGV[3], "BYSCORE")
+for _, id in ipairs(old) do
+    if id ~= ARGV[1] then
+        redis.call("DEL", ARGV[5] .. id)
+        redis.call("ZREM", KEYS[2], id)
+    end
+end
+local excess = redis.call("ZRANGE", KEYS[2], 0, -tonumber(ARGV[4]))
+for _, id in ipairs(excess) do
+    if id ~= ARGV[1] then
+        redis.call("DEL", ARGV[5] .. id)
+        redis.call("ZREM", KEYS[2], id)
+    end
+end
+redis.call("HSET", KEYS[1], "state", "archived", "asyncq_error", ARGV[6])
+if KEYS[4] then
+    if redis.call("INCR", KEYS[5]) == 1 then
+        redis.call("EXPIREAT", KEYS[5], ARGV[7])
+    end
+    if redis.call("INCR", KEYS[6]) == 1 then
+        redis.call("EXPIREAT", KEYS[6], ARGV[7])
+    end
+    if redis.call("GET", KEYS[7]) == ARGV[8] then
+        redis.call("SET", KEYS[7], 1)
+        redis.call("SET", KEYS[8], 1)
+    else
+        redis.call("INCR", KEYS[7])
+        redis.call("INCR", KEYS[8])
+    end
+end
+return redis.status_reply("OK")

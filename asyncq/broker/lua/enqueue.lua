@@ -1,0 +1,16 @@
+-- Enqueue a pending task (asynq Enqueue).
+-- KEYS[1] task key  asynq:{q}:t:<id>
+-- KEYS[2] pending   asynq:{q}:pending
+-- ARGV[1] msg (TaskMessage bytes)
+-- ARGV[2] task id
+-- ARGV[3] now, unix nanoseconds (pending_since)
+-- ARGV[4] asyncq: wake-up channel (optional), ARGV[5] message published on it
+-- Returns 1 when written, 0 when the task id already exists.
+if redis.call("EXISTS", KEYS[1]) == 1 then
+    return 0
+end
+redis.call("HSET", KEYS[1], "msg", ARGV[1], "state", "pending", "pending_since", ARGV[3])
+if redis.call("LPUSH", KEYS[2], ARGV[2]) == 1 and ARGV[4] then
+    redis.call("PUBLISH", ARGV[4], ARGV[5])
+end
+return 1

@@ -1,0 +1,23 @@
+-- Enqueue a pending task guarded by a uniqueness lock (asynq EnqueueUnique).
+-- KEYS[1] unique key  asynq:{q}:unique:<type>:<md5>
+-- KEYS[2] task key
+-- KEYS[3] pending
+-- ARGV[1] task id
+-- ARGV[2] lock TTL, whole seconds
+-- ARGV[3] msg
+-- ARGV[4] now, unix nanoseconds
+-- ARGV[5] asyncq: wake-up channel (optional), ARGV[6] message published on it
+-- Returns 1 when written, -1 when the lock is held, 0 when the id exists
+-- (the lock just taken is kept in that case, as asynq does).
+if not redis.call("SET", KEYS[1], ARGV[1], "NX", "EX", ARGV[2]) then
+    return -1
+end
+if redis.call("EXISTS", KEYS[2]) == 1 then
+    return 0
+end
+redis.call("HSET", KEYS[2], "msg", ARGV[3], "state", "pending", "pending_since", ARGV[4],
+    "unique_key", KEYS[1])
+if redis.call("LPUSH", KEYS[3], ARGV[1]) == 1 and ARGV[5] then
+    redis.call("PUBLISH", ARGV[5], ARGV[6])
+end
+return 1

@@ -1,0 +1,35 @@
+-- Finish a task kept for its retention (asynq MarkAsComplete).
+-- KEYS[1] active
+-- KEYS[2] lease
+-- KEYS[3] completed
+-- KEYS[4] task key
+-- KEYS[5] processed:<YYYY-MM-DD>
+-- KEYS[6] processed (all-time)
+-- KEYS[7] unique key (only passed when the message has one)
+-- ARGV[1] task id
+-- ARGV[2] expiry of the daily counter, unix seconds
+-- ARGV[3] completed score: now + retention, unix seconds
+-- ARGV[4] msg with completed_at set
+-- ARGV[5] max int64
+if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
+    return redis.error_reply("NOT FOUND")
+end
+if redis.call("ZREM", KEYS[2], ARGV[1]) == 0 then
+    return redis.error_reply("NOT FOUND")
+end
+if redis.call("ZADD", KEYS[3], ARGV[3], ARGV[1]) ~= 1 then
+    return redis.error_reply("INTERNAL")
+end
+redis.call("HSET", KEYS[4], "msg", ARGV[4], "state", "completed")
+if redis.call("INCR", KEYS[5]) == 1 then
+    redis.call("EXPIREAT", KEYS[5], ARGV[2])
+end
+if redis.call("GET", KEYS[6]) == ARGV[5] then
+    redis.call("SET", KEYS[6], 1)
+else
+    redis.call("INCR", KEYS[6])
+end
+if KEYS[7] and redis.call("GET", KEYS[7]) == ARGV[1] then
+    redis.call("DEL", KEYS[7])
+end
+return redis.status_reply("OK")

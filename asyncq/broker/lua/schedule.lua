@@ -1,0 +1,13 @@
+-- Write a scheduled task (asynq Schedule).
+-- KEYS[1] task key
+-- KEYS[2] scheduled
+-- ARGV[1] msg
+-- ARGV[2] process-at, unix seconds
+-- ARGV[3] task id
+-- Returns 1 when written, 0 when the task id already exists.
+if redis.call("EXISTS", KEYS[1]) == 1 then
+    return 0
+end
+redis.call("HSET", KEYS[1], "msg", ARGV[1], "state", "scheduled")
+redis.call("ZADD", KEYS[2], ARGV[2], ARGV[3])
+return 1

@@ -1,0 +1,510 @@
+"""Broker client-side writes: Redis state before and after, normal and error paths.
+
+Scores, ``pending_since`` and counter expiries are exact because the broker
+runs on a fake clock (a whole second close to real time, so that EXPIREAT
+values lie in the future for the real Redis).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+
+from asyncq import keys
+from asyncq.broker import BatchItem, Broker
+from asyncq.broker.scripts import Script
+from asyncq.errors import BrokerError, DuplicateTaskError, TaskIdConflictError
+from asyncq.proto.asynq import TaskMessage
+
+Q = "default"
+T_PREFIX = "asynq:{default}:t:"
+PENDING = "asynq:{default}:pending"
+SCHEDULED = "asynq:{default}:scheduled"
+NS = 1_000_000_000
+
+
+class FakeClock:
+    """Injectable broker clock: unix seconds, moved by tests."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    @property
+    def dt(self) -> datetime:
+        return datetime.fromtimestamp(self.now, UTC)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(float(int(time.time())))
+
+
+@pytest.fixture
+async def broker(redis: Redis, clock: FakeClock) -> Broker:
+    return Broker(redis, clock=clock)
+
+
+def make_msg(task_id: str = "t1", queue: str = Q, **fields: Any) -> TaskMessage:
+    fields.setdefault("type", "email:send")
+    fields.setdefault("payload", b'{"to":"a@b.c"}')
+    fields.setdefault("retry", 25)
+    fields.setdefault("timeout", 1800)
+    return TaskMessage(id=task_id, queue=queue, **fields)
+
+
+async def snapshot(r: Redis) -> dict[str, Any]:
+    """Every key with its full value (bytes, dict, list, zset pairs or set)."""
+    out: dict[str, Any] = {}
+    for raw in sorted(await r.keys("*")):
+        key = raw.decode()
+        kind = (await r.type(raw)).decode()
+        if kind == "string":
+            out[key] = await r.get(raw)
+        elif kind == "hash":
+            out[key] = await r.hgetall(raw)
+        elif kind == "list":
+            out[key] = await r.lrange(raw, 0, -1)
+        elif kind == "zset":
+            out[key] = await r.zrange(raw, 0, -1, withscores=True)
+        elif kind == "set":
+            out[key] = await r.smembers(raw)
+        else:  # pragma: no cover - the broker writes nothing else
+            raise AssertionError(f"unexpected type {kind} for {key}")
+    return out
+
+
+async def expiretime(r: Redis, key: str) -> int:
+    """Absolute expiry (unix s); -1 = no TTL, -2 = no key."""
+    return int(await r.execute_command("EXPIRETIME", key))
+
+
+async def assert_relative_ttl(r: Redis, key: str, clock: FakeClock, ttl: int) -> None:
+    """A TTL set relative to Redis' real clock (SET EX, EXPIRE): *ttl* s after the fake now,
+    allowing for the real time that passed since and for Redis rounding to whole seconds."""
+    exp = await expiretime(r, key)
+    assert int(clock.now) + ttl <= exp <= int(time.time()) + ttl + 1, (exp, clock.now, ttl)
+
+
+_ORPHANS = """
+local out = {}
+for _, name in ipairs({"pending", "active"}) do
+    for _, id in ipairs(redis.call("LRANGE", ARGV[1] .. name, 0, -1)) do
+        if redis.call("EXISTS", ARGV[1] .. "t:" .. id) == 0 then
+            out[#out + 1] = name .. ":" .. id
+        end
+    end
+end
+for _, name in ipairs({"scheduled", "retry", "archived", "completed", "lease"}) do
+    for _, id in ipairs(redis.call("ZRANGE", ARGV[1] .. name, 0, -1)) do
+        if redis.call("EXISTS", ARGV[1] .. "t:" .. id) == 0 then
+            out[#out + 1] = name .. ":" .. id
+        end
+    end
+end
+return out
+"""
+
+
+async def assert_ids_have_hashes(r: Redis, queue: str = Q) -> None:
+    """The invariant: no id in a list or zset of *queue* without its task hash."""
+    orphans = await r.eval(_ORPHANS, 0, keys.queue_key_prefix(queue))  # type: ignore[misc]
+    assert orphans == []
+
+
+# -- enqueue ---------------------------------------------------------------------------
+
+
+async def test_enqueue_writes_hash_pending_and_queue(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    msg = make_msg()
+    await broker.enqueue(msg)
+    assert await snapshot(redis) == {
+        "asynq:queues": {b"default"},
+        T_PREFIX + "t1": {
+            b"msg": bytes(msg),
+            b"state": b"pending",
+            b"pending_since": str(int(clock.now) * NS).encode(),
+        },
+        PENDING: [b"t1"],
+    }
+    assert await expiretime(redis, T_PREFIX + "t1") == -1
+
+
+async def test_enqueue_lpushes_new_work_at_the_head(broker: Broker, redis: Redis) -> None:
+    for tid in ("a", "b", "c"):
+        await broker.enqueue(make_msg(tid))
+    assert await redis.lrange(PENDING, 0, -1) == [b"c", b"b", b"a"]
+
+
+async def test_enqueue_id_conflict_changes_nothing(broker: Broker, redis: Redis) -> None:
+    await broker.enqueue(make_msg(payload=b"first"))
+    before = await snapshot(redis)
+    with pytest.raises(TaskIdConflictError, match="t1"):
+        await broker.enqueue(make_msg(payload=b"second"))
+    assert await snapshot(redis) == before
+
+
+async def test_enqueue_rejects_blank_id_and_queue(broker: Broker, redis: Redis) -> None:
+    with pytest.raises(ValueError, match="no id"):
+        await broker.enqueue(make_msg(""))
+    with pytest.raises(ValueError, match="blank queue"):
+        await broker.enqueue(make_msg(queue=" "))
+    assert await redis.dbsize() == 0
+
+
+async def test_queue_is_registered_once_per_broker_instance(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    await broker.enqueue(make_msg("a"))
+    await redis.srem(keys.ALL_QUEUES, Q)
+    await broker.enqueue(make_msg("b"))
+    # Like asynq's per-process cache: this instance does not SADD again...
+    assert await redis.smembers(keys.ALL_QUEUES) == set()
+    # ...a new one does.
+    await Broker(redis, clock=clock).enqueue(make_msg("c"))
+    assert await redis.smembers(keys.ALL_QUEUES) == {b"default"}
+
+
+async def test_script_errors_become_broker_error(broker: Broker, redis: Redis) -> None:
+    await redis.set(PENDING, "not a list")
+    with pytest.raises(BrokerError, match="enqueue"):
+        await broker.enqueue(make_msg())
+
+
+def test_client_decoding_responses_is_rejected(redis_url: str) -> None:
+    client = Redis.from_url(redis_url, decode_responses=True)
+    with pytest.raises(ValueError, match="decode_responses=False"):
+        Broker(client)
+
+
+# -- enqueue_unique --------------------------------------------------------------------
+
+
+async def test_enqueue_unique_takes_lock_and_records_it(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    ukey = keys.unique_key(Q, "email:send", b"x")
+    msg = make_msg(payload=b"x", unique_key=ukey)
+    await broker.enqueue_unique(msg, 300)
+    assert await snapshot(redis) == {
+        "asynq:queues": {b"default"},
+        ukey: b"t1",
+        T_PREFIX + "t1": {
+            b"msg": bytes(msg),
+            b"state": b"pending",
+            b"pending_since": str(int(clock.now) * NS).encode(),
+            b"unique_key": ukey.encode(),
+        },
+        PENDING: [b"t1"],
+    }
+    await assert_relative_ttl(redis, ukey, clock, 300)
+
+
+async def test_enqueue_unique_duplicate_changes_nothing(broker: Broker, redis: Redis) -> None:
+    ukey = keys.unique_key(Q, "email:send", b"x")
+    await broker.enqueue_unique(make_msg("a", payload=b"x", unique_key=ukey), 300)
+    before = await snapshot(redis)
+    with pytest.raises(DuplicateTaskError, match="unique"):
+        await broker.enqueue_unique(make_msg("b", payload=b"x", unique_key=ukey), 300)
+    assert await snapshot(redis) == before
+
+
+async def test_enqueue_unique_id_conflict_keeps_the_new_lock(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    await broker.enqueue(make_msg("a"))
+    ukey = keys.unique_key(Q, "email:send", b"other")
+    before = await snapshot(redis)
+    with pytest.raises(TaskIdConflictError):
+        await broker.enqueue_unique(make_msg("a", payload=b"other", unique_key=ukey), 60)
+    # asynq leaves the lock it just took in place (spec section 11.8).
+    assert await snapshot(redis) == {**before, ukey: b"a"}
+    await assert_relative_ttl(redis, ukey, clock, 60)
+
+
+async def test_unique_writes_validate_lock_and_ttl(broker: Broker, redis: Redis) -> None:
+    with pytest.raises(ValueError, match="unique_key"):
+        await broker.enqueue_unique(make_msg(), 10)
+    ukey = keys.unique_key(Q, "email:send", None)
+    with pytest.raises(ValueError, match="at least 1 second"):
+        await broker.enqueue_unique(make_msg(unique_key=ukey), 0)
+    foreign = keys.unique_key("other", "email:send", None)
+    with pytest.raises(ValueError, match="does not belong to queue"):
+        await broker.enqueue_unique(make_msg(unique_key=foreign), 10)
+    assert await redis.dbsize() == 0
+
+
+# -- schedule --------------------------------------------------------------------------
+
+
+async def test_schedule_writes_hash_and_score(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    msg = make_msg(group_key="g")
+    at = clock.dt + timedelta(minutes=5, microseconds=900_000)
+    await broker.schedule(msg, at)
+    assert await snapshot(redis) == {
+        "asynq:queues": {b"default"},
+        # No group field even though the message has a group (scheduling wins).
+        T_PREFIX + "t1": {b"msg": bytes(msg), b"state": b"scheduled"},
+        SCHEDULED: [(b"t1", clock.now + 300)],
+    }
+
+
+async def test_schedule_id_conflict_and_naive_time(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    await broker.schedule(make_msg(), clock.dt)
+    before = await snapshot(redis)
+    with pytest.raises(TaskIdConflictError):
+        await broker.schedule(make_msg(), clock.dt + timedelta(hours=1))
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await broker.schedule(make_msg("n"), datetime(2030, 1, 1))
+    assert await snapshot(redis) == before
+
+
+async def test_schedule_unique(broker: Broker, redis: Redis, clock: FakeClock) -> None:
+    ukey = keys.unique_key(Q, "email:send", b"")
+    assert ukey.endswith(":d41d8cd98f00b204e9800998ecf8427e")
+    msg = make_msg(payload=b"", unique_key=ukey)
+    at = clock.dt + timedelta(seconds=90)
+    await broker.schedule_unique(msg, at, 150)
+    assert await snapshot(redis) == {
+        "asynq:queues": {b"default"},
+        ukey: b"t1",
+        T_PREFIX + "t1": {
+            b"msg": bytes(msg),
+            b"state": b"scheduled",
+            b"unique_key": ukey.encode(),
+        },
+        SCHEDULED: [(b"t1", clock.now + 90)],
+    }
+    await assert_relative_ttl(redis, ukey, clock, 150)
+    before = await snapshot(redis)
+    with pytest.raises(DuplicateTaskError):
+        await broker.schedule_unique(make_msg("t2", payload=b"", unique_key=ukey), at, 150)
+    assert await snapshot(redis) == before
+    other = keys.unique_key(Q, "email:send", b"z")
+    with pytest.raises(TaskIdConflictError):
+        await broker.schedule_unique(make_msg("t1", payload=b"z", unique_key=other), at, 150)
+    assert await snapshot(redis) == {**before, other: b"t1"}
+
+
+# -- groups ----------------------------------------------------------------------------
+
+
+async def test_add_to_group(broker: Broker, redis: Redis, clock: FakeClock) -> None:
+    msg = make_msg(group_key="batch")
+    await broker.add_to_group(msg, "batch")
+    assert await snapshot(redis) == {
+        "asynq:queues": {b"default"},
+        T_PREFIX + "t1": {b"msg": bytes(msg), b"state": b"aggregating", b"group": b"batch"},
+        "asynq:{default}:g:batch": [(b"t1", clock.now)],
+        "asynq:{default}:groups": {b"batch"},
+    }
+    before = await snapshot(redis)
+    with pytest.raises(TaskIdConflictError):
+        await broker.add_to_group(make_msg(group_key="batch"), "batch")
+    with pytest.raises(ValueError, match="group name"):
+        await broker.add_to_group(make_msg("x"), "")
+    assert await snapshot(redis) == before
+
+
+async def test_add_to_group_unique(broker: Broker, redis: Redis, clock: FakeClock) -> None:
+    ukey = keys.unique_key(Q, "email:send", b"u")
+    msg = make_msg(payload=b"u", unique_key=ukey, group_key="g1")
+    await broker.add_to_group_unique(msg, "g1", 30)
+    assert await snapshot(redis) == {
+        "asynq:queues": {b"default"},
+        ukey: b"t1",
+        # asynq writes no unique_key field on this path.
+        T_PREFIX + "t1": {b"msg": bytes(msg), b"state": b"aggregating", b"group": b"g1"},
+        "asynq:{default}:g:g1": [(b"t1", clock.now)],
+        "asynq:{default}:groups": {b"g1"},
+    }
+    await assert_relative_ttl(redis, ukey, clock, 30)
+    before = await snapshot(redis)
+    with pytest.raises(DuplicateTaskError):
+        await broker.add_to_group_unique(make_msg("t2", payload=b"u", unique_key=ukey), "g1", 30)
+    assert await snapshot(redis) == before
+    other = keys.unique_key(Q, "email:send", b"v")
+    with pytest.raises(TaskIdConflictError):
+        await broker.add_to_group_unique(make_msg(payload=b"v", unique_key=other), "g1", 30)
+    assert await snapshot(redis) == {**before, other: b"t1"}
+
+
+# -- batch -----------------------------------------------------------------------------
+
+
+async def test_enqueue_batch_results_and_state(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    await broker.enqueue(make_msg("exists", queue="other"))
+    ukey = keys.unique_key(Q, "email:send", b"u")
+    await redis.set(ukey, "holder")
+    at = clock.dt + timedelta(seconds=10)
+    items = [
+        BatchItem(make_msg("p1")),
+        BatchItem(make_msg("s1"), process_at=at),
+        BatchItem(make_msg("s2"), process_at=clock.now + 20),
+        BatchItem(make_msg("exists", queue="other")),
+        BatchItem(make_msg("")),
+        BatchItem(make_msg("dup", payload=b"u", unique_key=ukey), unique_ttl=60),
+        BatchItem(make_msg("g1", group_key="grp"), group="grp"),
+        BatchItem(make_msg("p2", queue="third")),
+        BatchItem(make_msg("p1")),
+    ]
+    results = await broker.enqueue_batch(items)
+    assert results[0] is None
+    assert results[1] is None
+    assert results[2] is None
+    assert isinstance(results[3], TaskIdConflictError)
+    assert isinstance(results[4], ValueError)
+    assert isinstance(results[5], DuplicateTaskError)
+    assert results[6] is None
+    assert results[7] is None
+    assert isinstance(results[8], TaskIdConflictError)
+    assert await redis.smembers(keys.ALL_QUEUES) == {b"default", b"other", b"third"}
+    assert await redis.lrange(PENDING, 0, -1) == [b"p1"]
+    assert await redis.hgetall(T_PREFIX + "p1") == {
+        b"msg": bytes(make_msg("p1")),
+        b"state": b"pending",
+        b"pending_since": str(int(clock.now) * NS).encode(),
+    }
+    assert await redis.zrange(SCHEDULED, 0, -1, withscores=True) == [
+        (b"s1", clock.now + 10),
+        (b"s2", clock.now + 20),
+    ]
+    assert await redis.zrange("asynq:{default}:g:grp", 0, -1) == [b"g1"]
+    assert await redis.lrange("asynq:{third}:pending", 0, -1) == [b"p2"]
+    assert not await redis.exists(T_PREFIX + "dup")
+    await assert_ids_have_hashes(redis)
+
+
+async def test_enqueue_batch_unique_variants_and_script_flush(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    u1, u2, u3 = (keys.unique_key(Q, "email:send", p) for p in (b"1", b"2", b"3"))
+    items = [
+        BatchItem(make_msg("a", payload=b"1", unique_key=u1), unique_ttl=10),
+        BatchItem(make_msg("b", payload=b"2", unique_key=u2), process_at=clock.now, unique_ttl=20),
+        BatchItem(make_msg("c", payload=b"3", unique_key=u3), group="g", unique_ttl=30),
+    ]
+    await redis.script_flush()
+    assert await broker.enqueue_batch(items) == [None, None, None]
+    assert [await redis.get(k) for k in (u1, u2, u3)] == [b"a", b"b", b"c"]
+    for key, ttl in ((u1, 10), (u2, 20), (u3, 30)):
+        await assert_relative_ttl(redis, key, clock, ttl)
+    assert await redis.hget(T_PREFIX + "a", "unique_key") == u1.encode()
+    assert await redis.hget(T_PREFIX + "b", "state") == b"scheduled"
+    assert await redis.hget(T_PREFIX + "c", "state") == b"aggregating"
+    assert await broker.enqueue_batch([]) == []
+
+
+async def test_enqueue_batch_falls_back_when_scripts_vanish(
+    broker: Broker, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Scripts flushed between SCRIPT LOAD and the pipeline: every EVALSHA answers
+    # NOSCRIPT and each item is run again on its own (which reloads the script).
+    real_load = Script.load
+    calls: list[str] = []
+
+    async def load_then_flush(self: Script, client: Any) -> None:
+        await real_load(self, client)
+        if not calls:
+            await client.script_flush()
+        calls.append(self.name)
+
+    monkeypatch.setattr(Script, "load", load_then_flush)
+    results = await broker.enqueue_batch([BatchItem(make_msg(f"n{i}")) for i in range(3)])
+    assert results == [None, None, None]
+    assert await redis.lrange(PENDING, 0, -1) == [b"n2", b"n1", b"n0"]
+    assert calls == ["enqueue", "enqueue"]  # the batch's load, then one reload
+
+
+# -- wake-up channel -------------------------------------------------------------------
+
+
+@pytest.fixture
+async def wakeups(redis_url: str) -> AsyncIterator[PubSub]:
+    client = Redis.from_url(redis_url)
+    pubsub = client.pubsub()
+    await pubsub.subscribe(keys.wakeup_channel(Q))
+    msg = await pubsub.get_message(timeout=5)
+    assert msg is not None
+    assert msg["type"] == "subscribe"
+    try:
+        yield pubsub
+    finally:
+        await pubsub.aclose()
+        await client.aclose()
+
+
+async def next_wakeup(pubsub: PubSub) -> bytes | None:
+    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
+    return None if msg is None else msg["data"]
+
+
+async def test_wakeup_published_only_when_pending_was_empty(
+    broker: Broker, wakeups: PubSub
+) -> None:
+    await broker.enqueue(make_msg("a"))
+    assert await next_wakeup(wakeups) == b"default"
+    await broker.enqueue(make_msg("b"))
+    ukey = keys.unique_key(Q, "t", b"")
+    await broker.enqueue_unique(make_msg("c", unique_key=ukey), 10)
+    # A marker on the same connection proves nothing else was published before it.
+    await broker.redis.publish(keys.wakeup_channel(Q), "marker")
+    assert await next_wakeup(wakeups) == b"marker"
+
+
+async def test_wakeup_from_unique_requeue_and_forward(
+    broker: Broker, redis: Redis, clock: FakeClock, wakeups: PubSub
+) -> None:
+    ukey = keys.unique_key(Q, "t", b"")
+    await broker.enqueue_unique(make_msg("a", unique_key=ukey), 10)
+    assert await next_wakeup(wakeups) == b"default"
+    task = await broker.dequeue([Q])
+    assert task is not None
+    await broker.requeue(task.message)
+    assert await next_wakeup(wakeups) == b"default"
+    await redis.delete(PENDING)
+    await broker.schedule(make_msg("s1"), clock.dt)
+    await broker.schedule(make_msg("s2"), clock.dt)
+    assert await broker.forward_if_ready([Q]) == 2
+    assert await next_wakeup(wakeups) == b"default"
+    await broker.redis.publish(keys.wakeup_channel(Q), "marker")
+    assert await next_wakeup(wakeups) == b"marker"
+
+
+async def test_no_wakeup_for_scheduled_or_grouped_writes(
+    broker: Broker, clock: FakeClock, wakeups: PubSub
+) -> None:
+    await broker.schedule(make_msg("s"), clock.dt + timedelta(hours=1))
+    await broker.add_to_group(make_msg("g"), "grp")
+    await broker.redis.publish(keys.wakeup_channel(Q), "marker")
+    assert await next_wakeup(wakeups) == b"marker"
+
+
+async def test_wakeup_from_batch(broker: Broker, wakeups: PubSub) -> None:
+    await broker.enqueue_batch([BatchItem(make_msg(f"b{i}")) for i in range(5)])
+    assert await next_wakeup(wakeups) == b"default"
+    await broker.redis.publish(keys.wakeup_channel(Q), "marker")
+    assert await next_wakeup(wakeups) == b"marker"
+
+
+async def test_concurrent_enqueues_keep_every_task(broker: Broker, redis: Redis) -> None:
+    await asyncio.gather(*(broker.enqueue(make_msg(f"c{i}")) for i in range(50)))
+    assert await redis.llen(PENDING) == 50
+    await assert_ids_have_hashes(redis)
