@@ -1,0 +1,380 @@
+"""The async Client: puts tasks into Redis exactly as Go asynq's ``Client.Enqueue`` does."""
+
+from __future__ import annotations
+
+import types
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from typing_extensions import Unpack
+
+from asyncq import keys
+from asyncq._time import require_aware, seconds, to_unix
+from asyncq.broker.broker import BatchItem, Broker
+from asyncq.connection import Connection, RedisClient, RedisTarget
+from asyncq.proto.asynq import TaskMessage
+from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState
+
+__all__ = ["DEFAULT_MAX_RETRY", "DEFAULT_QUEUE", "DEFAULT_TIMEOUT", "Client"]
+
+DEFAULT_MAX_RETRY = 25
+"""Retries a task gets when ``max_retry`` is not given (asynq's default)."""
+DEFAULT_QUEUE = "default"
+"""Queue used when ``queue`` is not given."""
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+"""Timeout stored when neither ``timeout`` nor ``deadline`` is given."""
+
+_MAX_INT32 = 2**31 - 1
+_OPTION_NAMES = frozenset(EnqueueOptions.__annotations__)
+
+log = structlog.get_logger("asyncq")
+
+
+@dataclass(slots=True)
+class _Composed:
+    """A task message ready for the broker, and where it goes."""
+
+    message: TaskMessage
+    state: TaskState
+    process_at: datetime  # when it becomes ready; == now for pending/aggregating
+    unique: timedelta | None
+    group: str | None
+
+
+def _check_option_names(options: Mapping[str, object], where: str) -> None:
+    unknown = sorted(set(options) - _OPTION_NAMES)
+    if unknown:
+        raise TypeError(
+            f"unknown enqueue option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+            f"in {where} (known: {', '.join(sorted(_OPTION_NAMES))})"
+        )
+
+
+def _merge(levels: Sequence[Mapping[str, object]]) -> dict[str, object]:
+    """Later levels win, key by key; None means "not set" at that level.
+
+    ``process_at`` and ``process_in`` are one setting: a level that gives
+    either replaces both from earlier levels, and giving both in one level is
+    an error (asynq silently lets the later one win).
+    """
+    merged: dict[str, object] = {}
+    for level in levels:
+        given = {k: v for k, v in level.items() if v is not None and k != "headers"}
+        if "process_at" in given and "process_in" in given:
+            raise ValueError("give process_at or process_in, not both")
+        if "process_at" in given or "process_in" in given:
+            merged.pop("process_at", None)
+            merged.pop("process_in", None)
+        merged.update(given)
+    return merged
+
+
+def _merge_headers(task: Task, levels: Sequence[Mapping[str, object]]) -> dict[str, str]:
+    headers = dict(task.headers)
+    for level in levels:
+        extra = level.get("headers")
+        if extra is None:
+            continue
+        if not isinstance(extra, Mapping):
+            raise TypeError(f"headers must be a mapping of str to str, got {type(extra).__name__}")
+        headers.update(extra)
+    for key, value in headers.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(
+                f"header keys and values must be str, got {type(key).__name__}: "
+                f"{type(value).__name__} for {key!r}"
+            )
+    return headers
+
+
+def _non_blank(opts: Mapping[str, object], name: str, message: str) -> str | None:
+    value = opts.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if not value.strip():
+        raise ValueError(message)
+    return value
+
+
+def _duration(opts: Mapping[str, object], name: str) -> timedelta | None:
+    value = opts.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, timedelta):
+        raise TypeError(f"{name} must be a datetime.timedelta, got {type(value).__name__}")
+    if value < timedelta(0):
+        raise ValueError(f"{name} cannot be negative, got {value!r}")
+    return value
+
+
+def _instant(opts: Mapping[str, object], name: str) -> datetime | None:
+    value = opts.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise TypeError(f"{name} must be a datetime.datetime, got {type(value).__name__}")
+    return require_aware(value, name)
+
+
+def _compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) -> _Composed:
+    """asynq's composeOptions + message construction + routing decision (spec section 1.3)."""
+    if not isinstance(task, Task):
+        raise TypeError(f"expected an asyncq Task, got {type(task).__name__}")
+    if not isinstance(task.type, str) or not task.type.strip():
+        raise ValueError("task typename cannot be empty")
+    levels = [task.options, *levels]
+    for i, level in enumerate(levels):
+        _check_option_names(level, "the task's options" if i == 0 else "the enqueue options")
+    opts = _merge(levels)
+    headers = _merge_headers(task, levels)
+
+    queue = _non_blank(opts, "queue", "queue name must contain one or more characters")
+    queue = DEFAULT_QUEUE if queue is None else queue
+    task_id = _non_blank(opts, "task_id", "task ID cannot be empty")
+    task_id = str(uuid.uuid4()) if task_id is None else task_id
+    group = _non_blank(opts, "group", "group key cannot be empty")
+
+    max_retry = opts.get("max_retry", DEFAULT_MAX_RETRY)
+    if isinstance(max_retry, bool) or not isinstance(max_retry, int):
+        raise TypeError(f"max_retry must be an int, got {type(max_retry).__name__}")
+    if max_retry < 0:
+        # asynq clamps a negative MaxRetry to 0; a negative count is a bug, so say so.
+        raise ValueError(f"max_retry cannot be negative, got {max_retry}")
+    if max_retry > _MAX_INT32:
+        raise ValueError(f"max_retry must fit in 32 bits, got {max_retry}")
+
+    timeout = _duration(opts, "timeout")
+    if timeout is not None and timedelta(0) < timeout < timedelta(seconds=1):
+        # Stored as whole seconds: a sub-second timeout would become 0 = "no timeout".
+        raise ValueError(f"timeout must be at least 1s (asynq stores whole seconds), got {timeout}")
+    deadline = _instant(opts, "deadline")
+    if not timeout and deadline is None:
+        timeout = DEFAULT_TIMEOUT
+
+    unique = _duration(opts, "unique")
+    if unique is not None and unique < timedelta(seconds=1):
+        raise ValueError("Unique TTL cannot be less than 1s")
+    retention = _duration(opts, "retention")
+
+    process_at = _instant(opts, "process_at")
+    process_in = _duration(opts, "process_in")
+    if process_in is not None:
+        try:
+            process_at = now + process_in
+        except OverflowError:
+            raise ValueError(f"process_in is too far in the future: {process_in!r}") from None
+    if process_at is None:
+        process_at = now
+
+    message = TaskMessage(
+        type=task.type,
+        payload=b"" if task.payload is None else task.payload,
+        headers=headers,
+        id=task_id,
+        queue=queue,
+        retry=max_retry,
+        timeout=seconds(timeout) if timeout else 0,
+        deadline=to_unix(deadline) if deadline is not None else 0,
+        unique_key=keys.unique_key(queue, task.type, task.payload) if unique else "",
+        group_key=group or "",
+        retention=seconds(retention) if retention else 0,
+    )
+    if process_at > now:
+        state = TaskState.SCHEDULED  # scheduling wins over grouping, as in asynq
+    elif group is not None:
+        state = TaskState.AGGREGATING
+    else:
+        state = TaskState.PENDING
+    return _Composed(message, state, process_at.astimezone(UTC), unique, group)
+
+
+def _info(c: _Composed, now: datetime) -> TaskInfo:
+    next_process_at = {
+        TaskState.PENDING: now,
+        TaskState.SCHEDULED: c.process_at,
+        TaskState.AGGREGATING: None,
+    }[c.state]
+    return TaskInfo.from_message(c.message, c.state, next_process_at)
+
+
+class Client:
+    """Enqueues tasks into Redis for asyncq or Go asynq servers.
+
+    *redis* is a URI (``redis://``, ``rediss://``, ``redis-socket://``,
+    ``redis-sentinel://``, ``redis-cluster://``; see :mod:`asyncq.connection`),
+    parsed connection options, or a ready ``redis.asyncio`` client. A client
+    made from a URI or options is closed by :meth:`aclose`; a ready client is
+    shared and left open.
+
+    Usage::
+
+        async with Client("redis://localhost:6379/0") as client:
+            info = await client.enqueue(Task("email:welcome", b"..."), queue="critical")
+    """
+
+    __slots__ = ("_conn", "broker")
+
+    def __init__(self, redis: RedisTarget) -> None:
+        self._conn = Connection(redis)
+        self.broker = Broker(self._conn.redis)
+
+    @property
+    def redis(self) -> RedisClient:
+        """The underlying redis-py client."""
+        return self._conn.redis
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose` ran."""
+        return self._conn.closed
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection if this client made it (a shared one stays open)."""
+        await self._conn.aclose()
+
+    async def ping(self) -> None:
+        """Check that Redis answers; raises a redis-py error when it does not."""
+        self._check_open()
+        await self.redis.ping()
+
+    def _check_open(self) -> None:
+        if self._conn.closed:
+            raise RuntimeError("the client is closed")
+
+    async def enqueue(self, task: Task, **options: Unpack[EnqueueOptions]) -> TaskInfo:
+        """Put *task* into Redis and return its TaskInfo.
+
+        Options (all keyword, all optional; options given to ``Task(...)`` are
+        defaults that these override, and ``None`` means "not set"):
+
+        - ``queue``: target queue, default ``"default"``.
+        - ``max_retry``: retries after a failure, default 25 (negative: ValueError;
+          asynq clamps it to 0 instead).
+        - ``timeout``: longest a single run may take (whole seconds, at least 1 s).
+          When neither ``timeout`` nor ``deadline`` is given, 30 minutes.
+        - ``deadline``: absolute time by which the task must finish.
+        - ``unique``: hold a uniqueness lock on (queue, type, payload) for this
+          long (>= 1 s); a second enqueue meanwhile raises DuplicateTaskError.
+        - ``process_at`` / ``process_in``: run at that time / after that delay
+          (give one, not both); a time in the future makes the task scheduled.
+        - ``task_id``: explicit ID (default: a random UUID4); an ID that already
+          exists raises TaskIdConflictError.
+        - ``retention``: keep the task as completed this long after success.
+        - ``group``: aggregate into this group (ignored in favour of scheduling
+          when ``process_at``/``process_in`` is in the future, as in asynq).
+        - ``headers``: merged over the task's headers.
+
+        Datetimes must be timezone-aware: naive ones raise ValueError rather
+        than being guessed as UTC or local time.
+
+        Raises ValueError/TypeError naming the bad option, DuplicateTaskError,
+        TaskIdConflictError, or a redis-py error when Redis is unreachable.
+        """
+        self._check_open()
+        now = datetime.now(UTC)
+        c = _compose(task, [options], now)
+        msg = c.message
+        if c.state is TaskState.SCHEDULED:
+            if c.unique is not None:
+                ttl = seconds(c.process_at - now + c.unique)
+                await self.broker.schedule_unique(msg, c.process_at, ttl)
+            else:
+                await self.broker.schedule(msg, c.process_at)
+        elif c.state is TaskState.AGGREGATING:
+            assert c.group is not None
+            if c.unique is not None:
+                await self.broker.add_to_group_unique(msg, c.group, seconds(c.unique))
+            else:
+                await self.broker.add_to_group(msg, c.group)
+        elif c.unique is not None:
+            await self.broker.enqueue_unique(msg, seconds(c.unique))
+        else:
+            await self.broker.enqueue(msg)
+        log.debug(
+            "task enqueued",
+            task_id=msg.id,
+            task_type=msg.type,
+            queue=msg.queue,
+            state=c.state.value,
+        )
+        return _info(c, now)
+
+    async def enqueue_many(
+        self,
+        tasks: Iterable[Task | tuple[Task, EnqueueOptions]],
+        **options: Unpack[EnqueueOptions],
+    ) -> list[TaskInfo | Exception]:
+        """Enqueue many tasks in one Redis pipeline; one result per item, in order.
+
+        Each item is a Task or a ``(task, options)`` pair. *options* apply to
+        every item; an item's own options override them, and both override
+        the task's. Each result is the item's TaskInfo or the exception that
+        kept it out of Redis: a ValueError/TypeError for invalid options (as
+        asynq, group and unique tasks are not supported in a batch), or
+        TaskIdConflictError. Items are written independently (no
+        transaction); a Redis connection error is raised for the whole call,
+        and then some items may have been written.
+        """
+        self._check_open()
+        _check_option_names(options, "the enqueue_many options")
+        now = datetime.now(UTC)
+        results: list[TaskInfo | Exception | None] = []
+        batch: list[BatchItem] = []
+        pending: list[tuple[int, _Composed]] = []
+        for item in tasks:
+            try:
+                c = self._compose_batch_item(item, options, now)
+            except (TypeError, ValueError) as exc:
+                results.append(exc)
+                continue
+            pending.append((len(results), c))
+            results.append(None)  # filled in from the broker's outcome below
+            process_at = c.process_at if c.state is TaskState.SCHEDULED else None
+            batch.append(BatchItem(c.message, process_at))
+        if batch:
+            outcomes = await self.broker.enqueue_batch(batch)
+            if len(outcomes) != len(batch):
+                raise RuntimeError(
+                    f"broker returned {len(outcomes)} results for a batch of {len(batch)}"
+                )
+            for (index, c), outcome in zip(pending, outcomes, strict=True):
+                results[index] = _info(c, now) if outcome is None else outcome
+        final = [r for r in results if r is not None]
+        assert len(final) == len(results)
+        log.debug(
+            "batch enqueued", items=len(final), written=sum(isinstance(r, TaskInfo) for r in final)
+        )
+        return final
+
+    @staticmethod
+    def _compose_batch_item(
+        item: Task | tuple[Task, EnqueueOptions], common: EnqueueOptions, now: datetime
+    ) -> _Composed:
+        own: Mapping[str, Any] = {}
+        if isinstance(item, tuple):
+            if len(item) != 2 or not isinstance(item[1], Mapping):
+                raise TypeError("a batch item must be a Task or a (Task, options dict) pair")
+            item, own = item
+        c = _compose(item, [common, own], now)
+        if c.group is not None:
+            raise ValueError("enqueue_many does not support group tasks; use enqueue()")
+        if c.unique is not None:
+            raise ValueError("enqueue_many does not support unique tasks; use enqueue()")
+        return c

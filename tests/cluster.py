@@ -1,0 +1,237 @@
+"""Throwaway Redis Cluster, Sentinel and TLS setups for the connection tests.
+
+Each helper starts real redis-server processes on free ports in temporary
+directories and removes everything in ``cleanup()``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tests.redis_server import RedisServer, free_port
+
+__all__ = ["RedisClusterProcs", "SentinelSetup", "TLSServer", "redis_cli"]
+
+
+def redis_cli(port: int, *args: str, timeout: float = 10.0) -> str:
+    """Run redis-cli against 127.0.0.1:<port> and return its stdout."""
+    proc = subprocess.run(
+        ["redis-cli", "-h", "127.0.0.1", "-p", str(port), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+    return proc.stdout
+
+
+def _wait(predicate: object, what: str, timeout: float = 20.0) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except (subprocess.SubprocessError, OSError) as exc:
+            last = exc
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}" + (f": {last}" if last else ""))
+
+
+class RedisClusterProcs:
+    """Three (or *size*) cluster-enabled masters joined with ``redis-cli --cluster create``."""
+
+    def __init__(self, size: int = 3) -> None:
+        self.nodes: list[RedisServer] = []
+        self.size = size
+
+    @property
+    def url(self) -> str:
+        return "redis-cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def start(self) -> RedisClusterProcs:
+        try:
+            for _ in range(self.size):
+                node = RedisServer()
+                node.extra_args = [
+                    "--cluster-enabled", "yes",
+                    "--cluster-config-file", str(node.dir / "nodes.conf"),
+                    # An explicit bus port: the default (port + 10000) may not be free.
+                    "--cluster-port", str(free_port()),
+                    "--cluster-node-timeout", "2000",
+                ]  # fmt: skip
+                self.nodes.append(node)
+                node.start()
+            addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+            create = ["redis-cli", "--cluster", "create", *addrs, "--cluster-replicas", "0"]
+            subprocess.run(
+                [*create, "--cluster-yes"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            )
+            for node in self.nodes:
+                _wait(
+                    lambda port=node.port: "cluster_state:ok" in redis_cli(port, "cluster", "info"),
+                    f"cluster_state:ok on port {node.port}",
+                )
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()
+        self.nodes.clear()
+
+
+class SentinelSetup:
+    """A master, one replica (``--replicaof``) and one sentinel monitoring ``mymaster``."""
+
+    master_name = "mymaster"
+
+    def __init__(self) -> None:
+        self.master = RedisServer()
+        self.replica = RedisServer()
+        self.sentinel_port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"asyncq-sentinel-{self.sentinel_port}-"))
+        self.sentinel: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis-sentinel://127.0.0.1:{self.sentinel_port}?master={self.master_name}"
+
+    def start(self) -> SentinelSetup:
+        try:
+            # No 5 s diskless-sync delay before the replica's first full sync.
+            # Exit at once on SIGTERM instead of waiting up to 10 s for lagging replicas.
+            fast = ["--shutdown-timeout", "0"]
+            self.master.extra_args = [*fast, "--repl-diskless-sync-delay", "0"]
+            self.master.start()
+            self.replica.extra_args = [*fast, "--replicaof", "127.0.0.1", str(self.master.port)]
+            self.replica.start()
+            _wait(
+                lambda: (
+                    "master_link_status:up" in redis_cli(self.replica.port, "info", "replication")
+                ),
+                "the replica to sync",
+            )
+            conf = self.dir / "sentinel.conf"
+            conf.write_text(
+                f"port {self.sentinel_port}\n"
+                "bind 127.0.0.1\n"
+                f"dir {self.dir}\n"
+                f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 1\n"
+                f"sentinel down-after-milliseconds {self.master_name} 2000\n"
+                f"sentinel failover-timeout {self.master_name} 10000\n"
+            )
+            binary = shutil.which("redis-sentinel")
+            args = [binary, str(conf)] if binary else ["redis-server", str(conf), "--sentinel"]
+            self.sentinel = subprocess.Popen(
+                args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            _wait(self._sentinel_knows_master, "the sentinel to report the master")
+            _wait(self._sentinel_knows_replica, "the sentinel to discover the replica")
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def _sentinel_knows_master(self) -> bool:
+        if self.sentinel is not None and self.sentinel.poll() is not None:
+            raise RuntimeError("redis sentinel exited early")
+        out = redis_cli(self.sentinel_port, "sentinel", "get-master-addr-by-name", self.master_name)
+        return str(self.master.port) in out
+
+    def _sentinel_knows_replica(self) -> bool:
+        # redis-cli prints the reply flat, one field or value per line.
+        lines = redis_cli(self.sentinel_port, "sentinel", "replicas", self.master_name).split()
+        info = dict(zip(lines[::2], lines[1::2], strict=False))
+        # Ready to be promoted: connected, pinged and with fresh INFO.
+        return (
+            info.get("port") == str(self.replica.port)
+            and info.get("flags") == "slave"
+            and info.get("master-link-status") == "ok"
+            and int(info.get("info-refresh", "99999")) < 5000
+        )
+
+    def master_port(self) -> int:
+        """The port the sentinel currently reports for the master."""
+        out = redis_cli(self.sentinel_port, "sentinel", "get-master-addr-by-name", self.master_name)
+        return int(out.split()[1])
+
+    def cleanup(self) -> None:
+        if self.sentinel is not None:
+            if self.sentinel.poll() is None:
+                self.sentinel.terminate()
+                try:
+                    self.sentinel.wait(5)
+                except subprocess.TimeoutExpired:
+                    self.sentinel.kill()
+                    self.sentinel.wait()
+            self.sentinel = None
+        self.replica.cleanup()
+        self.master.cleanup()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class TLSServer:
+    """A redis-server with a TLS port, a self-signed certificate for ``localhost``."""
+
+    def __init__(self) -> None:
+        self.server = RedisServer()
+        self.tls_port = free_port()
+        self.cert = self.server.dir / "cert.pem"
+        self.key = self.server.dir / "key.pem"
+
+    def start(self) -> TLSServer:
+        try:
+            key_opts = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+            subject = ["-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"]
+            subprocess.run(
+                [
+                    "openssl",
+                    "req",
+                    "-x509",
+                    "-nodes",
+                    "-days",
+                    "1",
+                    *key_opts,
+                    "-keyout",
+                    str(self.key),
+                    "-out",
+                    str(self.cert),
+                    *subject,
+                ],
+                capture_output=True,
+                timeout=30,
+                check=True,
+            )
+            self.server.extra_args = [
+                "--tls-port", str(self.tls_port),
+                "--tls-cert-file", str(self.cert),
+                "--tls-key-file", str(self.key),
+                "--tls-ca-cert-file", str(self.cert),
+                "--tls-auth-clients", "no",
+            ]  # fmt: skip
+            self.server.start()
+            _wait(self._tls_port_open, "the TLS port")
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def _tls_port_open(self) -> bool:
+        with socket.create_connection(("127.0.0.1", self.tls_port), timeout=0.2):
+            return True
+
+    def cleanup(self) -> None:
+        self.server.cleanup()
