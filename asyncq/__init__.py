@@ -1,5 +1,14 @@
 """asyncq: an asyncio-native task queue on Redis, wire-compatible with Go asynq v0.26."""
 
+from asyncq.client import Client
+from asyncq.connection import (
+    Connection,
+    RedisClientOpts,
+    RedisClusterOpts,
+    RedisSentinelOpts,
+    TLSConfig,
+    parse_redis_uri,
+)
 from asyncq.errors import (
     AsyncqError,
     DuplicateTaskError,
@@ -20,6 +29,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncqError",
+    "Client",
+    "Connection",
     "DuplicateTaskError",
     "EnqueueOptions",
     "FailedPreconditionError",
@@ -27,9 +38,13 @@ __all__ = [
     "LeaseExpiredError",
     "QueueNotEmptyError",
     "QueueNotFoundError",
+    "RedisClientOpts",
+    "RedisClusterOpts",
+    "RedisSentinelOpts",
     "RevokeTask",
     "ServerClosedError",
     "SkipRetry",
+    "TLSConfig",
     "Task",
     "TaskIdConflictError",
     "TaskInfo",
@@ -37,4 +52,5 @@ __all__ = [
     "TaskOptions",
     "TaskState",
     "__version__",
+    "parse_redis_uri",
 ]
