@@ -1,0 +1,5 @@
+"""``python -m benchmarks [--quick] [--systems asyncq,saq,...] [--json out.json]``."""
+
+from benchmarks.runner import main
+
+raise SystemExit(main())

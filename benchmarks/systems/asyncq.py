@@ -1,0 +1,88 @@
+"""asyncq (this project): ``python -m benchmarks.systems.asyncq --url redis://...``.
+
+Runs in the project's own environment (no separate virtualenv). Tasks are
+``Task("noop", b"<index>")`` on the ``default`` queue with asyncq's defaults (no
+retention: a finished task's hash is deleted, as in Go asynq).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import structlog
+
+from asyncq.client import Client
+from asyncq.mux import ServeMux
+from asyncq.server import Server
+from asyncq.task import Task
+from benchmarks.systems._common import Config, Producer, System, main
+
+QUEUE = "default"
+
+
+class AsyncqProducer(Producer):
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def enqueue(self, i: int) -> None:
+        await self.client.enqueue(Task("noop", b"%d" % i), queue=QUEUE)
+
+    async def enqueue_fast(self, indices: Sequence[int], cfg: Config) -> int:
+        size = cfg.batch_size or len(indices)
+        for start in range(0, len(indices), size):
+            tasks = [Task("noop", b"%d" % i) for i in indices[start : start + size]]
+            for result in await self.client.enqueue_many(tasks, queue=QUEUE):
+                if isinstance(result, Exception):
+                    raise RuntimeError(f"enqueue_many failed for an item: {result!r}") from result
+        return 0
+
+
+class Asyncq(System):
+    name = "asyncq"
+    fast_path = "Client.enqueue_many() (one pipeline per batch)"
+    retention = "none by default: a task's hash is deleted on success (asynq semantics)"
+    distributions = ("asyncq", "redis")
+
+    def versions(self) -> dict[str, str]:
+        out = super().versions()
+        # a source checkout is not always installed as a distribution: name the commit too
+        here = Path(__file__).resolve().parent
+        try:
+            commit = subprocess.run(
+                ["git", "describe", "--always", "--dirty"],
+                cwd=here, capture_output=True, text=True, timeout=10, check=True,
+            ).stdout.strip()  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            commit = ""
+        if commit:
+            out["asyncq-git"] = commit
+        return out
+
+    @asynccontextmanager
+    async def producer(self, cfg: Config) -> AsyncIterator[Producer]:
+        async with Client(cfg.url) as client:
+            yield AsyncqProducer(client)
+
+    async def serve(self, cfg: Config, on_task: Callable[[int], None], stop: asyncio.Event) -> None:
+        mux = ServeMux()
+
+        @mux.handler("noop")
+        async def noop(task: Task) -> None:
+            on_task(int(task.payload or b"-1"))
+
+        server = Server(cfg.url, concurrency=cfg.concurrency, queues={QUEUE: 1})
+        async with server:
+            await server.start(mux)
+            await stop.wait()
+            await server.shutdown()
+
+
+if __name__ == "__main__":
+    # same logging policy as the peers' scripts: warnings and errors only
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    main(Asyncq())
