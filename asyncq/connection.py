@@ -41,7 +41,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import ConnectionPool
+from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialWithJitterBackoff
@@ -109,6 +109,10 @@ class _CommonOpts:
     """PING a pooled connection idle for longer than this before reusing it."""
     retries: int = 3
     """Times a command is retried after a connection error (go-redis's MaxRetries)."""
+    pool_size: int = 50
+    """Connections kept per client; callers beyond it wait for a free one."""
+    pool_timeout: float = 20.0
+    """Seconds a caller waits for a free pooled connection before ConnectionError."""
 
     def _check_common(self) -> None:
         if not self.dial_timeout > 0:
@@ -123,6 +127,12 @@ class _CommonOpts:
             raise ValueError(
                 f"health_check_interval must be >= 0, got {self.health_check_interval}"
             )
+        if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int):
+            raise TypeError(f"pool_size must be an int, got {self.pool_size.__class__.__name__}")
+        if self.pool_size < 1:
+            raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
+        if not self.pool_timeout > 0:
+            raise ValueError(f"pool_timeout must be > 0 seconds, got {self.pool_timeout}")
 
     def _retry(self) -> Retry:
         # go-redis's backoff (8 ms doubling up to 512 ms) rather than redis-py's 1-10 s,
@@ -171,21 +181,34 @@ class RedisClientOpts(_CommonOpts):
         """A new redis-py client; no I/O happens until the first command."""
         kwargs = self._socket_kwargs()
         if self.unix_socket_path is not None:
-            return Redis(
+            template = Redis(
                 unix_socket_path=self.unix_socket_path,
                 db=self.db,
                 username=self.username,
                 password=self.password,
                 **kwargs,
             )
-        return Redis(
-            host=self.host,
-            port=self.port,
-            db=self.db,
-            username=self.username,
-            password=self.password,
-            **kwargs,
+        else:
+            template = Redis(
+                host=self.host,
+                port=self.port,
+                db=self.db,
+                username=self.username,
+                password=self.password,
+                **kwargs,
+            )
+        # redis-py's default pool raises MaxConnectionsError when a hundred handlers
+        # write at once; a blocking pool makes them wait their turn instead. The
+        # template client (no connection opened) lets redis-py work out the
+        # connection class and arguments for TCP, TLS or a unix socket.
+        auto = template.connection_pool
+        pool = BlockingConnectionPool(
+            connection_class=auto.connection_class,
+            max_connections=self.pool_size,
+            timeout=self.pool_timeout,
+            **auto.connection_kwargs,
         )
+        return Redis.from_pool(pool)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

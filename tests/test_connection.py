@@ -434,3 +434,18 @@ async def test_live_tls_without_verification(tls_server: TLSServer) -> None:
     opts = RedisClientOpts(host="127.0.0.1", port=tls_server.tls_port, tls=TLSConfig(verify=False))
     async with Connection(opts) as conn:
         assert await conn.redis.ping()
+
+
+async def test_callers_beyond_pool_size_wait_for_a_connection(redis_url: str) -> None:
+    import asyncio
+
+    opts = parse_redis_uri(redis_url)
+    assert isinstance(opts, RedisClientOpts)
+    client = RedisClientOpts(host=opts.host, port=opts.port, db=opts.db, pool_size=3).make_client()
+    try:
+        # 60 concurrent round trips on 3 connections: a non-blocking pool would
+        # raise MaxConnectionsError on the fourth; here every caller waits its turn.
+        results = await asyncio.gather(*(client.echo(f"m{i}") for i in range(60)))
+        assert results == [f"m{i}".encode() for i in range(60)]
+    finally:
+        await client.aclose()
