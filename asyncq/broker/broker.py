@@ -37,6 +37,11 @@ asyncq extensions (Go asynq is unaffected by all of them):
   an item whose ID already exists is reported as TaskIdConflictError (asynq
   silently counts it as not enqueued), and unique and group items are
   supported through their usual scripts.
+* **Batched acknowledgement.** ``ack_many.lua`` applies asynq's Done or
+  MarkAsComplete to many tasks of one queue in one call, building task keys
+  from the queue's prefix (same hash tag, so the same cluster slot); the
+  processed counters take one INCRBY per call unless the all-time counter is
+  near its max-int64 wrap. Several queues go in one pipeline.
 * **asynq:queues registration.** The first time a Broker instance sees a
   queue it SADDs it to ``asynq:queues`` before the write (a per-instance
   cache, like asynq's per-process one). It is a separate command, not part
@@ -68,7 +73,13 @@ from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._time import to_unix
 from asyncq.broker.scripts import Script, load_script
 from asyncq.connection import RedisClient
-from asyncq.errors import BrokerError, DuplicateTaskError, TaskIdConflictError, TaskNotFoundError
+from asyncq.errors import (
+    AsyncqError,
+    BrokerError,
+    DuplicateTaskError,
+    TaskIdConflictError,
+    TaskNotFoundError,
+)
 from asyncq.proto.asynq import (
     SchedulerEnqueueEvent,
     SchedulerEntry,
@@ -111,6 +122,7 @@ _ADD_TO_GROUP_UNIQUE = load_script("add_to_group_unique")
 _DEQUEUE_MANY = load_script("dequeue_many")
 _DONE = load_script("done")
 _MARK_AS_COMPLETE = load_script("mark_as_complete")
+_ACK_MANY = load_script("ack_many")
 _REQUEUE = load_script("requeue")
 _RETRY = load_script("retry")
 _ARCHIVE = load_script("archive")
@@ -209,6 +221,19 @@ class _QueueKeys:
             self.failed_day = keys.failed_key(self.name, when)
             self.day = day
         return self.processed_day, self.failed_day
+
+
+class _AckCall:
+    """One queue's share of an ack_many batch: the ack_many.lua ARGV being built."""
+
+    __slots__ = ("args", "indices", "kinds", "prefix", "qk")
+
+    def __init__(self, qk: _QueueKeys, stats_exp: int) -> None:
+        self.qk = qk
+        self.prefix = keys.queue_key_prefix(qk.name)
+        self.indices: list[int] = []  # positions in the caller's batch
+        self.kinds: list[str] = []  # becomes ARGV[5]
+        self.args: list[Any] = [qk.task_prefix, self.prefix, stats_exp, MAX_INT64, ""]
 
 
 def _text(value: bytes | str) -> str:
@@ -644,6 +669,107 @@ class Broker:
         args = (tid, now_s + STATS_TTL, now_s + msg.retention, data, MAX_INT64)
         await self._run(_MARK_AS_COMPLETE, keys_, args, qk.name, tid)
 
+    # -- batched acknowledgement (asyncq extension, see ack_many) ---------------------------
+
+    async def done_many(self, msgs: Sequence[TaskMessage]) -> list[Exception | None]:
+        """:meth:`done` for many tasks at once; one result per message (see :meth:`ack_many`)."""
+        return await self.ack_many([(msg, False) for msg in msgs])
+
+    async def mark_as_complete_many(self, msgs: Sequence[TaskMessage]) -> list[Exception | None]:
+        """:meth:`mark_as_complete` for many tasks at once; one result per message.
+
+        See :meth:`ack_many`.
+        """
+        return await self.ack_many([(msg, True) for msg in msgs])
+
+    async def ack_many(self, items: Sequence[tuple[TaskMessage, bool]]) -> list[Exception | None]:
+        """Acknowledge finished tasks given as ``(msg, complete)`` pairs.
+
+        ``complete=True`` is :meth:`mark_as_complete` (kept for ``msg.retention``),
+        ``False`` is :meth:`done`; each task gets exactly that method's effect, in
+        the given order, with one "now" for the whole batch. All tasks of a queue
+        take one script call and all queues one round trip (a non-transactional
+        pipeline; on a cluster one call per node).
+
+        One result per item: None when acknowledged, TaskNotFoundError when the
+        task is not active (any more), ValueError for a message without id or
+        queue, BrokerError when the queue's script failed (then every item of
+        that queue gets it and their state is unknown). A task whose unique_key
+        lies outside its queue's hash tag (never written by asynq or asyncq) is
+        acknowledged afterwards with the single-task method. Connection errors
+        raise; the tasks may or may not be acknowledged.
+        """
+        results: list[Exception | None] = [None] * len(items)
+        now = self.clock()
+        now_s = int(now)
+        stats_exp = now_s + STATS_TTL
+        calls: dict[str, _AckCall] = {}
+        strays: list[int] = []
+        for i, (msg, complete) in enumerate(items):
+            try:
+                qk = self._msg_queue(msg)
+            except ValueError as exc:
+                results[i] = exc
+                continue
+            call = calls.get(qk.name)
+            if call is None:
+                call = calls[qk.name] = _AckCall(qk, stats_exp)
+            ukey = msg.unique_key
+            # The script builds no key it was not told the hash tag of (cluster slots).
+            if ukey and not ukey.startswith(call.prefix):
+                strays.append(i)
+                continue
+            # Packing each argument is most of redis-py's cost: send only what is used.
+            call.indices.append(i)
+            args = call.args
+            args.append(msg.id)
+            if ukey:
+                args.append(ukey)
+            if complete:
+                call.kinds.append("C" if ukey else "c")
+                args.append(now_s + msg.retention)
+                args.append(_encode_with(msg, completed_at=now_s))
+            else:
+                call.kinds.append("D" if ukey else "d")
+        planned = [call for call in calls.values() if call.indices]
+        if planned:
+            replies = await self._ack_calls(planned, now)
+            for call, reply in zip(planned, replies, strict=True):
+                _ack_results(results, items, call.qk.name, call.indices, reply)
+        for i in strays:
+            msg, complete = items[i]
+            try:
+                await (self.mark_as_complete(msg) if complete else self.done(msg))
+            except AsyncqError as exc:
+                results[i] = exc
+        return results
+
+    async def _ack_calls(self, planned: list[_AckCall], now: float) -> list[Any]:
+        """Run ack_many.lua once per queue; replies (or ResponseErrors) in order."""
+        calls: list[tuple[tuple[str, ...], list[Any]]] = []
+        for call in planned:
+            qk = call.qk
+            call.args[4] = "".join(call.kinds)
+            pday = qk.daily(now)[0]
+            calls.append(((qk.active, qk.lease, qk.completed, pday, qk.processed), call.args))
+        if len(calls) == 1:
+            try:
+                return [await _ACK_MANY(self.redis, *calls[0])]
+            except ResponseError as exc:
+                return [exc]
+        pipe = self.redis.pipeline(transaction=False)
+        for ack_keys, args in calls:
+            pipe.execute_command("EVALSHA", _ACK_MANY.sha, len(ack_keys), *ack_keys, *args)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        for n, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):
+                # Not loaded (restart, SCRIPT FLUSH, new node): the call did not run.
+                try:
+                    replies[n] = await _ACK_MANY(self.redis, *calls[n])
+                except ResponseError as exc:
+                    replies[n] = exc
+        return replies
+
     async def requeue(self, msg: TaskMessage) -> None:
         """Put an active task back at the front of pending (shutdown); no retry counted."""
         qk = self._msg_queue(msg)
@@ -1023,3 +1149,38 @@ def _script_error(exc: ResponseError, script: Script, qname: str, tid: str) -> E
     if text.startswith("NOT FOUND") and tid:
         return TaskNotFoundError(qname, tid)
     return BrokerError(f"Redis script {script.name} failed: {text}")
+
+
+def _ack_results(
+    results: list[Exception | None],
+    items: Sequence[tuple[TaskMessage, bool]],
+    qname: str,
+    indices: list[int],
+    reply: Any,
+) -> None:
+    """Fill in the results of one queue's ack_many.lua call."""
+    if isinstance(reply, ResponseError):
+        text = str(reply)
+        for i in indices:
+            results[i] = BrokerError(f"Redis script ack_many failed in queue {qname!r}: {text}")
+        return
+    if isinstance(reply, Exception):
+        for i in indices:
+            results[i] = reply
+        return
+    for i, code in zip(indices, reply, strict=True):
+        if code == 1:
+            continue
+        tid = items[i][0].id
+        if code == 0:
+            results[i] = TaskNotFoundError(qname, tid)
+        elif code == -1:
+            results[i] = BrokerError(
+                f"Redis script ack_many failed: INTERNAL (completed set of queue {qname!r} "
+                f"already holds task {tid!r})"
+            )
+        else:
+            results[i] = BrokerError(
+                f"Redis script ack_many refused task {tid!r}: its unique key is outside "
+                f"queue {qname!r}"
+            )

@@ -1,0 +1,105 @@
+-- Acknowledge many finished tasks of ONE queue in one call (asyncq's batched
+-- asynq Done and MarkAsComplete): each task gets exactly the effect that
+-- done.lua or mark_as_complete.lua would have, in the order given.
+-- KEYS[1] active
+-- KEYS[2] lease
+-- KEYS[3] completed
+-- KEYS[4] processed:<YYYY-MM-DD>
+-- KEYS[5] processed (all-time)
+-- ARGV[1] task key prefix   asynq:{<qname>}:t:
+-- ARGV[2] queue key prefix  asynq:{<qname>}:
+-- ARGV[3] expiry of the daily counter, unix seconds (now + 90 days)
+-- ARGV[4] max int64, where the all-time counter wraps to 1
+-- ARGV[5] one letter per task: d = Done, c = MarkAsComplete; upper case (D, C)
+--         when the task has a unique key
+-- ARGV[6..] per task, in order: id; the unique key (D, C); the completed score
+--           (now + retention) and the msg with completed_at set (c, C). Done
+--           without a lock, the common case, costs one argument.
+-- Task hashes and unique locks are not in KEYS: they are built from (or checked
+-- against) the queue's prefix, so they carry the queue's hash tag and live in
+-- the same cluster slot as KEYS.
+-- Returns one integer per task: 1 acknowledged, 0 NOT FOUND, -1 INTERNAL (the
+-- completed set already held the id), -2 unique key outside the queue
+-- (nothing touched).
+local tprefix, qprefix = ARGV[1], ARGV[2]
+local plen = #qprefix
+local out = {}
+local n = 0
+local kinds = ARGV[5]
+local width = {d = 1, D = 2, c = 3, C = 4}
+local need = 5
+for k = 1, #kinds do
+    local w = width[string.sub(kinds, k, k)]
+    if not w then
+        return redis.error_reply("ERR ack_many: unknown task kind in " .. kinds)
+    end
+    need = need + w
+end
+if need ~= #ARGV then
+    return redis.error_reply("ERR ack_many: task kinds do not match the arguments")
+end
+local a = 6
+for k = 1, #kinds do
+    local kind = string.sub(kinds, k, k)
+    local id = ARGV[a]
+    a = a + 1
+    local ukey, score, msg = "", nil, nil
+    if kind == "D" or kind == "C" then
+        ukey = ARGV[a]
+        a = a + 1
+    end
+    local complete = kind == "c" or kind == "C"
+    if complete then
+        score, msg = ARGV[a], ARGV[a + 1]
+        a = a + 2
+    end
+    local res
+    if ukey ~= "" and string.sub(ukey, 1, plen) ~= qprefix then
+        res = -2
+    elseif redis.call("LREM", KEYS[1], 0, id) == 0 then
+        res = 0
+    elseif redis.call("ZREM", KEYS[2], id) == 0 then
+        res = 0
+    elseif not complete then
+        if redis.call("DEL", tprefix .. id) == 0 then
+            res = 0
+        else
+            res = 1
+        end
+    elseif redis.call("ZADD", KEYS[3], score, id) ~= 1 then
+        res = -1
+    else
+        redis.call("HSET", tprefix .. id, "msg", msg, "state", "completed")
+        res = 1
+    end
+    if res == 1 then
+        n = n + 1
+        if ukey ~= "" and redis.call("GET", ukey) == id then
+            redis.call("DEL", ukey)
+        end
+    end
+    out[#out + 1] = res
+end
+if n > 0 then
+    -- One INCRBY stands for n INCRs: one of them returned 1 (and set the
+    -- expiry) exactly when the counter went from <= 0 to >= 1.
+    local day = redis.call("INCRBY", KEYS[4], n)
+    if day >= 1 and day - n < 1 then
+        redis.call("EXPIREAT", KEYS[4], ARGV[3])
+    end
+    local total = redis.call("GET", KEYS[5])
+    if total and #total >= 18 then
+        -- Close to the max-int64 wrap (or odd): Lua numbers are doubles, so
+        -- step one task at a time exactly as Done does.
+        for _ = 1, n do
+            if redis.call("GET", KEYS[5]) == ARGV[4] then
+                redis.call("SET", KEYS[5], 1)
+            else
+                redis.call("INCR", KEYS[5])
+            end
+        end
+    else
+        redis.call("INCRBY", KEYS[5], n)
+    end
+end
+return out
