@@ -529,3 +529,15 @@ async def test_enqueue_dequeue_round_trip_is_byte_identical(
     assert got.message == msg
     assert bytes(got.message) == encoded
     assert await redis.hget(keys.task_key(msg.queue, msg.id), "msg") == encoded
+
+
+async def test_lease_duration_is_configurable(redis: Redis) -> None:
+    broker = Broker(redis, clock=lambda: 1_000.0, lease_duration=2.0)
+    msg = TaskMessage(type="t", id="lease-id", queue="default", retry=1)
+    await broker.enqueue(msg)
+    [task] = await broker.dequeue_many(["default"], 1)
+    assert task.lease_expiry == 1_002.0
+    assert await redis.zscore(keys.lease_key("default"), "lease-id") == 1_002.0
+    assert await broker.extend_lease("default", ["lease-id"]) == 1_002.0
+    with pytest.raises(ValueError, match="lease_duration"):
+        Broker(redis, lease_duration=0)

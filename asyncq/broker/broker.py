@@ -279,7 +279,15 @@ class Broker:
     "now" of every operation comes from it.
     """
 
-    def __init__(self, redis: RedisClient, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        redis: RedisClient,
+        *,
+        clock: Callable[[], float] = time.time,
+        lease_duration: float = LEASE_DURATION,
+    ) -> None:
+        if not lease_duration > 0:
+            raise ValueError(f"lease_duration must be positive, got {lease_duration}")
         encoder = getattr(redis, "get_encoder", None)
         if encoder is not None and getattr(encoder(), "decode_responses", False):
             raise ValueError(
@@ -288,6 +296,7 @@ class Broker:
             )
         self.redis = redis
         self.clock = clock
+        self.lease_duration = lease_duration
         self._queues: dict[str, _QueueKeys] = {}
         self._published: set[str] = set()
 
@@ -572,7 +581,7 @@ class Broker:
             while True:
                 want = count - len(out)
                 now = self.clock()
-                expiry = now + LEASE_DURATION
+                expiry = now + self.lease_duration
                 res = await self._run(
                     _DEQUEUE_MANY, keys_, (int(expiry), qk.task_prefix, want), qname, ""
                 )
@@ -900,12 +909,12 @@ class Broker:
         return out
 
     async def extend_lease(self, qname: str, task_ids: Sequence[str]) -> float:
-        """Push the leases of *task_ids* to now + LEASE_DURATION; returns the new expiry.
+        """Push the leases of *task_ids* to now + ``lease_duration``; returns the new expiry.
 
         Only IDs still in the lease set are updated (``ZADD XX``).
         """
         qk = self._q(qname)
-        expiry = self.clock() + LEASE_DURATION
+        expiry = self.clock() + self.lease_duration
         if task_ids:
             score = int(expiry)
             args: list[Any] = []

@@ -1,0 +1,112 @@
+"""Logging helpers shared by the worker roles: the ``asyncq`` structlog logger,
+a rate limiter for repeated errors and an exponential backoff.
+
+asynq logs a failing dequeue at most once every 3 s; asyncq does the same for
+every Redis error a role meets, so a Redis outage costs a handful of lines,
+not thousands, and the roles back off instead of spinning.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from asyncq.errors import AsyncqError
+from asyncq.proto.asynq import TaskMessage
+
+__all__ = [
+    "Backoff",
+    "RateLimiter",
+    "error_text",
+    "get_logger",
+    "is_debug_enabled",
+    "task_fields",
+]
+
+LOGGER_NAME = "asyncq"
+
+
+def get_logger(**initial: Any) -> Any:
+    """The ``asyncq`` structlog logger, optionally with bound values."""
+    log = structlog.get_logger(LOGGER_NAME)
+    return log.bind(**initial) if initial else log
+
+
+def is_debug_enabled(log: Any) -> bool:
+    """Whether *log* emits DEBUG events (guards the per-task debug events on the hot path)."""
+    check = getattr(log, "is_enabled_for", None)
+    if check is None:
+        return True
+    try:
+        return bool(check(logging.DEBUG))
+    except Exception:  # a custom wrapper class without a working level check
+        return True
+
+
+def task_fields(msg: TaskMessage) -> dict[str, Any]:
+    """The fields bound to every task event: task_id, task_type, queue."""
+    return {"task_id": msg.id, "task_type": msg.type, "queue": msg.queue}
+
+
+def error_text(exc: BaseException) -> str:
+    """An error as text: asynq's message for asyncq errors, else ``"<Class>: <message>"``.
+
+    This is what goes into a task's ``error_msg`` (asynq's ``err.Error()``) and the logs.
+    """
+    text = str(exc)
+    if isinstance(exc, AsyncqError):
+        return text or exc.__class__.__name__
+    name = exc.__class__.__qualname__
+    return f"{name}: {text}" if text else name
+
+
+class RateLimiter:
+    """Allows one event per *interval* seconds and counts the ones it held back."""
+
+    __slots__ = ("_clock", "_last", "interval", "suppressed")
+
+    def __init__(self, interval: float = 3.0, *, clock: Callable[[], float] = time.monotonic):
+        self.interval = interval
+        self._clock = clock
+        self._last: float | None = None
+        self.suppressed = 0
+
+    def allow(self) -> bool:
+        """True when an event may be emitted now; callers report :attr:`suppressed` then."""
+        now = self._clock()
+        if self._last is None or now - self._last >= self.interval:
+            self._last = now
+            return True
+        self.suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        """The number of events held back since the last allowed one, and reset it."""
+        n, self.suppressed = self.suppressed, 0
+        return n
+
+
+class Backoff:
+    """Exponential backoff: *initial*, doubling up to *maximum* seconds; reset on success."""
+
+    __slots__ = ("attempts", "initial", "maximum")
+
+    def __init__(self, initial: float = 0.05, maximum: float = 1.0) -> None:
+        if initial <= 0 or maximum < initial:
+            raise ValueError("backoff needs 0 < initial <= maximum")
+        self.initial = initial
+        self.maximum = maximum
+        self.attempts = 0
+
+    def next_delay(self) -> float:
+        """The delay before the next attempt (grows with every call)."""
+        delay: float = min(self.maximum, self.initial * float(1 << min(self.attempts, 32)))
+        self.attempts += 1
+        return delay
+
+    def reset(self) -> None:
+        self.attempts = 0

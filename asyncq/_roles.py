@@ -1,0 +1,166 @@
+"""Role supervision shared by the server's background roles.
+
+Every role (processor, heartbeater, forwarder, recoverer, janitor, syncer,
+healthchecker, subscriber, aggregator) is one asyncio task in the server's
+TaskGroup, running :func:`supervise` around the role's ``run()``.
+
+Crash policy: **restart with exponential backoff**. A role whose ``run()``
+raises anything but a Redis error is logged at ERROR level with its
+traceback, counted in ``Server.stats.role_restarts[<role>]`` and restarted
+after a delay that doubles from 0.1 s up to 30 s (reset once the role has run
+for a minute without crashing). Failing the whole server instead would turn
+a bug in, say, the janitor into lost throughput for every queue, while the
+processor's running handlers do not depend on any other role; restarting keeps
+the worker serving and the ERROR lines keep the problem loud. Redis errors are
+not crashes: the periodic roles log them at a bounded rate (one line per 3 s)
+and try again at their next interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from redis import exceptions as redis_errors
+from redis.exceptions import RedisError
+
+from asyncq._logging import RateLimiter, error_text
+from asyncq.errors import BrokerError, TaskNotFoundError
+
+if TYPE_CHECKING:
+    from asyncq.server import Server
+
+__all__ = [
+    "REDIS_ERRORS",
+    "TRANSIENT_ERRORS",
+    "PeriodicRole",
+    "Role",
+    "is_transient",
+    "supervise",
+]
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,  # includes BusyLoadingError
+    redis_errors.TimeoutError,
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+    redis_errors.MasterDownError,
+    redis_errors.ReadOnlyError,
+    OSError,  # includes the builtin TimeoutError
+)
+"""Errors after which a broker write may succeed when retried (Redis unreachable)."""
+REDIS_ERRORS: tuple[type[BaseException], ...] = (
+    RedisError,
+    BrokerError,
+    TaskNotFoundError,
+    OSError,
+)
+"""Errors raised by broker calls: logged at a bounded rate, never a role crash."""
+
+_RESTART_MIN = 0.1
+_RESTART_MAX = 30.0
+_HEALTHY_RUN = 60.0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for connection-level failures (worth retrying later), False for error replies."""
+    return isinstance(exc, TRANSIENT_ERRORS)
+
+
+class Role:
+    """A background role of a server: ``run()`` loops until :meth:`request_stop`."""
+
+    name: ClassVar[str] = "role"
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.log: Any = server.log.bind(role=self.name)
+        self._stop = asyncio.Event()
+        self._redis_errors = RateLimiter(3.0)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def request_stop(self) -> None:
+        """Ask the role to leave its loop at the next opportunity."""
+        self._stop.set()
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep up to *seconds*, returning early when the role is asked to stop."""
+        if self._stop.is_set() or seconds <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()
+
+    async def run(self) -> None:
+        raise NotImplementedError
+
+    async def cleanup(self) -> None:
+        """Runs once after the role stopped (flushes, clearing server state)."""
+
+    def redis_error(self, event: str, exc: BaseException, **kw: Any) -> None:
+        """Log a Redis failure, at most once per 3 s per role."""
+        if self._redis_errors.allow():
+            suppressed = self._redis_errors.take_suppressed()
+            self.log.warning(
+                event,
+                error=error_text(exc),
+                suppressed_since_last=suppressed,
+                **kw,
+            )
+
+
+class PeriodicRole(Role):
+    """A role that calls :meth:`tick` every :attr:`interval` seconds."""
+
+    run_at_start: ClassVar[bool] = True
+
+    def __init__(self, server: Server, interval: float) -> None:
+        super().__init__(server)
+        self.interval = interval
+
+    async def tick(self) -> None:
+        raise NotImplementedError
+
+    async def run(self) -> None:
+        if not self.run_at_start:
+            await self.sleep(self.interval)
+        while not self.stopping:
+            try:
+                await self.tick()
+            except REDIS_ERRORS as exc:
+                self.redis_error(f"{self.name} failed", exc)
+            await self.sleep(self.interval)
+
+
+async def supervise(role: Role) -> None:
+    """Run *role* until it stops, restarting it with backoff when it crashes."""
+    server = role.server
+    attempts = 0
+    while True:
+        started = time.monotonic()
+        try:
+            await role.run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if time.monotonic() - started >= _HEALTHY_RUN:
+                attempts = 0
+            attempts += 1
+            server.stats.role_restarts[role.name] += 1
+            if role.stopping:
+                role.log.error("role crashed while stopping", exc_info=exc)
+                return
+            delay = min(_RESTART_MAX, _RESTART_MIN * 2 ** (attempts - 1))
+            role.log.error(
+                "role crashed; restarting", restart_in=round(delay, 3), crashes=attempts,
+                exc_info=exc,
+            )  # fmt: skip
+            await role.sleep(delay)
+            if role.stopping:
+                return

@@ -1,0 +1,97 @@
+"""The heartbeater role (asynq's heartbeater).
+
+Every ``heartbeat_interval`` (5 s), starting at once, it writes the server's
+ServerInfo and one WorkerInfo per running task with a TTL of twice the
+interval, so ``asynq server ls``, asynqmon and asyncq's inspector see the
+server and its active workers. In the same beat it extends the Redis lease of
+every running task whose local lease is still valid; a running task whose
+local lease has already run out is declared expired, which cancels its handler
+(a failure with LeaseExpiredError, and nothing written: the recoverer takes
+the task over). On stop the server's records are removed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import ClassVar
+
+from asyncq._logging import error_text
+from asyncq._roles import REDIS_ERRORS, PeriodicRole
+from asyncq.errors import LeaseExpiredError
+from asyncq.proto.asynq import ServerInfo, WorkerInfo
+
+__all__ = ["Heartbeater"]
+
+
+class Heartbeater(PeriodicRole):
+    """Writes server/worker state and extends leases every heartbeat interval."""
+
+    name: ClassVar[str] = "heartbeater"
+
+    async def tick(self) -> None:
+        server = self.server
+        cfg = server.config
+        processor = server.processor
+        active = list(processor.active.values()) if processor is not None else []
+        # Leases first: they decide whether tasks keep running.
+        by_queue: dict[str, list[str]] = defaultdict(list)
+        extend = []
+        for act in active:
+            if act.abandoned:
+                continue
+            if act.lease.valid():
+                by_queue[act.msg.queue].append(act.msg.id)
+                extend.append(act)
+            elif act.lease.notify_expired():
+                act.cancel(LeaseExpiredError())
+        for qname, ids in by_queue.items():
+            try:
+                expiry = await server.broker.extend_lease(qname, ids)
+            except REDIS_ERRORS as exc:
+                self.redis_error("could not extend task leases", exc, queue=qname)
+                continue
+            expiry = math.floor(expiry)  # what Redis holds (whole seconds)
+            for act in extend:
+                if act.msg.queue == qname:
+                    act.lease.extend(expiry)
+
+        info = ServerInfo(
+            host=server.host,
+            pid=server.pid,
+            server_id=server.server_id,
+            concurrency=cfg.concurrency,
+            queues=dict(cfg.queues),
+            strict_priority=cfg.strict_priority,
+            status=server.status,
+            start_time=server.started_at,
+            active_worker_count=len(active),
+        )
+        workers = [
+            WorkerInfo(
+                host=server.host,
+                pid=server.pid,
+                server_id=server.server_id,
+                task_id=act.msg.id,
+                task_type=act.msg.type,
+                task_payload=act.msg.payload,
+                queue=act.msg.queue,
+                start_time=datetime.fromtimestamp(act.started, UTC),
+                deadline=datetime.fromtimestamp(act.deadline, UTC),
+            )
+            for act in active
+        ]
+        # asynq's TTL is twice the interval; at least 2 s so sub-second test
+        # intervals still give Redis a whole-second expiry.
+        await server.broker.write_server_state(info, workers, ttl=max(2 * self.interval, 2.0))
+
+    async def cleanup(self) -> None:
+        server = self.server
+        try:
+            await server.broker.clear_server_state(server.host, server.pid, server.server_id)
+        except REDIS_ERRORS as exc:
+            self.log.warning(
+                "could not clear the server's state; it expires on its own",
+                error=error_text(exc),
+            )

@@ -1,0 +1,31 @@
+"""The janitor role (asynq's janitor).
+
+Every ``janitor_interval`` (8 s, first run after one interval) it deletes, per
+queue and ``janitor_batch_size`` (100) at a time, the completed tasks whose
+retention has expired.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from asyncq._roles import PeriodicRole
+
+__all__ = ["Janitor"]
+
+
+class Janitor(PeriodicRole):
+    """Deletes completed tasks past their retention."""
+
+    name: ClassVar[str] = "janitor"
+    run_at_start: ClassVar[bool] = False
+
+    async def tick(self) -> None:
+        server = self.server
+        batch = server.config.janitor_batch_size
+        for qname in server.config.queues:
+            if self.stopping:
+                return
+            # The broker loops over batches until none is left.
+            deleted = await server.broker.delete_expired_completed_tasks(qname, batch)
+            server.stats.janitor_deleted += deleted

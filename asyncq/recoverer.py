@@ -1,0 +1,78 @@
+"""The recoverer role (asynq's recoverer).
+
+At start and every ``recoverer_interval`` (1 min) it finds the active tasks
+whose lease expired at least ``recoverer_cutoff`` (30 s) ago, in any of this
+server's queues and whoever ran them (a crashed worker, a lost network): each
+is archived when its retries are used up, else retried after ``retry_delay``
+with a LeaseExpiredError (``is_failure`` applies). It also moves the tasks of
+aggregation sets whose deadline passed back into their group, so an
+aggregation interrupted by a crash or a failing aggregator loses no task.
+
+Two servers may race for the same task; the loser's script answers "not
+found", which is logged at debug level and skipped.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import ClassVar
+
+from asyncq._logging import error_text, task_fields
+from asyncq._roles import REDIS_ERRORS, PeriodicRole, is_transient
+from asyncq.errors import LeaseExpiredError
+from asyncq.processor import is_failure_for, retry_delay_for
+from asyncq.task import Task
+
+__all__ = ["Recoverer"]
+
+
+class Recoverer(PeriodicRole):
+    """Retries or archives tasks whose lease expired; reclaims stale aggregation sets."""
+
+    name: ClassVar[str] = "recoverer"
+
+    async def tick(self) -> None:
+        server = self.server
+        cfg = server.config
+        broker = server.broker
+        queues = list(cfg.queues)
+        now = datetime.fromtimestamp(broker.clock(), UTC)
+        cutoff = now - timedelta(seconds=cfg.recoverer_cutoff)
+        for qname in queues:
+            try:
+                await broker.reclaim_stale_aggregation_sets(qname)
+            except REDIS_ERRORS as exc:
+                if is_transient(exc):
+                    raise
+                self.log.error(
+                    "could not reclaim stale aggregation sets", queue=qname, error=error_text(exc)
+                )
+        expired = await broker.list_lease_expired(cutoff, queues)
+        for msg in expired:
+            if self.stopping:
+                return
+            fields = task_fields(msg)
+            local = server.processor.active.get(msg.id) if server.processor else None
+            if local is not None and not local.abandoned and local.lease.valid():
+                continue  # running here, its lease extension just has not landed yet
+            lease_exc = LeaseExpiredError()
+            err_msg = error_text(lease_exc)
+            try:
+                if msg.retried >= msg.retry:
+                    self.log.warning("archiving task whose lease expired", **fields)
+                    await broker.archive(msg, err_msg)
+                else:
+                    task = Task._from_message(msg)
+                    delay = retry_delay_for(cfg, self.log, msg.retried, lease_exc, task, **fields)
+                    is_failure = is_failure_for(cfg, self.log, lease_exc, **fields)
+                    self.log.warning(
+                        "retrying task whose lease expired", retry_in=delay.total_seconds(),
+                        **fields,
+                    )  # fmt: skip
+                    await broker.retry(msg, now + delay, err_msg, is_failure=is_failure)
+                server.stats.recovered += 1
+            except REDIS_ERRORS as err:
+                if is_transient(err):
+                    raise
+                # Another recoverer got there first (asynq #717).
+                self.log.debug("task already recovered elsewhere", error=error_text(err), **fields)

@@ -1,0 +1,599 @@
+"""The asyncq worker: :class:`Server` runs handlers for tasks taken from Redis.
+
+It follows Go asynq's Server (spec sections 1.6, 5 and 6) and stays
+wire-compatible with it: Go and Python workers can serve the same queues.
+
+Lifecycle::
+
+    server = Server("redis://localhost:6379/0", concurrency=20,
+                    queues={"critical": 6, "default": 3, "low": 1})
+    await server.run(mux)        # handles SIGTERM/SIGINT/SIGTSTP, returns after shutdown
+
+    # or embedded (a web app's lifespan, a test):
+    async with Server(redis, concurrency=4) as server:
+        await server.start(mux)
+        ...                      # shutdown() runs when the block exits
+
+Shutdown, as asynq's: ``stop()`` (SIGTSTP) stops fetching new tasks while
+running ones finish. ``shutdown()`` (SIGTERM/SIGINT) stops fetching, waits up
+to ``shutdown_timeout`` (8 s) for running handlers, then puts the unfinished
+tasks back at the front of their pending list (no retry counted), cancels
+their handlers and removes the server's records from Redis. A second
+SIGTERM/SIGINT during shutdown exits at once: handlers are cancelled without
+requeueing and their tasks come back through lease recovery. (Python cannot
+stop a thread: a plain ``def`` handler still blocking in its worker thread
+keeps the interpreter alive until it returns; a third signal ends the process.)
+
+Every background role (processor, heartbeater, forwarder, recoverer, janitor,
+syncer, healthchecker, subscriber, aggregator) is an asyncio task in one
+TaskGroup; a role that crashes is logged and restarted with backoff (see
+:mod:`asyncq._roles`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import threading
+import types
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeAlias
+
+from asyncq._logging import get_logger
+from asyncq._roles import Role, supervise
+from asyncq.aggregator import GroupAggregator, GroupAggregatorRole
+from asyncq.broker.broker import LEASE_DURATION, Broker
+from asyncq.connection import Connection, RedisClient, RedisTarget
+from asyncq.errors import ServerClosedError
+from asyncq.forwarder import Forwarder
+from asyncq.healthchecker import HealthChecker
+from asyncq.heartbeater import Heartbeater
+from asyncq.janitor import Janitor
+from asyncq.mux import ServeMux, as_async_handler
+from asyncq.processor import Processor, default_retry_delay
+from asyncq.recoverer import Recoverer
+from asyncq.subscriber import Subscriber
+from asyncq.syncer import Syncer
+from asyncq.task import Task
+
+__all__ = [
+    "DEFAULT_QUEUES",
+    "ErrorHandler",
+    "HealthCheck",
+    "IsFailure",
+    "RetryDelay",
+    "Server",
+    "ServerConfig",
+    "ServerStats",
+]
+
+RetryDelay: TypeAlias = Callable[[int, BaseException, Task], timedelta]
+"""``retry_delay(n, exc, task) -> timedelta``; *n* = retries so far (0 on the first failure)."""
+IsFailure: TypeAlias = Callable[[BaseException], bool]
+"""``is_failure(exc) -> bool``; False: retried without counting a retry or a failure."""
+ErrorHandler: TypeAlias = Callable[[Task, BaseException], "Awaitable[None] | None"]
+"""``error_handler(task, exc)``, sync or async; called on every failure before the retry."""
+HealthCheck: TypeAlias = Callable[["BaseException | None"], "Awaitable[None] | None"]
+"""``health_check(exc_or_none)``, sync or async; called every ``health_check_interval``."""
+
+DEFAULT_QUEUES: Mapping[str, int] = types.MappingProxyType({"default": 1})
+"""Queues served when none are given (asynq's default)."""
+
+_STATUS_ACTIVE = "active"
+_STATUS_STOPPED = "stopped"
+
+
+def _default_is_failure(exc: BaseException) -> bool:
+    return True
+
+
+def _duration(name: str, value: object, *, minimum: timedelta = timedelta(0)) -> float:
+    if not isinstance(value, timedelta):
+        raise TypeError(f"{name} must be a datetime.timedelta, got {value.__class__.__name__}")
+    if value <= minimum and minimum == timedelta(0):
+        raise ValueError(f"{name} must be positive, got {value}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value.total_seconds()
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value.__class__.__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+def _callable(name: str, value: object) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable, got {value.__class__.__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """A server's validated settings; durations in seconds."""
+
+    concurrency: int
+    queues: Mapping[str, int]
+    strict_priority: bool
+    retry_delay: RetryDelay
+    is_failure: IsFailure
+    error_handler: ErrorHandler | None
+    shutdown_timeout: float
+    health_check: HealthCheck | None
+    health_check_interval: float
+    task_check_interval: float
+    delayed_task_check_interval: float
+    janitor_interval: float
+    janitor_batch_size: int
+    heartbeat_interval: float
+    lease_duration: float
+    recoverer_interval: float
+    recoverer_cutoff: float
+    syncer_interval: float
+    group_aggregator: GroupAggregator | None
+    group_grace_period: float
+    group_max_delay: float
+    group_max_size: int
+    group_check_interval: float
+    burst: bool
+    sync_concurrency: int
+
+
+@dataclass(slots=True)
+class ServerStats:
+    """Counters of what this server did since it started (in-process only)."""
+
+    succeeded: int = 0
+    """Handlers that returned (or raised RevokeTask)."""
+    failed: int = 0
+    """Handlers that raised, timed out, were cancelled or lost their lease."""
+    requeued: int = 0
+    """Tasks put back to pending at shutdown."""
+    recovered: int = 0
+    """Tasks with an expired lease retried or archived by this server's recoverer."""
+    forwarded: int = 0
+    """Scheduled/retry tasks moved to pending by this server's forwarder."""
+    wakeups: int = 0
+    """Idle waits ended by a wake-up (Pub/Sub message or forwarder) rather than a timeout."""
+    wakeup_messages: int = 0
+    """Wake-up messages received on the queues' channels."""
+    idle_timeouts: int = 0
+    """Idle waits that ran the full ``task_check_interval``."""
+    empty_fetches: int = 0
+    """Fetches that found every queue empty (or paused)."""
+    fetch_errors: int = 0
+    """Fetches that failed (Redis unreachable...)."""
+    janitor_deleted: int = 0
+    """Completed tasks deleted after their retention."""
+    aggregated: int = 0
+    """Aggregated tasks enqueued."""
+    aggregation_errors: int = 0
+    """Aggregations that failed (their tasks return to the group later)."""
+    role_restarts: Counter[str] = field(default_factory=Counter)
+    """Crashes per role (each followed by a restart)."""
+
+
+class Server:
+    """Runs task handlers from Redis queues; see the module docstring.
+
+    *redis* is a URI, connection options or a ``redis.asyncio`` client (a
+    client is shared: the server leaves it open). All durations are
+    ``timedelta``s; defaults are asynq's.
+
+    - ``concurrency``: handlers running at once (default: the number of CPUs).
+    - ``queues``: queue name -> priority (default ``{"default": 1}``).
+    - ``strict_priority``: always empty higher-priority queues first.
+    - ``retry_delay(n, exc, task)``: delay before retry *n* (default: asynq's
+      n**4 + 15 + rand(30)*(n+1) s).
+    - ``is_failure(exc)``: False = retry without counting the attempt.
+    - ``error_handler(task, exc)``: called on every failure (sync or async).
+    - ``shutdown_timeout``: wait for running handlers at shutdown (8 s).
+    - ``health_check(exc | None)`` every ``health_check_interval`` (15 s).
+    - ``task_check_interval``: longest idle wait between fetches (1 s); asyncq
+      clients wake idle workers at once, this bounds the pickup of tasks
+      enqueued by Go asynq.
+    - ``delayed_task_check_interval``: forwarder period (5 s).
+    - ``janitor_interval`` (8 s), ``janitor_batch_size`` (100).
+    - ``heartbeat_interval`` (5 s), ``lease_duration`` (30 s),
+      ``recoverer_interval`` (1 min), ``recoverer_cutoff`` (30 s: how long
+      after expiry a lease is recovered), ``syncer_interval`` (5 s): asynq
+      hard-codes these; they are options here so tests can run them fast.
+    - ``group_aggregator(group, tasks) -> Task`` enables aggregation, with
+      ``group_grace_period`` (1 min, at least 1 s), ``group_max_delay`` and
+      ``group_max_size`` (None/0 = no limit) and ``group_check_interval``
+      (default min(7 s, grace period)).
+    - ``burst``: shut down once the queues are empty and nothing runs.
+    - ``sync_concurrency``: worker threads for plain ``def`` handlers
+      (default: ``concurrency``).
+    - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
+    """
+
+    def __init__(
+        self,
+        redis: RedisTarget,
+        *,
+        concurrency: int | None = None,
+        queues: Mapping[str, int] | None = None,
+        strict_priority: bool = False,
+        retry_delay: RetryDelay | None = None,
+        is_failure: IsFailure | None = None,
+        error_handler: ErrorHandler | None = None,
+        shutdown_timeout: timedelta = timedelta(seconds=8),
+        health_check: HealthCheck | None = None,
+        health_check_interval: timedelta = timedelta(seconds=15),
+        task_check_interval: timedelta = timedelta(seconds=1),
+        delayed_task_check_interval: timedelta = timedelta(seconds=5),
+        janitor_interval: timedelta = timedelta(seconds=8),
+        janitor_batch_size: int = 100,
+        heartbeat_interval: timedelta = timedelta(seconds=5),
+        lease_duration: timedelta = timedelta(seconds=LEASE_DURATION),
+        recoverer_interval: timedelta = timedelta(minutes=1),
+        recoverer_cutoff: timedelta = timedelta(seconds=30),
+        syncer_interval: timedelta = timedelta(seconds=5),
+        group_aggregator: GroupAggregator | None = None,
+        group_grace_period: timedelta = timedelta(minutes=1),
+        group_max_delay: timedelta | None = None,
+        group_max_size: int | None = None,
+        group_check_interval: timedelta | None = None,
+        burst: bool = False,
+        sync_concurrency: int | None = None,
+        logger: Any = None,
+    ) -> None:
+        concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
+        concurrency = _positive_int("concurrency", concurrency)
+        queues = DEFAULT_QUEUES if queues is None else queues
+        if not isinstance(queues, Mapping):
+            raise TypeError(f"queues must be a mapping of name to priority, got {queues!r}")
+        if not queues:
+            raise ValueError("queues cannot be empty (omit it to serve {'default': 1})")
+        for qname, prio in queues.items():
+            if not isinstance(qname, str) or not qname.strip():
+                raise ValueError(f"queue names must be non-blank strings, got {qname!r}")
+            if isinstance(prio, bool) or not isinstance(prio, int) or prio < 1:
+                raise ValueError(f"queue {qname!r} needs an integer priority >= 1, got {prio!r}")
+        for name, fn in (
+            ("retry_delay", retry_delay),
+            ("is_failure", is_failure),
+            ("error_handler", error_handler),
+            ("health_check", health_check),
+            ("group_aggregator", group_aggregator),
+        ):
+            _callable(name, fn)
+        grace = _duration("group_grace_period", group_grace_period, minimum=timedelta(seconds=1))
+        max_delay = 0.0
+        if group_max_delay is not None and group_max_delay != timedelta(0):
+            max_delay = _duration("group_max_delay", group_max_delay, minimum=timedelta(seconds=1))
+        max_size = 0
+        if group_max_size is not None and group_max_size != 0:
+            max_size = _positive_int("group_max_size", group_max_size)
+        check_interval = min(7.0, grace)
+        if group_check_interval is not None:
+            check_interval = _duration("group_check_interval", group_check_interval)
+        heartbeat = _duration("heartbeat_interval", heartbeat_interval)
+        lease = _duration("lease_duration", lease_duration, minimum=timedelta(seconds=2))
+        if lease <= heartbeat:
+            raise ValueError(
+                f"lease_duration ({lease_duration}) must be longer than heartbeat_interval "
+                f"({heartbeat_interval}): the heartbeat extends the leases"
+            )
+        cutoff = recoverer_cutoff
+        if not isinstance(cutoff, timedelta):
+            raise TypeError(
+                f"recoverer_cutoff must be a datetime.timedelta, got {cutoff.__class__.__name__}"
+            )
+        if cutoff < timedelta(0):
+            raise ValueError(f"recoverer_cutoff cannot be negative, got {cutoff}")
+        self.config = ServerConfig(
+            concurrency=concurrency,
+            queues=types.MappingProxyType(dict(queues)),
+            strict_priority=bool(strict_priority),
+            retry_delay=retry_delay or default_retry_delay,
+            is_failure=is_failure or _default_is_failure,
+            error_handler=error_handler,
+            shutdown_timeout=_duration("shutdown_timeout", shutdown_timeout),
+            health_check=health_check,
+            health_check_interval=_duration("health_check_interval", health_check_interval),
+            task_check_interval=_duration("task_check_interval", task_check_interval),
+            delayed_task_check_interval=_duration(
+                "delayed_task_check_interval", delayed_task_check_interval
+            ),
+            janitor_interval=_duration("janitor_interval", janitor_interval),
+            janitor_batch_size=_positive_int("janitor_batch_size", janitor_batch_size),
+            heartbeat_interval=heartbeat,
+            lease_duration=lease,
+            recoverer_interval=_duration("recoverer_interval", recoverer_interval),
+            recoverer_cutoff=cutoff.total_seconds(),
+            syncer_interval=_duration("syncer_interval", syncer_interval),
+            group_aggregator=group_aggregator,
+            group_grace_period=grace,
+            group_max_delay=max_delay,
+            group_max_size=max_size,
+            group_check_interval=check_interval,
+            burst=bool(burst),
+            sync_concurrency=_positive_int(
+                "sync_concurrency", concurrency if sync_concurrency is None else sync_concurrency
+            ),
+        )
+        self.log: Any = logger if logger is not None else get_logger()
+        if janitor_batch_size > 100:
+            self.log.warning(
+                "janitor_batch_size above 100 makes each janitor script call block Redis longer",
+                janitor_batch_size=janitor_batch_size,
+            )
+        self.connection = Connection(redis)
+        self.redis: RedisClient = self.connection.redis
+        self.broker = Broker(self.redis, lease_duration=lease)
+        self.host = socket.gethostname() or "unknown-host"
+        self.pid = os.getpid()
+        self.server_id = str(uuid.uuid4())
+        self.started_at: datetime | None = None
+        self.stats = ServerStats()
+        self.processor: Processor | None = None
+        self.syncer: Syncer = Syncer(self, self.config.syncer_interval)
+        self._state = "new"
+        self._roles: list[Role] = []
+        self._role_tasks: dict[str, asyncio.Task[None]] = {}
+        self._main: asyncio.Task[None] | None = None
+        self._shutdown_task: asyncio.Task[None] | None = None
+        self._closed = asyncio.Event()
+        self._force = asyncio.Event()
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """``"new"``, ``"active"``, ``"stopped"`` (not fetching) or ``"closed"``."""
+        return self._state
+
+    @property
+    def status(self) -> str:
+        """The status written in the heartbeat: ``"active"`` or ``"stopped"``."""
+        return _STATUS_ACTIVE if self._state == "active" else _STATUS_STOPPED
+
+    @property
+    def running_tasks(self) -> int:
+        """Handlers running now."""
+        return len(self.processor.active) if self.processor is not None else 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self, handler: ServeMux | Callable[[Task], Any]) -> None:
+        """Start the roles and begin processing with *handler* (a ServeMux or a handler).
+
+        Returns once the roles run. Raises RuntimeError when already started
+        or stopped, ServerClosedError after shutdown.
+        """
+        if self._state == "active":
+            raise RuntimeError("the server is already running")
+        if self._state == "stopped":
+            raise RuntimeError("the server is in the stopped state; waiting for shutdown")
+        if self._state == "closed":
+            raise ServerClosedError()
+        if handler is None:
+            raise TypeError("server cannot start: the handler is None")
+        fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
+        self._state = "active"
+        self.started_at = datetime.now(UTC)
+        cfg = self.config
+        self.log.info(
+            "starting processing",
+            server_id=self.server_id,
+            concurrency=cfg.concurrency,
+            queues=dict(cfg.queues),
+            strict_priority=cfg.strict_priority,
+        )
+        self.processor = Processor(self, fn)
+        subscriber = Subscriber(self)
+        roles: list[Role] = [Heartbeater(self, cfg.heartbeat_interval)]
+        if cfg.health_check is not None:
+            roles.append(HealthChecker(self, cfg.health_check_interval))
+        roles += [
+            subscriber,
+            self.syncer,
+            Recoverer(self, cfg.recoverer_interval),
+            Forwarder(self, cfg.delayed_task_check_interval),
+            self.processor,
+            Janitor(self, cfg.janitor_interval),
+        ]
+        if cfg.group_aggregator is not None:
+            roles.append(GroupAggregatorRole(self, cfg.group_check_interval))
+        self._roles = roles
+        started = asyncio.Event()
+        self._main = asyncio.create_task(self._run_roles(started), name="asyncq-server")
+        await started.wait()
+        # Subscribed before returning, so a task enqueued right after start() wakes us;
+        # if Redis is down this returns after the first failed attempt and the
+        # subscriber keeps retrying in the background.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                await subscriber.attempted.wait()
+
+    async def _run_roles(self, started: asyncio.Event) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for role in self._roles:
+                self._role_tasks[role.name] = tg.create_task(
+                    supervise(role), name=f"asyncq-{role.name}"
+                )
+            started.set()
+
+    def stop(self) -> None:
+        """Stop fetching new tasks; running handlers finish (asynq's Stop, SIGTSTP)."""
+        if self._state != "active":
+            return
+        self._state = "stopped"
+        self.log.info("stopping processor: no new tasks will be fetched")
+        if self.processor is not None:
+            self.processor.stop_fetching()
+
+    async def shutdown(self) -> None:
+        """Stop, wait for running handlers up to ``shutdown_timeout``, requeue the rest, exit.
+
+        Safe to call more than once and from several tasks.
+        """
+        if self._state == "new":
+            self._state = "closed"
+            await self.connection.aclose()
+            self._closed.set()
+            return
+        if self._shutdown_task is None and self._state == "closed":
+            return  # closed without ever starting
+        await asyncio.shield(self._begin_shutdown())
+
+    def force_shutdown(self) -> None:
+        """Make a running or upcoming shutdown skip waiting: handlers are cancelled without
+        requeueing (their tasks come back through lease recovery)."""
+        self._force.set()
+        if self._state in ("active", "stopped"):
+            self._begin_shutdown()
+
+    async def wait_closed(self) -> None:
+        """Wait until the server has shut down (e.g. a burst run finished)."""
+        await self._closed.wait()
+
+    def _burst_done(self) -> None:
+        self._begin_shutdown()
+
+    def _begin_shutdown(self) -> asyncio.Task[None]:
+        if self._shutdown_task is None:
+            self._shutdown_task = asyncio.get_running_loop().create_task(
+                self._shutdown(), name="asyncq-shutdown"
+            )
+        return self._shutdown_task
+
+    async def _shutdown(self) -> None:
+        self._state = "closed"
+        self.log.info("starting graceful shutdown")
+        by_name = {role.name: role for role in self._roles}
+        order = (
+            "forwarder",
+            "processor",
+            "recoverer",
+            "syncer",
+            "subscriber",
+            "janitor",
+            "aggregator",
+            "healthchecker",
+            "heartbeater",
+        )
+        try:
+            for name in order:
+                role = by_name.get(name)
+                if role is not None:
+                    await self._stop_role(role)
+            if self._main is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._main
+        finally:
+            await self.connection.aclose()
+            self._closed.set()
+            self.log.info("exiting", processed=self.stats.succeeded + self.stats.failed)
+
+    async def _stop_role(self, role: Role) -> None:
+        force = self._force.is_set()
+        if isinstance(role, Processor):
+            await role.drain(self.config.shutdown_timeout, force=self._force)
+        else:
+            role.request_stop()
+        task = self._role_tasks.get(role.name)
+        if task is not None and not task.done():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5 if force else 5.0):
+                    await asyncio.shield(task)
+            if not task.done():
+                self.log.warning("role did not stop in time; cancelling it", role=role.name)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if force and role.name == "syncer":
+            return
+        try:
+            async with asyncio.timeout(1.0 if self._force.is_set() else 10.0):
+                await role.cleanup()
+        except Exception as exc:
+            self.log.error("role cleanup failed", role=role.name, exc_info=exc)
+
+    async def run(self, handler: ServeMux | Callable[[Task], Any]) -> None:
+        """Start, then serve until SIGTERM/SIGINT (or the end of a burst run), then shut down.
+
+        SIGTSTP stops fetching new tasks; a second SIGTERM/SIGINT makes the
+        shutdown skip waiting for running handlers.
+        """
+        await self.start(handler)
+        loop = asyncio.get_running_loop()
+        terminate = asyncio.Event()
+        installed: list[int] = []
+
+        def on_terminate(signame: str) -> None:
+            if terminate.is_set():
+                self.log.warning("second signal: exiting without waiting", signal=signame)
+                self.force_shutdown()
+                return
+            self.log.info("signal received: shutting down", signal=signame)
+            terminate.set()
+
+        def on_stop() -> None:
+            self.log.info("signal received: stopping", signal="SIGTSTP")
+            self.stop()
+
+        if threading.current_thread() is threading.main_thread():
+            handlers: list[tuple[str, Callable[[], None]]] = [
+                ("SIGTERM", lambda: on_terminate("SIGTERM")),
+                ("SIGINT", lambda: on_terminate("SIGINT")),
+                ("SIGTSTP", on_stop),
+            ]
+            for signame, callback in handlers:
+                signum = getattr(signal, signame, None)
+                if signum is None:
+                    continue
+                try:
+                    loop.add_signal_handler(signum, callback)
+                except (NotImplementedError, RuntimeError):  # Windows / not the main loop
+                    continue
+                installed.append(signum)
+            if signal.SIGTSTP in installed:
+                self.log.info("send signal TSTP to stop processing new tasks")
+            self.log.info("send signal TERM or INT to terminate the process")
+        else:
+            self.log.warning("not in the main thread: no signal handlers installed")
+        try:
+            closed = asyncio.create_task(self._closed.wait())
+            term = asyncio.create_task(terminate.wait())
+            try:
+                await asyncio.wait({closed, term}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closed.cancel()
+                term.cancel()
+            await self.shutdown()
+        finally:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+
+    async def ping(self) -> None:
+        """Check that Redis answers; raises a redis-py error when it does not."""
+        await self.redis.ping()
+
+    async def __aenter__(self) -> Server:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+
+    def __repr__(self) -> str:
+        return (
+            f"<Server id={self.server_id} state={self._state} "
+            f"queues={dict(self.config.queues)} concurrency={self.config.concurrency}>"
+        )

@@ -1,0 +1,119 @@
+"""The subscriber role: one Pub/Sub connection for cancellations and wake-ups.
+
+It subscribes to asynq's ``asynq:cancel`` channel (a message is a task ID;
+the running handler of that task is cancelled, which counts as a failure, so
+the task is retried, as in asynq) and to asyncq's wake-up channel of every
+configured queue (``asyncq:wakeup:{<queue>}``, published by asyncq's enqueue
+scripts when a pending list goes from empty to non-empty), which ends the
+processor's idle wait at once.
+
+The connection is re-established with a backoff of 0.1 s doubling up to 2 s
+(asynq waits 5 s) while Redis is unreachable; after a reconnect the processor
+is woken once, since a wake-up may have been missed meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from asyncq import keys
+from asyncq._logging import Backoff
+from asyncq._roles import REDIS_ERRORS, Role
+
+if TYPE_CHECKING:
+    from asyncq.server import Server
+
+__all__ = ["Subscriber"]
+
+_POLL = 1.0  # seconds per blocking read; a local timer only, Redis sees nothing
+
+
+class Subscriber(Role):
+    """Listens on the cancel channel and the queues' wake-up channels."""
+
+    name: ClassVar[str] = "subscriber"
+
+    def __init__(self, server: Server) -> None:
+        super().__init__(server)
+        self.ready = asyncio.Event()
+        """Set once the subscriptions are confirmed by Redis."""
+        self.attempted = asyncio.Event()
+        """Set after the first connection attempt, successful or not."""
+        self._task: asyncio.Task[Any] | None = None
+        self._reading = False
+        self._wakeups = {keys.wakeup_channel(q).encode(): q for q in server.config.queues}
+
+    def request_stop(self) -> None:
+        super().request_stop()
+        if self._reading and self._task is not None:
+            self._task.cancel()  # interrupt the blocking read; nothing is lost by it
+
+    async def run(self) -> None:
+        self._task = asyncio.current_task()
+        backoff = Backoff(0.1, 2.0)
+        connected_before = False
+        channels = [keys.CANCEL_CHANNEL, *(c.decode() for c in self._wakeups)]
+        cancel_channel = keys.CANCEL_CHANNEL.encode()
+        server = self.server
+        while not self.stopping:
+            pubsub: Any = None
+            try:
+                client = await server.connection.pubsub()
+                pubsub = client.pubsub()
+                await pubsub.subscribe(*channels)
+                confirmed = 0
+                while confirmed < len(channels):
+                    msg = await pubsub.get_message(timeout=_POLL)
+                    if msg is not None and msg.get("type") in ("subscribe", b"subscribe"):
+                        confirmed += 1
+                    if self.stopping:
+                        return
+                self.ready.set()
+                self.attempted.set()
+                backoff.reset()
+                if connected_before and server.processor is not None:
+                    server.processor.wakeup()
+                connected_before = True
+                self.log.debug("subscribed", channels=len(channels))
+                while not self.stopping:
+                    self._reading = True
+                    try:
+                        msg = await pubsub.get_message(
+                            ignore_subscribe_messages=True, timeout=_POLL
+                        )
+                    finally:
+                        self._reading = False
+                    if msg is None or msg.get("type") not in ("message", b"message"):
+                        continue
+                    self._dispatch(msg["channel"], msg["data"], cancel_channel)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if self.stopping and current is not None:
+                    current.uncancel()
+                    return
+                raise
+            except REDIS_ERRORS as exc:
+                self.attempted.set()
+                self.redis_error("subscriber lost its connection; reconnecting", exc)
+                await self.sleep(backoff.next_delay())
+            finally:
+                if pubsub is not None:
+                    try:
+                        await pubsub.aclose()
+                    except Exception as exc:  # the connection may be gone already
+                        self.log.debug("closing the pubsub failed", error=repr(exc))
+
+    def _dispatch(self, channel: bytes | str, data: bytes | str, cancel_channel: bytes) -> None:
+        if isinstance(channel, str):
+            channel = channel.encode()
+        processor = self.server.processor
+        if channel == cancel_channel:
+            task_id = data.decode() if isinstance(data, bytes) else str(data)
+            if processor is not None:
+                processor.cancel_task(task_id)
+            return
+        if channel in self._wakeups:
+            self.server.stats.wakeup_messages += 1
+            if processor is not None:
+                processor.wakeup()

@@ -1,0 +1,91 @@
+"""The syncer role (asynq's syncer).
+
+A task outcome (done, retry, archive...) that could not be written because
+Redis was unreachable is queued here and retried every ``syncer_interval``
+(5 s) until the task's lease deadline; past it the write is dropped with an
+error line, because by then the task belongs to the recoverer (it will be
+retried, never lost). At shutdown the queue is flushed one last time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from asyncq._logging import error_text, task_fields
+from asyncq._roles import REDIS_ERRORS, PeriodicRole, is_transient
+from asyncq.proto.asynq import TaskMessage
+
+if TYPE_CHECKING:
+    from asyncq.server import Server
+
+__all__ = ["Syncer"]
+
+
+@dataclass(slots=True)
+class _PendingWrite:
+    write: Callable[[], Awaitable[None]]
+    deadline: float
+    what: str
+    msg: TaskMessage
+
+
+class Syncer(PeriodicRole):
+    """Retries failed task-outcome writes until their lease deadline."""
+
+    name: ClassVar[str] = "syncer"
+    run_at_start: ClassVar[bool] = False
+
+    def __init__(self, server: Server, interval: float) -> None:
+        super().__init__(server, interval)
+        self.pending: list[_PendingWrite] = []
+
+    def add(
+        self, write: Callable[[], Awaitable[None]], *, deadline: float, what: str, msg: TaskMessage
+    ) -> None:
+        """Queue a write to retry until *deadline* (unix s)."""
+        self.pending.append(_PendingWrite(write, deadline, what, msg))
+
+    async def tick(self) -> None:
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Try every queued write once, keeping those that still fail and are not overdue."""
+        if not self.pending:
+            return
+        clock = self.server.broker.clock
+        batch, self.pending = self.pending, []
+        keep: list[_PendingWrite] = []
+        for item in batch:
+            fields = task_fields(item.msg)
+            if clock() > item.deadline:
+                self.log.error(
+                    "gave up writing a task outcome: its lease expired; the recoverer will "
+                    "retry the task",
+                    outcome=item.what, **fields,
+                )  # fmt: skip
+                continue
+            try:
+                await item.write()
+            except REDIS_ERRORS as exc:
+                if is_transient(exc):
+                    keep.append(item)
+                    self.redis_error("could not write task outcome", exc, **fields)
+                else:
+                    self.log.error(
+                        "task outcome rejected by Redis", outcome=item.what,
+                        error=error_text(exc), **fields,
+                    )  # fmt: skip
+            else:
+                self.log.info("task outcome written by the syncer", outcome=item.what, **fields)
+        self.pending = keep + self.pending
+
+    async def cleanup(self) -> None:
+        await self.flush()
+        for item in self.pending:
+            self.log.error(
+                "task outcome not written at shutdown; the recoverer will retry the task",
+                outcome=item.what, **task_fields(item.msg),
+            )  # fmt: skip
+        self.pending.clear()

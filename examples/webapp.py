@@ -1,0 +1,155 @@
+"""A web app that enqueues from its request handler, with the worker embedded in its lifespan.
+
+No web framework needed: a tiny HTTP server on asyncio streams stands in for
+one, with the same shape as a Starlette/FastAPI app::
+
+    @asynccontextmanager
+    async def lifespan(app):
+        async with Client(REDIS_URL) as client, Server(REDIS_URL) as server:
+            await server.start(mux)           # embedded worker (optional)
+            app.state.client = client
+            yield                             # shutdown(): stop, wait, requeue
+
+    @app.post("/signup")
+    async def signup(email: str, request: Request):
+        info = await request.app.state.client.enqueue(Task.from_json("email:welcome", {...}))
+        return {"task_id": info.id}
+
+Run it and post to it::
+
+    python examples/webapp.py                         # serves http://127.0.0.1:8000
+    curl -X POST 'http://127.0.0.1:8000/signup?email=ada@example.com'
+
+``python examples/webapp.py --self-test`` starts the app, sends one request to
+itself, waits for the embedded worker to send the email and exits 0.
+``ASYNCQ_REDIS_URL`` overrides the Redis address (default redis://127.0.0.1:6379/0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, urlsplit
+
+import structlog
+from redis.exceptions import RedisError
+
+from asyncq.client import Client
+from asyncq.mux import ServeMux
+from asyncq.server import Server
+from asyncq.task import Task
+
+REDIS_URL = os.environ.get("ASYNCQ_REDIS_URL", "redis://127.0.0.1:6379/0")
+HOST, PORT = "127.0.0.1", int(os.environ.get("PORT", "8000"))
+
+mux = ServeMux()
+sent: asyncio.Queue[str] = asyncio.Queue()
+
+
+@mux.handler("email:welcome")
+async def send_welcome(task: Task) -> None:
+    email = task.json()["email"]
+    print(f"worker: welcome email sent to {email}")
+    await sent.put(email)
+
+
+@dataclass
+class App:
+    """What the lifespan provides to request handlers."""
+
+    client: Client | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+@asynccontextmanager
+async def lifespan(app: App) -> AsyncIterator[None]:
+    """Open the client and the embedded worker for the app's lifetime."""
+    async with Client(REDIS_URL) as client, Server(REDIS_URL, concurrency=4) as server:
+        await client.ping()
+        await server.start(mux)
+        app.client = client
+        try:
+            yield
+        finally:
+            app.client = None
+    # Leaving the block shut the server down (running tasks finish or are requeued).
+
+
+async def signup(app: App, query: dict[str, list[str]]) -> tuple[int, dict[str, object]]:
+    """POST /signup?email=...: enqueue the welcome email and answer at once."""
+    emails = query.get("email") or []
+    if len(emails) != 1 or "@" not in emails[0]:
+        return 400, {"error": "give exactly one email=... query parameter"}
+    assert app.client is not None
+    info = await app.client.enqueue(
+        Task.from_json("email:welcome", {"email": emails[0]}), queue="default"
+    )
+    return 202, {"task_id": info.id, "queue": info.queue, "state": info.state.value}
+
+
+async def handle_connection(
+    app: App, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    try:
+        request_line = (await reader.readline()).decode("latin-1").strip()
+        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+            pass  # headers are not needed here
+        method, target, _ = [*request_line.split(" ", 2), "", ""][:3]
+        url = urlsplit(target)
+        if method == "POST" and url.path == "/signup":
+            status, body = await signup(app, parse_qs(url.query))
+        else:
+            status, body = 404, {"error": f"no route for {method} {url.path}"}
+        payload = json.dumps(body).encode()
+        reason = {202: "Accepted", 400: "Bad Request", 404: "Not Found"}[status]
+        writer.write(
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+            + payload
+        )
+        await writer.drain()
+    finally:
+        writer.close()
+
+
+async def post(path: str) -> str:
+    reader, writer = await asyncio.open_connection(HOST, PORT)
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+    await writer.drain()
+    response = (await reader.read()).decode()
+    writer.close()
+    return response.split("\r\n\r\n", 1)[1]
+
+
+async def main(self_test: bool) -> int:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    app = App()
+    try:
+        async with lifespan(app):
+            server = await asyncio.start_server(
+                lambda r, w: handle_connection(app, r, w), HOST, PORT
+            )
+            async with server:
+                print(f"listening on http://{HOST}:{PORT}  (POST /signup?email=...)")
+                if not self_test:
+                    await server.serve_forever()
+                    return 0
+                print("client:", await post("/signup?email=ada@example.com"))
+                email = await asyncio.wait_for(sent.get(), 30)
+                assert email == "ada@example.com"
+    except (RedisError, OSError) as exc:
+        print(f"error: {exc} (is Redis running at {REDIS_URL}?)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(asyncio.run(main("--self-test" in sys.argv[1:])))

@@ -1,0 +1,1 @@
+"""Worker-runtime test helpers and the scripts the tests run as subprocesses."""
