@@ -35,6 +35,7 @@ __all__ = [
     "queue_key_prefix",
     "retry_key",
     "scheduled_key",
+    "scheduler_claim_key",
     "scheduler_entries_key",
     "scheduler_history_key",
     "server_info_key",
@@ -208,3 +209,12 @@ def wakeup_channel(qname: str) -> str:
     on it changes nothing for Go servers, the asynq CLI or asynqmon.
     """
     return f"asyncq:wakeup:{{{qname}}}"
+
+
+def scheduler_claim_key(identity: str, tick_unix: int) -> str:
+    """``asyncq:scheduler_claims:{<identity>}:<tick unix s>``: who enqueues one cron tick.
+
+    asyncq-only (asynq never reads it); a STRING holding the claimant's scheduler
+    ID and entry ID, then ``done:<scheduler id>:<task id>``; always with a TTL.
+    """
+    return f"asyncq:scheduler_claims:{{{identity}}}:{tick_unix}"

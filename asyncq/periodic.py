@@ -1,0 +1,236 @@
+"""PeriodicTaskManager: keeps a Scheduler's entries in step with a config provider.
+
+Like asynq's PeriodicTaskManager it asks a provider for the wanted periodic
+tasks every ``sync_interval`` (3 min by default), compares them with what is
+registered by a hash of (cron spec, task type, payload, options), registers
+the new ones and unregisters the ones that are gone. A round in which the
+provider fails or any config is invalid changes nothing: it is logged as an
+error naming the bad config and the last good set keeps running. The first
+sync, in :meth:`PeriodicTaskManager.start`, must succeed.
+
+Because the underlying Scheduler enqueues each tick once across processes,
+several managers reading the same provider can run side by side for
+availability.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import signal
+import types
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeAlias
+
+from asyncq._logging import get_logger
+from asyncq.connection import RedisTarget
+from asyncq.cron import parse_cronspec
+from asyncq.scheduler import Scheduler, entry_identity
+from asyncq.task import Task
+
+__all__ = ["ConfigProvider", "PeriodicTaskConfig", "PeriodicTaskManager", "SyncResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodicTaskConfig:
+    """One periodic task: enqueue *task* with *options* on every tick of *cronspec*."""
+
+    cronspec: str
+    task: Task
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+ConfigProvider: TypeAlias = Callable[
+    [], Iterable[PeriodicTaskConfig] | Awaitable[Iterable[PeriodicTaskConfig]]
+]
+"""A sync or async callable returning the periodic tasks that should be registered."""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    """What one sync round changed: entry IDs registered and unregistered."""
+
+    added: list[str]
+    removed: list[str]
+
+
+class PeriodicTaskManager:
+    """Registers and unregisters a Scheduler's entries from a provider, every ``sync_interval``.
+
+    ``redis`` and the keyword options after ``sync_interval`` are the
+    :class:`~asyncq.scheduler.Scheduler`'s (``location``, ``heartbeat_interval``,
+    hooks, ``claim_lease``, ``misfire_grace``).
+    """
+
+    def __init__(
+        self,
+        redis: RedisTarget,
+        provider: ConfigProvider,
+        *,
+        sync_interval: timedelta = timedelta(minutes=3),
+        **scheduler_options: Any,
+    ) -> None:
+        if not callable(provider):
+            raise TypeError("provider must be a callable returning PeriodicTaskConfig items")
+        if not isinstance(sync_interval, timedelta):
+            raise TypeError(
+                f"sync_interval must be a timedelta, got {sync_interval.__class__.__name__}"
+            )
+        if sync_interval <= timedelta(0):
+            raise ValueError(f"sync_interval must be positive, got {sync_interval}")
+        self.provider = provider
+        self.sync_interval = sync_interval
+        self.scheduler = Scheduler(redis, **scheduler_options)
+        self.log: Any = get_logger(scheduler_id=self.scheduler.id)
+        self._by_hash: dict[str, str] = {}  # config hash -> entry ID
+        self._lock = asyncio.Lock()
+        self._main: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._started = False
+
+    @property
+    def entries(self) -> dict[str, str]:
+        """Registered configs: config hash -> entry ID."""
+        return dict(self._by_hash)
+
+    async def sync(self) -> SyncResult:
+        """Load the configs now and apply the difference.
+
+        Raises (and changes nothing) when the provider fails or a config is invalid.
+        """
+        async with self._lock:
+            wanted = await self._load()
+            removed = [h for h in self._by_hash if h not in wanted]
+            added = [h for h in wanted if h not in self._by_hash]
+            removed_ids: list[str] = []
+            for config_hash in removed:
+                entry_id = self._by_hash.pop(config_hash)
+                self.scheduler.unregister(entry_id)
+                removed_ids.append(entry_id)
+            added_ids: list[str] = []
+            for config_hash in added:
+                config = wanted[config_hash]
+                entry_id = self.scheduler.register(
+                    config.cronspec, config.task, **dict(config.options)
+                )
+                self._by_hash[config_hash] = entry_id
+                added_ids.append(entry_id)
+            if added_ids or removed_ids:
+                self.log.info(
+                    "periodic tasks synced",
+                    added=len(added_ids),
+                    removed=len(removed_ids),
+                    total=len(self._by_hash),
+                )
+            return SyncResult(added=added_ids, removed=removed_ids)
+
+    async def _load(self) -> dict[str, PeriodicTaskConfig]:
+        result = self.provider()
+        configs = await result if inspect.isawaitable(result) else result
+        if isinstance(configs, PeriodicTaskConfig) or not isinstance(configs, Iterable):
+            raise TypeError(
+                "the periodic task provider must return an iterable of PeriodicTaskConfig, "
+                f"got {configs.__class__.__name__}"
+            )
+        wanted: dict[str, PeriodicTaskConfig] = {}
+        for index, config in enumerate(configs):
+            if not isinstance(config, PeriodicTaskConfig):
+                raise TypeError(
+                    f"periodic task config #{index} is a {config.__class__.__name__}, "
+                    "not a PeriodicTaskConfig"
+                )
+            try:
+                if not isinstance(config.options, Mapping):
+                    raise TypeError(
+                        f"options must be a mapping, got {config.options.__class__.__name__}"
+                    )
+                parse_cronspec(config.cronspec, self.scheduler.location)
+                config_hash = entry_identity(config.cronspec, config.task, config.options)
+            except (ValueError, TypeError) as exc:
+                task_type = getattr(config.task, "type", config.task)
+                raise ValueError(
+                    f"invalid periodic task config #{index} "
+                    f"(cronspec={config.cronspec!r}, task={task_type!r}): {exc}"
+                ) from exc
+            if config_hash in wanted:
+                self.log.warning(
+                    "duplicate periodic task config ignored",
+                    index=index,
+                    cronspec=config.cronspec,
+                    task_type=config.task.type,
+                )
+                continue
+            wanted[config_hash] = config
+        return wanted
+
+    async def start(self) -> None:
+        """Run the first sync (raising if it fails), start the scheduler and the sync loop."""
+        if self._started:
+            raise RuntimeError("the periodic task manager was already started")
+        self._started = True
+        await self.sync()
+        await self.scheduler.start()
+        self._main = asyncio.create_task(self._supervise(), name="asyncq-periodic-sync")
+
+    async def shutdown(self) -> None:
+        """Stop syncing and shut the scheduler down."""
+        self._stop.set()
+        if self._main is not None:
+            self._main.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._main
+            self._main = None
+        await self.scheduler.shutdown()
+
+    async def run(self) -> None:
+        """Start, run until SIGTERM or SIGINT, then shut down."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._stop.set)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError):
+                pass
+        try:
+            await self._stop.wait()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            await self.shutdown()
+
+    async def _supervise(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._sync_loop(), name="asyncq-periodic-sync-loop")
+
+    async def _sync_loop(self) -> None:
+        interval = self.sync_interval.total_seconds()
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), interval)
+            if self._stop.is_set():
+                return
+            try:
+                await self.sync()
+            except Exception as exc:
+                self.log.error(
+                    "periodic task sync failed; keeping the last good set",
+                    error=f"{exc.__class__.__name__}: {exc}",
+                    registered=len(self._by_hash),
+                )
+
+    async def __aenter__(self) -> PeriodicTaskManager:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        await self.shutdown()

@@ -1,0 +1,817 @@
+"""The Scheduler: enqueues registered tasks on cron ticks, exactly once across processes.
+
+It writes what asynq's scheduler writes, so ``asynq cron ls``, ``asynq cron
+history`` and asynqmon show asyncq schedulers: a heartbeat of SchedulerEntry
+records under ``asynq:schedulers:{<host>:<pid>:<uuid>}`` (TTL 2 x heartbeat
+interval) and a SchedulerEnqueueEvent per enqueued task under
+``asynq:scheduler_history:<entry id>`` (newest 1,000 kept).
+
+Exactly once across schedulers
+------------------------------
+asynq enqueues every tick once *per scheduler process*, so two schedulers with
+the same entries double every task. asyncq schedulers sharing entries
+cooperate through Redis instead (no leader, so no fail-over gap):
+
+* An entry's **identity** is a SHA-256 over its normalised cron spec, task type,
+  payload, sorted option strings and task headers (:func:`entry_identity`), the
+  same in every process, unlike the per-process entry ID.
+* Tick times come from the spec alone (``@every`` ticks are aligned to the
+  Unix epoch), so all schedulers agree on them whatever their start time or
+  clock skew.
+* For each tick every scheduler tries ``SET <claim> <scheduler id>/<entry id>
+  NX PX <claim_lease>`` on :func:`asyncq.keys.scheduler_claim_key` ``(identity, tick)``. The
+  winner runs the pre-enqueue hook, checks it still holds the claim, enqueues,
+  then overwrites the claim with ``done:<scheduler id>:<task id>`` (kept for
+  ``misfire_grace`` + ``claim_lease`` + 10 min, longer than any sane clock skew).
+  The losers wait for the claim's lease to run out; a ``done`` claim ends their
+  work, an expired one (the winner died) lets one of them take the tick over.
+* Unless the options carry an explicit ``task_id``, the task ID is derived from
+  (identity, tick) (:func:`tick_task_id`, a UUIDv5). A scheduler that takes over
+  a tick whose first claimant did enqueue before dying, or that retries after a
+  lost reply, gets TaskIdConflictError and knows the tick is already done.
+
+Guarantee: while Redis keeps its data and at least one scheduler with the
+entry runs, each tick is enqueued once, at most ``claim_lease`` late after a
+claimant dies, and is given up (logged as an error and passed to the error
+handler) only when no scheduler could reach Redis for ``misfire_grace`` after
+the tick. One window remains: a scheduler that dies between its enqueue and
+the ``done`` write (one round trip), whose task is then processed and deleted
+(no ``retention``) before ``claim_lease`` runs out, lets a second scheduler
+enqueue that tick again. A ``retention`` longer than ``claim_lease`` closes it.
+
+Other differences from asynq, on purpose:
+
+* the first heartbeat is written at :meth:`Scheduler.start` (asynq waits one
+  interval, so a new scheduler is invisible for 10 s), and again right after
+  each ``register``/``unregister`` while running;
+* ``unregister`` also deletes the entry's history once its in-flight ticks are
+  done (asynq only deletes histories at shutdown and leaks the others);
+* the pre/post hooks run in the scheduler that enqueues the tick only;
+* registering an entry identical to one already registered in the same
+  scheduler is logged as a warning: its ticks share claims, so it adds no
+  enqueues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import inspect
+import os
+import signal
+import socket
+import time
+import types
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Any, Literal, TypeAlias
+
+from redis.exceptions import RedisError
+
+from asyncq import keys
+from asyncq._gofmt import option_strings
+from asyncq._logging import Backoff, RateLimiter, get_logger
+from asyncq._time import GO_ZERO_TIME
+from asyncq.broker import Broker
+from asyncq.client import Client, _compose
+from asyncq.connection import Connection, RedisTarget
+from asyncq.cron import Schedule, normalize_spec, parse_cronspec
+from asyncq.errors import AsyncqError, BrokerError, TaskIdConflictError
+from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry
+from asyncq.task import Task, TaskInfo
+
+__all__ = [
+    "EntryNotFoundError",
+    "ErrorHandler",
+    "PostEnqueueHook",
+    "PreEnqueueHook",
+    "Scheduler",
+    "entry_identity",
+    "tick_task_id",
+    "validate_options",
+]
+
+PreEnqueueHook: TypeAlias = Callable[[Task, dict[str, Any]], Awaitable[None] | None]
+"""Called with (task, options) right before the scheduler enqueues a tick."""
+PostEnqueueHook: TypeAlias = Callable[
+    [TaskInfo | None, BaseException | None], Awaitable[None] | None
+]
+"""Called with (info, None) after an enqueue, or (None, error) when it failed."""
+ErrorHandler: TypeAlias = Callable[[Task, dict[str, Any], BaseException], Awaitable[None] | None]
+"""Called with (task, options, error) when a tick could not be enqueued."""
+
+_DONE_PREFIX = "done:"
+# How long a finished claim outlives the grace window: it must exceed the clock
+# skew between schedulers, or a lagging one could claim a finished tick again.
+_DONE_MARGIN = timedelta(minutes=10)
+# A fixed namespace, so every process derives the same task ID for a tick.
+_TICK_NAMESPACE = uuid.UUID("2f0b7c8e-59a4-4d6e-9f3b-6a1c2d3e4f50")
+_SHUTDOWN_TIMEOUT = 8.0
+_TRANSIENT = (RedisError, OSError, BrokerError)
+
+
+class EntryNotFoundError(AsyncqError, KeyError):
+    """``unregister`` was given an entry ID this scheduler does not have."""
+
+    def __init__(self, entry_id: str) -> None:
+        self.entry_id = entry_id
+        super().__init__(f"no scheduler entry with id {entry_id!r}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def tick_task_id(identity: str, tick_unix: int) -> str:
+    """The task ID every scheduler uses for one tick of one entry (a UUIDv5)."""
+    return str(uuid.uuid5(_TICK_NAMESPACE, f"{identity}:{tick_unix}"))
+
+
+def _merged_options(task: Task, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The task's default options overlaid with *options*, as ``Client.enqueue`` merges them."""
+    merged: dict[str, Any] = {}
+    for level in (task.options, options):
+        given = {k: v for k, v in level.items() if v is not None}
+        if "process_at" in given or "process_in" in given:
+            merged.pop("process_at", None)
+            merged.pop("process_in", None)
+        merged.update(given)
+    return merged
+
+
+def validate_options(task: Task, options: Mapping[str, Any]) -> list[str]:
+    """Check *options* for *task* exactly as ``Client.enqueue`` would; returns Go option strings.
+
+    Raises ValueError or TypeError naming the bad option.
+    """
+    _compose(task, [options], datetime.now(UTC))
+    return option_strings(_merged_options(task, options))
+
+
+def entry_identity(cronspec: str, task: Task, options: Mapping[str, Any]) -> str:
+    """The stable identity of a periodic entry: hex SHA-256 of its spec, task and options.
+
+    Like asynq's PeriodicTaskManager hash it covers the cron spec, task type,
+    payload and sorted option strings (here the task's own default options
+    merged with *options*), plus the task headers; each part is length-prefixed
+    so different entries cannot collide by concatenation. Raises ValueError or
+    TypeError when the options are invalid.
+    """
+    if not isinstance(task, Task):
+        raise TypeError(f"expected an asyncq Task, got {task.__class__.__name__}")
+    strings = sorted(validate_options(task, options))
+    digest = hashlib.sha256()
+
+    def part(data: bytes) -> None:
+        digest.update(len(data).to_bytes(8, "big"))
+        digest.update(data)
+
+    part(normalize_spec(cronspec).encode())
+    part(task.type.encode())
+    part(task.payload or b"")
+    part(str(len(strings)).encode())
+    for text in strings:
+        part(text.encode())
+    for key, value in sorted(task.headers.items()):
+        part(key.encode())
+        part(value.encode())
+    return digest.hexdigest()
+
+
+async def _call_hook(hook: Callable[..., Any], *args: Any) -> None:
+    result = hook(*args)
+    if inspect.isawaitable(result):
+        await result
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    id: str
+    spec: str
+    schedule: Schedule
+    task: Task
+    options: dict[str, Any]
+    option_strings: list[str]
+    identity: str
+    next: datetime | None = None
+    prev: datetime | None = None
+    runner: asyncio.Task[None] | None = None
+    fires: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def queue(self) -> str:
+        return str(_merged_options(self.task, self.options).get("queue") or "default")
+
+    def proto(self) -> SchedulerEntry:
+        return SchedulerEntry(
+            id=self.id,
+            spec=self.spec,
+            task_type=self.task.type,
+            task_payload=self.task.payload or b"",
+            enqueue_options=list(self.option_strings),
+            next_enqueue_time=(self.next or GO_ZERO_TIME).astimezone(UTC),
+            prev_enqueue_time=(self.prev or GO_ZERO_TIME).astimezone(UTC),
+        )
+
+
+_State = Literal["new", "running", "stopping", "closed"]
+
+
+class Scheduler:
+    """Enqueues registered tasks on cron ticks (asynq's Scheduler, exactly once across processes).
+
+    ``redis`` is a URI (``redis://host:6379/0``), connection options or a
+    redis-py asyncio client (which stays the caller's to close). ``location`` is
+    the zone cron specs are read in unless they carry ``CRON_TZ=``.
+
+    ``claim_lease`` bounds how late a tick is when the scheduler that claimed it
+    dies; ``misfire_grace`` is how long after its time a tick may still be
+    enqueued (Redis outages, dead claimants) before it is reported as missed.
+    """
+
+    def __init__(
+        self,
+        redis: RedisTarget,
+        *,
+        location: tzinfo = UTC,
+        heartbeat_interval: timedelta = timedelta(seconds=10),
+        pre_enqueue: PreEnqueueHook | None = None,
+        post_enqueue: PostEnqueueHook | None = None,
+        error_handler: ErrorHandler | None = None,
+        claim_lease: timedelta = timedelta(seconds=5),
+        misfire_grace: timedelta = timedelta(seconds=60),
+    ) -> None:
+        if not isinstance(location, tzinfo):
+            raise TypeError(f"location must be a tzinfo, got {location.__class__.__name__}")
+        for name, value in (
+            ("heartbeat_interval", heartbeat_interval),
+            ("claim_lease", claim_lease),
+            ("misfire_grace", misfire_grace),
+        ):
+            if not isinstance(value, timedelta):
+                raise TypeError(f"{name} must be a timedelta, got {value.__class__.__name__}")
+            if value <= timedelta(0):
+                raise ValueError(f"{name} must be positive, got {value}")
+        if claim_lease < timedelta(milliseconds=100):
+            raise ValueError(f"claim_lease must be at least 100ms, got {claim_lease}")
+        for name, hook in (
+            ("pre_enqueue", pre_enqueue),
+            ("post_enqueue", post_enqueue),
+            ("error_handler", error_handler),
+        ):
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} must be callable")
+        self._target = redis
+        self.location = location
+        self.heartbeat_interval = heartbeat_interval
+        self.claim_lease = claim_lease
+        self.misfire_grace = misfire_grace
+        self.pre_enqueue = pre_enqueue
+        self.post_enqueue = post_enqueue
+        self.error_handler = error_handler
+        host = socket.gethostname() or "unknown-host"
+        self.id = f"{host}:{os.getpid()}:{uuid.uuid4()}"
+        """Scheduler ID as asynq spells it: ``<hostname>:<pid>:<uuid4>``."""
+        self.log: Any = get_logger(scheduler_id=self.id)
+        self._entries: dict[str, _Entry] = {}
+        self._retired: dict[str, _Entry] = {}
+        self._state: _State = "new"
+        self._conn: Connection | None = None
+        self._broker: Broker | None = None
+        self._client: Client | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._beat_now = asyncio.Event()
+        self._enqueuing: set[asyncio.Task[None]] = set()
+        self._redis_errors = RateLimiter(3.0)
+
+    # -- registration -----------------------------------------------------------------------
+
+    def register(self, cronspec: str, task: Task, **options: Any) -> str:
+        """Enqueue *task* with *options* on every tick of *cronspec*; returns the entry ID.
+
+        Raises ValueError (naming the spec or option) or TypeError for bad input.
+        """
+        if self._state in ("stopping", "closed"):
+            raise RuntimeError("the scheduler is shut down; create a new one")
+        if not isinstance(task, Task):
+            raise TypeError(f"expected an asyncq Task, got {task.__class__.__name__}")
+        schedule = parse_cronspec(cronspec, self.location)
+        identity = entry_identity(cronspec, task, options)
+        strings = validate_options(task, options)
+        entry = _Entry(
+            id=str(uuid.uuid4()),
+            spec=cronspec,
+            schedule=schedule,
+            task=task,
+            options=dict(options),
+            option_strings=strings,
+            identity=identity,
+        )
+        entry.next = _next_tick(schedule, datetime.now(UTC))
+        if any(e.identity == identity for e in self._entries.values()):
+            self.log.warning(
+                "identical scheduler entry already registered; its ticks are enqueued once",
+                cronspec=cronspec,
+                task_type=task.type,
+            )
+        self._entries[entry.id] = entry
+        self.log.info(
+            "registered periodic task",
+            entry_id=entry.id,
+            cronspec=cronspec,
+            task_type=task.type,
+            queue=entry.queue,
+        )
+        if self._state == "running":
+            if self._tg is not None:  # else _supervise, about to run, starts it
+                self._start_runner(entry)
+            self._beat_now.set()
+        return entry.id
+
+    def unregister(self, entry_id: str) -> None:
+        """Stop scheduling the entry; raises EntryNotFoundError (a KeyError) when unknown."""
+        entry = self._entries.pop(entry_id, None)
+        if entry is None:
+            raise EntryNotFoundError(entry_id)
+        self.log.info("unregistered periodic task", entry_id=entry_id, task_type=entry.task.type)
+        self._retired[entry.id] = entry
+        if entry.runner is not None:
+            entry.runner.cancel()
+        if self._state == "running":
+            if self._tg is not None:  # else its history is deleted at shutdown
+                self._tg.create_task(
+                    self._retire(entry), name=f"asyncq-scheduler-retire-{entry.id}"
+                )
+            self._beat_now.set()
+
+    @property
+    def entries(self) -> dict[str, tuple[str, Task, dict[str, Any]]]:
+        """Registered entries: entry ID -> (cron spec, task, options)."""
+        return {e.id: (e.spec, e.task, dict(e.options)) for e in self._entries.values()}
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, write the first heartbeat and start ticking (raises if Redis is unreachable)."""
+        if self._state != "new":
+            raise RuntimeError(f"the scheduler cannot start: it is {self._state}")
+        self._conn = Connection(self._target)
+        self._broker = Broker(self._conn.redis)
+        self._client = Client(self._conn.redis)
+        now = datetime.now(UTC)
+        for entry in self._entries.values():
+            entry.next = _next_tick(entry.schedule, now)
+        try:
+            await self._heartbeat()
+        except BaseException:
+            await self._close_connection()
+            self._state = "closed"
+            raise
+        self._state = "running"
+        self._main = asyncio.create_task(self._supervise(), name="asyncq-scheduler")
+        self.log.info("scheduler started", entries=len(self._entries))
+
+    async def shutdown(self) -> None:
+        """Stop ticking, let running enqueues finish, remove entries and histories, close."""
+        if self._state in ("new", "closed"):
+            self._state = "closed"
+            return
+        if self._state == "stopping":
+            if self._main is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(self._main)
+            return
+        self._state = "stopping"
+        self._stop.set()
+        main = self._main
+        if main is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(main), _SHUTDOWN_TIMEOUT)
+            except TimeoutError:
+                self.log.warning("enqueues still running after the shutdown timeout; cancelling")
+                main.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await main
+            except Exception:
+                self.log.exception("scheduler roles failed")
+        try:
+            await self._cleanup()
+        finally:
+            await self._close_connection()
+            self._state = "closed"
+            self.log.info("scheduler stopped")
+
+    async def run(self) -> None:
+        """Start, run until SIGTERM or SIGINT, then shut down."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        installed: list[signal.Signals] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError):  # not the main thread, or Windows
+                pass
+        main = self._main
+        assert main is not None
+        try:
+            waiter = asyncio.create_task(stop.wait())
+            await asyncio.wait({waiter, main}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            await self.shutdown()
+        if main.done() and not main.cancelled() and main.exception() is not None:
+            raise RuntimeError("the scheduler's roles failed") from main.exception()
+
+    async def __aenter__(self) -> Scheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+
+    async def ping(self) -> None:
+        """Raise if Redis cannot be reached."""
+        if self._conn is None:
+            raise RuntimeError("the scheduler is not started")
+        await self._conn.redis.ping()
+
+    # -- roles ------------------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            heartbeat = tg.create_task(self._heartbeat_loop(), name="asyncq-scheduler-heartbeat")
+            for entry in self._entries.values():
+                if entry.runner is None:
+                    self._start_runner(entry)
+            await self._stop.wait()
+            heartbeat.cancel()
+            for entry in [*self._entries.values(), *self._retired.values()]:
+                if entry.runner is not None:
+                    entry.runner.cancel()
+                for fire in entry.fires:
+                    # Ticks still waiting on another scheduler's claim are that one's
+                    # to finish; ticks being enqueued here get to complete.
+                    if fire not in self._enqueuing:
+                        fire.cancel()
+        self._tg = None
+
+    def _start_runner(self, entry: _Entry) -> None:
+        assert self._tg is not None
+        entry.runner = self._tg.create_task(
+            self._run_entry(entry), name=f"asyncq-scheduler-entry-{entry.id}"
+        )
+
+    async def _run_entry(self, entry: _Entry) -> None:
+        try:
+            await self._tick_loop(entry)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Only this entry stops; the others and the heartbeat keep running.
+            self.log.exception(
+                "scheduler entry stopped ticking", entry_id=entry.id, task_type=entry.task.type
+            )
+
+    async def _tick_loop(self, entry: _Entry) -> None:
+        grace = self.misfire_grace
+        tick = _next_tick(entry.schedule, datetime.now(UTC))
+        while True:
+            entry.next = tick
+            await _sleep_until(tick)
+            entry.prev = tick
+            self._start_fire(entry, tick)
+            following = _next_tick(entry.schedule, tick)
+            now = datetime.now(UTC)
+            if following + grace < now:
+                # The loop was blocked or the process suspended: ticks older than the
+                # grace window are beyond saving here; say so instead of bursting.
+                resumed = _next_tick(entry.schedule, now - grace)
+                self.log.warning(
+                    "scheduler fell behind; skipping ticks older than the misfire grace",
+                    entry_id=entry.id,
+                    task_type=entry.task.type,
+                    first_skipped=following.isoformat(),
+                    resumed_at=resumed.isoformat(),
+                )
+                following = resumed
+            tick = following
+
+    def _start_fire(self, entry: _Entry, tick: datetime) -> None:
+        assert self._tg is not None
+        fire = self._tg.create_task(
+            self._fire(entry, tick),
+            name=f"asyncq-scheduler-tick-{entry.id}-{int(tick.timestamp())}",
+        )
+        entry.fires.add(fire)
+        fire.add_done_callback(entry.fires.discard)
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.heartbeat_interval.total_seconds()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._beat_now.wait(), interval)
+            self._beat_now.clear()
+            try:
+                await self._heartbeat()
+            except _TRANSIENT as exc:
+                self._log_redis_error("could not write scheduler heartbeat", exc)
+            except Exception:
+                self.log.exception("scheduler heartbeat failed")
+
+    async def _heartbeat(self) -> None:
+        assert self._broker is not None
+        entries = [e.proto() for e in self._entries.values()]
+        await self._broker.write_scheduler_entries(
+            self.id, entries, 2 * self.heartbeat_interval.total_seconds()
+        )
+
+    async def _retire(self, entry: _Entry) -> None:
+        if entry.fires:
+            await asyncio.wait(set(entry.fires))
+        try:
+            await self._clear_history(entry)
+        except _TRANSIENT as exc:
+            # Shutdown tries again; until then the history stays readable.
+            self._log_redis_error("could not delete scheduler history", exc)
+
+    async def _clear_history(self, entry: _Entry) -> None:
+        assert self._broker is not None
+        await self._broker.clear_scheduler_history(entry.id)
+        self._retired.pop(entry.id, None)
+
+    async def _cleanup(self) -> None:
+        assert self._broker is not None
+        try:
+            await self._broker.clear_scheduler_entries(self.id)
+        except _TRANSIENT as exc:
+            self.log.error(
+                "could not remove scheduler entries; they expire with their TTL",
+                error=str(exc),
+            )
+        for entry in [*self._entries.values(), *self._retired.values()]:
+            try:
+                await self._clear_history(entry)
+            except _TRANSIENT as exc:
+                self.log.error(
+                    "could not delete scheduler history",
+                    entry_id=entry.id,
+                    error=str(exc),
+                )
+
+    async def _close_connection(self) -> None:
+        client, conn = self._client, self._conn
+        self._client = None
+        self._conn = None
+        if client is not None:
+            await client.aclose()
+        if conn is not None:
+            await conn.aclose()
+
+    def _log_redis_error(self, message: str, exc: BaseException, **kw: Any) -> None:
+        if self._redis_errors.allow():
+            self.log.error(
+                message,
+                error=f"{exc.__class__.__name__}: {exc}",
+                suppressed=self._redis_errors.take_suppressed(),
+                **kw,
+            )
+
+    # -- one tick ---------------------------------------------------------------------------
+
+    async def _fire(self, entry: _Entry, tick: datetime) -> None:
+        tick_unix = int(tick.timestamp())
+        options = dict(entry.options)
+        explicit_id = "task_id" in _merged_options(entry.task, entry.options)
+        if not explicit_id:
+            options["task_id"] = tick_task_id(entry.identity, tick_unix)
+        log = self.log.bind(
+            entry_id=entry.id,
+            task_type=entry.task.type,
+            queue=entry.queue,
+            tick=tick.isoformat(),
+            task_id=options.get("task_id"),
+        )
+        try:
+            claimed = await self._claim(entry, tick_unix, log)
+            if isinstance(claimed, BaseException):
+                log.error("tick missed: no scheduler could enqueue it", error=str(claimed))
+                await self._hook_error(entry.task, options, claimed, log)
+                return
+            if not claimed:
+                return
+            task = asyncio.current_task()
+            assert task is not None
+            self._enqueuing.add(task)
+            try:
+                await self._enqueue(entry, tick_unix, options, explicit_id, log)
+            finally:
+                self._enqueuing.discard(task)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("scheduler tick failed")
+
+    async def _claim(self, entry: _Entry, tick_unix: int, log: Any) -> bool | BaseException:
+        """True when this scheduler must enqueue the tick, False when another did it.
+
+        Returns the last Redis error when the grace window ran out.
+        """
+        assert self._conn is not None
+        redis = self._conn.redis
+        key = keys.scheduler_claim_key(entry.identity, tick_unix)
+        deadline = tick_unix + self.misfire_grace.total_seconds()
+        lease_ms = int(self.claim_lease.total_seconds() * 1000)
+        backoff = Backoff(0.1, 2.0)
+        last_error: BaseException | None = None
+        while True:
+            remaining = deadline - time.time()
+            if remaining <= 0:
+                if last_error is not None:
+                    return last_error
+                return TimeoutError(f"claim {key} was still held after the misfire grace")
+            try:
+                if await redis.set(key, self._claim_value(entry), nx=True, px=lease_ms):
+                    return True
+                async with redis.pipeline(transaction=False) as pipe:
+                    pipe.get(key)
+                    pipe.pttl(key)
+                    raw, pttl = await pipe.execute()
+                holder = _text(raw)
+            except _TRANSIENT as exc:
+                last_error = exc
+                self._log_redis_error("could not claim a scheduler tick", exc, entry_id=entry.id)
+                await asyncio.sleep(min(backoff.next_delay(), max(remaining, 0.0)))
+                continue
+            if holder is None:
+                continue  # expired between the two calls: try again at once
+            if holder == self._claim_value(entry):
+                return True  # our SET went through but its reply was lost
+            if holder.startswith(_DONE_PREFIX):
+                log.debug("tick enqueued by another scheduler", holder=holder)
+                return False
+            # Another scheduler is enqueueing it; if it dies, its lease runs out and
+            # the next SET NX succeeds here.
+            wait = (pttl if pttl > 0 else lease_ms) / 1000 + 0.01
+            await asyncio.sleep(min(wait, remaining))
+
+    async def _enqueue(
+        self,
+        entry: _Entry,
+        tick_unix: int,
+        options: dict[str, Any],
+        explicit_id: bool,
+        log: Any,
+    ) -> None:
+        assert self._client is not None and self._broker is not None
+        deadline = tick_unix + self.misfire_grace.total_seconds()
+        if self.pre_enqueue is not None:
+            try:
+                await _call_hook(self.pre_enqueue, entry.task, dict(options))
+            except Exception as exc:
+                log.exception("pre-enqueue hook failed; tick not enqueued")
+                await self._mark_done(entry, tick_unix, "", log)
+                await self._hook_post(None, exc, log)
+                await self._hook_error(entry.task, options, exc, log)
+                return
+            if not await self._still_claimed(entry, tick_unix, log):
+                return
+        backoff = Backoff(0.1, 2.0)
+        while True:
+            try:
+                info = await self._client.enqueue(entry.task, **options)
+                break
+            except TaskIdConflictError as exc:
+                if explicit_id:
+                    await self._enqueue_failed(entry, tick_unix, options, exc, log)
+                    return
+                # Our ID is derived from the tick: an earlier attempt (ours with a
+                # lost reply, or a claimant that died) already wrote it.
+                log.info("tick already enqueued by an earlier attempt")
+                await self._mark_done(entry, tick_unix, str(options["task_id"]), log)
+                return
+            except _TRANSIENT as exc:
+                remaining = deadline - time.time()
+                if remaining <= 0:
+                    await self._enqueue_failed(entry, tick_unix, options, exc, log)
+                    return
+                self._log_redis_error("enqueue failed; retrying", exc, entry_id=entry.id)
+                await asyncio.sleep(min(backoff.next_delay(), remaining))
+            except Exception as exc:
+                await self._enqueue_failed(entry, tick_unix, options, exc, log)
+                return
+        await self._mark_done(entry, tick_unix, info.id, log)
+        log.info("enqueued periodic task", task_id=info.id)
+        await self._hook_post(info, None, log)
+        event = SchedulerEnqueueEvent(task_id=info.id, enqueue_time=datetime.now(UTC))
+        try:
+            await self._broker.record_scheduler_enqueue_event(entry.id, event)
+        except _TRANSIENT as exc:
+            log.error("could not record the scheduler enqueue event", error=str(exc))
+
+    async def _enqueue_failed(
+        self,
+        entry: _Entry,
+        tick_unix: int,
+        options: dict[str, Any],
+        exc: BaseException,
+        log: Any,
+    ) -> None:
+        log.error("could not enqueue periodic task", error=f"{exc.__class__.__name__}: {exc}")
+        # The outcome is final (duplicate, conflict, bad option, Redis gone for the
+        # whole grace window): other schedulers must not try again.
+        await self._mark_done(entry, tick_unix, "", log)
+        await self._hook_post(None, exc, log)
+        await self._hook_error(entry.task, options, exc, log)
+
+    def _claim_value(self, entry: _Entry) -> str:
+        # Per entry, so two identical entries of one scheduler do not share a claim.
+        return f"{self.id}/{entry.id}"
+
+    async def _still_claimed(self, entry: _Entry, tick_unix: int, log: Any) -> bool:
+        """False when a slow pre-enqueue hook outlived the claim and another scheduler took over."""
+        assert self._conn is not None
+        try:
+            holder = _text(
+                await self._conn.redis.get(keys.scheduler_claim_key(entry.identity, tick_unix))
+            )
+        except _TRANSIENT:
+            return True  # the enqueue retries; the derived task ID still guards it
+        if holder is None or holder == self._claim_value(entry):
+            return True
+        log.warning(
+            "the pre-enqueue hook outlasted the claim lease; another scheduler has the tick",
+            holder=holder,
+            claim_lease=str(self.claim_lease),
+        )
+        return False
+
+    async def _mark_done(self, entry: _Entry, tick_unix: int, task_id: str, log: Any) -> None:
+        assert self._conn is not None
+        key = keys.scheduler_claim_key(entry.identity, tick_unix)
+        ttl = self.misfire_grace + self.claim_lease + _DONE_MARGIN
+        value = f"done:{self.id}:{task_id}"
+        for attempt in range(3):
+            try:
+                await self._conn.redis.set(key, value, px=int(ttl.total_seconds() * 1000))
+                return
+            except _TRANSIENT as exc:
+                if attempt == 2:
+                    # The claim's lease runs out; whoever claims next finds the
+                    # task by its derived ID and marks the tick done.
+                    log.warning("could not mark the tick done", error=str(exc))
+                    return
+                await asyncio.sleep(0.1 * (attempt + 1))
+
+    async def _hook_post(self, info: TaskInfo | None, exc: BaseException | None, log: Any) -> None:
+        if self.post_enqueue is None:
+            return
+        try:
+            await _call_hook(self.post_enqueue, info, exc)
+        except Exception:
+            log.exception("post-enqueue hook failed")
+
+    async def _hook_error(
+        self, task: Task, options: dict[str, Any], exc: BaseException, log: Any
+    ) -> None:
+        if self.error_handler is None:
+            return
+        try:
+            await _call_hook(self.error_handler, task, dict(options), exc)
+        except Exception:
+            log.exception("scheduler error handler failed")
+
+    def __repr__(self) -> str:
+        return f"<Scheduler {self.id} {self._state} entries={len(self._entries)}>"
+
+
+def _text(value: bytes | str | None) -> str | None:
+    # Works whether or not a caller's client decodes responses.
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _next_tick(schedule: Schedule, after: datetime) -> datetime:
+    # Ticks are kept in UTC: same-zone datetime arithmetic runs on the wall clock,
+    # and an ambiguous local time never compares equal across zones.
+    return schedule.next_after(after).astimezone(UTC)
+
+
+async def _sleep_until(when: datetime) -> None:
+    target = when.timestamp()
+    # The event loop sleeps on the monotonic clock while ticks are wall-clock
+    # instants, so check the wall clock again after waking.
+    while (delay := target - time.time()) > 0:  # noqa: ASYNC110 - no event to wait on
+        await asyncio.sleep(delay)
