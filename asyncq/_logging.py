@@ -9,6 +9,7 @@ not thousands, and the roles back off instead of spinning.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 LOGGER_NAME = "asyncq"
+_DEBUG_BY_ENV = os.environ.get("ASYNCQ_LOG_LEVEL", "").strip().lower() == "debug"
 
 
 def get_logger(**initial: Any) -> Any:
@@ -37,7 +39,14 @@ def get_logger(**initial: Any) -> Any:
 
 
 def is_debug_enabled(log: Any) -> bool:
-    """Whether *log* emits DEBUG events (guards the per-task debug events on the hot path)."""
+    """Whether *log* emits DEBUG events (guards the per-task debug events on the hot path).
+
+    Unconfigured structlog prints every level, DEBUG included, so asyncq only
+    emits its per-task debug events when the application configured structlog
+    with DEBUG enabled, or set ``ASYNCQ_LOG_LEVEL=debug``.
+    """
+    if not structlog.is_configured():
+        return _DEBUG_BY_ENV
     check = getattr(log, "is_enabled_for", None)
     if check is None:
         return True

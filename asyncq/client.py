@@ -13,6 +13,7 @@ import structlog
 from typing_extensions import Unpack
 
 from asyncq import keys
+from asyncq._logging import is_debug_enabled
 from asyncq._time import require_aware, seconds, to_unix
 from asyncq.broker.broker import BatchItem, Broker
 from asyncq.connection import Connection, RedisClient, RedisTarget
@@ -307,13 +308,14 @@ class Client:
             await self.broker.enqueue_unique(msg, seconds(c.unique))
         else:
             await self.broker.enqueue(msg)
-        log.debug(
-            "task enqueued",
-            task_id=msg.id,
-            task_type=msg.type,
-            queue=msg.queue,
-            state=c.state.value,
-        )
+        if is_debug_enabled(log):
+            log.debug(
+                "task enqueued",
+                task_id=msg.id,
+                task_type=msg.type,
+                queue=msg.queue,
+                state=c.state.value,
+            )
         return _info(c, now)
 
     async def enqueue_many(
@@ -358,9 +360,9 @@ class Client:
                 results[index] = _info(c, now) if outcome is None else outcome
         final = [r for r in results if r is not None]
         assert len(final) == len(results)
-        log.debug(
-            "batch enqueued", items=len(final), written=sum(isinstance(r, TaskInfo) for r in final)
-        )
+        if is_debug_enabled(log):
+            written = sum(isinstance(r, TaskInfo) for r in final)
+            log.debug("batch enqueued", items=len(final), written=written)
         return final
 
     @staticmethod
