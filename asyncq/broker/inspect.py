@@ -1,0 +1,599 @@
+"""The Redis side of the Inspector (asynq's ``internal/rdb/inspect.go``).
+
+Every method here maps to one Redis round trip or one Lua script from
+``lua/inspect_*.lua`` with asynq's KEYS/ARGV contracts, and returns plain
+decoded data; :class:`asyncq.inspector.Inspector` validates arguments, checks
+that queues exist and turns these results into public records. Where released
+asynq leaves task hashes behind (archive trimming, queue removal) the scripts
+delete them instead, so no ``t:<id>`` hash is ever unreachable and no ID is ever
+left in a list or sorted set without its hash.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+from asyncq import keys
+from asyncq._time import from_unix
+from asyncq.broker.scripts import load_script
+from asyncq.connection import RedisClient
+from asyncq.errors import BrokerError, FailedPreconditionError, TaskNotFoundError
+from asyncq.proto.asynq import (
+    SchedulerEnqueueEvent,
+    SchedulerEntry,
+    ServerInfo,
+    TaskMessage,
+    WorkerInfo,
+)
+from asyncq.task import TaskState
+
+__all__ = [
+    "ARCHIVE_MAX_AGE",
+    "ARCHIVE_MAX_SIZE",
+    "GROUP_SAMPLE_SIZE",
+    "MEMORY_SAMPLE_SIZE",
+    "InspectBroker",
+    "QueueStats",
+    "StoredTask",
+]
+
+ARCHIVE_MAX_SIZE = 10_000
+"""asynq's maxArchiveSize (the trim keeps the newest 9,999, as asynq's scripts do)."""
+ARCHIVE_MAX_AGE = timedelta(days=90)
+"""asynq's archivedExpirationInDays."""
+MEMORY_SAMPLE_SIZE = 20
+"""Task hashes sampled per list/sorted set for the memory estimate."""
+GROUP_SAMPLE_SIZE = 5
+"""Groups sampled for the memory estimate."""
+
+
+@dataclass(slots=True)
+class StoredTask:
+    """A task as read from Redis: its message, state, next process time and result."""
+
+    message: TaskMessage
+    state: TaskState
+    next_process_at: datetime | None
+    result: bytes | None
+
+
+@dataclass(slots=True)
+class QueueStats:
+    """The raw counts of asynq's CurrentStats plus the sampled memory usage."""
+
+    pending: int
+    active: int
+    scheduled: int
+    retry: int
+    archived: int
+    completed: int
+    aggregating: int
+    groups: int
+    processed: int
+    failed: int
+    processed_total: int
+    failed_total: int
+    paused: bool
+    oldest_pending_since_ns: int
+    memory_usage: int
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bytes):
+        value = value.decode()
+    return int(value)
+
+
+def _unix_ns(now: float) -> int:
+    return int(now * 1_000_000_000)
+
+
+class InspectBroker:
+    """Read and steer queues as asynq's Inspector does, on one Redis connection."""
+
+    def __init__(self, redis: RedisClient, *, clock: Callable[[], float] = time.time) -> None:
+        self.redis = redis
+        # redis-py types its commands as sync-or-async unions; calls go through an Any view.
+        self._r: Any = redis
+        self.clock = clock
+
+    # -- queues ------------------------------------------------------------------------------
+
+    async def all_queues(self) -> list[str]:
+        """Every queue name in ``asynq:queues``, sorted."""
+        members = await self._r.smembers(keys.ALL_QUEUES)
+        return sorted(_str(m) for m in members)
+
+    async def queue_exists(self, qname: str) -> bool:
+        """Whether *qname* is a member of ``asynq:queues``."""
+        return bool(await self._r.sismember(keys.ALL_QUEUES, qname))
+
+    async def current_stats(self, qname: str) -> QueueStats:
+        """Sizes by state, today's and all-time counters, paused flag and memory estimate."""
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        script_keys = [
+            keys.pending_key(qname),
+            keys.active_key(qname),
+            keys.scheduled_key(qname),
+            keys.retry_key(qname),
+            keys.archived_key(qname),
+            keys.completed_key(qname),
+            keys.processed_key(qname, now),
+            keys.failed_key(qname, now),
+            keys.processed_total_key(qname),
+            keys.failed_total_key(qname),
+            keys.paused_key(qname),
+            keys.all_groups(qname),
+        ]
+        args = [keys.task_key_prefix(qname), keys.group_key_prefix(qname)]
+        reply = await load_script("inspect_current_stats")(self.redis, script_keys, args)
+        values = {_str(reply[i]): reply[i + 1] for i in range(0, len(reply), 2)}
+        memory = await self.memory_usage(qname)
+        return QueueStats(
+            pending=_int(values["pending"]),
+            active=_int(values["active"]),
+            scheduled=_int(values["scheduled"]),
+            retry=_int(values["retry"]),
+            archived=_int(values["archived"]),
+            completed=_int(values["completed"]),
+            aggregating=_int(values["aggregating_count"]),
+            groups=_int(values["group_size"]),
+            processed=_int(values["processed"]),
+            failed=_int(values["failed"]),
+            processed_total=_int(values["processed_total"]),
+            failed_total=_int(values["failed_total"]),
+            paused=_int(values["paused"]) == 1,
+            oldest_pending_since_ns=_int(values["oldest_pending_since"]),
+            memory_usage=memory,
+        )
+
+    async def memory_usage(self, qname: str) -> int:
+        """Approximate bytes used by the queue's tasks (sampled with MEMORY USAGE)."""
+        script_keys = [
+            keys.active_key(qname),
+            keys.pending_key(qname),
+            keys.scheduled_key(qname),
+            keys.retry_key(qname),
+            keys.archived_key(qname),
+            keys.completed_key(qname),
+            keys.all_groups(qname),
+        ]
+        args: list[str | int] = [
+            keys.task_key_prefix(qname),
+            MEMORY_SAMPLE_SIZE,
+            GROUP_SAMPLE_SIZE,
+            keys.group_key_prefix(qname),
+        ]
+        return _int(await load_script("inspect_memory_usage")(self.redis, script_keys, args))
+
+    async def historical_stats(self, qname: str, days: int) -> list[tuple[datetime, int, int]]:
+        """(day, processed, failed) for *days* UTC days, today first."""
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        dates = [now - timedelta(days=i) for i in range(days)]
+        script_keys: list[str] = []
+        for day in dates:
+            script_keys += [keys.processed_key(qname, day), keys.failed_key(qname, day)]
+        reply = await load_script("inspect_historical_stats")(self.redis, script_keys)
+        return [(day, _int(reply[2 * i]), _int(reply[2 * i + 1])) for i, day in enumerate(dates)]
+
+    async def group_stats(self, qname: str) -> list[tuple[str, int]]:
+        """(group, size) for every group of the queue, sorted by name."""
+        reply = await load_script("inspect_group_stats")(
+            self.redis, [keys.all_groups(qname)], [keys.group_key_prefix(qname)]
+        )
+        return sorted((_str(reply[i]), _int(reply[i + 1])) for i in range(0, len(reply), 2))
+
+    async def pause(self, qname: str) -> None:
+        """``SET paused <now> NX``; FailedPreconditionError when already paused."""
+        ok = await self._r.set(keys.paused_key(qname), int(self.clock()), nx=True)
+        if not ok:
+            raise FailedPreconditionError(f'queue "{qname}" is already paused')
+
+    async def unpause(self, qname: str) -> None:
+        """``DEL paused``; FailedPreconditionError when the queue is not paused."""
+        if await self._r.delete(keys.paused_key(qname)) == 0:
+            raise FailedPreconditionError(f'queue "{qname}" is not paused')
+
+    async def remove_queue(self, qname: str, *, force: bool) -> int:
+        """Run the remove-queue script; 1 removed, -1 not empty, -2 has active tasks.
+
+        On success the queue is also removed from ``asynq:queues``.
+        """
+        script_keys = [
+            keys.pending_key(qname),
+            keys.active_key(qname),
+            keys.scheduled_key(qname),
+            keys.retry_key(qname),
+            keys.archived_key(qname),
+            keys.lease_key(qname),
+            keys.completed_key(qname),
+            keys.all_groups(qname),
+            keys.all_aggregation_sets(qname),
+            keys.paused_key(qname),
+        ]
+        args = [keys.task_key_prefix(qname), "1" if force else "0", keys.group_key_prefix(qname)]
+        code = _int(await load_script("inspect_remove_queue")(self.redis, script_keys, args))
+        if code == 1:
+            await self._r.srem(keys.ALL_QUEUES, qname)
+        return code
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    async def get_task(self, qname: str, task_id: str) -> StoredTask:
+        """One task by ID; TaskNotFoundError when its hash does not exist."""
+        now = self.clock()
+        try:
+            reply = await load_script("inspect_get_task_info")(
+                self.redis,
+                [keys.task_key(qname, task_id)],
+                [task_id, int(now), keys.queue_key_prefix(qname)],
+            )
+        except ResponseError as exc:
+            if "NOT FOUND" in str(exc):
+                raise TaskNotFoundError(qname, task_id) from None
+            raise BrokerError(f"get task {task_id!r} in queue {qname!r}: {exc}") from exc
+        msg_bytes, state, next_at, result = reply
+        if msg_bytes is None or state is None:
+            raise BrokerError(f"task hash {keys.task_key(qname, task_id)} lacks msg or state")
+        try:
+            task_state = TaskState(_str(state))
+        except ValueError:
+            raise BrokerError(
+                f"task {task_id!r} in queue {qname!r} has an unknown state {_str(state)!r}"
+            ) from None
+        msg = _decode(qname, _str(task_id), msg_bytes)
+        next_process_at = None
+        if task_state is TaskState.PENDING:
+            next_process_at = datetime.fromtimestamp(now, UTC)
+        elif next_at is not None and _int(next_at) != 0:
+            next_process_at = from_unix(_int(next_at))
+        return StoredTask(msg, task_state, next_process_at, result)
+
+    async def list_list(
+        self, qname: str, state: TaskState, page: int, size: int
+    ) -> list[StoredTask]:
+        """A page of pending or active tasks, next-to-run first (page is 0-based)."""
+        key = keys.pending_key(qname) if state is TaskState.PENDING else keys.active_key(qname)
+        # The list is pushed at the head and consumed from the tail, so page 0 is the
+        # tail end; asynq reverses it to show the oldest (next to run) first.
+        start = -(size * page + size - 1) - 1
+        stop = -(size * page) - 1
+        reply = await load_script("inspect_list_messages")(
+            self.redis, [key], [start, stop, keys.task_key_prefix(qname)]
+        )
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        tasks: list[StoredTask] = []
+        for i in range(0, len(reply), 3):
+            if reply[i + 1] is None:
+                continue  # an ID without its hash: asynq skips it too
+            msg = _decode(qname, _str(reply[i]), reply[i + 1])
+            next_at = now if state is TaskState.PENDING else None
+            tasks.append(StoredTask(msg, state, next_at, reply[i + 2]))
+        tasks.reverse()
+        return tasks
+
+    async def list_zset(
+        self, qname: str, state: TaskState, page: int, size: int, group: str | None = None
+    ) -> list[StoredTask]:
+        """A page of a sorted-set state (or of one group), ascending by score."""
+        key = _zset_key(qname, state, group)
+        start = size * page
+        reply = await load_script("inspect_list_zset_entries")(
+            self.redis, [key], [start, start + size - 1, keys.task_key_prefix(qname)]
+        )
+        tasks: list[StoredTask] = []
+        for i in range(0, len(reply), 4):
+            if reply[i + 1] is None:
+                continue
+            msg = _decode(qname, _str(reply[i]), reply[i + 1])
+            next_at = None
+            if state in (TaskState.SCHEDULED, TaskState.RETRY):
+                next_at = from_unix(int(float(_str(reply[i + 2]))))
+            tasks.append(StoredTask(msg, state, next_at, reply[i + 3]))
+        return tasks
+
+    async def lease_expired_ids(self, qname: str) -> set[str]:
+        """IDs of active tasks whose lease expired at or before now (orphans)."""
+        members = await self._r.zrangebyscore(keys.lease_key(qname), "-inf", int(self.clock()))
+        return {_str(m) for m in members}
+
+    async def run_task(self, qname: str, task_id: str) -> None:
+        """Move a scheduled/retry/archived/completed/aggregating task to pending."""
+        code = await self._call(
+            "inspect_run_task",
+            [keys.task_key(qname, task_id), keys.pending_key(qname), keys.all_groups(qname)],
+            [
+                task_id,
+                keys.queue_key_prefix(qname),
+                keys.group_key_prefix(qname),
+                _unix_ns(self.clock()),
+            ],
+        )
+        if code == 0:
+            raise TaskNotFoundError(qname, task_id)
+        if code == -1:
+            raise FailedPreconditionError("task is already running")
+        if code == -2:
+            raise FailedPreconditionError("task is already in pending state")
+        await self.publish_wakeup(qname)
+
+    async def run_all(self, qname: str, state: TaskState, group: str | None = None) -> int:
+        """Move every scheduled/retry/archived task (or one group's) to pending."""
+        now_ns = _unix_ns(self.clock())
+        if state is TaskState.AGGREGATING:
+            assert group is not None
+            n = await self._call(
+                "inspect_run_all_aggregating",
+                [keys.group_key(qname, group), keys.pending_key(qname), keys.all_groups(qname)],
+                [keys.task_key_prefix(qname), group, now_ns],
+            )
+        else:
+            n = await self._call(
+                "inspect_run_all",
+                [_zset_key(qname, state, None), keys.pending_key(qname)],
+                [keys.task_key_prefix(qname), now_ns],
+            )
+        if n:
+            await self.publish_wakeup(qname)
+        return n
+
+    async def archive_task(self, qname: str, task_id: str) -> None:
+        """Archive one task that is not active and not yet archived."""
+        now = self.clock()
+        code = await self._call(
+            "inspect_archive_task",
+            [keys.task_key(qname, task_id), keys.archived_key(qname), keys.all_groups(qname)],
+            [
+                task_id,
+                int(now),
+                _archive_cutoff(now),
+                ARCHIVE_MAX_SIZE,
+                keys.queue_key_prefix(qname),
+                keys.group_key_prefix(qname),
+            ],
+        )
+        if code == 0:
+            raise TaskNotFoundError(qname, task_id)
+        if code == -1:
+            raise FailedPreconditionError("task is already archived")
+        if code == -2:
+            raise FailedPreconditionError(
+                "cannot archive task in active state. use CancelProcessing instead."
+            )
+
+    async def archive_all(self, qname: str, state: TaskState, group: str | None = None) -> int:
+        """Archive every pending/scheduled/retry task (or one group's); returns the count."""
+        now = self.clock()
+        args: list[str | int] = [int(now), _archive_cutoff(now), ARCHIVE_MAX_SIZE]
+        prefix = keys.task_key_prefix(qname)
+        archived = keys.archived_key(qname)
+        if state is TaskState.PENDING:
+            return await self._call(
+                "inspect_archive_all_pending",
+                [keys.pending_key(qname), archived],
+                [*args, prefix],
+            )
+        if state is TaskState.AGGREGATING:
+            assert group is not None
+            return await self._call(
+                "inspect_archive_all_aggregating",
+                [keys.group_key(qname, group), archived, keys.all_groups(qname)],
+                [*args, prefix, group],
+            )
+        return await self._call(
+            "inspect_archive_all",
+            [_zset_key(qname, state, None), archived],
+            [*args, prefix, qname],
+        )
+
+    async def delete_task(self, qname: str, task_id: str) -> None:
+        """Delete one task that is not active (and release its uniqueness lock)."""
+        code = await self._call(
+            "inspect_delete_task",
+            [keys.task_key(qname, task_id), keys.all_groups(qname)],
+            [task_id, keys.queue_key_prefix(qname), keys.group_key_prefix(qname)],
+        )
+        if code == 0:
+            raise TaskNotFoundError(qname, task_id)
+        if code == -1:
+            raise FailedPreconditionError(
+                "cannot delete task in active state. use CancelProcessing instead."
+            )
+
+    async def delete_all(self, qname: str, state: TaskState, group: str | None = None) -> int:
+        """Delete every task of a state (or of one group); returns the count."""
+        prefix = keys.task_key_prefix(qname)
+        if state is TaskState.PENDING:
+            return await self._call(
+                "inspect_delete_all_pending", [keys.pending_key(qname)], [prefix]
+            )
+        if state is TaskState.AGGREGATING:
+            assert group is not None
+            return await self._call(
+                "inspect_delete_all_aggregating",
+                [keys.group_key(qname, group), keys.all_groups(qname)],
+                [prefix, group],
+            )
+        return await self._call(
+            "inspect_delete_all", [_zset_key(qname, state, None)], [prefix, qname]
+        )
+
+    async def update_task_message(self, qname: str, msg: TaskMessage) -> None:
+        """Replace a scheduled task's message."""
+        code = await self._call(
+            "inspect_update_task_payload", [keys.task_key(qname, msg.id)], [bytes(msg)]
+        )
+        if code == 0:
+            raise TaskNotFoundError(qname, msg.id)
+        if code == -1:
+            raise FailedPreconditionError("cannot update payload of a task not in scheduled state")
+
+    async def publish_cancelation(self, task_id: str) -> int:
+        """PUBLISH the ID on ``asynq:cancel``; returns the number of subscribers reached."""
+        return int(await self._r.publish(keys.CANCEL_CHANNEL, task_id))
+
+    async def publish_wakeup(self, qname: str) -> None:
+        """Tell idle asyncq workers that *qname* has pending work."""
+        await self._r.publish(keys.wakeup_channel(qname), qname)
+
+    # -- servers, workers, schedulers --------------------------------------------------------
+
+    async def _live_keys(self, index: str) -> list[str]:
+        reply = await load_script("inspect_list_server_keys")(
+            self.redis, [index], [int(self.clock())]
+        )
+        return [_str(k) for k in reply]
+
+    async def list_servers(self) -> list[ServerInfo]:
+        """ServerInfo records of live servers (undecodable or expired ones skipped)."""
+        servers: list[ServerInfo] = []
+        for key in await self._live_keys(keys.ALL_SERVERS):
+            data = await self._r.get(key)
+            if data is None:
+                continue
+            try:
+                servers.append(ServerInfo.parse(data))
+            except Exception:
+                continue
+        return servers
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        """WorkerInfo records of every live server (undecodable ones skipped)."""
+        workers: list[WorkerInfo] = []
+        for key in await self._live_keys(keys.ALL_WORKERS):
+            for data in await self._r.hvals(key):
+                try:
+                    workers.append(WorkerInfo.parse(data))
+                except Exception:
+                    continue
+        return workers
+
+    async def list_scheduler_entries(self) -> list[SchedulerEntry]:
+        """SchedulerEntry records of every live scheduler (undecodable ones skipped)."""
+        entries: list[SchedulerEntry] = []
+        for key in await self._live_keys(keys.ALL_SCHEDULERS):
+            for data in await self._r.lrange(key, 0, -1):
+                try:
+                    entries.append(SchedulerEntry.parse(data))
+                except Exception:
+                    continue
+        return entries
+
+    async def list_scheduler_enqueue_events(
+        self, entry_id: str, page: int, size: int
+    ) -> list[SchedulerEnqueueEvent]:
+        """One page of an entry's enqueue events, newest first (page is 0-based)."""
+        start = page * size
+        members = await self._r.zrevrange(
+            keys.scheduler_history_key(entry_id), start, start + size - 1
+        )
+        events: list[SchedulerEnqueueEvent] = []
+        for data in members:
+            try:
+                events.append(SchedulerEnqueueEvent.parse(data))
+            except Exception:
+                continue
+        return events
+
+    # -- Redis itself ------------------------------------------------------------------------
+
+    async def cluster_key_slot(self, qname: str) -> int:
+        """``CLUSTER KEYSLOT`` of the queue's pending key."""
+        reply = await self._cluster_command("CLUSTER", "KEYSLOT", keys.pending_key(qname))
+        return _int(reply)
+
+    async def cluster_nodes(self, qname: str) -> list[tuple[str, str]]:
+        """(node ID, host:port) of the nodes serving the queue's slot, master first."""
+        slot = await self.cluster_key_slot(qname)
+        reply = await self._cluster_command("CLUSTER", "SLOTS")
+        for entry in reply:
+            start, end = _int(entry[0]), _int(entry[1])
+            if start <= slot <= end:
+                nodes = []
+                for node in entry[2:]:
+                    host, port = _str(node[0]), _int(node[1])
+                    if host in ("", "?"):
+                        # An empty endpoint means "the one you asked" (CLUSTER SLOTS docs).
+                        host = self._connected_host()
+                    node_id = _str(node[2]) if len(node) > 2 else ""
+                    nodes.append((node_id, f"{host}:{port}"))
+                return nodes
+        raise BrokerError(f"no cluster node serves slot {slot} of queue {qname!r}")
+
+    def _connected_host(self) -> str:
+        if isinstance(self.redis, RedisCluster):
+            node = self.redis.get_default_node()
+            return node.host if node is not None else ""
+        host = self.redis.connection_pool.connection_kwargs.get("host")
+        return str(host) if host else ""
+
+    async def _cluster_command(self, *args: str) -> Any:
+        # Separate words keep redis-py's reply parsing out of the way (raw replies), and a
+        # cluster client is told where to send a command that names no key.
+        extra: dict[str, Any] = {}
+        if isinstance(self.redis, RedisCluster):
+            await self.redis.initialize()
+            extra["target_nodes"] = self.redis.get_default_node()
+        try:
+            return await self._r.execute_command(*args, **extra)
+        except ResponseError as exc:
+            if "cluster support disabled" in str(exc).lower():
+                raise FailedPreconditionError("Redis is not running in cluster mode") from None
+            raise
+
+    async def redis_info(self) -> dict[str, Any]:
+        """The parsed ``INFO`` reply."""
+        info: dict[str, Any] = await self._r.info()
+        return info
+
+    async def _call(self, name: str, script_keys: Sequence[str], args: Sequence[Any]) -> int:
+        try:
+            return _int(await load_script(name)(self.redis, script_keys, args))
+        except ResponseError as exc:
+            raise BrokerError(f"{name}: {exc}") from exc
+
+
+def _decode(qname: str, task_id: str, data: bytes) -> TaskMessage:
+    # asynq hides messages it cannot decode; asyncq shows them (the raw bytes as the
+    # payload, the reason as the last error) so they can be seen, deleted or archived.
+    try:
+        msg = TaskMessage.parse(data)
+    except Exception as exc:
+        reason = str(exc) or exc.__class__.__name__
+    else:
+        if msg.id == task_id:
+            return msg
+        # A lenient parse of garbage yields an empty message; the ID check catches it.
+        reason = f"the message's id {msg.id!r} is not the task's id"
+    return TaskMessage(
+        id=task_id, queue=qname, payload=data, error_msg=f"undecodable task message: {reason}"
+    )
+
+
+def _zset_key(qname: str, state: TaskState, group: str | None) -> str:
+    if state is TaskState.SCHEDULED:
+        return keys.scheduled_key(qname)
+    if state is TaskState.RETRY:
+        return keys.retry_key(qname)
+    if state is TaskState.ARCHIVED:
+        return keys.archived_key(qname)
+    if state is TaskState.COMPLETED:
+        return keys.completed_key(qname)
+    if state is TaskState.AGGREGATING and group is not None:
+        return keys.group_key(qname, group)
+    raise ValueError(f"no sorted set holds {state.value} tasks")
+
+
+def _archive_cutoff(now: float) -> int:
+    return int(now - ARCHIVE_MAX_AGE.total_seconds())

@@ -1,0 +1,26 @@
+-- Inspector: archive every task of a sorted set (scheduled or retry)
+-- (asynq ArchiveAllRetryTasks / ArchiveAllScheduledTasks).
+-- KEYS[1] source sorted set  KEYS[2] archived
+-- ARGV[1] now (unix s)  ARGV[2] cutoff (unix s)  ARGV[3] archive cap (10000)
+-- ARGV[4] task key prefix  ARGV[5] queue name (unused, as in asynq)
+-- Trimmed tasks are deleted together with their hashes (asynq leaves the hashes).
+-- IDs whose task hash is gone are dropped. Returns the number of tasks archived.
+local n = 0
+for _, id in ipairs(redis.call("ZRANGE", KEYS[1], 0, -1)) do
+    local key = ARGV[4] .. id
+    if redis.call("EXISTS", key) == 1 then
+        redis.call("ZADD", KEYS[2], ARGV[1], id)
+        redis.call("HSET", key, "state", "archived")
+        n = n + 1
+    end
+end
+redis.call("DEL", KEYS[1])
+for _, id in ipairs(redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", ARGV[2])) do
+    redis.call("DEL", ARGV[4] .. id)
+    redis.call("ZREM", KEYS[2], id)
+end
+for _, id in ipairs(redis.call("ZRANGE", KEYS[2], 0, -tonumber(ARGV[3]))) do
+    redis.call("DEL", ARGV[4] .. id)
+    redis.call("ZREM", KEYS[2], id)
+end
+return n

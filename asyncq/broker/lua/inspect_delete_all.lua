@@ -1,0 +1,16 @@
+-- Inspector: delete every task of a sorted set (scheduled, retry, archived,
+-- completed) (asynq DeleteAll*Tasks).
+-- KEYS[1] sorted set  ARGV[1] task key prefix  ARGV[2] queue name (unused, as in asynq)
+-- Releases each task's uniqueness lock when the task still owns it.
+-- Returns the number of task hashes deleted.
+local n = 0
+for _, id in ipairs(redis.call("ZRANGE", KEYS[1], 0, -1)) do
+    local key = ARGV[1] .. id
+    local unique_key = redis.call("HGET", key, "unique_key")
+    if unique_key and unique_key ~= "" and redis.call("GET", unique_key) == id then
+        redis.call("DEL", unique_key)
+    end
+    n = n + redis.call("DEL", key)
+end
+redis.call("DEL", KEYS[1])
+return n

@@ -1,0 +1,17 @@
+"""The ``asyncq`` command line: inspect and steer queues, run workers, watch a dashboard.
+
+``main`` is the click group behind the ``asyncq`` console script (and
+``python -m asyncq.cli``). Every failure is reported as one ``error: ...`` line
+on stderr with a non-zero exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+from asyncq.cli._app import main
+from asyncq.cli._commands import register
+from asyncq.cli.worker import worker
+
+__all__ = ["main"]
+
+register(main)
+main.add_command(worker)

@@ -1,0 +1,187 @@
+"""``asyncq worker module:app``: a real worker process on Go-written tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import redis as sync_redis
+from click.testing import CliRunner
+
+from asyncq.cli import main
+from asyncq.cli.worker import parse_queues
+from tests import gofixtures as go
+from tests.gofixtures import GoTask
+
+ROOT = Path(__file__).resolve().parent.parent
+
+APP = """
+import os
+from redis.asyncio import Redis
+from asyncq.mux import ServeMux
+
+mux = ServeMux()
+
+@mux.handler("echo")
+async def echo(task):
+    async with Redis.from_url(os.environ["TEST_REDIS_URL"]) as r:
+        await r.rpush("handled", task.payload)
+
+def make_mux():
+    return mux
+
+not_a_mux = 42
+"""
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[sync_redis.Redis]:
+    client = sync_redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Path:
+    (tmp_path / "myapp.py").write_text(APP)
+    return tmp_path
+
+
+def worker_cmd(redis_url: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "asyncq.cli", "-u", redis_url, "worker", *args]
+
+
+def worker_env(redis_url: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TEST_REDIS_URL": redis_url}
+    env.pop("ASYNCQ_REDIS_URL", None)
+    return env
+
+
+def seed_go_tasks(redis_url: str, queue: str, payloads: list[bytes]) -> None:
+    async def fill() -> None:
+        from redis.asyncio import Redis
+
+        async with Redis.from_url(redis_url) as rr:
+            for p in payloads:
+                await go.enqueue(rr, GoTask("echo", p, queue=queue), datetime.now(UTC))
+
+    asyncio.run(fill())
+
+
+def test_burst_processes_go_tasks_and_exits(
+    redis_url: str, r: sync_redis.Redis, app_dir: Path
+) -> None:
+    seed_go_tasks(redis_url, "critical", [b"c1", b"c2"])
+    seed_go_tasks(redis_url, "default", [b"d1"])
+    proc = subprocess.run(
+        worker_cmd(
+            redis_url,
+            "myapp:mux",
+            "--burst",
+            "-c",
+            "2",
+            "-q",
+            "critical=6,default=3",
+            "--log-level",
+            "warning",
+        ),
+        cwd=app_dir,
+        env=worker_env(redis_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(r.lrange("handled", 0, -1)) == [b"c1", b"c2", b"d1"]
+    assert r.llen("asynq:{critical}:pending") == 0 and r.llen("asynq:{default}:pending") == 0
+    assert int(r.get("asynq:{critical}:processed")) == 2
+    assert "Traceback" not in proc.stderr
+
+
+def test_worker_shows_in_server_ls_and_stops_on_sigterm(
+    redis_url: str, r: sync_redis.Redis, app_dir: Path
+) -> None:
+    proc = subprocess.Popen(
+        worker_cmd(redis_url, "myapp:make_mux", "-c", "3", "--strict"),
+        cwd=app_dir,
+        env=worker_env(redis_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while r.zcard("asynq:servers") == 0:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the worker never sent a heartbeat"
+            time.sleep(0.05)
+        runner = CliRunner(env={"COLUMNS": "80"})
+        result = runner.invoke(main, ["-u", redis_url, "server", "ls", "--json"])
+        assert result.exit_code == 0, result.output
+        (server,) = json.loads(result.stdout)
+        assert server["pid"] == proc.pid and server["concurrency"] == 3
+        assert server["strict_priority"] is True and server["status"] == "active"
+        seed_go_tasks(redis_url, "default", [b"live"])
+        while r.llen("handled") == 0:
+            assert time.monotonic() < deadline, "the running worker did not take the task"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert r.zcard("asynq:servers") == 0  # the server removed its own record
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["nosuchmodule:app"], "cannot import module 'nosuchmodule': no module named"),
+        (["myapp:nope"], "module 'myapp' has no attribute 'nope'"),
+        (["myapp:not_a_mux"], "myapp:not_a_mux is a int; expected an asyncq.mux.ServeMux"),
+        (["os:getcwd"], "os:getcwd returned str, expected an asyncq.mux.ServeMux"),
+        (["myapp:"], "module 'myapp' has no attribute 'app'"),
+        ([":mux"], "invalid app ':mux'"),
+        (["myapp:mux", "-q", "critical=x"], "invalid priority 'x' for queue 'critical'"),
+        (["myapp:mux", "-q", "a=0"], "priority of queue 'a' must be 1 or more"),
+        (["myapp:mux", "-c", "0"], "Invalid value for '--concurrency'"),
+    ],
+)
+def test_bad_worker_arguments(
+    redis_url: str, app_dir: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], needle: str
+) -> None:
+    monkeypatch.chdir(app_dir)
+    monkeypatch.syspath_prepend(str(app_dir))
+    result = CliRunner().invoke(main, ["-u", redis_url, "worker", *args])
+    assert result.exit_code != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+
+
+def test_worker_unreachable_redis(app_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.redis_server import free_port
+
+    monkeypatch.syspath_prepend(str(app_dir))
+    uri = f"redis://127.0.0.1:{free_port()}/0"
+    result = CliRunner().invoke(main, ["worker", "myapp:mux", "--burst", "-u", uri])
+    assert result.exit_code == 1
+    assert result.stderr.strip().startswith(f"error: cannot connect to Redis at {uri}")
+
+
+def test_parse_queues() -> None:
+    assert parse_queues("critical=6, default=3,low") == {"critical": 6, "default": 3, "low": 1}
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_queues("a,a=2")
+    with pytest.raises(ValueError, match="empty queue name"):
+        parse_queues("a,,b")
