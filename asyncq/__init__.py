@@ -1,5 +1,11 @@
-"""asyncq: an asyncio-native task queue on Redis, wire-compatible with Go asynq v0.26."""
+"""asyncq: an asyncio-native task queue on Redis, wire-compatible with Go asynq v0.26.
 
+Producers ``await Client(...).enqueue(Task(...))``; workers run a ``Server`` with
+a ``ServeMux`` of ``async def`` handlers; operators use the ``Inspector`` (and
+the ``asyncq`` command line); cron-style work goes through a ``Scheduler``.
+"""
+
+from asyncq.aggregator import GroupAggregator
 from asyncq.client import Client
 from asyncq.connection import (
     Connection,
@@ -11,6 +17,7 @@ from asyncq.connection import (
 )
 from asyncq.errors import (
     AsyncqError,
+    BrokerError,
     DuplicateTaskError,
     FailedPreconditionError,
     HandlerNotFoundError,
@@ -23,34 +30,74 @@ from asyncq.errors import (
     TaskIdConflictError,
     TaskNotFoundError,
 )
+from asyncq.inspector import (
+    ClusterNode,
+    DailyStats,
+    GroupInfo,
+    Inspector,
+    QueueInfo,
+    SchedulerEnqueueEvent,
+    SchedulerEntry,
+    ServerInfo,
+    WorkerInfo,
+)
+from asyncq.mux import Handler, Middleware, ServeMux
+from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
+from asyncq.processor import DeadlineExceededError, TaskCanceledError
+from asyncq.result import ResultWriteError
+from asyncq.scheduler import EntryNotFoundError, Scheduler
+from asyncq.server import Server, ServerStats
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncqError",
+    "BrokerError",
     "Client",
+    "ClusterNode",
     "Connection",
+    "DailyStats",
+    "DeadlineExceededError",
     "DuplicateTaskError",
     "EnqueueOptions",
+    "EntryNotFoundError",
     "FailedPreconditionError",
+    "GroupAggregator",
+    "GroupInfo",
+    "Handler",
     "HandlerNotFoundError",
+    "Inspector",
     "LeaseExpiredError",
+    "Middleware",
+    "PeriodicTaskConfig",
+    "PeriodicTaskManager",
+    "QueueInfo",
     "QueueNotEmptyError",
     "QueueNotFoundError",
     "RedisClientOpts",
     "RedisClusterOpts",
     "RedisSentinelOpts",
+    "ResultWriteError",
     "RevokeTask",
+    "Scheduler",
+    "SchedulerEnqueueEvent",
+    "SchedulerEntry",
+    "ServeMux",
+    "Server",
     "ServerClosedError",
+    "ServerInfo",
+    "ServerStats",
     "SkipRetry",
     "TLSConfig",
     "Task",
+    "TaskCanceledError",
     "TaskIdConflictError",
     "TaskInfo",
     "TaskNotFoundError",
     "TaskOptions",
     "TaskState",
+    "WorkerInfo",
     "__version__",
     "parse_redis_uri",
 ]
