@@ -147,6 +147,14 @@ class ServeMux:
         for mw in middlewares:
             if not callable(mw):
                 raise TypeError(f"middleware must be callable, got {mw.__class__.__name__}")
+            if is_async_callable(mw):
+                # An ``async def`` middleware returns a coroutine, not a handler: every
+                # task would fail at run time, so refuse it where the mistake is made.
+                raise TypeError(
+                    f"middleware {getattr(mw, '__qualname__', mw)!r} is an async function; "
+                    "a middleware is a plain function that takes the next handler and "
+                    "returns an async handler"
+                )
         self._middlewares.extend(middlewares)
         self._cache.clear()
         self._not_found = None

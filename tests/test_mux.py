@@ -206,3 +206,14 @@ async def test_async_callable_object_is_awaited_directly() -> None:
     mux.handle("o", Obj())
     await mux(Task("o"))
     assert calls == ["o"]
+
+
+def test_async_middleware_is_rejected_when_registered() -> None:
+    mux = ServeMux()
+
+    async def wrong(next_handler: Handler) -> Handler:
+        return next_handler
+
+    with pytest.raises(TypeError, match="is an async function"):
+        mux.use(wrong)  # type: ignore[arg-type]
+    assert "middlewares=0" in repr(mux)
