@@ -81,6 +81,7 @@ def test_every_exported_builder_is_covered() -> None:
         "queue_key_prefix",
         "retry_key",
         "scheduled_key",
+        "scheduler_claim_key",
         "scheduler_entries_key",
         "scheduler_history_key",
         "server_info_key",
