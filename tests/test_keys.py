@@ -36,6 +36,10 @@ PER_QUEUE: list[tuple[Callable[[], str], str]] = [
     ),
     (lambda: keys.all_aggregation_sets("default"), "asynq:{default}:aggregation_sets"),
     (lambda: keys.wakeup_channel("default"), "asyncq:wakeup:{default}"),
+    (
+        lambda: keys.scheduler_claim_key("3f2a", 1_700_000_000),
+        "asyncq:scheduler_claims:{3f2a}:1700000000",
+    ),
 ]
 
 GLOBAL: list[tuple[Callable[[], str], str]] = [
