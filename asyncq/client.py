@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import types
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -46,7 +46,19 @@ class _Composed:
     group: str | None
 
 
+# The RFC 4122 variant nibble (10xx) for each random hex digit, as uuid.uuid4() sets it.
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
+
+
+def _new_task_id() -> str:
+    """A random UUID4 in its canonical text form (what ``str(uuid.uuid4())`` gives, 3x faster)."""
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
 def _check_option_names(options: Mapping[str, object], where: str) -> None:
+    if options.keys() <= _OPTION_NAMES:
+        return
     unknown = sorted(set(options) - _OPTION_NAMES)
     if unknown:
         raise TypeError(
@@ -64,6 +76,8 @@ def _merge(levels: Sequence[Mapping[str, object]]) -> dict[str, object]:
     """
     merged: dict[str, object] = {}
     for level in levels:
+        if not level:
+            continue
         given = {k: v for k, v in level.items() if v is not None and k != "headers"}
         if "process_at" in given and "process_in" in given:
             raise ValueError("give process_at or process_in, not both")
@@ -77,6 +91,8 @@ def _merge(levels: Sequence[Mapping[str, object]]) -> dict[str, object]:
 def _merge_headers(task: Task, levels: Sequence[Mapping[str, object]]) -> dict[str, str]:
     headers = dict(task.headers)
     for level in levels:
+        if not level:
+            continue
         extra = level.get("headers")
         if extra is None:
             continue
@@ -138,7 +154,7 @@ def _compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) 
     queue = _non_blank(opts, "queue", "queue name must contain one or more characters")
     queue = DEFAULT_QUEUE if queue is None else queue
     task_id = _non_blank(opts, "task_id", "task ID cannot be empty")
-    task_id = str(uuid.uuid4()) if task_id is None else task_id
+    task_id = _new_task_id() if task_id is None else task_id
     group = _non_blank(opts, "group", "group key cannot be empty")
 
     max_retry = opts.get("max_retry", DEFAULT_MAX_RETRY)
@@ -223,7 +239,7 @@ class Client:
 
     def __init__(self, redis: RedisTarget) -> None:
         self._conn = Connection(redis)
-        self.broker = Broker(self._conn.redis)
+        self.broker = Broker(self._conn.redis, fast=self._conn.fast)
 
     @property
     def redis(self) -> RedisClient:

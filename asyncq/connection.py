@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from redis.asyncio import Redis
@@ -46,6 +46,9 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+if TYPE_CHECKING:
+    from asyncq.broker.transport import FastConnection
 
 __all__ = [
     "Connection",
@@ -529,13 +532,28 @@ class Connection:
     Built from a URI or options, it owns the client and closes it in
     :meth:`aclose`; built from a ready redis-py client, it shares it and leaves
     it open.
+
+    For a single server (TCP, unix socket or TLS) built from a URI or options,
+    :attr:`fast` is one pipelined socket to the same server and database for
+    the broker's hot path (see :mod:`asyncq.broker.transport`): same
+    credentials, TLS, dial and read timeouts, but only the connect is retried,
+    never a command already written. For Sentinel, Cluster and ready clients
+    it is None and everything goes through redis-py.
     """
 
-    __slots__ = ("_closed", "_pubsub", "owned", "redis")
+    __slots__ = ("_closed", "_pubsub", "fast", "owned", "redis")
 
     def __init__(self, target: RedisTarget) -> None:
+        if isinstance(target, str):
+            target = parse_redis_uri(target)
         self.redis: RedisClient = connect(target)
         self.owned: bool = self.redis is not target
+        self.fast: FastConnection | None = None
+        if isinstance(target, RedisClientOpts):
+            # Imported here: asyncq.broker imports this module.
+            from asyncq.broker.transport import FastConnection
+
+            self.fast = FastConnection.from_options(target)
         self._pubsub: Redis | None = None
         self._closed = False
 
@@ -560,6 +578,8 @@ class Connection:
         if self._pubsub is not None:
             await self._pubsub.aclose()
             self._pubsub = None
+        if self.fast is not None:
+            await self.fast.aclose()
         if self.owned:
             await close_client(self.redis)
 

@@ -331,7 +331,7 @@ class Server:
             )
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
-        self.broker = Broker(self.redis, lease_duration=lease)
+        self.broker = Broker(self.redis, lease_duration=lease, fast=self.connection.fast)
         self.host = socket.gethostname() or "unknown-host"
         self.pid = os.getpid()
         self.server_id = str(uuid.uuid4())

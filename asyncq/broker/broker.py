@@ -72,6 +72,7 @@ from asyncq import keys
 from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._time import to_unix
 from asyncq.broker.scripts import Script, load_script
+from asyncq.broker.transport import FastConnection
 from asyncq.connection import RedisClient
 from asyncq.errors import (
     AsyncqError,
@@ -276,7 +277,10 @@ class Broker:
 
     *redis* must return bytes (``decode_responses=False``): task messages are
     binary protobufs. *clock* returns the current unix time in seconds; every
-    "now" of every operation comes from it.
+    "now" of every operation comes from it. *fast*, a pipelined connection to
+    the same server and database as *redis* (see
+    :class:`~asyncq.broker.transport.FastConnection`), carries the script
+    calls and hot-path commands when given; *redis* keeps the rest.
     """
 
     def __init__(
@@ -285,6 +289,7 @@ class Broker:
         *,
         clock: Callable[[], float] = time.time,
         lease_duration: float = LEASE_DURATION,
+        fast: FastConnection | None = None,
     ) -> None:
         if not lease_duration > 0:
             raise ValueError(f"lease_duration must be positive, got {lease_duration}")
@@ -295,6 +300,8 @@ class Broker:
                 "(create it with decode_responses=False)"
             )
         self.redis = redis
+        self.fast = fast
+        self._cmd: RedisClient | FastConnection = redis if fast is None else fast
         self.clock = clock
         self.lease_duration = lease_duration
         self._queues: dict[str, _QueueKeys] = {}
@@ -321,16 +328,26 @@ class Broker:
 
     async def _register_queue(self, qk: _QueueKeys) -> None:
         # asynq:queues is what the Inspector, CLI and asynqmon list; SADD once per instance.
-        await self.redis.execute_command("SADD", keys.ALL_QUEUES, qk.name)
+        await self._cmd.execute_command("SADD", keys.ALL_QUEUES, qk.name)
         self._published.add(qk.name)
 
     async def _run(
         self, script: Script, keys_: Sequence[str], args: Sequence[Any], qname: str, task_id: str
     ) -> Any:
         try:
-            return await script(self.redis, keys_, args)
+            return await script(self._cmd, keys_, args)
         except ResponseError as exc:
             raise _script_error(exc, script, qname, task_id) from exc
+
+    async def _pipeline(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Commands in one non-transactional pipeline; error replies come back in place."""
+        if self.fast is not None:
+            return await self.fast.pipeline(commands)
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
 
     # -- client-side writes (asynq rdb.go, spec section 3.1) -------------------------------
     # Each enqueue-like method also SADDs the queue into asynq:queues the first time
@@ -474,19 +491,19 @@ class Broker:
         if not planned:
             return results
         for script in {p[1] for p in planned}:
-            await script.load(self.redis)
+            await script.load(self._cmd)
         new_queues = sorted({p[4].name for p in planned} - self._published)
-        pipe = self.redis.pipeline(transaction=False)
+        commands: list[tuple[Any, ...]] = []
         if new_queues:
-            pipe.execute_command("SADD", keys.ALL_QUEUES, *new_queues)
+            commands.append(("SADD", keys.ALL_QUEUES, *new_queues))
         for _, script, keys_, args, _qk in planned:
-            pipe.execute_command("EVALSHA", script.sha, len(keys_), *keys_, *args)
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
+            commands.append(("EVALSHA", script.sha, len(keys_), *keys_, *args))
+        replies = await self._pipeline(commands)
         if new_queues:
             sadd_reply = replies.pop(0)
             if isinstance(sadd_reply, Exception):
                 # The tasks are written; the queues must still become visible to inspectors.
-                await self.redis.execute_command("SADD", keys.ALL_QUEUES, *new_queues)
+                await self._cmd.execute_command("SADD", keys.ALL_QUEUES, *new_queues)
             self._published.update(new_queues)
         for (i, script, keys_, args, qk), first_reply in zip(planned, replies, strict=True):
             tid = args[_ID_ARG[script.name]]
@@ -494,7 +511,7 @@ class Broker:
             if isinstance(reply, NoScriptError):
                 # Flushed between SCRIPT LOAD and the pipeline: run it alone (reloads).
                 try:
-                    reply = await script(self.redis, keys_, args)
+                    reply = await script(self._cmd, keys_, args)
                 except ResponseError as exc:
                     reply = exc
             if isinstance(reply, ResponseError):
@@ -763,18 +780,17 @@ class Broker:
             calls.append(((qk.active, qk.lease, qk.completed, pday, qk.processed), call.args))
         if len(calls) == 1:
             try:
-                return [await _ACK_MANY(self.redis, *calls[0])]
+                return [await _ACK_MANY(self._cmd, *calls[0])]
             except ResponseError as exc:
                 return [exc]
-        pipe = self.redis.pipeline(transaction=False)
-        for ack_keys, args in calls:
-            pipe.execute_command("EVALSHA", _ACK_MANY.sha, len(ack_keys), *ack_keys, *args)
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        replies = await self._pipeline(
+            [("EVALSHA", _ACK_MANY.sha, len(k), *k, *args) for k, args in calls]
+        )
         for n, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):
                 # Not loaded (restart, SCRIPT FLUSH, new node): the call did not run.
                 try:
-                    replies[n] = await _ACK_MANY(self.redis, *calls[n])
+                    replies[n] = await _ACK_MANY(self._cmd, *calls[n])
                 except ResponseError as exc:
                     replies[n] = exc
         return replies
@@ -920,7 +936,7 @@ class Broker:
             args: list[Any] = []
             for tid in task_ids:
                 args += (score, tid)
-            await self.redis.execute_command("ZADD", qk.lease, "XX", *args)
+            await self._cmd.execute_command("ZADD", qk.lease, "XX", *args)
         return expiry
 
     async def delete_expired_completed_tasks(self, qname: str, batch_size: int = 100) -> int:
@@ -947,7 +963,7 @@ class Broker:
     async def write_result(self, qname: str, task_id: str, data: bytes) -> int:
         """HSET the task's ``result`` field; returns len(data)."""
         qk = self._q(qname)
-        await self.redis.execute_command("HSET", qk.task_prefix + task_id, "result", data)
+        await self._cmd.execute_command("HSET", qk.task_prefix + task_id, "result", data)
         return len(data)
 
     async def write_server_state(
@@ -1014,7 +1030,7 @@ class Broker:
 
     async def publish_cancelation(self, task_id: str) -> None:
         """PUBLISH the task ID on ``asynq:cancel``."""
-        await self.redis.execute_command("PUBLISH", keys.CANCEL_CHANNEL, task_id)
+        await self._cmd.execute_command("PUBLISH", keys.CANCEL_CHANNEL, task_id)
 
     # -- aggregation (spec section 3.3) -----------------------------------------------------
 

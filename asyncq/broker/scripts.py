@@ -15,6 +15,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from asyncq.broker.transport import FastConnection
 from asyncq.connection import RedisClient
 
 __all__ = ["Script", "load_script"]
@@ -34,7 +35,7 @@ class Script:
 
     async def __call__(
         self,
-        redis: RedisClient,
+        redis: RedisClient | FastConnection,
         keys: Sequence[str],
         args: Sequence[KeyOrArg] = (),
     ) -> Any:
@@ -44,7 +45,7 @@ class Script:
             await self.load(redis)
             return await redis.evalsha(self.sha, len(keys), *keys, *args)
 
-    async def load(self, redis: RedisClient) -> None:
+    async def load(self, redis: RedisClient | FastConnection) -> None:
         """SCRIPT LOAD the source (on every primary of a cluster)."""
         await redis.script_load(self.source)
 
