@@ -42,8 +42,17 @@ class _Composed:
     message: TaskMessage
     state: TaskState
     process_at: datetime  # when it becomes ready; == now for pending/aggregating
-    unique: timedelta | None
+    unique_ttl: int | None  # the unique lock's whole TTL in seconds; None: no lock
     group: str | None
+
+    def batch_item(self) -> BatchItem:
+        """This task as a :class:`BatchItem`, routed exactly as :meth:`Client.enqueue` routes it."""
+        return BatchItem(
+            self.message,
+            process_at=self.process_at if self.state is TaskState.SCHEDULED else None,
+            unique_ttl=self.unique_ttl,
+            group=self.group if self.state is TaskState.AGGREGATING else None,
+        )
 
 
 # The RFC 4122 variant nibble (10xx) for each random hex digit, as uuid.uuid4() sets it.
@@ -208,7 +217,17 @@ def _compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) 
         state = TaskState.AGGREGATING
     else:
         state = TaskState.PENDING
-    return _Composed(message, state, process_at.astimezone(UTC), unique, group)
+    unique_ttl = None
+    if unique is not None:
+        # A scheduled task's lock lasts until it is due plus the uniqueness period (asynq).
+        try:
+            lock = process_at - now + unique if state is TaskState.SCHEDULED else unique
+        except OverflowError:
+            raise ValueError(
+                f"unique is too long for process_at {process_at}: {unique!r}"
+            ) from None
+        unique_ttl = seconds(lock)
+    return _Composed(message, state, process_at.astimezone(UTC), unique_ttl, group)
 
 
 def _info(c: _Composed, now: datetime) -> TaskInfo:
@@ -225,9 +244,11 @@ class Client:
 
     *redis* is a URI (``redis://``, ``rediss://``, ``redis-socket://``,
     ``redis-sentinel://``, ``redis-cluster://``; see :mod:`asyncq.connection`),
-    parsed connection options, or a ready ``redis.asyncio`` client. A client
-    made from a URI or options is closed by :meth:`aclose`; a ready client is
-    shared and left open.
+    parsed connection options, a ready ``redis.asyncio`` client, or an
+    :class:`~asyncq.connection.Connection` (its fast transport included)
+    shared with another component. A client made from a URI or options is
+    closed by :meth:`aclose`; a ready client or a Connection is shared and
+    left open.
 
     Usage::
 
@@ -235,10 +256,16 @@ class Client:
             info = await client.enqueue(Task("email:welcome", b"..."), queue="critical")
     """
 
-    __slots__ = ("_conn", "broker")
+    __slots__ = ("_closed", "_conn", "_owns_conn", "broker")
 
-    def __init__(self, redis: RedisTarget) -> None:
-        self._conn = Connection(redis)
+    def __init__(self, redis: RedisTarget | Connection) -> None:
+        if isinstance(redis, Connection):
+            if redis.closed:
+                raise RuntimeError("the connection is closed")
+            self._conn, self._owns_conn = redis, False
+        else:
+            self._conn, self._owns_conn = Connection(redis), True
+        self._closed = False
         self.broker = Broker(self._conn.redis, fast=self._conn.fast)
 
     @property
@@ -248,8 +275,8 @@ class Client:
 
     @property
     def closed(self) -> bool:
-        """True once :meth:`aclose` ran."""
-        return self._conn.closed
+        """True once :meth:`aclose` ran (or a shared Connection was closed by its owner)."""
+        return self._closed or self._conn.closed
 
     async def __aenter__(self) -> Client:
         return self
@@ -263,8 +290,10 @@ class Client:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection if this client made it (a shared one stays open)."""
-        await self._conn.aclose()
+        """Close the connection if this client made it (a shared one stays open); idempotent."""
+        self._closed = True
+        if self._owns_conn:
+            await self._conn.aclose()
 
     async def ping(self) -> None:
         """Check that Redis answers; raises a redis-py error when it does not."""
@@ -272,7 +301,7 @@ class Client:
         await self.redis.ping()
 
     def _check_open(self) -> None:
-        if self._conn.closed:
+        if self.closed:
             raise RuntimeError("the client is closed")
 
     async def enqueue(self, task: Task, **options: Unpack[EnqueueOptions]) -> TaskInfo:
@@ -307,21 +336,21 @@ class Client:
         self._check_open()
         now = datetime.now(UTC)
         c = _compose(task, [options], now)
-        msg = c.message
+        msg, ttl = c.message, c.unique_ttl
+        # The same route as c.batch_item() takes through Broker.enqueue_batch.
         if c.state is TaskState.SCHEDULED:
-            if c.unique is not None:
-                ttl = seconds(c.process_at - now + c.unique)
+            if ttl is not None:
                 await self.broker.schedule_unique(msg, c.process_at, ttl)
             else:
                 await self.broker.schedule(msg, c.process_at)
         elif c.state is TaskState.AGGREGATING:
             assert c.group is not None
-            if c.unique is not None:
-                await self.broker.add_to_group_unique(msg, c.group, seconds(c.unique))
+            if ttl is not None:
+                await self.broker.add_to_group_unique(msg, c.group, ttl)
             else:
                 await self.broker.add_to_group(msg, c.group)
-        elif c.unique is not None:
-            await self.broker.enqueue_unique(msg, seconds(c.unique))
+        elif ttl is not None:
+            await self.broker.enqueue_unique(msg, ttl)
         else:
             await self.broker.enqueue(msg)
         if is_debug_enabled(log):
@@ -343,12 +372,15 @@ class Client:
 
         Each item is a Task or a ``(task, options)`` pair. *options* apply to
         every item; an item's own options override them, and both override
-        the task's. Each result is the item's TaskInfo or the exception that
-        kept it out of Redis: a ValueError/TypeError for invalid options (as
-        asynq, group and unique tasks are not supported in a batch), or
-        TaskIdConflictError. Items are written independently (no
-        transaction); a Redis connection error is raised for the whole call,
-        and then some items may have been written.
+        the task's. Every option of :meth:`enqueue` is accepted (asynq's
+        batch refuses ``group`` and ``unique``) and each item is routed and
+        written exactly as :meth:`enqueue` would write it. Each result is the
+        item's TaskInfo or the exception that kept it out of Redis: a
+        ValueError/TypeError for invalid options, DuplicateTaskError, or
+        TaskIdConflictError. Items are written in order, so of two items with
+        the same unique lock or task ID the first wins. Items are written
+        independently (no transaction); a Redis connection error is raised
+        for the whole call, and then some items may have been written.
         """
         self._check_open()
         _check_option_names(options, "the enqueue_many options")
@@ -364,8 +396,7 @@ class Client:
                 continue
             pending.append((len(results), c))
             results.append(None)  # filled in from the broker's outcome below
-            process_at = c.process_at if c.state is TaskState.SCHEDULED else None
-            batch.append(BatchItem(c.message, process_at))
+            batch.append(c.batch_item())
         if batch:
             outcomes = await self.broker.enqueue_batch(batch)
             if len(outcomes) != len(batch):
@@ -390,9 +421,4 @@ class Client:
             if len(item) != 2 or not isinstance(item[1], Mapping):
                 raise TypeError("a batch item must be a Task or a (Task, options dict) pair")
             item, own = item
-        c = _compose(item, [common, own], now)
-        if c.group is not None:
-            raise ValueError("enqueue_many does not support group tasks; use enqueue()")
-        if c.unique is not None:
-            raise ValueError("enqueue_many does not support unique tasks; use enqueue()")
-        return c
+        return _compose(item, [common, own], now)

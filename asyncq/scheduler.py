@@ -360,8 +360,8 @@ class Scheduler:
         if self._state != "new":
             raise RuntimeError(f"the scheduler cannot start: it is {self._state}")
         self._conn = Connection(self._target)
-        self._broker = Broker(self._conn.redis)
-        self._client = Client(self._conn.redis)
+        self._broker = Broker(self._conn.redis, fast=self._conn.fast)
+        self._client = Client(self._conn)
         now = datetime.now(UTC)
         for entry in self._entries.values():
             entry.next = _next_tick(entry.schedule, now)

@@ -749,17 +749,20 @@ async def test_enqueue_many(client: Client, redis: Redis) -> None:
     assert isinstance(b, TaskInfo) and (b.id, b.queue) == ("b-id", "other")
     assert isinstance(c, TaskIdConflictError)
     assert isinstance(d, TaskInfo) and d.state is TaskState.SCHEDULED
-    assert isinstance(e, ValueError) and "group tasks" in str(e)
-    assert isinstance(f, ValueError) and "unique tasks" in str(f)
+    assert isinstance(e, TaskInfo) and e.state is TaskState.AGGREGATING and e.group == "g"
+    assert isinstance(f, TaskInfo) and f.state is TaskState.PENDING
     assert isinstance(g, ValueError) and "queue name" in str(g)
     assert isinstance(h, TypeError)
     assert isinstance(i, TaskInfo) and i.max_retry == 7  # batch options override task defaults
 
     assert await redis.lrange(keys.pending_key("default"), 0, -1) == [
         i.id.encode(),
+        f.id.encode(),
         a.id.encode(),
         b"taken",
     ]
+    assert await redis.zrange(keys.group_key("default", "g"), 0, -1) == [e.id.encode()]
+    assert await redis.get(keys.unique_key("default", "f", None)) == f.id.encode()
     assert await redis.lrange(keys.pending_key("other"), 0, -1) == [b"b-id"]
     assert d.next_process_at is not None
     assert await redis.zscore(keys.scheduled_key("default"), d.id) == int(
