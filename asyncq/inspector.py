@@ -506,6 +506,12 @@ class Inspector:
                 f"cannot update payload of a task in {task.state.value} state; "
                 "only scheduled tasks can be updated"
             )
+        if not task.decodable:
+            # Writing the placeholder back would replace the stored bytes (asynq refuses too).
+            raise FailedPreconditionError(
+                f"cannot update payload of task {task_id!r}: its stored message cannot be "
+                f"decoded ({task.message.error_msg})"
+            )
         task.message.payload = bytes(payload)
         await self._rdb.update_task_message(queue, task.message)
         return self._info(await self._rdb.get_task(queue, task_id))

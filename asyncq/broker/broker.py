@@ -21,6 +21,8 @@ asyncq extensions (Go asynq is unaffected by all of them):
   into a pending list that was empty (LPUSH/RPUSH returned 1). The channel
   and the message are extra trailing ARGV after asynq's, so KEYS and asynq's
   ARGV are unchanged; a channel is not a key, so cluster slots are unaffected.
+  The PUBLISH is best effort (``redis.pcall``): a user whose ACL denies the
+  channel, which Go asynq never needs, still gets the write and no error.
 * **Batched dequeue.** ``dequeue_many.lua`` takes asynq's dequeue KEYS/ARGV
   plus ARGV[3] = count and moves up to that many tasks (each exactly as
   asynq's dequeue does) in one call; it returns ``id, msg`` pairs. The Python

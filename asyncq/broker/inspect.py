@@ -11,6 +11,7 @@ left in a list or sorted set without its hash.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from asyncq import keys
 from asyncq._time import from_unix
@@ -62,6 +63,8 @@ class StoredTask:
     state: TaskState
     next_process_at: datetime | None
     result: bytes | None
+    decodable: bool = True
+    """False when ``message`` is a placeholder for stored bytes that cannot be decoded."""
 
 
 @dataclass(slots=True)
@@ -252,13 +255,13 @@ class InspectBroker:
             raise BrokerError(
                 f"task {task_id!r} in queue {qname!r} has an unknown state {_str(state)!r}"
             ) from None
-        msg = _decode(qname, _str(task_id), msg_bytes)
+        msg, decodable = _decode_checked(qname, _str(task_id), msg_bytes)
         next_process_at = None
         if task_state is TaskState.PENDING:
             next_process_at = datetime.fromtimestamp(now, UTC)
         elif next_at is not None and _int(next_at) != 0:
             next_process_at = from_unix(_int(next_at))
-        return StoredTask(msg, task_state, next_process_at, result)
+        return StoredTask(msg, task_state, next_process_at, result, decodable)
 
     async def list_list(
         self, qname: str, state: TaskState, page: int, size: int
@@ -444,8 +447,13 @@ class InspectBroker:
         return int(await self._r.publish(keys.CANCEL_CHANNEL, task_id))
 
     async def publish_wakeup(self, qname: str) -> None:
-        """Tell idle asyncq workers that *qname* has pending work."""
-        await self._r.publish(keys.wakeup_channel(qname), qname)
+        """Tell idle asyncq workers that *qname* has pending work.
+
+        Best effort: the change it announces is already written, and workers poll anyway,
+        so a user whose ACL forbids the channel (Go asynq needs none) is not failed here.
+        """
+        with contextlib.suppress(NoPermissionError):
+            await self._r.publish(keys.wakeup_channel(qname), qname)
 
     # -- servers, workers, schedulers --------------------------------------------------------
 
@@ -565,6 +573,11 @@ class InspectBroker:
 
 
 def _decode(qname: str, task_id: str, data: bytes) -> TaskMessage:
+    return _decode_checked(qname, task_id, data)[0]
+
+
+def _decode_checked(qname: str, task_id: str, data: bytes) -> tuple[TaskMessage, bool]:
+    """The stored message and True, or a placeholder and False when it cannot be decoded."""
     # asynq hides messages it cannot decode; asyncq shows them (the raw bytes as the
     # payload, the reason as the last error) so they can be seen, deleted or archived.
     try:
@@ -573,12 +586,13 @@ def _decode(qname: str, task_id: str, data: bytes) -> TaskMessage:
         reason = str(exc) or exc.__class__.__name__
     else:
         if msg.id == task_id:
-            return msg
+            return msg, True
         # A lenient parse of garbage yields an empty message; the ID check catches it.
         reason = f"the message's id {msg.id!r} is not the task's id"
-    return TaskMessage(
+    placeholder = TaskMessage(
         id=task_id, queue=qname, payload=data, error_msg=f"undecodable task message: {reason}"
     )
+    return placeholder, False
 
 
 def _zset_key(qname: str, state: TaskState, group: str | None) -> str:

@@ -6,11 +6,13 @@
 -- ARGV[3] now, unix nanoseconds (pending_since)
 -- ARGV[4] asyncq: wake-up channel (optional), ARGV[5] message published on it
 -- Returns 1 when written, 0 when the task id already exists.
+-- The wake-up is an optimisation: redis.pcall, so that a user whose ACL forbids the
+-- channel still gets the write (an error here would come after the write).
 if redis.call("EXISTS", KEYS[1]) == 1 then
     return 0
 end
 redis.call("HSET", KEYS[1], "msg", ARGV[1], "state", "pending", "pending_since", ARGV[3])
 if redis.call("LPUSH", KEYS[2], ARGV[2]) == 1 and ARGV[4] then
-    redis.call("PUBLISH", ARGV[4], ARGV[5])
+    redis.pcall("PUBLISH", ARGV[4], ARGV[5])
 end
 return 1

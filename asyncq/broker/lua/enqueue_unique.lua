@@ -9,6 +9,8 @@
 -- ARGV[5] asyncq: wake-up channel (optional), ARGV[6] message published on it
 -- Returns 1 when written, -1 when the lock is held, 0 when the id exists
 -- (the lock just taken is kept in that case, as asynq does).
+-- The wake-up is an optimisation: redis.pcall, so that a user whose ACL forbids the
+-- channel still gets the write (an error here would come after the write).
 if not redis.call("SET", KEYS[1], ARGV[1], "NX", "EX", ARGV[2]) then
     return -1
 end
@@ -18,6 +20,6 @@ end
 redis.call("HSET", KEYS[2], "msg", ARGV[3], "state", "pending", "pending_since", ARGV[4],
     "unique_key", KEYS[1])
 if redis.call("LPUSH", KEYS[3], ARGV[1]) == 1 and ARGV[5] then
-    redis.call("PUBLISH", ARGV[5], ARGV[6])
+    redis.pcall("PUBLISH", ARGV[5], ARGV[6])
 end
 return 1

@@ -13,6 +13,8 @@
 -- Others are LPUSHed to pending with state=pending and pending_since.
 -- An id without a hash is only dropped from KEYS[1]: there is nothing to run.
 -- Returns the number of ids handled (0 when none were due).
+-- The wake-up is an optimisation: redis.pcall, so that a user whose ACL forbids the
+-- channel still gets the write (an error here would come after the write).
 local ids = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1], "LIMIT", 0, 100)
 local wake = false
 for _, id in ipairs(ids) do
@@ -37,6 +39,6 @@ for _, id in ipairs(ids) do
     end
 end
 if wake and ARGV[5] then
-    redis.call("PUBLISH", ARGV[5], ARGV[6])
+    redis.pcall("PUBLISH", ARGV[5], ARGV[6])
 end
 return #ids

@@ -6,6 +6,8 @@
 -- ARGV[1] task id
 -- ARGV[2] asyncq: wake-up channel (optional), ARGV[3] message published on it
 -- RPUSH puts it at the tail, which is where workers take from next.
+-- The wake-up is an optimisation: redis.pcall, so that a user whose ACL forbids the
+-- channel still gets the write (an error here would come after the write).
 if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
     return redis.error_reply("NOT FOUND")
 end
@@ -15,6 +17,6 @@ end
 local n = redis.call("RPUSH", KEYS[3], ARGV[1])
 redis.call("HSET", KEYS[4], "state", "pending")
 if n == 1 and ARGV[2] then
-    redis.call("PUBLISH", ARGV[2], ARGV[3])
+    redis.pcall("PUBLISH", ARGV[2], ARGV[3])
 end
 return redis.status_reply("OK")
