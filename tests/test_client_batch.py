@@ -158,10 +158,7 @@ def assert_same_results(
     for i, (want, got) in enumerate(zip(expected, actual, strict=True)):
         if isinstance(want, Exception):
             assert type(got) is type(want), (i, want, got)
-            if not isinstance(want, DuplicateTaskError):
-                # Broker.enqueue_batch names the task key instead of the lock for a
-                # group-unique duplicate, so only the type is compared for those.
-                assert str(got) == str(want), i
+            assert str(got) == str(want), i
             continue
         assert isinstance(got, TaskInfo), (i, want, got)
         assert want.next_process_at is not None or got.next_process_at is None, i

@@ -523,7 +523,7 @@ class Broker:
             elif reply == 0:
                 results[i] = _conflict(qk.name, tid)
             elif reply == -1:
-                results[i] = _duplicate(keys_[0])
+                results[i] = _duplicate(_unique_key(items[i].message))
         return results
 
     def _plan(
