@@ -20,6 +20,7 @@ from typing import ClassVar
 from asyncq._logging import error_text
 from asyncq._roles import REDIS_ERRORS, PeriodicRole
 from asyncq.errors import LeaseExpiredError
+from asyncq.processor import utc_datetime
 from asyncq.proto.asynq import ServerInfo, WorkerInfo
 
 __all__ = ["Heartbeater"]
@@ -52,6 +53,14 @@ class Heartbeater(PeriodicRole):
             except REDIS_ERRORS as exc:
                 self.redis_error("could not extend task leases", exc, queue=qname)
                 continue
+            except ValueError as exc:
+                # A malformed message (blank queue field): its lease cannot be extended
+                # and expires, but the other queues' leases must be.
+                self.log.error(
+                    "could not extend task leases", queue=qname, task_ids=ids,
+                    error=error_text(exc),
+                )  # fmt: skip
+                continue
             expiry = math.floor(expiry)  # what Redis holds (whole seconds)
             for act in extend:
                 if act.msg.queue == qname:
@@ -78,7 +87,7 @@ class Heartbeater(PeriodicRole):
                 task_payload=act.msg.payload,
                 queue=act.msg.queue,
                 start_time=datetime.fromtimestamp(act.started, UTC),
-                deadline=datetime.fromtimestamp(act.deadline, UTC),
+                deadline=utc_datetime(act.deadline),
             )
             for act in active
         ]

@@ -16,6 +16,9 @@
   deadline) (spec 5.7), on a cancel message, or when its lease expires. Its
   outcome is written exactly as asynq's (spec 5.3/5.4) unless the local lease
   has expired, in which case nothing is written and the recoverer takes over.
+  A handler that swallows its cancellation and has not returned 5 s later is
+  left running in the background: its failure is written and its slot freed
+  then (asynq does not wait for a handler that ignores its context either).
   Successes finished in the same event-loop turn are acknowledged together
   (one ``ack_many`` script call per queue); each worker still waits for its
   own acknowledgement. Writes that fail because Redis is unreachable are
@@ -60,10 +63,22 @@ __all__ = [
     "is_failure_for",
     "normalize_queues",
     "retry_delay_for",
+    "utc_datetime",
     "wraps_error",
 ]
 
 _MAX_WRITES = 64
+
+_CANCEL_GRACE = 5.0
+"""Seconds a cancelled handler (deadline, cancel message, lease expiry) has to return before
+its failure is written anyway and its slot freed; it may go on in the background, as a Go
+handler ignoring its context does in asynq."""
+
+_MAX_DELAY = timedelta(microseconds=(2**63 - 1) // 1000)
+"""The longest retry delay: Go's largest time.Duration (about 292 years)."""
+
+_UTC_MIN = datetime.min.replace(tzinfo=UTC)
+_UTC_MAX = datetime.max.replace(tzinfo=UTC)
 
 DEFAULT_TIMEOUT = 1800.0
 """Seconds a task may run when its message has neither timeout nor deadline (asynq's 30 min)."""
@@ -104,6 +119,18 @@ def compute_deadline(msg: TaskMessage, now: float) -> float:
     if msg.deadline != 0 and msg.deadline < deadline:
         deadline = float(msg.deadline)
     return deadline
+
+
+def utc_datetime(ts: float) -> datetime:
+    """*ts* (unix seconds) as an aware datetime, clamped to datetime's range.
+
+    A message may carry a deadline or timeout beyond year 9999 (asyncq's own client
+    stores ``timeout=timedelta.max`` as is); such a task still runs.
+    """
+    try:
+        return datetime.fromtimestamp(ts, UTC)
+    except (OverflowError, OSError, ValueError):
+        return _UTC_MAX if ts > 0 else _UTC_MIN
 
 
 def normalize_queues(queues: Mapping[str, int]) -> dict[str, int]:
@@ -161,7 +188,7 @@ def retry_delay_for(
     except Exception as err:
         log.error("retry_delay raised; using the default delay", exc_info=err, **fields)
         return default_retry_delay(n, exc, task)
-    return max(delay, timedelta(0))
+    return min(max(delay, timedelta(0)), _MAX_DELAY)
 
 
 def is_failure_for(cfg: ServerConfig, log: Any, exc: BaseException, **fields: Any) -> bool:
@@ -209,9 +236,15 @@ class ActiveTask:
         "abandoned",
         "cancel_exc",
         "deadline",
+        "detached",
+        "entered",
+        "grace",
+        "job",
         "lease",
         "msg",
+        "on_stuck",
         "phase",
+        "released",
         "started",
         "task",
         "timer",
@@ -227,6 +260,15 @@ class ActiveTask:
         self.phase = _RUNNING
         self.cancel_exc: BaseException | None = None
         self.abandoned = False  # requeued or dropped at shutdown: write nothing more
+        # The asyncio task has run its first step. Cancelling a task before that
+        # throws into a coroutine that never ran: its finally (slot, bookkeeping)
+        # would never run either, so such a task only gets cancel_exc.
+        self.entered = False
+        self.job: Task | None = None  # the handler's Task, for a detached failure write
+        self.on_stuck: Callable[[ActiveTask], object] | None = None
+        self.grace: asyncio.TimerHandle | None = None
+        self.detached = False  # failed without the handler: its return writes nothing
+        self.released = False  # slot and bookkeeping given back
 
     # TaskContext protocol (result writer)
     @property
@@ -256,8 +298,18 @@ class ActiveTask:
         if self.phase != _RUNNING or self.cancel_exc is not None or self.task is None:
             return False
         self.cancel_exc = exc
-        self.task.cancel()
+        if self.entered:
+            self.task.cancel()
+        if self.on_stuck is not None:
+            self.grace = asyncio.get_running_loop().call_later(_CANCEL_GRACE, self.on_stuck, self)
         return True
+
+    def stop_abandoned(self) -> None:
+        """Shutdown: cancel the handler of an abandoned task (it writes nothing more)."""
+        if self.task is not None and not self.task.done():
+            self.cancel_exc = asyncio.CancelledError()
+            if self.entered:
+                self.task.cancel()
 
 
 # -- the role --------------------------------------------------------------------------------
@@ -295,6 +347,7 @@ class Processor(Role):
         self._loop_done = asyncio.Event()
         self._loop_done.set()
         self._burst = cfg.burst
+        self._detached: set[asyncio.Task[None]] = set()
 
     # -- control, called by the server and the other roles --------------------------------
 
@@ -337,8 +390,8 @@ class Processor(Role):
             await _wait_either(self._idle, force, max(0.0, deadline - time.monotonic()))
         forced = force.is_set()
         for active in [a for a in self.active.values() if a.phase == _RUNNING]:
-            if active.abandoned:
-                continue
+            if active.abandoned or active.phase != _RUNNING:
+                continue  # it returned while an earlier task was being requeued
             active.abandoned = True
             fields = task_fields(active.msg)
             if forced:
@@ -348,7 +401,7 @@ class Processor(Role):
                 try:
                     await self.broker.requeue(active.msg)
                     self.server.stats.requeued += 1
-                except REDIS_ERRORS as exc:
+                except Exception as exc:  # Redis errors, or a message the broker refuses
                     self.log.error(
                         "could not requeue task; it is recovered after its lease expires",
                         error=error_text(exc),
@@ -356,10 +409,9 @@ class Processor(Role):
                     )
             else:
                 self.log.warning("task lease expired during shutdown; not requeued", **fields)
-            if active.task is not None and not active.task.done():
-                active.cancel_exc = asyncio.CancelledError()
-                active.task.cancel()
+            active.stop_abandoned()
         tasks = [a.task for a in self.active.values() if a.task is not None]
+        tasks += self._detached
         if tasks:
             # Workers writing an outcome get a moment to finish it; handlers that
             # ignore cancellation are left behind (nothing more is written for them).
@@ -410,6 +462,17 @@ class Processor(Role):
                 continue
             stats.empty_fetches += 1
             if burst and not self.active:
+                # Retries and scheduled tasks due now are work too; the forwarder
+                # may not run again before we would exit.
+                try:
+                    moved = await broker.forward_if_ready(list(server.config.queues))
+                except REDIS_ERRORS as exc:
+                    self._fetch_failed(exc)
+                    await self._idle_wait(self._backoff.next_delay(), count=False)
+                    continue
+                if moved:
+                    stats.forwarded += moved
+                    continue
                 self.log.info("burst mode: queues are empty, shutting down")
                 self._fetching = False
                 server._burst_done()
@@ -447,6 +510,7 @@ class Processor(Role):
         # Redis holds the lease in whole seconds (truncated): never trust it for longer.
         lease = Lease(math.floor(dequeued.lease_expiry), clock=self.clock)
         active = ActiveTask(msg, lease, deadline, now)
+        active.on_stuck = self._on_stuck
         loop = asyncio.get_running_loop()
         active.task = loop.create_task(self._work(active))
         active.timer = loop.call_at(loop.time() + (deadline - now), active.deadline_exceeded)
@@ -460,15 +524,15 @@ class Processor(Role):
             self.log.debug("task started", **task_fields(msg))
 
     async def _work(self, active: ActiveTask) -> None:
-        msg = active.msg
+        active.entered = True
         exc: BaseException | None = None
-        task = Task._from_message(msg)
         try:
-            task.deadline = datetime.fromtimestamp(active.deadline, UTC)
+            task = active.job = Task._from_message(active.msg)
+            task.deadline = utc_datetime(active.deadline)
             task.result_writer = TaskResultWriter(self.broker, active)
-            if self.clock() >= active.deadline:
+            if active.cancel_exc is None and self.clock() >= active.deadline:
                 active.cancel_exc = DeadlineExceededError()
-            else:
+            if active.cancel_exc is None:  # else cancelled before its first step
                 try:
                     await self.handler(task)
                 except asyncio.CancelledError as err:
@@ -479,6 +543,8 @@ class Processor(Role):
                         exc = err  # raised by the handler's own code: a failure
                 except Exception as err:
                     exc = err
+            if active.detached:
+                return  # its failure was written when it ignored the cancellation
             active.phase = _WRITING
             if active.timer is not None:
                 active.timer.cancel()
@@ -497,17 +563,52 @@ class Processor(Role):
             else:
                 await self._failed(active, task, exc)
         finally:
+            if not active.detached:
+                active.phase = _FINISHED
+                self._release(active)
+
+    def _release(self, active: ActiveTask) -> None:
+        """Give the task's slot back and forget it (once, whoever finishes it)."""
+        if active.released:
+            return
+        active.released = True
+        if active.timer is not None:
+            active.timer.cancel()
+        if active.grace is not None:
+            active.grace.cancel()
+        if self.active.get(active.msg.id) is active:
+            del self.active[active.msg.id]
+            if not self.active:
+                self._idle.set()
+                if self._burst:
+                    self._wakeup.set()  # re-check the queues now: maybe time to exit
+        self._free += 1
+        self._slot_freed.set()
+
+    def _on_stuck(self, active: ActiveTask) -> None:
+        """The grace after a cancellation ran out and the handler has not returned."""
+        if active.phase != _RUNNING or active.abandoned or active.released:
+            return
+        active.detached = True
+        active.phase = _WRITING
+        self.log.error(
+            "handler ignored its cancellation; writing its failure now and freeing its slot "
+            "(the handler goes on in the background)",
+            grace=_CANCEL_GRACE, error=error_text(active.cancel_exc or TaskCanceledError()),
+            **task_fields(active.msg),
+        )  # fmt: skip
+        writer = asyncio.get_running_loop().create_task(self._finish_detached(active))
+        self._detached.add(writer)
+        writer.add_done_callback(self._detached.discard)
+
+    async def _finish_detached(self, active: ActiveTask) -> None:
+        try:
+            exc = active.cancel_exc
+            if active.job is not None and exc is not None:
+                await self._failed(active, active.job, exc)
+        finally:
             active.phase = _FINISHED
-            if active.timer is not None:
-                active.timer.cancel()
-            if self.active.get(msg.id) is active:
-                del self.active[msg.id]
-                if not self.active:
-                    self._idle.set()
-                    if self._burst:
-                        self._wakeup.set()  # re-check the queues now: maybe time to exit
-            self._free += 1
-            self._slot_freed.set()
+            self._release(active)
 
     async def _succeeded(self, active: ActiveTask) -> None:
         msg = active.msg
@@ -594,6 +695,12 @@ class Processor(Role):
             if inspect.isawaitable(result):
                 await result
         except Exception as err:
+            self.log.error("error_handler raised", exc_info=err, **fields)
+        except asyncio.CancelledError as err:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # cancelled from outside (loop shutdown)
+            # Raised by the error handler's own code: the outcome must still be written.
             self.log.error("error_handler raised", exc_info=err, **fields)
 
     async def _write(

@@ -9,7 +9,9 @@ aggregation sets whose deadline passed back into their group, so an
 aggregation interrupted by a crash or a failing aggregator loses no task.
 
 Two servers may race for the same task; the loser's script answers "not
-found", which is logged at debug level and skipped.
+found", which is logged at debug level and skipped. A message naming another
+queue than the one it is stored in (or none) is archived where it is, with
+the reason: writes keyed by its queue field would never find it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from asyncq._logging import error_text, task_fields
 from asyncq._roles import REDIS_ERRORS, PeriodicRole, is_transient
 from asyncq.errors import LeaseExpiredError
 from asyncq.processor import is_failure_for, retry_delay_for
+from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task
 
 __all__ = ["Recoverer"]
@@ -47,32 +50,58 @@ class Recoverer(PeriodicRole):
                 self.log.error(
                     "could not reclaim stale aggregation sets", queue=qname, error=error_text(exc)
                 )
-        expired = await broker.list_lease_expired(cutoff, queues)
-        for msg in expired:
-            if self.stopping:
-                return
-            fields = task_fields(msg)
-            local = server.processor.active.get(msg.id) if server.processor else None
-            if local is not None and not local.abandoned and local.lease.valid():
-                continue  # running here, its lease extension just has not landed yet
-            lease_exc = LeaseExpiredError()
-            err_msg = error_text(lease_exc)
-            try:
-                if msg.retried >= msg.retry:
-                    self.log.warning("archiving task whose lease expired", **fields)
-                    await broker.archive(msg, err_msg)
-                else:
-                    task = Task._from_message(msg)
-                    delay = retry_delay_for(cfg, self.log, msg.retried, lease_exc, task, **fields)
-                    is_failure = is_failure_for(cfg, self.log, lease_exc, **fields)
-                    self.log.warning(
-                        "retrying task whose lease expired", retry_in=delay.total_seconds(),
-                        **fields,
-                    )  # fmt: skip
-                    await broker.retry(msg, now + delay, err_msg, is_failure=is_failure)
-                server.stats.recovered += 1
-            except REDIS_ERRORS as err:
-                if is_transient(err):
-                    raise
-                # Another recoverer got there first (asynq #717).
-                self.log.debug("task already recovered elsewhere", error=error_text(err), **fields)
+        for qname in queues:
+            # One queue per call: a message is only known to sit in the queue it was listed from.
+            for msg in await broker.list_lease_expired(cutoff, [qname]):
+                if self.stopping:
+                    return
+                await self._recover(qname, msg, now)
+
+    async def _recover(self, qname: str, msg: TaskMessage, now: datetime) -> None:
+        server = self.server
+        cfg = server.config
+        broker = server.broker
+        fields = task_fields(msg)
+        local = server.processor.active.get(msg.id) if server.processor else None
+        if local is not None and not local.abandoned and local.lease.valid():
+            return  # running here, its lease extension just has not landed yet
+        lease_exc = LeaseExpiredError()
+        err_msg = error_text(lease_exc)
+        try:
+            if msg.queue != qname:
+                # A malformed message naming another queue (or none): every write keyed
+                # by its queue field misses it, so it would stay active forever.
+                # Archive it where it is, with the reason.
+                fields["queue"] = qname
+                err_msg = (
+                    f"asyncq: task message names queue {msg.queue!r} but is stored in queue "
+                    f"{qname!r}; archived by the recoverer"
+                )
+                self.log.error("archiving task whose message names another queue", **fields)
+                fixed = TaskMessage.parse(bytes(msg))
+                fixed.queue = qname
+                await broker.archive(fixed, err_msg)
+            elif msg.retried >= msg.retry:
+                self.log.warning("archiving task whose lease expired", **fields)
+                await broker.archive(msg, err_msg)
+            else:
+                task = Task._from_message(msg)
+                delay = retry_delay_for(cfg, self.log, msg.retried, lease_exc, task, **fields)
+                is_failure = is_failure_for(cfg, self.log, lease_exc, **fields)
+                self.log.warning(
+                    "retrying task whose lease expired", retry_in=delay.total_seconds(),
+                    **fields,
+                )  # fmt: skip
+                await broker.retry(msg, now + delay, err_msg, is_failure=is_failure)
+            server.stats.recovered += 1
+        except REDIS_ERRORS as err:
+            if is_transient(err):
+                raise
+            # Another recoverer got there first (asynq #717).
+            self.log.debug("task already recovered elsewhere", error=error_text(err), **fields)
+        except Exception as err:
+            # Whatever the broker refuses must not stop the recovery of the tasks
+            # listed after it, tick after tick.
+            self.log.error(
+                "could not recover task; it stays active", error=error_text(err), **fields
+            )

@@ -513,7 +513,8 @@ class Server:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if force and role.name == "syncer":
+        if force and isinstance(role, Syncer):
+            role.close()  # no final flush: Redis may be what we are not waiting for
             return
         try:
             async with asyncio.timeout(1.0 if self._force.is_set() else 10.0):

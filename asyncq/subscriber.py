@@ -109,7 +109,8 @@ class Subscriber(Role):
             channel = channel.encode()
         processor = self.server.processor
         if channel == cancel_channel:
-            task_id = data.decode() if isinstance(data, bytes) else str(data)
+            # Anyone may publish here: bytes that are not UTF-8 match no task, never crash.
+            task_id = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
             if processor is not None:
                 processor.cancel_task(task_id)
             return

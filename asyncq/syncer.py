@@ -4,7 +4,9 @@ A task outcome (done, retry, archive...) that could not be written because
 Redis was unreachable is queued here and retried every ``syncer_interval``
 (5 s) until the task's lease deadline; past it the write is dropped with an
 error line, because by then the task belongs to the recoverer (it will be
-retried, never lost). At shutdown the queue is flushed one last time.
+retried, never lost). At shutdown the queue is flushed one last time (not on a
+forced shutdown); whatever is left, or handed over afterwards, is logged as an
+error and dropped: the recoverer retries those tasks.
 """
 
 from __future__ import annotations
@@ -40,12 +42,17 @@ class Syncer(PeriodicRole):
     def __init__(self, server: Server, interval: float) -> None:
         super().__init__(server, interval)
         self.pending: list[_PendingWrite] = []
+        self._closed = False
 
     def add(
         self, write: Callable[[], Awaitable[None]], *, deadline: float, what: str, msg: TaskMessage
     ) -> None:
         """Queue a write to retry until *deadline* (unix s)."""
-        self.pending.append(_PendingWrite(write, deadline, what, msg))
+        item = _PendingWrite(write, deadline, what, msg)
+        if self._closed:
+            self._dropped(item)
+            return
+        self.pending.append(item)
 
     async def tick(self) -> None:
         await self.flush()
@@ -83,9 +90,17 @@ class Syncer(PeriodicRole):
 
     async def cleanup(self) -> None:
         await self.flush()
+        self.close()
+
+    def close(self) -> None:
+        """Drop what is left (logged); later writes are logged and dropped at once."""
+        self._closed = True
         for item in self.pending:
-            self.log.error(
-                "task outcome not written at shutdown; the recoverer will retry the task",
-                outcome=item.what, **task_fields(item.msg),
-            )  # fmt: skip
+            self._dropped(item)
         self.pending.clear()
+
+    def _dropped(self, item: _PendingWrite) -> None:
+        self.log.error(
+            "task outcome not written at shutdown; the recoverer will retry the task",
+            outcome=item.what, **task_fields(item.msg),
+        )  # fmt: skip
