@@ -33,11 +33,23 @@ def to_unix(value: datetime) -> int:
     return int(require_aware(value, "datetime").timestamp() // 1)
 
 
+_UTC_MAX = datetime.max.replace(tzinfo=UTC)
+_UTC_MIN = datetime.min.replace(tzinfo=UTC)
+
+
 def from_unix(seconds: int) -> datetime | None:
-    """An aware UTC datetime, or None for asynq's 0 ("not set")."""
+    """An aware UTC datetime, or None for asynq's 0 ("not set").
+
+    Any int64 is accepted: times beyond datetime's range (which another writer
+    may have stored) become ``datetime.max``/``datetime.min`` in UTC rather
+    than failing the reader.
+    """
     if seconds == 0:
         return None
-    return datetime.fromtimestamp(seconds, tz=UTC)
+    try:
+        return datetime.fromtimestamp(seconds, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return _UTC_MAX if seconds > 0 else _UTC_MIN
 
 
 def seconds(value: timedelta) -> int:

@@ -125,7 +125,8 @@ class GroupAggregatorRole(PeriodicRole):
 
     def _enqueuer(self) -> Client:
         if self._client is None:
-            self._client = Client(self.server.redis)
+            # The server's Connection, fast transport included; shared, so never closed here.
+            self._client = Client(self.server.connection)
         return self._client
 
     async def cleanup(self) -> None:

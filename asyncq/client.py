@@ -14,7 +14,7 @@ from typing_extensions import Unpack
 
 from asyncq import keys
 from asyncq._logging import is_debug_enabled
-from asyncq._time import require_aware, seconds, to_unix
+from asyncq._time import require_aware, to_unix
 from asyncq.broker.broker import BatchItem, Broker
 from asyncq.connection import Connection, RedisClient, RedisTarget
 from asyncq.proto.asynq import TaskMessage
@@ -30,6 +30,7 @@ DEFAULT_TIMEOUT = timedelta(minutes=30)
 """Timeout stored when neither ``timeout`` nor ``deadline`` is given."""
 
 _MAX_INT32 = 2**31 - 1
+_SECOND = timedelta(seconds=1)
 _OPTION_NAMES = frozenset(EnqueueOptions.__annotations__)
 
 log = structlog.get_logger("asyncq")
@@ -139,6 +140,16 @@ def _duration(opts: Mapping[str, object], name: str) -> timedelta | None:
     return value
 
 
+def _whole_seconds(value: timedelta) -> int:
+    """Whole seconds of a non-negative duration, exactly.
+
+    Integer division, not ``total_seconds()``: the float rounds values near
+    ``timedelta.max`` up past what a timedelta (and so TaskInfo) can hold.
+    Every timedelta fits asynq's int64 seconds this way.
+    """
+    return value // _SECOND
+
+
 def _instant(opts: Mapping[str, object], name: str) -> datetime | None:
     value = opts.get(name)
     if value is None:
@@ -205,11 +216,11 @@ def _compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) 
         id=task_id,
         queue=queue,
         retry=max_retry,
-        timeout=seconds(timeout) if timeout else 0,
+        timeout=_whole_seconds(timeout) if timeout else 0,
         deadline=to_unix(deadline) if deadline is not None else 0,
         unique_key=keys.unique_key(queue, task.type, task.payload) if unique else "",
         group_key=group or "",
-        retention=seconds(retention) if retention else 0,
+        retention=_whole_seconds(retention) if retention else 0,
     )
     if process_at > now:
         state = TaskState.SCHEDULED  # scheduling wins over grouping, as in asynq
@@ -226,7 +237,7 @@ def _compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) 
             raise ValueError(
                 f"unique is too long for process_at {process_at}: {unique!r}"
             ) from None
-        unique_ttl = seconds(lock)
+        unique_ttl = _whole_seconds(lock)
     return _Composed(message, state, process_at.astimezone(UTC), unique_ttl, group)
 
 

@@ -7,6 +7,12 @@ configured queue (``asyncq:wakeup:{<queue>}``, published by asyncq's enqueue
 scripts when a pending list goes from empty to non-empty), which ends the
 processor's idle wait at once.
 
+The cancel channel is subscribed first, on its own. When Redis ACLs deny the
+wake-up channels (a user granted only ``&asynq:cancel``, which is all Go asynq
+needs), one warning is logged and the server runs with cancellation only: the
+processor then finds new work by polling every ``task_check_interval``. The
+wake-ups are asked for again on every new connection.
+
 The connection is re-established with a backoff of 0.1 s doubling up to 2 s
 (asynq waits 5 s) while Redis is unreachable; after a reconnect the processor
 is woken once, since a wake-up may have been missed meanwhile.
@@ -17,8 +23,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from redis.exceptions import NoPermissionError
+
 from asyncq import keys
-from asyncq._logging import Backoff
+from asyncq._logging import Backoff, error_text
 from asyncq._roles import REDIS_ERRORS, Role
 
 if TYPE_CHECKING:
@@ -43,6 +51,7 @@ class Subscriber(Role):
         self._task: asyncio.Task[Any] | None = None
         self._reading = False
         self._wakeups = {keys.wakeup_channel(q).encode(): q for q in server.config.queues}
+        self._warned_denied = False
 
     def request_stop(self) -> None:
         super().request_stop()
@@ -53,7 +62,6 @@ class Subscriber(Role):
         self._task = asyncio.current_task()
         backoff = Backoff(0.1, 2.0)
         connected_before = False
-        channels = [keys.CANCEL_CHANNEL, *(c.decode() for c in self._wakeups)]
         cancel_channel = keys.CANCEL_CHANNEL.encode()
         server = self.server
         while not self.stopping:
@@ -61,21 +69,25 @@ class Subscriber(Role):
             try:
                 client = await server.connection.pubsub()
                 pubsub = client.pubsub()
-                await pubsub.subscribe(*channels)
-                confirmed = 0
-                while confirmed < len(channels):
-                    msg = await pubsub.get_message(timeout=_POLL)
-                    if msg is not None and msg.get("type") in ("subscribe", b"subscribe"):
-                        confirmed += 1
-                    if self.stopping:
-                        return
+                # Cancel first and on its own: a Redis user granted only asynq:cancel
+                # (all Go asynq needs) must still get cancellation.
+                if not await self._subscribe(pubsub, [cancel_channel], cancel_channel):
+                    return
+                channels = 1
+                if self._wakeups:
+                    try:
+                        if not await self._subscribe(pubsub, list(self._wakeups), cancel_channel):
+                            return
+                        channels += len(self._wakeups)
+                    except NoPermissionError as exc:
+                        self._wakeups_denied(pubsub, exc)
                 self.ready.set()
                 self.attempted.set()
                 backoff.reset()
                 if connected_before and server.processor is not None:
                     server.processor.wakeup()
                 connected_before = True
-                self.log.debug("subscribed", channels=len(channels))
+                self.log.debug("subscribed", channels=channels)
                 while not self.stopping:
                     self._reading = True
                     try:
@@ -84,9 +96,7 @@ class Subscriber(Role):
                         )
                     finally:
                         self._reading = False
-                    if msg is None or msg.get("type") not in ("message", b"message"):
-                        continue
-                    self._dispatch(msg["channel"], msg["data"], cancel_channel)
+                    self._handle(msg, cancel_channel)
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if self.stopping and current is not None:
@@ -103,6 +113,45 @@ class Subscriber(Role):
                         await pubsub.aclose()
                     except Exception as exc:  # the connection may be gone already
                         self.log.debug("closing the pubsub failed", error=repr(exc))
+
+    async def _subscribe(self, pubsub: Any, channels: list[bytes], cancel_channel: bytes) -> bool:
+        """SUBSCRIBE *channels* and wait for Redis to confirm each; False when stopping.
+
+        Messages arriving meanwhile (on channels subscribed earlier) are
+        dispatched, not dropped. A refusal (e.g. NoPermissionError) is raised.
+        """
+        await pubsub.subscribe(*channels)
+        confirmed = 0
+        while confirmed < len(channels):
+            msg = await pubsub.get_message(timeout=_POLL)
+            if msg is not None and msg.get("type") in ("subscribe", b"subscribe"):
+                confirmed += 1
+            else:
+                self._handle(msg, cancel_channel)
+            if self.stopping:
+                return False
+        return True
+
+    def _wakeups_denied(self, pubsub: Any, exc: NoPermissionError) -> None:
+        # Redis refused the whole SUBSCRIBE, so none of them is subscribed; forget them,
+        # or redis-py would ask for them again, together with cancel, on a reconnect.
+        for channel in self._wakeups:
+            pubsub.channels.pop(channel, None)
+        interval = self.server.config.task_check_interval
+        if self._warned_denied:
+            self.log.debug("wake-up channels still denied by Redis", error=error_text(exc))
+            return
+        self._warned_denied = True
+        self.log.warning(
+            "Redis denies the wake-up channels to this user (ACL); wake-ups disabled, "
+            "polling the queues instead",
+            task_check_interval=interval,
+            error=error_text(exc),
+        )
+
+    def _handle(self, msg: dict[str, Any] | None, cancel_channel: bytes) -> None:
+        if msg is not None and msg.get("type") in ("message", b"message"):
+            self._dispatch(msg["channel"], msg["data"], cancel_channel)
 
     def _dispatch(self, channel: bytes | str, data: bytes | str, cancel_channel: bytes) -> None:
         if isinstance(channel, str):

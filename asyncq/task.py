@@ -194,7 +194,13 @@ class TaskInfo:
         *,
         is_orphaned: bool = False,
     ) -> TaskInfo:
-        """Build from a stored TaskMessage; asynq's 0 values become None."""
+        """Build from a stored TaskMessage; asynq's 0 values become None.
+
+        Any int64 is accepted: durations beyond timedelta's range become
+        ``timedelta.max``/``min`` and unix times beyond datetime's range
+        ``datetime.max``/``min`` (in UTC), so extreme values another writer
+        stored can always be read.
+        """
         return cls(
             id=msg.id,
             queue=msg.queue,
@@ -205,11 +211,11 @@ class TaskInfo:
             retried=msg.retried,
             last_error=msg.error_msg,
             last_failed_at=from_unix(msg.last_failed_at),
-            timeout=timedelta(seconds=msg.timeout) if msg.timeout else None,
+            timeout=_duration(msg.timeout),
             deadline=from_unix(msg.deadline),
             group=msg.group_key,
             next_process_at=next_process_at,
-            retention=timedelta(seconds=msg.retention) if msg.retention else None,
+            retention=_duration(msg.retention),
             completed_at=from_unix(msg.completed_at),
             result=result,
             headers=dict(msg.headers),
@@ -219,6 +225,16 @@ class TaskInfo:
     def json(self) -> Any:
         """Decode the payload as JSON."""
         return json.loads(self.payload)
+
+
+def _duration(seconds: int) -> timedelta | None:
+    """Stored seconds as a timedelta (0: None), clamped to timedelta's range."""
+    if not seconds:
+        return None
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        return timedelta.max if seconds > 0 else timedelta.min
 
 
 if TYPE_CHECKING:  # keep the Protocol honest for mypy

@@ -27,9 +27,11 @@ asyncq extensions (Go asynq is unaffected by all of them):
   plus ARGV[3] = count and moves up to that many tasks (each exactly as
   asynq's dequeue does) in one call; it returns ``id, msg`` pairs. The Python
   side tries queues in the given order, one call per queue (queues live in
-  different cluster slots). ``dequeue`` is ``dequeue_many`` with count 1.
+  different cluster slots); when a later call fails, the tasks already taken
+  are returned. ``dequeue`` is ``dequeue_many`` with count 1.
 * **Undecodable messages are archived, never dropped.** A ``msg`` that fails
-  to decode (or whose id is not the task's id) is moved to ``archived`` by
+  to decode (or whose id is not the task's id, or, at dequeue, whose queue
+  is not the queue it is stored in) is moved to ``archived`` of that queue by
   ``archive_undecodable.lua``: the same transition and counters as asynq's
   Archive, but the raw bytes are kept as they are and the reason goes into
   the extra hash field ``asyncq_error`` (the protobuf cannot be rewritten).
@@ -68,10 +70,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from asyncq import keys
 from asyncq._codec import decode_task_message, encode_task_message
+from asyncq._logging import RateLimiter, error_text
 from asyncq._time import to_unix
 from asyncq.broker.scripts import Script, load_script
 from asyncq.broker.transport import FastConnection
@@ -142,6 +145,9 @@ _DELETE_AGGREGATION_SET = load_script("delete_aggregation_set")
 _RECLAIM_STALE_AGGREGATION_SETS = load_script("reclaim_stale_aggregation_sets")
 
 _QUEUE_CACHE_LIMIT = 4096
+# What a Redis call may raise (asyncq._roles.REDIS_ERRORS): caught where a failure must
+# not cost the tasks already in hand.
+_FETCH_ERRORS = (RedisError, BrokerError, TaskNotFoundError, OSError)
 
 
 @dataclass(slots=True)
@@ -308,6 +314,7 @@ class Broker:
         self.lease_duration = lease_duration
         self._queues: dict[str, _QueueKeys] = {}
         self._published: set[str] = set()
+        self._dequeue_errors = RateLimiter(3.0)
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -588,8 +595,11 @@ class Broker:
     async def dequeue_many(self, qnames: Sequence[str], count: int) -> list[DequeuedTask]:
         """Take up to *count* tasks, trying the queues in *qnames* order, each with its own lease.
 
-        One script call per queue tried. A message that cannot be decoded is
-        archived (and logged) instead of returned, and its slot is refilled.
+        One script call per queue tried. A message that cannot be decoded, or
+        that names another queue, is archived (and logged) instead of returned,
+        and its slot is refilled. When a call fails after tasks were taken from
+        earlier queues, those tasks are returned (and the failure logged)
+        rather than left to lease recovery; with nothing taken it is raised.
         """
         if count < 1:
             raise ValueError(f"dequeue count must be at least 1, got {count}")
@@ -601,16 +611,31 @@ class Broker:
                 want = count - len(out)
                 now = self.clock()
                 expiry = now + self.lease_duration
-                res = await self._run(
-                    _DEQUEUE_MANY, keys_, (int(expiry), qk.task_prefix, want), qname, ""
-                )
+                try:
+                    res = await self._run(
+                        _DEQUEUE_MANY, keys_, (int(expiry), qk.task_prefix, want), qname, ""
+                    )
+                except _FETCH_ERRORS as exc:
+                    if not out:
+                        raise
+                    if self._dequeue_errors.allow():
+                        _log.warning(
+                            "dequeue failed after tasks were taken; returning those",
+                            queue=qname,
+                            taken=len(out),
+                            error=error_text(exc),
+                            suppressed_since_last=self._dequeue_errors.take_suppressed(),
+                        )
+                    return out
                 for i in range(0, len(res), 2):
                     tid = _text(res[i])
                     data = res[i + 1]
                     if data is None:
                         _log.error("dropped pending id without task hash", task_id=tid, queue=qname)
                         continue
-                    msg = await self._decode_or_archive(qk, tid, data, now, qk.active)
+                    msg = await self._decode_or_archive(
+                        qk, tid, data, now, qk.active, check_queue=True
+                    )
                     if msg is not None:
                         out.append(DequeuedTask(msg, expiry))
                 if len(out) >= count or len(res) < 2 * want:
@@ -620,19 +645,47 @@ class Broker:
         return out
 
     async def _decode_or_archive(
-        self, qk: _QueueKeys, tid: str, data: bytes, now: float, source: str
+        self,
+        qk: _QueueKeys,
+        tid: str,
+        data: bytes,
+        now: float,
+        source: str,
+        *,
+        check_queue: bool = False,
     ) -> TaskMessage | None:
-        """Decode a stored msg; archive the task by id when it cannot be decoded."""
+        """Decode a stored msg; archive the task by id when it is unusable here.
+
+        Unusable: it cannot be decoded, its id is not the task's, or (with
+        *check_queue*, for dequeue) its queue is not the one it is stored in,
+        since a handler's writes would target that other queue's keys (the
+        recoverer handles such messages itself). When the archive fails, the
+        task is left where it is (logged), so the caller keeps the rest of its
+        batch and a later pass meets the task again.
+        """
         try:
             msg = decode_task_message(data)
         except Exception as exc:  # whatever is wrong with the bytes, never crash the fetch loop
-            problem = f"{type(exc).__name__}: {exc}"
+            err = f"asyncq: cannot decode task message ({type(exc).__name__}: {exc})"
         else:
-            if msg.id == tid:
+            if msg.id != tid:
+                problem = f"message id {msg.id!r} does not match task id {tid!r}"
+            elif check_queue and msg.queue != qk.name:
+                problem = f"message queue {msg.queue!r} does not match queue {qk.name!r}"
+            else:
                 return msg
-            problem = f"message id {msg.id!r} does not match task id {tid!r}"
-        err = f"asyncq: cannot decode task message ({problem}); raw bytes kept in field msg"
-        await self._archive_undecodable(qk, tid, err, now, source)
+            err = f"asyncq: task message unusable here ({problem})"
+        err += "; raw bytes kept in field msg"
+        try:
+            await self._archive_undecodable(qk, tid, err, now, source)
+        except _FETCH_ERRORS as exc:
+            _log.warning(
+                "could not archive an unusable task message; it stays where it is",
+                task_id=tid,
+                queue=qk.name,
+                problem=err,
+                error=error_text(exc),
+            )
         return None
 
     async def _archive_undecodable(
