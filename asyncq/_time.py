@@ -10,6 +10,7 @@ __all__ = [
     "from_unix",
     "require_aware",
     "to_unix",
+    "utc_from_timestamp",
 ]
 
 GO_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
@@ -37,6 +38,18 @@ _UTC_MAX = datetime.max.replace(tzinfo=UTC)
 _UTC_MIN = datetime.min.replace(tzinfo=UTC)
 
 
+def utc_from_timestamp(ts: float) -> datetime:
+    """Unix seconds as an aware UTC datetime, clamped to datetime's range.
+
+    A message may carry a deadline or timeout beyond year 9999 (asyncq's own
+    client stores ``timeout=timedelta.max`` as is); such a task still runs.
+    """
+    try:
+        return datetime.fromtimestamp(ts, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return _UTC_MAX if ts > 0 else _UTC_MIN
+
+
 def from_unix(seconds: int) -> datetime | None:
     """An aware UTC datetime, or None for asynq's 0 ("not set").
 
@@ -46,10 +59,7 @@ def from_unix(seconds: int) -> datetime | None:
     """
     if seconds == 0:
         return None
-    try:
-        return datetime.fromtimestamp(seconds, tz=UTC)
-    except (OverflowError, OSError, ValueError):
-        return _UTC_MAX if seconds > 0 else _UTC_MIN
+    return utc_from_timestamp(seconds)
 
 
 def seconds(value: timedelta) -> int:

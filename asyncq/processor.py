@@ -41,6 +41,7 @@ import anyio
 
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._roles import REDIS_ERRORS, Role, is_transient
+from asyncq._time import utc_from_timestamp
 from asyncq.errors import AsyncqError, LeaseExpiredError, RevokeTask, SkipRetry
 from asyncq.lease import Lease
 from asyncq.mux import Handler, sync_limiter
@@ -77,8 +78,6 @@ handler ignoring its context does in asynq."""
 _MAX_DELAY = timedelta(microseconds=(2**63 - 1) // 1000)
 """The longest retry delay: Go's largest time.Duration (about 292 years)."""
 
-_UTC_MIN = datetime.min.replace(tzinfo=UTC)
-_UTC_MAX = datetime.max.replace(tzinfo=UTC)
 
 DEFAULT_TIMEOUT = 1800.0
 """Seconds a task may run when its message has neither timeout nor deadline (asynq's 30 min)."""
@@ -121,16 +120,8 @@ def compute_deadline(msg: TaskMessage, now: float) -> float:
     return deadline
 
 
-def utc_datetime(ts: float) -> datetime:
-    """*ts* (unix seconds) as an aware datetime, clamped to datetime's range.
-
-    A message may carry a deadline or timeout beyond year 9999 (asyncq's own client
-    stores ``timeout=timedelta.max`` as is); such a task still runs.
-    """
-    try:
-        return datetime.fromtimestamp(ts, UTC)
-    except (OverflowError, OSError, ValueError):
-        return _UTC_MAX if ts > 0 else _UTC_MIN
+utc_datetime = utc_from_timestamp
+"""Unix seconds as an aware UTC datetime, clamped to datetime's range."""
 
 
 def normalize_queues(queues: Mapping[str, int]) -> dict[str, int]:
@@ -528,7 +519,7 @@ class Processor(Role):
         exc: BaseException | None = None
         try:
             task = active.job = Task._from_message(active.msg)
-            task.deadline = utc_datetime(active.deadline)
+            task._deadline_ts = active.deadline
             task.result_writer = TaskResultWriter(self.broker, active)
             if active.cancel_exc is None and self.clock() >= active.deadline:
                 active.cancel_exc = DeadlineExceededError()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from typing_extensions import Unpack
 
-from asyncq._time import from_unix
+from asyncq._time import from_unix, utc_from_timestamp
 from asyncq.proto.asynq import TaskMessage
 
 __all__ = [
@@ -80,8 +80,9 @@ class Task:
     """
 
     __slots__ = (
+        "_deadline",
+        "_deadline_ts",
         "_message",
-        "deadline",
         "headers",
         "id",
         "max_retry",
@@ -116,7 +117,8 @@ class Task:
         self.queue: str | None = None
         self.retry_count: int = 0
         self.max_retry: int | None = None
-        self.deadline: datetime | None = None
+        self._deadline: datetime | None = None
+        self._deadline_ts: float | None = None
         self.result_writer: ResultWriter | None = None
         self._message: TaskMessage | None = None
 
@@ -132,6 +134,19 @@ class Task:
         """A task whose payload is *data* encoded as compact UTF-8 JSON."""
         payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
         return cls(type, payload, headers=headers, **options)
+
+    @property
+    def deadline(self) -> datetime | None:
+        """When the running attempt is cancelled (timeout or deadline); None outside a handler."""
+        # Built on first use: most handlers never look, and a datetime per task is not free.
+        if self._deadline is None and self._deadline_ts is not None:
+            self._deadline = utc_from_timestamp(self._deadline_ts)
+        return self._deadline
+
+    @deadline.setter
+    def deadline(self, value: datetime | None) -> None:
+        self._deadline = value
+        self._deadline_ts = None
 
     def json(self) -> Any:
         """Decode the payload as JSON (raises ValueError when it is not JSON)."""
@@ -151,7 +166,8 @@ class Task:
         task.queue = msg.queue
         task.retry_count = msg.retried
         task.max_retry = msg.retry
-        task.deadline = None
+        task._deadline = None
+        task._deadline_ts = None
         task.result_writer = None
         task._message = msg
         return task
