@@ -7,6 +7,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq.broker import Broker
+from asyncq.client import Client
 from tests.redis_server import RedisServer
 
 
@@ -38,3 +39,10 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
 @pytest.fixture
 async def broker(redis: Redis) -> Broker:
     return Broker(redis)
+
+
+@pytest.fixture
+async def client(redis: Redis) -> AsyncIterator[Client]:
+    """An asyncq Client sharing the test's redis-py client."""
+    async with Client(redis) as c:
+        yield c

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -25,12 +25,6 @@ from tests.workers.worker import AGGREGATING
 
 Q = "default"
 READY = "send signal TERM or INT"
-
-
-@pytest.fixture
-async def client(redis: Redis) -> AsyncIterator[Client]:
-    async with Client(redis) as c:
-        yield c
 
 
 class Recorder:

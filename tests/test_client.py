@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -525,12 +524,6 @@ def test_timeout_rule_property(timeout: timedelta | None, deadline_in: timedelta
 
 
 # -- enqueue against Redis --------------------------------------------------------------------
-
-
-@pytest.fixture
-async def client(redis: Redis) -> AsyncIterator[Client]:
-    async with Client(redis) as c:
-        yield c
 
 
 async def stored(redis: Redis, queue: str, task_id: str) -> tuple[dict[Any, Any], TaskMessage]:

@@ -169,12 +169,6 @@ async def test_a_failed_archive_of_one_message_keeps_the_others_of_the_same_call
 # -- 3. extreme durations and Go-written extreme values -----------------------------------------
 
 
-@pytest.fixture
-async def client(redis: Redis) -> AsyncIterator[Client]:
-    async with Client(redis) as c:
-        yield c
-
-
 async def test_timedelta_max_options_write_once_and_report_exactly(
     client: Client, redis: Redis
 ) -> None:

@@ -36,12 +36,6 @@ HOUR = timedelta(hours=1)
 
 
 @pytest.fixture
-async def client(redis: Redis) -> AsyncIterator[Client]:
-    async with Client(redis) as c:
-        yield c
-
-
-@pytest.fixture
 async def serve(redis: Redis) -> AsyncIterator[Callable[..., Any]]:
     """Start a Server on the test Redis with fast timings; shut down at the end."""
     servers: list[Server] = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -150,12 +149,6 @@ def test_error_text() -> None:
 
 
 # -- against Redis ----------------------------------------------------------------------
-
-
-@pytest.fixture
-async def client(redis: Redis) -> AsyncIterator[Client]:
-    async with Client(redis) as c:
-        yield c
 
 
 def recording_mux(order: list[str]) -> ServeMux:

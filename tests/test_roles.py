@@ -4,7 +4,6 @@ are logged at a bounded rate; the helpers behind both."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -20,12 +19,6 @@ from asyncq.server import Server
 from asyncq.task import Task
 from tests.redis_server import free_port
 from tests.workers.support import FAST, wait_until
-
-
-@pytest.fixture
-async def client(redis: Redis) -> AsyncIterator[Client]:
-    async with Client(redis) as c:
-        yield c
 
 
 async def test_crashing_role_is_logged_and_restarted(redis: Redis, client: Client) -> None:

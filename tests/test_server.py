@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -23,12 +22,6 @@ from tests.redis_server import free_port
 from tests.workers.support import FAST, stored_message, task_hash, wait_until, zset_ids
 
 Q = "default"
-
-
-@pytest.fixture
-async def client(redis: Redis) -> AsyncIterator[Client]:
-    async with Client(redis) as c:
-        yield c
 
 
 def mux_for(task_type: str, fn: Any) -> ServeMux:

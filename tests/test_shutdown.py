@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -30,12 +29,6 @@ from tests.workers.worker import DONE, STARTS
 
 Q = "default"
 READY = "send signal TERM or INT"
-
-
-@pytest.fixture
-async def client(redis: Redis) -> AsyncIterator[Client]:
-    async with Client(redis) as c:
-        yield c
 
 
 async def test_unfinished_task_is_requeued_to_the_front_unchanged(

@@ -272,12 +272,6 @@ async def assert_go_readable(r: Redis, queue: str) -> None:
 
 
 @pytest.fixture
-async def client(redis: Redis) -> AsyncIterator[Client]:
-    async with Client(redis) as c:
-        yield c
-
-
-@pytest.fixture
 async def insp(redis: Redis) -> AsyncIterator[Inspector]:
     async with Inspector(redis) as i:
         yield i
