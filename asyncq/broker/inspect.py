@@ -23,6 +23,9 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from asyncq import keys
 from asyncq._time import from_unix
+
+# One definition of the archive limits: the worker's and the inspector's trims must agree.
+from asyncq.broker.broker import ARCHIVE_MAX_SIZE, ARCHIVED_EXPIRATION
 from asyncq.broker.scripts import load_script
 from asyncq.connection import RedisClient
 from asyncq.errors import BrokerError, FailedPreconditionError, TaskNotFoundError
@@ -36,8 +39,6 @@ from asyncq.proto.asynq import (
 from asyncq.task import TaskState
 
 __all__ = [
-    "ARCHIVE_MAX_AGE",
-    "ARCHIVE_MAX_SIZE",
     "GROUP_SAMPLE_SIZE",
     "MEMORY_SAMPLE_SIZE",
     "InspectBroker",
@@ -45,10 +46,6 @@ __all__ = [
     "StoredTask",
 ]
 
-ARCHIVE_MAX_SIZE = 10_000
-"""asynq's maxArchiveSize (the trim keeps the newest 9,999, as asynq's scripts do)."""
-ARCHIVE_MAX_AGE = timedelta(days=90)
-"""asynq's archivedExpirationInDays."""
 MEMORY_SAMPLE_SIZE = 20
 """Task hashes sampled per list/sorted set for the memory estimate."""
 GROUP_SAMPLE_SIZE = 5
@@ -610,4 +607,4 @@ def _zset_key(qname: str, state: TaskState, group: str | None) -> str:
 
 
 def _archive_cutoff(now: float) -> int:
-    return int(now - ARCHIVE_MAX_AGE.total_seconds())
+    return int(now - ARCHIVED_EXPIRATION)
