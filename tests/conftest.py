@@ -8,6 +8,7 @@ from redis.asyncio import Redis
 
 from asyncq.broker import Broker
 from asyncq.client import Client
+from tests.cluster import RedisClusterProcs
 from tests.redis_server import RedisServer
 
 
@@ -23,6 +24,16 @@ def redis_url() -> Iterator[str]:
         yield server.url
     finally:
         server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[RedisClusterProcs]:
+    """A three-master Redis Cluster for the tests that need one (started on first use)."""
+    procs = RedisClusterProcs(3).start()
+    try:
+        yield procs
+    finally:
+        procs.cleanup()
 
 
 @pytest.fixture

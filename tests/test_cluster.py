@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -19,15 +19,6 @@ from tests.cluster import RedisClusterProcs
 pytestmark = pytest.mark.cluster
 
 QUEUES = ("critical", "default", "low", "reports:eu", "q7")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterProcs]:
-    procs = RedisClusterProcs(3).start()
-    try:
-        yield procs
-    finally:
-        procs.cleanup()
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
 from asyncq import keys
 from asyncq.aggregator import GroupAggregatorRole
@@ -28,6 +27,7 @@ from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.server import Server
 from asyncq.task import Task, TaskInfo, TaskState
+from tests.acl import temporary_acl_user
 from tests.test_broker import assert_ids_have_hashes
 from tests.workers.support import FAST, stored_message, task_hash, wait_until
 
@@ -289,18 +289,10 @@ async def test_inspector_reads_a_go_written_task_with_extreme_values(
 async def cancel_only_user(redis: Redis, redis_url: str) -> AsyncIterator[str]:
     """URL of an ACL user that may use every key and command but only the ``asynq:cancel``
     channel: everything Go asynq needs."""
-    name = f"followup-{uuid.uuid4().hex[:8]}"
-    try:
-        await redis.execute_command(
-            "ACL", "SETUSER", name, "on", ">pw", "~*", "resetchannels", "&asynq:cancel", "+@all"
-        )
-    except ResponseError as exc:
-        pytest.skip(f"this Redis has no ACL channel rules: {exc}")
-    host = redis_url.split("://", 1)[1]
-    try:
-        yield f"redis://{name}:pw@{host}"
-    finally:
-        await redis.execute_command("ACL", "DELUSER", name)
+    async with temporary_acl_user(
+        redis, redis_url, "followup", "~*", "resetchannels", "&asynq:cancel", "+@all"
+    ) as url:
+        yield url
 
 
 async def test_cancel_works_for_a_user_without_wakeup_channel_rights(

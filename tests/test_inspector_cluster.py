@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,15 +21,6 @@ from tests.cluster import RedisClusterProcs
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("inspector-cluster")]
 
 QUEUES = ("critical", "default", "reports:eu")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterProcs]:
-    procs = RedisClusterProcs(3).start()
-    try:
-        yield procs
-    finally:
-        procs.cleanup()
 
 
 @pytest.fixture

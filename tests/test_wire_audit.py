@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from asyncq.broker import Broker
 from asyncq.client import Client
@@ -29,6 +27,7 @@ from asyncq.proto.asynq import TaskMessage
 from asyncq.server import Server
 from asyncq.task import Task, TaskState
 from tests import gofixtures as go
+from tests.acl import temporary_acl_user
 from tests.gofixtures import GoTask
 from tests.workers.support import FAST, wait_until
 
@@ -679,18 +678,8 @@ async def acl_user(redis: Redis, redis_url: str) -> AsyncIterator[str]:
     """A Redis 7 ACL user that may run every command on every key but use no Pub/Sub
     channel: the default for users made with ``ACL SETUSER`` (``acl-pubsub-default
     resetchannels``). Go asynq's client and worker scripts never publish, so they work."""
-    name = f"audit-{uuid.uuid4().hex[:8]}"
-    try:
-        await redis.execute_command(
-            "ACL", "SETUSER", name, "on", ">pw", "~*", "+@all", "resetchannels"
-        )
-    except ResponseError as exc:
-        pytest.skip(f"this Redis has no ACL channel rules: {exc}")
-    host = redis_url.split("://", 1)[1]
-    try:
-        yield f"redis://{name}:pw@{host}"
-    finally:
-        await redis.execute_command("ACL", "DELUSER", name)
+    async with temporary_acl_user(redis, redis_url, "audit", "~*", "+@all", "resetchannels") as url:
+        yield url
 
 
 async def test_wakeup_publish_denied_by_acl_does_not_fail_writes(
