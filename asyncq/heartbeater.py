@@ -19,8 +19,8 @@ from typing import ClassVar
 
 from asyncq._logging import error_text
 from asyncq._roles import REDIS_ERRORS, PeriodicRole
+from asyncq._time import utc_from_timestamp
 from asyncq.errors import LeaseExpiredError
-from asyncq.processor import utc_datetime
 from asyncq.proto.asynq import ServerInfo, WorkerInfo
 
 __all__ = ["Heartbeater"]
@@ -87,7 +87,7 @@ class Heartbeater(PeriodicRole):
                 task_payload=act.msg.payload,
                 queue=act.msg.queue,
                 start_time=datetime.fromtimestamp(act.started, UTC),
-                deadline=utc_datetime(act.deadline),
+                deadline=utc_from_timestamp(act.deadline),
             )
             for act in active
         ]

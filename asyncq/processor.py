@@ -41,7 +41,6 @@ import anyio
 
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._roles import REDIS_ERRORS, Role, is_transient
-from asyncq._time import utc_from_timestamp
 from asyncq.errors import AsyncqError, LeaseExpiredError, RevokeTask, SkipRetry
 from asyncq.lease import Lease
 from asyncq.mux import Handler, sync_limiter
@@ -64,7 +63,6 @@ __all__ = [
     "is_failure_for",
     "normalize_queues",
     "retry_delay_for",
-    "utc_datetime",
     "wraps_error",
 ]
 
@@ -118,10 +116,6 @@ def compute_deadline(msg: TaskMessage, now: float) -> float:
     if msg.deadline != 0 and msg.deadline < deadline:
         deadline = float(msg.deadline)
     return deadline
-
-
-utc_datetime = utc_from_timestamp
-"""Unix seconds as an aware UTC datetime, clamped to datetime's range."""
 
 
 def normalize_queues(queues: Mapping[str, int]) -> dict[str, int]:
