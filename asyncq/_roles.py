@@ -27,7 +27,7 @@ from redis import exceptions as redis_errors
 from redis.exceptions import RedisError
 
 from asyncq._logging import RateLimiter, error_text
-from asyncq.errors import BrokerError, TaskNotFoundError
+from asyncq.errors import BrokerError, ReplicationTimeoutError, TaskNotFoundError
 
 if TYPE_CHECKING:
     from asyncq.server import Server
@@ -55,6 +55,7 @@ REDIS_ERRORS: tuple[type[BaseException], ...] = (
     RedisError,
     BrokerError,
     TaskNotFoundError,
+    ReplicationTimeoutError,  # min_replicas: written, replication unconfirmed
     OSError,
 )
 """Errors raised by broker calls: logged at a bounded rate, never a role crash."""

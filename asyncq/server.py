@@ -50,6 +50,7 @@ from asyncq._logging import get_logger
 from asyncq._roles import Role, supervise
 from asyncq.aggregator import GroupAggregator, GroupAggregatorRole
 from asyncq.broker.broker import LEASE_DURATION, Broker
+from asyncq.broker.replication import replica_wait_seconds
 from asyncq.connection import Connection, RedisClient, RedisTarget
 from asyncq.errors import ServerClosedError
 from asyncq.forwarder import Forwarder
@@ -215,6 +216,10 @@ class Server:
     - ``sync_concurrency``: worker threads for plain ``def`` handlers
       (default: ``concurrency``).
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
+    - ``min_replicas`` (0 = off) and ``replica_timeout`` (1 s): a finished
+      attempt's outcome (done, completed, retry, archive) counts only once that
+      many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is
+      logged as unconfirmed and the task may run again after a failover.
     """
 
     def __init__(
@@ -247,7 +252,10 @@ class Server:
         burst: bool = False,
         sync_concurrency: int | None = None,
         logger: Any = None,
+        min_replicas: int = 0,
+        replica_timeout: timedelta = timedelta(seconds=1),
     ) -> None:
+        replica_wait = replica_wait_seconds(min_replicas, replica_timeout)
         concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
         concurrency = _positive_int("concurrency", concurrency)
         queues = DEFAULT_QUEUES if queues is None else queues
@@ -331,7 +339,13 @@ class Server:
             )
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
-        self.broker = Broker(self.redis, lease_duration=lease, fast=self.connection.fast)
+        self.broker = Broker(
+            self.redis,
+            lease_duration=lease,
+            fast=self.connection.fast,
+            min_replicas=min_replicas,
+            replica_timeout=replica_wait,
+        )
         self.host = socket.gethostname() or "unknown-host"
         self.pid = os.getpid()
         self.server_id = str(uuid.uuid4())

@@ -70,12 +70,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from asyncq import keys
 from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._logging import RateLimiter, error_text
 from asyncq._time import to_unix
+from asyncq.broker.replication import Replication
 from asyncq.broker.scripts import Script, load_script
 from asyncq.broker.transport import FastConnection
 from asyncq.connection import RedisClient
@@ -83,6 +85,7 @@ from asyncq.errors import (
     AsyncqError,
     BrokerError,
     DuplicateTaskError,
+    ReplicationTimeoutError,
     TaskIdConflictError,
     TaskNotFoundError,
 )
@@ -143,6 +146,17 @@ _AGGREGATION_CHECK = load_script("aggregation_check")
 _READ_AGGREGATION_SET = load_script("read_aggregation_set")
 _DELETE_AGGREGATION_SET = load_script("delete_aggregation_set")
 _RECLAIM_STALE_AGGREGATION_SETS = load_script("reclaim_stale_aggregation_sets")
+
+# Writes that wait for replicas under min_replicas: what a producer is told was enqueued
+# and a finished attempt's outcome. Dequeue, leases and housekeeping do not (a lost one
+# only makes a task run again, which at-least-once already allows).
+_DURABLE = frozenset(
+    s.name
+    for s in (
+        _ENQUEUE, _ENQUEUE_UNIQUE, _SCHEDULE, _SCHEDULE_UNIQUE, _ADD_TO_GROUP,
+        _ADD_TO_GROUP_UNIQUE, _DONE, _MARK_AS_COMPLETE, _ACK_MANY, _RETRY, _ARCHIVE,
+    )
+)  # fmt: skip
 
 _QUEUE_CACHE_LIMIT = 4096
 # What a Redis call may raise (asyncq._roles.REDIS_ERRORS): caught where a failure must
@@ -298,6 +312,8 @@ class Broker:
         clock: Callable[[], float] = time.time,
         lease_duration: float = LEASE_DURATION,
         fast: FastConnection | None = None,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> None:
         if not lease_duration > 0:
             raise ValueError(f"lease_duration must be positive, got {lease_duration}")
@@ -315,6 +331,14 @@ class Broker:
         self._queues: dict[str, _QueueKeys] = {}
         self._published: set[str] = set()
         self._dequeue_errors = RateLimiter(3.0)
+        self.replication: Replication | None = None
+        if min_replicas:
+            if fast is None and isinstance(redis, RedisCluster):
+                raise ValueError(
+                    "min_replicas is not supported on Redis Cluster (WAIT must follow the "
+                    "write on the same node connection); use a plain or Sentinel connection"
+                )
+            self.replication = Replication(min_replicas, replica_timeout)
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -344,6 +368,10 @@ class Broker:
         self, script: Script, keys_: Sequence[str], args: Sequence[Any], qname: str, task_id: str
     ) -> Any:
         try:
+            if self.replication is not None and script.name in _DURABLE:
+                return await self.replication.script(
+                    self._pipeline, self._cmd, script, keys_, args, queue=qname, task_id=task_id
+                )
             return await script(self._cmd, keys_, args)
         except ResponseError as exc:
             raise _script_error(exc, script, qname, task_id) from exc
@@ -507,7 +535,10 @@ class Broker:
             commands.append(("SADD", keys.ALL_QUEUES, *new_queues))
         for _, script, keys_, args, _qk in planned:
             commands.append(("EVALSHA", script.sha, len(keys_), *keys_, *args))
+        if self.replication is not None:
+            commands.append(self.replication.wait)
         replies = await self._pipeline(commands)
+        waited = replies.pop() if self.replication is not None else None
         if new_queues:
             sadd_reply = replies.pop(0)
             if isinstance(sadd_reply, Exception):
@@ -520,10 +551,12 @@ class Broker:
             if isinstance(reply, NoScriptError):
                 # Flushed between SCRIPT LOAD and the pipeline: run it alone (reloads).
                 try:
-                    reply = await script(self._cmd, keys_, args)
-                except ResponseError as exc:
+                    reply = await self._run(script, keys_, args, qk.name, tid)
+                except (BrokerError, TaskNotFoundError, ReplicationTimeoutError) as exc:
                     reply = exc
-            if isinstance(reply, ResponseError):
+            if isinstance(reply, AsyncqError):
+                results[i] = reply
+            elif isinstance(reply, ResponseError):
                 results[i] = _script_error(reply, script, qk.name, tid)
             elif isinstance(reply, Exception):
                 results[i] = reply
@@ -531,6 +564,11 @@ class Broker:
                 results[i] = _conflict(qk.name, tid)
             elif reply == -1:
                 results[i] = _duplicate(_unique_key(items[i].message))
+            elif self.replication is not None and waited is not None:
+                try:
+                    self.replication.check(waited, queue=qk.name, task_id=tid)
+                except (ResponseError, ReplicationTimeoutError) as exc:
+                    results[i] = exc
         return results
 
     def _plan(
@@ -833,20 +871,36 @@ class Broker:
             call.args[4] = "".join(call.kinds)
             pday = qk.daily(now)[0]
             calls.append(((qk.active, qk.lease, qk.completed, pday, qk.processed), call.args))
-        if len(calls) == 1:
+        rep = self.replication
+        if len(calls) == 1 and rep is None:
             try:
                 return [await _ACK_MANY(self._cmd, *calls[0])]
             except ResponseError as exc:
                 return [exc]
-        replies = await self._pipeline(
-            [("EVALSHA", _ACK_MANY.sha, len(k), *k, *args) for k, args in calls]
-        )
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", _ACK_MANY.sha, len(k), *k, *args) for k, args in calls
+        ]
+        if rep is not None:
+            commands.append(rep.wait)
+        replies = await self._pipeline(commands)
+        waited = replies.pop() if rep is not None else None
         for n, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):
                 # Not loaded (restart, SCRIPT FLUSH, new node): the call did not run.
                 try:
-                    replies[n] = await _ACK_MANY(self._cmd, *calls[n])
-                except ResponseError as exc:
+                    if rep is None:
+                        replies[n] = await _ACK_MANY(self._cmd, *calls[n])
+                    else:
+                        replies[n] = await rep.script(
+                            self._pipeline, self._cmd, _ACK_MANY, *calls[n]
+                        )
+                except (ResponseError, ReplicationTimeoutError) as exc:
+                    replies[n] = exc
+            elif rep is not None and not isinstance(reply, Exception):
+                try:
+                    rep.check(waited)
+                except (ResponseError, ReplicationTimeoutError) as exc:
+                    # Written, replication unconfirmed: each task of the call gets the error.
                     replies[n] = exc
         return replies
 
