@@ -20,7 +20,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from asyncq import Client, Connection, Inspector, ReplicationTimeoutError, Task, keys
+from asyncq import Client, Connection, Inspector, ReplicationTimeoutError, Task
 from asyncq.errors import TaskIdConflictError
 from chaos.ledger import Fault, LedgerView, duplicates, read_ledger
 from chaos.procs import RedisProc
@@ -29,6 +29,8 @@ __all__ = ["Figures", "Harness", "faketime_library"]
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "default"
+# asynq's key layout (wire format, the same for Go asynq): what the check reads directly.
+PREFIX = f"asynq:{{{QUEUE}}}:"
 
 
 def faketime_library() -> str | None:
@@ -255,6 +257,7 @@ class Harness:
         kind: str = "work",
         payload: dict[str, Any] | None = None,
         batch: int = 50,
+        ms: tuple[int, int] = (0, 20),
         max_retry: int | None = None,
         give_up_after: float = 60.0,
     ) -> None:
@@ -270,7 +273,7 @@ class Harness:
             n = min(batch, count - made)
             tasks: list[tuple[str, Task]] = []
             for _ in range(n):
-                data = payload if payload is not None else {"ms": rng.randint(0, 20)}
+                data = payload if payload is not None else {"ms": rng.randint(*ms)}
                 tasks.append((str(uuid.uuid4()), Task.from_json(kind, data)))
             await self._enqueue_all(client, tasks, kind, max_retry, give_up_after)
             made += n
@@ -342,11 +345,11 @@ class Harness:
     async def in_flight(self, conn: Connection) -> int:
         redis = conn.redis
         counts = [
-            await redis.llen(keys.pending_key(QUEUE)),
-            await redis.llen(keys.active_key(QUEUE)),
-            await redis.zcard(keys.lease_key(QUEUE)),
-            await redis.zcard(keys.scheduled_key(QUEUE)),
-            await redis.zcard(keys.retry_key(QUEUE)),
+            await redis.llen(PREFIX + "pending"),
+            await redis.llen(PREFIX + "active"),
+            await redis.zcard(PREFIX + "lease"),
+            await redis.zcard(PREFIX + "scheduled"),
+            await redis.zcard(PREFIX + "retry"),
         ]
         return sum(int(c) for c in counts)
 
@@ -354,7 +357,7 @@ class Harness:
         poison = [tid for tid, kind in self.acked.items() if kind != "work"]
         if not poison:
             return True
-        members: Any = await conn.redis.zrange(keys.archived_key(QUEUE), 0, -1)
+        members: Any = await conn.redis.zrange(PREFIX + "archived", 0, -1)
         archived = {m.decode() for m in members}
         return all(tid in archived for tid in poison)
 

@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from asyncq import BrokerError, Inspector, Server, Task, TaskNotFoundError, keys
+from asyncq import BrokerError, Inspector, Server, Task, TaskNotFoundError
+from asyncq import _keys as keys
 from asyncq.cli import main
 from asyncq.proto.asynq import TaskMessage
 

@@ -11,8 +11,9 @@ from datetime import timedelta
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import Client, ReplicationTimeoutError, Server, Task, keys
-from asyncq.broker import Broker
+from asyncq import Client, ReplicationTimeoutError, Server, Task
+from asyncq import _keys as keys
+from asyncq._broker import Broker
 from tests.redis_server import RedisServer
 from tests.workers.support import FAST, wait_until
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from asyncq.broker.scripts import Script
-from asyncq.broker.transport import FastConnection
-from asyncq.connection import RedisClient
+from asyncq._redis.options import RedisClient
+from asyncq._redis.scripts import Script
+from asyncq._redis.transport import FastConnection
 from asyncq.errors import ReplicationTimeoutError
 
 __all__ = ["Replication", "replica_wait_seconds"]
