@@ -324,12 +324,24 @@ class Harness:
     async def drain(self, conn: Connection, *, within: float = 120.0) -> LedgerView:
         """Wait until every acknowledged task finished and the queue holds nothing in flight."""
         assert self.ledger is not None
-        started = time.monotonic()
+        started = last_progress = time.monotonic()
+        # Recovery of a dead worker's tasks takes about a lease; longer without a single
+        # new ledger record means the workers are wedged.
+        idle_limit = 20 + 2 * self.lease
+        records = -1
         view = await read_ledger(self.ledger)
         while time.monotonic() - started < within:
             view = await read_ledger(self.ledger)
             if not self.workers:
                 self.figures.notes["drain_stopped"] = "no worker left alive"
+                break
+            now_records = await self.ledger.llen("chaos:ledger")
+            if now_records != records:
+                records, last_progress = now_records, time.monotonic()
+            elif time.monotonic() - last_progress > idle_limit:
+                self.figures.notes["drain_stopped"] = (
+                    f"no handler ran for {idle_limit:.0f}s: the workers are wedged"
+                )
                 break
             if all(self._settled(view, tid, kind) for tid, kind in self.acked.items()):
                 with contextlib.suppress(Exception):

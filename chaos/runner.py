@@ -16,7 +16,7 @@ from pathlib import Path
 from chaos.harness import Figures
 from chaos.scenarios import SCENARIOS, Size
 
-__all__ = ["main", "table"]
+__all__ = ["main", "markdown", "table"]
 
 COLUMNS = (
     ("scenario", 30),
@@ -47,6 +47,22 @@ def table(figures: list[Figures]) -> str:
             "yes" if f.ok else "NO",
         )
         lines.append(" | ".join(str(c).ljust(w) for c, (_, w) in zip(cells, COLUMNS, strict=True)))
+    return "\n".join(lines)
+
+
+def markdown(rows: list[dict[str, object]]) -> str:
+    """The figures of a JSON result file as a Markdown table (for docs/guarantees.md)."""
+    head = (
+        "| scenario | tasks | kills | lost | duplicates | explained | time to drain (s) "
+        "| total (s) | ok |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"| {r['scenario']} | {r['tasks']:,} | {r['kills']} | {r['lost']} | "
+            f"{r['duplicates']} | {r['explained_duplicates']} | {r['time_to_drain_s']} | "
+            f"{r['duration_s']} | {'yes' if r['ok'] else 'NO'} |"
+        )
     return "\n".join(lines)
 
 
@@ -82,7 +98,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="CI-sized durations and task counts")
     parser.add_argument("--only", nargs="+", choices=sorted(SCENARIOS), help="run these only")
     parser.add_argument("--json", type=Path, default=Path("chaos-results.json"))
+    parser.add_argument(
+        "--markdown", type=Path, metavar="JSON", help="print a result file as a Markdown table"
+    )
     args = parser.parse_args(argv)
+    if args.markdown is not None:
+        print(markdown(json.loads(args.markdown.read_text())["scenarios"]))
+        return
     names = args.only or list(SCENARIOS)
     figures = asyncio.run(_run(names, Size(quick=args.quick)))
     print()

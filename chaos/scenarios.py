@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+from redis.crc import key_slot
+
 from asyncq import Client, Connection, Task
 from chaos.harness import Figures, Harness, faketime_library
 from chaos.ledger import Fault, read_ledger
@@ -232,7 +234,7 @@ async def cluster_failover(size: Size) -> Figures:
             async with Client(conn) as client:
                 producer = asyncio.create_task(h.produce(client, n, seconds=load))
                 await asyncio.sleep(load / 3)
-                slot = int(await conn.redis.execute_command("CLUSTER", "KEYSLOT", "{default}"))
+                slot = key_slot(b"asynq:{default}:pending")
                 victim = _slot_master(group, slot)
                 start = time.time()
                 victim.kill()
