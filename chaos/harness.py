@@ -20,8 +20,14 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from asyncq import Client, Connection, Inspector, ReplicationTimeoutError, Task
-from asyncq.errors import TaskIdConflictError
+from asyncq import (
+    Client,
+    Connection,
+    Inspector,
+    ReplicationTimeoutError,
+    Task,
+    TaskIdConflictError,
+)
 from chaos.ledger import Fault, LedgerView, duplicates, read_ledger
 from chaos.procs import RedisProc
 
