@@ -12,6 +12,7 @@ skipped with a logged reason.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -35,7 +36,8 @@ pytestmark = [pytest.mark.xdist_group("fuzz"), pytest.mark.timeout(600)]
 Q = "fz"
 STATES = ("pending", "active", "scheduled", "retry", "archived", "completed")
 FUZZ = settings(
-    max_examples=15,
+    # A longer hunt: ASYNCQ_FUZZ_EXAMPLES=200 pytest tests/test_fuzz_stored.py
+    max_examples=int(os.environ.get("ASYNCQ_FUZZ_EXAMPLES", "15")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -311,3 +313,22 @@ def test_aggregating_server_survives_garbage_groups(redis_url: str, r: sync_redi
     with capture_logs() as logs:
         server = asyncio.run(go())
     assert not server.stats.role_restarts, logs
+
+
+@pytest.mark.parametrize("since", [b"", b"\x80", b"9" * 30, b"-5", b"1e300", b"inf"])
+def test_queue_info_reads_a_garbage_pending_since(
+    redis_url: str, r: sync_redis.Redis, since: bytes
+) -> None:
+    # Regressions found by the fuzzing above: each of these crashed queue_info.
+    r.sadd(keys.ALL_QUEUES, Q)
+    r.hset(keys.task_key(Q, "x"), mapping={"state": b"pending", "pending_since": since})
+    r.rpush(keys.pending_key(Q), "x")
+
+    async def go() -> Any:
+        async with Inspector(redis_url) as inspector:
+            return await inspector.queue_info(Q)
+
+    with capture_logs():
+        info = asyncio.run(go())
+    assert info.pending == 1
+    assert info.latency >= timedelta(0)

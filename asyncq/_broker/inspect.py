@@ -114,7 +114,7 @@ def _stored_int(value: Any, what: str, key: str) -> int:
     Float text (a sorted-set score such as ``1.5e+300`` or ``inf``) is clamped to int64.
     """
     try:
-        return _int(value)
+        return max(-_INT64 - 1, min(_INT64, _int(value)))
     except (ValueError, UnicodeDecodeError, TypeError):
         pass
     try:
