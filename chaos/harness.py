@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -428,7 +427,3 @@ async def _all_archived(inspector: Inspector) -> list[Any]:
         if len(batch) < 1000:
             return out
         page += 1
-
-
-def seconds(value: float) -> timedelta:
-    return timedelta(seconds=value)
