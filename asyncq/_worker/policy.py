@@ -34,7 +34,7 @@ def retry_delay_for(
         delay = cfg.retry_delay(n, exc, task)
         if not isinstance(delay, timedelta):
             raise TypeError(f"retry_delay must return a timedelta, got {delay.__class__.__name__}")
-    except Exception as err:
+    except BaseException as err:  # user code: even SystemExit must not lose the task
         log.error("retry_delay raised; using the default delay", exc_info=err, **fields)
         return default_retry_delay(n, exc, task)
     return min(max(delay, timedelta(0)), _MAX_DELAY)
@@ -44,7 +44,7 @@ def is_failure_for(cfg: ServerConfig, log: Any, exc: BaseException, **fields: An
     """The configured ``is_failure`` verdict; True (a failure) when the function raises."""
     try:
         return bool(cfg.is_failure(exc))
-    except Exception as err:
+    except BaseException as err:  # user code: even SystemExit must not lose the task
         log.error("is_failure raised; counting a failure", exc_info=err, **fields)
         return True
 

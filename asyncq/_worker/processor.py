@@ -54,6 +54,7 @@ from asyncq._worker.roles import Role, RoleDeps
 from asyncq._worker.slots import Slots
 from asyncq.errors import (
     DeadlineExceededError,
+    HandlerNotFoundError,
     LeaseExpiredError,
     RevokeTask,
     SkipRetry,
@@ -151,6 +152,16 @@ class QueueOrder:
 
 
 # -- the running task ----------------------------------------------------------------------
+
+_EXPECTED: tuple[type[BaseException], ...] = (
+    HandlerNotFoundError,
+    TaskCanceledError,
+    DeadlineExceededError,
+    LeaseExpiredError,
+    asyncio.CancelledError,
+)
+"""Failures that are outcomes, not bugs: logged as one line without a traceback."""
+
 
 # -- the role --------------------------------------------------------------------------------
 
@@ -374,7 +385,11 @@ class Processor(Role):
                         if current is not None and current.cancelling():
                             raise  # cancelled from outside (loop shutdown): write nothing
                         exc = err  # raised by the handler's own code: a failure
-                except Exception as err:
+                except BaseException as err:
+                    # Any other BaseException (SystemExit, KeyboardInterrupt, GeneratorExit,
+                    # a custom one) raised by a handler is a failed attempt like any error:
+                    # left to propagate it would kill this task's bookkeeping and leave the
+                    # task active, its lease extended by a worker that no longer runs it.
                     exc = err
             if active.detached:
                 return  # its failure was written when it ignored the cancellation
@@ -478,9 +493,12 @@ class Processor(Role):
             self.log.warning("task lease expired; handler cancelled", **fields)
         else:
             stats.failed += 1
+            # Expected outcomes are one line; only an unexpected error gets its traceback
+            # (plain, without local variables, unless the application configured otherwise).
+            expected = isinstance(exc, _EXPECTED) or wraps_error(exc, SkipRetry)
             self.log.warning(
                 "task failed", error=err_msg, retried=msg.retried, max_retry=msg.retry, **fields,
-                exc_info=exc,
+                exc_info=None if expected else exc,
             )  # fmt: skip
         if cfg.error_handler is not None:
             await self._call_error_handler(task, exc, fields)
@@ -524,13 +542,13 @@ class Processor(Role):
             result = handler(task, exc)
             if inspect.isawaitable(result):
                 await result
-        except Exception as err:
-            self.log.error("error_handler raised", exc_info=err, **fields)
         except asyncio.CancelledError as err:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # cancelled from outside (loop shutdown)
             # Raised by the error handler's own code: the outcome must still be written.
+            self.log.error("error_handler raised", exc_info=err, **fields)
+        except BaseException as err:  # SystemExit & co from user code: the outcome still counts
             self.log.error("error_handler raised", exc_info=err, **fields)
 
     async def _write(

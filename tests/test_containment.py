@@ -1,0 +1,128 @@
+"""Failure containment: poison handlers, event-loop stalls and what reaches the logs."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+from redis.asyncio import Redis
+
+from asyncq import Client, Task, parse_redis_uri
+from asyncq import _keys as keys
+from asyncq._redis.options import redact_uri
+from tests.workers.support import (
+    spawn,
+    stop_process,
+    stored_message,
+    wait_for_line,
+    wait_until,
+)
+
+Q = "default"
+KINDS = [b"exit", b"interrupt", b"generator", b"custom"]
+
+
+async def test_poison_pills_are_retried_then_archived_and_the_worker_goes_on(
+    redis_url: str, redis: Redis, client: Client
+) -> None:
+    proc = spawn("poison_worker.py", redis_url)
+    try:
+        await wait_for_line(proc, "send signal TERM or INT")
+        poisons = [
+            await client.enqueue(Task(kind, payload), max_retry=1)
+            for kind in ("poison", "poison_sync")
+            for payload in KINDS
+        ]
+        after = await client.enqueue(Task("ok"))
+
+        async def all_archived() -> bool:
+            archived = {m.decode() for m in await redis.zrange(keys.archived_key(Q), 0, -1)}
+            return all(p.id in archived for p in poisons)
+
+        await wait_until(all_archived, within=30, what="every poison task archived")
+        await wait_until(
+            lambda: redis.lrange("asyncq-test:ok", 0, -1), within=10, what="ok task ran"
+        )
+        assert [m.decode() for m in await redis.lrange("asyncq-test:ok", 0, -1)] == [after.id]
+        for p in poisons:
+            stored = await redis.hgetall(keys.task_key(Q, p.id))
+            assert stored[b"state"] == b"archived"
+            msg = await stored_message(redis, Q, p.id)
+            assert msg.retried == 1, msg  # retried once, then archived
+            assert msg.error_msg.startswith(
+                ("SystemExit", "KeyboardInterrupt", "GeneratorExit", "Poison")
+            )
+        assert not await redis.lrange(keys.active_key(Q), 0, -1)
+        assert not await redis.zrange(keys.lease_key(Q), 0, -1)
+
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(proc.wait, 20)
+        out = proc.stdout.read() if proc.stdout else ""
+        err = proc.stderr.read() if proc.stderr else ""
+        assert rc == 0, err[-3000:]
+        assert "worker exited cleanly" in out, err[-3000:]
+    finally:
+        stop_process(proc)
+
+
+async def test_unconfigured_structlog_prints_no_locals_and_no_payloads(redis_url: str) -> None:
+    proc = spawn("leaky_worker.py", redis_url)
+    try:
+        out, err = await asyncio.to_thread(proc.communicate, timeout=60)
+    finally:
+        stop_process(proc)
+    text = out + err
+    assert proc.returncode == 0, text[-3000:]
+    assert "all outcomes written" in out
+    assert "5ec7e7" not in text  # the local variable holding the API key
+    assert "4111-1111" not in text  # the payload bytes
+    assert "locals" not in text
+    # The unexpected error keeps a plain traceback; SkipRetry and the missing handler
+    # are one line each.
+    assert text.count("Traceback (most recent call last)") == 1, text
+    assert "ValueError: upstream refused the request" in text
+    failed = [line for line in text.splitlines() if "task failed" in line]
+    assert len(failed) == 3, failed
+    assert any("SkipRetry" in line or "not retrying" in line for line in failed)
+    assert any("handler not found" in line.lower() for line in failed), failed
+
+
+REDACTED = [
+    ("redis://:s3cret@localhost:6379/0", "redis://:***@localhost:6379/0"),
+    ("redis://user:s3cret@localhost:6379", "redis://user:***@localhost:6379"),
+    ("rediss://user:se/cr?e#t@cache.example:6380/1", "rediss://user:***@cache.example:6380/1"),
+    ("redis://:p@ss@localhost", "redis://:***@localhost"),
+    ("redis-socket://:s3cret@/run/redis.sock?db=1", "redis-socket://:***@/run/redis.sock?db=1"),
+    (
+        "redis-sentinel://:sentpw@h1:26379,h2:26379?master=mymaster&password=masterpw",
+        "redis-sentinel://:***@h1:26379,h2:26379?master=mymaster&password=***",
+    ),
+    (
+        "redis-sentinel://h1:26379?password=a#b/c?d&master=m",
+        "redis-sentinel://h1:26379?password=***&master=m",
+    ),
+    ("redis-cluster://u:p%2Fw@h1:7000,h2:7001", "redis-cluster://u:***@h1:7000,h2:7001"),
+    ("redis://localhost:6379/0", "redis://localhost:6379/0"),
+    ("redis://user@localhost", "redis://user@localhost"),
+]
+
+
+@pytest.mark.parametrize(("uri", "shown"), REDACTED)
+def test_uri_passwords_are_redacted(uri: str, shown: str) -> None:
+    assert redact_uri(uri) == shown
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "redis://:se/cr?e#t@localhost:99999/0",
+        "redis-sentinel://h1:26379?password=s3cret#x&bogus=1",
+        "redis://:s3cret@localhost:6379/0?bogus=1",
+    ],
+)
+def test_uri_errors_never_show_the_password(uri: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_redis_uri(uri)
+    assert "s3cret" not in str(info.value)
+    assert "cr?e#t" not in str(info.value)
