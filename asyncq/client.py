@@ -177,6 +177,10 @@ def _compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) 
     task_id = _non_blank(opts, "task_id", "task ID cannot be empty")
     task_id = _new_task_id() if task_id is None else task_id
     group = _non_blank(opts, "group", "group key cannot be empty")
+    keys.validate_queue_name(queue)
+    keys.refuse_braces("task ID", task_id)
+    if group is not None:
+        keys.refuse_braces("group", group)
 
     max_retry = opts.get("max_retry", DEFAULT_MAX_RETRY)
     if isinstance(max_retry, bool) or not isinstance(max_retry, int):

@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, Broker
 from asyncq._logging import get_logger
 from asyncq._redis.connection import Connection
@@ -194,6 +195,7 @@ class Server:
         for qname, prio in queues.items():
             if not isinstance(qname, str) or not qname.strip():
                 raise ValueError(f"queue names must be non-blank strings, got {qname!r}")
+            keys.refuse_braces("queue name", qname)
             if isinstance(prio, bool) or not isinstance(prio, int) or prio < 1:
                 raise ValueError(f"queue {qname!r} needs an integer priority >= 1, got {prio!r}")
         for name, fn in (
