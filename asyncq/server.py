@@ -45,7 +45,7 @@ from typing import Any
 from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, Broker
 from asyncq._logging import get_logger
-from asyncq._redis.connection import Connection
+from asyncq._redis.connection import Connection, independent_target
 from asyncq._redis.options import RedisClient, RedisTarget
 from asyncq._signals import signal_handlers
 from asyncq._worker.active import ActiveTasks
@@ -69,6 +69,7 @@ from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import Role, RoleDeps, supervise
 from asyncq._worker.subscriber import Subscriber
 from asyncq._worker.syncer import Syncer
+from asyncq._worker.watchdog import Watchdog
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
 from asyncq.mux import ServeMux, as_async_handler
@@ -267,6 +268,7 @@ class Server:
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
                 janitor_batch_size=janitor_batch_size,
             )
+        self._independent_target = independent_target(redis)
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
         self.broker = Broker(self.redis, lease_duration=lease, fast=self.connection.fast)
@@ -360,6 +362,15 @@ class Server:
                 started_at=lambda: self.started_at,
             )
         ]
+        independent = self._independent_target
+        roles.append(
+            Watchdog(
+                deps,
+                active=self.active,
+                threshold=max(0.5, min(1.0, cfg.heartbeat_interval)),
+                keep_leases_with=None if independent is None else (lambda: independent),
+            )
+        )
         if cfg.health_check is not None:
             roles.append(HealthChecker(deps, cfg.health_check_interval, ping=self.redis.ping))
         roles += [
@@ -456,6 +467,7 @@ class Server:
             "aggregator",
             "healthchecker",
             "heartbeater",
+            "watchdog",
         )
         try:
             for name in order:

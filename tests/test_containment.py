@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
+from datetime import timedelta
+from typing import Any
 
 import pytest
+import structlog
 from redis.asyncio import Redis
 
-from asyncq import Client, Task, parse_redis_uri
+from asyncq import Client, ServeMux, Server, Task, parse_redis_uri
 from asyncq import _keys as keys
 from asyncq._redis.options import redact_uri
 from tests.workers.support import (
@@ -126,3 +130,72 @@ def test_uri_errors_never_show_the_password(uri: str) -> None:
         parse_redis_uri(uri)
     assert "s3cret" not in str(info.value)
     assert "cr?e#t" not in str(info.value)
+
+
+async def test_a_handler_blocking_the_loop_does_not_get_colocated_tasks_rerun(
+    redis_url: str, redis: Redis, client: Client
+) -> None:
+    """Lease 3 s, a handler blocking the loop for 5 s, a second worker recovering at once."""
+    runs: dict[str, int] = {}
+    events: list[dict[str, Any]] = []
+
+    async def colocated(task: Task) -> None:
+        runs[task.id or ""] = runs.get(task.id or "", 0) + 1
+        await asyncio.sleep(2.0)
+
+    async def stall(task: Task) -> None:
+        runs[task.id or ""] = runs.get(task.id or "", 0) + 1
+        time.sleep(5.0)  # noqa: ASYNC251 - blocks the event loop: what the watchdog is for
+
+    def capture(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        events.append(dict(event, level=method))
+        raise structlog.DropEvent
+
+    mux = ServeMux()
+    mux.handle("colocated", colocated)
+    mux.handle("stall", stall)
+    server = Server(
+        redis_url,
+        concurrency=3,
+        lease_duration=timedelta(seconds=3),
+        heartbeat_interval=timedelta(seconds=1),
+        task_check_interval=timedelta(milliseconds=100),
+        logger=structlog.wrap_logger(structlog.PrintLogger(), processors=[capture]),
+    )
+    infos = [await client.enqueue(Task("colocated")) for _ in range(2)]
+    await server.start(mux)
+    second = None
+    try:
+        await wait_until(lambda: len(runs) == 2, what="co-located tasks running")
+        blocker = await client.enqueue(Task("stall"))
+        await wait_until(lambda: blocker.id in runs, what="blocking task started")
+        # Now a second worker recovers every lease that expires, with no cutoff.
+        second = spawn(
+            "worker.py", redis_url, "recoverer_interval=0.2", "recoverer_cutoff=0",
+            "heartbeat=0.2", "task_check=0.1", "lease=3",
+        )  # fmt: skip
+        await wait_for_line(second, "send signal TERM or INT")
+
+        async def all_done() -> bool:
+            return not any([await redis.exists(keys.task_key(Q, i.id)) for i in [*infos, blocker]])
+
+        await wait_until(all_done, within=30, what="every task done")
+        await asyncio.sleep(1.0)  # a wrongly recovered task would run again meanwhile
+    finally:
+        await server.shutdown()
+        if second is not None:
+            second.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(second.wait, 20)
+            stop_process(second)
+    assert runs == {i.id: 1 for i in [*infos, blocker]}
+    assert not await redis.zrange(keys.retry_key(Q), 0, -1)
+    assert not await redis.zrange(keys.archived_key(Q), 0, -1)
+    stalls = [e for e in events if e["event"] == "event loop blocked"]
+    assert stalls, [e["event"] for e in events]
+    assert stalls[0]["level"] == "warning"
+    assert stalls[0]["task_id"] == blocker.id
+    assert stalls[0]["task_type"] == "stall"
+    assert stalls[0]["blocked_for"] >= 4.0
+    assert server.stats.loop_stalls >= 1
+    assert server.stats.loop_stalled_seconds >= 4.0
+    print(f"stall measured: blocked_for={stalls[0]['blocked_for']}s")

@@ -94,5 +94,10 @@ class ServerStats:
     """Aggregated tasks enqueued."""
     aggregation_errors: int = 0
     """Aggregations that failed (their tasks return to the group later)."""
+    loop_stalls: int = 0
+    """Times a handler (or other code) blocked the event loop longer than the watchdog's
+    threshold (see the WARNING "event loop blocked")."""
+    loop_stalled_seconds: float = 0.0
+    """Total seconds the event loop was blocked in those stalls."""
     role_restarts: Counter[str] = field(default_factory=Counter)
     """Crashes per role (each followed by a restart)."""
