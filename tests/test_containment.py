@@ -199,3 +199,52 @@ async def test_a_handler_blocking_the_loop_does_not_get_colocated_tasks_rerun(
     assert server.stats.loop_stalls >= 1
     assert server.stats.loop_stalled_seconds >= 4.0
     print(f"stall measured: blocked_for={stalls[0]['blocked_for']}s")
+
+
+def test_cli_edge_cases_are_one_clear_line(redis_url: str, tmp_path: Any) -> None:
+    import redis as sync_redis
+    from click.testing import CliRunner
+
+    from asyncq.cli import main
+
+    runner = CliRunner(env={"HOME": str(tmp_path), "ASYNCQ_REDIS_URL": None})
+
+    def one_line(args: list[str], *needles: str) -> None:
+        result = runner.invoke(main, args, catch_exceptions=False)
+        assert result.exit_code != 0, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+        assert "Traceback" not in result.output and "OverflowError" not in result.output
+        for needle in needles:
+            assert needle in lines[0], lines[0]
+
+    one_line(["-u", "", "queue", "ls"], "empty")
+    one_line(["-u", redis_url, "task", "enqueue", "-t", "t", "--timeout", "99999999999999h"],
+             "too large")  # fmt: skip
+    one_line(
+        ["-u", redis_url, "task", "enqueue", "-t", "t", "--process-in", "9" * 25 + "s"], "too large"
+    )
+    one_line(["-u", redis_url, "queue", "history", "default", "--days", "99999999999"], "--days")
+    one_line(["-u", redis_url, "task", "ls", "-q", "default", "-s", "pending", "--size",
+              "9999999999999999999"], "--size")  # fmt: skip
+    one_line(["-u", redis_url, "task", "ls", "-q", "default", "-s", "pending", "--page",
+              "9999999999999999999"], "--page")  # fmt: skip
+
+    # An archived undecodable task shows the reason stored when it was archived.
+    r = sync_redis.Redis.from_url(redis_url)
+    try:
+        reason = "asyncq: cannot decode task message (ValueError: truncated)"
+        r.hset(keys.task_key(Q, "broken"), mapping={
+            "msg": b"\xff\x00garbage", "state": "archived", "asyncq_error": reason,
+        })  # fmt: skip
+        r.zadd(keys.archived_key(Q), {"broken": 1_700_000_000})
+        r.sadd(keys.ALL_QUEUES, Q)
+        result = runner.invoke(
+            main, ["-u", redis_url, "task", "inspect", "-q", Q, "-i", "broken"],
+            catch_exceptions=False,
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert reason in result.output
+        assert "NoneType" not in result.output
+    finally:
+        r.close()

@@ -70,6 +70,8 @@ class Settings:
         """The Redis URI: --uri, then $ASYNCQ_REDIS_URL, then the config file, then the default."""
         from asyncq._redis.options import parse_redis_uri
 
+        if self.uri_flag is not None and not self.uri_flag.strip():
+            raise CliError("--uri/-u is empty: give a Redis URI such as redis://localhost:6379/0")
         uri = self.uri_flag or os.environ.get(ENV_URI) or self.config().get("uri") or DEFAULT_URI
         try:
             parse_redis_uri(uri)
