@@ -1,8 +1,13 @@
 """The processor role: fetches tasks and runs their handlers (asynq's processor).
 
-* A semaphore of ``concurrency`` slots bounds the running handlers. Each fetch
-  takes every free slot and asks the broker for that many tasks in one script
-  call (``dequeue_many``), each with its own lease.
+* A :class:`~asyncq._worker.slots.Slots` semaphore of ``concurrency`` slots
+  bounds the running handlers. Each fetch takes every free slot
+  (``take_all``) and asks the broker for that many tasks in one script call
+  (``dequeue_many``), each with its own lease; unfilled slots are released at
+  once, each handler releases its own when it is done.
+* Running tasks are tracked in the server's :class:`~asyncq._worker.active.ActiveTasks`
+  registry; a lease the heartbeater declares expired cancels its handler through
+  the lease. Ack calls in flight are tracked too, so shutdown waits for them.
 * Queue order per fetch: weighted and shuffled (priorities divided by their GCD,
   each queue repeated ``priority`` times, Fisher-Yates shuffled, de-duplicated),
   or fixed by priority with ``strict_priority``. Paused queues look empty.
@@ -259,6 +264,7 @@ class Processor(Role):
             active.stop_abandoned()
         tasks = [a.task for a in self.active.values() if a.task is not None]
         tasks += self._detached
+        tasks += self._acks.sending
         if tasks:
             # Workers writing an outcome get a moment to finish it; handlers that
             # ignore cancellation are left behind (nothing more is written for them).
@@ -595,12 +601,14 @@ class _AckBatcher:
     Done/MarkAsComplete per task, at a fraction of the round trips under load.
     """
 
-    __slots__ = ("_broker", "_pending", "_slots")
+    __slots__ = ("_broker", "_pending", "_slots", "sending")
 
     def __init__(self, broker: Broker, slots: asyncio.Semaphore) -> None:
         self._broker = broker
         self._slots = slots
         self._pending: list[tuple[TaskMessage, bool, asyncio.Future[BaseException | None]]] = []
+        self.sending: set[asyncio.Task[None]] = set()
+        """The ack calls in flight (tracked, so shutdown waits for them)."""
 
     def ack(self, msg: TaskMessage, complete: bool) -> asyncio.Future[BaseException | None]:
         """A future resolving to None when acknowledged, or to the task's error."""
@@ -614,7 +622,9 @@ class _AckBatcher:
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
         if batch:
-            asyncio.get_running_loop().create_task(self._send(batch))
+            send = asyncio.get_running_loop().create_task(self._send(batch))
+            self.sending.add(send)
+            send.add_done_callback(self.sending.discard)
 
     async def _send(
         self, batch: list[tuple[TaskMessage, bool, asyncio.Future[BaseException | None]]]
