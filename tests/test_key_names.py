@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -11,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, Server, Task
+from asyncq import BrokerError, Client, Inspector, Server, Task
+from asyncq import _keys as keys
 from asyncq.cli import main
 
 BAD = ["foo}:pending", "default}:t:foo", "{x}", "a{b", "b}"]
@@ -48,8 +50,6 @@ async def test_client_refuses_braces_and_writes_nothing(
 )
 @settings(max_examples=25, deadline=None)
 def test_every_name_holding_a_brace_is_refused(prefix: str, brace: str, suffix: str) -> None:
-    from asyncq import _keys as keys
-
     name = prefix + brace + suffix
     for what in ("queue name", "task ID", "group"):
         with pytest.raises(ValueError, match=what):
@@ -100,3 +100,29 @@ def test_cli_refuses_braces_with_one_line_and_writes_nothing(
         assert "braces" in lines[0], lines[0]
     assert set(r.keys("*")) == before
     r.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "blocked_key"),
+    [
+        ({}, keys.pending_key("default")),
+        ({"unique": timedelta(minutes=1)}, keys.pending_key("default")),
+        ({"process_in": timedelta(hours=1)}, keys.scheduled_key("default")),
+        (
+            {"process_in": timedelta(hours=1), "unique": timedelta(minutes=1)},
+            keys.scheduled_key("default"),
+        ),
+        ({"group": "g"}, keys.group_key("default", "g")),
+        ({"group": "g", "unique": timedelta(minutes=1)}, keys.group_key("default", "g")),
+    ],
+)
+async def test_a_refused_write_leaves_nothing_behind(
+    redis: Redis, client: Client, options: dict[str, Any], blocked_key: str
+) -> None:
+    await redis.set(blocked_key, "not a list, set or sorted set")
+    before = await all_keys(redis)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await client.enqueue(Task("t", b"p"), task_id="orphan-check", **options)
+    # No task hash, no lock: no partial write. (asynq:queues lists the queue name: a
+    # separate command before the write, as in asynq.)
+    assert await all_keys(redis) - {keys.ALL_QUEUES.encode()} == before
