@@ -224,7 +224,9 @@ class BrokerBase:
             raise ValueError(f"task message of type {msg.type!r} has no id")
         try:
             return self._q(msg.queue)
-        except ValueError:
+        except ValueError as exc:
+            if msg.queue.strip():  # a queue name the key schema refuses
+                raise ValueError(f"task message {msg.id!r}: {exc}") from None
             raise ValueError(f"task message {msg.id!r} has a blank queue name") from None
 
     async def _register_queue(self, qk: QueueKeys) -> None:
