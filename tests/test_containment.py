@@ -132,8 +132,9 @@ def test_uri_errors_never_show_the_password(uri: str) -> None:
     assert "cr?e#t" not in str(info.value)
 
 
+@pytest.mark.parametrize("target", ["uri", "ready client"])
 async def test_a_handler_blocking_the_loop_does_not_get_colocated_tasks_rerun(
-    redis_url: str, redis: Redis, client: Client
+    redis_url: str, redis: Redis, client: Client, target: str
 ) -> None:
     """Lease 3 s, a handler blocking the loop for 5 s, a second worker recovering at once."""
     runs: dict[str, int] = {}
@@ -155,7 +156,7 @@ async def test_a_handler_blocking_the_loop_does_not_get_colocated_tasks_rerun(
     mux.handle("colocated", colocated)
     mux.handle("stall", stall)
     server = Server(
-        redis_url,
+        redis_url if target == "uri" else redis,
         concurrency=3,
         lease_duration=timedelta(seconds=3),
         heartbeat_interval=timedelta(seconds=1),

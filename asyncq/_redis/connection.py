@@ -94,11 +94,9 @@ def independent_target(target: RedisTarget) -> RedisTarget | None:
     if isinstance(target, Redis):
         pool = target.connection_pool
         if type(pool) in (ConnectionPool, BlockingConnectionPool):
-            return Redis(
-                connection_pool=ConnectionPool(
-                    connection_class=pool.connection_class, **pool.connection_kwargs
-                )
-            )
+            copy = ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
+            client: Redis = Redis.from_pool(copy)  # closing the client closes its pool
+            return client
     return None
 
 

@@ -32,7 +32,6 @@ What to do about a WARNING: blocking or CPU-bound work belongs in a plain
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import threading
 import time
@@ -149,8 +148,12 @@ class Watchdog(Role):
                 await self._keep_leases(broker)
         finally:
             if connection is not None:
-                with contextlib.suppress(Exception):
+                try:
                     await connection.aclose()
+                    if not connection.owned:  # a client copied for this thread alone
+                        await connection.redis.aclose()
+                except Exception as exc:
+                    self.log.debug("closing the watchdog's connection failed", error=repr(exc))
 
     def _running(self) -> list[ActiveTask]:
         for _ in range(10):
