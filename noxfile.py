@@ -25,11 +25,13 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff check and format check."""
-    session.install("ruff>=0.6")
+    """ruff check and format check; import-linter's layer and independence contracts."""
+    session.install("ruff>=0.6", "import-linter>=2.1")
     paths = ("asyncq", "tests", "examples", "benchmarks", "chaos", "noxfile.py")
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
+    # The contracts live in pyproject.toml: no import cycle, no role importing Server.
+    session.run("lint-imports", env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session(python=PYTHON)

@@ -376,7 +376,9 @@ class Harness:
             return True
         members: Any = await conn.redis.zrange(PREFIX + "archived", 0, -1)
         archived = {m.decode() for m in members}
-        return all(tid in archived for tid in poison)
+        assert self.ledger is not None
+        view = await read_ledger(self.ledger)
+        return all(tid in archived or view.finished(tid) for tid in poison)
 
     async def check(self, conn: Connection, view: LedgerView) -> Figures:
         fig = self.figures
@@ -389,7 +391,9 @@ class Harness:
             archived = {t.id for t in await _all_archived(inspector)}
             info = await inspector.queue_info(QUEUE)
         lost += [tid for tid in work if tid in archived]  # a handler that never fails, archived
-        not_archived = [tid for tid in poison if tid not in archived]
+        # A poison pill ends archived (its retries used up) or finished (a stall that
+        # the worker survived with its lease); anything else is still in flight.
+        not_archived = [tid for tid in poison if tid not in archived and not view.finished(tid)]
         fig.lost = len(set(lost))
         fig.leftover = await self.in_flight(conn) + len(not_archived)
         unexplained: list[str] = []
@@ -407,10 +411,11 @@ class Harness:
         if poison:
             kinds: dict[str, dict[str, int]] = {}
             for tid, kind in poison.items():
-                row = kinds.setdefault(kind, {"tasks": 0, "runs": 0, "archived": 0})
+                row = kinds.setdefault(kind, {"tasks": 0, "runs": 0, "archived": 0, "finished": 0})
                 row["tasks"] += 1
                 row["runs"] += len(view.runs.get(tid, []))
                 row["archived"] += tid in archived
+                row["finished"] += view.finished(tid)
             fig.notes["poison"] = kinds
         if lost:
             fig.notes["lost_sample"] = sorted(set(lost))[:5]

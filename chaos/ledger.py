@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +69,8 @@ async def read_ledger(redis: Any) -> LedgerView:
             if run in by_run:
                 by_run[run].done = at
         elif kind == "B":
-            view.stalls.append(Fault("stall", at, at + float(parts[5]), pid))
+            # Tasks that waited behind the stall start just after it: the window covers them.
+            view.stalls.append(Fault("stall", at, at + float(parts[5]) + ACK_WINDOW, pid))
         elif kind == "R":
             view.ready[pid] = at
     for runs in view.runs.values():
@@ -83,15 +85,18 @@ def duplicates(
 
     Every run after the first is a duplicate. It is explained when the run
     before it overlapped a fault on its worker or on Redis (in flight, or its
-    acknowledgement possibly in flight, when the fault struck).
+    acknowledgement possibly in flight, when the fault struck), or when the
+    duplicate itself is the late run of a worker whose event loop stalled
+    (that worker dequeued the task before or during the stall, another one
+    recovered it, and the stalled one started it only afterwards).
     """
     dup = explained = 0
     allf = [*faults, *view.stalls]
     for tid in task_ids:
         runs = view.runs.get(tid, [])
-        for before in runs[:-1]:
+        for before, after in itertools.pairwise(runs):
             dup += 1
-            if any(f.explains(before) for f in allf):
+            if any(f.explains(before) for f in allf) or any(f.explains(after) for f in view.stalls):
                 explained += 1
             elif unexplained is not None and len(unexplained) < 10:
                 pid_faults = [f for f in allf if f.pid in (None, before.pid)]

@@ -11,7 +11,7 @@ Task types:
 * ``exit``: raises SystemExit (a poison pill: the worker must survive it);
 * ``block``: blocks the event loop for ``seconds`` with time.sleep, after
   writing ``B <task id> <run> <pid> <time> <seconds>`` so that the runs it
-  stalls are explained;
+  stalls are explained, then finishes;
 * ``memory``: runs a child process that allocates ``mb`` MiB under a smaller
   address-space limit; the child dies with MemoryError and the task fails.
 
@@ -109,6 +109,7 @@ async def _serve(args: argparse.Namespace) -> None:
         now = time.time() - args.skew
         await ledger.rpush(LEDGER, f"B {task.id} {run} {pid} {now:.6f} {seconds}")
         time.sleep(seconds)  # noqa: ASYNC251 - the point: the whole loop stalls
+        await finish(task, run)
 
     @mux.handler("memory")
     async def memory(task: Task) -> None:

@@ -47,6 +47,18 @@ def test_duplicates_count_every_extra_run_and_its_explanation() -> None:
     assert notes[0].startswith("t2:")
 
 
+def test_a_stall_explains_the_stalled_workers_late_run() -> None:
+    # Worker 5 dequeued the task, then its loop stalled; worker 6 recovered and ran it;
+    # worker 5 started it only when its loop came back.
+    view = LedgerView()
+    view.runs["t"] = [Run("1", 6, 55.0, 55.1), Run("2", 5, 56.0, 56.1)]
+    view.stalls.append(Fault("stall", 50.0, 54.5 + 2.0, 5))
+    assert duplicates(view, ["t"], []) == (1, 1)
+    # A late run on a worker that did not stall stays unexplained.
+    view.runs["u"] = [Run("3", 6, 10.0, 10.1), Run("4", 7, 11.0, 11.1)]
+    assert duplicates(view, ["u"], []) == (1, 0)
+
+
 def test_a_stall_record_explains_runs_on_the_stalled_worker() -> None:
     view = LedgerView()
     view.runs["t"] = [Run("1", 5, 50.0), Run("2", 6, 60.0, 60.1)]

@@ -12,12 +12,13 @@ from typing import Any
 
 import structlog
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from asyncq import _keys as keys
 from asyncq._broker.replication import Replication
 from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._logging import RateLimiter, error_text
+from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import Script, load_script
 from asyncq._redis.transport import FastConnection
@@ -72,9 +73,6 @@ DURABLE_SCRIPTS = frozenset(
         "add_to_group_unique", "done", "mark_as_complete", "ack_many", "retry", "archive",
     )
 )  # fmt: skip
-# What a Redis call may raise (asyncq._worker.roles.REDIS_ERRORS): caught where a failure must
-# not cost the tasks already in hand.
-FETCH_ERRORS = (RedisError, BrokerError, TaskNotFoundError, OSError)
 
 
 class QueueKeys:
@@ -247,7 +245,9 @@ class BrokerBase:
             raise ValueError(f"task message of type {msg.type!r} has no id")
         try:
             return self._q(msg.queue)
-        except ValueError:
+        except ValueError as exc:
+            if msg.queue.strip():  # a queue name the key schema refuses
+                raise ValueError(f"task message {msg.id!r}: {exc}") from None
             raise ValueError(f"task message {msg.id!r} has a blank queue name") from None
 
     async def _register_queue(self, qk: QueueKeys) -> None:
@@ -311,7 +311,7 @@ class BrokerBase:
         err += "; raw bytes kept in field msg"
         try:
             await self._archive_undecodable(qk, tid, err, now, source)
-        except FETCH_ERRORS as exc:
+        except REDIS_ERRORS as exc:  # must not cost the tasks already in hand
             _log.warning(
                 "could not archive an unusable task message; it stays where it is",
                 task_id=tid,
