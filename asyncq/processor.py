@@ -630,6 +630,8 @@ class Processor(Role):
             self.log.info("task revoked", **fields)
         elif isinstance(exc, LeaseExpiredError):
             stats.failed += 1
+            if self.server.metrics is not None:  # [metrics hook]
+                self.server.metrics.lease_expired(msg.queue, msg.type)  # [metrics hook]
             self.log.warning("task lease expired; handler cancelled", **fields)
         else:
             stats.failed += 1
@@ -655,6 +657,8 @@ class Processor(Role):
             return
         if msg.retried >= msg.retry or wraps_error(exc, SkipRetry):
             self.log.warning("task archived", error=err_msg, **fields)
+            if self.server.metrics is not None:  # [metrics hook]
+                self.server.metrics.task_archived(msg.queue, msg.type)  # [metrics hook]
 
             def archive() -> Awaitable[None]:
                 return self.broker.archive(msg, err_msg)
@@ -664,6 +668,8 @@ class Processor(Role):
         delay = retry_delay_for(cfg, self.log, msg.retried, exc, task, **fields)
         is_failure = is_failure_for(cfg, self.log, exc, **fields)
         retry_at = datetime.fromtimestamp(self.clock(), UTC) + delay
+        if self.server.metrics is not None:  # [metrics hook]
+            self.server.metrics.task_retried(msg.queue, msg.type)  # [metrics hook]
 
         def retry() -> Awaitable[None]:
             return self.broker.retry(msg, retry_at, err_msg, is_failure=is_failure)

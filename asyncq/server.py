@@ -55,6 +55,7 @@ from asyncq.errors import ServerClosedError
 from asyncq.forwarder import Forwarder
 from asyncq.healthchecker import HealthChecker
 from asyncq.heartbeater import Heartbeater
+from asyncq.hooks import WorkerHooks  # [metrics hook]
 from asyncq.janitor import Janitor
 from asyncq.mux import ServeMux, as_async_handler
 from asyncq.processor import Processor, default_retry_delay
@@ -215,6 +216,8 @@ class Server:
     - ``sync_concurrency``: worker threads for plain ``def`` handlers
       (default: ``concurrency``).
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
+    - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
+      ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
     """
 
     def __init__(
@@ -247,6 +250,7 @@ class Server:
         burst: bool = False,
         sync_concurrency: int | None = None,
         logger: Any = None,
+        metrics: WorkerHooks | None = None,  # [metrics hook]
     ) -> None:
         concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
         concurrency = _positive_int("concurrency", concurrency)
@@ -324,6 +328,7 @@ class Server:
             ),
         )
         self.log: Any = logger if logger is not None else get_logger()
+        self.metrics = metrics  # [metrics hook]
         if janitor_batch_size > 100:
             self.log.warning(
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
@@ -381,6 +386,9 @@ class Server:
         if handler is None:
             raise TypeError("server cannot start: the handler is None")
         fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
+        if self.metrics is not None:  # [metrics hook]
+            fn = self.metrics.instrument(fn)  # [metrics hook]
+            self.metrics.attach()  # [metrics hook]
         self._state = "active"
         self.started_at = datetime.now(UTC)
         cfg = self.config
@@ -493,6 +501,8 @@ class Server:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._main
         finally:
+            if self.metrics is not None:  # [metrics hook]
+                self.metrics.detach()  # [metrics hook]
             await self.connection.aclose()
             self._closed.set()
             self.log.info("exiting", processed=self.stats.succeeded + self.stats.failed)
