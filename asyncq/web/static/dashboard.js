@@ -17,6 +17,8 @@
     width: width(sizeEl), height: 220,
     series: [{}].concat(STATES.map((s) => ({ label: s, stroke: COLORS[s], width: 2 }))),
     axes: [{}, { size: 60 }],
+    // at least a five-minute window, so the first samples do not stretch the axis
+    scales: { x: { time: true, range: (u, min, max) => [Math.min(min, max - 300), max + 1] } },
   }, sizeData, sizeEl);
 
   function sample() {
