@@ -18,7 +18,11 @@
     series: [{}].concat(STATES.map((s) => ({ label: s, stroke: COLORS[s], width: 2 }))),
     axes: [{}, { size: 60 }],
     // at least a five-minute window, so the first samples do not stretch the axis
-    scales: { x: { time: true, range: (u, min, max) => [Math.min(min, max - 300), max + 1] } },
+    scales: { x: { time: true, range: () => {
+      const hi = Date.now() / 1000;
+      const first = sizeData[0].length ? sizeData[0][0] : hi;
+      return [Math.min(first, hi - 300), hi + 1];
+    } } },
   }, sizeData, sizeEl);
 
   function sample() {
