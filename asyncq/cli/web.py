@@ -47,6 +47,13 @@ def _need(extra: str, module: str) -> None:
     help="Default page refresh period in seconds.",
 )
 @click.option("--root-path", default="", help="URL prefix when served behind a proxy path.")
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    help="Host header values to accept (repeatable) [default: localhost names when "
+    "listening on a loopback address, else any].",
+)
 @click.pass_context
 def web(
     ctx: click.Context,
@@ -59,6 +66,7 @@ def web(
     token: str | None,
     poll: float,
     root_path: str,
+    allowed_hosts: tuple[str, ...],
 ) -> None:
     """Serve the web UI, the JSON API (/api/) and Prometheus metrics (/metrics).
 
@@ -75,6 +83,10 @@ def web(
     from asyncq.web import create_app
 
     uri = settings(ctx).uri()
+    hosts: list[str] | None = list(allowed_hosts) or None
+    if hosts is None and host in _LOCAL_HOSTS:
+        # A page on another site that rebinds its DNS name to 127.0.0.1 must not reach us.
+        hosts = ["localhost", "127.0.0.1", "::1", "[::1]"]
     try:
         app = create_app(
             uri,
@@ -83,6 +95,7 @@ def web(
             password=password,
             token=token,
             poll_interval=timedelta(seconds=poll),
+            allowed_hosts=hosts,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,6 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -115,6 +116,7 @@ def create_app(
     poll_interval: timedelta = timedelta(seconds=5),
     page_size: int = 30,
     max_payload_length: int = 200,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """The asyncq web UI (pages, ``/api/`` JSON API and ``/metrics``) as a Starlette app.
 
@@ -129,7 +131,9 @@ def create_app(
     same origin, so another site cannot make a browser change queues.
     *poll_interval* is the pages' default refresh period (the page lets the user
     change it); *page_size* the default rows per page; *max_payload_length* the
-    characters of payload shown in tables.
+    characters of payload shown in tables. *allowed_hosts* (e.g. ``["localhost",
+    "127.0.0.1"]``) refuses requests whose ``Host`` header names another host, which
+    stops DNS-rebinding pages from reaching a UI on localhost; None allows any.
     """
     if not isinstance(poll_interval, timedelta):
         raise TypeError(
@@ -189,5 +193,9 @@ def create_app(
     )
     app.state.asyncq = web
     app.add_middleware(SecurityMiddleware, auth=auth, read_only=read_only, public=("/static/",))
+    if allowed_hosts is not None:
+        if isinstance(allowed_hosts, str) or not all(isinstance(h, str) for h in allowed_hosts):
+            raise TypeError("allowed_hosts must be a sequence of host names")
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     app.add_middleware(_Inject, web=web)
     return app
