@@ -27,7 +27,7 @@ from asyncq import (
     QueueNotFoundError,
     TaskNotFoundError,
 )
-from asyncq.connection import RedisTarget
+from asyncq._redis.options import RedisTarget
 from asyncq.web._api import api_routes
 from asyncq.web._pages import page_routes, render
 from asyncq.web._security import Auth, SecurityMiddleware

@@ -9,7 +9,7 @@ from redis.asyncio.cluster import RedisCluster
 from starlette.requests import Request
 
 from asyncq import Inspector
-from asyncq.connection import RedisTarget
+from asyncq._redis.options import RedisTarget
 
 __all__ = ["WebState", "state"]
 
