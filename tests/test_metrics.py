@@ -208,3 +208,44 @@ def test_worker_metrics_lease_expiry_hook_and_validation() -> None:
         WorkerMetrics(port=70000)
     with pytest.raises(ValueError, match="stall_threshold"):
         WorkerMetrics(stall_threshold=timedelta(0))
+
+
+async def test_worker_metrics_count_a_lease_expiry(redis_url: str, redis: Redis) -> None:
+    """A handler that blocks the loop past its lease: the heartbeat cannot extend it."""
+    metrics = WorkerMetrics(stall_threshold=timedelta(milliseconds=200))
+    mux = ServeMux()
+    ran = asyncio.Event()
+
+    @mux.handler("hog")
+    async def hog(task: Task) -> None:
+        time.sleep(3.5)  # noqa: ASYNC251 - blocks the loop past the 2 s lease on purpose
+        ran.set()
+
+    server = Server(
+        redis_url,
+        queues={"lease": 1},
+        metrics=metrics,
+        lease_duration=timedelta(seconds=2),
+        heartbeat_interval=timedelta(seconds=1),
+        task_check_interval=timedelta(milliseconds=100),
+        shutdown_timeout=timedelta(seconds=1),
+    )
+    await server.start(mux)
+    try:
+        async with Client(redis_url) as client:
+            await client.enqueue(Task("hog"), queue="lease")
+        async with asyncio.timeout(30):
+            await ran.wait()
+        for _ in range(100):
+            if metrics.registry.get_sample_value(
+                "asyncq_lease_expiries_total", {"queue": "lease", "task_type": "hog"}
+            ):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await server.shutdown()
+    labels = {"queue": "lease", "task_type": "hog"}
+    assert metrics.registry.get_sample_value("asyncq_lease_expiries_total", labels) == 1
+    assert (metrics.registry.get_sample_value("asyncq_event_loop_stalls_total") or 0) >= 1
+    # not written as a success: the recoverer will retry it
+    assert await redis.llen("asynq:{lease}:active") == 1

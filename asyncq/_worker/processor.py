@@ -586,6 +586,8 @@ class Processor(Role):
         msg = active.msg
         self.server.stats.succeeded += 1
         if not active.lease.valid():
+            if self.server.metrics is not None:  # [metrics hook]
+                self.server.metrics.lease_expired(msg.queue, msg.type)  # [metrics hook]
             self.log.warning(
                 "task finished after its lease expired; not writing its outcome, the recoverer "
                 "will retry it",
@@ -630,6 +632,8 @@ class Processor(Role):
             await self._call_error_handler(task, exc, fields)
         if not active.lease.valid():
             if not isinstance(exc, LeaseExpiredError):
+                if self.server.metrics is not None:  # [metrics hook]
+                    self.server.metrics.lease_expired(msg.queue, msg.type)  # [metrics hook]
                 self.log.warning(
                     "task lease expired; not writing its outcome, the recoverer will retry it",
                     **fields,
