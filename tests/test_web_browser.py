@@ -14,14 +14,17 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
 from redis.asyncio import Redis
 
+from tests import gofixtures as go
 from tests import webdata
-from tests.redis_server import free_port
+from tests.gofixtures import GoTask
+from tests.redis_server import RedisServer, free_port
 
 CHROMIUM = os.environ.get("ASYNCQ_CHROMIUM", "/usr/bin/chromium")
 SHOTS = (
@@ -271,3 +274,36 @@ async def _zcard_is(redis: Redis, key: str, n: int) -> bool:
 
 async def _llen_is(redis: Redis, key: str, n: int) -> bool:
     return await redis.llen(key) == n
+
+
+async def test_live_update_and_redis_down_banner(browser: object) -> None:
+    """The open page picks up changes without a reload, and says so when Redis goes away."""
+    server = RedisServer().start()
+    w = None
+    try:
+        r = Redis.from_url(server.url)
+        await webdata.seed(r)
+        w = WebProcess(server.url, "--poll", "1")
+        page = await _page(browser)
+        await page.goto(w.url + "/queues/critical?state=pending")  # type: ignore[attr-defined]
+        assert await page.locator("tbody tr").count() == 4  # type: ignore[attr-defined]
+        extra = GoTask("email:send", b'{"to": "new@example.com"}', queue="critical")
+        await go.enqueue(r, extra, datetime.now(UTC))
+        # the page polls every second: the new row appears without a reload
+        await page.wait_for_selector(f'tr[data-id="{extra.id}"]')  # type: ignore[attr-defined]
+        await r.aclose()
+        server.stop()
+        banner = page.locator("#banner")  # type: ignore[attr-defined]
+        await banner.wait_for(state="visible")
+        assert "unreachable" in await banner.text_content()
+        await _shot(page, "redis-down")
+        # the rows stay on screen (no stack trace, no blank page)
+        assert await page.locator(f'tr[data-id="{extra.id}"]').count() == 1  # type: ignore[attr-defined]
+        direct = await page.context.request.get(w.url + "/")  # type: ignore[attr-defined]
+        assert direct.status == 503
+        assert "Redis is unreachable" in await direct.text()
+        assert "Traceback" not in await direct.text()
+    finally:
+        if w is not None:
+            w.stop()
+        server.cleanup()
