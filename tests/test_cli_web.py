@@ -44,7 +44,7 @@ async def test_metrics_command_serves_asynq_names(redis_url: str, redis: Redis) 
     await webdata.seed(redis)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "asyncq.cli", "--uri", redis_url, "metrics", "--port", str(port)]
+    cmd = [sys.executable, "-m", "asyncq.cli", "metrics", "--uri", redis_url, "--port", str(port)]
     proc = _serve(cmd, base + "/")
     try:
         async with httpx.AsyncClient() as h:

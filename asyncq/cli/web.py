@@ -8,11 +8,18 @@ from datetime import timedelta
 
 import click
 
-from asyncq.cli._app import CliError, redact, settings
+from asyncq.cli._app import CliError, Settings, redact, settings
 
 __all__ = ["metrics", "register", "web"]
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def _uri(ctx: click.Context, flag: str | None) -> str:
+    opts = settings(ctx)
+    if flag is not None:
+        opts = Settings(flag, opts.config_path)
+    return opts.uri()
 
 
 def _need(extra: str, module: str) -> None:
@@ -25,6 +32,13 @@ def _need(extra: str, module: str) -> None:
 
 
 @click.command("web")
+@click.option(
+    "--uri",
+    "-u",
+    "uri_flag",
+    metavar="URL",
+    help="Redis URL (same as 'asyncq --uri URL ...').",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--read-only", is_flag=True, help="Hide and refuse every change (405).")
@@ -67,6 +81,7 @@ def web(
     poll: float,
     root_path: str,
     allowed_hosts: tuple[str, ...],
+    uri_flag: str | None,
 ) -> None:
     """Serve the web UI, the JSON API (/api/) and Prometheus metrics (/metrics).
 
@@ -82,7 +97,7 @@ def web(
 
     from asyncq.web import create_app
 
-    uri = settings(ctx).uri()
+    uri = _uri(ctx, uri_flag)
     hosts: list[str] | None = list(allowed_hosts) or None
     if hosts is None and host in _LOCAL_HOSTS:
         # A page on another site that rebinds its DNS name to 127.0.0.1 must not reach us.
@@ -114,10 +129,17 @@ def web(
 
 
 @click.command("metrics")
+@click.option(
+    "--uri",
+    "-u",
+    "uri_flag",
+    metavar="URL",
+    help="Redis URL (same as 'asyncq --uri URL ...').",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=9876, show_default=True, type=click.IntRange(0, 65535))
 @click.pass_context
-def metrics(ctx: click.Context, host: str, port: int) -> None:
+def metrics(ctx: click.Context, *, host: str, port: int, uri_flag: str | None) -> None:
     """Serve asynq x/metrics queue metrics on /metrics (a Prometheus exporter).
 
     The metric names and labels are asynq's, so asynq Grafana dashboards work.
@@ -126,7 +148,7 @@ def metrics(ctx: click.Context, host: str, port: int) -> None:
     from asyncq import Inspector
     from asyncq.metrics import MetricsExporter
 
-    uri = settings(ctx).uri()
+    uri = _uri(ctx, uri_flag)
 
     async def serve() -> None:
         async with Inspector(uri) as inspector:
