@@ -313,3 +313,21 @@ async def test_redis_down_is_a_clear_503() -> None:
         api = await h.get("/api/queues")
         assert api.status_code == 503
         assert "unreachable" in api.json()["error"]
+
+
+async def test_cancel_only_applies_to_active_tasks(
+    http: httpx.AsyncClient, seeded: webdata.Seeded, redis: Redis
+) -> None:
+    assert seeded.active is not None and seeded.scheduled is not None
+    async with redis.pubsub() as ps:
+        await ps.subscribe("asynq:cancel")
+        await ps.get_message(timeout=1)
+        resp = await http.post(f"/api/queues/default/tasks/{seeded.active.id}/cancel", headers=H)
+        assert resp.status_code == 200
+        msg = await ps.get_message(timeout=5)
+        assert msg is not None and msg["data"] == seeded.active.id.encode()
+    refused = await http.post(f"/api/queues/default/tasks/{seeded.scheduled.id}/cancel", headers=H)
+    assert refused.status_code == 409
+    assert "only active tasks" in refused.json()["error"]
+    resp = await http.post("/api/queues/default/states/active/cancel_all", headers=H)
+    assert resp.json() == {"ok": True, "count": 1}

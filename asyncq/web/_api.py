@@ -316,8 +316,7 @@ async def task_action(request: Request) -> Response:
     elif action == "delete":
         await insp.delete_task(queue, task_id)
     elif action == "cancel":
-        await insp.get_task(queue, task_id)  # a clear 404 for an unknown ID
-        await insp.cancel(task_id)
+        await _cancel(insp, queue, task_id)
     else:
         return _json({"error": f"unknown action {action!r} (run, archive, delete, cancel)"}, 404)
     return _json({"ok": True})
@@ -327,6 +326,15 @@ async def delete_task(request: Request) -> Response:
     _, insp = _inspector(request)
     await insp.delete_task(request.path_params["queue"], request.path_params["task_id"])
     return _json({"ok": True})
+
+
+async def _cancel(insp: Inspector, queue: str, task_id: str) -> None:
+    task = await insp.get_task(queue, task_id)  # a clear 404 for an unknown ID
+    if task.state is not TaskState.ACTIVE:
+        raise FailedPreconditionError(
+            f"cannot cancel a task in {task.state.value} state; only active tasks can be canceled"
+        )
+    await insp.cancel(task_id)
 
 
 async def _cancel_all(insp: Inspector, queue: str) -> int:
@@ -387,8 +395,7 @@ async def batch_action(request: Request) -> Response:
     }
 
     async def cancel(q: str, task_id: str) -> None:
-        await insp.get_task(q, task_id)
-        await insp.cancel(task_id)
+        await _cancel(insp, q, task_id)
 
     ops["cancel"] = cancel
     op = ops.get(action)
