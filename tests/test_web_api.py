@@ -9,10 +9,12 @@ from datetime import timedelta
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from asyncq import Client, Inspector, Task
-from asyncq.web import create_app
+from asyncq.web import Auth, create_app
 from tests import webdata
 from tests.redis_server import RedisServer
 
@@ -331,3 +333,37 @@ async def test_cancel_only_applies_to_active_tasks(
     assert "only active tasks" in refused.json()["error"]
     resp = await http.post("/api/queues/default/states/active/cancel_all", headers=H)
     assert resp.json() == {"ok": True, "count": 1}
+
+
+async def test_a_given_inspector_is_used_and_left_open(
+    redis_url: str, seeded: webdata.Seeded
+) -> None:
+    async with Inspector(redis_url) as insp:
+        app = create_app(insp)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h,
+        ):
+            assert len((await h.get("/api/queues")).json()["queues"]) == 3
+        assert await insp.queues() == ["critical", "default", "low"]  # still open
+
+
+@given(
+    header=st.one_of(
+        st.none(),
+        st.text(max_size=80),
+        st.binary(max_size=60).map(lambda b: "Basic " + base64.b64encode(b).decode()),
+    )
+)
+def test_auth_accepts_only_the_configured_credentials(header: str | None) -> None:
+    auth = Auth(username="admin", password="pw", token="tok")
+    good = {
+        "Bearer tok",
+        "Basic " + base64.b64encode(b"admin:pw").decode(),
+    }
+    ok = auth.allows(header)
+    if header in good:
+        assert ok
+    elif ok:  # the token as a basic-auth password, any user name
+        assert header is not None and header.startswith("Basic ")
+        assert base64.b64decode(header[6:]).decode().partition(":")[2] == "tok"
