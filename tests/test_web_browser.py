@@ -161,6 +161,13 @@ async def test_every_page_opens(web: WebProcess, browser: object, redis: Redis) 
     await page.goto(web.url + "/")  # type: ignore[attr-defined]
     await page.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
     assert await page.locator("#size-chart canvas").count() == 1  # type: ignore[attr-defined]
+    assert await page.locator("#rate-chart canvas").count() == 1  # type: ignore[attr-defined]
+    # a refresh swaps the table but keeps the charts (and their history)
+    await redis.incrby("asynq:{default}:processed", 50)
+    await page.evaluate("() => window.asyncqRefresh(true)")  # type: ignore[attr-defined]
+    total = page.locator("[data-processed-total]")  # type: ignore[attr-defined]
+    assert await total.get_attribute("data-processed-total") == "1090"
+    assert await page.locator(".charts canvas").count() == 3  # type: ignore[attr-defined]
     # find a task by ID from the header box
     await page.fill("header .search input", s.completed.id)  # type: ignore[attr-defined]
     await page.press("header .search input", "Enter")  # type: ignore[attr-defined]

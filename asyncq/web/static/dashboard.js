@@ -38,6 +38,38 @@
   sample();
   document.addEventListener("asyncq:refreshed", sample);
 
+  // Throughput: the change of the all-time processed/failed counters between samples.
+  const rateEl = document.getElementById("rate-chart");
+  const rateData = [[], [], []];
+  let last = null;
+  const ratePlot = rateEl ? new uPlot({
+    width: width(rateEl), height: 220,
+    series: [{}, { label: "processed/s", stroke: "#3454d1", width: 2 }, { label: "failed/s", stroke: "#c62828", width: 2 }],
+    axes: [{}, { size: 60 }],
+    scales: { x: { time: true, range: () => {
+      const hi = Date.now() / 1000;
+      const first = rateData[0].length ? rateData[0][0] : hi;
+      return [Math.min(first, hi - 300), hi + 1];
+    } } },
+  }, rateData, rateEl) : null;
+  function sampleRate() {
+    const el = document.querySelector("[data-processed-total]");
+    if (!el || !ratePlot) return;
+    const now = Date.now() / 1000;
+    const cur = { t: now, p: parseInt(el.dataset.processedTotal, 10), f: parseInt(el.dataset.failedTotal, 10) };
+    if (last !== null && cur.t > last.t) {
+      const dt = cur.t - last.t;
+      rateData[0].push(now);
+      rateData[1].push(Math.max(0, (cur.p - last.p) / dt));
+      rateData[2].push(Math.max(0, (cur.f - last.f) / dt));
+      if (rateData[0].length > MAX_POINTS) rateData.forEach((a) => a.shift());
+      ratePlot.setData(rateData);
+    }
+    last = cur;
+  }
+  sampleRate();
+  document.addEventListener("asyncq:refreshed", sampleRate);
+
   let histPlot = null;
   async function loadHistory(days) {
     const resp = await fetch(base + "/api/stats?days=" + days, { credentials: "same-origin" });
@@ -68,6 +100,7 @@
   loadHistory(savedDays);
   window.addEventListener("resize", () => {
     sizePlot.setSize({ width: width(sizeEl), height: 220 });
+    if (ratePlot) ratePlot.setSize({ width: width(rateEl), height: 220 });
     if (histPlot) histPlot.setSize({ width: width(histEl), height: 220 });
   });
 })();
