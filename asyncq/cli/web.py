@@ -83,7 +83,7 @@ def web(
     allowed_hosts: tuple[str, ...],
     uri_flag: str | None,
 ) -> None:
-    """Serve the web UI, the JSON API (/api/) and Prometheus metrics (/metrics).
+    """Web UI, JSON API (/api/) and Prometheus /metrics over HTTP.
 
     \b
     Examples:
@@ -140,7 +140,7 @@ def web(
 @click.option("--port", default=9876, show_default=True, type=click.IntRange(0, 65535))
 @click.pass_context
 def metrics(ctx: click.Context, *, host: str, port: int, uri_flag: str | None) -> None:
-    """Serve asynq x/metrics queue metrics on /metrics (a Prometheus exporter).
+    """Prometheus exporter of asynq x/metrics queue metrics (/metrics).
 
     The metric names and labels are asynq's, so asynq Grafana dashboards work.
     """
