@@ -180,6 +180,10 @@ async def test_csrf_header_and_origin_required(
     assert await redis.exists("asynq:{critical}:paused") == 0
     ok = await http.post("/api/queues/critical/pause", headers={**H, "Origin": "http://test"})
     assert ok.status_code == 200
+    page = await http.get("/")
+    assert page.headers["x-frame-options"] == "SAMEORIGIN"  # no clickjacking from other sites
+    assert page.headers["content-security-policy"] == "frame-ancestors 'self'"
+    assert page.headers["x-content-type-options"] == "nosniff"
 
 
 async def test_read_only_refuses_and_hides_mutations(

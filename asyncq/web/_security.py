@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["CSRF_HEADER", "Auth", "SecurityMiddleware"]
 
@@ -18,6 +18,13 @@ CSRF_HEADER = "x-asyncq-request"
 without a CORS preflight, which this app never grants."""
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# No framing by other sites (a framed page could trick a click on an action button).
+_SECURITY_HEADERS = (
+    (b"x-frame-options", b"SAMEORIGIN"),
+    (b"content-security-policy", b"frame-ancestors 'self'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,4 +151,10 @@ class SecurityMiddleware:
             ):
                 await _reply(send, 403, "cross-origin request refused", [])
                 return
-        await self.app(scope, receive, send)
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *_SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
