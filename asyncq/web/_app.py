@@ -187,7 +187,7 @@ def create_app(
             RedisConnectionError: _redis_down,
             RedisTimeoutError: _redis_down,
             ConnectionError: _redis_down,
-            OSError: _redis_down,
+            TimeoutError: _redis_down,
             ResponseError: _redis_error,
         },
     )
