@@ -8,7 +8,8 @@ from datetime import timedelta
 
 import click
 
-from asyncq.cli._app import CliError, Settings, redact, settings
+from asyncq._redis.options import redact_uri as redact
+from asyncq.cli._app import CliError, Settings, settings
 
 __all__ = ["metrics", "register", "web"]
 

@@ -10,19 +10,17 @@
   task_type, queue): failures scheduled for a retry / archived;
 * ``asyncq_lease_expiries_total`` (counter; task_type, queue);
 * ``asyncq_event_loop_stalls_total`` (counter) and
-  ``asyncq_event_loop_stall_seconds`` (histogram): times the event loop did not
-  run for longer than ``stall_threshold`` (measured by a watchdog coroutine,
-  or reported by the server through :meth:`WorkerMetrics.loop_stalled`).
+  ``asyncq_event_loop_stall_seconds`` (histogram): times the server's watchdog
+  found the event loop blocked (0.5-1 s, see the server's watchdog role), with
+  how long each lasted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -54,8 +52,7 @@ class WorkerMetrics:
     *registry*: where the metrics live (a new ``CollectorRegistry`` by default;
     pass ``prometheus_client.REGISTRY`` to share the process-wide one). *port*:
     serve ``/metrics`` on *host*:*port* while the server runs (no HTTP server when
-    None; mount the registry in your own app instead). *stall_threshold*: a
-    loop stall shorter than this is not counted (None disables the watchdog).
+    None; mount the registry in your own app instead).
     """
 
     def __init__(
@@ -66,22 +63,12 @@ class WorkerMetrics:
         buckets: Sequence[float] = DEFAULT_BUCKETS,
         port: int | None = None,
         host: str = "127.0.0.1",
-        stall_threshold: timedelta | None = timedelta(milliseconds=250),
     ) -> None:
         if port is not None and not 0 <= port <= 65535:
             raise ValueError(f"port must be 0..65535, got {port}")
-        if stall_threshold is not None:
-            if not isinstance(stall_threshold, timedelta):
-                raise TypeError(
-                    "stall_threshold must be a datetime.timedelta, "
-                    f"got {stall_threshold.__class__.__name__}"
-                )
-            if stall_threshold <= timedelta(0):
-                raise ValueError(f"stall_threshold must be positive, got {stall_threshold}")
         self.registry = registry if registry is not None else CollectorRegistry()
         self.port = port
         self.host = host
-        self._threshold = None if stall_threshold is None else stall_threshold.total_seconds()
         ns = namespace
         self.duration = Histogram(
             "handler_duration_seconds",
@@ -132,7 +119,6 @@ class WorkerMetrics:
             buckets=_STALL_BUCKETS,
             registry=self.registry,
         )
-        self._watchdog: asyncio.Task[None] | None = None
         self._http: Any = None
         self._http_thread: threading.Thread | None = None
 
@@ -164,19 +150,12 @@ class WorkerMetrics:
         return observed
 
     def attach(self) -> None:
-        if self._threshold is not None and self._watchdog is None:
-            self._watchdog = asyncio.get_running_loop().create_task(
-                self._watch(self._threshold), name="asyncq-metrics-watchdog"
-            )
         if self.port is not None and self._http is None:
             self._http, self._http_thread = start_http_server(
                 self.port, self.host, registry=self.registry
             )
 
     def detach(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
@@ -203,16 +182,3 @@ class WorkerMetrics:
     def loop_stalled(self, seconds: float) -> None:
         self.stalls.inc()
         self.stall_seconds.observe(seconds)
-
-    # -- watchdog ------------------------------------------------------------------------
-
-    async def _watch(self, threshold: float) -> None:
-        interval = min(threshold / 2, 0.1)
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(asyncio.CancelledError):
-            while True:
-                before = loop.time()
-                await asyncio.sleep(interval)
-                late = loop.time() - before - interval
-                if late >= threshold:
-                    self.loop_stalled(late)

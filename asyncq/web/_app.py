@@ -40,9 +40,9 @@ _STATIC = Path(__file__).parent / "static"
 
 
 def _redact(uri: str) -> str:
-    from asyncq.cli._app import redact
+    from asyncq._redis.options import redact_uri
 
-    return redact(uri)
+    return redact_uri(uri)
 
 
 async def metrics(request: Request) -> Response:
