@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
@@ -352,6 +352,7 @@ async def test_a_given_inspector_is_used_and_left_open(
         assert await insp.queues() == ["critical", "default", "low"]  # still open
 
 
+@settings(deadline=None)  # a shared, busy machine: no per-example time limit
 @given(
     header=st.one_of(
         st.none(),

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncq.web._render import body, duration_text, relative
 
 
+@settings(deadline=None)  # a shared, busy machine: no per-example time limit
 @given(st.binary(max_size=300))
 def test_any_bytes_render(data: bytes) -> None:
     b = body(data)
@@ -32,6 +33,7 @@ JSON_VALUES = st.recursive(
 )
 
 
+@settings(deadline=None)  # a shared, busy machine: no per-example time limit
 @given(JSON_VALUES)
 def test_json_is_pretty_printed(value: object) -> None:
     b = body(json.dumps(value).encode())
