@@ -35,6 +35,7 @@ from asyncq.errors import (
     TaskIdConflictError,
     TaskNotFoundError,
 )
+from asyncq.hooks import WorkerHooks
 from asyncq.inspector import (
     ClusterNode,
     DailyStats,
@@ -102,6 +103,7 @@ __all__ = [
     "TaskNotFoundError",
     "TaskOptions",
     "TaskState",
+    "WorkerHooks",
     "WorkerInfo",
     "__version__",
     "parse_redis_uri",
