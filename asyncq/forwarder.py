@@ -2,9 +2,9 @@
 
 Every ``delayed_task_check_interval`` (5 s) it moves the due tasks of the
 ``scheduled`` and ``retry`` sets to their queue's pending list (or back into
-their group). It runs once at start too, so a restarted worker does not wait
-an interval for overdue tasks, and it wakes this server's processor when it
-moved anything.
+their group), all queues in one script call per Redis node. It runs once at
+start too, so a restarted worker does not wait an interval for overdue tasks,
+and it wakes this server's processor when it moved anything.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from asyncq._roles import PeriodicRole
+from asyncq.broker.multiqueue import MultiQueue
 
 __all__ = ["Forwarder"]
 
@@ -23,7 +24,7 @@ class Forwarder(PeriodicRole):
 
     async def tick(self) -> None:
         server = self.server
-        moved = await server.broker.forward_if_ready(list(server.config.queues))
+        moved = await MultiQueue(server.broker).forward(list(server.config.queues))
         if moved:
             self.server.stats.forwarded += moved
             if server.processor is not None:

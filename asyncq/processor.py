@@ -1,17 +1,23 @@
 """The processor role: fetches tasks and runs their handlers (asynq's processor).
 
 * A semaphore of ``concurrency`` slots bounds the running handlers. Each fetch
-  takes every free slot and asks the broker for that many tasks in one script
-  call (``dequeue_many``), each with its own lease.
+  takes every free slot and asks for that many tasks from all queues in one
+  script call per Redis node (:class:`~asyncq.broker.multiqueue.MultiQueue`),
+  each with its own lease. ``max_inflight_bytes`` bounds the stored message
+  bytes of the running tasks: a fetch stops before it, and a single task
+  larger than the bound runs alone.
 * Queue order per fetch: weighted and shuffled (priorities divided by their GCD,
   each queue repeated ``priority`` times, Fisher-Yates shuffled, de-duplicated),
   or fixed by priority with ``strict_priority``. Paused queues look empty.
 * Idle wait: asynq sleeps 0.5-1.5 s when every queue is empty. Here the
   processor clears a wake-up event before each fetch and, after an empty one,
-  waits on it for at most ``task_check_interval``. The subscriber sets the event
-  when an asyncq client publishes on a queue's wake-up channel, so an idle
+  waits on it: an eighth of ``task_check_interval`` (80 ms) at first, doubling
+  after each empty fetch up to ``task_check_interval``. The subscriber sets the
+  event when an asyncq client publishes on a queue's wake-up channel, so an idle
   worker starts a task within milliseconds; tasks enqueued by Go asynq (no
-  wake-up) are still picked up within ``task_check_interval``.
+  wake-up) are picked up within ``task_check_interval``. Since one fetch is one
+  script call whatever the number of queues, an idle worker costs about one
+  command per ``task_check_interval``.
 * Each handler runs in one asyncio task and is cancelled at min(timeout,
   deadline) (spec 5.7), on a cancel message, or when its lease expires. Its
   outcome is written exactly as asynq's (spec 5.3/5.4) unless the local lease
@@ -41,6 +47,7 @@ import anyio
 
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._roles import REDIS_ERRORS, Role, is_transient
+from asyncq.broker.multiqueue import MultiQueue
 from asyncq.errors import AsyncqError, LeaseExpiredError, RevokeTask, SkipRetry
 from asyncq.lease import Lease
 from asyncq.mux import Handler, sync_limiter
@@ -313,6 +320,10 @@ class Processor(Role):
         self.clock: Callable[[], float] = server.broker.clock
         self.active: dict[str, ActiveTask] = {}
         self._queue_order = QueueOrder(cfg.queues, strict=cfg.strict_priority)
+        self._queues = MultiQueue(server.broker)
+        self._max_bytes = cfg.max_inflight_bytes
+        self._inflight_bytes = 0
+        self._poll = Backoff(cfg.task_check_interval / 8, cfg.task_check_interval)
         self._free = cfg.concurrency
         self._slot_freed = asyncio.Event()
         self._wakeup = asyncio.Event()
@@ -417,12 +428,10 @@ class Processor(Role):
         sync_limiter.set(self._limiter)  # inherited by every handler task created below
         server = self.server
         stats = server.stats
-        broker = self.broker
         order = self._queue_order
-        interval = server.config.task_check_interval
         burst = server.config.burst
         while self._fetching:
-            if self._free <= 0:
+            if self._free <= 0 or self._inflight_bytes >= self._max_bytes:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
@@ -430,7 +439,14 @@ class Processor(Role):
             self._free = 0
             self._wakeup.clear()
             try:
-                got: Sequence[DequeuedTask] = await broker.dequeue_many(order(), n)
+                fetched = await self._queues.dequeue(
+                    order(),
+                    n,
+                    strict=server.config.strict_priority,
+                    max_bytes=self._max_bytes - self._inflight_bytes,
+                    first_free=not self.active,
+                )
+                got: Sequence[DequeuedTask] = fetched.tasks
             except REDIS_ERRORS as exc:
                 self._free += n
                 self._fetch_failed(exc)
@@ -442,6 +458,7 @@ class Processor(Role):
             self._backoff.reset()
             self._free += n - len(got)
             if got:
+                self._poll.reset()
                 for dequeued in got:
                     self._start(dequeued)
                 continue
@@ -450,7 +467,7 @@ class Processor(Role):
                 # Retries and scheduled tasks due now are work too; the forwarder
                 # may not run again before we would exit.
                 try:
-                    moved = await broker.forward_if_ready(list(server.config.queues))
+                    moved = await self._queues.forward(list(server.config.queues))
                 except REDIS_ERRORS as exc:
                     self._fetch_failed(exc)
                     await self._idle_wait(self._backoff.next_delay(), count=False)
@@ -462,7 +479,7 @@ class Processor(Role):
                 self._fetching = False
                 server._burst_done()
                 return
-            await self._idle_wait(interval, count=True)
+            await self._idle_wait(self._poll.next_delay(), count=True)
 
     def _fetch_failed(self, exc: BaseException) -> None:
         self.server.stats.fetch_errors += 1
@@ -495,6 +512,7 @@ class Processor(Role):
         # Redis holds the lease in whole seconds (truncated): never trust it for longer.
         lease = Lease(math.floor(dequeued.lease_expiry), clock=self.clock)
         active = ActiveTask(msg, lease, deadline, now)
+        self._inflight_bytes += len(msg.payload)
         active.on_stuck = self._on_stuck
         loop = asyncio.get_running_loop()
         active.task = loop.create_task(self._work(active))
@@ -561,6 +579,7 @@ class Processor(Role):
             active.timer.cancel()
         if active.grace is not None:
             active.grace.cancel()
+        self._inflight_bytes -= len(active.msg.payload)
         if self.active.get(active.msg.id) is active:
             del self.active[active.msg.id]
             if not self.active:
