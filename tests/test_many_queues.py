@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import Client, Server, Task, keys
-from asyncq.broker import Broker
-from asyncq.broker.multiqueue import MultiQueue
+from asyncq import Client, Server, Task
+from asyncq import _keys as keys
+from asyncq._broker import Broker
+from asyncq._broker.multiqueue import MultiQueue
+from asyncq._worker.processor import QueueOrder
 from asyncq.mux import ServeMux
-from asyncq.processor import QueueOrder
 from asyncq.proto.asynq import TaskMessage
 from tests.cluster import RedisClusterProcs
 from tests.redis_server import RedisServer

@@ -10,7 +10,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncq import Client, Inspector, Task
-from asyncq.connection import RedisClusterOpts, RedisSentinelOpts, parse_redis_uri
+from asyncq._redis.options import RedisClusterOpts, RedisSentinelOpts, parse_redis_uri
 from tests.cluster import RedisClusterProcs, SentinelSetup
 
 

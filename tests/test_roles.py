@@ -11,10 +11,10 @@ import pytest
 import structlog
 from redis.asyncio import Redis
 
+from asyncq._broker.multiqueue import MultiQueue
 from asyncq._logging import Backoff, RateLimiter
-from asyncq.broker.multiqueue import MultiQueue
+from asyncq._worker.lease import Lease
 from asyncq.client import Client
-from asyncq.lease import Lease
 from asyncq.mux import ServeMux
 from asyncq.server import Server
 from asyncq.task import Task

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from asyncq._roles import PeriodicRole
-from asyncq.broker.multiqueue import MultiQueue
+from asyncq._broker.multiqueue import MultiQueue
+from asyncq._worker.roles import PeriodicRole
 
 __all__ = ["Forwarder"]
 

@@ -1,6 +1,6 @@
 """Broker operations over many queues at once: one script call per Redis node.
 
-The per-queue scripts of :mod:`asyncq.broker.broker` cost one round trip per
+The per-queue scripts of :mod:`asyncq._broker` cost one round trip per
 queue, so a worker serving a thousand queues paid a thousand calls per fetch
 and per forwarder, recoverer and janitor pass, even with every queue empty.
 :class:`MultiQueue` runs the same transitions (same keys, same fields, same
@@ -36,17 +36,17 @@ import structlog
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
-from asyncq._logging import RateLimiter, error_text
-from asyncq._time import to_unix
-from asyncq.broker.broker import (
-    _FETCH_ERRORS,
-    Broker,
-    DequeuedTask,
-    _QueueKeys,
-    _script_error,
-    _text,
+from asyncq._broker._base import (
+    FETCH_ERRORS,
+    LUA_PACKAGE,
+    QueueKeys,
+    as_text,
+    script_error,
 )
-from asyncq.broker.scripts import Script, load_script
+from asyncq._broker.broker import Broker, DequeuedTask
+from asyncq._logging import RateLimiter, error_text
+from asyncq._redis.scripts import Script, load_script
+from asyncq._time import to_unix
 from asyncq.proto.asynq import TaskMessage
 
 __all__ = ["FORWARD_BATCH", "FetchResult", "MultiQueue"]
@@ -72,7 +72,7 @@ _CROSS_SLOT = "#!lua flags=allow-cross-slot-keys\n"
 
 def _multi_script(name: str) -> tuple[Script, Script]:
     """The script for a single server, and its cluster variant (Redis >= 7)."""
-    source = _PRELUDE + load_script(name).source
+    source = _PRELUDE + load_script(LUA_PACKAGE, name).source
     return Script(name, source), Script(name, _CROSS_SLOT + source)
 
 
@@ -109,7 +109,7 @@ class MultiQueue:
 
     async def _groups(
         self, qnames: Sequence[str], *, runs: bool
-    ) -> list[tuple[ClusterNode | None, list[_QueueKeys]]]:
+    ) -> list[tuple[ClusterNode | None, list[QueueKeys]]]:
         """The queues grouped per node (one group without a cluster); order kept per group.
 
         With *runs*, only consecutive queues on the same node share a group
@@ -122,8 +122,8 @@ class MultiQueue:
             return [(None, qks)] if qks else []
         await cluster.initialize()  # loads the slot map once; a no-op afterwards
         manager = cluster.nodes_manager
-        groups: list[tuple[ClusterNode | None, list[_QueueKeys]]] = []
-        by_node: dict[str, list[_QueueKeys]] = {}
+        groups: list[tuple[ClusterNode | None, list[QueueKeys]]] = []
+        by_node: dict[str, list[QueueKeys]] = {}
         for qk in qks:
             slot = self._slots.get(qk.name)
             if slot is None:
@@ -172,7 +172,7 @@ class MultiQueue:
                 await cluster.execute_command("SCRIPT LOAD", variant.source, target_nodes=node)
                 return await cluster.execute_command(*command, target_nodes=node)
         except ResponseError as exc:
-            raise _script_error(exc, script, keys_[0] if keys_ else "", "") from exc
+            raise script_error(exc, script, keys_[0] if keys_ else "", "") from exc
 
     # -- dequeue -------------------------------------------------------------------------
 
@@ -213,7 +213,7 @@ class MultiQueue:
             args.extend(q.task_prefix for q in qks)
             try:
                 empties, taken, full = await self._call(_DEQUEUE, node, keys_, args)
-            except _FETCH_ERRORS as exc:
+            except FETCH_ERRORS as exc:
                 if not out:
                     raise
                 if self._errors.allow():
@@ -228,7 +228,7 @@ class MultiQueue:
             size = 0
             for i in range(0, len(taken), 3):
                 qk = qks[taken[i] - 1]
-                tid = _text(taken[i + 1])
+                tid = as_text(taken[i + 1])
                 data = taken[i + 2]
                 if data is None:
                     _log.error("dropped pending id without task hash", task_id=tid, queue=qk.name)
@@ -283,7 +283,7 @@ class MultiQueue:
             for i in range(0, len(res), 3):
                 qk = qks[res[i] - 1]
                 msg = await broker._decode_or_archive(
-                    qk, _text(res[i + 1]), res[i + 2], broker.clock(), qk.active
+                    qk, as_text(res[i + 1]), res[i + 2], broker.clock(), qk.active
                 )
                 if msg is not None:
                     out.append((qk.name, msg))
