@@ -48,6 +48,7 @@ from asyncq.inspector import (
 from asyncq.mux import Handler, Middleware, ServeMux
 from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
 from asyncq.result import ResultWriteError
+from asyncq.retry import EnqueueRetryError, RetryPolicy
 from asyncq.scheduler import EntryNotFoundError, Scheduler
 from asyncq.server import Server, ServerStats
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
@@ -64,6 +65,7 @@ __all__ = [
     "DeadlineExceededError",
     "DuplicateTaskError",
     "EnqueueOptions",
+    "EnqueueRetryError",
     "EntryNotFoundError",
     "FailedPreconditionError",
     "GroupAggregator",
@@ -82,6 +84,7 @@ __all__ = [
     "RedisClusterOpts",
     "RedisSentinelOpts",
     "ResultWriteError",
+    "RetryPolicy",
     "RevokeTask",
     "Scheduler",
     "SchedulerEnqueueEvent",

@@ -19,6 +19,7 @@ from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisClient, RedisTarget
 from asyncq._time import require_aware, to_unix
 from asyncq.proto.asynq import TaskMessage
+from asyncq.retry import DEFAULT_RETRY, RetryPolicy, write_with_retry
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState
 
 __all__ = ["DEFAULT_MAX_RETRY", "DEFAULT_QUEUE", "DEFAULT_TIMEOUT", "Client"]
@@ -262,15 +263,24 @@ class Client:
     closed by :meth:`aclose`; a ready client or a Connection is shared and
     left open.
 
+    *retry* (a :class:`~asyncq.retry.RetryPolicy`; default: up to 5 s) retries
+    :meth:`enqueue` through connection-level failures such as a Sentinel
+    failover, without ever writing a task twice; ``retry=None`` turns it off.
+
     Usage::
 
         async with Client("redis://localhost:6379/0") as client:
             info = await client.enqueue(Task("email:welcome", b"..."), queue="critical")
     """
 
-    __slots__ = ("_closed", "_conn", "_owns_conn", "broker")
+    __slots__ = ("_closed", "_conn", "_owns_conn", "broker", "retry")
 
-    def __init__(self, redis: RedisTarget | Connection) -> None:
+    def __init__(
+        self, redis: RedisTarget | Connection, *, retry: RetryPolicy | None = DEFAULT_RETRY
+    ) -> None:
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy or None, got {retry.__class__.__name__}")
+        self.retry = retry
         if isinstance(redis, Connection):
             if redis.closed:
                 raise RuntimeError("the connection is closed")
@@ -343,11 +353,27 @@ class Client:
         than being guessed as UTC or local time.
 
         Raises ValueError/TypeError naming the bad option, DuplicateTaskError,
-        TaskIdConflictError, or a redis-py error when Redis is unreachable.
+        TaskIdConflictError, or, when Redis stays unreachable past the retry
+        policy's deadline, EnqueueRetryError saying whether the task may have
+        been written (with ``retry=None``: the redis-py error at once).
         """
         self._check_open()
         now = datetime.now(UTC)
         c = _compose(task, [options], now)
+        msg = c.message
+        # The task id is fixed in msg: a retry after a lost reply finds its own task.
+        await write_with_retry(self.retry, self.redis, msg, lambda: self._write(c))
+        if is_debug_enabled(log):
+            log.debug(
+                "task enqueued",
+                task_id=msg.id,
+                task_type=msg.type,
+                queue=msg.queue,
+                state=c.state.value,
+            )
+        return _info(c, now)
+
+    async def _write(self, c: _Composed) -> None:
         msg, ttl = c.message, c.unique_ttl
         # The same route as c.batch_item() takes through Broker.enqueue_batch.
         if c.state is TaskState.SCHEDULED:
@@ -365,15 +391,6 @@ class Client:
             await self.broker.enqueue_unique(msg, ttl)
         else:
             await self.broker.enqueue(msg)
-        if is_debug_enabled(log):
-            log.debug(
-                "task enqueued",
-                task_id=msg.id,
-                task_type=msg.type,
-                queue=msg.queue,
-                state=c.state.value,
-            )
-        return _info(c, now)
 
     async def enqueue_many(
         self,
