@@ -29,20 +29,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from itertools import chain
 from typing import Any
 
 import structlog
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
-from asyncq._broker._base import (
-    FETCH_ERRORS,
-    LUA_PACKAGE,
-    QueueKeys,
-    as_text,
-    script_error,
-)
+from asyncq import _keys as keys
+from asyncq._broker._base import FETCH_ERRORS, LUA_PACKAGE, as_text, script_error
 from asyncq._broker.broker import Broker, DequeuedTask
 from asyncq._logging import RateLimiter, error_text
 from asyncq._redis.scripts import Script, load_script
@@ -54,25 +48,17 @@ __all__ = ["FORWARD_BATCH", "FetchResult", "MultiQueue"]
 FORWARD_BATCH = 100
 """Due ids moved per scheduled/retry set and call (asynq's ForwardIfReady batch)."""
 
-# The scripts read their keys from K and their arguments from A. On a single
-# server those are KEYS and ARGV. On a cluster Redis refuses declared KEYS of
-# different slots, even with allow-cross-slot-keys, so the call declares one key
-# (it routes the call to the node) and passes the key list in ARGV after a marker.
-_PRELUDE = """local K, A = KEYS, ARGV
-if ARGV[1] == "asyncq:keys-in-argv" then
-    local n = tonumber(ARGV[2])
-    K, A = {}, {}
-    for i = 1, n do K[i] = ARGV[2 + i] end
-    for i = 3 + n, #ARGV do A[#A + 1] = ARGV[i] end
-end
-"""
-_KEYS_IN_ARGV = "asyncq:keys-in-argv"
 _CROSS_SLOT = "#!lua flags=allow-cross-slot-keys\n"
 
 
 def _multi_script(name: str) -> tuple[Script, Script]:
-    """The script for a single server, and its cluster variant (Redis >= 7)."""
-    source = _PRELUDE + load_script(LUA_PACKAGE, name).source
+    """The script for a single server, and its cluster variant (Redis >= 7).
+
+    The scripts take queue names in ARGV and build asynq's keys from them. On a
+    cluster a call declares one key of its node (that routes it) and carries
+    the allow-cross-slot-keys flag, since its queues live in different slots.
+    """
+    source = load_script(LUA_PACKAGE, name).source
     return Script(name, source), Script(name, _CROSS_SLOT + source)
 
 
@@ -96,83 +82,81 @@ class FetchResult:
 class MultiQueue:
     """Multi-queue script calls on a :class:`Broker`'s connection; see the module docstring."""
 
-    __slots__ = ("_broker", "_cluster", "_errors", "_slots")
+    __slots__ = ("_broker", "_checked", "_cluster", "_errors", "_slots")
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         redis = broker.redis
         self._cluster: RedisCluster | None = redis if isinstance(redis, RedisCluster) else None
         self._slots: dict[str, int] = {}
+        self._checked: set[str] = set()
         self._errors = RateLimiter(3.0)
 
     # -- routing ------------------------------------------------------------------------
 
     async def _groups(
         self, qnames: Sequence[str], *, runs: bool
-    ) -> list[tuple[ClusterNode | None, list[QueueKeys]]]:
+    ) -> list[tuple[ClusterNode | None, list[str]]]:
         """The queues grouped per node (one group without a cluster); order kept per group.
 
         With *runs*, only consecutive queues on the same node share a group
         (strict order); otherwise a node's queues form one group, the groups
         ordered by their first queue.
         """
-        qks = [self._broker._q(q) for q in qnames]
+        names = list(qnames)
+        for name in names:
+            if name not in self._checked:
+                self._broker._q(name)  # validates the name
+                self._checked.add(name)
         cluster = self._cluster
         if cluster is None:
-            return [(None, qks)] if qks else []
+            return [(None, names)] if names else []
         await cluster.initialize()  # loads the slot map once; a no-op afterwards
         manager = cluster.nodes_manager
-        groups: list[tuple[ClusterNode | None, list[QueueKeys]]] = []
-        by_node: dict[str, list[QueueKeys]] = {}
-        for qk in qks:
-            slot = self._slots.get(qk.name)
+        groups: list[tuple[ClusterNode | None, list[str]]] = []
+        by_node: dict[str, list[str]] = {}
+        for name in names:
+            slot = self._slots.get(name)
             if slot is None:
-                slot = self._slots[qk.name] = cluster.keyslot(qk.pending)
+                slot = self._slots[name] = cluster.keyslot(keys.pending_key(name))
             node = manager.get_node_from_slot(slot)
             if runs:
                 if groups and groups[-1][0] == node:
-                    groups[-1][1].append(qk)
+                    groups[-1][1].append(name)
                 else:
-                    groups.append((node, [qk]))
+                    groups.append((node, [name]))
             else:
                 members = by_node.get(node.name)
                 if members is None:
                     members = by_node[node.name] = []
                     groups.append((node, members))
-                members.append(qk)
+                members.append(name)
         return groups
 
     async def _call(
         self,
         scripts: tuple[Script, Script],
         node: ClusterNode | None,
-        keys_: Sequence[str],
+        names: Sequence[str],
         args: Sequence[Any],
     ) -> Any:
+        """Run a multi-queue script with *args* followed by the queue *names*."""
         script, variant = scripts
         try:
             if node is None:
-                return await script(self._broker._cmd, keys_, args)
+                return await script(self._broker._cmd, (), (*args, *names))
             cluster = self._cluster
             assert cluster is not None
-            # keys_[0] routes the call; every key is on *node* (allow-cross-slot-keys).
-            command = (
-                "EVALSHA",
-                variant.sha,
-                1,
-                keys_[0],
-                _KEYS_IN_ARGV,
-                len(keys_),
-                *keys_,
-                *args,
-            )
+            # One key of the node routes the call; the queues' keys are built in Lua.
+            route = keys.pending_key(names[0])
+            command = ("EVALSHA", variant.sha, 1, route, *args, *names)
             try:
                 return await cluster.execute_command(*command, target_nodes=node)
             except NoScriptError:
                 await cluster.execute_command("SCRIPT LOAD", variant.source, target_nodes=node)
                 return await cluster.execute_command(*command, target_nodes=node)
         except ResponseError as exc:
-            raise script_error(exc, script, keys_[0] if keys_ else "", "") from exc
+            raise script_error(exc, script, names[0] if names else "", "") from exc
 
     # -- dequeue -------------------------------------------------------------------------
 
@@ -200,19 +184,12 @@ class MultiQueue:
         out: list[DequeuedTask] = []
         empty: set[str] = set()
         budget = -1 if max_bytes is None else max(0, max_bytes)
-        for node, qks in await self._groups(qnames, runs=strict):
+        for node, names in await self._groups(qnames, runs=strict):
             now = broker.clock()
             expiry = now + broker.lease_duration
-            keys_ = list(chain.from_iterable((q.pending, q.paused, q.active, q.lease) for q in qks))
-            args: list[Any] = [
-                int(expiry),
-                count - len(out),
-                budget,
-                1 if first_free and not out else 0,
-            ]
-            args.extend(q.task_prefix for q in qks)
+            args = (int(expiry), count - len(out), budget, 1 if first_free and not out else 0)
             try:
-                empties, taken, full = await self._call(_DEQUEUE, node, keys_, args)
+                empties, taken, full = await self._call(_DEQUEUE, node, names, args)
             except FETCH_ERRORS as exc:
                 if not out:
                     raise
@@ -224,10 +201,10 @@ class MultiQueue:
                         suppressed_since_last=self._errors.take_suppressed(),
                     )
                 break
-            empty.update(qks[i - 1].name for i in empties)
+            empty.update(names[i - 1] for i in empties)
             size = 0
             for i in range(0, len(taken), 3):
-                qk = qks[taken[i] - 1]
+                qk = broker._q(names[taken[i] - 1])
                 tid = as_text(taken[i + 1])
                 data = taken[i + 2]
                 if data is None:
@@ -251,16 +228,11 @@ class MultiQueue:
         """Move due scheduled/retry tasks of every queue to pending (or their group)."""
         broker = self._broker
         total = 0
-        for node, qks in await self._groups(qnames, runs=False):
-            keys_ = list(
-                chain.from_iterable((q.scheduled, q.retry, q.pending, q.groups) for q in qks)
-            )
+        for node, names in await self._groups(qnames, runs=False):
             while True:
                 now = broker.clock()
-                args: list[Any] = [int(now), int(now * 1_000_000_000), FORWARD_BATCH]
-                for q in qks:
-                    args += (q.task_prefix, q.group_prefix, q.wakeup, q.name)
-                moved, more = await self._call(_FORWARD, node, keys_, args)
+                args = (int(now), int(now * 1_000_000_000), FORWARD_BATCH)
+                moved, more = await self._call(_FORWARD, node, names, args)
                 total += int(moved)
                 if not more:
                     break
@@ -277,11 +249,10 @@ class MultiQueue:
         broker = self._broker
         cut = to_unix(cutoff)
         out: list[tuple[str, TaskMessage]] = []
-        for node, qks in await self._groups(qnames, runs=False):
-            args: list[Any] = [cut, *(q.task_prefix for q in qks)]
-            res = await self._call(_LIST_LEASE_EXPIRED, node, [q.lease for q in qks], args)
+        for node, names in await self._groups(qnames, runs=False):
+            res = await self._call(_LIST_LEASE_EXPIRED, node, names, (cut,))
             for i in range(0, len(res), 3):
-                qk = qks[res[i] - 1]
+                qk = broker._q(names[res[i] - 1])
                 msg = await broker._decode_or_archive(
                     qk, as_text(res[i + 1]), res[i + 2], broker.clock(), qk.active
                 )
@@ -295,12 +266,10 @@ class MultiQueue:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         broker = self._broker
         total = 0
-        for node, qks in await self._groups(qnames, runs=False):
-            keys_ = [q.completed for q in qks]
+        for node, names in await self._groups(qnames, runs=False):
             while True:
-                args: list[Any] = [int(broker.clock()), batch_size]
-                args.extend(q.task_prefix for q in qks)
-                deleted, more = await self._call(_DELETE_EXPIRED_COMPLETED, node, keys_, args)
+                args = (int(broker.clock()), batch_size)
+                deleted, more = await self._call(_DELETE_EXPIRED_COMPLETED, node, names, args)
                 total += int(deleted)
                 if not more:
                     break
@@ -309,7 +278,5 @@ class MultiQueue:
     async def reclaim_stale_aggregation_sets(self, qnames: Sequence[str]) -> None:
         """Put members of aggregation sets past their deadline back into their group."""
         broker = self._broker
-        for node, qks in await self._groups(qnames, runs=False):
-            keys_ = list(chain.from_iterable((q.aggregation_sets, q.groups) for q in qks))
-            args: list[Any] = [int(broker.clock()), *(q.group_prefix for q in qks)]
-            await self._call(_RECLAIM, node, keys_, args)
+        for node, names in await self._groups(qnames, runs=False):
+            await self._call(_RECLAIM, node, names, (int(broker.clock()),))

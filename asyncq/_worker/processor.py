@@ -6,8 +6,9 @@
   each with its own lease. ``max_inflight_bytes`` bounds the stored message
   bytes of the running tasks: a fetch stops before it, and a single task
   larger than the bound runs alone.
-* Queue order per fetch: weighted and shuffled (priorities divided by their GCD,
-  each queue repeated ``priority`` times, Fisher-Yates shuffled, de-duplicated),
+* Queue order per fetch: weighted and shuffled (priorities divided by their GCD;
+  the distribution of asynq's repeat-``priority``-times, shuffle, de-duplicate,
+  drawn with Efraimidis-Spirakis keys),
   or fixed by priority with ``strict_priority``. Paused queues look empty.
 * Idle wait: asynq sleeps 0.5-1.5 s when every queue is empty. Here the
   processor clears a wake-up event before each fetch and, after an empty one,
@@ -123,7 +124,7 @@ def normalize_queues(queues: Mapping[str, int]) -> dict[str, int]:
 class QueueOrder:
     """The order in which one fetch tries the queues (spec 5.5)."""
 
-    __slots__ = ("_expanded", "_fixed", "_rng")
+    __slots__ = ("_fixed", "_inverse", "_names", "_rng")
 
     def __init__(
         self,
@@ -137,7 +138,8 @@ class QueueOrder:
         normalized = normalize_queues(queues)
         self._rng = rng or random.Random()
         self._fixed: list[str] | None = None
-        self._expanded: list[str] = []
+        self._names: list[str] = []
+        self._inverse: list[float] = []
         if len(normalized) == 1:
             self._fixed = list(normalized)
         elif strict:
@@ -145,15 +147,22 @@ class QueueOrder:
             # order is stable (asynq's sort is not, which only makes ties random).
             self._fixed = sorted(normalized, key=lambda q: (-normalized[q], q))
         else:
-            for name, prio in normalized.items():
-                self._expanded.extend([name] * prio)
+            self._names = list(normalized)
+            self._inverse = [1.0 / prio for prio in normalized.values()]
 
     def __call__(self) -> list[str]:
         if self._fixed is not None:
             return self._fixed
-        names = self._expanded[:]
-        self._rng.shuffle(names)  # Fisher-Yates
-        return list(dict.fromkeys(names))
+        # asynq expands each queue priority times, shuffles and keeps first
+        # occurrences: weighted sampling without replacement. Efraimidis-Spirakis
+        # keys (u ** (1 / weight), largest first) draw the same distribution in
+        # O(n log n) for n queues instead of a shuffle of the sum of priorities.
+        rand = self._rng.random
+        keyed = sorted(
+            zip([rand() ** inv for inv in self._inverse], self._names, strict=True),
+            reverse=True,
+        )
+        return [name for _, name in keyed]
 
 
 def retry_delay_for(

@@ -1,38 +1,39 @@
--- Take up to ARGV[2] tasks from many queues in one call, trying them in KEYS order
--- (asyncq; each task moves exactly as asynq's Dequeue moves it).
--- KEYS[4i+1..4i+4] pending, paused, active, lease of the i-th queue (0-based)
+-- Take up to ARGV[2] tasks from many queues in one call, trying them in order
+-- (asyncq; each task moves exactly as asynq's Dequeue moves it, same keys).
 -- ARGV[1] lease expiry, unix seconds
 -- ARGV[2] maximum number of tasks to take
 -- ARGV[3] byte budget: stop before a task whose msg would take the bytes taken
 --         past it; -1 = no budget
 -- ARGV[4] 1 = the first task taken may exceed the budget (nothing else in flight)
--- ARGV[5+i] task key prefix of the i-th queue  asynq:{q}:t:
+-- ARGV[5..] queue names, in the order to try them
+-- The keys are built from the names (asynq:{<q>}:pending, :paused, :active,
+-- :lease, :t:<id>): passing names instead of four keys per queue keeps a call
+-- over thousands of queues small. On a cluster every queue of one call is on
+-- the node the call goes to (see multiqueue.py).
 -- Each task moves from the tail of pending to the head of active, gets
--- state=active, loses pending_since and is leased until ARGV[1]. Empty and
--- paused queues cost one LLEN (and an EXISTS) each.
--- Returns {empty, taken, full}: full is 1 when the byte budget stopped the call;
--- empty lists the 1-based indexes of the queues found
--- empty or paused (those looked at, drained ones included); taken is a flat
--- array index, id, msg, ... An id whose hash is gone is taken out of active
--- again and returned with msg false, so the caller can log it.
--- K and A are KEYS and ARGV (see multiqueue.py: on a cluster the keys come in ARGV).
-local nqueues = #K / 4
-local want = tonumber(A[2])
-local budget = tonumber(A[3])
-local first_free = A[4] == "1"
+-- state=active, loses pending_since and is leased until ARGV[1]. An empty
+-- queue costs one LLEN, a non-empty paused one an EXISTS more.
+-- Returns {empty, taken, full}: empty lists the 1-based positions (in ARGV[5..])
+-- of the queues found empty or paused (those looked at, drained ones included);
+-- taken is a flat array position, id, msg, ...; full is 1 when the byte budget
+-- stopped the call. An id whose hash is gone is taken out of active again and
+-- returned with msg false, so the caller can log it.
+local want = tonumber(ARGV[2])
+local budget = tonumber(ARGV[3])
+local first_free = ARGV[4] == "1"
 local bytes = 0
 local got = 0
 local empty = {}
 local taken = {}
 local full = false
-for q = 1, nqueues do
-    local base = (q - 1) * 4
-    local pending = K[base + 1]
-    if redis.call("LLEN", pending) == 0 or redis.call("EXISTS", K[base + 2]) == 1 then
+for q = 1, #ARGV - 4 do
+    local base = "asynq:{" .. ARGV[4 + q] .. "}:"
+    local pending = base .. "pending"
+    if redis.call("LLEN", pending) == 0 or redis.call("EXISTS", base .. "paused") == 1 then
         empty[#empty + 1] = q
     else
-        local active = K[base + 3]
-        local prefix = A[4 + q]
+        local active = base .. "active"
+        local prefix = base .. "t:"
         while got < want do
             local id = redis.call("LINDEX", pending, -1)
             if not id then
@@ -53,7 +54,7 @@ for q = 1, nqueues do
             if msg then
                 redis.call("HSET", key, "state", "active")
                 redis.call("HDEL", key, "pending_since")
-                redis.call("ZADD", K[base + 4], A[1], id)
+                redis.call("ZADD", base .. "lease", ARGV[1], id)
                 got = got + 1
             else
                 redis.call("LREM", active, 1, id)
