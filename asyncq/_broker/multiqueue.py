@@ -49,6 +49,8 @@ FORWARD_BATCH = 100
 """Due ids moved per scheduled/retry set and call (asynq's ForwardIfReady batch)."""
 
 _CROSS_SLOT = "#!lua flags=allow-cross-slot-keys\n"
+_PROBE_CHUNK = 200
+"""Queues whose pending lists one EXISTS probes inside the dequeue script."""
 
 
 def _multi_script(name: str) -> tuple[Script, Script]:
@@ -187,7 +189,13 @@ class MultiQueue:
         for node, names in await self._groups(qnames, runs=strict):
             now = broker.clock()
             expiry = now + broker.lease_duration
-            args = (int(expiry), count - len(out), budget, 1 if first_free and not out else 0)
+            args = (
+                int(expiry),
+                count - len(out),
+                budget,
+                1 if first_free and not out else 0,
+                1 if node is not None else _PROBE_CHUNK,
+            )
             try:
                 empties, taken, full = await self._call(_DEQUEUE, node, names, args)
             except FETCH_ERRORS as exc:
