@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -53,7 +54,7 @@ async def _stats(redis: Any) -> tuple[float, int, int]:
 
 
 async def measure(
-    url: str, nqueues: int, mode: str, n: int, cap: float, samples: int
+    url: str, *, nqueues: int, mode: str, n: int, cap: float, samples: int
 ) -> dict[str, Any]:
     import structlog
     from redis.asyncio import Redis
@@ -76,6 +77,7 @@ async def measure(
     done = 0
     all_done = asyncio.Event()
     picked: dict[str, float] = {}
+    waiting: dict[str, asyncio.Event] = {}
     mux = ServeMux()
 
     async def noop(task: Any) -> None:
@@ -83,6 +85,8 @@ async def measure(
         done += 1
         if task.id and task.id.startswith("lat-"):
             picked[task.id] = time.time()
+            if task.id in waiting:
+                waiting[task.id].set()
         if done >= n:
             all_done.set()
 
@@ -142,9 +146,9 @@ async def measure(
                 )
                 t_push = time.time()
                 await redis.lpush(f"asynq:{{{q}}}:pending", tid)
-                limit = time.monotonic() + 5
-                while tid not in picked and time.monotonic() < limit:
-                    await asyncio.sleep(0.001)
+                arrived = waiting[tid] = asyncio.Event()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(arrived.wait(), 5)
                 if tid in picked:
                     lat.append((picked[tid] - t_push) * 1000)
                 await asyncio.sleep(random.uniform(0.05, 0.25))
@@ -191,7 +195,7 @@ def _start_redis() -> tuple[subprocess.Popen[bytes], str, str]:
 
 
 def _run_one(
-    code: Path, url: str, nqueues: int, mode: str, n: int, cap: float, samples: int
+    code: Path, url: str, *, nqueues: int, mode: str, n: int, cap: float, samples: int
 ) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(code))
     cmd = [sys.executable, str(HERE), "--one", "--url", url, "--nqueues", str(nqueues),
@@ -206,8 +210,10 @@ def _run_one(
 
 def _git(code: Path) -> str:
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=code,
-                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        git = ["git", "describe", "--always", "--dirty"]
+        return subprocess.run(
+            git, cwd=code, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return str(code)
 
@@ -258,7 +264,16 @@ def main(argv: list[str] | None = None) -> None:
             runner = uvloop.run
         except ImportError:
             runner = asyncio.run
-        out = runner(measure(args.url, args.nqueues, args.mode, args.n, args.cap, args.samples))
+        out = runner(
+            measure(
+                args.url,
+                nqueues=args.nqueues,
+                mode=args.mode,
+                n=args.n,
+                cap=args.cap,
+                samples=args.samples,
+            )
+        )
         print(json.dumps(out))
         return
     if args.quick:
@@ -277,7 +292,10 @@ def main(argv: list[str] | None = None) -> None:
                         file=sys.stderr,
                         flush=True,
                     )
-                    row = _run_one(code, url, nq, mode, args.n, args.cap, args.samples)
+                    row = _run_one(
+                        code, url, nqueues=nq, mode=mode, n=args.n, cap=args.cap,
+                        samples=args.samples,
+                    )  # fmt: skip
                     row["code"] = f"{label} ({_git(code)})"
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
