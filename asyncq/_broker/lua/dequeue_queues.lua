@@ -55,22 +55,24 @@ while first <= nqueues and not done do
                 local active = base .. "active"
                 local prefix = base .. "t:"
                 while got < want do
-                    local id = redis.call("LINDEX", pending, -1)
+                    local id = redis.call("RPOPLPUSH", pending, active)
                     if not id then
                         empty[#empty + 1] = q
                         break
                     end
                     local key = prefix .. id
-                    if budget >= 0 then
-                        local size = redis.call("HSTRLEN", key, "msg")
-                        if bytes + size > budget and not (got == 0 and first_free) then
+                    local msg = redis.call("HGET", key, "msg")
+                    if msg and budget >= 0 then
+                        if bytes + #msg > budget and not (got == 0 and first_free) then
+                            -- Over the byte budget: undo the move (head of active
+                            -- back to the tail of pending) and stop.
+                            redis.call("LPOP", active)
+                            redis.call("RPUSH", pending, id)
                             full = true
                             break
                         end
-                        bytes = bytes + size
+                        bytes = bytes + #msg
                     end
-                    redis.call("RPOPLPUSH", pending, active)
-                    local msg = redis.call("HGET", key, "msg")
                     if msg then
                         redis.call("HSET", key, "state", "active")
                         redis.call("HDEL", key, "pending_since")
