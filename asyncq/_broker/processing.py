@@ -183,8 +183,8 @@ class ProcessingTransitions(BrokerBase):
         ``complete=True`` is :meth:`mark_as_complete` (kept for ``msg.retention``),
         ``False`` is :meth:`done`; each task gets exactly that method's effect, in
         the given order, with one "now" for the whole batch. All tasks of a queue
-        take one script call and all queues one round trip (a non-transactional
-        pipeline; on a cluster one call per node).
+        take one script call; on one server all queues share it
+        (``ack_queues.lua``), on a cluster one call per queue in a pipeline.
 
         One result per item: None when acknowledged, TaskNotFoundError when the
         task is not active (any more), ValueError for a message without id or
