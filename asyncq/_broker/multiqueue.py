@@ -36,9 +36,10 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from asyncq import _keys as keys
-from asyncq._broker._base import FETCH_ERRORS, LUA_PACKAGE, as_text, script_error
+from asyncq._broker._base import LUA_PACKAGE, as_text, script_error
 from asyncq._broker.broker import Broker, DequeuedTask
 from asyncq._logging import RateLimiter, error_text
+from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.scripts import Script, load_script
 from asyncq._time import to_unix
 from asyncq.proto.asynq import TaskMessage
@@ -198,7 +199,7 @@ class MultiQueue:
             )
             try:
                 empties, taken, full = await self._call(_DEQUEUE, node, names, args)
-            except FETCH_ERRORS as exc:
+            except REDIS_ERRORS as exc:
                 if not out:
                     raise
                 if self._errors.allow():

@@ -22,9 +22,8 @@ class Janitor(PeriodicRole):
     run_at_start: ClassVar[bool] = False
 
     async def tick(self) -> None:
-        server = self.server
-        batch = server.config.janitor_batch_size
+        batch = self.config.janitor_batch_size
         # One script call per Redis node for all queues, repeated while a batch was full.
-        queues = MultiQueue(server.broker)
-        deleted = await queues.delete_expired_completed(list(server.config.queues), batch)
-        server.stats.janitor_deleted += deleted
+        queues = MultiQueue(self.broker)
+        deleted = await queues.delete_expired_completed(list(self.config.queues), batch)
+        self.stats.janitor_deleted += deleted
