@@ -38,7 +38,12 @@ if TYPE_CHECKING:
 __all__ = ["GroupAggregator", "GroupAggregatorRole"]
 
 GroupAggregator: TypeAlias = Callable[[str, Sequence[Task]], "Task | Awaitable[Task]"]
-"""``aggregate(group, tasks) -> Task`` (sync or async)."""
+"""``aggregate(group, tasks) -> Task`` (sync or async).
+
+*tasks* come in the order they joined the group, to the second: asynq scores a
+group's tasks by the whole second they were added, so tasks that joined within
+the same second come in task-id order, not necessarily in enqueue order.
+"""
 
 _MAX_CONCURRENT_CHECKS = 3
 

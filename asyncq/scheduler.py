@@ -73,7 +73,7 @@ from redis.exceptions import RedisError
 
 from asyncq import keys
 from asyncq._gofmt import option_strings
-from asyncq._logging import Backoff, RateLimiter, get_logger
+from asyncq._logging import Backoff, RateLimiter, get_logger, is_debug_enabled
 from asyncq._time import GO_ZERO_TIME
 from asyncq.broker import Broker
 from asyncq.client import Client, _compose
@@ -661,7 +661,8 @@ class Scheduler:
             if holder == self._claim_value(entry):
                 return True  # our SET went through but its reply was lost
             if holder.startswith(_DONE_PREFIX):
-                log.debug("tick enqueued by another scheduler", holder=holder)
+                if is_debug_enabled(log):
+                    log.debug("tick enqueued by another scheduler", holder=holder)
                 return False
             # Another scheduler is enqueueing it; if it dies, its lease runs out and
             # the next SET NX succeeds here.

@@ -207,7 +207,8 @@ class Server:
       ``recoverer_interval`` (1 min), ``recoverer_cutoff`` (30 s: how long
       after expiry a lease is recovered), ``syncer_interval`` (5 s): asynq
       hard-codes these; they are options here so tests can run them fast.
-    - ``group_aggregator(group, tasks) -> Task`` enables aggregation, with
+    - ``group_aggregator(group, tasks) -> Task`` enables aggregation (*tasks*
+      in joining order to the second; within one second in task-id order), with
       ``group_grace_period`` (1 min, at least 1 s), ``group_max_delay`` and
       ``group_max_size`` (None/0 = no limit) and ``group_check_interval``
       (default min(7 s, grace period)).

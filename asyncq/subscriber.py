@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from redis.exceptions import NoPermissionError
 
 from asyncq import keys
-from asyncq._logging import Backoff, error_text
+from asyncq._logging import Backoff, error_text, is_debug_enabled
 from asyncq._roles import REDIS_ERRORS, Role
 
 if TYPE_CHECKING:
@@ -87,7 +87,8 @@ class Subscriber(Role):
                 if connected_before and server.processor is not None:
                     server.processor.wakeup()
                 connected_before = True
-                self.log.debug("subscribed", channels=channels)
+                if is_debug_enabled(self.log):
+                    self.log.debug("subscribed", channels=channels)
                 while not self.stopping:
                     self._reading = True
                     try:
@@ -112,7 +113,8 @@ class Subscriber(Role):
                     try:
                         await pubsub.aclose()
                     except Exception as exc:  # the connection may be gone already
-                        self.log.debug("closing the pubsub failed", error=repr(exc))
+                        if is_debug_enabled(self.log):
+                            self.log.debug("closing the pubsub failed", error=repr(exc))
 
     async def _subscribe(self, pubsub: Any, channels: list[bytes], cancel_channel: bytes) -> bool:
         """SUBSCRIBE *channels* and wait for Redis to confirm each; False when stopping.
@@ -139,7 +141,8 @@ class Subscriber(Role):
             pubsub.channels.pop(channel, None)
         interval = self.server.config.task_check_interval
         if self._warned_denied:
-            self.log.debug("wake-up channels still denied by Redis", error=error_text(exc))
+            if is_debug_enabled(self.log):
+                self.log.debug("wake-up channels still denied by Redis", error=error_text(exc))
             return
         self._warned_denied = True
         self.log.warning(
