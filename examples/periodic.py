@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
-from asyncq.scheduler import Scheduler
-from asyncq.task import Task, TaskInfo
+from asyncq import PeriodicTaskConfig, PeriodicTaskManager, Scheduler, Task, TaskInfo
 
 REDIS_URL = os.environ.get("ASYNCQ_REDIS_URL", "redis://127.0.0.1:6379/0")
 

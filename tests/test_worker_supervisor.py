@@ -264,3 +264,32 @@ def test_reload_restarts_the_worker_when_code_changes(
         raise
     assert proc.returncode == 0, err
     assert "code changed" in err and "slowapp.py" in err
+
+
+def test_shutdown_timeout_reaches_the_worker_processes(
+    redis_url: str, r: sync_redis.Redis, app_dir: Path
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TEST_REDIS_URL": redis_url, "SLOW_SECONDS": "30"}
+    args = ["worker", "slowapp:mux", "--processes", "1", "--shutdown-timeout", "500ms"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncq.cli", "-u", redis_url, *args],
+        cwd=app_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for("the worker process", lambda: server_pids(r), proc)
+        enqueue(redis_url, "long")
+        wait_for("the task to start", lambda: r.llen("started") == 1, proc)
+        started = time.monotonic()
+        err = end(proc, signal.SIGTERM)
+        waited = time.monotonic() - started
+    except BaseException:
+        kill_on_failure(proc)
+        raise
+    assert proc.returncode == 0, err
+    # Not finished in 500 ms: requeued at the front of its queue, no retry counted.
+    assert r.llen("handled") == 0 and r.llen("asynq:{default}:pending") == 1
+    assert waited < 30  # it did not wait for the 30 s handler

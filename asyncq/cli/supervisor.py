@@ -159,7 +159,16 @@ class Supervisor:
             ran = time.monotonic() - slot.started
             reloading, slot.reloading = slot.reloading, False
             if self._stopping or reloading:
-                if code != 0:
+                if code in (-signal.SIGTERM, -signal.SIGINT):
+                    # Signalled while it was starting, before it installed its handlers:
+                    # a task it may have fetched comes back when its lease expires.
+                    self.log.warning(
+                        "worker process ended by the signal while starting",
+                        slot=slot.index,
+                        pid=slot.process.pid,
+                        status=_describe(code),
+                    )
+                elif code != 0:
                     self._failed = True
                     self.log.error(
                         "worker process exited with an error while shutting down",

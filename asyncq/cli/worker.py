@@ -8,6 +8,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from asyncq.cli._app import (
     run_async,
     settings,
 )
+from asyncq.cli._commands import DURATION
 from asyncq.cli._extras import require_extra
 from asyncq.cli.supervisor import SUPERVISOR_ENV, Supervisor, watch_supervisor
 from asyncq.mux import ServeMux
@@ -175,6 +177,13 @@ class QueuesType(_QueuesParam):
     help="Least severe log level written to stderr.",
 )
 @click.option(
+    "--shutdown-timeout",
+    type=DURATION,
+    metavar="DURATION",
+    help="At SIGTERM/SIGINT, wait this long for running tasks before requeueing them, "
+    "e.g. 25s [default: 8s].",
+)
+@click.option(
     "--processes",
     "-p",
     type=click.IntRange(min=1),
@@ -205,6 +214,7 @@ def worker(
     burst: bool,
     worker_uri: str | None,
     log_level: str,
+    shutdown_timeout: timedelta | None,
     processes: int | None,
     reload: bool,
     loop: str,
@@ -242,13 +252,17 @@ def worker(
             burst=burst,
             log_level=log_level.lower(),
             loop=loop,
+            shutdown_timeout=shutdown_timeout,
         )
         return
     supervisor_pid = os.environ.get(SUPERVISOR_ENV, "")
     if supervisor_pid.isdigit() and int(supervisor_pid) == os.getppid():
         watch_supervisor(int(supervisor_pid))
+    options: dict[str, Any] = {}
+    if shutdown_timeout is not None:
+        options["shutdown_timeout"] = shutdown_timeout
     server = Server(
-        uri, concurrency=concurrency, queues=queues, strict_priority=strict, burst=burst
+        uri, concurrency=concurrency, queues=queues, strict_priority=strict, burst=burst, **options
     )
 
     async def go() -> None:
@@ -289,6 +303,7 @@ def _supervise(
     burst: bool,
     log_level: str,
     loop: str,
+    shutdown_timeout: timedelta | None,
 ) -> None:
     """Run the worker as *processes* supervised subprocesses (see asyncq.cli.supervisor)."""
     if reload:
@@ -299,6 +314,8 @@ def _supervise(
         argv += ["--concurrency", str(concurrency)]
     if queues is not None:
         argv += ["--queues", ",".join(f"{name}={prio}" for name, prio in queues.items())]
+    if shutdown_timeout is not None:
+        argv += ["--shutdown-timeout", f"{round(shutdown_timeout.total_seconds() * 1000)}ms"]
     if strict:
         argv.append("--strict")
     if burst:
