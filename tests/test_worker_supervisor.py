@@ -212,12 +212,13 @@ def test_burst_workers_stay_down_once_the_queues_are_empty(
 
 def test_a_worker_process_shuts_down_when_its_supervisor_is_gone(tmp_path: Path) -> None:
     # A stand-in supervisor starts a child that watches it, then dies with SIGKILL.
-    marker = tmp_path / "gone"
+    marker, ready = tmp_path / "gone", tmp_path / "ready"
     child = (
         "import os, signal, sys, time\n"
         "from asyncq.cli.supervisor import watch_supervisor\n"
         f"watch_supervisor(os.getppid(), lambda: open({str(marker)!r}, 'w').close(),"
         " interval=0.05)\n"
+        f"open({str(ready)!r}, 'w').close()\n"
         "time.sleep(30)\n"
     )
     parent = (
@@ -228,8 +229,12 @@ def test_a_worker_process_shuts_down_when_its_supervisor_is_gone(tmp_path: Path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", parent], env=env)
     try:
-        time.sleep(1.0)
-        assert not marker.exists()
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < deadline, "the child never started watching"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        assert not marker.exists()  # the supervisor is alive: nothing happens
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 20

@@ -256,7 +256,7 @@ def worker(
         )
         return
     supervisor_pid = os.environ.get(SUPERVISOR_ENV, "")
-    if supervisor_pid.isdigit() and int(supervisor_pid) == os.getppid():
+    if supervisor_pid.isdigit():  # started by a supervisor: end when it is gone
         watch_supervisor(int(supervisor_pid))
     options: dict[str, Any] = {}
     if shutdown_timeout is not None:
