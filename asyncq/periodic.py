@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import Any, TypeAlias
 
 from asyncq._logging import get_logger
-from asyncq.connection import RedisTarget
+from asyncq._redis.options import RedisTarget
 from asyncq.cron import parse_cronspec
 from asyncq.scheduler import Scheduler, entry_identity
 from asyncq.task import Task
@@ -187,7 +187,7 @@ class PeriodicTaskManager:
 
     async def run(self) -> None:
         """Start, run until SIGTERM or SIGINT, then shut down."""
-        await self.start()
+        # Handlers first: a signal while starting must not kill the process outright.
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -196,6 +196,12 @@ class PeriodicTaskManager:
                 installed.append(sig)
             except (NotImplementedError, RuntimeError):
                 pass
+        try:
+            await self.start()
+        except BaseException:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            raise
         try:
             await self._stop.wait()
         finally:

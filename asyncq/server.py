@@ -27,7 +27,7 @@ keeps the interpreter alive until it returns; a third signal ends the process.)
 Every background role (processor, heartbeater, forwarder, recoverer, janitor,
 syncer, healthchecker, subscriber, aggregator) is an asyncio task in one
 TaskGroup; a role that crashes is logged and restarted with backoff (see
-:mod:`asyncq._roles`).
+:mod:`asyncq._worker.roles`).
 """
 
 from __future__ import annotations
@@ -46,21 +46,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias
 
+from asyncq._broker import LEASE_DURATION, Broker
 from asyncq._logging import get_logger
-from asyncq._roles import Role, supervise
-from asyncq.aggregator import GroupAggregator, GroupAggregatorRole
-from asyncq.broker.broker import LEASE_DURATION, Broker
-from asyncq.connection import Connection, RedisClient, RedisTarget
+from asyncq._redis.connection import Connection
+from asyncq._redis.options import RedisClient, RedisTarget
+from asyncq._worker.aggregator import GroupAggregator, GroupAggregatorRole
+from asyncq._worker.forwarder import Forwarder
+from asyncq._worker.healthchecker import HealthChecker
+from asyncq._worker.heartbeater import Heartbeater
+from asyncq._worker.janitor import Janitor
+from asyncq._worker.processor import Processor, default_retry_delay
+from asyncq._worker.recoverer import Recoverer
+from asyncq._worker.roles import Role, supervise
+from asyncq._worker.subscriber import Subscriber
+from asyncq._worker.syncer import Syncer
 from asyncq.errors import ServerClosedError
-from asyncq.forwarder import Forwarder
-from asyncq.healthchecker import HealthChecker
-from asyncq.heartbeater import Heartbeater
-from asyncq.janitor import Janitor
 from asyncq.mux import ServeMux, as_async_handler
-from asyncq.processor import Processor, default_retry_delay
-from asyncq.recoverer import Recoverer
-from asyncq.subscriber import Subscriber
-from asyncq.syncer import Syncer
 from asyncq.task import Task
 
 __all__ = [
@@ -529,9 +530,12 @@ class Server:
         SIGTSTP stops fetching new tasks; a second SIGTERM/SIGINT makes the
         shutdown skip waiting for running handlers.
         """
-        await self.start(handler)
+        # The handlers go in before start(): a signal that arrives while the server
+        # starts (a supervisor, systemd or Kubernetes stopping it at once) must not
+        # meet the default action, which kills (SIGTERM) or suspends (SIGTSTP) the process.
         loop = asyncio.get_running_loop()
         terminate = asyncio.Event()
+        stop_requested = False
         installed: list[int] = []
 
         def on_terminate(signame: str) -> None:
@@ -543,8 +547,12 @@ class Server:
             terminate.set()
 
         def on_stop() -> None:
+            nonlocal stop_requested
             self.log.info("signal received: stopping", signal="SIGTSTP")
-            self.stop()
+            if self.state == "active":
+                self.stop()
+            else:  # still starting: stop once started
+                stop_requested = True
 
         if threading.current_thread() is threading.main_thread():
             handlers: list[tuple[str, Callable[[], None]]] = [
@@ -561,12 +569,16 @@ class Server:
                 except (NotImplementedError, RuntimeError):  # Windows / not the main loop
                     continue
                 installed.append(signum)
-            if signal.SIGTSTP in installed:
-                self.log.info("send signal TSTP to stop processing new tasks")
-            self.log.info("send signal TERM or INT to terminate the process")
-        else:
-            self.log.warning("not in the main thread: no signal handlers installed")
         try:
+            await self.start(handler)
+            if stop_requested:
+                self.stop()
+            if threading.current_thread() is not threading.main_thread():
+                self.log.warning("not in the main thread: no signal handlers installed")
+            else:
+                if signal.SIGTSTP in installed:
+                    self.log.info("send signal TSTP to stop processing new tasks")
+                self.log.info("send signal TERM or INT to terminate the process")
             closed = asyncio.create_task(self._closed.wait())
             term = asyncio.create_task(terminate.wait())
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -21,7 +22,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from asyncq import Client, EnqueueOptions, ServeMux, Server, Task, keys
+from asyncq import Client, EnqueueOptions, ServeMux, Server, Task
+from asyncq import _keys as keys
 from asyncq.cli import main
 from tests.redis_server import free_port
 from tests.workers.support import FAST, wait_until
@@ -104,6 +106,8 @@ def test_webapp_shuts_down_gracefully_on_sigterm(redis_url: str) -> None:
     )
     assert proc.stdout is not None
     try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "webapp.py did not start listening within 60 s"
         line = proc.stdout.readline()
         assert "listening on" in line, proc.communicate()
         proc.send_signal(signal.SIGTERM)  # what `docker stop` sends

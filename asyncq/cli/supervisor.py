@@ -137,6 +137,10 @@ class Supervisor:
             for slot in self._slots:
                 slot.wake.set()
         self._send_all(sig)
+        if sig in (signal.SIGTERM, signal.SIGINT):
+            # A worker that got SIGTSTP before it could handle it is suspended;
+            # wake it so that it sees the shutdown signal.
+            self._send_all(signal.SIGCONT)
 
     def _send_all(self, sig: signal.Signals) -> None:
         for slot in self._slots:
