@@ -23,7 +23,7 @@ Run it and post to it::
 ``python examples/webapp.py --self-test`` starts the app, sends one request to
 itself, waits for the embedded worker to send the email and exits 0.
 ``ASYNCQ_REDIS_URL`` overrides the Redis address (default redis://127.0.0.1:6379/0),
-``PORT`` the HTTP port (8000). SIGTERM (``docker stop``) and Ctrl-C shut down
+``PORT`` the HTTP port (8000; 0 picks a free one). SIGTERM (``docker stop``) and Ctrl-C shut down
 gracefully: running tasks finish, or go back to their queue after 8 s.
 """
 
@@ -118,8 +118,8 @@ async def handle_connection(
         writer.close()
 
 
-async def post(path: str) -> str:
-    reader, writer = await asyncio.open_connection(HOST, PORT)
+async def post(path: str, port: int) -> str:
+    reader, writer = await asyncio.open_connection(HOST, port)
     writer.write(f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
     await writer.drain()
     response = (await reader.read()).decode()
@@ -151,13 +151,14 @@ async def main(self_test: bool) -> int:
     try:
         async with lifespan(app):
             await http.start_serving()
-            print(f"listening on http://{HOST}:{PORT}  (POST /signup?email=...)", flush=True)
+            port = http.sockets[0].getsockname()[1]
+            print(f"listening on http://{HOST}:{port}  (POST /signup?email=...)", flush=True)
             if not self_test:
                 await stop.wait()
                 print("shutting down: running tasks finish or go back to their queue")
                 http.close()
                 return 0
-            print("client:", await post("/signup?email=ada@example.com"))
+            print("client:", await post("/signup?email=ada@example.com", port))
             email = await asyncio.wait_for(sent.get(), 30)
             assert email == "ada@example.com"
     except (RedisError, OSError) as exc:
