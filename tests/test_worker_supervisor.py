@@ -298,3 +298,63 @@ def test_shutdown_timeout_reaches_the_worker_processes(
     # Not finished in 500 ms: requeued at the front of its queue, no retry counted.
     assert r.llen("handled") == 0 and r.llen("asynq:{default}:pending") == 1
     assert waited < 30  # it did not wait for the 30 s handler
+
+
+SLOW_START = """
+import asyncio, sys
+from asyncq import ServeMux, Server
+
+class SlowStart(Server):
+    async def start(self, handler):
+        print("starting", flush=True)  # run() has installed its signal handlers by now
+        await asyncio.sleep(float(sys.argv[2]))
+        await super().start(handler)
+        print("started", self.state, flush=True)
+
+async def main():
+    server = SlowStart(sys.argv[1])
+    await server.run(ServeMux())
+    print("exited", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def next_line(proc: subprocess.Popen[str], prefix: str) -> str:
+    """The next stdout line that starts with *prefix* (structlog's lines go there too)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            return line.strip()
+    return ""
+
+
+@pytest.mark.parametrize("first", [signal.SIGTSTP, signal.SIGTERM], ids=["TSTP", "TERM"])
+def test_a_signal_while_the_server_starts_is_handled(
+    redis_url: str, r: sync_redis.Redis, first: signal.Signals
+) -> None:
+    # A supervisor (or systemd, or Kubernetes) may signal a worker that is still starting:
+    # SIGTSTP must not suspend it, SIGTERM must not kill it without a shutdown.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_START, redis_url, "1.0"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert next_line(proc, "starting") == "starting"
+        proc.send_signal(first)
+        if first == signal.SIGTSTP:
+            assert next_line(proc, "started").startswith("started")
+            # Not suspended: it runs on, stopped, and says so in its heartbeat.
+            wait_for("the status 'stopped'", lambda: server_statuses(r) == ["stopped"], proc)
+            proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    except BaseException:
+        kill_on_failure(proc)
+        raise
+    assert proc.returncode == 0, err
+    assert "exited" in out
+    assert r.zcard("asynq:servers") == 0
