@@ -16,7 +16,16 @@ from asyncq.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-OPTIONAL = ("textual", "uvloop", "watchfiles")
+OPTIONAL = (
+    "textual",
+    "uvloop",
+    "watchfiles",
+    "starlette",
+    "uvicorn",
+    "jinja2",
+    "prometheus_client",
+    "opentelemetry",
+)
 
 
 def test_core_dependencies_are_lean() -> None:
