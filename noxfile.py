@@ -1,21 +1,45 @@
-"""Developer tasks: ``nox`` runs tests, lint and typecheck (what CI runs)."""
+"""Developer tasks: ``nox`` runs what CI runs.
+
+That is the tests on every supported Python found on this machine (3.11 is
+required), lint, the type check, the docs site built with ``--strict`` and a
+wheel + sdist installed into a clean virtualenv and smoke-tested.
+"""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.sessions = ["tests", "lint", "typecheck", "docs", "wheel"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = "3.11"
+"""The Python of the single-version sessions (lint, typecheck, docs, ...)."""
+SUPPORTED = ("3.11", "3.12", "3.13")
+"""Every version in pyproject's classifiers; keep the two in step."""
 ROOT = Path(__file__).parent
 
 
-@nox.session(python=PYTHON)
+def _runs(version: str) -> bool:
+    """Whether ``python<version>`` is on PATH and runs (a pyenv shim may not)."""
+    exe = shutil.which(f"python{version}")
+    if exe is None:
+        return False
+    try:
+        return subprocess.run([exe, "-c", ""], capture_output=True, check=False).returncode == 0
+    except OSError:
+        return False
+
+
+# 3.11 always: its absence is an error, not a skip. The others run where present.
+PYTHONS = [v for v in SUPPORTED if v == PYTHON or _runs(v)]
+
+
+@nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Run the test suite against throwaway redis-server processes."""
     session.install("-e", ".[dev]")
@@ -39,6 +63,38 @@ def typecheck(session: nox.Session) -> None:
     """mypy --strict over the package."""
     session.install("-e", ".[dev]")
     session.run("mypy", "--strict", "asyncq")
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the docs site (mkdocs.yml) with --strict; ``-- serve`` serves it instead."""
+    session.install("-e", ".[docs]")
+    session.env["NO_MKDOCS_2_WARNING"] = "1"
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", *session.posargs[1:])
+        return
+    with tempfile.TemporaryDirectory() as site:
+        session.run("mkdocs", "build", "--strict", "--site-dir", site, *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def wheel(session: nox.Session) -> None:
+    """Build the sdist and wheel, install each into a clean virtualenv, smoke-test them."""
+    session.install("build>=1.2")
+    with tempfile.TemporaryDirectory() as tmp:
+        dist = Path(tmp) / "dist"
+        session.run("python", "-m", "build", "--outdir", str(dist), str(ROOT))
+        (wheel_file,) = dist.glob("asyncq-*.whl")
+        (sdist_file,) = dist.glob("asyncq-*.tar.gz")
+        version = wheel_file.name.split("-")[1]
+        smoke = str(ROOT / "tests" / "smoke_installed.py")
+        for artifact in (wheel_file, sdist_file):
+            venv = Path(tmp) / f"venv-{artifact.suffix.lstrip('.')}"
+            session.run("python", "-m", "venv", str(venv))
+            py = str(venv / "bin" / "python")
+            session.run(py, "-m", "pip", "install", "--quiet", str(artifact), external=True)
+            with session.chdir(tmp):  # outside the source tree: import the installed copy
+                session.run(py, smoke, version, external=True)
 
 
 @nox.session(python=PYTHON)

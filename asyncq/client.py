@@ -18,6 +18,7 @@ from asyncq._broker.replication import replica_wait_seconds
 from asyncq._logging import is_debug_enabled
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisClient, RedisTarget
+from asyncq._suggest import ENQUEUE_OPTION_ALIASES, suggest
 from asyncq._time import require_aware, to_unix
 from asyncq.proto.asynq import TaskMessage
 from asyncq.retry import DEFAULT_RETRY, RetryPolicy, write_with_retry
@@ -74,9 +75,15 @@ def _check_option_names(options: Mapping[str, object], where: str) -> None:
         return
     unknown = sorted(set(options) - _OPTION_NAMES)
     if unknown:
+        hints = [
+            f"{name!r}: did you mean {near!r}?"
+            for name in unknown
+            if (near := suggest(name, _OPTION_NAMES, ENQUEUE_OPTION_ALIASES))
+        ]
         raise TypeError(
             f"unknown enqueue option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-            f"in {where} (known: {', '.join(sorted(_OPTION_NAMES))})"
+            f"in {where}{' (' + '; '.join(hints) + ')' if hints else ''} "
+            f"(known: {', '.join(sorted(_OPTION_NAMES))})"
         )
 
 

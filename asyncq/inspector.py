@@ -432,7 +432,7 @@ class Inspector:
     async def list_aggregating(
         self, queue: str, group: str, *, page: int = 1, size: int = DEFAULT_PAGE_SIZE
     ) -> list[TaskInfo]:
-        """Tasks waiting in *group*, oldest first."""
+        """Tasks waiting in *group*, by the second they joined it (ties in task-id order)."""
         return await self.list_tasks(
             queue, TaskState.AGGREGATING, page=page, size=size, group=group
         )

@@ -71,7 +71,7 @@ from typing import Any, Literal, TypeAlias
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._gofmt import option_strings
-from asyncq._logging import Backoff, RateLimiter, get_logger
+from asyncq._logging import Backoff, RateLimiter, get_logger, is_debug_enabled
 from asyncq._redis.connection import Connection
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.options import RedisTarget
@@ -648,7 +648,8 @@ class Scheduler:
             if holder == self._claim_value(entry):
                 return True  # our SET went through but its reply was lost
             if holder.startswith(_DONE_PREFIX):
-                log.debug("tick enqueued by another scheduler", holder=holder)
+                if is_debug_enabled(log):
+                    log.debug("tick enqueued by another scheduler", holder=holder)
                 return False
             # Another scheduler is enqueueing it; if it dies, its lease runs out and
             # the next SET NX succeeds here.

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import threading
 import types
 import uuid
 from collections.abc import Callable, Mapping
@@ -151,7 +152,8 @@ class Server:
       ``recoverer_interval`` (1 min), ``recoverer_cutoff`` (30 s: how long
       after expiry a lease is recovered), ``syncer_interval`` (5 s): asynq
       hard-codes these; they are options here so tests can run them fast.
-    - ``group_aggregator(group, tasks) -> Task`` enables aggregation, with
+    - ``group_aggregator(group, tasks) -> Task`` enables aggregation (*tasks*
+      in joining order to the second; within one second in task-id order), with
       ``group_grace_period`` (1 min, at least 1 s), ``group_max_delay`` and
       ``group_max_size`` (None/0 = no limit) and ``group_check_interval``
       (default min(7 s, grace period)).
@@ -552,15 +554,31 @@ class Server:
         SIGTSTP stops fetching new tasks; a second SIGTERM/SIGINT makes the
         shutdown skip waiting for running handlers.
         """
-        await self.start(handler)
+        stop_requested = False
 
         def on_repeat(signame: str) -> None:
             self.log.warning("second signal: exiting without waiting", signal=signame)
             self.force_shutdown()
 
-        async with signal_handlers(
-            self.log, on_repeat=on_repeat, on_stop=self.stop, announce=True
-        ) as signals:
+        def on_stop() -> None:
+            nonlocal stop_requested
+            if self.state == "active":
+                self.stop()
+            else:  # still starting: stop once started
+                stop_requested = True
+
+        # The handlers go in before start(): a signal that arrives while the server
+        # starts (a supervisor, systemd or Kubernetes stopping it at once) must not
+        # meet the default action, which kills (SIGTERM) or suspends (SIGTSTP) the process.
+        async with signal_handlers(self.log, on_repeat=on_repeat, on_stop=on_stop) as signals:
+            await self.start(handler)
+            if stop_requested:
+                self.stop()
+            if threading.current_thread() is threading.main_thread():
+                self.log.info("send signal TSTP to stop processing new tasks")
+                self.log.info("send signal TERM or INT to terminate the process")
+            else:
+                self.log.warning("not in the main thread: no signal handlers installed")
             await signals.wait_or(self._closed.wait())
             await self.shutdown()
 

@@ -22,11 +22,7 @@ from datetime import timedelta
 import structlog
 from redis.exceptions import RedisError
 
-from asyncq.client import Client
-from asyncq.inspector import Inspector
-from asyncq.mux import ServeMux
-from asyncq.server import Server
-from asyncq.task import Task
+from asyncq import Client, Inspector, ServeMux, Server, Task
 
 REDIS_URL = os.environ.get("ASYNCQ_REDIS_URL", "redis://127.0.0.1:6379/0")
 TOTAL = 20

@@ -9,7 +9,7 @@ once, and stopping (or ``kill -9``-ing) one of them loses no tick::
 
 ``tasks.json`` holds a list like
 ``[{"cron": "@every 5s", "type": "report", "payload": {"id": 1}, "queue": "low"}]``.
-Set ``REDIS_URL`` to point somewhere else than ``redis://localhost:6379/0``.
+Set ``ASYNCQ_REDIS_URL`` to point somewhere else than ``redis://127.0.0.1:6379/0``.
 Watch the result with ``asynq cron ls`` / ``asynq cron history <entry id>`` or asynqmon.
 """
 
@@ -25,11 +25,9 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
-from asyncq.scheduler import Scheduler
-from asyncq.task import Task, TaskInfo
+from asyncq import PeriodicTaskConfig, PeriodicTaskManager, Scheduler, Task, TaskInfo
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
+REDIS_URL = os.environ.get("ASYNCQ_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def on_enqueued(info: TaskInfo | None, exc: BaseException | None) -> None:

@@ -22,16 +22,18 @@ Run it and post to it::
 
 ``python examples/webapp.py --self-test`` starts the app, sends one request to
 itself, waits for the embedded worker to send the email and exits 0.
-``ASYNCQ_REDIS_URL`` overrides the Redis address (default redis://127.0.0.1:6379/0).
+``ASYNCQ_REDIS_URL`` overrides the Redis address (default redis://127.0.0.1:6379/0),
+``PORT`` the HTTP port (8000; 0 picks a free one). SIGTERM (``docker stop``) and Ctrl-C shut down
+gracefully: running tasks finish, or go back to their queue after 8 s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -41,10 +43,7 @@ from urllib.parse import parse_qs, urlsplit
 import structlog
 from redis.exceptions import RedisError
 
-from asyncq.client import Client
-from asyncq.mux import ServeMux
-from asyncq.server import Server
-from asyncq.task import Task
+from asyncq import Client, ServeMux, Server, Task
 
 REDIS_URL = os.environ.get("ASYNCQ_REDIS_URL", "redis://127.0.0.1:6379/0")
 HOST, PORT = "127.0.0.1", int(os.environ.get("PORT", "8000"))
@@ -119,8 +118,8 @@ async def handle_connection(
         writer.close()
 
 
-async def post(path: str) -> str:
-    reader, writer = await asyncio.open_connection(HOST, PORT)
+async def post(path: str, port: int) -> str:
+    reader, writer = await asyncio.open_connection(HOST, port)
     writer.write(f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
     await writer.drain()
     response = (await reader.read()).decode()
@@ -131,25 +130,45 @@ async def post(path: str) -> str:
 async def main(self_test: bool) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     app = App()
+    # `docker stop`, systemd and Kubernetes send SIGTERM; Ctrl-C sends SIGINT. Both
+    # end the serve loop below, so the lifespan's graceful shutdown runs.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # Take the HTTP port first, so that a port in use is reported as such.
+    try:
+        http = await asyncio.start_server(
+            lambda r, w: handle_connection(app, r, w), HOST, PORT, start_serving=False
+        )
+    except OSError as exc:
+        print(
+            f"error: cannot listen on http://{HOST}:{PORT}: {exc.strerror or exc} "
+            "(set PORT to use another port)",
+            file=sys.stderr,
+        )
+        return 1
     try:
         async with lifespan(app):
-            server = await asyncio.start_server(
-                lambda r, w: handle_connection(app, r, w), HOST, PORT
-            )
-            async with server:
-                print(f"listening on http://{HOST}:{PORT}  (POST /signup?email=...)")
-                if not self_test:
-                    await server.serve_forever()
-                    return 0
-                print("client:", await post("/signup?email=ada@example.com"))
-                email = await asyncio.wait_for(sent.get(), 30)
-                assert email == "ada@example.com"
+            await http.start_serving()
+            port = http.sockets[0].getsockname()[1]
+            print(f"listening on http://{HOST}:{port}  (POST /signup?email=...)", flush=True)
+            if not self_test:
+                await stop.wait()
+                print("shutting down: running tasks finish or go back to their queue")
+                http.close()
+                return 0
+            print("client:", await post("/signup?email=ada@example.com", port))
+            email = await asyncio.wait_for(sent.get(), 30)
+            assert email == "ada@example.com"
     except (RedisError, OSError) as exc:
         print(f"error: {exc} (is Redis running at {REDIS_URL}?)", file=sys.stderr)
         return 1
+    finally:
+        http.close()
+        await http.wait_closed()
     return 0
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(asyncio.run(main("--self-test" in sys.argv[1:])))
+    sys.exit(asyncio.run(main("--self-test" in sys.argv[1:])))

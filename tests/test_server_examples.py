@@ -15,7 +15,7 @@ from tests.workers.support import ROOT
 
 def run_example(name: str, url: str, *args: str) -> subprocess.CompletedProcess[str]:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "ASYNCQ_REDIS_URL": url, "PORT": str(free_port())}
+    env = {**os.environ, "PYTHONPATH": path, "ASYNCQ_REDIS_URL": url, "PORT": "0"}
     return subprocess.run(
         [sys.executable, str(ROOT / "examples" / name), *args],
         capture_output=True,

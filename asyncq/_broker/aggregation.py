@@ -76,7 +76,7 @@ class Aggregation(BrokerBase):
     async def read_aggregation_set(
         self, qname: str, group: str, set_id: str
     ) -> tuple[list[TaskMessage], datetime]:
-        """The staged messages (oldest first) and the set's deadline.
+        """The staged messages (by joining second, then task id) and the set's deadline.
 
         Raises BrokerError when the set is not staged (any more). A member whose
         message cannot be decoded is archived (and logged) instead of returned.

@@ -30,7 +30,12 @@ HealthCheck: TypeAlias = Callable[["BaseException | None"], "Awaitable[None] | N
 """``health_check(exc_or_none)``, sync or async; called every ``health_check_interval``."""
 
 GroupAggregator: TypeAlias = Callable[[str, Sequence[Task]], "Task | Awaitable[Task]"]
-"""``aggregator(group, tasks) -> Task``, sync or async: turns a group's tasks into one task."""
+"""``aggregator(group, tasks) -> Task``, sync or async: turns a group's tasks into one task.
+
+*tasks* come in the order they joined the group, to the second: asynq scores a
+group's tasks by the whole second they were added, so tasks that joined within
+the same second come in task-id order, not necessarily in enqueue order.
+"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
 from asyncq._broker.multiqueue import MultiQueue
-from asyncq._logging import error_text, task_fields
+from asyncq._logging import error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.policy import is_failure_for, retry_delay_for
@@ -100,7 +100,8 @@ class Recoverer(PeriodicRole):
             if is_transient(err):
                 raise
             # Another recoverer got there first (asynq #717).
-            self.log.debug("task already recovered elsewhere", error=error_text(err), **fields)
+            if is_debug_enabled(self.log):
+                self.log.debug("task already recovered elsewhere", error=error_text(err), **fields)
         except Exception as err:
             # Whatever the broker refuses must not stop the recovery of the tasks
             # listed after it, tick after tick.

@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoPermissionError
 
 from asyncq import _keys as keys
-from asyncq._logging import Backoff, error_text, task_fields
+from asyncq._logging import Backoff, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.roles import Role, RoleDeps
@@ -98,7 +98,8 @@ class Subscriber(Role):
                 if connected_before:
                     self._wakeup.set()
                 connected_before = True
-                self.log.debug("subscribed", channels=channels)
+                if is_debug_enabled(self.log):
+                    self.log.debug("subscribed", channels=channels)
                 while not self.stopping:
                     self._reading = True
                     try:
@@ -123,7 +124,8 @@ class Subscriber(Role):
                     try:
                         await pubsub.aclose()
                     except Exception as exc:  # the connection may be gone already
-                        self.log.debug("closing the pubsub failed", error=repr(exc))
+                        if is_debug_enabled(self.log):
+                            self.log.debug("closing the pubsub failed", error=repr(exc))
 
     async def _subscribe(self, pubsub: Any, channels: list[bytes], cancel_channel: bytes) -> bool:
         """SUBSCRIBE *channels* and wait for Redis to confirm each; False when stopping.
@@ -150,7 +152,8 @@ class Subscriber(Role):
             pubsub.channels.pop(channel, None)
         interval = self.config.task_check_interval
         if self._warned_denied:
-            self.log.debug("wake-up channels still denied by Redis", error=error_text(exc))
+            if is_debug_enabled(self.log):
+                self.log.debug("wake-up channels still denied by Redis", error=error_text(exc))
             return
         self._warned_denied = True
         self.log.warning(

@@ -8,7 +8,6 @@ import sys
 import tomllib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -88,14 +87,20 @@ def settings(ctx: click.Context) -> Settings:
     return obj
 
 
-def run_async(uri: str, fn: Callable[[], Awaitable[T]]) -> T:
+def run_async(
+    uri: str,
+    fn: Callable[[], Awaitable[T]],
+    *,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> T:
     """Run *fn* in a fresh event loop, naming *uri* if Redis cannot be reached."""
 
     async def runner() -> T:
         return await fn()
 
     try:
-        return asyncio.run(runner())
+        with asyncio.Runner(loop_factory=loop_factory) as loop_runner:
+            return loop_runner.run(runner())
     except AuthenticationError as exc:
         raise CliError(f"Redis at {redact_uri(uri)} refused the credentials: {exc}") from None
     except (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError) as exc:
@@ -130,12 +135,10 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 
 def _package_version() -> str:
-    try:
-        return version("asyncq")
-    except PackageNotFoundError:  # running from a source tree that is not installed
-        import asyncq
+    """``asyncq.__version__``: the single source of the version (pyproject reads it too)."""
+    from asyncq import __version__
 
-        return str(getattr(asyncq, "__version__", "unknown"))
+    return __version__
 
 
 class AsyncqGroup(click.Group):

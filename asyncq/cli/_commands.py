@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from asyncq.cli._app import CliError, run_async, settings
+from asyncq.cli._extras import require_extra
 from asyncq.cli._format import (
     bar_chart,
     format_bytes,
@@ -773,6 +774,7 @@ def dash(ctx: click.Context, refresh: float) -> None:
     Keys: Enter open, q/Esc back, p pause/resume queue, r run, a archive,
     d delete, [ ] previous/next page, left/right change state, ? help.
     """
+    require_extra("textual", "dash", "asyncq dash")
     from asyncq.cli.dash import DashApp
 
     uri = settings(ctx).uri()

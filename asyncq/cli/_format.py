@@ -6,6 +6,7 @@ import base64
 import dataclasses
 import enum
 import json
+import os
 import re
 import shutil
 import sys
@@ -175,6 +176,16 @@ def terminal_width() -> int:
     return max(40, shutil.get_terminal_size((80, 24)).columns)
 
 
+def output_width() -> int | None:
+    """Columns to fit tables into: the terminal's, or None (full values) for a pipe or file.
+
+    ``$COLUMNS`` forces a width even when stdout is not a terminal.
+    """
+    if "COLUMNS" in os.environ or sys.stdout.isatty():
+        return terminal_width()
+    return None
+
+
 def _clip(text: str, width: int) -> str:
     if len(text) <= width:
         return text
@@ -192,13 +203,15 @@ def table(
 
     Columns listed in *keep* (e.g. task IDs) are never shortened; the others
     shrink, widest first, with an ellipsis, but never below their header.
+    Without *width*, tables fit the terminal; written to a pipe or a file
+    (and ``$COLUMNS`` unset) every value is printed in full.
     """
-    width = terminal_width() if width is None else width
+    limit = output_width() if width is None else width
     cells = [[str(c) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     gap = 2
     floor = [max(len(h), 4) for h in headers]
-    while sum(widths) + gap * (len(widths) - 1) > width:
+    while limit is not None and sum(widths) + gap * (len(widths) - 1) > limit:
         candidates = [i for i in range(len(widths)) if i not in keep and widths[i] > floor[i]]
         if not candidates:
             break

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import os
 import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from asyncq.cli._app import LOG_LEVELS, CliError, configure_logging, run_async, settings
+from asyncq.cli._app import (
+    ENV_URI,
+    LOG_LEVELS,
+    CliError,
+    configure_logging,
+    run_async,
+    settings,
+)
+from asyncq.cli._commands import DURATION
+from asyncq.cli._extras import require_extra
+from asyncq.cli.supervisor import SUPERVISOR_ENV, Supervisor, watch_supervisor
 from asyncq.mux import ServeMux
 
 __all__ = ["load_app", "parse_queues", "worker"]
@@ -48,7 +62,15 @@ def load_app(spec: str) -> ServeMux:
     Raises CliError naming the problem.
     """
     module_name, _, attr = spec.partition(":")
+    attr_given = bool(attr)
     attr = attr or "app"
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+        path = Path(module_name.removesuffix(".py"))
+        dotted = ".".join(p for p in path.parts if p not in (".", path.anchor))
+        raise CliError(
+            f"invalid app {spec!r}: give a module name, not a file path "
+            f"(e.g. {dotted}:{attr}, run from the directory that holds it)"
+        )
     if not module_name or not all(part.isidentifier() for part in attr.split(".")):
         raise CliError(f"invalid app {spec!r}: expected MODULE:ATTRIBUTE, e.g. myapp.tasks:mux")
     # Like uvicorn and arq: modules in the current directory are importable.
@@ -73,7 +95,10 @@ def load_app(spec: str) -> ServeMux:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise CliError(f"module {module_name!r} has no attribute {attr!r}") from None
+            raise CliError(
+                f"module {module_name!r} has no attribute {attr!r}"
+                + _app_hint(module, module_name, attr_given=attr_given)
+            ) from None
     if isinstance(obj, ServeMux):
         return obj
     if callable(obj) and _takes_no_arguments(obj):
@@ -87,6 +112,17 @@ def load_app(spec: str) -> ServeMux:
         f"{spec} is a {obj.__class__.__name__}; expected an asyncq.mux.ServeMux "
         "or a zero-argument callable returning one"
     )
+
+
+def _app_hint(module: Any, module_name: str, *, attr_given: bool) -> str:
+    """Where the ServeMux probably is: the module's ServeMux attributes, and the form to use."""
+    muxes = sorted(n for n, v in vars(module).items() if isinstance(v, ServeMux))
+    if muxes:
+        found = ", ".join(f"{module_name}:{n}" for n in muxes)
+        return f"; it has a ServeMux: use {found}"
+    if not attr_given:
+        return f"; give the ServeMux as MODULE:APP, e.g. {module_name}:mux"
+    return ""
 
 
 def _takes_no_arguments(fn: Any) -> bool:
@@ -140,6 +176,33 @@ class QueuesType(_QueuesParam):
     show_default=True,
     help="Least severe log level written to stderr.",
 )
+@click.option(
+    "--shutdown-timeout",
+    type=DURATION,
+    metavar="DURATION",
+    help="At SIGTERM/SIGINT, wait this long for running tasks before requeueing them, "
+    "e.g. 25s [default: 8s].",
+)
+@click.option(
+    "--processes",
+    "-p",
+    type=click.IntRange(min=1),
+    help="Run N worker processes under a supervisor that restarts crashed ones "
+    "and forwards SIGTERM/SIGINT/SIGTSTP [default: one worker, no supervisor].",
+)
+@click.option(
+    "--reload",
+    is_flag=True,
+    help="Restart the worker processes when a .py file under the current directory "
+    "changes (development only; needs the 'reload' extra).",
+)
+@click.option(
+    "--loop",
+    type=click.Choice(["auto", "asyncio", "uvloop"]),
+    default="auto",
+    show_default=True,
+    help="Event loop: auto uses uvloop when it is installed (the 'uvloop' extra).",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -151,15 +214,23 @@ def worker(
     burst: bool,
     worker_uri: str | None,
     log_level: str,
+    shutdown_timeout: timedelta | None,
+    processes: int | None,
+    reload: bool,
+    loop: str,
 ) -> None:
     """Run a worker for the ServeMux MODULE:APP (a ServeMux or a function returning one).
 
     SIGTERM/SIGINT shut down gracefully (a second one exits at once); SIGTSTP
-    stops fetching new tasks.
+    stops fetching new tasks. With --processes N a supervisor runs N worker
+    processes, restarts one that crashes (with backoff) and forwards these
+    signals to all of them.
 
     \b
-    Example:
+    Examples:
       asyncq worker myapp.tasks:mux -c 20 -q critical=6,default=3
+      asyncq worker myapp.tasks:mux --processes 4      # production, one per core
+      asyncq worker myapp.tasks:mux --reload           # development
     """
     from asyncq.server import Server
 
@@ -168,8 +239,30 @@ def worker(
     if worker_uri is not None:
         settings(ctx).uri_flag = worker_uri
     uri = settings(ctx).uri()
+    loop_factory = _loop_factory(loop)
+    if processes is not None or reload:
+        _supervise(
+            app,
+            uri,
+            processes=processes or 1,
+            reload=reload,
+            concurrency=concurrency,
+            queues=queues,
+            strict=strict,
+            burst=burst,
+            log_level=log_level.lower(),
+            loop=loop,
+            shutdown_timeout=shutdown_timeout,
+        )
+        return
+    supervisor_pid = os.environ.get(SUPERVISOR_ENV, "")
+    if supervisor_pid.isdigit():  # started by a supervisor: end when it is gone
+        watch_supervisor(int(supervisor_pid))
+    options: dict[str, Any] = {}
+    if shutdown_timeout is not None:
+        options["shutdown_timeout"] = shutdown_timeout
     server = Server(
-        uri, concurrency=concurrency, queues=queues, strict_priority=strict, burst=burst
+        uri, concurrency=concurrency, queues=queues, strict_priority=strict, burst=burst, **options
     )
 
     async def go() -> None:
@@ -180,4 +273,58 @@ def worker(
             raise
         await server.run(mux)
 
-    run_async(uri, go)
+    run_async(uri, go, loop_factory=loop_factory)
+
+
+def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop factory for --loop (None: asyncio's default loop)."""
+    if loop == "asyncio":
+        return None
+    if loop == "uvloop":
+        uvloop = require_extra("uvloop", "uvloop", "--loop uvloop")
+    else:
+        try:
+            import uvloop
+        except ImportError:
+            return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def _supervise(
+    app: str,
+    uri: str,
+    *,
+    processes: int,
+    reload: bool,
+    concurrency: int | None,
+    queues: dict[str, int] | None,
+    strict: bool,
+    burst: bool,
+    log_level: str,
+    loop: str,
+    shutdown_timeout: timedelta | None,
+) -> None:
+    """Run the worker as *processes* supervised subprocesses (see asyncq.cli.supervisor)."""
+    if reload:
+        require_extra("watchfiles", "reload", "--reload")
+    argv = [sys.executable, "-m", "asyncq.cli", "worker", app, "--log-level", log_level]
+    argv += ["--loop", loop]
+    if concurrency is not None:
+        argv += ["--concurrency", str(concurrency)]
+    if queues is not None:
+        argv += ["--queues", ",".join(f"{name}={prio}" for name, prio in queues.items())]
+    if shutdown_timeout is not None:
+        argv += ["--shutdown-timeout", f"{round(shutdown_timeout.total_seconds() * 1000)}ms"]
+    if strict:
+        argv.append("--strict")
+    if burst:
+        argv.append("--burst")
+    # The URL goes by environment, not argv, so that `ps` does not show its password.
+    env = {**os.environ, ENV_URI: uri}
+    supervisor = Supervisor(
+        argv, processes, env=env, burst=burst, reload_dir=Path.cwd() if reload else None
+    )
+    status = asyncio.run(supervisor.run())
+    if status:
+        raise CliError("a worker process exited with an error; see the log above")

@@ -1,4 +1,5 @@
--- Messages of a staged aggregation set, oldest first (asynq ReadAggregationSet).
+-- Messages of a staged aggregation set by score (the whole second each task joined
+-- the group), ties in member (task id) order (asynq ReadAggregationSet).
 -- KEYS[1] aggregation set
 -- KEYS[2] asyncq: aggregation_sets (optional: then the set's deadline is appended)
 -- ARGV[1] task key prefix
