@@ -353,7 +353,7 @@ class InspectBroker:
             msg = _decode(qname, _str(reply[i]), reply[i + 1])
             next_at = None
             if state in (TaskState.SCHEDULED, TaskState.RETRY):
-                next_at = from_unix(int(float(_str(reply[i + 2]))))
+                next_at = from_unix(_stored_int(reply[i + 2], "score", key))
             tasks.append(StoredTask(msg, state, next_at, reply[i + 3]))
         return tasks
 
