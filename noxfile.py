@@ -35,6 +35,22 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def mutation(session: nox.Session) -> None:
+    """Mutation testing of the pure modules ([tool.mutmut] in pyproject); not in the default run.
+
+    ``nox -s mutation`` runs every mutant and prints the survivors; ``nox -s mutation --
+    show <name>`` shows one mutant's diff.
+    """
+    session.install("-e", ".[dev]", "mutmut>=3.3")
+    if session.posargs:
+        session.run("mutmut", *session.posargs)
+        return
+    shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+    session.run("mutmut", "run", "--max-children", "2")
+    session.run("mutmut", "results")
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff check and format check."""
     session.install("ruff>=0.6")
