@@ -11,6 +11,15 @@ from asyncq.client import Client
 from tests.cluster import RedisClusterProcs
 from tests.redis_server import RedisServer
 
+_SLOW_TOO = ("subprocess", "cluster", "sentinel")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that start processes or multi-server setups are slow as well."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in _SLOW_TOO):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:

@@ -229,6 +229,7 @@ def _files(root: Path) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.subprocess
 def test_committed_proto_code_matches_a_fresh_generation(tmp_path: Path) -> None:
     if importlib.util.find_spec("grpc_tools") is None:
         pytest.skip("grpcio-tools is not installed (pip install -e '.[dev]'), cannot regenerate")

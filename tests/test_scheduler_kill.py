@@ -26,6 +26,8 @@ from redis.asyncio import Redis
 from asyncq.scheduler import Scheduler
 from asyncq.task import Task
 
+pytestmark = pytest.mark.subprocess
+
 async def main(url):
     redis = Redis.from_url(url)
 
