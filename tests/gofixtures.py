@@ -21,7 +21,8 @@ GO_ZERO_UNIX = -62135596800
 # -- protobuf wire encoding -------------------------------------------------------------------
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """Base-128 varint; negatives as their 64-bit two's complement (ten bytes)."""
     if n < 0:
         n += 1 << 64  # int32/int64 negatives take ten bytes on the wire
     out = bytearray()
@@ -36,11 +37,11 @@ def _varint(n: int) -> bytes:
 
 
 def _tag(num: int, wire: int) -> bytes:
-    return _varint((num << 3) | wire)
+    return varint((num << 3) | wire)
 
 
 def _int_field(num: int, value: int) -> bytes:
-    return _tag(num, 0) + _varint(value) if value else b""
+    return _tag(num, 0) + varint(value) if value else b""
 
 
 def _bool_field(num: int, value: bool) -> bytes:
@@ -50,7 +51,7 @@ def _bool_field(num: int, value: bool) -> bytes:
 def _bytes_field(num: int, value: bytes, *, always: bool = False) -> bytes:
     if not value and not always:
         return b""
-    return _tag(num, 2) + _varint(len(value)) + value
+    return _tag(num, 2) + varint(len(value)) + value
 
 
 def _str_field(num: int, value: str) -> bytes:
@@ -84,7 +85,7 @@ def _map_str(num: int, m: dict[str, str]) -> bytes:
 def _map_str_int(num: int, m: dict[str, int]) -> bytes:
     return b"".join(
         _bytes_field(
-            num, _bytes_field(1, k.encode(), always=True) + _tag(2, 0) + _varint(v), always=True
+            num, _bytes_field(1, k.encode(), always=True) + _tag(2, 0) + varint(v), always=True
         )
         for k, v in m.items()
     )

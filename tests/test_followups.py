@@ -28,7 +28,7 @@ from asyncq.proto.asynq import TaskMessage
 from asyncq.server import Server
 from asyncq.task import Task, TaskInfo, TaskState
 from tests.acl import temporary_acl_user
-from tests.test_broker import assert_ids_have_hashes
+from tests.helpers import assert_ids_have_hashes
 from tests.workers.support import FAST, stored_message, task_hash, wait_until
 
 Q = "default"

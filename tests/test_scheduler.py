@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,27 +27,13 @@ from asyncq.scheduler import (
     tick_task_id,
 )
 from asyncq.task import Task, TaskInfo
+from tests.helpers import wait_until
 from tests.redis_server import free_port
 
 FAST = {
     "heartbeat_interval": timedelta(seconds=1),
     "claim_lease": timedelta(milliseconds=500),
 }
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]] | Callable[[], bool], within: float = 15.0
-) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        result = predicate()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 async def entries_of(redis: Redis, scheduler: Scheduler) -> list[SchedulerEntry]:
