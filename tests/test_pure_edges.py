@@ -13,6 +13,7 @@ import pytest
 
 from asyncq import Task
 from asyncq._codec import decode_task_message, encode_task_message
+from asyncq._gofmt import option_strings
 from asyncq._keys import processed_key, validate_queue_name
 from asyncq._time import to_unix
 from asyncq.client import _compose
@@ -147,3 +148,8 @@ def test_bad_option_messages(options: dict[str, Any], error: type, message: str)
 def test_not_a_task_is_named() -> None:
     with pytest.raises(TypeError, match=r"^expected an asyncq Task, got str$"):
         _compose("t", [], NOW)  # type: ignore[arg-type]
+
+
+def test_header_option_strings_are_go_json_with_utf8_and_html_escapes() -> None:
+    got = option_strings({"headers": {"tënant": "a<b>&c"}})
+    assert got == ['Header(["tënant","a\\u003cb\\u003e\\u0026c"])']
