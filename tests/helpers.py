@@ -109,7 +109,7 @@ async def assert_ids_have_hashes(r: Redis, queue: str = Q) -> None:
 async def wait_until(
     predicate: Callable[[], Any | Awaitable[Any]],
     *,
-    within: float = 10.0,
+    within: float = 15.0,
     interval: float = 0.01,
     what: str = "condition",
 ) -> Any:
