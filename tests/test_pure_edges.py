@@ -138,6 +138,18 @@ def test_a_later_level_moves_an_earlier_schedule() -> None:
         ({"headers": ["x"]}, TypeError, "headers must be a mapping of str to str, got list"),
         ({"timeout": 5}, TypeError, "timeout must be a datetime.timedelta, got int"),
         ({"deadline": "soon"}, TypeError, "deadline must be a datetime.datetime, got str"),
+        ({"max_retry": "3"}, TypeError, "max_retry must be an int, got str"),
+        ({"max_retry": 2**31}, ValueError, "max_retry must fit in 32 bits, got 2147483648"),
+        (
+            {"headers": {"k": 1}},
+            TypeError,
+            "header keys and values must be str, got str: int for 'k'",
+        ),
+        (
+            {"process_at": NOW, "process_in": timedelta(1)},
+            ValueError,
+            "give process_at or process_in, not both",
+        ),
     ],
 )
 def test_bad_option_messages(options: dict[str, Any], error: type, message: str) -> None:
@@ -153,3 +165,13 @@ def test_not_a_task_is_named() -> None:
 def test_header_option_strings_are_go_json_with_utf8_and_html_escapes() -> None:
     got = option_strings({"headers": {"tënant": "a<b>&c"}})
     assert got == ['Header(["tënant","a\\u003cb\\u003e\\u0026c"])']
+
+
+def test_max_retry_at_the_int32_limit_is_accepted() -> None:
+    assert compose(Task("t"), max_retry=2**31 - 1).message.retry == 2**31 - 1
+
+
+def test_composed_process_at_is_utc_whatever_the_local_zone(local_new_york: None) -> None:
+    local = datetime(2026, 5, 1, 9, 0, tzinfo=timezone(timedelta(hours=-4)))
+    c = compose(Task("t"), process_at=local)
+    assert c.process_at == local and c.process_at.utcoffset() == timedelta(0)
