@@ -230,17 +230,23 @@ async def test_a_dead_claimant_is_taken_over(redis: Redis, redis_url: str) -> No
     )
     scheduler.register("@every 1s", task)
     # A scheduler that died right after claiming the next two ticks; for the
-    # second it had even enqueued the task before dying.
+    # second it had even enqueued the task before dying. Its claims are held
+    # (no expiry) until the test sees our scheduler waiting on each, then they
+    # lapse, as a dead claimant's lease does.
     t1 = int(time.time()) + 2
     t2 = t1 + 1
     for t in (t1, t2):
-        lease_ms = int((t - time.time() + 0.6) * 1000)
-        await redis.set(keys.scheduler_claim_key(identity, t), "dead:1:x", px=lease_ms)
+        await redis.set(keys.scheduler_claim_key(identity, t), "dead:1:x")
     async with Client(redis) as client:
         await client.enqueue(task, task_id=tick_task_id(identity, t2))
 
     async with scheduler:
         for t in (t1, t2):
+            claim = keys.scheduler_claim_key(identity, t)
+            # Our scheduler found the claim held and is polling its remaining lease.
+            await wait_until(lambda t=t: _polling_a_claim(redis, t), within=20)
+            assert await redis.get(claim) == b"dead:1:x"
+            await redis.delete(claim)
             await wait_until(lambda t=t: _done(redis, identity, t))
     claim1 = await redis.get(keys.scheduler_claim_key(identity, t1))
     claim2 = await redis.get(keys.scheduler_claim_key(identity, t2))
@@ -251,6 +257,18 @@ async def test_a_dead_claimant_is_taken_over(redis: Redis, redis_url: str) -> No
     ids = await redis.lrange("asynq:{default}:pending", 0, -1)
     assert len(ids) == len(set(ids))
     assert {tick_task_id(identity, t).encode() for t in (t1, t2)} <= set(ids)
+
+
+async def _polling_a_claim(redis: Redis, tick: int) -> bool:
+    """The tick is due and a client's last command, just now, is PTTL: a scheduler
+    reading the held claim's remaining lease."""
+    if time.time() < tick:
+        return False
+    me = await redis.client_id()
+    return any(
+        c["cmd"] == "pttl" and int(c["idle"]) == 0 and int(c["id"]) != me
+        for c in await redis.client_list()
+    )
 
 
 async def _done(redis: Redis, identity: str, tick: int) -> bool:
