@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from redis.cluster import RedisCluster as SyncRedisCluster
+
 from tests.redis_server import RedisServer, free_port
 
 __all__ = ["RedisClusterProcs", "SentinelSetup", "TLSServer", "redis_cli"]
@@ -91,6 +93,17 @@ class RedisClusterProcs:
         for node in self.nodes:
             node.cleanup()
         self.nodes.clear()
+
+    def master_ports(self) -> set[int]:
+        """Ports of the masters, from the cluster's own slot map."""
+        with SyncRedisCluster(host="127.0.0.1", port=self.nodes[0].port) as rc:
+            return {node.port for node in rc.get_primaries()}
+
+    def master_port_of(self, key: str) -> int:
+        """Port of the master that serves *key*'s slot, from the cluster's own slot map."""
+        with SyncRedisCluster(host="127.0.0.1", port=self.nodes[0].port) as rc:
+            port: int = rc.get_node_from_key(key).port
+            return port
 
 
 class SentinelSetup:

@@ -1,15 +1,29 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
+from asyncq import Server
 from asyncq._broker import Broker
 from asyncq.client import Client
 from tests.cluster import RedisClusterProcs
+from tests.helpers import FakeClock
 from tests.redis_server import RedisServer
+from tests.workers.support import FAST
+
+_SLOW_TOO = ("subprocess", "cluster", "sentinel")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that start processes or multi-server setups are slow as well."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in _SLOW_TOO):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -48,8 +62,34 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
 
 
 @pytest.fixture
-async def broker(redis: Redis) -> Broker:
-    return Broker(redis)
+def clock() -> FakeClock:
+    return FakeClock(float(int(time.time())))
+
+
+@pytest.fixture
+async def broker(redis: Redis, clock: FakeClock) -> Broker:
+    """A Broker on the flushed test database, on the fake clock."""
+    return Broker(redis, clock=clock)
+
+
+@pytest.fixture
+async def serve(
+    redis: Redis, request: pytest.FixtureRequest
+) -> AsyncIterator[Callable[..., Awaitable[Server]]]:
+    """``await serve(mux, **options)`` starts a Server on the test Redis with fast timings
+    (the module's ``SERVE_CONCURRENCY``, default 4, unless given); all shut down at the end."""
+    servers: list[Server] = []
+    concurrency = getattr(request.module, "SERVE_CONCURRENCY", 4)
+
+    async def start(mux: Any, **options: Any) -> Server:
+        server = Server(redis, **{"concurrency": concurrency, **FAST, **options})
+        servers.append(server)
+        await server.start(mux)
+        return server
+
+    yield start
+    for server in servers:
+        await server.shutdown()
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ GO_ZERO_UNIX = -62135596800
 # -- protobuf wire encoding -------------------------------------------------------------------
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """Base-128 varint; negatives as their 64-bit two's complement (ten bytes)."""
     if n < 0:
         n += 1 << 64  # int32/int64 negatives take ten bytes on the wire
     out = bytearray()
@@ -36,11 +37,11 @@ def _varint(n: int) -> bytes:
 
 
 def _tag(num: int, wire: int) -> bytes:
-    return _varint((num << 3) | wire)
+    return varint((num << 3) | wire)
 
 
 def _int_field(num: int, value: int) -> bytes:
-    return _tag(num, 0) + _varint(value) if value else b""
+    return _tag(num, 0) + varint(value) if value else b""
 
 
 def _bool_field(num: int, value: bool) -> bytes:
@@ -50,7 +51,7 @@ def _bool_field(num: int, value: bool) -> bytes:
 def _bytes_field(num: int, value: bytes, *, always: bool = False) -> bytes:
     if not value and not always:
         return b""
-    return _tag(num, 2) + _varint(len(value)) + value
+    return _tag(num, 2) + varint(len(value)) + value
 
 
 def _str_field(num: int, value: str) -> bytes:
@@ -84,10 +85,66 @@ def _map_str(num: int, m: dict[str, str]) -> bytes:
 def _map_str_int(num: int, m: dict[str, int]) -> bytes:
     return b"".join(
         _bytes_field(
-            num, _bytes_field(1, k.encode(), always=True) + _tag(2, 0) + _varint(v), always=True
+            num, _bytes_field(1, k.encode(), always=True) + _tag(2, 0) + varint(v), always=True
         )
         for k, v in m.items()
     )
+
+
+# -- protobuf wire decoding (independent of asyncq's generated classes) ------------------------
+
+
+def read_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
+    """(field number, value) in wire order; varints as unsigned ints, length-delimited as bytes."""
+    out: list[tuple[int, int | bytes]] = []
+    i = 0
+
+    def varint() -> int:
+        nonlocal i
+        shift = result = 0
+        while True:
+            if i >= len(buf):
+                raise ValueError("truncated varint")
+            b = buf[i]
+            i += 1
+            result |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return result
+            shift += 7
+
+    while i < len(buf):
+        tag = varint()
+        num, wire = tag >> 3, tag & 7
+        if wire == 0:
+            out.append((num, varint()))
+        elif wire == 2:
+            n = varint()
+            if i + n > len(buf):
+                raise ValueError("truncated length-delimited field")
+            out.append((num, buf[i : i + n]))
+            i += n
+        else:
+            raise ValueError(f"unexpected wire type {wire} for field {num}")
+    return out
+
+
+def fields_by_number(buf: bytes) -> dict[int, list[int | bytes]]:
+    """Every value of each field number, in wire order."""
+    out: dict[int, list[int | bytes]] = {}
+    for num, value in read_fields(buf):
+        out.setdefault(num, []).append(value)
+    return out
+
+
+def signed64(v: int | bytes) -> int:
+    """A varint read as Go's int64 (ten-byte negatives come back negative)."""
+    assert isinstance(v, int)
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _text(v: int | bytes) -> str:
+    assert isinstance(v, bytes)
+    return v.decode()
 
 
 @dataclass
@@ -134,6 +191,29 @@ class GoTask:
     @property
     def key(self) -> str:
         return f"asynq:{{{self.queue}}}:t:{self.id}"
+
+    @classmethod
+    def decode(cls, buf: bytes) -> GoTask:
+        """Parse TaskMessage bytes the way Go's proto.Unmarshal reads them (absent = zero)."""
+        t = cls(type="", id="", queue="", retry=0, timeout=0)
+        ints = {5: "retry", 6: "retried", 8: "timeout", 9: "deadline", 11: "last_failed_at"}
+        ints |= {12: "retention", 13: "completed_at"}
+        strs = {1: "type", 3: "id", 4: "queue", 7: "error_msg", 10: "unique_key", 14: "group_key"}
+        for num, v in read_fields(buf):
+            if num in ints:
+                setattr(t, ints[num], signed64(v))
+            elif num in strs:
+                setattr(t, strs[num], _text(v))
+            elif num == 2:
+                assert isinstance(v, bytes)
+                t.payload = v
+            elif num == 15:
+                assert isinstance(v, bytes)
+                entry = dict(read_fields(v))
+                t.headers[_text(entry.get(1, b""))] = _text(entry.get(2, b""))
+            else:
+                raise ValueError(f"unknown TaskMessage field {num}")
+        return t
 
 
 @dataclass

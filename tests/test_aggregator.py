@@ -172,6 +172,7 @@ async def test_aggregator_returning_a_non_task_is_a_failure(redis: Redis, client
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 async def test_server_killed_during_aggregation_loses_no_task(
     redis_url: str, redis: Redis, client: Client
 ) -> None:

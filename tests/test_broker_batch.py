@@ -23,9 +23,7 @@ from asyncq._broker import Broker, processing
 from asyncq._redis.scripts import load_script
 from asyncq.errors import BrokerError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
-from tests.test_broker import FakeClock, assert_ids_have_hashes, broker, clock, make_msg
-
-__all__ = ["broker", "clock"]  # fixtures shared with test_broker
+from tests.helpers import FakeClock, assert_ids_have_hashes, make_msg
 
 MAXI64 = 9223372036854775807
 DAY90 = 90 * 24 * 3600

@@ -14,21 +14,17 @@ from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, Broker
 from asyncq.errors import TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
-from tests.test_broker import (
+from tests.helpers import (
     NS,
     PENDING,
     SCHEDULED,
     T_PREFIX,
     FakeClock,
     assert_ids_have_hashes,
-    broker,
-    clock,
     expiretime,
     make_msg,
     snapshot,
 )
-
-__all__ = ["broker", "clock"]  # fixtures shared with test_broker
 
 Q = "default"
 ACTIVE = "asynq:{default}:active"

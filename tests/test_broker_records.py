@@ -18,18 +18,14 @@ from asyncq.proto.asynq import (
     TaskMessage,
     WorkerInfo,
 )
-from tests.test_broker import (
+from tests.helpers import (
     T_PREFIX,
     FakeClock,
     assert_ids_have_hashes,
     assert_relative_ttl,
-    broker,
-    clock,
     make_msg,
     snapshot,
 )
-
-__all__ = ["broker", "clock"]  # fixtures shared with test_broker
 
 Q = "default"
 GROUPS = "asynq:{default}:groups"

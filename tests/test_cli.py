@@ -594,6 +594,7 @@ def run_module(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     )
 
 
+@pytest.mark.subprocess
 def test_subprocess_entry_point(redis_url: str, state: dict[str, Any]) -> None:
     ok = run_module("-u", redis_url, "queue", "inspect", "default", "--json")
     assert ok.returncode == 0, ok.stderr

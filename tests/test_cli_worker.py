@@ -78,6 +78,7 @@ def seed_go_tasks(redis_url: str, queue: str, payloads: list[bytes]) -> None:
     asyncio.run(fill())
 
 
+@pytest.mark.subprocess
 def test_burst_processes_go_tasks_and_exits(
     redis_url: str, r: sync_redis.Redis, app_dir: Path
 ) -> None:
@@ -109,6 +110,7 @@ def test_burst_processes_go_tasks_and_exits(
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.subprocess
 def test_worker_shows_in_server_ls_and_stops_on_sigterm(
     redis_url: str, r: sync_redis.Redis, app_dir: Path
 ) -> None:

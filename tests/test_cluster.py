@@ -18,7 +18,7 @@ from tests.cluster import RedisClusterProcs
 
 pytestmark = pytest.mark.cluster
 
-QUEUES = ("critical", "default", "low", "reports:eu", "q7")
+QUEUES = ("critical", "default", "low", "reports:eu", "q7", "video")
 
 
 @pytest.fixture
@@ -42,8 +42,13 @@ def test_queue_keys_share_one_slot() -> None:
             keys.paused_key(q),
         ]
         assert {key_slot(k.encode()) for k in same} == {slot}
-    # The queues themselves spread over the cluster's masters.
     assert len({key_slot(keys.pending_key(q).encode()) for q in QUEUES}) == len(QUEUES)
+
+
+def test_queues_spread_over_every_master(cluster: RedisClusterProcs) -> None:
+    # Checked against the cluster's own slot map, not assumed from the slot numbers.
+    owners = {cluster.master_port_of(f"asynq:{{{q}}}:pending") for q in QUEUES}
+    assert owners == cluster.master_ports() and len(owners) == 3
 
 
 async def test_enqueue_and_dequeue_on_a_cluster(client: Client) -> None:

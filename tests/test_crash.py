@@ -45,6 +45,7 @@ async def starts_by_pid(redis: Redis) -> dict[str, list[str]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.subprocess
 async def test_killed_workers_lose_no_task(redis_url: str, redis: Redis) -> None:
     n = 1000
     async with Client(redis) as client:

@@ -20,7 +20,8 @@ from tests.cluster import RedisClusterProcs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("inspector-cluster")]
 
-QUEUES = ("critical", "default", "reports:eu")
+# Slots 8090, 15214 and 5275: one queue on each master (asserted against the slot map below).
+QUEUES = ("critical", "low", "video")
 
 
 @pytest.fixture
@@ -31,6 +32,8 @@ async def insp(cluster: RedisClusterProcs) -> AsyncIterator[Inspector]:
 
 
 async def test_inspector_on_a_cluster(cluster: RedisClusterProcs, insp: Inspector) -> None:
+    owners = {cluster.master_port_of(f"asynq:{{{q}}}:pending") for q in QUEUES}
+    assert owners == cluster.master_ports() and len(owners) == 3
     ids: dict[str, list[str]] = {}
     async with Client(cluster.url) as client:
         for q in QUEUES:

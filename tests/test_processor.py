@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
 import structlog
 from redis.asyncio import Redis
 
@@ -25,10 +24,9 @@ from asyncq.errors import (
 )
 from asyncq.mux import ServeMux
 from asyncq.result import ResultWriteError
-from asyncq.server import Server
 from asyncq.task import Task
+from tests.helpers import one_handler, wait_gone, wait_state
 from tests.workers.support import (
-    FAST,
     list_ids,
     stored_message,
     task_hash,
@@ -40,47 +38,9 @@ Q = "default"
 HOUR = timedelta(hours=1)
 
 
-@pytest.fixture
-async def serve(redis: Redis) -> AsyncIterator[Callable[..., Any]]:
-    """Start a Server on the test Redis with fast timings; shut down at the end."""
-    servers: list[Server] = []
-
-    async def start(mux: ServeMux | Callable[..., Any], **options: Any) -> Server:
-        server = Server(redis, **{"concurrency": 4, **FAST, **options})
-        servers.append(server)
-        await server.start(mux)
-        return server
-
-    yield start
-    for server in servers:
-        await server.shutdown()
-
-
-def one_handler(task_type: str, fn: Callable[[Task], Any]) -> ServeMux:
-    mux = ServeMux()
-    mux.handle(task_type, fn)
-    return mux
-
-
 async def counter(redis: Redis, key: str) -> int:
     value = await redis.get(key)
     return int(value) if value is not None else 0
-
-
-async def wait_state(redis: Redis, task_id: str, state: str, queue: str = Q) -> dict[bytes, bytes]:
-    async def check() -> dict[bytes, bytes] | None:
-        h = await task_hash(redis, queue, task_id)
-        return h if h.get(b"state") == state.encode() else None
-
-    result: dict[bytes, bytes] = await wait_until(check, what=f"task {task_id} in state {state}")
-    return result
-
-
-async def wait_gone(redis: Redis, task_id: str, queue: str = Q) -> None:
-    async def gone() -> bool:
-        return not await redis.exists(keys.task_key(queue, task_id))
-
-    await wait_until(gone, what=f"task {task_id} deleted")
 
 
 # -- success -------------------------------------------------------------------------------

@@ -20,24 +20,11 @@ from asyncq.proto.asynq import (
     TaskMessage,
     WorkerInfo,
 )
+from tests.gofixtures import varint
 
 ROOT = Path(__file__).resolve().parent.parent
 
 VARINT, LEN = 0, 2
-
-
-def varint(n: int) -> bytes:
-    """Base-128 varint; negative numbers as their 64-bit two's complement (10 bytes)."""
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        low = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
 
 
 def tag(field: int, wire_type: int) -> bytes:
@@ -229,6 +216,7 @@ def _files(root: Path) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.subprocess
 def test_committed_proto_code_matches_a_fresh_generation(tmp_path: Path) -> None:
     if importlib.util.find_spec("grpc_tools") is None:
         pytest.skip("grpcio-tools is not installed (pip install -e '.[dev]'), cannot regenerate")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,27 +27,13 @@ from asyncq.scheduler import (
     tick_task_id,
 )
 from asyncq.task import Task, TaskInfo
+from tests.helpers import wait_until
 from tests.redis_server import free_port
 
 FAST = {
     "heartbeat_interval": timedelta(seconds=1),
     "claim_lease": timedelta(milliseconds=500),
 }
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]] | Callable[[], bool], within: float = 15.0
-) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        result = predicate()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 async def entries_of(redis: Redis, scheduler: Scheduler) -> list[SchedulerEntry]:
@@ -91,10 +75,13 @@ async def test_heartbeat_writes_scheduler_entries_like_asynq(redis: Redis, redis
         assert e1.task_type == "email:digest"
         assert e1.task_payload == b'{"user":1}'
         assert e1.enqueue_options == ['Queue("critical")', "MaxRetry(3)", "Timeout(30m0s)"]
-        expected_next = parse_cronspec("*/5 * * * *").next_after(
-            datetime.fromtimestamp(before, UTC)
-        )
-        assert e1.next_enqueue_time == expected_next
+        # The next run after the heartbeat, whichever side of a 5-minute boundary that
+        # fell: a match of the spec, no earlier than the one due after `before`.
+        cron = parse_cronspec("*/5 * * * *")
+        nxt = e1.next_enqueue_time
+        assert cron.next_after(datetime.fromtimestamp(before, UTC)) <= nxt
+        assert cron.next_after(nxt - timedelta(seconds=1)) == nxt
+        assert nxt <= cron.next_after(datetime.now(UTC))
         # Never enqueued: Go's zero time, which the asynq CLI prints as "N/A".
         assert e1.prev_enqueue_time == GO_ZERO_TIME
         assert b"\x08\x80\x92\xb8\xc3\x98\xfe\xff\xff\xff\x01" in bytes(e1)  # -62135596800
@@ -131,6 +118,7 @@ async def test_ticks_enqueue_tasks_and_record_history(redis: Redis, redis_url: s
     entry_id = scheduler.register("@every 1s", task, queue="reports")
     identity = entry_identity("@every 1s", task, {"queue": "reports"})
     history = f"asynq:scheduler_history:{entry_id}"
+    started = int(time.time())
     async with scheduler:
         await wait_until(lambda: len(post) >= 2)
         await wait_until(lambda: redis.zcard(history))
@@ -149,9 +137,8 @@ async def test_ticks_enqueue_tasks_and_record_history(redis: Redis, redis_url: s
             )
             assert await redis.hget(f"asynq:{{reports}}:t:{info.id}", "state") == b"pending"
 
-        ticks = {}
-        for t in range(int(time.time()) - 10, int(time.time()) + 1):
-            ticks[tick_task_id(identity, t)] = t
+        # Every tick of the run, bracketed by observed times rather than a margin.
+        ticks = {tick_task_id(identity, t): t for t in range(started, int(time.time()) + 2)}
         for info, _ in post:
             assert info is not None and info.id in ticks
             claim = await redis.get(keys.scheduler_claim_key(identity, ticks[info.id]))
@@ -243,17 +230,23 @@ async def test_a_dead_claimant_is_taken_over(redis: Redis, redis_url: str) -> No
     )
     scheduler.register("@every 1s", task)
     # A scheduler that died right after claiming the next two ticks; for the
-    # second it had even enqueued the task before dying.
+    # second it had even enqueued the task before dying. Its claims are held
+    # (no expiry) until the test sees our scheduler waiting on each, then they
+    # lapse, as a dead claimant's lease does.
     t1 = int(time.time()) + 2
     t2 = t1 + 1
     for t in (t1, t2):
-        lease_ms = int((t - time.time() + 0.6) * 1000)
-        await redis.set(keys.scheduler_claim_key(identity, t), "dead:1:x", px=lease_ms)
+        await redis.set(keys.scheduler_claim_key(identity, t), "dead:1:x")
     async with Client(redis) as client:
         await client.enqueue(task, task_id=tick_task_id(identity, t2))
 
     async with scheduler:
         for t in (t1, t2):
+            claim = keys.scheduler_claim_key(identity, t)
+            # Our scheduler found the claim held and is polling its remaining lease.
+            await wait_until(lambda t=t: _polling_a_claim(redis, t), within=20)
+            assert await redis.get(claim) == b"dead:1:x"
+            await redis.delete(claim)
             await wait_until(lambda t=t: _done(redis, identity, t))
     claim1 = await redis.get(keys.scheduler_claim_key(identity, t1))
     claim2 = await redis.get(keys.scheduler_claim_key(identity, t2))
@@ -264,6 +257,18 @@ async def test_a_dead_claimant_is_taken_over(redis: Redis, redis_url: str) -> No
     ids = await redis.lrange("asynq:{default}:pending", 0, -1)
     assert len(ids) == len(set(ids))
     assert {tick_task_id(identity, t).encode() for t in (t1, t2)} <= set(ids)
+
+
+async def _polling_a_claim(redis: Redis, tick: int) -> bool:
+    """The tick is due and a client's last command, just now, is PTTL: a scheduler
+    reading the held claim's remaining lease."""
+    if time.time() < tick:
+        return False
+    me = await redis.client_id()
+    return any(
+        c["cmd"] == "pttl" and int(c["idle"]) == 0 and int(c["id"]) != me
+        for c in await redis.client_list()
+    )
 
 
 async def _done(redis: Redis, identity: str, tick: int) -> bool:

@@ -11,11 +11,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from redis.asyncio import Redis
 
 from asyncq.scheduler import entry_identity, tick_task_id
 from asyncq.task import Task
-from tests.test_scheduler import wait_until
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.subprocess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +66,7 @@ async def test_killed_scheduler_does_not_lose_or_double_ticks(redis: Redis, redi
     children = [spawn(redis_url) for _ in range(3)]
     try:
         await wait_until(lambda: _count(redis.zcard("asynq:schedulers"), 3), within=30)
-        await wait_until(lambda: _count(redis.llen("test:attempts"), 3))
+        await wait_until(lambda: _count(redis.llen("test:attempts"), 3), within=30)
 
         victim = children[0]
         victim.send_signal(signal.SIGKILL)
@@ -74,7 +77,7 @@ async def test_killed_scheduler_does_not_lose_or_double_ticks(redis: Redis, redi
         ]
         assert len(stale) == 1 and 0 < await redis.pttl(stale[0]) <= 2000
         at_kill = await redis.llen("test:attempts")
-        await wait_until(lambda: _count(redis.llen("test:attempts"), at_kill + 4))
+        await wait_until(lambda: _count(redis.llen("test:attempts"), at_kill + 4), within=30)
 
         for child in children[1:]:
             child.send_signal(signal.SIGTERM)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from redis.asyncio import Redis
@@ -15,6 +14,7 @@ from asyncq._broker import Broker
 from asyncq.client import Client
 from asyncq.task import Task
 from tests.cluster import SentinelSetup, redis_cli
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.sentinel
 
@@ -25,14 +25,6 @@ async def sentinel_command(setup: SentinelSetup, *args: str) -> object:
         return await client.execute_command(*args)
     finally:
         await client.aclose()
-
-
-async def wait_for(predicate: Callable[[], bool], what: str, limit: float = 30.0) -> None:
-    deadline = time.monotonic() + limit
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +65,16 @@ async def test_client_follows_a_failover(sentinel: SentinelSetup) -> None:
         assert await client.redis.execute_command("WAIT", 1, 5000) == 1
         old_port = sentinel.master_port()
         await sentinel_command(sentinel, "SENTINEL", "FAILOVER", sentinel.master_name)
-        await wait_for(lambda: sentinel.master_port() != old_port, "the failover")
+        await wait_until(lambda: sentinel.master_port() != old_port, within=30, what="the failover")
         assert sentinel.master_port() == sentinel.replica.port
         # Until the old master is demoted it still takes writes that the resync then
         # drops (Redis' failover window, not asyncq's). The sentinel only notices it on
         # its next 10 s INFO poll, so demote it ourselves, as the sentinel will.
         redis_cli(old_port, "replicaof", "127.0.0.1", str(sentinel.replica.port))
-        await wait_for(
+        await wait_until(
             lambda: "role:slave" in redis_cli(old_port, "info", "replication"),
-            "the old master to become a replica",
+            within=30,
+            what="the old master to become a replica",
         )
 
         # The pooled connection still points at the demoted master; redis-py turns its

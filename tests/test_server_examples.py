@@ -12,6 +12,8 @@ from redis.asyncio import Redis
 from tests.redis_server import free_port
 from tests.workers.support import ROOT
 
+pytestmark = pytest.mark.subprocess
+
 
 def run_example(name: str, url: str, *args: str) -> subprocess.CompletedProcess[str]:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)

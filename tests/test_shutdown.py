@@ -27,6 +27,8 @@ from tests.workers.support import (
 )
 from tests.workers.worker import DONE, STARTS
 
+pytestmark = pytest.mark.subprocess
+
 Q = "default"
 READY = "send signal TERM or INT"
 

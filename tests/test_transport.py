@@ -278,10 +278,13 @@ async def test_connection_killed_mid_flight(fast: FastConnection, redis: Redis) 
 
 async def test_server_restart(server: RedisServer) -> None:
     fast = FastConnection(port=server.port, host="127.0.0.1", retries=2)
+    admin = Redis(host="127.0.0.1", port=server.port)
     try:
         assert await fast.execute_command("SET", "k", "v") == b"OK"
         call = asyncio.ensure_future(fast.execute_command("BLPOP", "never", 0))
-        await asyncio.sleep(0.05)
+        # The BLPOP is in flight (blocked on the server) when the server goes away.
+        await _until(lambda: _blocked_clients(admin), 1)
+        await admin.aclose()
         await asyncio.to_thread(server.stop)
         with pytest.raises(ConnectionError):
             await call
@@ -291,6 +294,7 @@ async def test_server_restart(server: RedisServer) -> None:
         await asyncio.to_thread(server.start)
         assert await fast.execute_command("GET", "k") is None  # a new, empty server
     finally:
+        await admin.aclose()
         await fast.aclose()
 
 
@@ -350,9 +354,10 @@ async def test_refused_connection_raises() -> None:
     await fast.aclose()
 
 
-async def test_closed_connection_refuses_calls(fast: FastConnection) -> None:
+async def test_closed_connection_refuses_calls(fast: FastConnection, redis: Redis) -> None:
     call = asyncio.ensure_future(fast.execute_command("BLPOP", "never", 0))
-    await asyncio.sleep(0.05)
+    # The BLPOP is in flight (blocked on the server) when the connection is closed.
+    await _until(lambda: _blocked_clients(redis), 1)
     await fast.aclose()
     assert fast.closed
     with pytest.raises(ConnectionError):

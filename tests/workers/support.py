@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,9 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq.proto.asynq import TaskMessage
+from tests.helpers import wait_until
+
+__all__ = ["FAST", "spawn", "stop_process", "wait_for_line", "wait_until"]
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent
@@ -33,26 +34,6 @@ FAST: dict[str, Any] = {
     "shutdown_timeout": timedelta(seconds=2),
 }
 """Server timings that keep the tests fast."""
-
-
-async def wait_until(
-    predicate: Callable[[], Any | Awaitable[Any]],
-    *,
-    within: float = 10.0,
-    interval: float = 0.01,
-    what: str = "condition",
-) -> Any:
-    """Poll *predicate* (sync or async) until it returns a truthy value (at most *within* s)."""
-    deadline = time.monotonic() + within
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 async def task_hash(redis: Redis, queue: str, task_id: str) -> dict[bytes, bytes]:

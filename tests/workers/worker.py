@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
+from asyncq import parse_redis_uri
 from asyncq.mux import ServeMux
 from asyncq.server import Server
 from asyncq.task import Task
@@ -53,7 +54,8 @@ async def main(url: str, raw: dict[str, str]) -> None:
         ],
         logger_factory=structlog.PrintLoggerFactory(sys.stdout),
     )
-    redis = Redis.from_url(url)
+    # A plain URL or a redis-cluster:// one (the Cluster tests kill workers too).
+    redis = parse_redis_uri(url).make_client()
     pid = str(os.getpid())
     mux = ServeMux()
 

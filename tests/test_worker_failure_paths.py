@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,54 +40,18 @@ from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.server import Server
 from asyncq.task import Task
+from tests.helpers import one_handler, wait_gone, wait_state
 from tests.redis_server import RedisServer
-from tests.workers.support import FAST, list_ids, stored_message, task_hash, wait_until
+from tests.workers.support import FAST, list_ids, stored_message, wait_until
 
 Q = "default"
+SERVE_CONCURRENCY = 2
 HOUR = timedelta(hours=1)
-
-
-@pytest.fixture
-async def serve(redis: Redis) -> AsyncIterator[Callable[..., Any]]:
-    """Start a Server on the test Redis with fast timings; shut down at the end."""
-    servers: list[Server] = []
-
-    async def start(mux: ServeMux, **options: Any) -> Server:
-        server = Server(redis, **{"concurrency": 2, **FAST, **options})
-        servers.append(server)
-        await server.start(mux)
-        return server
-
-    yield start
-    for server in servers:
-        await server.shutdown()
-
-
-def one_handler(task_type: str, fn: Callable[[Task], Any]) -> ServeMux:
-    mux = ServeMux()
-    mux.handle(task_type, fn)
-    return mux
 
 
 def message(task_type: str, **fields: Any) -> TaskMessage:
     base: dict[str, Any] = {"queue": Q, "retry": 3, "timeout": 60}
     return TaskMessage(id=str(uuid.uuid4()), type=task_type, **{**base, **fields})
-
-
-async def wait_state(redis: Redis, task_id: str, state: str) -> dict[bytes, bytes]:
-    async def check() -> dict[bytes, bytes] | None:
-        h = await task_hash(redis, Q, task_id)
-        return h if h.get(b"state") == state.encode() else None
-
-    result: dict[bytes, bytes] = await wait_until(check, what=f"task {task_id} in state {state}")
-    return result
-
-
-async def wait_gone(redis: Redis, task_id: str) -> None:
-    async def gone() -> bool:
-        return not await redis.exists(keys.task_key(Q, task_id))
-
-    await wait_until(gone, what=f"task {task_id} deleted")
 
 
 def slots_back(server: Server) -> Callable[[], bool]:

@@ -14,6 +14,7 @@ import hashlib
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -23,7 +24,6 @@ from asyncq.client import Client
 from asyncq.errors import FailedPreconditionError, RevokeTask, SkipRetry, TaskIdConflictError
 from asyncq.inspector import Inspector
 from asyncq.mux import ServeMux
-from asyncq.proto.asynq import TaskMessage
 from asyncq.server import Server
 from asyncq.task import Task, TaskState
 from tests import gofixtures as go
@@ -184,7 +184,7 @@ async def go_dequeue(r: Redis, queue: str) -> bytes | None:
     return res
 
 
-async def go_done(r: Redis, msg: TaskMessage) -> None:
+async def go_done(r: Redis, msg: GoTask) -> None:
     q = p(msg.queue)
     now = time.time()
     keys_ = [q + "active", q + "lease", q + "t:" + msg.id, q + "processed:" + today(now)]
@@ -194,7 +194,7 @@ async def go_done(r: Redis, msg: TaskMessage) -> None:
     await r.eval(GO_DONE, len(keys_), *keys_, msg.id, stats_exp(now), MAXI64)
 
 
-async def go_mark_as_complete(r: Redis, msg: TaskMessage) -> None:
+async def go_mark_as_complete(r: Redis, msg: GoTask) -> None:
     q = p(msg.queue)
     now = int(time.time())
     msg.completed_at = now
@@ -202,11 +202,11 @@ async def go_mark_as_complete(r: Redis, msg: TaskMessage) -> None:
     keys_ += [q + "processed:" + today(now), q + "processed"]
     if msg.unique_key:
         keys_.append(msg.unique_key)
-    args = [msg.id, stats_exp(now), now + msg.retention, bytes(msg), MAXI64]
+    args = [msg.id, stats_exp(now), now + msg.retention, msg.encode(), MAXI64]
     await r.eval(GO_MARK_AS_COMPLETE, len(keys_), *keys_, *args)
 
 
-async def go_retry(r: Redis, msg: TaskMessage, err: str, *, is_failure: bool) -> int:
+async def go_retry(r: Redis, msg: GoTask, err: str, *, is_failure: bool) -> int:
     q = p(msg.queue)
     now = int(time.time())
     if is_failure:
@@ -217,7 +217,7 @@ async def go_retry(r: Redis, msg: TaskMessage, err: str, *, is_failure: bool) ->
     keys_ += [q + "processed:" + today(now), q + "failed:" + today(now)]
     keys_ += [q + "processed", q + "failed"]
     retry_at = now + 60
-    args = [msg.id, bytes(msg), retry_at, stats_exp(now), "1" if is_failure else "0", MAXI64]
+    args = [msg.id, msg.encode(), retry_at, stats_exp(now), "1" if is_failure else "0", MAXI64]
     await r.eval(GO_RETRY, len(keys_), *keys_, *args)
     return retry_at
 
@@ -280,10 +280,10 @@ def md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()
 
 
-async def msg_of(r: Redis, queue: str, task_id: str) -> TaskMessage:
+async def msg_of(r: Redis, queue: str, task_id: str) -> GoTask:
     raw = await r.hget(p(queue) + "t:" + task_id, "msg")
     assert raw is not None, f"task {task_id} has no msg"
-    return TaskMessage.parse(raw)
+    return GoTask.decode(raw)
 
 
 async def assert_daily_counter(r: Redis, key: str, value: int) -> None:
@@ -398,9 +398,9 @@ async def test_asyncq_enqueued_tasks_consumed_by_go_dequeue_and_done(
     assert 3590 <= await redis.ttl(ukey) <= 3600
 
     # A Go server takes them oldest first (RPOPLPUSH from the tail).
-    taken: list[TaskMessage] = []
+    taken: list[GoTask] = []
     while (raw := await go_dequeue(redis, "default")) is not None:
-        taken.append(TaskMessage.parse(raw))
+        taken.append(GoTask.decode(raw))
     assert [m.id for m in taken] == [plain.id, uniq.id, keep.id, flaky.id]
     for m in taken:
         assert await redis.hget(q + "t:" + m.id, "pending_since") is None
@@ -527,7 +527,7 @@ async def test_unique_lock_kept_by_retry_archive_requeue_released_by_done(
     await go.enqueue(redis, t, datetime.now(UTC))
     broker = Broker(redis)
 
-    async def take() -> TaskMessage:
+    async def take() -> Any:
         got = await broker.dequeue(["default"])
         assert got is not None and got.message.id == t.id
         return got.message
@@ -558,41 +558,6 @@ async def test_unique_lock_kept_by_retry_archive_requeue_released_by_done(
 
 
 # -- heartbeat records as Go's ListServers / ListWorkers read them ----------------------------
-
-
-def proto_fields(buf: bytes) -> dict[int, list[int | bytes]]:
-    """Minimal protobuf wire reader (varint and length-delimited fields only)."""
-    out: dict[int, list[int | bytes]] = {}
-    pos = 0
-
-    def varint() -> int:
-        nonlocal pos
-        shift = value = 0
-        while True:
-            b = buf[pos]
-            pos += 1
-            value |= (b & 0x7F) << shift
-            if b < 0x80:
-                return value
-            shift += 7
-
-    while pos < len(buf):
-        tag = varint()
-        num, wire = tag >> 3, tag & 7
-        if wire == 0:
-            out.setdefault(num, []).append(varint())
-        elif wire == 2:
-            n = varint()
-            out.setdefault(num, []).append(buf[pos : pos + n])
-            pos += n
-        else:
-            raise AssertionError(f"unexpected wire type {wire} for field {num}")
-    return out
-
-
-def signed64(v: int | bytes) -> int:
-    assert isinstance(v, int)
-    return v - (1 << 64) if v >= 1 << 63 else v
 
 
 GO_LIST_SERVER_KEYS = """
@@ -637,13 +602,13 @@ async def test_asyncq_server_heartbeat_as_go_list_servers_reads_it(redis: Redis)
         [skey] = await live("asynq:servers")
         assert skey.decode() == f"asynq:servers:{{{server.host}:{server.pid}:{server.server_id}}}"
         assert 0 < await redis.ttl(skey) <= 10
-        f = proto_fields(await redis.get(skey))
+        f = go.fields_by_number(await redis.get(skey))
         assert f[1] == [server.host.encode()] and f[2] == [server.pid]
         assert f[3] == [server.server_id.encode()] and f[4] == [2]
         queues = {}
         for entry in f[5]:
             assert isinstance(entry, bytes)
-            e = proto_fields(entry)
+            e = go.fields_by_number(entry)
             key = e[1][0]
             assert isinstance(key, bytes)
             queues[key.decode()] = e[2][0]
@@ -651,22 +616,22 @@ async def test_asyncq_server_heartbeat_as_go_list_servers_reads_it(redis: Redis)
         assert f[6] == [1] and f[7] == [b"active"]
         start = f[8][0]
         assert isinstance(start, bytes)
-        assert abs(signed64(proto_fields(start)[1][0]) - now) <= 5
+        assert abs(go.signed64(go.fields_by_number(start)[1][0]) - now) <= 5
         assert f[9] == [1]
 
         [wkey] = await live("asynq:workers")
         assert 0 < await redis.ttl(wkey) <= 10
         [raw] = await redis.hvals(wkey)
-        w = proto_fields(raw)
+        w = go.fields_by_number(raw)
         assert w[3] == [server.server_id.encode()]  # how Go joins workers to servers
         assert w[4] == [info.id.encode()] and w[5] == [b"hold"] and w[6] == [b"pl"]
         assert w[7] == [b"critical"]
         w_start, w_deadline = w[8][0], w[9][0]
         assert isinstance(w_start, bytes) and isinstance(w_deadline, bytes)
-        begun = signed64(proto_fields(w_start)[1][0])
+        begun = go.signed64(go.fields_by_number(w_start)[1][0])
         assert abs(begun - now) <= 5
         # No timeout or deadline given: the client's 30 min default timeout.
-        assert signed64(proto_fields(w_deadline)[1][0]) - begun in range(1799, 1801)
+        assert go.signed64(go.fields_by_number(w_deadline)[1][0]) - begun in range(1799, 1801)
         release.set()
 
 

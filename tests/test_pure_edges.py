@@ -1,0 +1,177 @@
+"""Edge cases of the pure modules that mutation testing (``nox -s mutation``) showed no
+test pinned: exact error messages, boundary values of the codec, UTC vs local time."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from asyncq import Task
+from asyncq._codec import decode_task_message, encode_task_message
+from asyncq._gofmt import option_strings
+from asyncq._keys import processed_key, validate_queue_name
+from asyncq._time import to_unix
+from asyncq.client import _compose
+from asyncq.cron import parse_cronspec
+from asyncq.proto.asynq import TaskMessage
+from tests.gofixtures import GoTask
+
+NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def local_new_york(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process's local zone is not UTC (as on a developer laptop)."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+# -- time and keys ------------------------------------------------------------------------------
+
+
+def test_to_unix_floors_before_the_epoch_like_go() -> None:
+    # Go's Time.Unix() of 1969-12-31T23:59:59.5Z is -1, not 0.
+    assert to_unix(datetime(1969, 12, 31, 23, 59, 59, 500000, tzinfo=UTC)) == -1
+    assert to_unix(datetime(1970, 1, 1, 0, 0, 0, 500000, tzinfo=UTC)) == 0
+
+
+def test_naive_datetimes_are_refused_with_the_argument_named() -> None:
+    with pytest.raises(ValueError, match=r"^datetime must be a timezone-aware datetime"):
+        to_unix(datetime(2026, 1, 1))
+    with pytest.raises(ValueError, match=r"^after must be a timezone-aware datetime"):
+        parse_cronspec("@every 5s").next_after(datetime(2026, 1, 1))
+    with pytest.raises(ValueError, match=r"^stats keys need an aware datetime$"):
+        processed_key("q", datetime(2026, 1, 1))
+
+
+def test_blank_queue_name_message() -> None:
+    with pytest.raises(ValueError, match=r"^queue name must contain one or more characters$"):
+        validate_queue_name(" ")
+
+
+def test_daily_keys_use_the_utc_date_whatever_the_local_zone(local_new_york: None) -> None:
+    late_evening = datetime(2026, 1, 1, 22, 30, tzinfo=timezone(timedelta(hours=-5)))
+    assert processed_key("q", late_evening) == "asynq:{q}:processed:2026-01-02"
+
+
+def test_every_schedule_in_utc_whatever_the_local_zone(local_new_york: None) -> None:
+    sched = parse_cronspec("@every 1h")
+    got = sched.next_after(datetime(2026, 3, 8, 6, 30, tzinfo=UTC))
+    assert got == datetime(2026, 3, 8, 7, 0, tzinfo=UTC) and got.utcoffset() == timedelta(0)
+    assert sched.spec == "@every 1h"
+
+
+# -- codec ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [127, 128, 129, 255, 16383, 16384])
+def test_varint_boundaries_match_go(n: int) -> None:
+    msg = TaskMessage(type="t", id="i", queue="q", retry=n, timeout=n, retention=n)
+    want = GoTask("t", id="i", queue="q", retry=n, timeout=n, retention=n).encode()
+    assert encode_task_message(msg) == want
+    assert decode_task_message(want) == msg
+
+
+@pytest.mark.parametrize(
+    "unknown",
+    [
+        b"\x80\x01\x2a",  # field 16, varint 42
+        b"\x81\x01" + bytes(range(8)),  # field 16, fixed64
+        b"\x82\x01\x03abc",  # field 16, length-delimited
+        b"\x85\x01" + bytes(range(4)),  # field 16, fixed32
+    ],
+)
+def test_unknown_fields_of_every_wire_type_are_kept(unknown: bytes) -> None:
+    known = GoTask("t", b"p", id="i", queue="q")
+    raw = known.encode() + unknown + b"\x28\x07"  # then field 5 (retry) = 7
+    msg = decode_task_message(raw)
+    assert (msg.type, msg.payload, msg.id, msg.queue, msg.retry) == ("t", b"p", "i", "q", 7)
+    again = encode_task_message(msg)
+    assert unknown in again and decode_task_message(again) == msg
+
+
+def test_unsupported_wire_type_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unsupported protobuf wire type 3"):
+        decode_task_message(b"\x83\x01")
+
+
+# -- option composition ---------------------------------------------------------------------------
+
+
+def compose(task: Task, **options: Any) -> Any:
+    return _compose(task, [options], NOW)
+
+
+def test_unknown_option_messages_name_where_and_count() -> None:
+    one = "unknown enqueue option retries in the enqueue options (known: "
+    with pytest.raises(TypeError, match=re.escape(one)):
+        compose(Task("t"), retries=3)
+    two = "unknown enqueue options a, b in the task's options (known: "
+    with pytest.raises(TypeError, match=re.escape(two)):
+        compose(Task("t", a=1, b=2))  # type: ignore[call-arg]
+
+
+def test_a_later_level_moves_an_earlier_schedule() -> None:
+    at = NOW + timedelta(hours=1)
+    moved = compose(Task("t", process_at=at), process_in=timedelta(minutes=5))
+    assert moved.process_at == NOW + timedelta(minutes=5)
+    moved_back = compose(Task("t", process_in=timedelta(minutes=5)), process_at=at)
+    assert moved_back.process_at == at
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"queue": " "}, ValueError, "queue name must contain one or more characters"),
+        ({"queue": 5}, TypeError, "queue must be a str, got int"),
+        ({"group": ""}, ValueError, "group key cannot be empty"),
+        ({"task_id": " "}, ValueError, "task ID cannot be empty"),
+        ({"unique": timedelta(milliseconds=10)}, ValueError, "Unique TTL cannot be less than 1s"),
+        ({"headers": ["x"]}, TypeError, "headers must be a mapping of str to str, got list"),
+        ({"timeout": 5}, TypeError, "timeout must be a datetime.timedelta, got int"),
+        ({"deadline": "soon"}, TypeError, "deadline must be a datetime.datetime, got str"),
+        ({"max_retry": "3"}, TypeError, "max_retry must be an int, got str"),
+        ({"max_retry": 2**31}, ValueError, "max_retry must fit in 32 bits, got 2147483648"),
+        (
+            {"headers": {"k": 1}},
+            TypeError,
+            "header keys and values must be str, got str: int for 'k'",
+        ),
+        (
+            {"process_at": NOW, "process_in": timedelta(1)},
+            ValueError,
+            "give process_at or process_in, not both",
+        ),
+    ],
+)
+def test_bad_option_messages(options: dict[str, Any], error: type, message: str) -> None:
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        compose(Task("t"), **options)
+
+
+def test_not_a_task_is_named() -> None:
+    with pytest.raises(TypeError, match=r"^expected an asyncq Task, got str$"):
+        _compose("t", [], NOW)  # type: ignore[arg-type]
+
+
+def test_header_option_strings_are_go_json_with_utf8_and_html_escapes() -> None:
+    got = option_strings({"headers": {"tënant": "a<b>&c"}})
+    assert got == ['Header(["tënant","a\\u003cb\\u003e\\u0026c"])']
+
+
+def test_max_retry_at_the_int32_limit_is_accepted() -> None:
+    assert compose(Task("t"), max_retry=2**31 - 1).message.retry == 2**31 - 1
+
+
+def test_composed_process_at_is_utc_whatever_the_local_zone(local_new_york: None) -> None:
+    local = datetime(2026, 5, 1, 9, 0, tzinfo=timezone(timedelta(hours=-4)))
+    c = compose(Task("t"), process_at=local)
+    assert c.process_at == local and c.process_at.utcoffset() == timedelta(0)
