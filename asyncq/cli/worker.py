@@ -100,6 +100,23 @@ def _takes_no_arguments(fn: Any) -> bool:
     )
 
 
+def add_http_targets(mux: ServeMux, specs: tuple[str, ...], secret: str | None) -> list[Any]:
+    """Register ``PATTERN=URL`` HTTP targets on *mux*; CliError names what is wrong."""
+    from asyncq.cli.gateway import require_extra
+
+    require_extra("--http-target")
+    from asyncq.gateway import add_http_targets as add
+    from asyncq.gateway import parse_http_target
+
+    if not secret:
+        raise CliError("--http-target needs --http-target-secret (or $ASYNCQ_HTTP_TARGET_SECRET)")
+    try:
+        targets = dict(parse_http_target(spec) for spec in specs)
+        return add(mux, targets, secret=secret)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
 if TYPE_CHECKING:  # click >= 8.2 types ParamType by its value; older clicks are not generic
     _QueuesParam = click.ParamType[dict[str, int], Any]
 else:
@@ -119,7 +136,7 @@ class QueuesType(_QueuesParam):
 
 
 @click.command(short_help="Run a worker for a ServeMux (MODULE:APP).")
-@click.argument("app", metavar="MODULE:APP")
+@click.argument("app", metavar="[MODULE:APP]", required=False)
 @click.option(
     "--concurrency", "-c", type=click.IntRange(min=1), help="Tasks run at once [default: CPUs]."
 )
@@ -140,19 +157,37 @@ class QueuesType(_QueuesParam):
     show_default=True,
     help="Least severe log level written to stderr.",
 )
+@click.option(
+    "--http-target",
+    "http_targets",
+    multiple=True,
+    metavar="PATTERN=URL",
+    help="Deliver tasks whose type matches PATTERN (e.g. 'php:*') to URL by HTTP POST; repeatable.",
+)
+@click.option(
+    "--http-target-secret",
+    envvar="ASYNCQ_HTTP_TARGET_SECRET",
+    metavar="SECRET",
+    help="HMAC secret signing HTTP-target requests [env: ASYNCQ_HTTP_TARGET_SECRET].",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
     *,
-    app: str,
+    app: str | None,
     concurrency: int | None,
     queues: dict[str, int] | None,
     strict: bool,
     burst: bool,
     worker_uri: str | None,
     log_level: str,
+    http_targets: tuple[str, ...],
+    http_target_secret: str | None,
 ) -> None:
     """Run a worker for the ServeMux MODULE:APP (a ServeMux or a function returning one).
+
+    With --http-target, tasks of matching types go to HTTP endpoints (any
+    language; see the gateway docs); MODULE:APP may then be left out.
 
     SIGTERM/SIGINT shut down gracefully (a second one exits at once); SIGTSTP
     stops fetching new tasks.
@@ -160,11 +195,15 @@ def worker(
     \b
     Example:
       asyncq worker myapp.tasks:mux -c 20 -q critical=6,default=3
+      asyncq worker --http-target 'php:*=http://php-app.internal/tasks'
     """
     from asyncq.server import Server
 
     configure_logging(log_level.lower())
-    mux = load_app(app)
+    if app is None and not http_targets:
+        raise click.UsageError("give MODULE:APP, --http-target PATTERN=URL, or both")
+    mux = load_app(app) if app is not None else ServeMux()
+    closers = add_http_targets(mux, http_targets, http_target_secret) if http_targets else []
     if worker_uri is not None:
         settings(ctx).uri_flag = worker_uri
     uri = settings(ctx).uri()
@@ -178,6 +217,10 @@ def worker(
         except BaseException:
             await server.shutdown()
             raise
-        await server.run(mux)
+        try:
+            await server.run(mux)
+        finally:
+            for target in closers:
+                await target.aclose()
 
     run_async(uri, go)
