@@ -43,6 +43,7 @@ SKIP_RETRY_HEADER = "Asyncq-Skip-Retry"
 """Response header a target sets (to ``true`` or ``1``) on a 4xx to skip the retries."""
 
 _EXCERPT = 200
+_DEADLINE_SLACK = 1.0  # seconds past the task's deadline before httpx gives up on its own
 _TRUE = frozenset({"1", "true", "yes"})
 
 log = structlog.get_logger("asyncq.gateway")
@@ -144,7 +145,9 @@ class HTTPTarget:
         if self.timeout is not None:
             bounds.append(self.timeout.total_seconds())
         if task.deadline is not None:
-            bounds.append(max(task.deadline.timestamp() - time.time(), 0.001))
+            # The server cancels the handler at the task's deadline, which aborts the
+            # request and records "context deadline exceeded"; this bound is a backstop.
+            bounds.append(max(task.deadline.timestamp() - time.time(), 0.0) + _DEADLINE_SLACK)
         return min(bounds) if bounds else None
 
     def headers(self, task: Task, body: bytes, now: float) -> dict[str, str]:
