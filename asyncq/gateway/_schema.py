@@ -12,7 +12,6 @@ import base64
 import binascii
 import json
 import math
-import re
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -28,6 +27,7 @@ from pydantic import (
 )
 
 from asyncq import EnqueueOptions, Task, TaskInfo
+from asyncq._gofmt import parse_go_duration
 
 __all__ = [
     "BatchItemResult",
@@ -43,16 +43,6 @@ __all__ = [
 ]
 
 _MAX_INT32 = 2**31 - 1
-_GO_UNITS = {
-    "ns": timedelta(microseconds=0.001),
-    "us": timedelta(microseconds=1),
-    "µs": timedelta(microseconds=1),
-    "ms": timedelta(milliseconds=1),
-    "s": timedelta(seconds=1),
-    "m": timedelta(minutes=1),
-    "h": timedelta(hours=1),
-}
-_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
 def parse_duration(value: Any) -> Any:
@@ -72,23 +62,10 @@ def parse_duration(value: Any) -> Any:
         except OverflowError:
             raise ValueError(f"duration is out of range: {value} seconds") from None
     if isinstance(value, str):
-        text = value.strip()
-        if text in ("0", "-0"):
-            return timedelta(0)
-        sign = -1 if text.startswith("-") else 1
-        body = text.lstrip("+-")
-        pos, total = 0, timedelta(0)
-        for m in _GO_PART.finditer(body):
-            if m.start() != pos:
-                break
-            try:
-                total += _GO_UNITS[m.group(2)] * float(m.group(1))
-            except OverflowError:
-                raise ValueError(f"duration is out of range: {value!r}") from None
-            pos = m.end()
-        else:
-            if pos == len(body) and pos > 0:
-                return total * sign
+        try:
+            return parse_go_duration(value.strip())
+        except ValueError:
+            pass  # not Go's syntax: pydantic tries ISO 8601 and names the field if that fails
     return value
 
 

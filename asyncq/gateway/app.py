@@ -137,6 +137,8 @@ def _validation_error(exc: ValidationError, prefix: str = "") -> ApiError:
     ctx = err.get("ctx") or {}
     cause = ctx.get("error")
     message = getattr(cause, "message", None) or str(err.get("msg", "invalid value"))
+    if isinstance(cause, ValueError) and not getattr(cause, "message", None):
+        message = str(cause)  # our own check's words, without pydantic's "Value error, "
     field_name = _field_of(dict(err), prefix)
     kind = str(err.get("type", ""))
     if kind == "extra_forbidden":
