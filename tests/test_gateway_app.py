@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -483,3 +484,19 @@ async def test_payloads_stay_out_of_the_logs(redis: Redis, redis_url: str) -> No
     assert events.count("batch enqueued over HTTP") == 1
     assert secret not in json.dumps(logs, default=str)
     assert TOKEN not in json.dumps(logs, default=str)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["gateway"],
+        ["worker", "--http-target", "php:*=http://a/b", "--http-target-secret", "s"],
+    ],
+)
+def test_missing_extra_names_the_install_command(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn -> ImportError
+    result = CliRunner().invoke(main, ["-u", redis_url, *args])
+    assert result.exit_code == 1
+    assert "needs uvicorn: pip install 'asyncq[gateway]'" in result.stderr
