@@ -238,6 +238,17 @@ async def test_bad_input_is_400_naming_the_field(
 async def test_bad_json_content_type_and_sizes(api: httpx.AsyncClient, redis: Redis) -> None:
     r = await api.post(TASKS, content=b'{"type": ', headers={"Content-Type": "application/json"})
     assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_json")
+    for constant in (
+        b"NaN",
+        b"Infinity",
+        b"-Infinity",
+    ):  # Python's json accepts them; JSON does not
+        r = await api.post(
+            TASKS,
+            content=b'{"type": "a", "payload": ' + constant + b"}",
+            headers={"Content-Type": "application/json"},
+        )
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_json"), r.text
     r = await api.post(TASKS, content=b'{"type": "a"}', headers={"Content-Type": "text/plain"})
     assert (r.status_code, r.json()["error"]["code"]) == (415, "unsupported_media_type")
     r = await api.post(TASKS, content=b'{"type": "a"}')

@@ -102,6 +102,10 @@ class GatewayState:
             await conn.aclose()
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _error_response(
     status: int, detail: ErrorDetail, headers: dict[str, str] | None = None
 ) -> Response:
@@ -226,7 +230,7 @@ def create_app(
                 )
             chunks.append(chunk)
         try:
-            return json.loads(b"".join(chunks))
+            return json.loads(b"".join(chunks), parse_constant=_reject_constant)
         except ValueError as exc:
             raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
 
