@@ -42,6 +42,7 @@ from asyncq import (
     TaskInfo,
     TaskNotFoundError,
 )
+from asyncq._redis.options import RedisTarget
 from asyncq.gateway._openapi import openapi_document
 from asyncq.gateway._schema import (
     BatchItemResult,
@@ -77,7 +78,7 @@ class ApiError(Exception):
 class GatewayState:
     """The gateway's Redis handles, made on first use inside the serving event loop."""
 
-    target: Any
+    target: RedisTarget | Connection | Client
     client: Client | None = None
     inspector: Inspector | None = None
     _conn: Connection | None = field(default=None, repr=False)
@@ -126,9 +127,7 @@ def _is_loopback(host: str | None) -> bool:
 def _field_of(err: dict[str, Any], prefix: str = "") -> str | None:
     ctx = err.get("ctx") or {}
     named = getattr(ctx.get("error"), "field", None)
-    loc = [str(p) for p in err.get("loc", ())]
-    # A Duration/Instant failing every alternative reports a loc ending in the type tag.
-    parts = [p for p in loc if p not in ("function-before[parse_duration(), timedelta]",)]
+    parts = [str(p) for p in err.get("loc", ())]
     if named is not None:
         parts = [*parts, named]
     if not parts:
@@ -168,7 +167,7 @@ def _enqueue_error(exc: Exception) -> ApiError:
 
 
 def create_app(
-    redis: Any,
+    redis: RedisTarget | Connection | Client,
     *,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
