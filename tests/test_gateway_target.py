@@ -31,6 +31,7 @@ from asyncq import Client, Inspector, ServeMux, Server, Task, TaskState
 from asyncq.cli import main
 from asyncq.gateway import (
     HTTPTarget,
+    HTTPTargetError,
     SignatureError,
     add_http_targets,
     create_app,
@@ -401,3 +402,27 @@ async def test_worker_command_end_to_end(redis: Redis, redis_url: str, target: T
     assert got["result"] == {"handled": {"n": 3}}
     assert target.requests[0].signature_ok
     assert SECRET not in err.decode()
+
+
+async def test_target_with_a_shared_client_outside_a_server() -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/slow":
+            raise httpx.ReadTimeout("timed out", request=request)
+        return httpx.Response(200, content=b"ok")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        target = HTTPTarget("http://app/tasks", secret=SECRET, client=http)
+        await target(Task("php:x", b"p"))  # no result writer outside a server: nothing stored
+        slow = HTTPTarget("http://app/slow", secret=SECRET, client=http)
+        with pytest.raises(HTTPTargetError, match=r"^HTTP target http://app/slow did not answer "):
+            await slow(Task("php:x", b"p"))
+        await target.aclose()
+        assert not http.is_closed  # a client passed in stays open
+    first = seen[0]
+    ts = int(first.headers["asyncq-timestamp"])
+    assert first.headers["asyncq-signature"] == sign(SECRET, ts, b"p")
+    assert "asyncq-deadline" not in first.headers  # no running task, no deadline
+    assert first.headers["asyncq-retry-count"] == "0"

@@ -182,9 +182,9 @@ class HTTPTarget:
             ) as response:
                 data = await self._read(response)
         except httpx.TimeoutException as exc:
+            within = f" within {timeout:.3f}s" if timeout is not None else ""
             raise HTTPTargetError(
-                f"HTTP target {self._log_url} did not answer within {timeout:.3f}s "
-                f"({type(exc).__name__})"
+                f"HTTP target {self._log_url} did not answer{within} ({type(exc).__name__})"
             ) from None
         except httpx.HTTPError as exc:
             raise HTTPTargetError(
