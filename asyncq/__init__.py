@@ -15,7 +15,7 @@ from asyncq._redis.options import (
     TLSConfig,
     parse_redis_uri,
 )
-from asyncq._worker.aggregator import GroupAggregator
+from asyncq._worker.config import GroupAggregator
 from asyncq.client import Client
 from asyncq.errors import (
     AsyncqError,

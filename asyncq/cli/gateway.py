@@ -7,7 +7,8 @@ import os
 
 import click
 
-from asyncq.cli._app import LOG_LEVELS, CliError, configure_logging, redact, settings
+from asyncq._redis.options import redact_uri
+from asyncq.cli._app import LOG_LEVELS, CliError, configure_logging, settings
 
 __all__ = ["ENV_TOKEN", "gateway", "require_extra"]
 
@@ -116,7 +117,7 @@ def gateway(
         max_batch=max_batch or DEFAULT_MAX_BATCH,
     )
     click.echo(
-        f"asyncq gateway on http://{host}:{port} for {redact(uri)} "
+        f"asyncq gateway on http://{host}:{port} for {redact_uri(uri)} "
         f"(OpenAPI: /api/openapi.json, token {'required' if token else 'off: local only'})",
         err=True,
     )
