@@ -10,10 +10,12 @@ from __future__ import annotations
 from asyncq.cli import web
 from asyncq.cli._app import main
 from asyncq.cli._commands import register
+from asyncq.cli.gateway import gateway
 from asyncq.cli.worker import worker
 
 __all__ = ["main"]
 
 register(main)
 main.add_command(worker)
+main.add_command(gateway)
 web.register(main)

@@ -136,6 +136,23 @@ def _takes_no_arguments(fn: Any) -> bool:
     )
 
 
+def add_http_targets(mux: ServeMux, specs: tuple[str, ...], secret: str | None) -> list[Any]:
+    """Register ``PATTERN=URL`` HTTP targets on *mux*; CliError names what is wrong."""
+    from asyncq.cli.gateway import require_extra
+
+    require_extra("--http-target")
+    from asyncq.gateway import add_http_targets as add
+    from asyncq.gateway import parse_http_target
+
+    if not secret:
+        raise CliError("--http-target needs --http-target-secret (or $ASYNCQ_HTTP_TARGET_SECRET)")
+    try:
+        targets = dict(parse_http_target(spec) for spec in specs)
+        return add(mux, targets, secret=secret)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
 if TYPE_CHECKING:  # click >= 8.2 types ParamType by its value; older clicks are not generic
     _QueuesParam = click.ParamType[dict[str, int], Any]
 else:
@@ -155,7 +172,7 @@ class QueuesType(_QueuesParam):
 
 
 @click.command(short_help="Run a worker for a ServeMux (MODULE:APP).")
-@click.argument("app", metavar="MODULE:APP")
+@click.argument("app", metavar="[MODULE:APP]", required=False)
 @click.option(
     "--concurrency", "-c", type=click.IntRange(min=1), help="Tasks run at once [default: CPUs]."
 )
@@ -203,11 +220,24 @@ class QueuesType(_QueuesParam):
     show_default=True,
     help="Event loop: auto uses uvloop when it is installed (the 'uvloop' extra).",
 )
+@click.option(
+    "--http-target",
+    "http_targets",
+    multiple=True,
+    metavar="PATTERN=URL",
+    help="Deliver tasks whose type matches PATTERN (e.g. 'php:*') to URL by HTTP POST; repeatable.",
+)
+@click.option(
+    "--http-target-secret",
+    envvar="ASYNCQ_HTTP_TARGET_SECRET",
+    metavar="SECRET",
+    help="HMAC secret signing HTTP-target requests [env: ASYNCQ_HTTP_TARGET_SECRET].",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
     *,
-    app: str,
+    app: str | None,
     concurrency: int | None,
     queues: dict[str, int] | None,
     strict: bool,
@@ -218,8 +248,13 @@ def worker(
     processes: int | None,
     reload: bool,
     loop: str,
+    http_targets: tuple[str, ...],
+    http_target_secret: str | None,
 ) -> None:
     """Run a worker for the ServeMux MODULE:APP (a ServeMux or a function returning one).
+
+    With --http-target, tasks of matching types go to HTTP endpoints (any
+    language; see the gateway docs); MODULE:APP may then be left out.
 
     SIGTERM/SIGINT shut down gracefully (a second one exits at once); SIGTSTP
     stops fetching new tasks. With --processes N a supervisor runs N worker
@@ -231,11 +266,14 @@ def worker(
       asyncq worker myapp.tasks:mux -c 20 -q critical=6,default=3
       asyncq worker myapp.tasks:mux --processes 4      # production, one per core
       asyncq worker myapp.tasks:mux --reload           # development
+      asyncq worker --http-target 'php:*=http://php-app.internal/tasks'
     """
     from asyncq.server import Server
 
     configure_logging(log_level.lower())
-    mux = load_app(app)
+    if app is None and not http_targets:
+        raise click.UsageError("give MODULE:APP, --http-target PATTERN=URL, or both")
+    mux = load_app(app) if app is not None else ServeMux()
     if worker_uri is not None:
         settings(ctx).uri_flag = worker_uri
     uri = settings(ctx).uri()
@@ -253,8 +291,11 @@ def worker(
             log_level=log_level.lower(),
             loop=loop,
             shutdown_timeout=shutdown_timeout,
+            http_targets=http_targets,
+            http_target_secret=http_target_secret,
         )
         return
+    closers = add_http_targets(mux, http_targets, http_target_secret) if http_targets else []
     supervisor_pid = os.environ.get(SUPERVISOR_ENV, "")
     if supervisor_pid.isdigit():  # started by a supervisor: end when it is gone
         watch_supervisor(int(supervisor_pid))
@@ -271,7 +312,11 @@ def worker(
         except BaseException:
             await server.shutdown()
             raise
-        await server.run(mux)
+        try:
+            await server.run(mux)
+        finally:
+            for target in closers:
+                await target.aclose()
 
     run_async(uri, go, loop_factory=loop_factory)
 
@@ -292,7 +337,7 @@ def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def _supervise(
-    app: str,
+    app: str | None,
     uri: str,
     *,
     processes: int,
@@ -304,11 +349,16 @@ def _supervise(
     log_level: str,
     loop: str,
     shutdown_timeout: timedelta | None,
+    http_targets: tuple[str, ...],
+    http_target_secret: str | None,
 ) -> None:
     """Run the worker as *processes* supervised subprocesses (see asyncq.cli.supervisor)."""
     if reload:
         require_extra("watchfiles", "reload", "--reload")
-    argv = [sys.executable, "-m", "asyncq.cli", "worker", app, "--log-level", log_level]
+    argv = [sys.executable, "-m", "asyncq.cli", "worker", *([app] if app else [])]
+    argv += ["--log-level", log_level]
+    for target in http_targets:
+        argv += ["--http-target", target]
     argv += ["--loop", loop]
     if concurrency is not None:
         argv += ["--concurrency", str(concurrency)]
@@ -322,6 +372,8 @@ def _supervise(
         argv.append("--burst")
     # The URL goes by environment, not argv, so that `ps` does not show its password.
     env = {**os.environ, ENV_URI: uri}
+    if http_target_secret is not None:  # likewise the signing secret
+        env["ASYNCQ_HTTP_TARGET_SECRET"] = http_target_secret
     supervisor = Supervisor(
         argv, processes, env=env, burst=burst, reload_dir=Path.cwd() if reload else None
     )
