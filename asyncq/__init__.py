@@ -5,7 +5,9 @@ a ``ServeMux`` of ``async def`` handlers; operators use the ``Inspector`` (and
 the ``asyncq`` command line); cron-style work goes through a ``Scheduler``.
 """
 
+from asyncq._serde import TaskArgumentError, TaskResultError
 from asyncq.aggregator import GroupAggregator
+from asyncq.app import App, TaskCall, TaskHandle, TypedTask, current_task
 from asyncq.client import Client
 from asyncq.connection import (
     Connection,
@@ -41,10 +43,12 @@ from asyncq.inspector import (
     ServerInfo,
     WorkerInfo,
 )
+from asyncq.lifespan import lifespan_state
 from asyncq.mux import Handler, Middleware, ServeMux
 from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
 from asyncq.processor import DeadlineExceededError, TaskCanceledError
 from asyncq.result import ResultWriteError
+from asyncq.results import TaskFailedError
 from asyncq.scheduler import EntryNotFoundError, Scheduler
 from asyncq.server import Server, ServerStats
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
@@ -52,6 +56,7 @@ from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "AsyncqError",
     "BrokerError",
     "Client",
@@ -91,13 +96,21 @@ __all__ = [
     "SkipRetry",
     "TLSConfig",
     "Task",
+    "TaskArgumentError",
+    "TaskCall",
     "TaskCanceledError",
+    "TaskFailedError",
+    "TaskHandle",
     "TaskIdConflictError",
     "TaskInfo",
     "TaskNotFoundError",
     "TaskOptions",
+    "TaskResultError",
     "TaskState",
+    "TypedTask",
     "WorkerInfo",
     "__version__",
+    "current_task",
+    "lifespan_state",
     "parse_redis_uri",
 ]

@@ -46,6 +46,7 @@ from asyncq.lease import Lease
 from asyncq.mux import Handler, sync_limiter
 from asyncq.proto.asynq import TaskMessage
 from asyncq.result import TaskResultWriter
+from asyncq.results import CompletionNotifier
 from asyncq.task import Task
 
 if TYPE_CHECKING:
@@ -324,6 +325,7 @@ class Processor(Role):
         # exhausting the pool (redis-py raises instead of waiting).
         self._write_slots = asyncio.Semaphore(_write_limit(server.redis))
         self._acks = _AckBatcher(server.broker, self._write_slots)
+        self._notifier = CompletionNotifier(server.redis)  # wakes result waiters
         self._backoff = Backoff(0.05, 1.0)
         self._limiter = anyio.CapacityLimiter(cfg.sync_concurrency)
         self._debug = is_debug_enabled(self.log)
@@ -615,6 +617,8 @@ class Processor(Role):
 
             self._write_failed(active, write, "done", result)
             return
+        if complete:
+            self._notifier.notify(msg.queue, msg.id)
         if self._debug:
             self.log.debug("task done", **task_fields(msg))
 
@@ -660,6 +664,7 @@ class Processor(Role):
                 return self.broker.archive(msg, err_msg)
 
             await self._write(active, archive, "archive")
+            self._notifier.notify(msg.queue, msg.id)
             return
         delay = retry_delay_for(cfg, self.log, msg.retried, exc, task, **fields)
         is_failure = is_failure_for(cfg, self.log, exc, **fields)
@@ -722,6 +727,7 @@ class Processor(Role):
 
     async def cleanup(self) -> None:
         self._slot_freed.set()
+        await self._notifier.aclose()
 
 
 class _AckBatcher:

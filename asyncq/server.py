@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import signal
 import socket
@@ -56,6 +57,7 @@ from asyncq.forwarder import Forwarder
 from asyncq.healthchecker import HealthChecker
 from asyncq.heartbeater import Heartbeater
 from asyncq.janitor import Janitor
+from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
 from asyncq.processor import Processor, default_retry_delay
 from asyncq.recoverer import Recoverer
@@ -215,6 +217,9 @@ class Server:
     - ``sync_concurrency``: worker threads for plain ``def`` handlers
       (default: ``concurrency``).
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
+    - ``lifespan``: a zero-argument callable returning an async context
+      manager, entered at start and exited after shutdown; handlers read what
+      it yields with :func:`asyncq.lifespan_state` (see :mod:`asyncq.lifespan`).
     """
 
     def __init__(
@@ -247,6 +252,7 @@ class Server:
         burst: bool = False,
         sync_concurrency: int | None = None,
         logger: Any = None,
+        lifespan: Lifespan | None = None,
     ) -> None:
         concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
         concurrency = _positive_int("concurrency", concurrency)
@@ -346,6 +352,9 @@ class Server:
         self._shutdown_task: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self._force = asyncio.Event()
+        _callable("lifespan", lifespan)
+        self._lifespan = lifespan
+        self._lifespan_stack = contextlib.AsyncExitStack()
 
     # -- state ------------------------------------------------------------------------------
 
@@ -381,6 +390,10 @@ class Server:
         if handler is None:
             raise TypeError("server cannot start: the handler is None")
         fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
+        context = contextvars.copy_context()  # the roles' context: the lifespan state goes here
+        if self._lifespan is not None:
+            state = await self._lifespan_stack.enter_async_context(self._lifespan())
+            context.run(state_var.set, state)
         self._state = "active"
         self.started_at = datetime.now(UTC)
         cfg = self.config
@@ -408,7 +421,9 @@ class Server:
             roles.append(GroupAggregatorRole(self, cfg.group_check_interval))
         self._roles = roles
         started = asyncio.Event()
-        self._main = asyncio.create_task(self._run_roles(started), name="asyncq-server")
+        self._main = asyncio.create_task(
+            self._run_roles(started), name="asyncq-server", context=context
+        )
         await started.wait()
         # Subscribed before returning, so a task enqueued right after start() wakes us;
         # if Redis is down this returns after the first failed attempt and the
@@ -493,6 +508,10 @@ class Server:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._main
         finally:
+            try:
+                await self._lifespan_stack.aclose()
+            except Exception as exc:
+                self.log.error("lifespan exit failed", exc_info=exc)
             await self.connection.aclose()
             self._closed.set()
             self.log.info("exiting", processed=self.stats.succeeded + self.stats.failed)
