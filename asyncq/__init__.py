@@ -51,6 +51,7 @@ from asyncq.result import ResultWriteError
 from asyncq.results import TaskFailedError
 from asyncq.scheduler import EntryNotFoundError, Scheduler
 from asyncq.server import Server, ServerStats
+from asyncq.sync import SyncClient, SyncTaskHandle
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
 
 __version__ = "0.1.0"
@@ -94,6 +95,8 @@ __all__ = [
     "ServerInfo",
     "ServerStats",
     "SkipRetry",
+    "SyncClient",
+    "SyncTaskHandle",
     "TLSConfig",
     "Task",
     "TaskArgumentError",

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -30,7 +34,7 @@ from asyncq import (
 )
 from asyncq.results import CompletionNotifier, completion_channel
 from tests import typed_app as ta
-from tests.workers.support import FAST, task_hash, wait_until
+from tests.workers.support import FAST, ROOT, task_hash, wait_until
 
 
 @pytest.fixture
@@ -303,6 +307,36 @@ async def test_result_not_kept_without_retention(app: App[Any], worker: Server) 
 
 async def _gone(client: Client, task_id: str) -> bool:
     return not await client.redis.exists(f"asynq:{{default}}:t:{task_id}")
+
+
+async def test_results_across_processes(app: App[Any], redis_url: str, tmp_path: Path) -> None:
+    """A worker subprocess (``asyncq worker`` on an async factory) and waiters in this one."""
+    events = tmp_path / "events"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TYPED_APP_GREETING": "hi from the worker",
+        "TYPED_APP_EVENTS_FILE": str(events),
+    }
+    env.pop("ASYNCQ_REDIS_URL", None)
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "asyncq.cli", "-u", redis_url, "worker",
+          "tests.typed_app:create_app_async", "-q", "default", "-c", "4"],
+        env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        greeting = await (await ta.greet.enqueue("you")).result(timeout=30)
+        assert greeting == "hi from the worker, you"
+        with pytest.raises(TaskFailedError, match="no luck"):
+            await (await ta.fail.enqueue("no luck")).result(timeout=30)
+        loop_module = await (await ta.loop_kind.enqueue()).result(timeout=30)
+        assert loop_module.startswith("uvloop")  # uvloop is installed in the test environment
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert events.read_text().split() == ["enter", "exit"]
 
 
 # -- interoperability with the Go-shaped API -------------------------------------------------

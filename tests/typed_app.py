@@ -71,11 +71,19 @@ EVENTS: list[str] = []
 @asynccontextmanager
 async def lifespan() -> AsyncIterator[State]:
     state = State(greeting=os.environ.get("TYPED_APP_GREETING", "hello"))
-    EVENTS.append("enter")
+    _event("enter")
     try:
         yield state
     finally:
-        EVENTS.append("exit")
+        _event("exit")
+
+
+def _event(name: str) -> None:
+    EVENTS.append(name)
+    path = os.environ.get("TYPED_APP_EVENTS_FILE")
+    if path:  # a worker subprocess reports to its test
+        with open(path, "a") as f:
+            f.write(name + "\n")
 
 
 app = App(os.environ.get("TYPED_APP_REDIS", "redis://127.0.0.1:1/0"), lifespan=lifespan)
@@ -129,6 +137,11 @@ async def sleep(seconds: float) -> float:
 @app.task(name="typed:pos", max_retry=0)
 async def positional(a: int, /, b: int = 2) -> list[int]:
     return [a, b]
+
+
+@app.task(name="typed:loop")
+async def loop_kind() -> str:
+    return type(asyncio.get_running_loop()).__module__
 
 
 def create_app() -> App[State]:

@@ -6,7 +6,7 @@ import asyncio
 import os
 import sys
 import tomllib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -106,11 +106,21 @@ def run_async(uri: str, fn: Callable[[], Awaitable[T]]) -> T:
         return await fn()
 
     try:
-        return asyncio.run(runner())
+        return _run(runner())
     except AuthenticationError as exc:
         raise CliError(f"Redis at {redact(uri)} refused the credentials: {exc}") from None
     except (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError) as exc:
         raise CliError(f"cannot connect to Redis at {redact(uri)}: {exc}") from None
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run``, on uvloop's event loop when uvloop is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}

@@ -1,7 +1,8 @@
-"""``asyncq worker module:app``: run a worker server for a ServeMux."""
+"""``asyncq worker module:app``: run a worker server for an App or a ServeMux."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import os
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from asyncq.app import App
 from asyncq.cli._app import LOG_LEVELS, CliError, configure_logging, run_async, settings
 from asyncq.mux import ServeMux
 
@@ -41,11 +43,11 @@ def parse_queues(text: str) -> dict[str, int]:
     return queues
 
 
-def load_app(spec: str) -> ServeMux:
-    """Import ``module:attr`` (attr defaults to ``app``) and return its ServeMux.
+def load_app(spec: str) -> ServeMux | App[Any]:
+    """Import ``module:attr`` (attr defaults to ``app``) and return its App or ServeMux.
 
-    The attribute may be a ServeMux or a zero-argument callable returning one.
-    Raises CliError naming the problem.
+    The attribute may be an App, a ServeMux, or a zero-argument callable
+    (sync or async) returning one. Raises CliError naming the problem.
     """
     module_name, _, attr = spec.partition(":")
     attr = attr or "app"
@@ -74,18 +76,20 @@ def load_app(spec: str) -> ServeMux:
             obj = getattr(obj, part)
         except AttributeError:
             raise CliError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if isinstance(obj, ServeMux):
+    if isinstance(obj, ServeMux | App):
         return obj
     if callable(obj) and _takes_no_arguments(obj):
         made = obj()
-        if isinstance(made, ServeMux):
+        if inspect.iscoroutine(made):
+            made = asyncio.run(made)  # an async factory; the App's client opens lazily later
+        if isinstance(made, ServeMux | App):
             return made
         raise CliError(
-            f"{spec} returned {made.__class__.__name__}, expected an asyncq.mux.ServeMux"
+            f"{spec} returned {made.__class__.__name__}, expected an asyncq App or ServeMux"
         )
     raise CliError(
-        f"{spec} is a {obj.__class__.__name__}; expected an asyncq.mux.ServeMux "
-        "or a zero-argument callable returning one"
+        f"{spec} is a {obj.__class__.__name__}; expected an asyncq App or ServeMux "
+        "or a zero-argument (sync or async) callable returning one"
     )
 
 
@@ -118,7 +122,7 @@ class QueuesType(_QueuesParam):
             self.fail(str(exc), param, ctx)
 
 
-@click.command(short_help="Run a worker for a ServeMux (MODULE:APP).")
+@click.command(short_help="Run a worker for an App or ServeMux (MODULE:APP).")
 @click.argument("app", metavar="MODULE:APP")
 @click.option(
     "--concurrency", "-c", type=click.IntRange(min=1), help="Tasks run at once [default: CPUs]."
@@ -152,7 +156,8 @@ def worker(
     worker_uri: str | None,
     log_level: str,
 ) -> None:
-    """Run a worker for the ServeMux MODULE:APP (a ServeMux or a function returning one).
+    """Run a worker for MODULE:APP: an asyncq App, a ServeMux, or a (sync or async)
+    function returning one. Uses uvloop when it is installed.
 
     SIGTERM/SIGINT shut down gracefully (a second one exits at once); SIGTSTP
     stops fetching new tasks.
@@ -164,12 +169,19 @@ def worker(
     from asyncq.server import Server
 
     configure_logging(log_level.lower())
-    mux = load_app(app)
+    loaded = load_app(app)
     if worker_uri is not None:
         settings(ctx).uri_flag = worker_uri
     uri = settings(ctx).uri()
+    mux = loaded.mux if isinstance(loaded, App) else loaded
+    lifespan = loaded.lifespan if isinstance(loaded, App) else None
     server = Server(
-        uri, concurrency=concurrency, queues=queues, strict_priority=strict, burst=burst
+        uri,
+        concurrency=concurrency,
+        queues=queues,
+        strict_priority=strict,
+        burst=burst,
+        lifespan=lifespan,
     )
 
     async def go() -> None:
