@@ -11,6 +11,8 @@ from asyncq.client import Client
 from tests.cluster import RedisClusterProcs
 from tests.redis_server import RedisServer
 
+pytest_plugins = ["pytester"]
+
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
