@@ -5,21 +5,24 @@ a ``ServeMux`` of ``async def`` handlers; operators use the ``Inspector`` (and
 the ``asyncq`` command line); cron-style work goes through a ``Scheduler``.
 """
 
-from asyncq._serde import TaskArgumentError, TaskResultError
-from asyncq.aggregator import GroupAggregator
-from asyncq.app import App, TaskCall, TaskHandle, TypedTask, current_task
-from asyncq.client import Client
-from asyncq.connection import (
-    Connection,
+from types import FunctionType as _FunctionType
+
+from asyncq._redis.connection import Connection
+from asyncq._redis.options import (
     RedisClientOpts,
     RedisClusterOpts,
     RedisSentinelOpts,
     TLSConfig,
     parse_redis_uri,
 )
+from asyncq._serde import TaskArgumentError, TaskResultError
+from asyncq._worker.aggregator import GroupAggregator
+from asyncq.app import App, TaskCall, TaskHandle, TypedTask, current_task
+from asyncq.client import Client
 from asyncq.errors import (
     AsyncqError,
     BrokerError,
+    DeadlineExceededError,
     DuplicateTaskError,
     FailedPreconditionError,
     HandlerNotFoundError,
@@ -29,6 +32,7 @@ from asyncq.errors import (
     RevokeTask,
     ServerClosedError,
     SkipRetry,
+    TaskCanceledError,
     TaskIdConflictError,
     TaskNotFoundError,
 )
@@ -46,7 +50,6 @@ from asyncq.inspector import (
 from asyncq.lifespan import lifespan_state
 from asyncq.mux import Handler, Middleware, ServeMux
 from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
-from asyncq.processor import DeadlineExceededError, TaskCanceledError
 from asyncq.result import ResultWriteError
 from asyncq.results import TaskFailedError
 from asyncq.scheduler import EntryNotFoundError, Scheduler
@@ -117,3 +120,11 @@ __all__ = [
     "lifespan_state",
     "parse_redis_uri",
 ]
+
+# Names defined in private modules present themselves as ``asyncq.<name>`` (as httpx
+# does), so reprs, tracebacks and docs show the public path, not an internal one.
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type | _FunctionType) and _obj.__module__.startswith("asyncq._"):
+        _obj.__module__ = "asyncq"
+del _name, _obj, _FunctionType

@@ -36,9 +36,10 @@ from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 import anyio.to_thread
 from typing_extensions import Unpack
 
+from asyncq._redis.connection import Connection
+from asyncq._redis.options import RedisTarget
 from asyncq._serde import ArgumentsCodec, ResultCodec, TaskArgumentError, TaskResultError
 from asyncq.client import Client, _compose
-from asyncq.connection import Connection, RedisTarget
 from asyncq.errors import SkipRetry
 from asyncq.lifespan import lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter

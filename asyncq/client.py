@@ -12,11 +12,12 @@ from typing import Any
 import structlog
 from typing_extensions import Unpack
 
-from asyncq import keys
+from asyncq import _keys as keys
+from asyncq._broker import BatchItem, Broker
 from asyncq._logging import is_debug_enabled
+from asyncq._redis.connection import Connection
+from asyncq._redis.options import RedisClient, RedisTarget
 from asyncq._time import require_aware, to_unix
-from asyncq.broker.broker import BatchItem, Broker
-from asyncq.connection import Connection, RedisClient, RedisTarget
 from asyncq.proto.asynq import TaskMessage
 from asyncq.results import DEFAULT_POLL_INTERVAL, ResultWaiter, seconds
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState
@@ -255,9 +256,9 @@ class Client:
     """Enqueues tasks into Redis for asyncq or Go asynq servers.
 
     *redis* is a URI (``redis://``, ``rediss://``, ``redis-socket://``,
-    ``redis-sentinel://``, ``redis-cluster://``; see :mod:`asyncq.connection`),
+    ``redis-sentinel://``, ``redis-cluster://``; see :mod:`asyncq._redis.connection`),
     parsed connection options, a ready ``redis.asyncio`` client, or an
-    :class:`~asyncq.connection.Connection` (its fast transport included)
+    :class:`~asyncq._redis.connection.Connection` (its fast transport included)
     shared with another component. A client made from a URI or options is
     closed by :meth:`aclose`; a ready client or a Connection is shared and
     left open.

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "AsyncqError",
     "BrokerError",
+    "DeadlineExceededError",
     "DuplicateTaskError",
     "FailedPreconditionError",
     "HandlerNotFoundError",
@@ -14,6 +15,7 @@ __all__ = [
     "RevokeTask",
     "ServerClosedError",
     "SkipRetry",
+    "TaskCanceledError",
     "TaskIdConflictError",
     "TaskNotFoundError",
 ]
@@ -103,4 +105,21 @@ class RevokeTask(AsyncqError):
     """Raise from a handler to drop the task: no retry, no archive; it counts as processed."""
 
     def __init__(self, message: str = "revoke task") -> None:
+        super().__init__(message)
+
+
+class TaskCanceledError(AsyncqError):
+    """The task was cancelled through the cancel channel (asynq: ``context canceled``).
+
+    Like in asynq it counts as a failure, so the task is retried.
+    """
+
+    def __init__(self, message: str = "context canceled") -> None:
+        super().__init__(message)
+
+
+class DeadlineExceededError(AsyncqError, TimeoutError):
+    """The task ran past min(timeout, deadline) (asynq: ``context deadline exceeded``)."""
+
+    def __init__(self, message: str = "context deadline exceeded") -> None:
         super().__init__(message)

@@ -41,10 +41,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from asyncq import keys
+from asyncq import _keys as keys
+from asyncq._broker.inspect import InspectBroker, StoredTask
+from asyncq._redis.connection import Connection
+from asyncq._redis.options import RedisTarget
 from asyncq._time import GO_ZERO_TIME
-from asyncq.broker.inspect import InspectBroker, StoredTask
-from asyncq.connection import Connection, RedisTarget
 from asyncq.errors import FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError
 from asyncq.task import TaskInfo, TaskState
 

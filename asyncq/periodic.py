@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import Any, TypeAlias
 
 from asyncq._logging import get_logger
-from asyncq.connection import RedisTarget
+from asyncq._redis.options import RedisTarget
 from asyncq.cron import parse_cronspec
 from asyncq.scheduler import Scheduler, entry_identity
 from asyncq.task import Task

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from asyncq.errors import AsyncqError
 
 if TYPE_CHECKING:
-    from asyncq.broker.broker import Broker
+    from asyncq._broker import Broker
 
 __all__ = ["ResultWriteError", "TaskContext", "TaskResultWriter"]
 

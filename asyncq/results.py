@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from asyncq import keys
+from asyncq import _keys as keys
 from asyncq._codec import decode_task_message
 from asyncq._logging import get_logger
-from asyncq.connection import RedisClient
+from asyncq._redis.options import RedisClient
 from asyncq.errors import AsyncqError, TaskNotFoundError
 from asyncq.task import TaskInfo, TaskState
 

@@ -19,7 +19,7 @@ cooperate through Redis instead (no leader, so no fail-over gap):
   Unix epoch), so all schedulers agree on them whatever their start time or
   clock skew.
 * For each tick every scheduler tries ``SET <claim> <scheduler id>/<entry id>
-  NX PX <claim_lease>`` on :func:`asyncq.keys.scheduler_claim_key` ``(identity, tick)``. The
+  NX PX <claim_lease>`` on :func:`asyncq._keys.scheduler_claim_key` ``(identity, tick)``. The
   winner runs the pre-enqueue hook, checks it still holds the claim, enqueues,
   then overwrites the claim with ``done:<scheduler id>:<task id>`` (kept for
   ``misfire_grace`` + ``claim_lease`` + 10 min, longer than any sane clock skew).
@@ -71,13 +71,14 @@ from typing import Any, Literal, TypeAlias
 
 from redis.exceptions import RedisError
 
-from asyncq import keys
+from asyncq import _keys as keys
+from asyncq._broker import Broker
 from asyncq._gofmt import option_strings
 from asyncq._logging import Backoff, RateLimiter, get_logger
+from asyncq._redis.connection import Connection
+from asyncq._redis.options import RedisTarget
 from asyncq._time import GO_ZERO_TIME
-from asyncq.broker import Broker
 from asyncq.client import Client, _compose
-from asyncq.connection import Connection, RedisTarget
 from asyncq.cron import Schedule, normalize_spec, parse_cronspec
 from asyncq.errors import AsyncqError, BrokerError, TaskIdConflictError
 from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry

@@ -27,7 +27,7 @@ keeps the interpreter alive until it returns; a third signal ends the process.)
 Every background role (processor, heartbeater, forwarder, recoverer, janitor,
 syncer, healthchecker, subscriber, aggregator) is an asyncio task in one
 TaskGroup; a role that crashes is logged and restarted with backoff (see
-:mod:`asyncq._roles`).
+:mod:`asyncq._worker.roles`).
 """
 
 from __future__ import annotations
@@ -47,22 +47,23 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias
 
+from asyncq._broker import LEASE_DURATION, Broker
 from asyncq._logging import get_logger
-from asyncq._roles import Role, supervise
-from asyncq.aggregator import GroupAggregator, GroupAggregatorRole
-from asyncq.broker.broker import LEASE_DURATION, Broker
-from asyncq.connection import Connection, RedisClient, RedisTarget
+from asyncq._redis.connection import Connection
+from asyncq._redis.options import RedisClient, RedisTarget
+from asyncq._worker.aggregator import GroupAggregator, GroupAggregatorRole
+from asyncq._worker.forwarder import Forwarder
+from asyncq._worker.healthchecker import HealthChecker
+from asyncq._worker.heartbeater import Heartbeater
+from asyncq._worker.janitor import Janitor
+from asyncq._worker.processor import Processor, default_retry_delay
+from asyncq._worker.recoverer import Recoverer
+from asyncq._worker.roles import Role, supervise
+from asyncq._worker.subscriber import Subscriber
+from asyncq._worker.syncer import Syncer
 from asyncq.errors import ServerClosedError
-from asyncq.forwarder import Forwarder
-from asyncq.healthchecker import HealthChecker
-from asyncq.heartbeater import Heartbeater
-from asyncq.janitor import Janitor
 from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
-from asyncq.processor import Processor, default_retry_delay
-from asyncq.recoverer import Recoverer
-from asyncq.subscriber import Subscriber
-from asyncq.syncer import Syncer
 from asyncq.task import Task
 
 __all__ = [

@@ -26,9 +26,9 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from typing_extensions import Unpack
 
+from asyncq._redis.options import RedisTarget
 from asyncq.app import TaskCall, TaskHandle
 from asyncq.client import DEFAULT_QUEUE, Client
-from asyncq.connection import RedisTarget
 from asyncq.results import DEFAULT_POLL_INTERVAL
 from asyncq.task import EnqueueOptions, Task, TaskInfo
 

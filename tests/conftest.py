@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
-from asyncq.broker import Broker
+from asyncq._broker import Broker
 from asyncq.client import Client
 from tests.cluster import RedisClusterProcs
 from tests.redis_server import RedisServer

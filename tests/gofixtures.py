@@ -4,7 +4,7 @@ The protobuf bytes are produced by a small independent encoder that follows the
 wire rules Go's ``proto.Marshal`` applies (fields in number order, proto3 zero
 values omitted, Timestamps always present, Go's zero time for "never"), so the
 Inspector's decoding is checked against bytes that do not come from betterproto2.
-Key names are spelled out here by hand from the spec, not taken from asyncq.keys.
+Key names are spelled out here by hand from the spec, not taken from asyncq._keys.
 """
 
 from __future__ import annotations

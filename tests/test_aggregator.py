@@ -14,7 +14,7 @@ import pytest
 import structlog
 from redis.asyncio import Redis
 
-from asyncq import keys
+from asyncq import _keys as keys
 from asyncq.client import Client
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage

@@ -17,9 +17,9 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from asyncq import keys
-from asyncq.broker import BatchItem, Broker
-from asyncq.broker.scripts import Script
+from asyncq import _keys as keys
+from asyncq._broker import BatchItem, Broker
+from asyncq._redis.scripts import Script
 from asyncq.errors import BrokerError, DuplicateTaskError, TaskIdConflictError
 from asyncq.proto.asynq import TaskMessage
 

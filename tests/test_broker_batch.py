@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from asyncq import keys
-from asyncq.broker import Broker
-from asyncq.broker.scripts import load_script
+from asyncq import _keys as keys
+from asyncq._broker import Broker
+from asyncq._redis.scripts import load_script
 from asyncq.errors import BrokerError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests.test_broker import FakeClock, assert_ids_have_hashes, broker, clock, make_msg
@@ -284,7 +284,7 @@ async def test_unique_key_outside_the_queue_falls_back_to_single_call(
 
 async def run_script(redis: Redis, kinds: str, *task_args: str) -> Any:
     q = "default"
-    return await load_script("ack_many")(
+    return await load_script("asyncq._broker", "ack_many")(
         redis,
         (keys.active_key(q), keys.lease_key(q), keys.completed_key(q), "pday", "ptotal"),
         (keys.task_key_prefix(q), keys.queue_key_prefix(q), 1, MAXI64, kinds, *task_args),

@@ -10,9 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from asyncq import keys
-from asyncq.broker import Broker
-from asyncq.broker.broker import LEASE_DURATION
+from asyncq import _keys as keys
+from asyncq._broker import LEASE_DURATION, Broker
 from asyncq.errors import TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests.test_broker import (

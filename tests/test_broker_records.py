@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import keys
+from asyncq import _keys as keys
+from asyncq._broker import Broker
 from asyncq._time import GO_ZERO_TIME
-from asyncq.broker import Broker
 from asyncq.errors import BrokerError
 from asyncq.proto.asynq import (
     SchedulerEnqueueEvent,

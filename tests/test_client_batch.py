@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 import asyncq.client as client_module
-from asyncq import keys
+from asyncq import _keys as keys
+from asyncq._redis.connection import Connection
 from asyncq.client import Client
-from asyncq.connection import Connection
 from asyncq.errors import DuplicateTaskError, TaskIdConflictError
 from asyncq.scheduler import Scheduler
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState

@@ -9,10 +9,10 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from asyncq import keys
-from asyncq.broker import Broker
+from asyncq import _keys as keys
+from asyncq._broker import Broker
+from asyncq._redis.connection import Connection
 from asyncq.client import Client
-from asyncq.connection import Connection
 from asyncq.task import Task, TaskState
 from tests.cluster import RedisClusterProcs
 

@@ -1,4 +1,4 @@
-"""asyncq.connection: asynq's URI forms, client construction, ownership and live connections."""
+"""asyncq._redis: asynq's URI forms, client construction, ownership and live connections."""
 
 from __future__ import annotations
 
@@ -14,16 +14,13 @@ from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import AuthenticationError, ConnectionError, ResponseError
 
-from asyncq.connection import (
-    Connection,
+from asyncq._redis.connection import Connection, close_client, connect, pubsub_client
+from asyncq._redis.options import (
     RedisClientOpts,
     RedisClusterOpts,
     RedisSentinelOpts,
     TLSConfig,
-    close_client,
-    connect,
     parse_redis_uri,
-    pubsub_client,
 )
 from tests.cluster import TLSServer, redis_cli
 from tests.redis_server import RedisServer

@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import keys
+from asyncq import _keys as keys
+from asyncq._redis.options import RedisClientOpts
 from asyncq.client import Client
-from asyncq.connection import RedisClientOpts
 from asyncq.mux import ServeMux
 from asyncq.server import Server
 from asyncq.task import Task

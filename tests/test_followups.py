@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from asyncq import keys
-from asyncq.aggregator import GroupAggregatorRole
-from asyncq.broker.broker import Broker
+from asyncq import _keys as keys
+from asyncq._broker import Broker
+from asyncq._worker.aggregator import GroupAggregatorRole
 from asyncq.client import Client
 from asyncq.inspector import Inspector
 from asyncq.mux import ServeMux

@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
+from asyncq._broker import Broker
 from asyncq._time import GO_ZERO_TIME
-from asyncq.broker import Broker
 from asyncq.client import Client
 from asyncq.inspector import Inspector
 from asyncq.mux import ServeMux

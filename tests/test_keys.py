@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from asyncq import keys
+from asyncq import _keys as keys
 
 D = datetime(2024, 3, 9, 12, 0, tzinfo=UTC)
 

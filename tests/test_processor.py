@@ -14,11 +14,16 @@ import pytest
 import structlog
 from redis.asyncio import Redis
 
-from asyncq import keys
+from asyncq import _keys as keys
 from asyncq.client import Client
-from asyncq.errors import LeaseExpiredError, RevokeTask, SkipRetry
+from asyncq.errors import (
+    DeadlineExceededError,
+    LeaseExpiredError,
+    RevokeTask,
+    SkipRetry,
+    TaskCanceledError,
+)
 from asyncq.mux import ServeMux
-from asyncq.processor import DeadlineExceededError, TaskCanceledError
 from asyncq.result import ResultWriteError
 from asyncq.server import Server
 from asyncq.task import Task

@@ -12,12 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from asyncq import keys
+from asyncq import _keys as keys
 from asyncq._logging import error_text
-from asyncq.client import Client
-from asyncq.errors import RevokeTask, SkipRetry
-from asyncq.mux import ServeMux
-from asyncq.processor import (
+from asyncq._worker.processor import (
     DEFAULT_TIMEOUT,
     QueueOrder,
     compute_deadline,
@@ -25,6 +22,9 @@ from asyncq.processor import (
     normalize_queues,
     wraps_error,
 )
+from asyncq.client import Client
+from asyncq.errors import RevokeTask, SkipRetry
+from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.server import Server
 from asyncq.task import Task

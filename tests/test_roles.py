@@ -12,8 +12,8 @@ import structlog
 from redis.asyncio import Redis
 
 from asyncq._logging import Backoff, RateLimiter
+from asyncq._worker.lease import Lease
 from asyncq.client import Client
-from asyncq.lease import Lease
 from asyncq.mux import ServeMux
 from asyncq.server import Server
 from asyncq.task import Task

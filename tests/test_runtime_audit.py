@@ -29,11 +29,11 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from asyncq import keys
-from asyncq import processor as processor_module
-from asyncq.broker.broker import Broker, DequeuedTask
+from asyncq import _keys as keys
+from asyncq._broker import Broker, DequeuedTask
+from asyncq._redis.options import RedisClientOpts
+from asyncq._worker import processor as processor_module
 from asyncq.client import Client
-from asyncq.connection import RedisClientOpts
 from asyncq.errors import LeaseExpiredError
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import keys
+from asyncq import _keys as keys
 from asyncq._gofmt import parse_option_strings
 from asyncq._time import GO_ZERO_TIME
 from asyncq.client import Client

@@ -10,8 +10,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError
 
-from asyncq import keys
-from asyncq.broker import Broker
+from asyncq import _keys as keys
+from asyncq._broker import Broker
 from asyncq.client import Client
 from asyncq.task import Task
 from tests.cluster import SentinelSetup, redis_cli

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import keys
+from asyncq import _keys as keys
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
 from asyncq.mux import ServeMux

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import keys
+from asyncq import _keys as keys
 from asyncq.client import Client
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import ServerInfo

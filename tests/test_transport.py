@@ -1,4 +1,4 @@
-"""asyncq.broker.transport: the pipelined RESP connection under the Broker's hot path."""
+"""asyncq._redis.transport: the pipelined RESP connection under the Broker's hot path."""
 
 from __future__ import annotations
 
@@ -23,19 +23,19 @@ from redis.exceptions import (
     TimeoutError,
 )
 
-from asyncq import keys
-from asyncq.broker.broker import BatchItem, Broker
-from asyncq.broker.scripts import load_script
-from asyncq.broker.transport import FastConnection
-from asyncq.client import Client, _new_task_id
-from asyncq.connection import (
-    Connection,
+from asyncq import _keys as keys
+from asyncq._broker import BatchItem, Broker
+from asyncq._redis.connection import Connection
+from asyncq._redis.options import (
     RedisClientOpts,
     RedisClusterOpts,
     RedisSentinelOpts,
     TLSConfig,
     parse_redis_uri,
 )
+from asyncq._redis.scripts import load_script
+from asyncq._redis.transport import FastConnection
+from asyncq.client import Client, _new_task_id
 from asyncq.errors import TaskIdConflictError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task
@@ -208,7 +208,7 @@ async def test_pipeline_returns_errors_in_place(fast: FastConnection) -> None:
 
 
 async def test_script_reloads_after_flush(fast: FastConnection, redis: Redis) -> None:
-    script = load_script("enqueue")
+    script = load_script("asyncq._broker", "enqueue")
     await redis.script_flush()
     assert await redis.script_exists(script.sha) == [False]
     msg = TaskMessage(id="t1", type="x", queue="q")

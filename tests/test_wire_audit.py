@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
-from asyncq.broker import Broker
+from asyncq._broker import Broker
 from asyncq.client import Client
 from asyncq.errors import FailedPreconditionError, RevokeTask, SkipRetry, TaskIdConflictError
 from asyncq.inspector import Inspector

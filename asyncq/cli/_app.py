@@ -81,7 +81,7 @@ class Settings:
 
     def uri(self) -> str:
         """The Redis URI: --uri, then $ASYNCQ_REDIS_URL, then the config file, then the default."""
-        from asyncq.connection import parse_redis_uri
+        from asyncq._redis.options import parse_redis_uri
 
         uri = self.uri_flag or os.environ.get(ENV_URI) or self.config().get("uri") or DEFAULT_URI
         try:

@@ -21,8 +21,8 @@ from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Static, Tab, Tabs
 
+from asyncq._redis.options import RedisTarget
 from asyncq.cli._format import format_bytes, format_duration, task_rows, task_text
-from asyncq.connection import RedisTarget
 from asyncq.errors import AsyncqError, TaskNotFoundError
 from asyncq.inspector import Inspector, QueueInfo
 from asyncq.task import TaskInfo, TaskState

@@ -22,8 +22,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from asyncq._redis.options import RedisTarget
 from asyncq.app import App
-from asyncq.connection import RedisTarget
 from asyncq.mux import ServeMux
 from asyncq.server import Server, ServerStats
 

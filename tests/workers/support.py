@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
-from asyncq import keys
+from asyncq import _keys as keys
 from asyncq.proto.asynq import TaskMessage
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Loading and running the Lua scripts kept as ``.lua`` files beside the broker.
+"""Loading and running Lua scripts kept as ``.lua`` files beside the code that runs them.
 
 Each script is read once, hashed locally and run with EVALSHA; when Redis
 answers NOSCRIPT (a restart, ``SCRIPT FLUSH``, a new cluster node) the source
@@ -15,8 +15,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from asyncq.broker.transport import FastConnection
-from asyncq.connection import RedisClient
+from asyncq._redis.options import RedisClient
+from asyncq._redis.transport import FastConnection
 
 __all__ = ["Script", "load_script"]
 
@@ -54,7 +54,7 @@ class Script:
 
 
 @cache
-def load_script(name: str) -> Script:
-    """The script ``asyncq/broker/lua/<name>.lua``, read once per process."""
-    source = resources.files("asyncq.broker").joinpath("lua", f"{name}.lua").read_text("utf-8")
+def load_script(package: str, name: str) -> Script:
+    """The script ``lua/<name>.lua`` beside the modules of *package*, read once per process."""
+    source = resources.files(package).joinpath("lua", f"{name}.lua").read_text("utf-8")
     return Script(name, source)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from asyncq._logging import error_text, task_fields
-from asyncq._roles import REDIS_ERRORS, PeriodicRole, is_transient
+from asyncq._worker.roles import REDIS_ERRORS, PeriodicRole, is_transient
 from asyncq.proto.asynq import TaskMessage
 
 if TYPE_CHECKING:

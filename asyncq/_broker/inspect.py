@@ -21,13 +21,13 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, ResponseError
 
-from asyncq import keys
-from asyncq._time import from_unix
+from asyncq import _keys as keys
 
 # One definition of the archive limits: the worker's and the inspector's trims must agree.
-from asyncq.broker.broker import ARCHIVE_MAX_SIZE, ARCHIVED_EXPIRATION
-from asyncq.broker.scripts import load_script
-from asyncq.connection import RedisClient
+from asyncq._broker._base import ARCHIVE_MAX_SIZE, ARCHIVED_EXPIRATION, LUA_PACKAGE
+from asyncq._redis.options import RedisClient
+from asyncq._redis.scripts import Script, load_script
+from asyncq._time import from_unix
 from asyncq.errors import BrokerError, FailedPreconditionError, TaskNotFoundError
 from asyncq.proto.asynq import (
     SchedulerEnqueueEvent,
@@ -50,6 +50,11 @@ MEMORY_SAMPLE_SIZE = 20
 """Task hashes sampled per list/sorted set for the memory estimate."""
 GROUP_SAMPLE_SIZE = 5
 """Groups sampled for the memory estimate."""
+
+
+def _lua(name: str) -> Script:
+    """The script ``lua/<name>.lua`` of the broker package."""
+    return load_script(LUA_PACKAGE, name)
 
 
 @dataclass(slots=True)
@@ -137,7 +142,7 @@ class InspectBroker:
             keys.all_groups(qname),
         ]
         args = [keys.task_key_prefix(qname), keys.group_key_prefix(qname)]
-        reply = await load_script("inspect_current_stats")(self.redis, script_keys, args)
+        reply = await _lua("inspect_current_stats")(self.redis, script_keys, args)
         values = {_str(reply[i]): reply[i + 1] for i in range(0, len(reply), 2)}
         memory = await self.memory_usage(qname)
         return QueueStats(
@@ -175,7 +180,7 @@ class InspectBroker:
             GROUP_SAMPLE_SIZE,
             keys.group_key_prefix(qname),
         ]
-        return _int(await load_script("inspect_memory_usage")(self.redis, script_keys, args))
+        return _int(await _lua("inspect_memory_usage")(self.redis, script_keys, args))
 
     async def historical_stats(self, qname: str, days: int) -> list[tuple[datetime, int, int]]:
         """(day, processed, failed) for *days* UTC days, today first."""
@@ -184,12 +189,12 @@ class InspectBroker:
         script_keys: list[str] = []
         for day in dates:
             script_keys += [keys.processed_key(qname, day), keys.failed_key(qname, day)]
-        reply = await load_script("inspect_historical_stats")(self.redis, script_keys)
+        reply = await _lua("inspect_historical_stats")(self.redis, script_keys)
         return [(day, _int(reply[2 * i]), _int(reply[2 * i + 1])) for i, day in enumerate(dates)]
 
     async def group_stats(self, qname: str) -> list[tuple[str, int]]:
         """(group, size) for every group of the queue, sorted by name."""
-        reply = await load_script("inspect_group_stats")(
+        reply = await _lua("inspect_group_stats")(
             self.redis, [keys.all_groups(qname)], [keys.group_key_prefix(qname)]
         )
         return sorted((_str(reply[i]), _int(reply[i + 1])) for i in range(0, len(reply), 2))
@@ -223,7 +228,7 @@ class InspectBroker:
             keys.paused_key(qname),
         ]
         args = [keys.task_key_prefix(qname), "1" if force else "0", keys.group_key_prefix(qname)]
-        code = _int(await load_script("inspect_remove_queue")(self.redis, script_keys, args))
+        code = _int(await _lua("inspect_remove_queue")(self.redis, script_keys, args))
         if code == 1:
             await self._r.srem(keys.ALL_QUEUES, qname)
         return code
@@ -234,7 +239,7 @@ class InspectBroker:
         """One task by ID; TaskNotFoundError when its hash does not exist."""
         now = self.clock()
         try:
-            reply = await load_script("inspect_get_task_info")(
+            reply = await _lua("inspect_get_task_info")(
                 self.redis,
                 [keys.task_key(qname, task_id)],
                 [task_id, int(now), keys.queue_key_prefix(qname)],
@@ -269,7 +274,7 @@ class InspectBroker:
         # tail end; asynq reverses it to show the oldest (next to run) first.
         start = -(size * page + size - 1) - 1
         stop = -(size * page) - 1
-        reply = await load_script("inspect_list_messages")(
+        reply = await _lua("inspect_list_messages")(
             self.redis, [key], [start, stop, keys.task_key_prefix(qname)]
         )
         now = datetime.fromtimestamp(self.clock(), UTC)
@@ -289,7 +294,7 @@ class InspectBroker:
         """A page of a sorted-set state (or of one group), ascending by score."""
         key = _zset_key(qname, state, group)
         start = size * page
-        reply = await load_script("inspect_list_zset_entries")(
+        reply = await _lua("inspect_list_zset_entries")(
             self.redis, [key], [start, start + size - 1, keys.task_key_prefix(qname)]
         )
         tasks: list[StoredTask] = []
@@ -455,9 +460,7 @@ class InspectBroker:
     # -- servers, workers, schedulers --------------------------------------------------------
 
     async def _live_keys(self, index: str) -> list[str]:
-        reply = await load_script("inspect_list_server_keys")(
-            self.redis, [index], [int(self.clock())]
-        )
+        reply = await _lua("inspect_list_server_keys")(self.redis, [index], [int(self.clock())])
         return [_str(k) for k in reply]
 
     async def list_servers(self) -> list[ServerInfo]:
@@ -564,7 +567,7 @@ class InspectBroker:
 
     async def _call(self, name: str, script_keys: Sequence[str], args: Sequence[Any]) -> int:
         try:
-            return _int(await load_script(name)(self.redis, script_keys, args))
+            return _int(await _lua(name)(self.redis, script_keys, args))
         except ResponseError as exc:
             raise BrokerError(f"{name}: {exc}") from exc
 

@@ -42,7 +42,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 if TYPE_CHECKING:
-    from asyncq.connection import RedisClientOpts, TLSConfig
+    from asyncq._redis.options import RedisClientOpts, TLSConfig
 
 __all__ = ["FastConnection"]
 

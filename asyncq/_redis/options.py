@@ -1,4 +1,4 @@
-"""One connection layer for client, server and inspector.
+"""Connection options: asynq's Redis URIs and the option classes they parse into.
 
 asyncq reads asynq's connection URIs (``ParseRedisURI``) plus one extension,
 and turns them into redis-py asyncio clients:
@@ -34,24 +34,19 @@ run already; go-redis does the same).
 
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool
+from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-if TYPE_CHECKING:
-    from asyncq.broker.transport import FastConnection
-
 __all__ = [
-    "Connection",
     "RedisClient",
     "RedisClientOpts",
     "RedisClusterOpts",
@@ -59,10 +54,7 @@ __all__ = [
     "RedisSentinelOpts",
     "RedisTarget",
     "TLSConfig",
-    "close_client",
-    "connect",
     "parse_redis_uri",
-    "pubsub_client",
 ]
 
 RedisClient: TypeAlias = "Redis | RedisCluster"
@@ -477,123 +469,3 @@ def _host_list(hostlist: str, default_port: int, uri: str) -> tuple[tuple[str, i
     if not hostlist.strip():
         raise ValueError(f"redis uri is missing a host: {_redact(uri)!r}")
     return tuple(_split_host_port(item, default_port, uri) for item in hostlist.split(","))
-
-
-def connect(target: RedisTarget) -> RedisClient:
-    """A redis-py client for *target*: a URI, parsed options or a ready client.
-
-    A ready ``Redis``/``RedisCluster`` is returned as is (it stays the caller's
-    to close); otherwise a new client is created, which the caller closes with
-    :func:`close_client`. No I/O happens until the first command.
-    """
-    if isinstance(target, Redis | RedisCluster):
-        return target
-    if isinstance(target, str):
-        target = parse_redis_uri(target)
-    if isinstance(target, RedisClientOpts | RedisSentinelOpts | RedisClusterOpts):
-        return target.make_client()
-    raise TypeError(
-        "expected a redis URI, RedisClientOpts/RedisSentinelOpts/RedisClusterOpts, "
-        f"or a redis.asyncio Redis/RedisCluster client, got {target.__class__.__name__}"
-    )
-
-
-async def close_client(redis: RedisClient) -> None:
-    """Close a client made by :func:`connect`, including its sentinel connections."""
-    pool = None if isinstance(redis, RedisCluster) else redis.connection_pool
-    await redis.aclose()
-    if isinstance(pool, SentinelConnectionPool):
-        manager: Sentinel = pool.sentinel_manager
-        await manager.aclose()
-
-
-async def pubsub_client(redis: RedisClient) -> Redis:
-    """A plain client for Pub/Sub on *redis*; close it with ``aclose()`` when done.
-
-    redis-py's asyncio ``RedisCluster`` has no Pub/Sub, so for a cluster this is
-    a new connection to one node (PUBLISH reaches every node over the cluster
-    bus, so any node will do). For a plain or Sentinel client it is a view on
-    the same connection pool; closing it leaves *redis* usable.
-    """
-    if isinstance(redis, RedisCluster):
-        await redis.initialize()
-        node = redis.get_default_node() or redis.get_nodes()[0]
-        kwargs = {k: v for k, v in node.connection_kwargs.items() if k != "redis_connect_func"}
-        pool = ConnectionPool(connection_class=node.connection_class, **kwargs)
-        # The pool is private to this client, so closing the client closes it.
-        client: Redis = Redis.from_pool(pool)
-        return client
-    return Redis(connection_pool=redis.connection_pool)
-
-
-class Connection:
-    """The Redis connection of a Client, Server or Inspector.
-
-    Built from a URI or options, it owns the client and closes it in
-    :meth:`aclose`; built from a ready redis-py client, it shares it and leaves
-    it open.
-
-    For a single server (TCP, unix socket or TLS) built from a URI or options,
-    :attr:`fast` is one pipelined socket to the same server and database for
-    the broker's hot path (see :mod:`asyncq.broker.transport`): same
-    credentials, TLS, dial and read timeouts, but only the connect is retried,
-    never a command already written. For Sentinel, Cluster and ready clients
-    it is None and everything goes through redis-py.
-    """
-
-    __slots__ = ("_closed", "_pubsub", "fast", "owned", "redis")
-
-    def __init__(self, target: RedisTarget) -> None:
-        if isinstance(target, str):
-            target = parse_redis_uri(target)
-        self.redis: RedisClient = connect(target)
-        self.owned: bool = self.redis is not target
-        self.fast: FastConnection | None = None
-        if isinstance(target, RedisClientOpts):
-            # Imported here: asyncq.broker imports this module.
-            from asyncq.broker.transport import FastConnection
-
-            self.fast = FastConnection.from_options(target)
-        self._pubsub: Redis | None = None
-        self._closed = False
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`aclose` ran."""
-        return self._closed
-
-    async def pubsub(self) -> Redis:
-        """A client for Pub/Sub (see :func:`pubsub_client`), created once and closed with us."""
-        if self._closed:
-            raise RuntimeError("the connection is closed")
-        if self._pubsub is None:
-            self._pubsub = await pubsub_client(self.redis)
-        return self._pubsub
-
-    async def aclose(self) -> None:
-        """Close the client if we own it (idempotent); a shared client stays open."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._pubsub is not None:
-            await self._pubsub.aclose()
-            self._pubsub = None
-        if self.fast is not None:
-            await self.fast.aclose()
-        if self.owned:
-            await close_client(self.redis)
-
-    async def __aenter__(self) -> Connection:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def __repr__(self) -> str:
-        kind = "owned" if self.owned else "shared"
-        return f"<Connection {kind} {self.redis!r}>"

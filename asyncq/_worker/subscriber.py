@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from redis.exceptions import NoPermissionError
 
-from asyncq import keys
+from asyncq import _keys as keys
 from asyncq._logging import Backoff, error_text
-from asyncq._roles import REDIS_ERRORS, Role
+from asyncq._worker.roles import REDIS_ERRORS, Role
 
 if TYPE_CHECKING:
     from asyncq.server import Server

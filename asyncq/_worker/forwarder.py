@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from asyncq._roles import PeriodicRole
+from asyncq._worker.roles import PeriodicRole
 
 __all__ = ["Forwarder"]
 

@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from typing import ClassVar
 
 from asyncq._logging import error_text
-from asyncq._roles import REDIS_ERRORS, PeriodicRole
 from asyncq._time import utc_from_timestamp
+from asyncq._worker.roles import REDIS_ERRORS, PeriodicRole
 from asyncq.errors import LeaseExpiredError
 from asyncq.proto.asynq import ServerInfo, WorkerInfo
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import anyio.to_thread
 
-from asyncq._roles import REDIS_ERRORS, PeriodicRole
+from asyncq._worker.roles import REDIS_ERRORS, PeriodicRole
 from asyncq.client import Client
 from asyncq.mux import is_async_callable
 from asyncq.task import Task

@@ -20,9 +20,9 @@ from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
 from asyncq._logging import error_text, task_fields
-from asyncq._roles import REDIS_ERRORS, PeriodicRole, is_transient
+from asyncq._worker.processor import is_failure_for, retry_delay_for
+from asyncq._worker.roles import REDIS_ERRORS, PeriodicRole, is_transient
 from asyncq.errors import LeaseExpiredError
-from asyncq.processor import is_failure_for, retry_delay_for
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task
 

@@ -40,9 +40,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import anyio
 
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
-from asyncq._roles import REDIS_ERRORS, Role, is_transient
-from asyncq.errors import AsyncqError, LeaseExpiredError, RevokeTask, SkipRetry
-from asyncq.lease import Lease
+from asyncq._worker.lease import Lease
+from asyncq._worker.roles import REDIS_ERRORS, Role, is_transient
+from asyncq.errors import (
+    DeadlineExceededError,
+    LeaseExpiredError,
+    RevokeTask,
+    SkipRetry,
+    TaskCanceledError,
+)
 from asyncq.mux import Handler, sync_limiter
 from asyncq.proto.asynq import TaskMessage
 from asyncq.result import TaskResultWriter
@@ -50,15 +56,13 @@ from asyncq.results import CompletionNotifier
 from asyncq.task import Task
 
 if TYPE_CHECKING:
-    from asyncq.broker.broker import Broker, DequeuedTask
+    from asyncq._broker import Broker, DequeuedTask
     from asyncq.server import Server, ServerConfig
 
 __all__ = [
     "DEFAULT_TIMEOUT",
-    "DeadlineExceededError",
     "Processor",
     "QueueOrder",
-    "TaskCanceledError",
     "compute_deadline",
     "default_retry_delay",
     "is_failure_for",
@@ -80,23 +84,6 @@ _MAX_DELAY = timedelta(microseconds=(2**63 - 1) // 1000)
 
 DEFAULT_TIMEOUT = 1800.0
 """Seconds a task may run when its message has neither timeout nor deadline (asynq's 30 min)."""
-
-
-class TaskCanceledError(AsyncqError):
-    """The task was cancelled through the cancel channel (asynq: ``context canceled``).
-
-    Like in asynq it counts as a failure, so the task is retried.
-    """
-
-    def __init__(self, message: str = "context canceled") -> None:
-        super().__init__(message)
-
-
-class DeadlineExceededError(AsyncqError, TimeoutError):
-    """The task ran past min(timeout, deadline) (asynq: ``context deadline exceeded``)."""
-
-    def __init__(self, message: str = "context deadline exceeded") -> None:
-        super().__init__(message)
 
 
 # -- pure helpers (unit-tested on their own) ------------------------------------------------

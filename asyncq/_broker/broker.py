@@ -1,0 +1,100 @@
+"""Broker: awaitable methods over asynq v0.26's Redis layout (asynq's ``internal/rdb``).
+
+Every method that changes more than one key runs a Lua script from ``lua/``
+so that no ID ever sits in a list or sorted set without its task hash. The
+scripts take asynq's KEYS/ARGV in asynq's order and leave the same Redis
+state (hash fields, scores in unix seconds, ``pending_since`` in unix
+nanoseconds, counters with ``EXPIREAT`` now + 90 days and the max-int64
+wrap), so Go servers, the asynq CLI and asynqmon work on what asyncq writes
+and the other way round. Times come from the injectable ``clock`` (unix
+seconds as a float) or from aware datetimes; naive datetimes raise ValueError.
+
+Errors: a task missing from the structure an operation expects raises
+:class:`~asyncq.errors.TaskNotFoundError` (asynq's ``NOT FOUND`` reply);
+other script errors raise :class:`~asyncq.errors.BrokerError`; connection
+problems propagate as ``redis.exceptions.RedisError`` subclasses.
+
+asyncq extensions (Go asynq is unaffected by all of them):
+
+* **Instant pickup.** The enqueue, enqueue_unique, requeue and forward scripts
+  PUBLISH the queue name on :func:`asyncq._keys.wakeup_channel` when they push
+  into a pending list that was empty (LPUSH/RPUSH returned 1). The channel
+  and the message are extra trailing ARGV after asynq's, so KEYS and asynq's
+  ARGV are unchanged; a channel is not a key, so cluster slots are unaffected.
+  The PUBLISH is best effort (``redis.pcall``): a user whose ACL denies the
+  channel, which Go asynq never needs, still gets the write and no error.
+* **Batched dequeue.** ``dequeue_many.lua`` takes asynq's dequeue KEYS/ARGV
+  plus ARGV[3] = count and moves up to that many tasks (each exactly as
+  asynq's dequeue does) in one call; it returns ``id, msg`` pairs. The Python
+  side tries queues in the given order, one call per queue (queues live in
+  different cluster slots); when a later call fails, the tasks already taken
+  are returned. ``dequeue`` is ``dequeue_many`` with count 1.
+* **Undecodable messages are archived, never dropped.** A ``msg`` that fails
+  to decode (or whose id is not the task's id, or, at dequeue, whose queue
+  is not the queue it is stored in) is moved to ``archived`` of that queue by
+  ``archive_undecodable.lua``: the same transition and counters as asynq's
+  Archive, but the raw bytes are kept as they are and the reason goes into
+  the extra hash field ``asyncq_error`` (the protobuf cannot be rewritten).
+  This happens in dequeue, list_lease_expired and read_aggregation_set.
+* **Batch enqueue** (asynq HEAD's BatchEnqueue): SCRIPT LOAD, then one
+  non-transactional pipeline of SADD + one EVALSHA per item. Unlike asynq,
+  an item whose ID already exists is reported as TaskIdConflictError (asynq
+  silently counts it as not enqueued), and unique and group items are
+  supported through their usual scripts.
+* **Batched acknowledgement.** ``ack_many.lua`` applies asynq's Done or
+  MarkAsComplete to many tasks of one queue in one call, building task keys
+  from the queue's prefix (same hash tag, so the same cluster slot); the
+  processed counters take one INCRBY per call unless the all-time counter is
+  near its max-int64 wrap. Several queues go in one pipeline.
+* **asynq:queues registration.** The first time a Broker instance sees a
+  queue it SADDs it to ``asynq:queues`` before the write (a per-instance
+  cache, like asynq's per-process one). It is a separate command, not part
+  of the scripts, because the global key is not in the queue's cluster slot.
+* **Stranded groups.** forward and reclaim_stale_aggregation_sets re-add the
+  group name to ``groups`` (an extra trailing KEYS entry) when they put tasks
+  back into a group; asynq does not, so such a group is not aggregated until
+  another task joins it.
+* **Orphan ids.** An id without a task hash (never written by asyncq) is
+  dropped from scheduled/retry by forward and from active by dequeue instead
+  of being moved on with a half-made hash; the archive trim never trims the
+  task being archived.
+"""
+
+from __future__ import annotations
+
+from asyncq._broker._base import (
+    AGGREGATION_TIMEOUT,
+    ARCHIVE_MAX_SIZE,
+    ARCHIVED_EXPIRATION,
+    LEASE_DURATION,
+    SCHEDULER_HISTORY_CAP,
+    STATS_TTL,
+)
+from asyncq._broker.aggregation import Aggregation
+from asyncq._broker.processing import DequeuedTask, ProcessingTransitions
+from asyncq._broker.producer import BatchItem, ProducerWrites
+from asyncq._broker.records import ServerRecords
+
+__all__ = [
+    "AGGREGATION_TIMEOUT",
+    "ARCHIVED_EXPIRATION",
+    "ARCHIVE_MAX_SIZE",
+    "LEASE_DURATION",
+    "SCHEDULER_HISTORY_CAP",
+    "STATS_TTL",
+    "BatchItem",
+    "Broker",
+    "DequeuedTask",
+]
+
+
+class Broker(ProducerWrites, ProcessingTransitions, ServerRecords, Aggregation):
+    """Awaitable asynq operations on one Redis connection (plain, Sentinel or Cluster).
+
+    *redis* must return bytes (``decode_responses=False``): task messages are
+    binary protobufs. *clock* returns the current unix time in seconds; every
+    "now" of every operation comes from it. *fast*, a pipelined connection to
+    the same server and database as *redis* (see
+    :class:`~asyncq._redis.transport.FastConnection`), carries the script
+    calls and hot-path commands when given; *redis* keeps the rest.
+    """

@@ -1,0 +1,431 @@
+"""Processing transitions: dequeue, ack, requeue, retry, archive, forward and leases."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import structlog
+from redis.exceptions import NoScriptError, ResponseError
+
+from asyncq import _keys as keys
+from asyncq._broker._base import (
+    ARCHIVE_MAX_SIZE,
+    ARCHIVED_EXPIRATION,
+    FETCH_ERRORS,
+    LUA_PACKAGE,
+    MAX_INT64,
+    STATS_TTL,
+    AckCall,
+    BrokerBase,
+    ack_results,
+    as_text,
+    encode_with,
+)
+from asyncq._logging import error_text
+from asyncq._redis.scripts import load_script
+from asyncq._time import to_unix
+from asyncq.errors import (
+    AsyncqError,
+)
+from asyncq.proto.asynq import (
+    TaskMessage,
+)
+
+_log = structlog.get_logger("asyncq")
+
+__all__ = ["DequeuedTask", "ProcessingTransitions"]
+
+_DEQUEUE_MANY = load_script(LUA_PACKAGE, "dequeue_many")
+_DONE = load_script(LUA_PACKAGE, "done")
+_MARK_AS_COMPLETE = load_script(LUA_PACKAGE, "mark_as_complete")
+_ACK_MANY = load_script(LUA_PACKAGE, "ack_many")
+_REQUEUE = load_script(LUA_PACKAGE, "requeue")
+_RETRY = load_script(LUA_PACKAGE, "retry")
+_ARCHIVE = load_script(LUA_PACKAGE, "archive")
+_FORWARD = load_script(LUA_PACKAGE, "forward")
+_LIST_LEASE_EXPIRED = load_script(LUA_PACKAGE, "list_lease_expired")
+_DELETE_EXPIRED_COMPLETED = load_script(LUA_PACKAGE, "delete_expired_completed")
+
+
+@dataclass(slots=True)
+class DequeuedTask:
+    """A task taken from a queue: the decoded message and its lease expiry (unix s)."""
+
+    message: TaskMessage
+    lease_expiry: float
+
+
+class ProcessingTransitions(BrokerBase):
+    """Server-side transitions of a task: pending, active, retry, archived, completed."""
+
+    # -- server-side processing (spec section 3.2) ------------------------------------------
+
+    async def dequeue(self, qnames: Sequence[str]) -> DequeuedTask | None:
+        """Take one task from the first non-paused, non-empty queue in *qnames* order."""
+        got = await self.dequeue_many(qnames, 1)
+        return got[0] if got else None
+
+    async def dequeue_many(self, qnames: Sequence[str], count: int) -> list[DequeuedTask]:
+        """Take up to *count* tasks, trying the queues in *qnames* order, each with its own lease.
+
+        One script call per queue tried. A message that cannot be decoded, or
+        that names another queue, is archived (and logged) instead of returned,
+        and its slot is refilled. When a call fails after tasks were taken from
+        earlier queues, those tasks are returned (and the failure logged)
+        rather than left to lease recovery; with nothing taken it is raised.
+        """
+        if count < 1:
+            raise ValueError(f"dequeue count must be at least 1, got {count}")
+        out: list[DequeuedTask] = []
+        for qname in qnames:
+            qk = self._q(qname)
+            keys_ = (qk.pending, qk.paused, qk.active, qk.lease)
+            while True:
+                want = count - len(out)
+                now = self.clock()
+                expiry = now + self.lease_duration
+                try:
+                    res = await self._run(
+                        _DEQUEUE_MANY, keys_, (int(expiry), qk.task_prefix, want), qname, ""
+                    )
+                except FETCH_ERRORS as exc:
+                    if not out:
+                        raise
+                    if self._dequeue_errors.allow():
+                        _log.warning(
+                            "dequeue failed after tasks were taken; returning those",
+                            queue=qname,
+                            taken=len(out),
+                            error=error_text(exc),
+                            suppressed_since_last=self._dequeue_errors.take_suppressed(),
+                        )
+                    return out
+                for i in range(0, len(res), 2):
+                    tid = as_text(res[i])
+                    data = res[i + 1]
+                    if data is None:
+                        _log.error("dropped pending id without task hash", task_id=tid, queue=qname)
+                        continue
+                    msg = await self._decode_or_archive(
+                        qk, tid, data, now, qk.active, check_queue=True
+                    )
+                    if msg is not None:
+                        out.append(DequeuedTask(msg, expiry))
+                if len(out) >= count or len(res) < 2 * want:
+                    break
+            if len(out) >= count:
+                break
+        return out
+
+    async def done(self, msg: TaskMessage) -> None:
+        """Success without retention: delete the task, count it processed, release its lock."""
+        qk = self._msg_queue(msg)
+        tid = msg.id
+        now = self.clock()
+        pday = qk.daily(now)[0]
+        keys_: tuple[str, ...] = (qk.active, qk.lease, qk.task_prefix + tid, pday, qk.processed)
+        if msg.unique_key:
+            keys_ += (msg.unique_key,)
+        await self._run(_DONE, keys_, (tid, int(now) + STATS_TTL, MAX_INT64), qk.name, tid)
+
+    async def mark_as_complete(self, msg: TaskMessage) -> None:
+        """Success with retention: move to ``completed`` scored by now + retention.
+
+        The stored message gets ``completed_at`` = now; *msg* itself is unchanged.
+        """
+        qk = self._msg_queue(msg)
+        tid = msg.id
+        now = self.clock()
+        now_s = int(now)
+        pday = qk.daily(now)[0]
+        keys_: tuple[str, ...] = (
+            qk.active,
+            qk.lease,
+            qk.completed,
+            qk.task_prefix + tid,
+            pday,
+            qk.processed,
+        )
+        if msg.unique_key:
+            keys_ += (msg.unique_key,)
+        data = encode_with(msg, completed_at=now_s)
+        args = (tid, now_s + STATS_TTL, now_s + msg.retention, data, MAX_INT64)
+        await self._run(_MARK_AS_COMPLETE, keys_, args, qk.name, tid)
+
+    # -- batched acknowledgement (asyncq extension, see ack_many) ---------------------------
+
+    async def done_many(self, msgs: Sequence[TaskMessage]) -> list[Exception | None]:
+        """:meth:`done` for many tasks at once; one result per message (see :meth:`ack_many`)."""
+        return await self.ack_many([(msg, False) for msg in msgs])
+
+    async def mark_as_complete_many(self, msgs: Sequence[TaskMessage]) -> list[Exception | None]:
+        """:meth:`mark_as_complete` for many tasks at once; one result per message.
+
+        See :meth:`ack_many`.
+        """
+        return await self.ack_many([(msg, True) for msg in msgs])
+
+    async def ack_many(self, items: Sequence[tuple[TaskMessage, bool]]) -> list[Exception | None]:
+        """Acknowledge finished tasks given as ``(msg, complete)`` pairs.
+
+        ``complete=True`` is :meth:`mark_as_complete` (kept for ``msg.retention``),
+        ``False`` is :meth:`done`; each task gets exactly that method's effect, in
+        the given order, with one "now" for the whole batch. All tasks of a queue
+        take one script call and all queues one round trip (a non-transactional
+        pipeline; on a cluster one call per node).
+
+        One result per item: None when acknowledged, TaskNotFoundError when the
+        task is not active (any more), ValueError for a message without id or
+        queue, BrokerError when the queue's script failed (then every item of
+        that queue gets it and their state is unknown). A task whose unique_key
+        lies outside its queue's hash tag (never written by asynq or asyncq) is
+        acknowledged afterwards with the single-task method. Connection errors
+        raise; the tasks may or may not be acknowledged.
+        """
+        results: list[Exception | None] = [None] * len(items)
+        now = self.clock()
+        now_s = int(now)
+        stats_exp = now_s + STATS_TTL
+        calls: dict[str, AckCall] = {}
+        strays: list[int] = []
+        for i, (msg, complete) in enumerate(items):
+            try:
+                qk = self._msg_queue(msg)
+            except ValueError as exc:
+                results[i] = exc
+                continue
+            call = calls.get(qk.name)
+            if call is None:
+                call = calls[qk.name] = AckCall(qk, stats_exp)
+            ukey = msg.unique_key
+            # The script builds no key it was not told the hash tag of (cluster slots).
+            if ukey and not ukey.startswith(call.prefix):
+                strays.append(i)
+                continue
+            # Packing each argument is most of redis-py's cost: send only what is used.
+            call.indices.append(i)
+            args = call.args
+            args.append(msg.id)
+            if ukey:
+                args.append(ukey)
+            if complete:
+                call.kinds.append("C" if ukey else "c")
+                args.append(now_s + msg.retention)
+                args.append(encode_with(msg, completed_at=now_s))
+            else:
+                call.kinds.append("D" if ukey else "d")
+        planned = [call for call in calls.values() if call.indices]
+        if planned:
+            replies = await self._ack_calls(planned, now)
+            for call, reply in zip(planned, replies, strict=True):
+                ack_results(results, items, call.qk.name, call.indices, reply)
+        for i in strays:
+            msg, complete = items[i]
+            try:
+                await (self.mark_as_complete(msg) if complete else self.done(msg))
+            except AsyncqError as exc:
+                results[i] = exc
+        return results
+
+    async def _ack_calls(self, planned: list[AckCall], now: float) -> list[Any]:
+        """Run ack_many.lua once per queue; replies (or ResponseErrors) in order."""
+        calls: list[tuple[tuple[str, ...], list[Any]]] = []
+        for call in planned:
+            qk = call.qk
+            call.args[4] = "".join(call.kinds)
+            pday = qk.daily(now)[0]
+            calls.append(((qk.active, qk.lease, qk.completed, pday, qk.processed), call.args))
+        if len(calls) == 1:
+            try:
+                return [await _ACK_MANY(self._cmd, *calls[0])]
+            except ResponseError as exc:
+                return [exc]
+        replies = await self._pipeline(
+            [("EVALSHA", _ACK_MANY.sha, len(k), *k, *args) for k, args in calls]
+        )
+        for n, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):
+                # Not loaded (restart, SCRIPT FLUSH, new node): the call did not run.
+                try:
+                    replies[n] = await _ACK_MANY(self._cmd, *calls[n])
+                except ResponseError as exc:
+                    replies[n] = exc
+        return replies
+
+    async def requeue(self, msg: TaskMessage) -> None:
+        """Put an active task back at the front of pending (shutdown); no retry counted."""
+        qk = self._msg_queue(msg)
+        tid = msg.id
+        await self._run(
+            _REQUEUE,
+            (qk.active, qk.lease, qk.pending, qk.task_prefix + tid),
+            (tid, qk.wakeup, qk.name),
+            qk.name,
+            tid,
+        )
+
+    async def retry(
+        self, msg: TaskMessage, process_at: datetime, err_msg: str, *, is_failure: bool
+    ) -> None:
+        """Move an active task to ``retry`` at *process_at*, recording the error.
+
+        The stored message gets ``error_msg``, ``last_failed_at`` = now and,
+        when *is_failure*, ``retried`` + 1; *msg* itself is unchanged.
+        """
+        qk = self._msg_queue(msg)
+        at = to_unix(process_at)
+        tid = msg.id
+        now = self.clock()
+        now_s = int(now)
+        pday, fday = qk.daily(now)
+        if is_failure:
+            data = encode_with(
+                msg, retried=msg.retried + 1, error_msg=err_msg, last_failed_at=now_s
+            )
+        else:
+            data = encode_with(msg, error_msg=err_msg, last_failed_at=now_s)
+        keys_ = (
+            qk.task_prefix + tid,
+            qk.active,
+            qk.lease,
+            qk.retry,
+            pday,
+            fday,
+            qk.processed,
+            qk.failed,
+        )
+        args = (tid, data, at, now_s + STATS_TTL, "1" if is_failure else "0", MAX_INT64)
+        await self._run(_RETRY, keys_, args, qk.name, tid)
+
+    async def archive(self, msg: TaskMessage, err_msg: str) -> None:
+        """Move an active task to ``archived``, trimming old/excess archived tasks.
+
+        The stored message gets ``error_msg`` and ``last_failed_at`` = now.
+        Archived tasks older than 90 days and all but the newest 9,999 are
+        deleted together with their task hashes.
+        """
+        qk = self._msg_queue(msg)
+        tid = msg.id
+        now = self.clock()
+        now_s = int(now)
+        pday, fday = qk.daily(now)
+        data = encode_with(msg, error_msg=err_msg, last_failed_at=now_s)
+        keys_ = (
+            qk.task_prefix + tid,
+            qk.active,
+            qk.lease,
+            qk.archived,
+            pday,
+            fday,
+            qk.processed,
+            qk.failed,
+            qk.task_prefix,
+        )
+        args = (
+            tid,
+            data,
+            now_s,
+            now_s - ARCHIVED_EXPIRATION,
+            ARCHIVE_MAX_SIZE,
+            now_s + STATS_TTL,
+            MAX_INT64,
+        )
+        await self._run(_ARCHIVE, keys_, args, qk.name, tid)
+
+    async def forward_if_ready(self, qnames: Sequence[str]) -> int:
+        """Move due scheduled/retry tasks to pending (or back to their group); returns count."""
+        total = 0
+        for qname in qnames:
+            qk = self._q(qname)
+            for source in (qk.scheduled, qk.retry):
+                while True:
+                    now = self.clock()
+                    n: int = await self._run(
+                        _FORWARD,
+                        (source, qk.pending, qk.groups),
+                        (
+                            int(now),
+                            qk.task_prefix,
+                            int(now * 1_000_000_000),
+                            qk.group_prefix,
+                            qk.wakeup,
+                            qname,
+                        ),
+                        qname,
+                        "",
+                    )
+                    total += n
+                    if n == 0:
+                        break
+        return total
+
+    async def list_lease_expired(
+        self, cutoff: datetime, qnames: Sequence[str]
+    ) -> list[TaskMessage]:
+        """Messages of active tasks whose lease expired at or before *cutoff*.
+
+        A message that cannot be decoded is archived (and logged) instead.
+        """
+        cut = to_unix(cutoff)
+        out: list[TaskMessage] = []
+        for qname in qnames:
+            qk = self._q(qname)
+            res = await self._run(
+                _LIST_LEASE_EXPIRED, (qk.lease,), (cut, qk.task_prefix), qname, ""
+            )
+            for i in range(0, len(res), 2):
+                msg = await self._decode_or_archive(
+                    qk, as_text(res[i]), res[i + 1], self.clock(), qk.active
+                )
+                if msg is not None:
+                    out.append(msg)
+        return out
+
+    async def extend_lease(self, qname: str, task_ids: Sequence[str]) -> float:
+        """Push the leases of *task_ids* to now + ``lease_duration``; returns the new expiry.
+
+        Only IDs still in the lease set are updated (``ZADD XX``).
+        """
+        qk = self._q(qname)
+        expiry = self.clock() + self.lease_duration
+        if task_ids:
+            score = int(expiry)
+            args: list[Any] = []
+            for tid in task_ids:
+                args += (score, tid)
+            await self._cmd.execute_command("ZADD", qk.lease, "XX", *args)
+        return expiry
+
+    async def delete_expired_completed_tasks(self, qname: str, batch_size: int = 100) -> int:
+        """Delete completed tasks whose retention expired, *batch_size* per script call.
+
+        Loops until none are left; returns how many were deleted.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        qk = self._q(qname)
+        total = 0
+        while True:
+            n: int = await self._run(
+                _DELETE_EXPIRED_COMPLETED,
+                (qk.completed,),
+                (int(self.clock()), qk.task_prefix, batch_size),
+                qname,
+                "",
+            )
+            total += n
+            if n == 0:
+                return total
+
+    async def write_result(self, qname: str, task_id: str, data: bytes) -> int:
+        """HSET the task's ``result`` field; returns len(data)."""
+        qk = self._q(qname)
+        await self._cmd.execute_command("HSET", qk.task_prefix + task_id, "result", data)
+        return len(data)
+
+    async def publish_cancelation(self, task_id: str) -> None:
+        """PUBLISH the task ID on ``asynq:cancel``."""
+        await self._cmd.execute_command("PUBLISH", keys.CANCEL_CHANNEL, task_id)

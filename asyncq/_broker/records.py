@@ -1,0 +1,94 @@
+"""Server and scheduler records: server state, scheduler entries and enqueue events."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from asyncq import _keys as keys
+from asyncq._broker._base import (
+    LUA_PACKAGE,
+    SCHEDULER_HISTORY_CAP,
+    BrokerBase,
+    record_ttl,
+)
+from asyncq._redis.scripts import load_script
+from asyncq._time import to_unix
+from asyncq.proto.asynq import (
+    SchedulerEnqueueEvent,
+    SchedulerEntry,
+    ServerInfo,
+    WorkerInfo,
+)
+
+__all__ = ["ServerRecords"]
+
+_WRITE_SERVER_STATE = load_script(LUA_PACKAGE, "write_server_state")
+_WRITE_SCHEDULER_ENTRIES = load_script(LUA_PACKAGE, "write_scheduler_entries")
+_RECORD_SCHEDULER_ENQUEUE_EVENT = load_script(LUA_PACKAGE, "record_scheduler_enqueue_event")
+
+
+class ServerRecords(BrokerBase):
+    """What servers and schedulers publish about themselves for the Inspector and the CLI."""
+
+    async def write_server_state(
+        self, info: ServerInfo, workers: Sequence[WorkerInfo], ttl: float
+    ) -> None:
+        """Heartbeat: ServerInfo and WorkerInfo records with *ttl* seconds to live."""
+        secs = record_ttl(ttl)
+        skey = keys.server_info_key(info.host, info.pid, info.server_id)
+        wkey = keys.workers_key(info.host, info.pid, info.server_id)
+        exp = int(self.clock() + secs)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.execute_command("ZADD", keys.ALL_SERVERS, exp, skey)
+        pipe.execute_command("ZADD", keys.ALL_WORKERS, exp, wkey)
+        await pipe.execute()
+        args: list[Any] = [secs, bytes(info)]
+        for w in workers:
+            args += (w.task_id, bytes(w))
+        await self._run(_WRITE_SERVER_STATE, (skey, wkey), args, "", "")
+
+    async def clear_server_state(self, host: str, pid: int, server_id: str) -> None:
+        """Remove a server's info and workers records."""
+        skey = keys.server_info_key(host, pid, server_id)
+        wkey = keys.workers_key(host, pid, server_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.execute_command("ZREM", keys.ALL_SERVERS, skey)
+        pipe.execute_command("ZREM", keys.ALL_WORKERS, wkey)
+        pipe.execute_command("DEL", skey, wkey)
+        await pipe.execute()
+
+    async def write_scheduler_entries(
+        self, scheduler_id: str, entries: Sequence[SchedulerEntry], ttl: float
+    ) -> None:
+        """Scheduler heartbeat: replace the scheduler's entry list, expiring after *ttl*."""
+        secs = record_ttl(ttl)
+        key = keys.scheduler_entries_key(scheduler_id)
+        exp = int(self.clock() + secs)
+        await self.redis.execute_command("ZADD", keys.ALL_SCHEDULERS, exp, key)
+        args: list[Any] = [secs, *(bytes(e) for e in entries)]
+        await self._run(_WRITE_SCHEDULER_ENTRIES, (key,), args, "", "")
+
+    async def clear_scheduler_entries(self, scheduler_id: str) -> None:
+        """Remove a scheduler's entries record."""
+        key = keys.scheduler_entries_key(scheduler_id)
+        await self.redis.execute_command("ZREM", keys.ALL_SCHEDULERS, key)
+        await self.redis.execute_command("DEL", key)
+
+    async def record_scheduler_enqueue_event(
+        self, entry_id: str, event: SchedulerEnqueueEvent
+    ) -> None:
+        """Append to an entry's history, keeping the newest 1,000 events."""
+        if event.enqueue_time is None:
+            raise ValueError(f"scheduler enqueue event for task {event.task_id!r} has no time")
+        await self._run(
+            _RECORD_SCHEDULER_ENQUEUE_EVENT,
+            (keys.scheduler_history_key(entry_id),),
+            (to_unix(event.enqueue_time), bytes(event), SCHEDULER_HISTORY_CAP),
+            "",
+            "",
+        )
+
+    async def clear_scheduler_history(self, entry_id: str) -> None:
+        """Delete an entry's history."""
+        await self.redis.execute_command("DEL", keys.scheduler_history_key(entry_id))
