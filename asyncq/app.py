@@ -29,7 +29,7 @@ import inspect
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
@@ -87,29 +87,30 @@ class _Eager:
 
 
 class TaskHandle(Generic[R]):
-    """An enqueued typed task: its ``id``, ``queue``, ``info``, and ``await result()``."""
+    """An enqueued typed task: its ``id``, ``queue``, and ``await result()``.
 
-    __slots__ = ("_client", "_codec", "_eager", "info")
+    ``info`` is the TaskInfo the enqueue returned (None for a handle made
+    from a task ID with ``task.handle_of(...)``).
+    """
+
+    __slots__ = ("_client", "_codec", "_eager", "id", "info", "queue")
 
     def __init__(
         self,
-        info: TaskInfo,
+        task_id: str,
+        queue: str,
         codec: ResultCodec,
         client: Client | None,
-        eager: tuple[bool, Any, BaseException | None] | None = None,
+        *,
+        info: TaskInfo | None = None,
+        eager: tuple[Any, BaseException | None] | None = None,
     ) -> None:
+        self.id = task_id
+        self.queue = queue
         self.info = info
         self._codec = codec
         self._client = client
         self._eager = eager
-
-    @property
-    def id(self) -> str:
-        return self.info.id
-
-    @property
-    def queue(self) -> str:
-        return self.info.queue
 
     async def result(
         self,
@@ -125,11 +126,10 @@ class TaskHandle(Generic[R]):
         retention ran out, or it was deleted).
         """
         if self._eager is not None:
-            _, value, error = self._eager
+            value, error = self._eager
             if error is not None:
-                raise TaskFailedError(
-                    _failed_info(self.info, error, self.info.max_retry)
-                ) from error
+                assert self.info is not None
+                raise TaskFailedError(_failed_info(self.info, error)) from error
             return cast(R, value)
         assert self._client is not None
         info = await self._client.wait(
@@ -138,17 +138,12 @@ class TaskHandle(Generic[R]):
         return cast(R, self._codec.decode(info.result))
 
     def __repr__(self) -> str:
-        return f"<TaskHandle id={self.id!r} queue={self.queue!r} type={self.info.type!r}>"
+        return f"<TaskHandle id={self.id!r} queue={self.queue!r}>"
 
 
-def _failed_info(info: TaskInfo, error: BaseException, retried: int) -> TaskInfo:
-    from dataclasses import replace
-
+def _failed_info(info: TaskInfo, error: BaseException) -> TaskInfo:
     return replace(
-        info,
-        state=TaskState.ARCHIVED,
-        last_error=f"{error.__class__.__name__}: {error}",
-        retried=retried,
+        info, state=TaskState.ARCHIVED, last_error=f"{error.__class__.__name__}: {error}"
     )
 
 
@@ -193,7 +188,7 @@ class TaskCall(Generic[P, R]):
         task = typed._make(args, kwargs, None)
         client = self._client or app.client
         info = await client.enqueue(task, **self._options)
-        return TaskHandle(info, typed._results, client)
+        return TaskHandle(info.id, info.queue, typed._results, client, info=info)
 
 
 class TypedTask(TaskCall[P, R]):
@@ -238,7 +233,19 @@ class TypedTask(TaskCall[P, R]):
         merged.update(given)
         return Task(self.name, payload, headers=headers, **merged)
 
-    async def handle(self, task: Task) -> None:
+    def handle_of(
+        self, task_id: str, *, queue: str | None = None, client: Client | None = None
+    ) -> TaskHandle[R]:
+        """A handle on an already enqueued task of this type (e.g. an ID a web client sent back).
+
+        *queue* defaults to the task's decorator queue (or ``"default"``).
+        """
+        if not isinstance(task_id, str) or not task_id:
+            raise ValueError("task ID cannot be empty")
+        queue = queue or self.defaults.get("queue") or "default"
+        return TaskHandle(task_id, queue, self._results, client or self.app.client)
+
+    async def serve(self, task: Task) -> None:
         """The ServeMux handler: decode, run, store the JSON result."""
         try:
             arguments = self._args.decode(task.payload)
@@ -294,10 +301,13 @@ class TypedTask(TaskCall[P, R]):
             value = await self._args.call(self.__call__, arguments)
             data = self._results.encode(value)
         except Exception as exc:
-            return TaskHandle(info, self._results, None, (False, None, exc))
+            return TaskHandle(
+                info.id, info.queue, self._results, None, info=info, eager=(None, exc)
+            )
         finally:
             _current_task.reset(token)
-        return TaskHandle(info, self._results, None, (True, self._results.decode(data), None))
+        value = self._results.decode(data)
+        return TaskHandle(info.id, info.queue, self._results, None, info=info, eager=(value, None))
 
     def __repr__(self) -> str:
         return f"<TypedTask {self.name!r}>"
@@ -425,7 +435,7 @@ class App(Generic[S]):
             # The option values are checked now, as an enqueue would check them.
             _compose(Task(type_name, b"", **options), [], datetime.now(UTC))
             typed: TypedTask[Any, Any] = TypedTask(self, func, type_name, options)
-            self.mux.handle(type_name, typed.handle)
+            self.mux.handle(type_name, typed.serve)
             self.tasks[type_name] = typed
             return typed
 

@@ -27,7 +27,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from typing_extensions import Unpack
 
 from asyncq._redis.options import RedisTarget
-from asyncq.app import TaskCall, TaskHandle
+from asyncq.app import TaskCall, TaskHandle, TypedTask
 from asyncq.client import DEFAULT_QUEUE, Client
 from asyncq.results import DEFAULT_POLL_INTERVAL
 from asyncq.task import EnqueueOptions, Task, TaskInfo
@@ -57,7 +57,7 @@ class SyncTaskHandle(Generic[R]):
         return self.handle.queue
 
     @property
-    def info(self) -> TaskInfo:
+    def info(self) -> TaskInfo | None:
         return self.handle.info
 
     def result(
@@ -144,6 +144,12 @@ class SyncClient:
         """Enqueue a typed task (or ``task.options(...)``) with this client's connection."""
         call = task.options(client=self.client)
         return SyncTaskHandle(self, self._call(call.enqueue(*args, **kwargs)))
+
+    def handle_of(
+        self, task: TypedTask[P, R], task_id: str, *, queue: str | None = None
+    ) -> SyncTaskHandle[R]:
+        """A handle on an already enqueued typed task (``TypedTask.handle_of``), blocking."""
+        return SyncTaskHandle(self, task.handle_of(task_id, queue=queue, client=self.client))
 
     def ping(self) -> None:
         self._call(self.client.ping())

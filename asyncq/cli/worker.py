@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from asyncq.app import App
-from asyncq.cli._app import LOG_LEVELS, CliError, configure_logging, run_async, settings
+from asyncq.cli._app import (
+    ENV_URI,
+    LOG_LEVELS,
+    CliError,
+    configure_logging,
+    run_async,
+    settings,
+)
 from asyncq.mux import ServeMux
 
 __all__ = ["load_app", "parse_queues", "worker"]
@@ -157,7 +164,9 @@ def worker(
     log_level: str,
 ) -> None:
     """Run a worker for MODULE:APP: an asyncq App, a ServeMux, or a (sync or async)
-    function returning one. Uses uvloop when it is installed.
+    function returning one. Uses uvloop when it is installed. An App's worker
+    connects to the App's Redis unless --uri, $ASYNCQ_REDIS_URL or the config
+    file name one.
 
     SIGTERM/SIGINT shut down gracefully (a second one exits at once); SIGTSTP
     stops fetching new tasks.
@@ -170,19 +179,28 @@ def worker(
 
     configure_logging(log_level.lower())
     loaded = load_app(app)
+    cli = settings(ctx)
     if worker_uri is not None:
-        settings(ctx).uri_flag = worker_uri
-    uri = settings(ctx).uri()
-    mux = loaded.mux if isinstance(loaded, App) else loaded
-    lifespan = loaded.lifespan if isinstance(loaded, App) else None
-    server = Server(
-        uri,
-        concurrency=concurrency,
-        queues=queues,
-        strict_priority=strict,
-        burst=burst,
-        lifespan=lifespan,
-    )
+        cli.uri_flag = worker_uri
+    options: dict[str, Any] = {
+        "concurrency": concurrency,
+        "queues": queues,
+        "strict_priority": strict,
+        "burst": burst,
+    }
+    if isinstance(loaded, App):
+        mux = loaded.mux
+        given = cli.uri_flag or os.environ.get(ENV_URI) or cli.config().get("uri")
+        if given is None and isinstance(loaded.redis, str):
+            uri = loaded.redis  # no --uri, $ASYNCQ_REDIS_URL or config: the App's own Redis
+            server = loaded.server(**options)
+        else:
+            uri = cli.uri()
+            server = Server(uri, lifespan=loaded.lifespan, **options)
+    else:
+        mux = loaded
+        uri = cli.uri()
+        server = Server(uri, **options)
 
     async def go() -> None:
         try:
