@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable, Mapping
-from typing import Any, NotRequired, Required, cast
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NoReturn, NotRequired, Required, cast
 
 import pydantic
 from pydantic import TypeAdapter, ValidationError
@@ -68,6 +68,7 @@ class ArgumentsCodec:
     __slots__ = (
         "_adapter",
         "_defaults",
+        "_exact",
         "_fn",
         "_index",
         "_names",
@@ -103,6 +104,7 @@ class ArgumentsCodec:
         self._positional = tuple(positional)
         self._positional_only = tuple(positional_only)
         self._adapter: TypeAdapter[dict[str, Any]] | None = None
+        self._exact: tuple[tuple[str, Any], ...] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -120,48 +122,73 @@ class ArgumentsCodec:
                 extra="forbid", arbitrary_types_allowed=False
             )
             self._adapter = cast(TypeAdapter[dict[str, Any]], TypeAdapter(td))
+            # Strict validation of these annotations accepts exactly these types, so a
+            # value of exactly the type needs no validator run (the common fast path).
+            simple = [(n, hints.get(n, Any)) for n in self._names]
+            if all(t in (str, int, float, bool) for _, t in simple):
+                self._exact = tuple(simple)
         return self._adapter
 
     def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """The call's arguments by name, defaults filled in, as Python would bind them."""
-        if len(args) > len(self._positional):
+        """The call's arguments by name in declaration order, defaults filled in.
+
+        Refuses what Python would refuse, with Python's wording.
+        """
+        given = len(args)
+        if given > len(self._positional):
             raise TaskArgumentError(
                 f"{self._task}() takes {len(self._positional)} positional arguments "
-                f"but {len(args)} were given"
+                f"but {given} were given"
             )
-        bound = dict(zip(self._positional, args, strict=False))
-        for name, value in kwargs.items():
-            if name not in self._index:
-                raise TaskArgumentError(
-                    f"{self._task}() got an unexpected keyword argument {name!r}"
-                )
-            if name in bound:
-                raise TaskArgumentError(f"{self._task}() got multiple values for argument {name!r}")
-            if name in self._positional_only:
-                raise TaskArgumentError(
-                    f"{self._task}() got a positional-only argument passed as keyword: {name!r}"
-                )
-            bound[name] = value
-        if len(bound) < len(self._names):
-            missing = [n for n in self._names if n not in bound and n not in self._defaults]
+        if not kwargs and given == len(self._names):
+            return dict(zip(self._names, args, strict=True))  # the common case, already ordered
+        values = dict(zip(self._positional, args, strict=False))
+        if kwargs:
+            keys = kwargs.keys()
+            if (
+                not keys <= self._index
+                or (given and not keys.isdisjoint(values))
+                or (self._positional_only and not keys.isdisjoint(self._positional_only))
+            ):
+                self._refuse_keywords(values, keys)
+            values.update(kwargs)
+        if len(values) < len(self._names):
+            missing = [n for n in self._names if n not in values and n not in self._defaults]
             if missing:
                 raise TaskArgumentError(
                     f"{self._task}() missing required argument{'s' if len(missing) > 1 else ''}: "
                     + ", ".join(repr(n) for n in missing)
                 )
-            bound = {n: bound[n] if n in bound else self._defaults[n] for n in self._names}
-        elif args and kwargs:
-            bound = {n: bound[n] for n in self._names}  # declaration order
-        return bound
+            defaults = self._defaults
+            return {n: values[n] if n in values else defaults[n] for n in self._names}
+        return {n: values[n] for n in self._names}
+
+    def _refuse_keywords(self, values: Mapping[str, Any], keys: Iterable[str]) -> NoReturn:
+        for name in keys:
+            if name not in self._index:
+                raise TaskArgumentError(
+                    f"{self._task}() got an unexpected keyword argument {name!r}"
+                )
+            if name in self._positional_only:
+                raise TaskArgumentError(
+                    f"{self._task}() got a positional-only argument passed as keyword: {name!r}"
+                )
+            if name in values:
+                raise TaskArgumentError(f"{self._task}() got multiple values for argument {name!r}")
+        raise AssertionError("no refused keyword found")  # pragma: no cover
 
     def encode(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bytes:
         """Bind, check strictly and encode as the JSON object payload."""
         bound = self.bind(args, kwargs)
         adapter = self._get_adapter()
-        try:
-            checked = adapter.validate_python(bound, strict=True)
-        except ValidationError as exc:
-            raise TaskArgumentError(_describe(self._task, exc, "argument")) from None
+        exact = self._exact
+        if exact is not None and all(type(bound[n]) is t for n, t in exact):
+            checked = bound  # only str/int/float/bool values of exactly their annotated type
+        else:
+            try:
+                checked = adapter.validate_python(bound, strict=True)
+            except ValidationError as exc:
+                raise TaskArgumentError(_describe(self._task, exc, "argument")) from None
         try:
             return adapter.dump_json(checked)
         except PydanticSerializationError as exc:
