@@ -360,7 +360,7 @@ class App(Generic[S]):
                 f"result_retention must be a datetime.timedelta, got "
                 f"{type(result_retention).__name__}"
             )
-        self.redis = redis
+        self._redis = redis
         self.lifespan = lifespan
         self.result_retention = result_retention
         self.mux = ServeMux()
@@ -368,6 +368,20 @@ class App(Generic[S]):
         self._client: Client | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._eager: _Eager | None = None
+
+    @property
+    def redis(self) -> RedisTarget | Connection:
+        """Where the App's client and workers connect."""
+        return self._redis
+
+    @redis.setter
+    def redis(self, value: RedisTarget | Connection) -> None:
+        """Point the App elsewhere (tests); the next use opens a new client.
+
+        Close the old client first (``await app.aclose()``) if it was used.
+        """
+        self._redis = value
+        self._client = None
 
     # -- registration ------------------------------------------------------------------------
 

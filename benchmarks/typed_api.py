@@ -59,11 +59,27 @@ async def noop() -> int:
     return 1
 
 
-async def cpu_per_enqueue(client: Client, n: int, rounds: int) -> dict[str, float]:
+BASELINE = "client.enqueue(Task(type, bytes))"
+RETAINED = "client.enqueue(Task(type, bytes, retention=5min))"
+
+
+async def _nothing(*args: object) -> None:
+    return None
+
+
+async def cpu_per_enqueue(
+    client: Client, n: int, rounds: int, *, stub_io: bool = False
+) -> dict[str, float]:
+    """Median client CPU (us) per enqueue; *stub_io*: the broker write is a no-op."""
+    if stub_io:
+        client = Client(client.redis)
+        client.broker.enqueue = _nothing  # type: ignore[method-assign]
     address = Address(street="1 Main St", city="Springfield", zip="12345")
+    retention = timedelta(minutes=5)
     variants: dict[str, Callable[[int], Awaitable[object]]] = {
-        "client.enqueue(Task(type, bytes))": lambda i: client.enqueue(
-            Task("bench:welcome", b'{"user_id":42,"lang":"de"}')
+        BASELINE: lambda i: client.enqueue(Task("bench:welcome", b'{"user_id":42,"lang":"de"}')),
+        RETAINED: lambda i: client.enqueue(
+            Task("bench:welcome", b'{"user_id":42,"lang":"de"}', retention=retention)
         ),
         "client.enqueue(Task.from_json(...))": lambda i: client.enqueue(
             Task.from_json("bench:welcome", {"user_id": i, "lang": "de"})
@@ -81,7 +97,8 @@ async def cpu_per_enqueue(client: Client, n: int, rounds: int) -> dict[str, floa
             await fn(i)
     for _ in range(rounds):
         for name, fn in variants.items():
-            await client.redis.flushdb()
+            if not stub_io:
+                await client.redis.flushdb()
             start = time.process_time()
             for i in range(n):
                 await fn(i)
@@ -137,11 +154,16 @@ async def latencies(client: Client, n: int) -> dict[str, tuple[float, float]]:
 async def main(url: str, n: int, rounds: int) -> None:
     async with Client(url) as client:
         await client.redis.flushdb()
-        cpu = await cpu_per_enqueue(client, n, rounds)
-        base = cpu["client.enqueue(Task(type, bytes))"]
-        print(f"client CPU per serial enqueue (N={n}, median of {rounds} rounds)")
-        for name, us in cpu.items():
-            print(f"  {name:42s} {us:7.1f} us  ({(us / base - 1) * 100:+5.1f} %)")
+        for stub_io in (False, True):
+            cpu = await cpu_per_enqueue(client, n, rounds, stub_io=stub_io)
+            what = "no Redis I/O (broker write stubbed)" if stub_io else "to Redis"
+            print(f"client CPU per serial enqueue, {what} (N={n}, median of {rounds} rounds)")
+            for name, us in cpu.items():
+                vs = ", ".join(
+                    f"{(us / cpu[b] - 1) * 100:+5.1f} % vs {label}"
+                    for b, label in ((BASELINE, "Task"), (RETAINED, "Task+retention"))
+                )
+                print(f"  {name:50s} {us:7.1f} us  ({vs})")
         await client.redis.flushdb()
         env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_REDIS_URL": url}
         env.pop("ASYNCQ_REDIS_URL", None)

@@ -426,6 +426,22 @@ async def test_eager_mode_runs_in_process(app: App[ta.State], redis: Redis) -> N
     assert await redis.keys("*") == []  # eager mode never touches Redis
 
 
+def test_worker_command_loads_an_app_or_a_factory() -> None:
+    from asyncq.cli.worker import load_app
+
+    assert load_app("tests.typed_app:app") is ta.app
+    assert load_app("tests.typed_app:create_app") is ta.app
+    assert load_app("tests.typed_app:create_app_async") is ta.app
+
+
+async def test_pointing_the_app_elsewhere_drops_its_client(app: App[Any]) -> None:
+    first = app.client
+    assert app.client is first
+    await app.aclose()
+    app.redis = str(app.redis)
+    assert app.client is not first
+
+
 async def test_calling_a_task_runs_the_function(app: App[Any]) -> None:
     assert await ta.add(1, 2) == 3
     assert await ta.positional(1) == [1, 2]
