@@ -431,7 +431,9 @@ def test_worker_command_loads_an_app_or_a_factory() -> None:
 
     assert load_app("tests.typed_app:app") is ta.app
     assert load_app("tests.typed_app:create_app") is ta.app
-    assert load_app("tests.typed_app:create_app_async") is ta.app
+    made = load_app("tests.typed_app:create_app_async")
+    assert asyncio.iscoroutine(made)  # awaited in the worker's event loop
+    assert asyncio.run(made) is ta.app
 
 
 async def test_pointing_the_app_elsewhere_drops_its_client(app: App[Any]) -> None:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import inspect
 import os
 import sys
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import click
+from redis.exceptions import RedisError
 
 from asyncq.app import App
 from asyncq.cli._app import (
@@ -17,6 +18,7 @@ from asyncq.cli._app import (
     LOG_LEVELS,
     CliError,
     configure_logging,
+    redact,
     run_async,
     settings,
 )
@@ -50,11 +52,12 @@ def parse_queues(text: str) -> dict[str, int]:
     return queues
 
 
-def load_app(spec: str) -> ServeMux | App[Any]:
+def load_app(spec: str) -> ServeMux | App[Any] | Coroutine[Any, Any, ServeMux | App[Any]]:
     """Import ``module:attr`` (attr defaults to ``app``) and return its App or ServeMux.
 
     The attribute may be an App, a ServeMux, or a zero-argument callable
-    (sync or async) returning one. Raises CliError naming the problem.
+    returning one; an async factory gives a coroutine to await in the
+    worker's event loop. Raises CliError naming the problem.
     """
     module_name, _, attr = spec.partition(":")
     attr = attr or "app"
@@ -88,16 +91,22 @@ def load_app(spec: str) -> ServeMux | App[Any]:
     if callable(obj) and _takes_no_arguments(obj):
         made = obj()
         if inspect.iscoroutine(made):
-            made = asyncio.run(made)  # an async factory; the App's client opens lazily later
-        if isinstance(made, ServeMux | App):
-            return made
-        raise CliError(
-            f"{spec} returned {made.__class__.__name__}, expected an asyncq App or ServeMux"
-        )
+            return _made_by(spec, made)
+        return _check_made(spec, made)
     raise CliError(
         f"{spec} is a {obj.__class__.__name__}; expected an asyncq App or ServeMux "
         "or a zero-argument (sync or async) callable returning one"
     )
+
+
+async def _made_by(spec: str, factory: Coroutine[Any, Any, Any]) -> ServeMux | App[Any]:
+    return _check_made(spec, await factory)
+
+
+def _check_made(spec: str, made: object) -> ServeMux | App[Any]:
+    if isinstance(made, ServeMux | App):
+        return made
+    raise CliError(f"{spec} returned {made.__class__.__name__}, expected an asyncq App or ServeMux")
 
 
 def _takes_no_arguments(fn: Any) -> bool:
@@ -178,7 +187,7 @@ def worker(
     from asyncq.server import Server
 
     configure_logging(log_level.lower())
-    loaded = load_app(app)
+    target = load_app(app)
     cli = settings(ctx)
     if worker_uri is not None:
         cli.uri_flag = worker_uri
@@ -188,21 +197,19 @@ def worker(
         "strict_priority": strict,
         "burst": burst,
     }
-    if isinstance(loaded, App):
-        mux = loaded.mux
+
+    def build(loaded: ServeMux | App[Any]) -> tuple[str, Server, ServeMux]:
+        if isinstance(loaded, ServeMux):
+            uri = cli.uri()
+            return uri, Server(uri, **options), loaded
         given = cli.uri_flag or os.environ.get(ENV_URI) or cli.config().get("uri")
         if given is None and isinstance(loaded.redis, str):
-            uri = loaded.redis  # no --uri, $ASYNCQ_REDIS_URL or config: the App's own Redis
-            server = loaded.server(**options)
-        else:
-            uri = cli.uri()
-            server = Server(uri, lifespan=loaded.lifespan, **options)
-    else:
-        mux = loaded
+            # No --uri, $ASYNCQ_REDIS_URL or config file: the App's own Redis.
+            return loaded.redis, loaded.server(**options), loaded.mux
         uri = cli.uri()
-        server = Server(uri, **options)
+        return uri, Server(uri, lifespan=loaded.lifespan, **options), loaded.mux
 
-    async def go() -> None:
+    async def serve(uri: str, server: Server, mux: ServeMux) -> None:
         try:
             await server.ping()
         except BaseException:
@@ -210,4 +217,22 @@ def worker(
             raise
         await server.run(mux)
 
-    run_async(uri, go)
+    if isinstance(target, ServeMux | App):
+        uri, server, mux = build(target)
+        run_async(uri, lambda: serve(uri, server, mux))
+        return
+    factory = target
+
+    async def from_factory() -> None:
+        # An async factory runs in the worker's own event loop, so what it opens stays usable.
+        uri, server, mux = build(await factory)
+        try:
+            await server.ping()
+        except BaseException as exc:
+            await server.shutdown()
+            if isinstance(exc, RedisError | OSError):
+                raise CliError(f"cannot connect to Redis at {redact(uri)}: {exc}") from None
+            raise
+        await server.run(mux)
+
+    run_async(cli.uri(), from_factory)
