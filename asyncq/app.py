@@ -183,8 +183,9 @@ class TaskCall(Generic[P, R]):
         """
         typed = self._task
         app = typed.app
-        if app._eager is not None:
-            return await typed._run_eager(typed._make(args, kwargs, self._options))
+        eager = app._eager
+        if eager is not None:
+            return await typed._run_eager(typed._make(args, kwargs, self._options), eager)
         task = typed._make(args, kwargs, None)
         client = self._client or app.client
         info = await client.enqueue(task, **self._options)
@@ -273,8 +274,12 @@ class TypedTask(TaskCall[P, R]):
             raise SkipRetry(str(exc)) from exc
         await task.result_writer.write(data)
 
-    async def _run_eager(self, task: Task) -> TaskHandle[R]:
-        """Eager mode: run the handler in-process as a worker would (JSON both ways)."""
+    async def _run_eager(self, task: Task, eager: _Eager) -> TaskHandle[R]:
+        """Eager mode: run the handler in-process as a worker would (JSON both ways).
+
+        The eager block's lifespan state is set here too, so a SyncClient's
+        loop thread sees it.
+        """
         arguments = self._args.decode(task.payload)
         info = TaskInfo(
             id=task.options.get("task_id") or str(uuid.uuid4()),
@@ -297,6 +302,7 @@ class TypedTask(TaskCall[P, R]):
         )
         task.id, task.queue = info.id, info.queue
         token = _current_task.set(task)
+        state_token = state_var.set(eager.state) if self.app.lifespan is not None else None
         try:
             value = await self._args.call(self.__call__, arguments)
             data = self._results.encode(value)
@@ -306,6 +312,8 @@ class TypedTask(TaskCall[P, R]):
             )
         finally:
             _current_task.reset(token)
+            if state_token is not None:
+                state_var.reset(state_token)
         value = self._results.decode(data)
         return TaskHandle(info.id, info.queue, self._results, None, info=info, eager=(value, None))
 

@@ -86,6 +86,20 @@ async def test_typed_send_and_result_from_many_threads(
     assert await asyncio.to_thread(waited) is TaskState.COMPLETED
 
 
+async def test_eager_mode_through_the_sync_client(redis_url: str) -> None:
+    import asyncio
+
+    ta.app.redis = redis_url
+    async with ta.app.eager():
+
+        def send() -> str:
+            with SyncClient(redis_url) as client:
+                return client.send(ta.greet, "sam").result()
+
+        # the handler runs on the client's loop thread and still sees the lifespan state
+        assert await asyncio.to_thread(send) == "hello, sam"
+
+
 def test_close_is_idempotent_and_final(redis_url: str) -> None:
     client = SyncClient(redis_url)
     client.ping()
