@@ -9,25 +9,25 @@ Fixtures:
 - ``asyncq_worker``: ``await asyncq_worker(app_or_mux)`` runs a worker until the
   queues are empty and returns its :class:`~asyncq.ServerStats` (needs pytest-asyncio).
 
-Nothing starts unless a test asks for one of these fixtures.
+Nothing starts (no redis-server, no connection) unless a test asks for one
+of these fixtures.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pytest
-import redis as sync_redis
 
-from asyncq.app import App
-from asyncq.client import Client
-from asyncq.mux import ServeMux
-from asyncq.server import ServerStats
-from asyncq.testing import RedisServerProcess, run_until_empty
+if TYPE_CHECKING:
+    from asyncq.app import App
+    from asyncq.client import Client
+    from asyncq.mux import ServeMux
+    from asyncq.server import ServerStats
 
-WorkerRunner = Callable[..., Awaitable[ServerStats]]
+WorkerRunner: TypeAlias = "Callable[..., Awaitable[ServerStats]]"
 """``await asyncq_worker(app_or_mux, queues=None, **server_options)``."""
 
 
@@ -38,6 +38,8 @@ def asyncq_redis_server() -> Iterator[str]:
     if given:
         yield given
         return
+    from asyncq.testing import RedisServerProcess
+
     with RedisServerProcess() as server:
         yield server.url
 
@@ -45,6 +47,8 @@ def asyncq_redis_server() -> Iterator[str]:
 @pytest.fixture
 def asyncq_redis_url(asyncq_redis_server: str) -> str:
     """The session Redis' URL, its database flushed for this test."""
+    import redis as sync_redis
+
     client = sync_redis.Redis.from_url(asyncq_redis_server)
     try:
         client.flushdb()
@@ -62,12 +66,15 @@ else:
     @pytest_asyncio.fixture
     async def asyncq_client(asyncq_redis_url: str) -> AsyncIterator[Client]:
         """An asyncq Client on the flushed test Redis."""
+        from asyncq.client import Client
+
         async with Client(asyncq_redis_url) as client:
             yield client
 
     @pytest_asyncio.fixture
     async def asyncq_worker(asyncq_redis_url: str) -> WorkerRunner:
         """Runs a worker for an App or ServeMux until the queues are empty."""
+        from asyncq.testing import run_until_empty
 
         async def run(
             target: App[Any] | ServeMux, *, queues: dict[str, int] | None = None, **options: Any
