@@ -447,3 +447,27 @@ async def test_pointing_the_app_elsewhere_drops_its_client(app: App[Any]) -> Non
 async def test_calling_a_task_runs_the_function(app: App[Any]) -> None:
     assert await ta.add(1, 2) == 3
     assert await ta.positional(1) == [1, 2]
+
+
+@pytest.mark.cluster
+@pytest.mark.xdist_group("cluster-typed")
+async def test_results_on_a_redis_cluster(cluster: Any) -> None:
+    """No Pub/Sub in redis-py's asyncio cluster client: the waiter polls, the worker still runs."""
+    from redis.asyncio.cluster import RedisCluster
+
+    other = App(cluster.url)
+
+    @other.task(name="cluster:square", queue="reports:eu")
+    async def square(n: int) -> int:
+        return n * n
+
+    async with Client(cluster.url) as client:
+        await client.redis.flushall(target_nodes=RedisCluster.PRIMARIES)
+        server = other.server(**FAST, queues={"reports:eu": 1})
+        await server.start(other.mux)
+        try:
+            handle = await square.options(client=client).enqueue(12)
+            result = await handle.result(timeout=30, poll_interval=timedelta(milliseconds=100))
+            assert result == 144
+        finally:
+            await server.shutdown()
