@@ -161,15 +161,27 @@ class SyncClient:
         return self._closed
 
     def close(self) -> None:
-        """Close the connection and stop the loop thread; idempotent."""
+        """Close the connection and stop the loop thread; idempotent.
+
+        Calls still running in other threads (a long ``result()``) raise
+        RuntimeError instead of hanging.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         try:
-            asyncio.run_coroutine_threadsafe(self.client.aclose(), self._loop).result(timeout=10)
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=10)
         finally:
             self._stop_loop()
+
+    async def _shutdown(self) -> None:
+        current = asyncio.current_task()
+        running = [t for t in asyncio.all_tasks() if t is not current]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await self.client.aclose()
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

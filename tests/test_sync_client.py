@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -109,6 +110,27 @@ def test_close_is_idempotent_and_final(redis_url: str) -> None:
     with pytest.raises(RuntimeError, match="closed"):
         client.enqueue(Task("x"))
     assert not any(t.name == "asyncq-sync-client" and t.is_alive() for t in threading.enumerate())
+
+
+def test_close_ends_a_wait_running_in_another_thread(redis_url: str) -> None:
+    client = SyncClient(redis_url)
+    info = client.enqueue(Task("never:handled"), retention=timedelta(minutes=1))
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            client.wait(info.id, timeout=60)
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)  # the waiter is blocked in wait()
+    client.close()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], RuntimeError), errors
+    assert "client closed" in str(errors[0])
 
 
 def test_rejects_a_ready_async_client() -> None:
