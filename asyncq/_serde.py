@@ -104,7 +104,7 @@ class ArgumentsCodec:
         self._positional = tuple(positional)
         self._positional_only = tuple(positional_only)
         self._adapter: TypeAdapter[dict[str, Any]] | None = None
-        self._exact: tuple[tuple[str, Any], ...] | None = None
+        self._exact: tuple[type, ...] | None = None  # the annotations, if all str/int/float/bool
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -124,9 +124,9 @@ class ArgumentsCodec:
             self._adapter = cast(TypeAdapter[dict[str, Any]], TypeAdapter(td))
             # Strict validation of these annotations accepts exactly these types, so a
             # value of exactly the type needs no validator run (the common fast path).
-            simple = [(n, hints.get(n, Any)) for n in self._names]
-            if all(t in (str, int, float, bool) for _, t in simple):
-                self._exact = tuple(simple)
+            simple = tuple(hints.get(n, Any) for n in self._names)
+            if all(t in (str, int, float, bool) for t in simple):
+                self._exact = simple
         return self._adapter
 
     def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -182,7 +182,8 @@ class ArgumentsCodec:
         bound = self.bind(args, kwargs)
         adapter = self._get_adapter()
         exact = self._exact
-        if exact is not None and all(type(bound[n]) is t for n, t in exact):
+        # bound is in declaration order, as _exact is
+        if exact is not None and tuple(map(type, bound.values())) == exact:
             checked = bound  # only str/int/float/bool values of exactly their annotated type
         else:
             try:
