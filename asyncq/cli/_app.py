@@ -99,14 +99,17 @@ def settings(ctx: click.Context) -> Settings:
     return obj
 
 
-def run_async(uri: str, fn: Callable[[], Awaitable[T]]) -> T:
-    """Run *fn* in a fresh event loop, naming *uri* if Redis cannot be reached."""
+def run_async(uri: str, fn: Callable[[], Awaitable[T]], *, uvloop: bool = False) -> T:
+    """Run *fn* in a fresh event loop, naming *uri* if Redis cannot be reached.
+
+    *uvloop*: on uvloop's event loop when uvloop is installed (the worker).
+    """
 
     async def runner() -> T:
         return await fn()
 
     try:
-        return _run(runner())
+        return _run(runner()) if uvloop else asyncio.run(runner())
     except AuthenticationError as exc:
         raise CliError(f"Redis at {redact(uri)} refused the credentials: {exc}") from None
     except (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError) as exc:
@@ -116,10 +119,10 @@ def run_async(uri: str, fn: Callable[[], Awaitable[T]]) -> T:
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run``, on uvloop's event loop when uvloop is installed."""
     try:
-        import uvloop
+        import uvloop as installed
     except ImportError:
         return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    with asyncio.Runner(loop_factory=installed.new_event_loop) as runner:
         return runner.run(coro)
 
 

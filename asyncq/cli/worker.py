@@ -219,7 +219,7 @@ def worker(
 
     if isinstance(target, ServeMux | App):
         uri, server, mux = build(target)
-        run_async(uri, lambda: serve(uri, server, mux))
+        run_async(uri, lambda: serve(uri, server, mux), uvloop=True)
         return
     factory = target
 
@@ -235,4 +235,4 @@ def worker(
             raise
         await server.run(mux)
 
-    run_async(cli.uri(), from_factory)
+    run_async(cli.uri(), from_factory, uvloop=True)
