@@ -187,11 +187,11 @@ class ArgumentsCodec:
             checked = bound  # only str/int/float/bool values of exactly their annotated type
         else:
             try:
-                checked = adapter.validate_python(bound, strict=True)
+                checked = adapter.validator.validate_python(bound, strict=True)
             except ValidationError as exc:
                 raise TaskArgumentError(_describe(self._task, exc, "argument")) from None
         try:
-            return adapter.dump_json(checked)
+            return adapter.serializer.to_json(checked)  # TypeAdapter.dump_json without its wrapper
         except PydanticSerializationError as exc:
             raise TaskArgumentError(f"{self._task}: arguments not serializable: {exc}") from None
 
