@@ -266,6 +266,11 @@ class ResultWaiter:
                 confirmed = self._subscribed.get(channel)
                 if confirmed is not None:
                     confirmed.set()
+                # A completion published before this (re)subscription was missed: every
+                # waiter reads its task once more.
+                for events in self._waiters.values():
+                    for woken in events:
+                        woken.set()
             elif kind == "message":
                 data = message.get("data")
                 task_id = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
