@@ -166,10 +166,14 @@ class TaskCall(Generic[P, R]):
     def options(
         self, *, client: Client | None = None, **options: Unpack[EnqueueOptions]
     ) -> TaskCall[P, R]:
-        """These options over the bound ones."""
-        return TaskCall(
-            self._task, {**self._options, **options}, client if client else self._client
-        )
+        """These options over the bound ones (None: keep the bound value)."""
+        given = {k: v for k, v in options.items() if v is not None}
+        merged: dict[str, Any] = dict(self._options)
+        if "process_at" in given or "process_in" in given:  # one setting, as in Client
+            merged.pop("process_at", None)
+            merged.pop("process_in", None)
+        merged.update(given)
+        return TaskCall(self._task, cast(EnqueueOptions, merged), client or self._client)
 
     def to_task(self, *args: P.args, **kwargs: P.kwargs) -> Task:
         """The plain asynq :class:`~asyncq.Task` this call enqueues (for ``enqueue_many``)."""

@@ -123,6 +123,12 @@ async def test_options_override_decorator_defaults(app: App[Any], redis: Redis) 
     ).enqueue(1)
     assert (handle.id, handle.queue, handle.info.max_retry) == ("fixed-id", "email", 9)
     assert handle.info.state is TaskState.SCHEDULED
+    later = ta.send_welcome.options(queue="email", process_in=timedelta(hours=1))
+    sooner = later.options(process_at=datetime.now(UTC) + timedelta(minutes=1), queue=None)
+    handle = await sooner.enqueue(2)  # process_at replaces process_in; None keeps the queue
+    assert handle.queue == "email" and handle.info is not None
+    assert handle.info.next_process_at is not None
+    assert handle.info.next_process_at < datetime.now(UTC) + timedelta(minutes=2)
     task = ta.send_welcome.options(queue="email").to_task(1)
     assert (task.type, task.payload, task.options["queue"]) == (
         "email:welcome",
