@@ -420,6 +420,23 @@ async def test_server_lifespan_with_plain_handlers(redis: Redis) -> None:
     assert seen == [42] and closed == [True]
 
 
+async def test_failing_lifespan_fails_start(redis: Redis) -> None:
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def broken() -> AsyncIterator[None]:
+        raise OSError("database unreachable")
+        yield
+
+    server = Server(redis, lifespan=broken, **FAST)
+    with pytest.raises(OSError, match="database unreachable"):
+        await server.start(ServeMux())
+    assert server.state == "new"  # nothing was started
+    await server.shutdown()
+    with pytest.raises(TypeError, match="lifespan must be callable"):
+        Server(redis, lifespan=42)  # type: ignore[arg-type]
+
+
 async def test_eager_mode_runs_in_process(app: App[ta.State], redis: Redis) -> None:
     async with app.eager():
         handle = await ta.greet.enqueue("bo")
