@@ -25,12 +25,14 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff check and format check."""
-    session.install("ruff>=0.6")
+    """ruff check and format check; import-linter's layer and independence contracts."""
+    session.install("ruff>=0.6", "import-linter>=2.1")
     session.run("ruff", "check", "asyncq", "tests", "examples", "benchmarks", "noxfile.py")
     session.run(
         "ruff", "format", "--check", "asyncq", "tests", "examples", "benchmarks", "noxfile.py"
     )
+    # The contracts live in pyproject.toml: no import cycle, no role importing Server.
+    session.run("lint-imports", env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session(python=PYTHON)

@@ -16,7 +16,7 @@ from asyncq._redis.options import (
     parse_redis_uri,
 )
 from asyncq._serde import TaskArgumentError, TaskResultError
-from asyncq._worker.aggregator import GroupAggregator
+from asyncq._worker.config import GroupAggregator
 from asyncq.app import App, TaskCall, TaskHandle, TypedTask, current_task
 from asyncq.client import Client
 from asyncq.errors import (

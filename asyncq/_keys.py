@@ -33,6 +33,7 @@ __all__ = [
     "processed_key",
     "processed_total_key",
     "queue_key_prefix",
+    "refuse_braces",
     "retry_key",
     "scheduled_key",
     "scheduler_claim_key",
@@ -60,9 +61,25 @@ CANCEL_CHANNEL = "asynq:cancel"
 
 
 def validate_queue_name(qname: str) -> None:
-    """Raise ValueError when *qname* is blank (asynq's only rule for queue names)."""
+    """Raise ValueError when *qname* is blank (asynq's rule) or holds ``{`` or ``}``."""
     if not qname or not qname.strip():
         raise ValueError("queue name must contain one or more characters")
+    refuse_braces("queue name", qname)
+
+
+def refuse_braces(what: str, name: str) -> None:
+    """Raise ValueError when *name* holds ``{`` or ``}``.
+
+    Every key of a queue is ``asynq:{<queue>}:...``: a brace in a queue name, a
+    group or a task ID can make two different things share one key (task ID
+    ``foo}:pending`` in queue ``default`` against the pending list of queue
+    ``default}:t:foo``) or move a key out of its queue's cluster slot.
+    """
+    if "{" in name or "}" in name:
+        raise ValueError(
+            f"{what} {name!r} holds '{{' or '}}', which asynq's key schema uses to delimit "
+            "the queue name; choose a name without braces"
+        )
 
 
 def queue_key_prefix(qname: str) -> str:

@@ -25,6 +25,7 @@ __all__ = [
     "error_text",
     "get_logger",
     "is_debug_enabled",
+    "safe_default_processors",
     "task_fields",
 ]
 
@@ -33,9 +34,37 @@ _DEBUG_BY_ENV = os.environ.get("ASYNCQ_LOG_LEVEL", "").strip().lower() == "debug
 
 
 def get_logger(**initial: Any) -> Any:
-    """The ``asyncq`` structlog logger, optionally with bound values."""
-    log = structlog.get_logger(LOGGER_NAME)
+    """The ``asyncq`` structlog logger, optionally with bound values.
+
+    When the application has configured structlog, its configuration applies.
+    When it has not, structlog's defaults would render tracebacks with every
+    local variable of every frame (payloads, API keys, tokens); asyncq then uses
+    the same console output with plain tracebacks instead (see
+    :func:`safe_default_processors`).
+    """
+    if structlog.is_configured():
+        log = structlog.get_logger(LOGGER_NAME)
+    else:
+        log = structlog.wrap_logger(
+            structlog.PrintLogger(),
+            processors=safe_default_processors(),
+            wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),
+            context_class=dict,
+            cache_logger_on_first_use=True,
+        )
     return log.bind(**initial) if initial else log
+
+
+def safe_default_processors() -> list[Any]:
+    """structlog's default processors, with tracebacks rendered plainly (no locals)."""
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.StackInfoRenderer(),
+        structlog.dev.set_exc_info,
+        structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
+        structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback),
+    ]
 
 
 def is_debug_enabled(log: Any) -> bool:

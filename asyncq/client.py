@@ -178,6 +178,10 @@ def _compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) 
     task_id = _non_blank(opts, "task_id", "task ID cannot be empty")
     task_id = _new_task_id() if task_id is None else task_id
     group = _non_blank(opts, "group", "group key cannot be empty")
+    keys.validate_queue_name(queue)
+    keys.refuse_braces("task ID", task_id)
+    if group is not None:
+        keys.refuse_braces("group", group)
 
     max_retry = opts.get("max_retry", DEFAULT_MAX_RETRY)
     if isinstance(max_retry, bool) or not isinstance(max_retry, int):
@@ -352,23 +356,9 @@ class Client:
         self._check_open()
         now = datetime.now(UTC)
         c = _compose(task, [options], now)
-        msg, ttl = c.message, c.unique_ttl
-        # The same route as c.batch_item() takes through Broker.enqueue_batch.
-        if c.state is TaskState.SCHEDULED:
-            if ttl is not None:
-                await self.broker.schedule_unique(msg, c.process_at, ttl)
-            else:
-                await self.broker.schedule(msg, c.process_at)
-        elif c.state is TaskState.AGGREGATING:
-            assert c.group is not None
-            if ttl is not None:
-                await self.broker.add_to_group_unique(msg, c.group, ttl)
-            else:
-                await self.broker.add_to_group(msg, c.group)
-        elif ttl is not None:
-            await self.broker.enqueue_unique(msg, ttl)
-        else:
-            await self.broker.enqueue(msg)
+        msg = c.message
+        # The client describes the write; the broker plans and runs it (as for a batch).
+        await self.broker.write(c.batch_item())
         if is_debug_enabled(log):
             log.debug(
                 "task enqueued",

@@ -359,6 +359,7 @@ class Inspector:
 
     async def get_task(self, queue: str, task_id: str) -> TaskInfo:
         """One task by ID. Raises TaskNotFoundError."""
+        keys.refuse_braces("task ID", task_id)
         await self._require_queue(queue)
         return self._info(await self._rdb.get_task(queue, task_id))
 
@@ -437,16 +438,19 @@ class Inspector:
 
     async def delete_task(self, queue: str, task_id: str) -> None:
         """Delete a task in any state but active, releasing its uniqueness lock."""
+        keys.refuse_braces("task ID", task_id)
         await self._require_queue(queue)
         await self._rdb.delete_task(queue, task_id)
 
     async def run_task(self, queue: str, task_id: str) -> None:
         """Move a scheduled, retry, archived, completed or aggregating task to pending."""
+        keys.refuse_braces("task ID", task_id)
         await self._require_queue(queue)
         await self._rdb.run_task(queue, task_id)
 
     async def archive_task(self, queue: str, task_id: str) -> None:
         """Archive a task that is neither active nor archived already."""
+        keys.refuse_braces("task ID", task_id)
         await self._require_queue(queue)
         await self._rdb.archive_task(queue, task_id)
 
@@ -498,6 +502,7 @@ class Inspector:
 
     async def update_task_payload(self, queue: str, task_id: str, payload: bytes) -> TaskInfo:
         """Replace the payload of a scheduled task; returns the updated task."""
+        keys.refuse_braces("task ID", task_id)
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise TypeError(f"payload must be bytes, got {payload.__class__.__name__}")
         await self._require_queue(queue)
@@ -522,6 +527,7 @@ class Inspector:
 
         A canceled task fails with a cancellation error and is retried, as in asynq.
         """
+        keys.refuse_braces("task ID", task_id)
         if not task_id.strip():
             raise ValueError("task ID cannot be empty")
         await self._rdb.publish_cancelation(task_id)

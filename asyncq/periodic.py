@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import signal
 import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import Any, TypeAlias
 
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisTarget
+from asyncq._signals import signal_handlers
 from asyncq.cron import parse_cronspec
 from asyncq.scheduler import Scheduler, entry_identity
 from asyncq.task import Task
@@ -188,20 +188,11 @@ class PeriodicTaskManager:
     async def run(self) -> None:
         """Start, run until SIGTERM or SIGINT, then shut down."""
         await self.start()
-        loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, self._stop.set)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError):
-                pass
         try:
-            await self._stop.wait()
+            async with signal_handlers(self.log) as signals:
+                await signals.wait_or(self._stop.wait())
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-            await self.shutdown()
+            await self.shutdown()  # handlers removed: a second signal ends the process
 
     async def _supervise(self) -> None:
         async with asyncio.TaskGroup() as tg:

@@ -59,7 +59,6 @@ import contextlib
 import hashlib
 import inspect
 import os
-import signal
 import socket
 import time
 import types
@@ -69,18 +68,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, Literal, TypeAlias
 
-from redis.exceptions import RedisError
-
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._gofmt import option_strings
 from asyncq._logging import Backoff, RateLimiter, get_logger
 from asyncq._redis.connection import Connection
+from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.options import RedisTarget
+from asyncq._signals import signal_handlers
 from asyncq._time import GO_ZERO_TIME
 from asyncq.client import Client, _compose
 from asyncq.cron import Schedule, normalize_spec, parse_cronspec
-from asyncq.errors import AsyncqError, BrokerError, TaskIdConflictError
+from asyncq.errors import AsyncqError, TaskIdConflictError
 from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry
 from asyncq.task import Task, TaskInfo
 
@@ -111,7 +110,6 @@ _DONE_MARGIN = timedelta(minutes=10)
 # A fixed namespace, so every process derives the same task ID for a tick.
 _TICK_NAMESPACE = uuid.UUID("2f0b7c8e-59a4-4d6e-9f3b-6a1c2d3e4f50")
 _SHUTDOWN_TIMEOUT = 8.0
-_TRANSIENT = (RedisError, OSError, BrokerError)
 
 
 class EntryNotFoundError(AsyncqError, KeyError):
@@ -409,25 +407,13 @@ class Scheduler:
     async def run(self) -> None:
         """Start, run until SIGTERM or SIGINT, then shut down."""
         await self.start()
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        installed: list[signal.Signals] = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, stop.set)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError):  # not the main thread, or Windows
-                pass
         main = self._main
         assert main is not None
         try:
-            waiter = asyncio.create_task(stop.wait())
-            await asyncio.wait({waiter, main}, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
+            async with signal_handlers(self.log) as signals:
+                await signals.wait_or(main)
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-            await self.shutdown()
+            await self.shutdown()  # handlers removed: a second signal ends the process
         if main.done() and not main.cancelled() and main.exception() is not None:
             raise RuntimeError("the scheduler's roles failed") from main.exception()
 
@@ -528,7 +514,7 @@ class Scheduler:
             self._beat_now.clear()
             try:
                 await self._heartbeat()
-            except _TRANSIENT as exc:
+            except REDIS_ERRORS as exc:
                 self._log_redis_error("could not write scheduler heartbeat", exc)
             except Exception:
                 self.log.exception("scheduler heartbeat failed")
@@ -545,7 +531,7 @@ class Scheduler:
             await asyncio.wait(set(entry.fires))
         try:
             await self._clear_history(entry)
-        except _TRANSIENT as exc:
+        except REDIS_ERRORS as exc:
             # Shutdown tries again; until then the history stays readable.
             self._log_redis_error("could not delete scheduler history", exc)
 
@@ -558,7 +544,7 @@ class Scheduler:
         assert self._broker is not None
         try:
             await self._broker.clear_scheduler_entries(self.id)
-        except _TRANSIENT as exc:
+        except REDIS_ERRORS as exc:
             self.log.error(
                 "could not remove scheduler entries; they expire with their TTL",
                 error=str(exc),
@@ -566,7 +552,7 @@ class Scheduler:
         for entry in [*self._entries.values(), *self._retired.values()]:
             try:
                 await self._clear_history(entry)
-            except _TRANSIENT as exc:
+            except REDIS_ERRORS as exc:
                 self.log.error(
                     "could not delete scheduler history",
                     entry_id=entry.id,
@@ -652,7 +638,7 @@ class Scheduler:
                     pipe.pttl(key)
                     raw, pttl = await pipe.execute()
                 holder = _text(raw)
-            except _TRANSIENT as exc:
+            except REDIS_ERRORS as exc:
                 last_error = exc
                 self._log_redis_error("could not claim a scheduler tick", exc, entry_id=entry.id)
                 await asyncio.sleep(min(backoff.next_delay(), max(remaining, 0.0)))
@@ -704,7 +690,7 @@ class Scheduler:
                 log.info("tick already enqueued by an earlier attempt")
                 await self._mark_done(entry, tick_unix, str(options["task_id"]), log)
                 return
-            except _TRANSIENT as exc:
+            except REDIS_ERRORS as exc:
                 remaining = deadline - time.time()
                 if remaining <= 0:
                     await self._enqueue_failed(entry, tick_unix, options, exc, log)
@@ -720,7 +706,7 @@ class Scheduler:
         event = SchedulerEnqueueEvent(task_id=info.id, enqueue_time=datetime.now(UTC))
         try:
             await self._broker.record_scheduler_enqueue_event(entry.id, event)
-        except _TRANSIENT as exc:
+        except REDIS_ERRORS as exc:
             log.error("could not record the scheduler enqueue event", error=str(exc))
 
     async def _enqueue_failed(
@@ -749,7 +735,7 @@ class Scheduler:
             holder = _text(
                 await self._conn.redis.get(keys.scheduler_claim_key(entry.identity, tick_unix))
             )
-        except _TRANSIENT:
+        except REDIS_ERRORS:
             return True  # the enqueue retries; the derived task ID still guards it
         if holder is None or holder == self._claim_value(entry):
             return True
@@ -769,7 +755,7 @@ class Scheduler:
             try:
                 await self._conn.redis.set(key, value, px=int(ttl.total_seconds() * 1000))
                 return
-            except _TRANSIENT as exc:
+            except REDIS_ERRORS as exc:
                 if attempt == 2:
                     # The claim's lease runs out; whoever claims next finds the
                     # task by its derived ID and marks the tick done.

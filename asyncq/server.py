@@ -36,35 +36,46 @@ import asyncio
 import contextlib
 import contextvars
 import os
-import signal
 import socket
-import threading
 import types
 import uuid
-from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeAlias
+from typing import Any
 
+from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, Broker
 from asyncq._logging import get_logger
-from asyncq._redis.connection import Connection
+from asyncq._redis.connection import Connection, independent_target
 from asyncq._redis.options import RedisClient, RedisTarget
-from asyncq._worker.aggregator import GroupAggregator, GroupAggregatorRole
+from asyncq._signals import signal_handlers
+from asyncq._worker.active import ActiveTasks
+from asyncq._worker.aggregator import GroupAggregatorRole
+from asyncq._worker.config import (
+    ErrorHandler,
+    GroupAggregator,
+    HealthCheck,
+    IsFailure,
+    RetryDelay,
+    ServerConfig,
+    ServerStats,
+)
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.healthchecker import HealthChecker
-from asyncq._worker.heartbeater import Heartbeater
+from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
 from asyncq._worker.janitor import Janitor
-from asyncq._worker.processor import Processor, default_retry_delay
+from asyncq._worker.policy import default_retry_delay
+from asyncq._worker.processor import Processor, write_limit
 from asyncq._worker.recoverer import Recoverer
-from asyncq._worker.roles import Role, supervise
+from asyncq._worker.roles import Role, RoleDeps, supervise
 from asyncq._worker.subscriber import Subscriber
 from asyncq._worker.syncer import Syncer
+from asyncq._worker.watchdog import Watchdog
+from asyncq.client import Client
 from asyncq.errors import ServerClosedError
 from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
-from asyncq.task import Task
+from asyncq.task import Task, TaskInfo
 
 __all__ = [
     "DEFAULT_QUEUES",
@@ -76,15 +87,6 @@ __all__ = [
     "ServerConfig",
     "ServerStats",
 ]
-
-RetryDelay: TypeAlias = Callable[[int, BaseException, Task], timedelta]
-"""``retry_delay(n, exc, task) -> timedelta``; *n* = retries so far (0 on the first failure)."""
-IsFailure: TypeAlias = Callable[[BaseException], bool]
-"""``is_failure(exc) -> bool``; False: retried without counting a retry or a failure."""
-ErrorHandler: TypeAlias = Callable[[Task, BaseException], "Awaitable[None] | None"]
-"""``error_handler(task, exc)``, sync or async; called on every failure before the retry."""
-HealthCheck: TypeAlias = Callable[["BaseException | None"], "Awaitable[None] | None"]
-"""``health_check(exc_or_none)``, sync or async; called every ``health_check_interval``."""
 
 DEFAULT_QUEUES: Mapping[str, int] = types.MappingProxyType({"default": 1})
 """Queues served when none are given (asynq's default)."""
@@ -118,71 +120,6 @@ def _positive_int(name: str, value: object) -> int:
 def _callable(name: str, value: object) -> None:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable, got {value.__class__.__name__}")
-
-
-@dataclass(frozen=True, slots=True)
-class ServerConfig:
-    """A server's validated settings; durations in seconds."""
-
-    concurrency: int
-    queues: Mapping[str, int]
-    strict_priority: bool
-    retry_delay: RetryDelay
-    is_failure: IsFailure
-    error_handler: ErrorHandler | None
-    shutdown_timeout: float
-    health_check: HealthCheck | None
-    health_check_interval: float
-    task_check_interval: float
-    delayed_task_check_interval: float
-    janitor_interval: float
-    janitor_batch_size: int
-    heartbeat_interval: float
-    lease_duration: float
-    recoverer_interval: float
-    recoverer_cutoff: float
-    syncer_interval: float
-    group_aggregator: GroupAggregator | None
-    group_grace_period: float
-    group_max_delay: float
-    group_max_size: int
-    group_check_interval: float
-    burst: bool
-    sync_concurrency: int
-
-
-@dataclass(slots=True)
-class ServerStats:
-    """Counters of what this server did since it started (in-process only)."""
-
-    succeeded: int = 0
-    """Handlers that returned (or raised RevokeTask)."""
-    failed: int = 0
-    """Handlers that raised, timed out, were cancelled or lost their lease."""
-    requeued: int = 0
-    """Tasks put back to pending at shutdown."""
-    recovered: int = 0
-    """Tasks with an expired lease retried or archived by this server's recoverer."""
-    forwarded: int = 0
-    """Scheduled/retry tasks moved to pending by this server's forwarder."""
-    wakeups: int = 0
-    """Idle waits ended by a wake-up (Pub/Sub message or forwarder) rather than a timeout."""
-    wakeup_messages: int = 0
-    """Wake-up messages received on the queues' channels."""
-    idle_timeouts: int = 0
-    """Idle waits that ran the full ``task_check_interval``."""
-    empty_fetches: int = 0
-    """Fetches that found every queue empty (or paused)."""
-    fetch_errors: int = 0
-    """Fetches that failed (Redis unreachable...)."""
-    janitor_deleted: int = 0
-    """Completed tasks deleted after their retention."""
-    aggregated: int = 0
-    """Aggregated tasks enqueued."""
-    aggregation_errors: int = 0
-    """Aggregations that failed (their tasks return to the group later)."""
-    role_restarts: Counter[str] = field(default_factory=Counter)
-    """Crashes per role (each followed by a restart)."""
 
 
 class Server:
@@ -265,6 +202,7 @@ class Server:
         for qname, prio in queues.items():
             if not isinstance(qname, str) or not qname.strip():
                 raise ValueError(f"queue names must be non-blank strings, got {qname!r}")
+            keys.refuse_braces("queue name", qname)
             if isinstance(prio, bool) or not isinstance(prio, int) or prio < 1:
                 raise ValueError(f"queue {qname!r} needs an integer priority >= 1, got {prio!r}")
         for name, fn in (
@@ -336,6 +274,7 @@ class Server:
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
                 janitor_batch_size=janitor_batch_size,
             )
+        self._independent_target = independent_target(redis)
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
         self.broker = Broker(self.redis, lease_duration=lease, fast=self.connection.fast)
@@ -344,8 +283,15 @@ class Server:
         self.server_id = str(uuid.uuid4())
         self.started_at: datetime | None = None
         self.stats = ServerStats()
+        self.active = ActiveTasks()
+        """The tasks this server runs (the registry the roles read and cancel through)."""
+        self._deps = RoleDeps(
+            broker=self.broker, config=self.config, log=self.log, stats=self.stats
+        )
+        self._wakeup = asyncio.Event()
+        self._enqueuer: Client | None = None
         self.processor: Processor | None = None
-        self.syncer: Syncer = Syncer(self, self.config.syncer_interval)
+        self.syncer: Syncer = Syncer(self._deps, self.config.syncer_interval)
         self._state = "new"
         self._roles: list[Role] = []
         self._role_tasks: dict[str, asyncio.Task[None]] = {}
@@ -372,7 +318,7 @@ class Server:
     @property
     def running_tasks(self) -> int:
         """Handlers running now."""
-        return len(self.processor.active) if self.processor is not None else 0
+        return len(self.active)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -405,21 +351,55 @@ class Server:
             queues=dict(cfg.queues),
             strict_priority=cfg.strict_priority,
         )
-        self.processor = Processor(self, fn)
-        subscriber = Subscriber(self)
-        roles: list[Role] = [Heartbeater(self, cfg.heartbeat_interval)]
+        deps = self._deps
+        self.processor = Processor(
+            deps,
+            handler=fn,
+            active=self.active,
+            wakeup=self._wakeup,
+            defer_write=self.syncer.add,
+            on_burst_done=self._begin_shutdown,
+            write_limit=write_limit(self.redis),
+        )
+        subscriber = Subscriber(
+            deps, active=self.active, wakeup=self._wakeup, pubsub=self.connection.pubsub
+        )
+        identity = ServerIdentity(host=self.host, pid=self.pid, server_id=self.server_id)
+        roles: list[Role] = [
+            Heartbeater(
+                deps,
+                cfg.heartbeat_interval,
+                active=self.active,
+                identity=identity,
+                status=lambda: self.status,
+                started_at=lambda: self.started_at,
+            )
+        ]
+        independent = self._independent_target
+        roles.append(
+            Watchdog(
+                deps,
+                active=self.active,
+                threshold=max(0.5, min(1.0, cfg.heartbeat_interval)),
+                keep_leases_with=None if independent is None else (lambda: independent),
+            )
+        )
         if cfg.health_check is not None:
-            roles.append(HealthChecker(self, cfg.health_check_interval))
+            roles.append(HealthChecker(deps, cfg.health_check_interval, ping=self.redis.ping))
         roles += [
             subscriber,
             self.syncer,
-            Recoverer(self, cfg.recoverer_interval),
-            Forwarder(self, cfg.delayed_task_check_interval),
+            Recoverer(deps, cfg.recoverer_interval, active=self.active),
+            Forwarder(deps, cfg.delayed_task_check_interval, wakeup=self._wakeup),
             self.processor,
-            Janitor(self, cfg.janitor_interval),
+            Janitor(deps, cfg.janitor_interval),
         ]
         if cfg.group_aggregator is not None:
-            roles.append(GroupAggregatorRole(self, cfg.group_check_interval))
+            roles.append(
+                GroupAggregatorRole(
+                    deps, cfg.group_check_interval, enqueue=self._enqueue_aggregated
+                )
+            )
         self._roles = roles
         started = asyncio.Event()
         self._main = asyncio.create_task(
@@ -475,8 +455,11 @@ class Server:
         """Wait until the server has shut down (e.g. a burst run finished)."""
         await self._closed.wait()
 
-    def _burst_done(self) -> None:
-        self._begin_shutdown()
+    async def _enqueue_aggregated(self, task: Task, queue: str) -> TaskInfo:
+        if self._enqueuer is None:
+            # The server's Connection, fast transport included; shared, so it stays open.
+            self._enqueuer = Client(self.connection)
+        return await self._enqueuer.enqueue(task, queue=queue)
 
     def _begin_shutdown(self) -> asyncio.Task[None]:
         if self._shutdown_task is None:
@@ -499,6 +482,7 @@ class Server:
             "aggregator",
             "healthchecker",
             "heartbeater",
+            "watchdog",
         )
         try:
             for name in order:
@@ -509,6 +493,8 @@ class Server:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._main
         finally:
+            if self._enqueuer is not None:
+                await self._enqueuer.aclose()  # shared connection: closed just below
             try:
                 await self._lifespan_stack.aclose()
             except Exception as exc:
@@ -549,54 +535,16 @@ class Server:
         shutdown skip waiting for running handlers.
         """
         await self.start(handler)
-        loop = asyncio.get_running_loop()
-        terminate = asyncio.Event()
-        installed: list[int] = []
 
-        def on_terminate(signame: str) -> None:
-            if terminate.is_set():
-                self.log.warning("second signal: exiting without waiting", signal=signame)
-                self.force_shutdown()
-                return
-            self.log.info("signal received: shutting down", signal=signame)
-            terminate.set()
+        def on_repeat(signame: str) -> None:
+            self.log.warning("second signal: exiting without waiting", signal=signame)
+            self.force_shutdown()
 
-        def on_stop() -> None:
-            self.log.info("signal received: stopping", signal="SIGTSTP")
-            self.stop()
-
-        if threading.current_thread() is threading.main_thread():
-            handlers: list[tuple[str, Callable[[], None]]] = [
-                ("SIGTERM", lambda: on_terminate("SIGTERM")),
-                ("SIGINT", lambda: on_terminate("SIGINT")),
-                ("SIGTSTP", on_stop),
-            ]
-            for signame, callback in handlers:
-                signum = getattr(signal, signame, None)
-                if signum is None:
-                    continue
-                try:
-                    loop.add_signal_handler(signum, callback)
-                except (NotImplementedError, RuntimeError):  # Windows / not the main loop
-                    continue
-                installed.append(signum)
-            if signal.SIGTSTP in installed:
-                self.log.info("send signal TSTP to stop processing new tasks")
-            self.log.info("send signal TERM or INT to terminate the process")
-        else:
-            self.log.warning("not in the main thread: no signal handlers installed")
-        try:
-            closed = asyncio.create_task(self._closed.wait())
-            term = asyncio.create_task(terminate.wait())
-            try:
-                await asyncio.wait({closed, term}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                closed.cancel()
-                term.cancel()
+        async with signal_handlers(
+            self.log, on_repeat=on_repeat, on_stop=self.stop, announce=True
+        ) as signals:
+            await signals.wait_or(self._closed.wait())
             await self.shutdown()
-        finally:
-            for signum in installed:
-                loop.remove_signal_handler(signum)
 
     async def ping(self) -> None:
         """Check that Redis answers; raises a redis-py error when it does not."""

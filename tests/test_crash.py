@@ -74,6 +74,8 @@ async def test_killed_workers_lose_no_task(redis_url: str, redis: Redis) -> None
         # A last worker that is not killed, to finish faster.
         finisher = spawn("worker.py", redis_url, "concurrency=16", *TIMINGS)
         victims.append(finisher)
+        # Signal handlers are installed once it prints READY; a SIGTERM before that kills it.
+        await wait_for_line(finisher, READY)
 
         async def all_done() -> bool:
             return await redis.hlen(DONE) == n and not any(

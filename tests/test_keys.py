@@ -83,6 +83,7 @@ def test_every_exported_builder_is_covered() -> None:
         "processed_key",
         "processed_total_key",
         "queue_key_prefix",
+        "refuse_braces",
         "retry_key",
         "scheduled_key",
         "scheduler_claim_key",
@@ -133,6 +134,9 @@ def test_blank_queue_names_are_rejected(name: str) -> None:
         keys.validate_queue_name(name)
 
 
-def test_queue_names_are_not_otherwise_restricted() -> None:
-    keys.validate_queue_name("a{b}c:d")
-    assert keys.pending_key("a{b}") == "asynq:{a{b}}:pending"
+def test_queue_names_may_hold_colons_but_not_braces() -> None:
+    keys.validate_queue_name("reports:eu:d")
+    assert keys.pending_key("reports:eu") == "asynq:{reports:eu}:pending"
+    # A brace would let two names share a key (or leave the queue's cluster slot).
+    with pytest.raises(ValueError, match="braces"):
+        keys.validate_queue_name("a{b}c:d")

@@ -14,13 +14,12 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq._logging import error_text
+from asyncq._worker.policy import default_retry_delay, wraps_error
 from asyncq._worker.processor import (
     DEFAULT_TIMEOUT,
     QueueOrder,
     compute_deadline,
-    default_retry_delay,
     normalize_queues,
-    wraps_error,
 )
 from asyncq.client import Client
 from asyncq.errors import RevokeTask, SkipRetry

@@ -32,9 +32,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from asyncq import _keys as keys
 from asyncq._broker import Broker, DequeuedTask
 from asyncq._redis.options import RedisClientOpts
-from asyncq._worker import processor as processor_module
+from asyncq._worker import active as active_module
 from asyncq.client import Client
-from asyncq.errors import LeaseExpiredError
+from asyncq.errors import LeaseExpiredError, TaskCanceledError
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.server import Server
@@ -92,7 +92,7 @@ async def wait_gone(redis: Redis, task_id: str) -> None:
 def slots_back(server: Server) -> Callable[[], bool]:
     proc = server.processor
     assert proc is not None
-    return lambda: proc._free == server.config.concurrency and not proc.active
+    return lambda: proc.slots.free == server.config.concurrency and not proc.active
 
 
 # -- messages whose deadline lies beyond datetime's range ----------------------------------
@@ -169,7 +169,7 @@ async def test_cancel_landing_before_the_handler_starts_fails_the_task_and_frees
         # A cancel message dispatched in the same event-loop turn as the fetch that
         # started the task: the task's coroutine has not run its first step yet.
         start(dequeued)
-        assert proc.cancel_task(dequeued.message.id)
+        assert proc.active.cancel(dequeued.message.id, TaskCanceledError()) is not None
 
     monkeypatch.setattr(proc, "_start", start_then_cancel)
     info = await client.enqueue(Task("c"))
@@ -184,7 +184,7 @@ async def test_cancel_landing_before_the_handler_starts_fails_the_task_and_frees
 async def test_handler_ignoring_its_timeout_is_failed_after_a_grace_and_frees_its_slot(
     redis: Redis, client: Client, serve: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(processor_module, "_CANCEL_GRACE", 0.2)
+    monkeypatch.setattr(active_module, "CANCEL_GRACE", 0.2)
     resume = asyncio.Event()
     swallowed: list[str] = []
     done: list[str] = []
@@ -226,7 +226,7 @@ async def test_handler_ignoring_its_timeout_is_failed_after_a_grace_and_frees_it
     await asyncio.wait_for(asyncio.shield(work), 10)
     assert done == [other.id, info.id]
     await wait_until(slots_back(server), what="slots returned")
-    assert proc._free == 1
+    assert proc.slots.free == 1
     assert (await stored_message(redis, Q, info.id)).retried == 1
     assert await redis.zscore(keys.retry_key(Q), info.id) is not None
 
@@ -703,7 +703,8 @@ async def test_cancel_message_during_the_write_phase_changes_nothing(
     monkeypatch.setattr(broker, "ack_many", slow_ack)
     info = await client.enqueue(Task("w"))
     await asyncio.wait_for(in_write.wait(), 10)
-    assert not proc.cancel_task(info.id)  # what the subscriber calls for a cancel message
+    # What the subscriber calls for a cancel message:
+    assert proc.active.cancel(info.id, TaskCanceledError()) is None
     await client.broker.publish_cancelation(info.id)
     go_on.set()
     await wait_gone(redis, info.id)

@@ -367,7 +367,7 @@ async def test_stop_keeps_running_tasks_and_fetches_nothing_new(
         await wait_until(lambda: started, what="first task started")
         server.stop()
         second = await client.enqueue(Task("s"))
-        await wait_until(server.processor._loop_done.is_set, what="fetching stopped")
+        await wait_until(lambda: not server.processor.fetch_loop_running, what="fetching stopped")
         release.set()
 
         async def first_done() -> bool:

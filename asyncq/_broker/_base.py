@@ -11,11 +11,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from asyncq import _keys as keys
 from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._logging import RateLimiter, error_text
+from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import Script, load_script
 from asyncq._redis.transport import FastConnection
@@ -61,9 +62,6 @@ MAX_INT64 = 9223372036854775807
 
 
 _QUEUE_CACHE_LIMIT = 4096
-# What a Redis call may raise (asyncq._worker.roles.REDIS_ERRORS): caught where a failure must
-# not cost the tasks already in hand.
-FETCH_ERRORS = (RedisError, BrokerError, TaskNotFoundError, OSError)
 
 
 class QueueKeys:
@@ -226,7 +224,9 @@ class BrokerBase:
             raise ValueError(f"task message of type {msg.type!r} has no id")
         try:
             return self._q(msg.queue)
-        except ValueError:
+        except ValueError as exc:
+            if msg.queue.strip():  # a queue name the key schema refuses
+                raise ValueError(f"task message {msg.id!r}: {exc}") from None
             raise ValueError(f"task message {msg.id!r} has a blank queue name") from None
 
     async def _register_queue(self, qk: QueueKeys) -> None:
@@ -286,7 +286,7 @@ class BrokerBase:
         err += "; raw bytes kept in field msg"
         try:
             await self._archive_undecodable(qk, tid, err, now, source)
-        except FETCH_ERRORS as exc:
+        except REDIS_ERRORS as exc:  # must not cost the tasks already in hand
             _log.warning(
                 "could not archive an unusable task message; it stays where it is",
                 task_id=tid,

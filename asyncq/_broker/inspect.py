@@ -248,7 +248,7 @@ class InspectBroker:
             if "NOT FOUND" in str(exc):
                 raise TaskNotFoundError(qname, task_id) from None
             raise BrokerError(f"get task {task_id!r} in queue {qname!r}: {exc}") from exc
-        msg_bytes, state, next_at, result = reply
+        msg_bytes, state, next_at, result, stored_reason = reply
         if msg_bytes is None or state is None:
             raise BrokerError(f"task hash {keys.task_key(qname, task_id)} lacks msg or state")
         try:
@@ -258,6 +258,9 @@ class InspectBroker:
                 f"task {task_id!r} in queue {qname!r} has an unknown state {_str(state)!r}"
             ) from None
         msg, decodable = _decode_checked(qname, _str(task_id), msg_bytes)
+        if not decodable and stored_reason:
+            # The reason recorded when the message was archived as undecodable.
+            msg.error_msg = _str(stored_reason)
         next_process_at = None
         if task_state is TaskState.PENDING:
             next_process_at = datetime.fromtimestamp(now, UTC)

@@ -14,7 +14,6 @@ from asyncq import _keys as keys
 from asyncq._broker._base import (
     ARCHIVE_MAX_SIZE,
     ARCHIVED_EXPIRATION,
-    FETCH_ERRORS,
     LUA_PACKAGE,
     MAX_INT64,
     STATS_TTL,
@@ -25,6 +24,7 @@ from asyncq._broker._base import (
     encode_with,
 )
 from asyncq._logging import error_text
+from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.scripts import load_script
 from asyncq._time import to_unix
 from asyncq.errors import (
@@ -91,7 +91,7 @@ class ProcessingTransitions(BrokerBase):
                     res = await self._run(
                         _DEQUEUE_MANY, keys_, (int(expiry), qk.task_prefix, want), qname, ""
                     )
-                except FETCH_ERRORS as exc:
+                except REDIS_ERRORS as exc:  # must not cost the tasks already in hand
                     if not out:
                         raise
                     if self._dequeue_errors.allow():

@@ -16,7 +16,6 @@ from asyncq._broker._base import (
     BrokerBase,
     QueueKeys,
     check_group,
-    check_write,
     conflict_error,
     duplicate_error,
     lock_ttl,
@@ -42,7 +41,10 @@ _ADD_TO_GROUP_UNIQUE = load_script(LUA_PACKAGE, "add_to_group_unique")
 
 @dataclass(slots=True)
 class BatchItem:
-    """One task of a batch enqueue.
+    """One task write as the client describes it (a plan item), for one task or a batch.
+
+    :meth:`Broker.write` runs one, :meth:`Broker.enqueue_batch` many; both turn it
+    into a script call in ``_plan``, the one place that knows the KEYS and ARGV.
 
     Routed like the single-task methods: ``process_at`` set -> scheduled (it
     wins over ``group``); ``group`` set -> aggregating in that group; else
@@ -65,60 +67,37 @@ class ProducerWrites(BrokerBase):
     # this Broker sees the queue, and publishes on keys.wakeup_channel(queue) when the
     # pending list went from empty to non-empty (asyncq's instant pickup).
 
-    async def enqueue(self, msg: TaskMessage) -> None:
-        """Write a pending task. Raises TaskIdConflictError when ``t:<id>`` exists."""
-        qk = self._msg_queue(msg)
+    async def write(self, item: BatchItem) -> None:
+        """Write one task as *item* describes it: the same plan as :meth:`enqueue_batch`.
+
+        Raises TaskIdConflictError when ``t:<id>`` exists, DuplicateTaskError when
+        the item's unique lock is held, ValueError for an invalid item.
+        """
+        now = self.clock()
+        script, keys_, args, qk = self._plan(item, int(now), int(now * 1_000_000_000))
         if qk.name not in self._published:
             await self._register_queue(qk)
-        tid = msg.id
-        now_ns = int(self.clock() * 1_000_000_000)
-        res = await self._run(
-            _ENQUEUE,
-            (qk.task_prefix + tid, qk.pending),
-            (encode_task_message(msg), tid, now_ns, qk.wakeup, qk.name),
-            qk.name,
-            tid,
-        )
+        tid = item.message.id
+        res = await self._run(script, keys_, args, qk.name, tid)
         if res == 0:
             raise conflict_error(qk.name, tid)
+        if res == -1:
+            raise duplicate_error(unique_key_of(item.message))
+
+    async def enqueue(self, msg: TaskMessage) -> None:
+        """Write a pending task. Raises TaskIdConflictError when ``t:<id>`` exists."""
+        await self.write(BatchItem(msg))
 
     async def enqueue_unique(self, msg: TaskMessage, ttl: int) -> None:
         """Pending task guarded by ``msg.unique_key`` for *ttl* s.
 
         Raises DuplicateTaskError (lock held) or TaskIdConflictError.
         """
-        qk = self._msg_queue(msg)
-        ukey = unique_key_of(msg)
-        secs = lock_ttl(ttl)
-        if qk.name not in self._published:
-            await self._register_queue(qk)
-        tid = msg.id
-        now_ns = int(self.clock() * 1_000_000_000)
-        res = await self._run(
-            _ENQUEUE_UNIQUE,
-            (ukey, qk.task_prefix + tid, qk.pending),
-            (tid, secs, encode_task_message(msg), now_ns, qk.wakeup, qk.name),
-            qk.name,
-            tid,
-        )
-        check_write(res, qk.name, tid, ukey)
+        await self.write(BatchItem(msg, unique_ttl=ttl))
 
     async def schedule(self, msg: TaskMessage, process_at: datetime) -> None:
         """Write a scheduled task. Raises TaskIdConflictError."""
-        qk = self._msg_queue(msg)
-        at = to_unix(process_at)
-        if qk.name not in self._published:
-            await self._register_queue(qk)
-        tid = msg.id
-        res = await self._run(
-            _SCHEDULE,
-            (qk.task_prefix + tid, qk.scheduled),
-            (encode_task_message(msg), at, tid),
-            qk.name,
-            tid,
-        )
-        if res == 0:
-            raise conflict_error(qk.name, tid)
+        await self.write(BatchItem(msg, process_at=process_at))
 
     async def schedule_unique(self, msg: TaskMessage, process_at: datetime, ttl: int) -> None:
         """Scheduled task guarded by a unique lock. Raises DuplicateTaskError/TaskIdConflictError.
@@ -126,38 +105,11 @@ class ProducerWrites(BrokerBase):
         *ttl* is the lock's whole TTL in seconds; asynq's client passes the time
         from now until *process_at* plus the uniqueness period.
         """
-        qk = self._msg_queue(msg)
-        ukey = unique_key_of(msg)
-        secs = lock_ttl(ttl)
-        at = to_unix(process_at)
-        if qk.name not in self._published:
-            await self._register_queue(qk)
-        tid = msg.id
-        res = await self._run(
-            _SCHEDULE_UNIQUE,
-            (ukey, qk.task_prefix + tid, qk.scheduled),
-            (tid, secs, at, encode_task_message(msg)),
-            qk.name,
-            tid,
-        )
-        check_write(res, qk.name, tid, ukey)
+        await self.write(BatchItem(msg, process_at=process_at, unique_ttl=ttl))
 
     async def add_to_group(self, msg: TaskMessage, group: str) -> None:
         """Write an aggregating task into ``g:<group>``. Raises TaskIdConflictError."""
-        qk = self._msg_queue(msg)
-        check_group(group)
-        if qk.name not in self._published:
-            await self._register_queue(qk)
-        tid = msg.id
-        res = await self._run(
-            _ADD_TO_GROUP,
-            (qk.task_prefix + tid, qk.group_prefix + group, qk.groups),
-            (encode_task_message(msg), tid, int(self.clock()), group),
-            qk.name,
-            tid,
-        )
-        if res == 0:
-            raise conflict_error(qk.name, tid)
+        await self.write(BatchItem(msg, group=group))
 
     async def add_to_group_unique(self, msg: TaskMessage, group: str, ttl: int) -> None:
         """Aggregating task guarded by a unique lock. Raises DuplicateTaskError/TaskIdConflictError.
@@ -165,21 +117,7 @@ class ProducerWrites(BrokerBase):
         The lock key is ``msg.unique_key`` (asynq recomputes the same key from
         queue, type and payload).
         """
-        qk = self._msg_queue(msg)
-        check_group(group)
-        ukey = unique_key_of(msg)
-        secs = lock_ttl(ttl)
-        if qk.name not in self._published:
-            await self._register_queue(qk)
-        tid = msg.id
-        res = await self._run(
-            _ADD_TO_GROUP_UNIQUE,
-            (qk.task_prefix + tid, qk.group_prefix + group, qk.groups, ukey),
-            (encode_task_message(msg), tid, int(self.clock()), group, secs),
-            qk.name,
-            tid,
-        )
-        check_write(res, qk.name, tid, ukey)
+        await self.write(BatchItem(msg, group=group, unique_ttl=ttl))
 
     async def enqueue_batch(self, items: Sequence[BatchItem]) -> list[Exception | None]:
         """Enqueue many tasks in one pipeline; one result per item (None = written).
@@ -238,6 +176,7 @@ class ProducerWrites(BrokerBase):
     def _plan(
         self, item: BatchItem, now_s: int, now_ns: int
     ) -> tuple[Script, tuple[str, ...], tuple[Any, ...], QueueKeys]:
+        """The one place that knows each enqueue-like script's KEYS and ARGV."""
         msg = item.message
         qk = self._msg_queue(msg)
         tid = msg.id

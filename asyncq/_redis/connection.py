@@ -12,7 +12,7 @@ import types
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import ConnectionPool
+from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from asyncq._redis.options import (
@@ -30,6 +30,7 @@ __all__ = [
     "RedisClient",
     "close_client",
     "connect",
+    "independent_target",
     "pubsub_client",
 ]
 
@@ -79,6 +80,24 @@ async def pubsub_client(redis: RedisClient) -> Redis:
         client: Redis = Redis.from_pool(pool)
         return client
     return Redis(connection_pool=redis.connection_pool)
+
+
+def independent_target(target: RedisTarget) -> RedisTarget | None:
+    """A target for a second, independent connection to what *target* reaches.
+
+    A URI or options are reused as they are; a ready plain ``Redis`` client is
+    copied from its pool's settings (a new pool, usable on another event loop).
+    None for a ready Cluster or Sentinel client, whose settings cannot be copied.
+    """
+    if isinstance(target, str | RedisClientOpts | RedisSentinelOpts | RedisClusterOpts):
+        return target
+    if isinstance(target, Redis):
+        pool = target.connection_pool
+        if type(pool) in (ConnectionPool, BlockingConnectionPool):
+            copy = ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
+            client: Redis = Redis.from_pool(copy)  # closing the client closes its pool
+            return client
+    return None
 
 
 class Connection:

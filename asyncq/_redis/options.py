@@ -34,6 +34,7 @@ run already; go-redis does the same).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -55,6 +56,7 @@ __all__ = [
     "RedisTarget",
     "TLSConfig",
     "parse_redis_uri",
+    "redact_uri",
 ]
 
 RedisClient: TypeAlias = "Redis | RedisCluster"
@@ -316,7 +318,7 @@ def parse_redis_uri(uri: str) -> RedisClientOpts | RedisSentinelOpts | RedisClus
         raise TypeError(f"redis uri must be a str, got {uri.__class__.__name__}")
     scheme, sep, _ = uri.partition("://")
     if not sep:
-        raise ValueError(f"invalid redis uri {_redact(uri)!r}: expected <scheme>://...")
+        raise ValueError(f"invalid redis uri {redact_uri(uri)!r}: expected <scheme>://...")
     scheme = scheme.lower()
     if scheme not in _SCHEMES:
         raise ValueError(
@@ -325,7 +327,7 @@ def parse_redis_uri(uri: str) -> RedisClientOpts | RedisSentinelOpts | RedisClus
         )
     parts = urlsplit(uri)
     if parts.fragment:
-        raise ValueError(f"redis uri must not have a fragment: {_redact(uri)!r}")
+        raise ValueError(f"redis uri must not have a fragment: {redact_uri(uri)!r}")
     # urlsplit's netloc keeps the raw "user:pass@h1:p1,h2:p2"; split it by hand
     # because its .hostname/.port cannot handle host lists.
     userinfo, _, hostlist = parts.netloc.rpartition("@")
@@ -385,14 +387,27 @@ def parse_redis_uri(uri: str) -> RedisClientOpts | RedisSentinelOpts | RedisClus
     )
 
 
-def _redact(uri: str) -> str:
-    """The URI with its password hidden, for error messages."""
+def redact_uri(uri: str) -> str:
+    """*uri* with every password replaced by ``***``, for logs and error messages.
+
+    Covers the user-info password (found by the last ``@``, so a password holding
+    ``/``, ``?``, ``#`` or ``@`` is hidden whole) and the ``password=`` query
+    parameter of sentinel URIs (up to the next ``&``, ``#`` included).
+    """
     scheme, sep, rest = uri.partition("://")
-    netloc, slash, tail = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        userinfo = userinfo.split(":", 1)[0] + ":***"
-    return f"{scheme}{sep}{userinfo}{at}{hosts}{slash}{tail}"
+    if not sep:
+        return uri
+    rest = _QUERY_PASSWORD.sub(r"\1***", rest)
+    at = rest.rfind("@")
+    if at != -1:
+        userinfo = rest[:at]
+        user, colon, _ = userinfo.partition(":")
+        if colon:
+            rest = f"{user}:***{rest[at:]}"
+    return f"{scheme}{sep}{rest}"
+
+
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
 
 def _split_userinfo(userinfo: str) -> tuple[str | None, str | None]:
@@ -406,7 +421,7 @@ def _parse_query(query: str, uri: str) -> dict[str, str]:
     result: dict[str, str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True):
         if key in result:
-            raise ValueError(f"query parameter {key!r} given twice in {_redact(uri)!r}")
+            raise ValueError(f"query parameter {key!r} given twice in {redact_uri(uri)!r}")
         result[key] = value
     return result
 
@@ -416,7 +431,7 @@ def _reject_unknown(query: dict[str, str], allowed: tuple[str, ...], uri: str) -
     if unknown:
         what = ", ".join(repr(k) for k in unknown)
         hint = f" (supported: {', '.join(allowed)})" if allowed else ""
-        raise ValueError(f"unknown query parameter {what} in {_redact(uri)!r}{hint}")
+        raise ValueError(f"unknown query parameter {what} in {redact_uri(uri)!r}{hint}")
 
 
 def _parse_db(text: str, message: str) -> int:
@@ -443,29 +458,29 @@ def _split_host_port(hostport: str, default_port: int, uri: str) -> tuple[str, i
     if hostport.startswith("["):  # IPv6 literal: [::1]:6379
         host, bracket, rest = hostport[1:].partition("]")
         if not bracket or (rest and not rest.startswith(":")):
-            raise ValueError(f"invalid IPv6 address {hostport!r} in {_redact(uri)!r}")
+            raise ValueError(f"invalid IPv6 address {hostport!r} in {redact_uri(uri)!r}")
         port_text = rest[1:] if rest else ""
     else:
         host, _, port_text = hostport.partition(":")
         if ":" in port_text:
             raise ValueError(
-                f"invalid address {hostport!r} in {_redact(uri)!r} "
+                f"invalid address {hostport!r} in {redact_uri(uri)!r} "
                 "(write IPv6 addresses in brackets: [::1]:6379)"
             )
     if not host:
-        raise ValueError(f"redis uri is missing a host: {_redact(uri)!r}")
+        raise ValueError(f"redis uri is missing a host: {redact_uri(uri)!r}")
     if not port_text:
         return unquote(host), default_port
     try:
         port = int(port_text, 10)
     except ValueError:
-        raise ValueError(f"invalid port {port_text!r} in {_redact(uri)!r}") from None
+        raise ValueError(f"invalid port {port_text!r} in {redact_uri(uri)!r}") from None
     if not 0 < port < 65536:
-        raise ValueError(f"port {port} out of range in {_redact(uri)!r}")
+        raise ValueError(f"port {port} out of range in {redact_uri(uri)!r}")
     return unquote(host), port
 
 
 def _host_list(hostlist: str, default_port: int, uri: str) -> tuple[tuple[str, int], ...]:
     if not hostlist.strip():
-        raise ValueError(f"redis uri is missing a host: {_redact(uri)!r}")
+        raise ValueError(f"redis uri is missing a host: {redact_uri(uri)!r}")
     return tuple(_split_host_port(item, default_port, uri) for item in hostlist.split(","))

@@ -21,24 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+from typing import Any, ClassVar
 
 import anyio.to_thread
 
-from asyncq._worker.roles import REDIS_ERRORS, PeriodicRole
-from asyncq.client import Client
+from asyncq._redis.errors import REDIS_ERRORS
+from asyncq._worker.config import GroupAggregator
+from asyncq._worker.roles import PeriodicRole, RoleDeps
 from asyncq.mux import is_async_callable
-from asyncq.task import Task
+from asyncq.task import Task, TaskInfo
 
-if TYPE_CHECKING:
-    from asyncq.server import Server
-
-__all__ = ["GroupAggregator", "GroupAggregatorRole"]
-
-GroupAggregator: TypeAlias = Callable[[str, Sequence[Task]], "Task | Awaitable[Task]"]
-"""``aggregate(group, tasks) -> Task`` (sync or async)."""
+__all__ = ["GroupAggregatorRole"]
 
 _MAX_CONCURRENT_CHECKS = 3
 
@@ -48,10 +43,16 @@ class GroupAggregatorRole(PeriodicRole):
 
     name: ClassVar[str] = "aggregator"
 
-    def __init__(self, server: Server, interval: float) -> None:
-        super().__init__(server, interval)
+    def __init__(
+        self,
+        deps: RoleDeps,
+        interval: float,
+        *,
+        enqueue: Callable[[Task, str], Awaitable[TaskInfo]],
+    ) -> None:
+        super().__init__(deps, interval)
         self._checks: set[asyncio.Task[None]] = set()
-        self._client: Client | None = None
+        self._enqueue = enqueue
 
     async def tick(self) -> None:
         if len(self._checks) >= _MAX_CONCURRENT_CHECKS:
@@ -60,15 +61,14 @@ class GroupAggregatorRole(PeriodicRole):
                 running=len(self._checks),
             )
             return
-        t = datetime.fromtimestamp(self.server.broker.clock(), UTC)
+        t = datetime.fromtimestamp(self.broker.clock(), UTC)
         check = asyncio.create_task(self._check(t))
         self._checks.add(check)
         check.add_done_callback(self._checks.discard)
 
     async def _check(self, t: datetime) -> None:
-        server = self.server
-        cfg = server.config
-        broker = server.broker
+        cfg = self.config
+        broker = self.broker
         try:
             for qname in cfg.queues:
                 for group in await broker.list_groups(qname):
@@ -90,8 +90,7 @@ class GroupAggregatorRole(PeriodicRole):
             self.log.error("aggregation check crashed", exc_info=exc)
 
     async def _aggregate(self, qname: str, group: str, set_id: str) -> None:
-        server = self.server
-        broker = server.broker
+        broker = self.broker
         fields = {"queue": qname, "group": group, "set_id": set_id}
         msgs, deadline = await broker.read_aggregation_set(qname, group, set_id)
         if not msgs:
@@ -99,7 +98,7 @@ class GroupAggregatorRole(PeriodicRole):
             return
         tasks = [Task._from_message(m) for m in msgs]
         remaining = deadline.timestamp() - broker.clock()
-        fn = server.config.group_aggregator
+        fn = self.config.group_aggregator
         assert fn is not None
         try:
             async with asyncio.timeout(max(remaining, 0.0)):
@@ -109,25 +108,19 @@ class GroupAggregatorRole(PeriodicRole):
                         f"group_aggregator must return an asyncq Task, "
                         f"got {aggregated.__class__.__name__}"
                     )
-                info = await self._enqueuer().enqueue(aggregated, queue=qname)
+                info = await self._enqueue(aggregated, qname)
         except Exception as exc:
-            self.server.stats.aggregation_errors += 1
+            self.stats.aggregation_errors += 1
             self.log.error(
                 "aggregation failed; its tasks go back to the group after the set's deadline",
                 tasks=len(tasks), deadline=deadline.isoformat(), exc_info=exc, **fields,
             )  # fmt: skip
             return
         await broker.delete_aggregation_set(qname, group, set_id)
-        self.server.stats.aggregated += 1
+        self.stats.aggregated += 1
         self.log.info(
             "aggregated tasks", tasks=len(tasks), task_id=info.id, task_type=info.type, **fields
         )
-
-    def _enqueuer(self) -> Client:
-        if self._client is None:
-            # The server's Connection, fast transport included; shared, so never closed here.
-            self._client = Client(self.server.connection)
-        return self._client
 
     async def cleanup(self) -> None:
         if self._checks:
@@ -136,8 +129,6 @@ class GroupAggregatorRole(PeriodicRole):
                 check.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
-        if self._client is not None:
-            await self._client.aclose()  # shared connection: stays open
 
 
 async def _call_aggregator(fn: GroupAggregator, group: str, tasks: list[Task]) -> Any:

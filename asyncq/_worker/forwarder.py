@@ -9,9 +9,10 @@ moved anything.
 
 from __future__ import annotations
 
+import asyncio
 from typing import ClassVar
 
-from asyncq._worker.roles import PeriodicRole
+from asyncq._worker.roles import PeriodicRole, RoleDeps
 
 __all__ = ["Forwarder"]
 
@@ -21,10 +22,12 @@ class Forwarder(PeriodicRole):
 
     name: ClassVar[str] = "forwarder"
 
+    def __init__(self, deps: RoleDeps, interval: float, *, wakeup: asyncio.Event) -> None:
+        super().__init__(deps, interval)
+        self._wakeup = wakeup
+
     async def tick(self) -> None:
-        server = self.server
-        moved = await server.broker.forward_if_ready(list(server.config.queues))
+        moved = await self.broker.forward_if_ready(list(self.config.queues))
         if moved:
-            self.server.stats.forwarded += moved
-            if server.processor is not None:
-                server.processor.wakeup()
+            self.stats.forwarded += moved
+            self._wakeup.set()

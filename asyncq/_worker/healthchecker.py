@@ -9,9 +9,10 @@ sync or async; an exception it raises is logged and the checks go on.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Awaitable, Callable
 from typing import ClassVar
 
-from asyncq._worker.roles import PeriodicRole
+from asyncq._worker.roles import PeriodicRole, RoleDeps
 
 __all__ = ["HealthChecker"]
 
@@ -22,14 +23,19 @@ class HealthChecker(PeriodicRole):
     name: ClassVar[str] = "healthchecker"
     run_at_start: ClassVar[bool] = False
 
+    def __init__(
+        self, deps: RoleDeps, interval: float, *, ping: Callable[[], Awaitable[object]]
+    ) -> None:
+        super().__init__(deps, interval)
+        self._ping = ping
+
     async def tick(self) -> None:
-        server = self.server
-        fn = server.config.health_check
+        fn = self.config.health_check
         if fn is None:
             return
         error: Exception | None = None
         try:
-            await server.redis.ping()
+            await self._ping()
         except Exception as exc:
             error = exc
         try:

@@ -14,16 +14,28 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import ClassVar
 
 from asyncq._logging import error_text
+from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._time import utc_from_timestamp
-from asyncq._worker.roles import REDIS_ERRORS, PeriodicRole
-from asyncq.errors import LeaseExpiredError
+from asyncq._worker.active import ActiveTasks
+from asyncq._worker.roles import PeriodicRole, RoleDeps
 from asyncq.proto.asynq import ServerInfo, WorkerInfo
 
-__all__ = ["Heartbeater"]
+__all__ = ["Heartbeater", "ServerIdentity"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerIdentity:
+    """Who a server is in its heartbeat records."""
+
+    host: str
+    pid: int
+    server_id: str
 
 
 class Heartbeater(PeriodicRole):
@@ -31,11 +43,26 @@ class Heartbeater(PeriodicRole):
 
     name: ClassVar[str] = "heartbeater"
 
+    def __init__(
+        self,
+        deps: RoleDeps,
+        interval: float,
+        *,
+        active: ActiveTasks,
+        identity: ServerIdentity,
+        status: Callable[[], str],
+        started_at: Callable[[], datetime | None],
+    ) -> None:
+        super().__init__(deps, interval)
+        self.active = active
+        self.identity = identity
+        self._status = status
+        self._started_at = started_at
+
     async def tick(self) -> None:
-        server = self.server
-        cfg = server.config
-        processor = server.processor
-        active = list(processor.active.values()) if processor is not None else []
+        cfg = self.config
+        server = self.identity
+        active = list(self.active.values())
         # Leases first: they decide whether tasks keep running.
         by_queue: dict[str, list[str]] = defaultdict(list)
         extend = []
@@ -45,11 +72,11 @@ class Heartbeater(PeriodicRole):
             if act.lease.valid():
                 by_queue[act.msg.queue].append(act.msg.id)
                 extend.append(act)
-            elif act.lease.notify_expired():
-                act.cancel(LeaseExpiredError())
+            else:
+                act.lease.notify_expired()  # the lease cancels the handler
         for qname, ids in by_queue.items():
             try:
-                expiry = await server.broker.extend_lease(qname, ids)
+                expiry = await self.broker.extend_lease(qname, ids)
             except REDIS_ERRORS as exc:
                 self.redis_error("could not extend task leases", exc, queue=qname)
                 continue
@@ -73,8 +100,8 @@ class Heartbeater(PeriodicRole):
             concurrency=cfg.concurrency,
             queues=dict(cfg.queues),
             strict_priority=cfg.strict_priority,
-            status=server.status,
-            start_time=server.started_at,
+            status=self._status(),
+            start_time=self._started_at(),
             active_worker_count=len(active),
         )
         workers = [
@@ -93,12 +120,12 @@ class Heartbeater(PeriodicRole):
         ]
         # asynq's TTL is twice the interval; at least 2 s so sub-second test
         # intervals still give Redis a whole-second expiry.
-        await server.broker.write_server_state(info, workers, ttl=max(2 * self.interval, 2.0))
+        await self.broker.write_server_state(info, workers, ttl=max(2 * self.interval, 2.0))
 
     async def cleanup(self) -> None:
-        server = self.server
+        server = self.identity
         try:
-            await server.broker.clear_server_state(server.host, server.pid, server.server_id)
+            await self.broker.clear_server_state(server.host, server.pid, server.server_id)
         except REDIS_ERRORS as exc:
             self.log.warning(
                 "could not clear the server's state; it expires on its own",

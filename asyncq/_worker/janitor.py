@@ -21,11 +21,10 @@ class Janitor(PeriodicRole):
     run_at_start: ClassVar[bool] = False
 
     async def tick(self) -> None:
-        server = self.server
-        batch = server.config.janitor_batch_size
-        for qname in server.config.queues:
+        batch = self.config.janitor_batch_size
+        for qname in self.config.queues:
             if self.stopping:
                 return
             # The broker loops over batches until none is left.
-            deleted = await server.broker.delete_expired_completed_tasks(qname, batch)
-            server.stats.janitor_deleted += deleted
+            deleted = await self.broker.delete_expired_completed_tasks(qname, batch)
+            self.stats.janitor_deleted += deleted

@@ -1,8 +1,13 @@
 """The processor role: fetches tasks and runs their handlers (asynq's processor).
 
-* A semaphore of ``concurrency`` slots bounds the running handlers. Each fetch
-  takes every free slot and asks the broker for that many tasks in one script
-  call (``dequeue_many``), each with its own lease.
+* A :class:`~asyncq._worker.slots.Slots` semaphore of ``concurrency`` slots
+  bounds the running handlers. Each fetch takes every free slot
+  (``take_all``) and asks the broker for that many tasks in one script call
+  (``dequeue_many``), each with its own lease; unfilled slots are released at
+  once, each handler releases its own when it is done.
+* Running tasks are tracked in the server's :class:`~asyncq._worker.active.ActiveTasks`
+  registry; a lease the heartbeater declares expired cancels its handler through
+  the lease. Ack calls in flight are tracked too, so shutdown waits for them.
 * Queue order per fetch: weighted and shuffled (priorities divided by their GCD,
   each queue repeated ``priority`` times, Fisher-Yates shuffled, de-duplicated),
   or fixed by priority with ``strict_priority``. Paused queues look empty.
@@ -31,19 +36,30 @@ import asyncio
 import inspect
 import math
 import random
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
-from functools import reduce
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from datetime import UTC, datetime
+from functools import partial, reduce
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import anyio
 
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
+from asyncq._redis.errors import REDIS_ERRORS, is_transient
+from asyncq._worker.active import (
+    CANCEL_GRACE,
+    FINISHED,
+    RUNNING,
+    WRITING,
+    ActiveTask,
+    ActiveTasks,
+)
 from asyncq._worker.lease import Lease
-from asyncq._worker.roles import REDIS_ERRORS, Role, is_transient
+from asyncq._worker.policy import is_failure_for, retry_delay_for, wraps_error
+from asyncq._worker.roles import Role, RoleDeps
+from asyncq._worker.slots import Slots
 from asyncq.errors import (
     DeadlineExceededError,
+    HandlerNotFoundError,
     LeaseExpiredError,
     RevokeTask,
     SkipRetry,
@@ -57,29 +73,25 @@ from asyncq.task import Task
 
 if TYPE_CHECKING:
     from asyncq._broker import Broker, DequeuedTask
-    from asyncq.server import Server, ServerConfig
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "DeferWrite",
     "Processor",
     "QueueOrder",
     "compute_deadline",
-    "default_retry_delay",
-    "is_failure_for",
     "normalize_queues",
-    "retry_delay_for",
-    "wraps_error",
 ]
 
 _MAX_WRITES = 64
 
-_CANCEL_GRACE = 5.0
-"""Seconds a cancelled handler (deadline, cancel message, lease expiry) has to return before
-its failure is written anyway and its slot freed; it may go on in the background, as a Go
-handler ignoring its context does in asynq."""
 
-_MAX_DELAY = timedelta(microseconds=(2**63 - 1) // 1000)
-"""The longest retry delay: Go's largest time.Duration (about 292 years)."""
+class DeferWrite(Protocol):
+    """Hands a write that failed because Redis was unreachable to the syncer."""
+
+    def __call__(
+        self, write: Callable[[], Awaitable[None]], *, deadline: float, what: str, msg: TaskMessage
+    ) -> None: ...
 
 
 DEFAULT_TIMEOUT = 1800.0
@@ -87,11 +99,6 @@ DEFAULT_TIMEOUT = 1800.0
 
 
 # -- pure helpers (unit-tested on their own) ------------------------------------------------
-
-
-def default_retry_delay(n: int, exc: BaseException, task: Task) -> timedelta:
-    """asynq's DefaultRetryDelayFunc: n**4 + 15 + rand(30) * (n + 1) seconds (sidekiq's)."""
-    return timedelta(seconds=n**4 + 15 + random.randrange(30) * (n + 1))
 
 
 def compute_deadline(msg: TaskMessage, now: float) -> float:
@@ -150,139 +157,16 @@ class QueueOrder:
         return list(dict.fromkeys(names))
 
 
-def retry_delay_for(
-    cfg: ServerConfig, log: Any, n: int, exc: BaseException, task: Task, **fields: Any
-) -> timedelta:
-    """The configured retry delay; asynq's default when the function raises or misbehaves."""
-    try:
-        delay = cfg.retry_delay(n, exc, task)
-        if not isinstance(delay, timedelta):
-            raise TypeError(f"retry_delay must return a timedelta, got {delay.__class__.__name__}")
-    except Exception as err:
-        log.error("retry_delay raised; using the default delay", exc_info=err, **fields)
-        return default_retry_delay(n, exc, task)
-    return min(max(delay, timedelta(0)), _MAX_DELAY)
-
-
-def is_failure_for(cfg: ServerConfig, log: Any, exc: BaseException, **fields: Any) -> bool:
-    """The configured ``is_failure`` verdict; True (a failure) when the function raises."""
-    try:
-        return bool(cfg.is_failure(exc))
-    except Exception as err:
-        log.error("is_failure raised; counting a failure", exc_info=err, **fields)
-        return True
-
-
-def wraps_error(exc: BaseException, kind: type[BaseException]) -> bool:
-    """True when *exc* is, or wraps (cause chain, exception groups), a *kind* error.
-
-    The Python reading of Go's ``errors.Is``: ``raise X from SkipRetry()`` and an
-    ExceptionGroup containing RevokeTask both count.
-    """
-    seen: set[int] = set()
-    stack: list[BaseException] = [exc]
-    while stack:
-        err = stack.pop()
-        if id(err) in seen:
-            continue
-        seen.add(id(err))
-        if isinstance(err, kind):
-            return True
-        if isinstance(err, BaseExceptionGroup):
-            stack.extend(err.exceptions)
-        if err.__cause__ is not None:
-            stack.append(err.__cause__)
-    return False
-
-
 # -- the running task ----------------------------------------------------------------------
 
-_RUNNING = 0
-_WRITING = 1
-_FINISHED = 2
-
-
-class ActiveTask:
-    """A task this server is running: message, lease, deadline and its asyncio task."""
-
-    __slots__ = (
-        "abandoned",
-        "cancel_exc",
-        "deadline",
-        "detached",
-        "entered",
-        "grace",
-        "job",
-        "lease",
-        "msg",
-        "on_stuck",
-        "phase",
-        "released",
-        "started",
-        "task",
-        "timer",
-    )
-
-    def __init__(self, msg: TaskMessage, lease: Lease, deadline: float, started: float) -> None:
-        self.msg = msg
-        self.lease = lease
-        self.deadline = deadline
-        self.started = started
-        self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.phase = _RUNNING
-        self.cancel_exc: BaseException | None = None
-        self.abandoned = False  # requeued or dropped at shutdown: write nothing more
-        # The asyncio task has run its first step. Cancelling a task before that
-        # throws into a coroutine that never ran: its finally (slot, bookkeeping)
-        # would never run either, so such a task only gets cancel_exc.
-        self.entered = False
-        self.job: Task | None = None  # the handler's Task, for a detached failure write
-        self.on_stuck: Callable[[ActiveTask], object] | None = None
-        self.grace: asyncio.TimerHandle | None = None
-        self.detached = False  # failed without the handler: its return writes nothing
-        self.released = False  # slot and bookkeeping given back
-
-    # TaskContext protocol (result writer)
-    @property
-    def task_id(self) -> str:
-        return self.msg.id
-
-    @property
-    def queue(self) -> str:
-        return self.msg.queue
-
-    def done_reason(self) -> str | None:
-        if self.cancel_exc is not None:
-            return str(self.cancel_exc)
-        if self.phase != _RUNNING or self.abandoned:
-            return "the task's handler has returned"
-        if not self.lease.valid():
-            return str(LeaseExpiredError())
-        if time.time() >= self.deadline:
-            return str(DeadlineExceededError())
-        return None
-
-    def deadline_exceeded(self) -> None:
-        self.cancel(DeadlineExceededError())
-
-    def cancel(self, exc: BaseException) -> bool:
-        """Cancel the handler with *exc* as the failure; False if it is not running."""
-        if self.phase != _RUNNING or self.cancel_exc is not None or self.task is None:
-            return False
-        self.cancel_exc = exc
-        if self.entered:
-            self.task.cancel()
-        if self.on_stuck is not None:
-            self.grace = asyncio.get_running_loop().call_later(_CANCEL_GRACE, self.on_stuck, self)
-        return True
-
-    def stop_abandoned(self) -> None:
-        """Shutdown: cancel the handler of an abandoned task (it writes nothing more)."""
-        if self.task is not None and not self.task.done():
-            self.cancel_exc = asyncio.CancelledError()
-            if self.entered:
-                self.task.cancel()
+_EXPECTED: tuple[type[BaseException], ...] = (
+    HandlerNotFoundError,
+    TaskCanceledError,
+    DeadlineExceededError,
+    LeaseExpiredError,
+    asyncio.CancelledError,
+)
+"""Failures that are outcomes, not bugs: logged as one line without a traceback."""
 
 
 # -- the role --------------------------------------------------------------------------------
@@ -293,33 +177,40 @@ class Processor(Role):
 
     name: ClassVar[str] = "processor"
 
-    def __init__(self, server: Server, handler: Handler) -> None:
-        super().__init__(server)
-        cfg = server.config
+    def __init__(
+        self,
+        deps: RoleDeps,
+        *,
+        handler: Handler,
+        active: ActiveTasks,
+        wakeup: asyncio.Event,
+        defer_write: DeferWrite,
+        on_burst_done: Callable[[], object],
+        write_limit: int = _MAX_WRITES,
+    ) -> None:
+        super().__init__(deps)
+        cfg = deps.config
         self.handler = handler
-        self.broker = server.broker
-        self.clock: Callable[[], float] = server.broker.clock
-        self.active: dict[str, ActiveTask] = {}
+        self.clock: Callable[[], float] = deps.broker.clock
+        self.active = active
+        self.slots = Slots(cfg.concurrency)
         self._queue_order = QueueOrder(cfg.queues, strict=cfg.strict_priority)
-        self._free = cfg.concurrency
-        self._slot_freed = asyncio.Event()
-        self._wakeup = asyncio.Event()
+        self._wakeup = wakeup
+        self._defer_write = defer_write
+        self._on_burst_done = on_burst_done
         self._fetching = True
+        self.fetch_loop_running = False
         self._fetch_errors = RateLimiter(3.0)
         self._write_errors = RateLimiter(3.0)
         # Outcome writes share the client's connection pool with the fetches, the
         # heartbeat and the handlers; bounding them keeps a high concurrency from
         # exhausting the pool (redis-py raises instead of waiting).
-        self._write_slots = asyncio.Semaphore(_write_limit(server.redis))
-        self._acks = _AckBatcher(server.broker, self._write_slots)
-        self._notifier = CompletionNotifier(server.redis)  # wakes result waiters
+        self._write_slots = asyncio.Semaphore(write_limit)
+        self._acks = _AckBatcher(deps.broker, self._write_slots)
+        self._notifier = CompletionNotifier(deps.broker.redis)  # wakes result waiters
         self._backoff = Backoff(0.05, 1.0)
         self._limiter = anyio.CapacityLimiter(cfg.sync_concurrency)
         self._debug = is_debug_enabled(self.log)
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._loop_done = asyncio.Event()
-        self._loop_done.set()
         self._burst = cfg.burst
         self._detached: set[asyncio.Task[None]] = set()
 
@@ -334,17 +225,7 @@ class Processor(Role):
         self._fetching = False
         self.request_stop()
         self._wakeup.set()
-        self._slot_freed.set()
-
-    def cancel_task(self, task_id: str) -> bool:
-        """Cancel the running handler of *task_id* (cancel channel); False if not running here."""
-        active = self.active.get(task_id)
-        if active is None:
-            return False
-        if active.cancel(TaskCanceledError()):
-            self.log.info("task canceled", **task_fields(active.msg))
-            return True
-        return False
+        self.slots.close()
 
     async def drain(self, grace: float, *, force: asyncio.Event | None = None) -> None:
         """Shutdown: wait up to *grace* seconds for running handlers, then requeue and cancel them.
@@ -355,16 +236,15 @@ class Processor(Role):
         """
         self.stop_fetching()
         force = force or asyncio.Event()
-        deadline = time.monotonic() + grace
         if not force.is_set():
-            # A fetch in flight may still hand over tasks: they are started, then waited for.
-            await _wait_either(self._loop_done, force, grace)
-        if self.active and not force.is_set():
-            self.log.info("waiting for running tasks", count=len(self.active), timeout=grace)
-            await _wait_either(self._idle, force, max(0.0, deadline - time.monotonic()))
+            if self.active:
+                self.log.info("waiting for running tasks", count=len(self.active), timeout=grace)
+            # A fetch in flight holds its slots until its tasks are started; every slot
+            # free means no fetch in flight and no handler running.
+            await _wait_either(self.slots.wait(), force, grace)
         forced = force.is_set()
-        for active in [a for a in self.active.values() if a.phase == _RUNNING]:
-            if active.abandoned or active.phase != _RUNNING:
+        for active in [a for a in self.active.values() if a.phase == RUNNING]:
+            if active.abandoned or active.phase != RUNNING:
                 continue  # it returned while an earlier task was being requeued
             active.abandoned = True
             fields = task_fields(active.msg)
@@ -374,7 +254,7 @@ class Processor(Role):
                 self.log.info("quitting worker; requeueing task", **fields)
                 try:
                     await self.broker.requeue(active.msg)
-                    self.server.stats.requeued += 1
+                    self.stats.requeued += 1
                 except Exception as exc:  # Redis errors, or a message the broker refuses
                     self.log.error(
                         "could not requeue task; it is recovered after its lease expires",
@@ -386,6 +266,7 @@ class Processor(Role):
             active.stop_abandoned()
         tasks = [a.task for a in self.active.values() if a.task is not None]
         tasks += self._detached
+        tasks += self._acks.sending
         if tasks:
             # Workers writing an outcome get a moment to finish it; handlers that
             # ignore cancellation are left behind (nothing more is written for them).
@@ -396,40 +277,36 @@ class Processor(Role):
     # -- the fetch loop ----------------------------------------------------------------------
 
     async def run(self) -> None:
-        self._loop_done.clear()
+        self.fetch_loop_running = True
         try:
             await self._fetch_loop()
         finally:
-            self._loop_done.set()
+            self.fetch_loop_running = False
 
     async def _fetch_loop(self) -> None:
         sync_limiter.set(self._limiter)  # inherited by every handler task created below
-        server = self.server
-        stats = server.stats
+        stats = self.stats
         broker = self.broker
         order = self._queue_order
-        interval = server.config.task_check_interval
-        burst = server.config.burst
+        interval = self.config.task_check_interval
+        burst = self.config.burst
         while self._fetching:
-            if self._free <= 0:
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
-                continue
-            n = self._free
-            self._free = 0
+            n = await self.slots.take_all()
+            if n == 0:
+                continue  # stopped fetching
             self._wakeup.clear()
             try:
                 got: Sequence[DequeuedTask] = await broker.dequeue_many(order(), n)
             except REDIS_ERRORS as exc:
-                self._free += n
+                self.slots.release(n)
                 self._fetch_failed(exc)
                 await self._idle_wait(self._backoff.next_delay(), count=False)
                 continue
             except BaseException:
-                self._free += n  # the slots were never used; a restarted loop needs them
+                self.slots.release(n)  # the slots were never used; a restarted loop needs them
                 raise
             self._backoff.reset()
-            self._free += n - len(got)
+            self.slots.release(n - len(got))
             if got:
                 for dequeued in got:
                     self._start(dequeued)
@@ -439,7 +316,7 @@ class Processor(Role):
                 # Retries and scheduled tasks due now are work too; the forwarder
                 # may not run again before we would exit.
                 try:
-                    moved = await broker.forward_if_ready(list(server.config.queues))
+                    moved = await broker.forward_if_ready(list(self.config.queues))
                 except REDIS_ERRORS as exc:
                     self._fetch_failed(exc)
                     await self._idle_wait(self._backoff.next_delay(), count=False)
@@ -449,12 +326,12 @@ class Processor(Role):
                     continue
                 self.log.info("burst mode: queues are empty, shutting down")
                 self._fetching = False
-                server._burst_done()
+                self._on_burst_done()
                 return
             await self._idle_wait(interval, count=True)
 
     def _fetch_failed(self, exc: BaseException) -> None:
-        self.server.stats.fetch_errors += 1
+        self.stats.fetch_errors += 1
         if self._fetch_errors.allow():
             self.log.error(
                 "could not dequeue tasks",
@@ -468,10 +345,10 @@ class Processor(Role):
                 await self._wakeup.wait()
         except TimeoutError:
             if count:
-                self.server.stats.idle_timeouts += 1
+                self.stats.idle_timeouts += 1
             return
         if count and self._fetching:
-            self.server.stats.wakeups += 1
+            self.stats.wakeups += 1
             if self._debug:
                 self.log.debug("woken up: a queue has work")
 
@@ -485,6 +362,8 @@ class Processor(Role):
         lease = Lease(math.floor(dequeued.lease_expiry), clock=self.clock)
         active = ActiveTask(msg, lease, deadline, now)
         active.on_stuck = self._on_stuck
+        # The heartbeater declares a lease expired; the lease then cancels the handler.
+        lease.on_expired(partial(active.cancel, LeaseExpiredError()))
         loop = asyncio.get_running_loop()
         active.task = loop.create_task(self._work(active))
         active.timer = loop.call_at(loop.time() + (deadline - now), active.deadline_exceeded)
@@ -493,7 +372,6 @@ class Processor(Role):
             # keep tracking the newest run (the older one can no longer write).
             self.log.warning("task is already running on this server", **task_fields(msg))
         self.active[msg.id] = active
-        self._idle.clear()
         if self._debug:
             self.log.debug("task started", **task_fields(msg))
 
@@ -515,11 +393,15 @@ class Processor(Role):
                         if current is not None and current.cancelling():
                             raise  # cancelled from outside (loop shutdown): write nothing
                         exc = err  # raised by the handler's own code: a failure
-                except Exception as err:
+                except BaseException as err:
+                    # Any other BaseException (SystemExit, KeyboardInterrupt, GeneratorExit,
+                    # a custom one) raised by a handler is a failed attempt like any error:
+                    # left to propagate it would kill this task's bookkeeping and leave the
+                    # task active, its lease extended by a worker that no longer runs it.
                     exc = err
             if active.detached:
                 return  # its failure was written when it ignored the cancellation
-            active.phase = _WRITING
+            active.phase = WRITING
             if active.timer is not None:
                 active.timer.cancel()
             current = asyncio.current_task()
@@ -538,7 +420,7 @@ class Processor(Role):
                 await self._failed(active, task, exc)
         finally:
             if not active.detached:
-                active.phase = _FINISHED
+                active.phase = FINISHED
                 self._release(active)
 
     def _release(self, active: ActiveTask) -> None:
@@ -552,23 +434,20 @@ class Processor(Role):
             active.grace.cancel()
         if self.active.get(active.msg.id) is active:
             del self.active[active.msg.id]
-            if not self.active:
-                self._idle.set()
-                if self._burst:
-                    self._wakeup.set()  # re-check the queues now: maybe time to exit
-        self._free += 1
-        self._slot_freed.set()
+            if not self.active and self._burst:
+                self._wakeup.set()  # re-check the queues now: maybe time to exit
+        self.slots.release()
 
     def _on_stuck(self, active: ActiveTask) -> None:
         """The grace after a cancellation ran out and the handler has not returned."""
-        if active.phase != _RUNNING or active.abandoned or active.released:
+        if active.phase != RUNNING or active.abandoned or active.released:
             return
         active.detached = True
-        active.phase = _WRITING
+        active.phase = WRITING
         self.log.error(
             "handler ignored its cancellation; writing its failure now and freeing its slot "
             "(the handler goes on in the background)",
-            grace=_CANCEL_GRACE, error=error_text(active.cancel_exc or TaskCanceledError()),
+            grace=CANCEL_GRACE, error=error_text(active.cancel_exc or TaskCanceledError()),
             **task_fields(active.msg),
         )  # fmt: skip
         writer = asyncio.get_running_loop().create_task(self._finish_detached(active))
@@ -581,12 +460,12 @@ class Processor(Role):
             if active.job is not None and exc is not None:
                 await self._failed(active, active.job, exc)
         finally:
-            active.phase = _FINISHED
+            active.phase = FINISHED
             self._release(active)
 
     async def _succeeded(self, active: ActiveTask) -> None:
         msg = active.msg
-        self.server.stats.succeeded += 1
+        self.stats.succeeded += 1
         if not active.lease.valid():
             self.log.warning(
                 "task finished after its lease expired; not writing its outcome, the recoverer "
@@ -611,8 +490,8 @@ class Processor(Role):
 
     async def _failed(self, active: ActiveTask, task: Task, exc: BaseException) -> None:
         msg = active.msg
-        cfg = self.server.config
-        stats = self.server.stats
+        cfg = self.config
+        stats = self.stats
         fields = task_fields(msg)
         err_msg = error_text(exc)
         revoke = wraps_error(exc, RevokeTask)
@@ -624,9 +503,12 @@ class Processor(Role):
             self.log.warning("task lease expired; handler cancelled", **fields)
         else:
             stats.failed += 1
+            # Expected outcomes are one line; only an unexpected error gets its traceback
+            # (plain, without local variables, unless the application configured otherwise).
+            expected = isinstance(exc, _EXPECTED) or wraps_error(exc, SkipRetry)
             self.log.warning(
                 "task failed", error=err_msg, retried=msg.retried, max_retry=msg.retry, **fields,
-                exc_info=exc,
+                exc_info=None if expected else exc,
             )  # fmt: skip
         if cfg.error_handler is not None:
             await self._call_error_handler(task, exc, fields)
@@ -665,19 +547,19 @@ class Processor(Role):
     async def _call_error_handler(
         self, task: Task, exc: BaseException, fields: dict[str, Any]
     ) -> None:
-        handler = self.server.config.error_handler
+        handler = self.config.error_handler
         assert handler is not None
         try:
             result = handler(task, exc)
             if inspect.isawaitable(result):
                 await result
-        except Exception as err:
-            self.log.error("error_handler raised", exc_info=err, **fields)
         except asyncio.CancelledError as err:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # cancelled from outside (loop shutdown)
             # Raised by the error handler's own code: the outcome must still be written.
+            self.log.error("error_handler raised", exc_info=err, **fields)
+        except BaseException as err:  # SystemExit & co from user code: the outcome still counts
             self.log.error("error_handler raised", exc_info=err, **fields)
 
     async def _write(
@@ -698,7 +580,7 @@ class Processor(Role):
     ) -> None:
         msg = active.msg
         if is_transient(exc):
-            self.server.syncer.add(write, deadline=active.lease.expires_at, what=what, msg=msg)
+            self._defer_write(write, deadline=active.lease.expires_at, what=what, msg=msg)
             if self._write_errors.allow():
                 self.log.warning(
                     "could not write task outcome; the syncer will retry it",
@@ -713,7 +595,7 @@ class Processor(Role):
             )  # fmt: skip
 
     async def cleanup(self) -> None:
-        self._slot_freed.set()
+        self.slots.close()
         await self._notifier.aclose()
 
 
@@ -725,12 +607,14 @@ class _AckBatcher:
     Done/MarkAsComplete per task, at a fraction of the round trips under load.
     """
 
-    __slots__ = ("_broker", "_pending", "_slots")
+    __slots__ = ("_broker", "_pending", "_slots", "sending")
 
     def __init__(self, broker: Broker, slots: asyncio.Semaphore) -> None:
         self._broker = broker
         self._slots = slots
         self._pending: list[tuple[TaskMessage, bool, asyncio.Future[BaseException | None]]] = []
+        self.sending: set[asyncio.Task[None]] = set()
+        """The ack calls in flight (tracked, so shutdown waits for them)."""
 
     def ack(self, msg: TaskMessage, complete: bool) -> asyncio.Future[BaseException | None]:
         """A future resolving to None when acknowledged, or to the task's error."""
@@ -744,7 +628,9 @@ class _AckBatcher:
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
         if batch:
-            asyncio.get_running_loop().create_task(self._send(batch))
+            send = asyncio.get_running_loop().create_task(self._send(batch))
+            self.sending.add(send)
+            send.add_done_callback(self.sending.discard)
 
     async def _send(
         self, batch: list[tuple[TaskMessage, bool, asyncio.Future[BaseException | None]]]
@@ -765,7 +651,8 @@ class _AckBatcher:
                 fut.set_result(result)
 
 
-def _write_limit(redis: object) -> int:
+def write_limit(redis: object) -> int:
+    """Outcome writes in flight at once for the connection pool of *redis*."""
     pool = getattr(redis, "connection_pool", None)
     size = getattr(pool, "max_connections", None)
     if isinstance(size, int) and size > 0:
@@ -773,11 +660,14 @@ def _write_limit(redis: object) -> int:
     return _MAX_WRITES
 
 
-async def _wait_either(event: asyncio.Event, other: asyncio.Event, seconds: float) -> None:
-    """Wait until *event* or *other* is set, at most *seconds*."""
-    if event.is_set() or other.is_set():
+async def _wait_either(
+    done: Coroutine[Any, Any, None], other: asyncio.Event, seconds: float
+) -> None:
+    """Wait until *done* returns or *other* is set, at most *seconds*."""
+    if other.is_set():
+        done.close()
         return
-    waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(other.wait())}
+    waiters = {asyncio.ensure_future(done), asyncio.ensure_future(other.wait())}
     try:
         await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -20,8 +20,10 @@ from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
 from asyncq._logging import error_text, task_fields
-from asyncq._worker.processor import is_failure_for, retry_delay_for
-from asyncq._worker.roles import REDIS_ERRORS, PeriodicRole, is_transient
+from asyncq._redis.errors import REDIS_ERRORS, is_transient
+from asyncq._worker.active import ActiveTasks
+from asyncq._worker.policy import is_failure_for, retry_delay_for
+from asyncq._worker.roles import PeriodicRole, RoleDeps
 from asyncq.errors import LeaseExpiredError
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task
@@ -34,10 +36,13 @@ class Recoverer(PeriodicRole):
 
     name: ClassVar[str] = "recoverer"
 
+    def __init__(self, deps: RoleDeps, interval: float, *, active: ActiveTasks) -> None:
+        super().__init__(deps, interval)
+        self.active = active
+
     async def tick(self) -> None:
-        server = self.server
-        cfg = server.config
-        broker = server.broker
+        cfg = self.config
+        broker = self.broker
         queues = list(cfg.queues)
         now = datetime.fromtimestamp(broker.clock(), UTC)
         cutoff = now - timedelta(seconds=cfg.recoverer_cutoff)
@@ -58,11 +63,10 @@ class Recoverer(PeriodicRole):
                 await self._recover(qname, msg, now)
 
     async def _recover(self, qname: str, msg: TaskMessage, now: datetime) -> None:
-        server = self.server
-        cfg = server.config
-        broker = server.broker
+        cfg = self.config
+        broker = self.broker
         fields = task_fields(msg)
-        local = server.processor.active.get(msg.id) if server.processor else None
+        local = self.active.get(msg.id)
         if local is not None and not local.abandoned and local.lease.valid():
             return  # running here, its lease extension just has not landed yet
         lease_exc = LeaseExpiredError()
@@ -93,7 +97,7 @@ class Recoverer(PeriodicRole):
                     **fields,
                 )  # fmt: skip
                 await broker.retry(msg, now + delay, err_msg, is_failure=is_failure)
-            server.stats.recovered += 1
+            self.stats.recovered += 1
         except REDIS_ERRORS as err:
             if is_transient(err):
                 raise

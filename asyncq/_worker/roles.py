@@ -21,52 +21,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from redis import exceptions as redis_errors
-from redis.exceptions import RedisError
-
 from asyncq._logging import RateLimiter, error_text
-from asyncq.errors import BrokerError, TaskNotFoundError
+from asyncq._redis.errors import REDIS_ERRORS
 
 if TYPE_CHECKING:
-    from asyncq.server import Server
+    from asyncq._broker import Broker
+    from asyncq._worker.config import ServerConfig, ServerStats
 
 __all__ = [
-    "REDIS_ERRORS",
-    "TRANSIENT_ERRORS",
     "PeriodicRole",
     "Role",
-    "is_transient",
+    "RoleDeps",
     "supervise",
 ]
 
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    redis_errors.ConnectionError,  # includes BusyLoadingError
-    redis_errors.TimeoutError,
-    redis_errors.ClusterDownError,
-    redis_errors.TryAgainError,
-    redis_errors.MasterDownError,
-    redis_errors.ReadOnlyError,
-    OSError,  # includes the builtin TimeoutError
-)
-"""Errors after which a broker write may succeed when retried (Redis unreachable)."""
-REDIS_ERRORS: tuple[type[BaseException], ...] = (
-    RedisError,
-    BrokerError,
-    TaskNotFoundError,
-    OSError,
-)
-"""Errors raised by broker calls: logged at a bounded rate, never a role crash."""
+
+@dataclass(frozen=True, slots=True)
+class RoleDeps:
+    """What every role of a server shares: its broker, settings, logger and counters.
+
+    A role gets this plus, as keyword arguments, exactly the few other things it
+    uses (the active-task registry, the wake-up event, a callback); no role sees
+    the ``Server``.
+    """
+
+    broker: Broker
+    config: ServerConfig
+    log: Any
+    stats: ServerStats
+
 
 _RESTART_MIN = 0.1
 _RESTART_MAX = 30.0
 _HEALTHY_RUN = 60.0
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for connection-level failures (worth retrying later), False for error replies."""
-    return isinstance(exc, TRANSIENT_ERRORS)
 
 
 class Role:
@@ -74,9 +64,11 @@ class Role:
 
     name: ClassVar[str] = "role"
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self.log: Any = server.log.bind(role=self.name)
+    def __init__(self, deps: RoleDeps) -> None:
+        self.broker = deps.broker
+        self.config = deps.config
+        self.stats = deps.stats
+        self.log: Any = deps.log.bind(role=self.name)
         self._stop = asyncio.Event()
         self._redis_errors = RateLimiter(3.0)
 
@@ -119,8 +111,8 @@ class PeriodicRole(Role):
 
     run_at_start: ClassVar[bool] = True
 
-    def __init__(self, server: Server, interval: float) -> None:
-        super().__init__(server)
+    def __init__(self, deps: RoleDeps, interval: float) -> None:
+        super().__init__(deps)
         self.interval = interval
 
     async def tick(self) -> None:
@@ -139,7 +131,6 @@ class PeriodicRole(Role):
 
 async def supervise(role: Role) -> None:
     """Run *role* until it stops, restarting it with backoff when it crashes."""
-    server = role.server
     attempts = 0
     while True:
         started = time.monotonic()
@@ -152,7 +143,7 @@ async def supervise(role: Role) -> None:
             if time.monotonic() - started >= _HEALTHY_RUN:
                 attempts = 0
             attempts += 1
-            server.stats.role_restarts[role.name] += 1
+            role.stats.role_restarts[role.name] += 1
             if role.stopping:
                 role.log.error("role crashed while stopping", exc_info=exc)
                 return

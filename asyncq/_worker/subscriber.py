@@ -21,16 +21,18 @@ is woken once, since a wake-up may have been missed meanwhile.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
 
+from redis.asyncio import Redis
 from redis.exceptions import NoPermissionError
 
 from asyncq import _keys as keys
-from asyncq._logging import Backoff, error_text
-from asyncq._worker.roles import REDIS_ERRORS, Role
-
-if TYPE_CHECKING:
-    from asyncq.server import Server
+from asyncq._logging import Backoff, error_text, task_fields
+from asyncq._redis.errors import REDIS_ERRORS
+from asyncq._worker.active import ActiveTasks
+from asyncq._worker.roles import Role, RoleDeps
+from asyncq.errors import TaskCanceledError
 
 __all__ = ["Subscriber"]
 
@@ -42,15 +44,25 @@ class Subscriber(Role):
 
     name: ClassVar[str] = "subscriber"
 
-    def __init__(self, server: Server) -> None:
-        super().__init__(server)
+    def __init__(
+        self,
+        deps: RoleDeps,
+        *,
+        active: ActiveTasks,
+        wakeup: asyncio.Event,
+        pubsub: Callable[[], Awaitable[Redis]],
+    ) -> None:
+        super().__init__(deps)
+        self.active = active
+        self._wakeup = wakeup
+        self._pubsub = pubsub
         self.ready = asyncio.Event()
         """Set once the subscriptions are confirmed by Redis."""
         self.attempted = asyncio.Event()
         """Set after the first connection attempt, successful or not."""
         self._task: asyncio.Task[Any] | None = None
         self._reading = False
-        self._wakeups = {keys.wakeup_channel(q).encode(): q for q in server.config.queues}
+        self._wakeups = {keys.wakeup_channel(q).encode(): q for q in deps.config.queues}
         self._warned_denied = False
 
     def request_stop(self) -> None:
@@ -63,11 +75,10 @@ class Subscriber(Role):
         backoff = Backoff(0.1, 2.0)
         connected_before = False
         cancel_channel = keys.CANCEL_CHANNEL.encode()
-        server = self.server
         while not self.stopping:
             pubsub: Any = None
             try:
-                client = await server.connection.pubsub()
+                client = await self._pubsub()
                 pubsub = client.pubsub()
                 # Cancel first and on its own: a Redis user granted only asynq:cancel
                 # (all Go asynq needs) must still get cancellation.
@@ -84,8 +95,8 @@ class Subscriber(Role):
                 self.ready.set()
                 self.attempted.set()
                 backoff.reset()
-                if connected_before and server.processor is not None:
-                    server.processor.wakeup()
+                if connected_before:
+                    self._wakeup.set()
                 connected_before = True
                 self.log.debug("subscribed", channels=channels)
                 while not self.stopping:
@@ -137,7 +148,7 @@ class Subscriber(Role):
         # or redis-py would ask for them again, together with cancel, on a reconnect.
         for channel in self._wakeups:
             pubsub.channels.pop(channel, None)
-        interval = self.server.config.task_check_interval
+        interval = self.config.task_check_interval
         if self._warned_denied:
             self.log.debug("wake-up channels still denied by Redis", error=error_text(exc))
             return
@@ -156,14 +167,13 @@ class Subscriber(Role):
     def _dispatch(self, channel: bytes | str, data: bytes | str, cancel_channel: bytes) -> None:
         if isinstance(channel, str):
             channel = channel.encode()
-        processor = self.server.processor
         if channel == cancel_channel:
             # Anyone may publish here: bytes that are not UTF-8 match no task, never crash.
             task_id = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-            if processor is not None:
-                processor.cancel_task(task_id)
+            canceled = self.active.cancel(task_id, TaskCanceledError())
+            if canceled is not None:
+                self.log.info("task canceled", **task_fields(canceled.msg))
             return
         if channel in self._wakeups:
-            self.server.stats.wakeup_messages += 1
-            if processor is not None:
-                processor.wakeup()
+            self.stats.wakeup_messages += 1
+            self._wakeup.set()

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from asyncq._logging import error_text, task_fields
-from asyncq._worker.roles import REDIS_ERRORS, PeriodicRole, is_transient
+from asyncq._redis.errors import REDIS_ERRORS, is_transient
+from asyncq._worker.roles import PeriodicRole, RoleDeps
 from asyncq.proto.asynq import TaskMessage
-
-if TYPE_CHECKING:
-    from asyncq.server import Server
 
 __all__ = ["Syncer"]
 
@@ -39,8 +37,8 @@ class Syncer(PeriodicRole):
     name: ClassVar[str] = "syncer"
     run_at_start: ClassVar[bool] = False
 
-    def __init__(self, server: Server, interval: float) -> None:
-        super().__init__(server, interval)
+    def __init__(self, deps: RoleDeps, interval: float) -> None:
+        super().__init__(deps, interval)
         self.pending: list[_PendingWrite] = []
         self._closed = False
 
@@ -61,7 +59,7 @@ class Syncer(PeriodicRole):
         """Try every queued write once, keeping those that still fail and are not overdue."""
         if not self.pending:
             return
-        clock = self.server.broker.clock
+        clock = self.broker.clock
         batch, self.pending = self.pending, []
         keep: list[_PendingWrite] = []
         for item in batch:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 import structlog
@@ -19,6 +18,7 @@ from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from asyncq._redis.options import redact_uri
 from asyncq.errors import AsyncqError
 
 __all__ = ["CliError", "Settings", "main", "run_async"]
@@ -33,19 +33,6 @@ CONFIG_KEYS = ("uri",)
 
 class CliError(click.ClickException):
     """A problem reported as one ``error: ...`` line with exit status 1."""
-
-
-def redact(uri: str) -> str:
-    """*uri* with its password replaced by ``***``."""
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return uri
-    if parts.password is None:
-        return uri
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
 
 
 @dataclass(slots=True)
@@ -83,11 +70,13 @@ class Settings:
         """The Redis URI: --uri, then $ASYNCQ_REDIS_URL, then the config file, then the default."""
         from asyncq._redis.options import parse_redis_uri
 
+        if self.uri_flag is not None and not self.uri_flag.strip():
+            raise CliError("--uri/-u is empty: give a Redis URI such as redis://localhost:6379/0")
         uri = self.uri_flag or os.environ.get(ENV_URI) or self.config().get("uri") or DEFAULT_URI
         try:
             parse_redis_uri(uri)
         except ValueError as exc:
-            raise CliError(f"invalid Redis URI {redact(uri)!r}: {exc}") from None
+            raise CliError(f"invalid Redis URI {redact_uri(uri)!r}: {exc}") from None
         return str(uri)
 
 
@@ -111,9 +100,9 @@ def run_async(uri: str, fn: Callable[[], Awaitable[T]], *, uvloop: bool = False)
     try:
         return _run(runner()) if uvloop else asyncio.run(runner())
     except AuthenticationError as exc:
-        raise CliError(f"Redis at {redact(uri)} refused the credentials: {exc}") from None
+        raise CliError(f"Redis at {redact_uri(uri)} refused the credentials: {exc}") from None
     except (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError) as exc:
-        raise CliError(f"cannot connect to Redis at {redact(uri)}: {exc}") from None
+        raise CliError(f"cannot connect to Redis at {redact_uri(uri)}: {exc}") from None
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:

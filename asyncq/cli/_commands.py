@@ -32,6 +32,11 @@ __all__ = ["register"]
 T = TypeVar("T")
 
 STATES = [s.value for s in TaskState]
+MAX_DAYS = 3650
+"""Longest ``--days`` (asynq keeps daily counters for 90 days; older days read as zero)."""
+MAX_PAGE = 1_000_000
+MAX_PAGE_SIZE = 10_000
+"""Bounds that keep page * size inside Redis' integer range."""
 ARCHIVE_ALL_STATES = ["pending", "aggregating", "scheduled", "retry"]
 DELETE_ALL_STATES = ["pending", "aggregating", "scheduled", "retry", "archived", "completed"]
 RUN_ALL_STATES = ["scheduled", "retry", "archived", "aggregating"]
@@ -281,7 +286,12 @@ def queue_inspect(ctx: click.Context, queues: tuple[str, ...], as_json: bool) ->
 @queue.command("history")
 @click.argument("queues", nargs=-1, required=True)
 @click.option(
-    "--days", "-x", type=click.IntRange(min=1), default=10, show_default=True, help="Days."
+    "--days",
+    "-x",
+    type=click.IntRange(min=1, max=MAX_DAYS),
+    default=10,
+    show_default=True,
+    help="Days.",
 )
 @json_option
 @click.pass_context
@@ -357,9 +367,15 @@ def task() -> None:
 @task.command("ls")
 @queue_option
 @click.option("--state", "-s", required=True, type=state_choice(STATES), help="Task state.")
-@click.option("--page", type=click.IntRange(min=1), default=1, show_default=True, help="Page.")
 @click.option(
-    "--size", type=click.IntRange(min=1), default=30, show_default=True, help="Page size."
+    "--page", type=click.IntRange(min=1, max=MAX_PAGE), default=1, show_default=True, help="Page."
+)
+@click.option(
+    "--size",
+    type=click.IntRange(min=1, max=MAX_PAGE_SIZE),
+    default=30,
+    show_default=True,
+    help="Page size.",
 )
 @group_option
 @json_option
@@ -697,9 +713,15 @@ def cron_ls(ctx: click.Context, as_json: bool) -> None:
 
 @cron.command("history")
 @click.argument("entry_ids", nargs=-1, required=True)
-@click.option("--page", type=click.IntRange(min=1), default=1, show_default=True, help="Page.")
 @click.option(
-    "--size", type=click.IntRange(min=1), default=30, show_default=True, help="Page size."
+    "--page", type=click.IntRange(min=1, max=MAX_PAGE), default=1, show_default=True, help="Page."
+)
+@click.option(
+    "--size",
+    type=click.IntRange(min=1, max=MAX_PAGE_SIZE),
+    default=30,
+    show_default=True,
+    help="Page size.",
 )
 @json_option
 @click.pass_context

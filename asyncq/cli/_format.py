@@ -70,7 +70,16 @@ def parse_duration(text: str) -> timedelta:
             )
         total += float(m.group(1)) * _UNITS[m.group(2)]
         pos = m.end()
+    if total > _MAX_DURATION_S:
+        raise ValueError(
+            f"invalid duration {text!r}: too large (a duration holds at most "
+            "2562047h47m16s, about 292 years)"
+        )
     return timedelta(seconds=total)
+
+
+_MAX_DURATION_S = (2**63 - 1) / 1e9
+"""Go's largest time.Duration (int64 nanoseconds), in seconds."""
 
 
 def parse_time(text: str) -> datetime:

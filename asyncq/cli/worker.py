@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 import click
 from redis.exceptions import RedisError
 
+from asyncq._redis.options import redact_uri
 from asyncq.app import App
 from asyncq.cli._app import (
     ENV_URI,
     LOG_LEVELS,
     CliError,
     configure_logging,
-    redact,
     run_async,
     settings,
 )
@@ -231,7 +231,7 @@ def worker(
         except BaseException as exc:
             await server.shutdown()
             if isinstance(exc, RedisError | OSError):
-                raise CliError(f"cannot connect to Redis at {redact(uri)}: {exc}") from None
+                raise CliError(f"cannot connect to Redis at {redact_uri(uri)}: {exc}") from None
             raise
         await server.run(mux)
 

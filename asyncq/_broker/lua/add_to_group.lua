@@ -7,6 +7,14 @@
 -- ARGV[3] now, unix seconds
 -- ARGV[4] group name
 -- Returns 1 when written, 0 when the task id already exists.
+-- asyncq: nothing is written when a destination key holds another type, so a failed
+-- call never leaves a task hash without its list or set entry (nor a lock).
+if not ({none=true, zset=true})[redis.call("TYPE", KEYS[2]).ok] then
+    return redis.error_reply("WRONGTYPE " .. KEYS[2] .. " is not a zset")
+end
+if not ({none=true, set=true})[redis.call("TYPE", KEYS[3]).ok] then
+    return redis.error_reply("WRONGTYPE " .. KEYS[3] .. " is not a set")
+end
 if redis.call("EXISTS", KEYS[1]) == 1 then
     return 0
 end

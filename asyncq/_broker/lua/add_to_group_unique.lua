@@ -10,6 +10,14 @@
 -- ARGV[5] lock TTL, whole seconds
 -- Returns 1 when written, -1 when the lock is held, 0 when the id exists.
 -- Like asynq, no unique_key hash field is written on this path.
+-- asyncq: nothing is written when a destination key holds another type, so a failed
+-- call never leaves a task hash without its list or set entry (nor a lock).
+if not ({none=true, zset=true})[redis.call("TYPE", KEYS[2]).ok] then
+    return redis.error_reply("WRONGTYPE " .. KEYS[2] .. " is not a zset")
+end
+if not ({none=true, set=true})[redis.call("TYPE", KEYS[3]).ok] then
+    return redis.error_reply("WRONGTYPE " .. KEYS[3] .. " is not a set")
+end
 if not redis.call("SET", KEYS[4], ARGV[2], "NX", "EX", ARGV[5]) then
     return -1
 end

@@ -8,6 +8,11 @@
 -- Returns 1 when written, 0 when the task id already exists.
 -- The wake-up is an optimisation: redis.pcall, so that a user whose ACL forbids the
 -- channel still gets the write (an error here would come after the write).
+-- asyncq: nothing is written when a destination key holds another type, so a failed
+-- call never leaves a task hash without its list or set entry (nor a lock).
+if not ({none=true, list=true})[redis.call("TYPE", KEYS[2]).ok] then
+    return redis.error_reply("WRONGTYPE " .. KEYS[2] .. " is not a list")
+end
 if redis.call("EXISTS", KEYS[1]) == 1 then
     return 0
 end

@@ -11,6 +11,11 @@
 -- (the lock just taken is kept in that case, as asynq does).
 -- The wake-up is an optimisation: redis.pcall, so that a user whose ACL forbids the
 -- channel still gets the write (an error here would come after the write).
+-- asyncq: nothing is written when a destination key holds another type, so a failed
+-- call never leaves a task hash without its list or set entry (nor a lock).
+if not ({none=true, list=true})[redis.call("TYPE", KEYS[3]).ok] then
+    return redis.error_reply("WRONGTYPE " .. KEYS[3] .. " is not a list")
+end
 if not redis.call("SET", KEYS[1], ARGV[1], "NX", "EX", ARGV[2]) then
     return -1
 end

@@ -5,6 +5,11 @@
 -- ARGV[2] process-at, unix seconds
 -- ARGV[3] task id
 -- Returns 1 when written, 0 when the task id already exists.
+-- asyncq: nothing is written when a destination key holds another type, so a failed
+-- call never leaves a task hash without its list or set entry (nor a lock).
+if not ({none=true, zset=true})[redis.call("TYPE", KEYS[2]).ok] then
+    return redis.error_reply("WRONGTYPE " .. KEYS[2] .. " is not a zset")
+end
 if redis.call("EXISTS", KEYS[1]) == 1 then
     return 0
 end

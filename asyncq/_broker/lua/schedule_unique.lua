@@ -7,6 +7,11 @@
 -- ARGV[3] process-at, unix seconds
 -- ARGV[4] msg
 -- Returns 1 when written, -1 when the lock is held, 0 when the id exists.
+-- asyncq: nothing is written when a destination key holds another type, so a failed
+-- call never leaves a task hash without its list or set entry (nor a lock).
+if not ({none=true, zset=true})[redis.call("TYPE", KEYS[3]).ok] then
+    return redis.error_reply("WRONGTYPE " .. KEYS[3] .. " is not a zset")
+end
 if not redis.call("SET", KEYS[1], ARGV[1], "NX", "EX", ARGV[2]) then
     return -1
 end

@@ -1,0 +1,43 @@
+"""One classification of the errors a Redis call may raise.
+
+* :data:`REDIS_ERRORS`: everything a broker call raises for a reason outside
+  the caller's code (redis-py errors, script error replies, a task missing from
+  the structure an operation expects, socket errors). Background work catches
+  these, logs them at a bounded rate and tries again; they never crash a role.
+* :data:`TRANSIENT_ERRORS` (:func:`is_transient`): the subset after which the
+  same write may succeed when retried, because Redis was unreachable rather
+  than refusing the command.
+"""
+
+from __future__ import annotations
+
+from redis import exceptions as redis_errors
+from redis.exceptions import RedisError
+
+from asyncq.errors import BrokerError, TaskNotFoundError
+
+__all__ = ["REDIS_ERRORS", "TRANSIENT_ERRORS", "is_transient"]
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,  # includes BusyLoadingError
+    redis_errors.TimeoutError,
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+    redis_errors.MasterDownError,
+    redis_errors.ReadOnlyError,
+    OSError,  # includes the builtin TimeoutError
+)
+"""Errors after which a broker write may succeed when retried (Redis unreachable)."""
+
+REDIS_ERRORS: tuple[type[BaseException], ...] = (
+    RedisError,
+    BrokerError,
+    TaskNotFoundError,
+    OSError,
+)
+"""Errors raised by broker calls: logged at a bounded rate, never a role crash."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for connection-level failures (worth retrying later), False for error replies."""
+    return isinstance(exc, TRANSIENT_ERRORS)

@@ -1,0 +1,71 @@
+"""Retry and failure policy: what a failed attempt becomes (asynq's retry rules).
+
+Used by the processor (a handler's failure) and the recoverer (an expired
+lease) alike: the user's ``retry_delay`` and ``is_failure`` with asynq's
+defaults when they misbehave, and the Go ``errors.Is`` reading of
+``SkipRetry``/``RevokeTask`` through cause chains and exception groups.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+from typing import Any
+
+from asyncq._worker.config import ServerConfig
+from asyncq.task import Task
+
+__all__ = ["default_retry_delay", "is_failure_for", "retry_delay_for", "wraps_error"]
+
+_MAX_DELAY = timedelta(microseconds=(2**63 - 1) // 1000)
+"""The longest retry delay: Go's largest time.Duration (about 292 years)."""
+
+
+def default_retry_delay(n: int, exc: BaseException, task: Task) -> timedelta:
+    """asynq's DefaultRetryDelayFunc: n**4 + 15 + rand(30) * (n + 1) seconds (sidekiq's)."""
+    return timedelta(seconds=n**4 + 15 + random.randrange(30) * (n + 1))
+
+
+def retry_delay_for(
+    cfg: ServerConfig, log: Any, n: int, exc: BaseException, task: Task, **fields: Any
+) -> timedelta:
+    """The configured retry delay; asynq's default when the function raises or misbehaves."""
+    try:
+        delay = cfg.retry_delay(n, exc, task)
+        if not isinstance(delay, timedelta):
+            raise TypeError(f"retry_delay must return a timedelta, got {delay.__class__.__name__}")
+    except BaseException as err:  # user code: even SystemExit must not lose the task
+        log.error("retry_delay raised; using the default delay", exc_info=err, **fields)
+        return default_retry_delay(n, exc, task)
+    return min(max(delay, timedelta(0)), _MAX_DELAY)
+
+
+def is_failure_for(cfg: ServerConfig, log: Any, exc: BaseException, **fields: Any) -> bool:
+    """The configured ``is_failure`` verdict; True (a failure) when the function raises."""
+    try:
+        return bool(cfg.is_failure(exc))
+    except BaseException as err:  # user code: even SystemExit must not lose the task
+        log.error("is_failure raised; counting a failure", exc_info=err, **fields)
+        return True
+
+
+def wraps_error(exc: BaseException, kind: type[BaseException]) -> bool:
+    """True when *exc* is, or wraps (cause chain, exception groups), a *kind* error.
+
+    The Python reading of Go's ``errors.Is``: ``raise X from SkipRetry()`` and an
+    ExceptionGroup containing RevokeTask both count.
+    """
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        err = stack.pop()
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, kind):
+            return True
+        if isinstance(err, BaseExceptionGroup):
+            stack.extend(err.exceptions)
+        if err.__cause__ is not None:
+            stack.append(err.__cause__)
+    return False
