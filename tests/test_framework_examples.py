@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -31,9 +33,10 @@ def worker(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     env.pop("ASYNCQ_REDIS_URL", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "asyncq.cli", "worker", "tasks:app", "-q", "reports", "-c", "4"],
-        cwd=EXAMPLES, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=EXAMPLES, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, bufsize=0,
     )  # fmt: skip
     try:
+        wait_ready(proc)
         yield
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -41,6 +44,27 @@ def worker(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         for name in ("tasks", "fastapi_app", "flask_app"):
             sys.modules.pop(name, None)
     assert proc.returncode == 0, err.decode()
+
+
+READY = b"send signal TERM or INT"  # logged once the worker's signal handlers are installed
+
+
+def wait_ready(proc: subprocess.Popen[bytes], within: float = 60.0) -> None:
+    """Read the worker's log until it can take a SIGTERM (before that, one kills it).
+
+    The pipe is unbuffered (bufsize=0), so select() sees every line not yet read.
+    """
+    assert proc.stderr is not None
+    deadline = time.monotonic() + within
+    seen = b""
+    while READY not in seen:
+        ready, _, _ = select.select([proc.stderr], [], [], 0.5)
+        if ready:
+            line = proc.stderr.readline()
+            if not line:
+                raise AssertionError(f"the worker exited before it was ready: {seen.decode()}")
+            seen += line
+        assert time.monotonic() < deadline, f"the worker was not ready: {seen.decode()}"
 
 
 def fresh(name: str) -> ModuleType:

@@ -332,6 +332,10 @@ async def test_results_across_processes(app: App[Any], redis_url: str, tmp_path:
         env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
+        assert proc.stderr is not None
+        async with asyncio.timeout(60):  # a SIGTERM before the handlers are installed kills it
+            while b"send signal TERM or INT" not in await proc.stderr.readline():
+                pass
         greeting = await (await ta.greet.enqueue("you")).result(timeout=30)
         assert greeting == "hi from the worker, you"
         with pytest.raises(TaskFailedError, match="no luck"):
