@@ -36,6 +36,7 @@ from asyncq.errors import (
     TaskIdConflictError,
     TaskNotFoundError,
 )
+from asyncq.hooks import WorkerHooks
 from asyncq.inspector import (
     ClusterNode,
     DailyStats,
@@ -114,6 +115,7 @@ __all__ = [
     "TaskResultError",
     "TaskState",
     "TypedTask",
+    "WorkerHooks",
     "WorkerInfo",
     "__version__",
     "current_task",

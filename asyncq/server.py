@@ -73,6 +73,7 @@ from asyncq._worker.syncer import Syncer
 from asyncq._worker.watchdog import Watchdog
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
+from asyncq.hooks import WorkerHooks  # [metrics hook]
 from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
 from asyncq.task import Task, TaskInfo
@@ -155,6 +156,8 @@ class Server:
     - ``sync_concurrency``: worker threads for plain ``def`` handlers
       (default: ``concurrency``).
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
+    - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
+      ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
     - ``lifespan``: a zero-argument callable returning an async context
       manager, entered at start and exited after shutdown; handlers read what
       it yields with :func:`asyncq.lifespan_state` (see :mod:`asyncq.lifespan`).
@@ -190,6 +193,7 @@ class Server:
         burst: bool = False,
         sync_concurrency: int | None = None,
         logger: Any = None,
+        metrics: WorkerHooks | None = None,  # [metrics hook]
         lifespan: Lifespan | None = None,
     ) -> None:
         concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
@@ -269,6 +273,7 @@ class Server:
             ),
         )
         self.log: Any = logger if logger is not None else get_logger()
+        self.metrics = metrics  # [metrics hook]
         if janitor_batch_size > 100:
             self.log.warning(
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
@@ -341,6 +346,9 @@ class Server:
         if self._lifespan is not None:
             state = await self._lifespan_stack.enter_async_context(self._lifespan())
             context.run(state_var.set, state)
+        if self.metrics is not None:  # [metrics hook]
+            fn = self.metrics.instrument(fn)  # [metrics hook]
+            self.metrics.attach()  # [metrics hook]
         self._state = "active"
         self.started_at = datetime.now(UTC)
         cfg = self.config
@@ -360,6 +368,7 @@ class Server:
             defer_write=self.syncer.add,
             on_burst_done=self._begin_shutdown,
             write_limit=write_limit(self.redis),
+            metrics=self.metrics,  # [metrics hook]
         )
         subscriber = Subscriber(
             deps, active=self.active, wakeup=self._wakeup, pubsub=self.connection.pubsub
@@ -382,6 +391,9 @@ class Server:
                 active=self.active,
                 threshold=max(0.5, min(1.0, cfg.heartbeat_interval)),
                 keep_leases_with=None if independent is None else (lambda: independent),
+                on_stall=None
+                if self.metrics is None
+                else self.metrics.loop_stalled,  # [metrics hook]
             )
         )
         if cfg.health_check is not None:
@@ -495,6 +507,8 @@ class Server:
         finally:
             if self._enqueuer is not None:
                 await self._enqueuer.aclose()  # shared connection: closed just below
+            if self.metrics is not None:  # [metrics hook]
+                self.metrics.detach()  # [metrics hook]
             try:
                 await self._lifespan_stack.aclose()
             except Exception as exc:
