@@ -15,7 +15,9 @@ from asyncq._redis.options import (
     TLSConfig,
     parse_redis_uri,
 )
+from asyncq._serde import TaskArgumentError, TaskResultError
 from asyncq._worker.config import GroupAggregator
+from asyncq.app import App, TaskCall, TaskHandle, TypedTask, current_task
 from asyncq.client import Client
 from asyncq.errors import (
     AsyncqError,
@@ -47,17 +49,21 @@ from asyncq.inspector import (
     ServerInfo,
     WorkerInfo,
 )
+from asyncq.lifespan import lifespan_state
 from asyncq.mux import Handler, Middleware, ServeMux
 from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
 from asyncq.result import ResultWriteError
+from asyncq.results import TaskFailedError
 from asyncq.retry import EnqueueRetryError, RetryPolicy
 from asyncq.scheduler import EntryNotFoundError, Scheduler
 from asyncq.server import Server, ServerStats
+from asyncq.sync import SyncClient, SyncTaskHandle
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "AsyncqError",
     "BrokerError",
     "Client",
@@ -98,17 +104,27 @@ __all__ = [
     "ServerInfo",
     "ServerStats",
     "SkipRetry",
+    "SyncClient",
+    "SyncTaskHandle",
     "TLSConfig",
     "Task",
+    "TaskArgumentError",
+    "TaskCall",
     "TaskCanceledError",
+    "TaskFailedError",
+    "TaskHandle",
     "TaskIdConflictError",
     "TaskInfo",
     "TaskNotFoundError",
     "TaskOptions",
+    "TaskResultError",
     "TaskState",
+    "TypedTask",
     "WorkerHooks",
     "WorkerInfo",
     "__version__",
+    "current_task",
+    "lifespan_state",
     "parse_redis_uri",
 ]
 

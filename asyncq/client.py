@@ -21,6 +21,7 @@ from asyncq._redis.options import RedisClient, RedisTarget
 from asyncq._suggest import ENQUEUE_OPTION_ALIASES, suggest
 from asyncq._time import require_aware, to_unix
 from asyncq.proto.asynq import TaskMessage
+from asyncq.results import DEFAULT_POLL_INTERVAL, ResultWaiter, seconds
 from asyncq.retry import DEFAULT_RETRY, RetryPolicy, write_with_retry
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState
 
@@ -291,7 +292,7 @@ class Client:
     to survive a failover. Not available on Redis Cluster.
     """
 
-    __slots__ = ("_closed", "_conn", "_owns_conn", "broker", "retry")
+    __slots__ = ("_closed", "_conn", "_owns_conn", "_waiter", "broker", "retry")
 
     def __init__(
         self,
@@ -312,6 +313,7 @@ class Client:
         else:
             self._conn, self._owns_conn = Connection(redis), True
         self._closed = False
+        self._waiter: ResultWaiter | None = None
         self.broker = Broker(
             self._conn.redis,
             fast=self._conn.fast,
@@ -343,6 +345,8 @@ class Client:
     async def aclose(self) -> None:
         """Close the connection if this client made it (a shared one stays open); idempotent."""
         self._closed = True
+        if self._waiter is not None:
+            await self._waiter.aclose()
         if self._owns_conn:
             await self._conn.aclose()
 
@@ -403,6 +407,32 @@ class Client:
                 state=c.state.value,
             )
         return _info(c, now)
+
+    async def wait(
+        self,
+        task_id: str,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        timeout: timedelta | float | None = None,  # noqa: ASYNC109 - the result's own timeout, as arq/saq/streaq
+        poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
+    ) -> TaskInfo:
+        """Wait until the task completes and return its TaskInfo (``result`` holds its result).
+
+        Woken by the worker's completion notification, re-reading the task
+        every *poll_interval* as well (Go workers publish none). Raises
+        TimeoutError after *timeout* (None: no limit), TaskFailedError (with
+        ``last_error``) when the task is archived, TaskNotFoundError when it
+        does not exist (never enqueued, or completed without a retention).
+        See :mod:`asyncq.results`.
+        """
+        self._check_open()
+        limit = seconds(timeout, "timeout")
+        poll = seconds(poll_interval, "poll_interval")
+        if not poll:
+            raise ValueError("poll_interval must be positive")
+        if self._waiter is None:
+            self._waiter = ResultWaiter(self.redis)
+        return await self._waiter.wait(task_id, queue, timeout=limit, poll_interval=poll)
 
     async def enqueue_many(
         self,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import socket
 import threading
@@ -75,6 +76,7 @@ from asyncq._worker.watchdog import Watchdog
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
 from asyncq.hooks import WorkerHooks  # [metrics hook]
+from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
 from asyncq.task import Task, TaskInfo
 
@@ -170,6 +172,9 @@ class Server:
       attempt's outcome (done, completed, retry, archive) counts only once that
       many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is
       logged as unconfirmed and the task may run again after a failover.
+    - ``lifespan``: a zero-argument callable returning an async context
+      manager, entered at start and exited after shutdown; handlers read what
+      it yields with :func:`asyncq.lifespan_state` (see :mod:`asyncq.lifespan`).
     """
 
     def __init__(
@@ -206,6 +211,7 @@ class Server:
         metrics: WorkerHooks | None = None,  # [metrics hook]
         min_replicas: int = 0,
         replica_timeout: timedelta = timedelta(seconds=1),
+        lifespan: Lifespan | None = None,
     ) -> None:
         replica_wait = replica_wait_seconds(min_replicas, replica_timeout)
         concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
@@ -323,6 +329,9 @@ class Server:
         self._shutdown_task: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self._force = asyncio.Event()
+        _callable("lifespan", lifespan)
+        self._lifespan = lifespan
+        self._lifespan_stack = contextlib.AsyncExitStack()
 
     # -- state ------------------------------------------------------------------------------
 
@@ -358,6 +367,10 @@ class Server:
         if handler is None:
             raise TypeError("server cannot start: the handler is None")
         fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
+        context = contextvars.copy_context()  # the roles' context: the lifespan state goes here
+        if self._lifespan is not None:
+            state = await self._lifespan_stack.enter_async_context(self._lifespan())
+            context.run(state_var.set, state)
         if self.metrics is not None:  # [metrics hook]
             fn = self.metrics.instrument(fn)  # [metrics hook]
             self.metrics.attach()  # [metrics hook]
@@ -426,7 +439,9 @@ class Server:
             )
         self._roles = roles
         started = asyncio.Event()
-        self._main = asyncio.create_task(self._run_roles(started), name="asyncq-server")
+        self._main = asyncio.create_task(
+            self._run_roles(started), name="asyncq-server", context=context
+        )
         await started.wait()
         # Subscribed before returning, so a task enqueued right after start() wakes us;
         # if Redis is down this returns after the first failed attempt and the
@@ -519,6 +534,10 @@ class Server:
                 await self._enqueuer.aclose()  # shared connection: closed just below
             if self.metrics is not None:  # [metrics hook]
                 self.metrics.detach()  # [metrics hook]
+            try:
+                await self._lifespan_stack.aclose()
+            except Exception as exc:
+                self.log.error("lifespan exit failed", exc_info=exc)
             await self.connection.aclose()
             self._closed.set()
             self.log.info("exiting", processed=self.stats.succeeded + self.stats.failed)

@@ -26,6 +26,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+pytest_plugins = ["pytester"]
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """URL of a Redis the tests may flush: a throwaway server, or ASYNCQ_TEST_REDIS_URL."""

@@ -151,8 +151,8 @@ def test_worker_shows_in_server_ls_and_stops_on_sigterm(
     [
         (["nosuchmodule:app"], "cannot import module 'nosuchmodule': no module named"),
         (["myapp:nope"], "module 'myapp' has no attribute 'nope'"),
-        (["myapp:not_a_mux"], "myapp:not_a_mux is a int; expected an asyncq.mux.ServeMux"),
-        (["os:getcwd"], "os:getcwd returned str, expected an asyncq.mux.ServeMux"),
+        (["myapp:not_a_mux"], "myapp:not_a_mux is a int; expected an asyncq App or ServeMux"),
+        (["os:getcwd"], "os:getcwd returned str, expected an asyncq App or ServeMux"),
         (["myapp:"], "module 'myapp' has no attribute 'app'"),
         ([":mux"], "invalid app ':mux'"),
         (["myapp:mux", "-q", "critical=x"], "invalid priority 'x' for queue 'critical'"),

@@ -77,6 +77,7 @@ from asyncq.hooks import WorkerHooks  # [metrics hook]
 from asyncq.mux import Handler, sync_limiter
 from asyncq.proto.asynq import TaskMessage
 from asyncq.result import TaskResultWriter
+from asyncq.results import CompletionNotifier
 from asyncq.task import Task
 
 if TYPE_CHECKING:
@@ -230,6 +231,7 @@ class Processor(Role):
         # exhausting the pool (redis-py raises instead of waiting).
         self._write_slots = asyncio.Semaphore(write_limit)
         self._acks = _AckBatcher(deps.broker, self._write_slots)
+        self._notifier = CompletionNotifier(deps.broker.redis)  # wakes result waiters
         self._backoff = Backoff(0.05, 1.0)
         self._limiter = anyio.CapacityLimiter(cfg.sync_concurrency)
         self._debug = is_debug_enabled(self.log)
@@ -524,6 +526,8 @@ class Processor(Role):
 
             self._write_failed(active, write, "done", result)
             return
+        if complete:
+            self._notifier.notify(msg.queue, msg.id)
         if self._debug:
             self.log.debug("task done", **task_fields(msg))
 
@@ -578,6 +582,7 @@ class Processor(Role):
                 return self.broker.archive(msg, err_msg)
 
             await self._write(active, archive, "archive")
+            self._notifier.notify(msg.queue, msg.id)
             return
         delay = retry_delay_for(cfg, self.log, msg.retried, exc, task, **fields)
         is_failure = is_failure_for(cfg, self.log, exc, **fields)
@@ -642,6 +647,7 @@ class Processor(Role):
 
     async def cleanup(self) -> None:
         self.slots.close()
+        await self._notifier.aclose()
 
 
 class _AckBatcher:

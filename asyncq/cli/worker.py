@@ -1,4 +1,4 @@
-"""``asyncq worker module:app``: run a worker server for a ServeMux."""
+"""``asyncq worker module:app``: run a worker server for an App or a ServeMux."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from redis.exceptions import RedisError
 
+from asyncq._redis.options import redact_uri
+from asyncq.app import App
 from asyncq.cli._app import (
     ENV_URI,
     LOG_LEVELS,
@@ -55,11 +58,12 @@ def parse_queues(text: str) -> dict[str, int]:
     return queues
 
 
-def load_app(spec: str) -> ServeMux:
-    """Import ``module:attr`` (attr defaults to ``app``) and return its ServeMux.
+def load_app(spec: str) -> ServeMux | App[Any] | Coroutine[Any, Any, ServeMux | App[Any]]:
+    """Import ``module:attr`` (attr defaults to ``app``) and return its App or ServeMux.
 
-    The attribute may be a ServeMux or a zero-argument callable returning one.
-    Raises CliError naming the problem.
+    The attribute may be an App, a ServeMux, or a zero-argument callable
+    returning one; an async factory gives a coroutine to await in the
+    worker's event loop. Raises CliError naming the problem.
     """
     module_name, _, attr = spec.partition(":")
     attr_given = bool(attr)
@@ -99,18 +103,16 @@ def load_app(spec: str) -> ServeMux:
                 f"module {module_name!r} has no attribute {attr!r}"
                 + _app_hint(module, module_name, attr_given=attr_given)
             ) from None
-    if isinstance(obj, ServeMux):
+    if isinstance(obj, ServeMux | App):
         return obj
     if callable(obj) and _takes_no_arguments(obj):
         made = obj()
-        if isinstance(made, ServeMux):
-            return made
-        raise CliError(
-            f"{spec} returned {made.__class__.__name__}, expected an asyncq.mux.ServeMux"
-        )
+        if inspect.iscoroutine(made):
+            return _made_by(spec, made)
+        return _check_made(spec, made)
     raise CliError(
-        f"{spec} is a {obj.__class__.__name__}; expected an asyncq.mux.ServeMux "
-        "or a zero-argument callable returning one"
+        f"{spec} is a {obj.__class__.__name__}; expected an asyncq App or ServeMux "
+        "or a zero-argument (sync or async) callable returning one"
     )
 
 
@@ -123,6 +125,16 @@ def _app_hint(module: Any, module_name: str, *, attr_given: bool) -> str:
     if not attr_given:
         return f"; give the ServeMux as MODULE:APP, e.g. {module_name}:mux"
     return ""
+
+
+async def _made_by(spec: str, factory: Coroutine[Any, Any, Any]) -> ServeMux | App[Any]:
+    return _check_made(spec, await factory)
+
+
+def _check_made(spec: str, made: object) -> ServeMux | App[Any]:
+    if isinstance(made, ServeMux | App):
+        return made
+    raise CliError(f"{spec} returned {made.__class__.__name__}, expected an asyncq App or ServeMux")
 
 
 def _takes_no_arguments(fn: Any) -> bool:
@@ -171,7 +183,7 @@ class QueuesType(_QueuesParam):
             self.fail(str(exc), param, ctx)
 
 
-@click.command(short_help="Run a worker for a ServeMux (MODULE:APP).")
+@click.command(short_help="Run a worker for an App or ServeMux (MODULE:APP).")
 @click.argument("app", metavar="[MODULE:APP]", required=False)
 @click.option(
     "--concurrency", "-c", type=click.IntRange(min=1), help="Tasks run at once [default: CPUs]."
@@ -251,7 +263,10 @@ def worker(
     http_targets: tuple[str, ...],
     http_target_secret: str | None,
 ) -> None:
-    """Run a worker for the ServeMux MODULE:APP (a ServeMux or a function returning one).
+    """Run a worker for MODULE:APP: an asyncq App, a ServeMux, or a (sync or async)
+    function returning one. Uses uvloop when it is installed. An App's worker
+    connects to the App's Redis unless --uri, $ASYNCQ_REDIS_URL or the config
+    file name one.
 
     With --http-target, tasks of matching types go to HTTP endpoints (any
     language; see the gateway docs); MODULE:APP may then be left out.
@@ -273,15 +288,16 @@ def worker(
     configure_logging(log_level.lower())
     if app is None and not http_targets:
         raise click.UsageError("give MODULE:APP, --http-target PATTERN=URL, or both")
-    mux = load_app(app) if app is not None else ServeMux()
+    target = load_app(app) if app is not None else ServeMux()
+    cli = settings(ctx)
     if worker_uri is not None:
-        settings(ctx).uri_flag = worker_uri
-    uri = settings(ctx).uri()
+        cli.uri_flag = worker_uri
     loop_factory = _loop_factory(loop)
     if processes is not None or reload:
         _supervise(
             app,
-            uri,
+            # Without -u the workers resolve the URI as this process would.
+            cli.uri() if cli.uri_flag is not None else None,
             processes=processes or 1,
             reload=reload,
             concurrency=concurrency,
@@ -295,30 +311,50 @@ def worker(
             http_target_secret=http_target_secret,
         )
         return
-    closers = add_http_targets(mux, http_targets, http_target_secret) if http_targets else []
     supervisor_pid = os.environ.get(SUPERVISOR_ENV, "")
     if supervisor_pid.isdigit():  # started by a supervisor: end when it is gone
         watch_supervisor(int(supervisor_pid))
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {
+        "concurrency": concurrency,
+        "queues": queues,
+        "strict_priority": strict,
+        "burst": burst,
+    }
     if shutdown_timeout is not None:
         options["shutdown_timeout"] = shutdown_timeout
-    server = Server(
-        uri, concurrency=concurrency, queues=queues, strict_priority=strict, burst=burst, **options
-    )
 
-    async def go() -> None:
+    def build(loaded: ServeMux | App[Any]) -> tuple[str, Server, ServeMux]:
+        if isinstance(loaded, ServeMux):
+            uri = cli.uri()
+            return uri, Server(uri, **options), loaded
+        given = cli.uri_flag or os.environ.get(ENV_URI) or cli.config().get("uri")
+        if given is None and isinstance(loaded.redis, str):
+            # No --uri, $ASYNCQ_REDIS_URL or config file: the App's own Redis.
+            return loaded.redis, loaded.server(**options), loaded.mux
+        uri = cli.uri()
+        return uri, Server(uri, lifespan=loaded.lifespan, **options), loaded.mux
+
+    async def serve(loaded: ServeMux | App[Any]) -> None:
+        uri, server, mux = build(loaded)
+        closers = add_http_targets(mux, http_targets, http_target_secret) if http_targets else []
         try:
-            await server.ping()
-        except BaseException:
-            await server.shutdown()
-            raise
-        try:
+            try:
+                await server.ping()
+            except BaseException as exc:
+                await server.shutdown()
+                if isinstance(exc, RedisError | OSError):
+                    raise CliError(f"cannot connect to Redis at {redact_uri(uri)}: {exc}") from None
+                raise
             await server.run(mux)
         finally:
-            for target in closers:
-                await target.aclose()
+            for closer in closers:
+                await closer.aclose()
 
-    run_async(uri, go, loop_factory=loop_factory)
+    async def go() -> None:
+        # An async factory runs in the worker's own event loop, so what it opens stays usable.
+        await serve(target if isinstance(target, ServeMux | App) else await target)
+
+    run_async(cli.uri(), go, loop_factory=loop_factory)
 
 
 def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -338,7 +374,7 @@ def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def _supervise(
     app: str | None,
-    uri: str,
+    uri: str | None,
     *,
     processes: int,
     reload: bool,
@@ -371,7 +407,9 @@ def _supervise(
     if burst:
         argv.append("--burst")
     # The URL goes by environment, not argv, so that `ps` does not show its password.
-    env = {**os.environ, ENV_URI: uri}
+    env = dict(os.environ)
+    if uri is not None:
+        env[ENV_URI] = uri
     if http_target_secret is not None:  # likewise the signing secret
         env["ASYNCQ_HTTP_TARGET_SECRET"] = http_target_secret
     supervisor = Supervisor(

@@ -1,0 +1,574 @@
+"""The typed task API: ``App``, ``@app.task`` and awaitable results.
+
+::
+
+    app = App("redis://localhost:6379/0")
+
+    @app.task(queue="email", max_retry=5, timeout=timedelta(seconds=30))
+    async def send_welcome(user_id: int, lang: str = "en") -> Receipt: ...
+
+    handle = await send_welcome.enqueue(42, lang="de")        # checked by mypy
+    receipt = await handle.result(timeout=10)                  # a Receipt
+
+An App is a registry on top of the interoperable core: every typed task is a
+plain asynq task (type name + JSON payload) routed by the App's
+:class:`~asyncq.ServeMux` (``app.mux``, where Go-shaped ``Task`` handlers can
+be registered too), run by a :class:`~asyncq.Server` and enqueued through a
+:class:`~asyncq.Client`. The payload is one JSON object keyed by parameter
+name and the return value is stored as JSON in asynq's ``result`` field, so
+Go producers and consumers interoperate (docs/typed-api.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import inspect
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+
+import anyio.to_thread
+from typing_extensions import Unpack
+
+from asyncq._redis.connection import Connection
+from asyncq._redis.options import RedisTarget
+from asyncq._serde import ArgumentsCodec, ResultCodec, TaskArgumentError, TaskResultError
+from asyncq.client import Client, _compose
+from asyncq.errors import SkipRetry
+from asyncq.lifespan import lifespan_state, state_var
+from asyncq.mux import ServeMux, sync_limiter
+from asyncq.results import DEFAULT_POLL_INTERVAL, TaskFailedError
+from asyncq.server import Server
+from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
+
+__all__ = [
+    "DEFAULT_RESULT_RETENTION",
+    "App",
+    "TaskCall",
+    "TaskHandle",
+    "TypedTask",
+    "current_task",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S")
+
+DEFAULT_RESULT_RETENTION = timedelta(minutes=5)
+"""How long a typed task's result stays readable after success, unless the task says otherwise."""
+
+_current_task: contextvars.ContextVar[Task | None] = contextvars.ContextVar(
+    "asyncq_current_task", default=None
+)
+
+
+def current_task() -> Task:
+    """The asynq Task a typed handler is running for (id, queue, retry_count, headers...).
+
+    Raises RuntimeError outside a typed handler.
+    """
+    task = _current_task.get()
+    if task is None:
+        raise RuntimeError("current_task() is only available inside a typed task handler")
+    return task
+
+
+@dataclass(frozen=True, slots=True)
+class _Eager:
+    """An eager block: the lifespan state it opened."""
+
+    state: Any
+
+
+class TaskHandle(Generic[R]):
+    """An enqueued typed task: its ``id``, ``queue``, and ``await result()``.
+
+    ``info`` is the TaskInfo the enqueue returned (None for a handle made
+    from a task ID with ``task.handle_of(...)``).
+    """
+
+    __slots__ = ("_client", "_codec", "_eager", "id", "info", "queue")
+
+    def __init__(
+        self,
+        task_id: str,
+        queue: str,
+        codec: ResultCodec,
+        client: Client | None,
+        *,
+        info: TaskInfo | None = None,
+        eager: tuple[Any, BaseException | None] | None = None,
+    ) -> None:
+        self.id = task_id
+        self.queue = queue
+        self.info = info
+        self._codec = codec
+        self._client = client
+        self._eager = eager
+
+    async def result(
+        self,
+        timeout: timedelta | float | None = None,  # noqa: ASYNC109 - the result's own timeout, as arq/saq/streaq
+        *,
+        poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
+    ) -> R:
+        """Wait for the task to complete and return its decoded return value.
+
+        Raises TimeoutError after *timeout* (None: wait forever),
+        :class:`~asyncq.TaskFailedError` (with ``last_error``) when the task
+        was archived, :class:`~asyncq.TaskNotFoundError` when it is gone (its
+        retention ran out, or it was deleted).
+        """
+        if self._eager is not None:
+            value, error = self._eager
+            if error is not None:
+                assert self.info is not None
+                raise TaskFailedError(_failed_info(self.info, error)) from error
+            return cast(R, value)
+        assert self._client is not None
+        info = await self._client.wait(
+            self.id, queue=self.queue, timeout=timeout, poll_interval=poll_interval
+        )
+        return cast(R, self._codec.decode(info.result))
+
+    def __repr__(self) -> str:
+        return f"<TaskHandle id={self.id!r} queue={self.queue!r}>"
+
+
+def _failed_info(info: TaskInfo, error: BaseException) -> TaskInfo:
+    return replace(
+        info, state=TaskState.ARCHIVED, last_error=f"{error.__class__.__name__}: {error}"
+    )
+
+
+class TaskCall(Generic[P, R]):
+    """A typed task with enqueue options bound (``task.options(...)``); enqueue with it."""
+
+    __slots__ = ("_client", "_options", "_task")
+
+    def __init__(
+        self, task: TypedTask[P, R], options: EnqueueOptions, client: Client | None
+    ) -> None:
+        self._task = task
+        self._options = options
+        self._client = client
+
+    @property
+    def task(self) -> TypedTask[P, R]:
+        return self._task
+
+    def options(
+        self, *, client: Client | None = None, **options: Unpack[EnqueueOptions]
+    ) -> TaskCall[P, R]:
+        """These options over the bound ones (None: keep the bound value)."""
+        given = {k: v for k, v in options.items() if v is not None}
+        merged: dict[str, Any] = dict(self._options)
+        if "process_at" in given or "process_in" in given:  # one setting, as in Client
+            merged.pop("process_at", None)
+            merged.pop("process_in", None)
+        merged.update(given)
+        return TaskCall(self._task, cast(EnqueueOptions, merged), client or self._client)
+
+    def to_task(self, *args: P.args, **kwargs: P.kwargs) -> Task:
+        """The plain asynq :class:`~asyncq.Task` this call enqueues (for ``enqueue_many``)."""
+        return self._task._make(args, kwargs, self._options)
+
+    async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
+        """Check and encode the arguments, enqueue, and return a handle to await the result.
+
+        Raises :class:`~asyncq.TaskArgumentError` naming a bad argument, and
+        every error :meth:`Client.enqueue` raises.
+        """
+        typed = self._task
+        app = typed.app
+        eager = app._eager
+        if eager is not None:
+            return await typed._run_eager(typed._make(args, kwargs, self._options), eager)
+        task = typed._make(args, kwargs, None)
+        client = self._client or app.client
+        info = await client.enqueue(task, **self._options)
+        return TaskHandle(info.id, info.queue, typed._results, client, info=info)
+
+
+class TypedTask(TaskCall[P, R]):
+    """A function registered with ``@app.task``: enqueue it, await it, or call it directly."""
+
+    def __init__(
+        self,
+        app: App[Any],
+        fn: Callable[P, Awaitable[R]] | Callable[P, R],
+        name: str,
+        defaults: TaskOptions,
+    ) -> None:
+        super().__init__(self, {}, None)
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.defaults = defaults
+        self._args = ArgumentsCodec(fn, name)
+        self._results = ResultCodec(fn, name)
+        functools.update_wrapper(self, fn)
+
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function in-process, now (no Redis, no JSON): for tests and composition."""
+        result = self.fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            return cast(R, await result)
+        return result
+
+    def _make(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], options: EnqueueOptions | None
+    ) -> Task:
+        """The asynq Task: the encoded arguments, the decorator's defaults, then *options*."""
+        payload = self._args.encode(args, kwargs)
+        if not options:
+            return Task(self.name, payload, **self.defaults)
+        given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+        headers = given.pop("headers", None)
+        merged: dict[str, Any] = dict(self.defaults)
+        if "process_at" in given or "process_in" in given:
+            merged.pop("process_at", None)
+            merged.pop("process_in", None)
+        merged.update(given)
+        return Task(self.name, payload, headers=headers, **merged)
+
+    def handle_of(
+        self, task_id: str, *, queue: str | None = None, client: Client | None = None
+    ) -> TaskHandle[R]:
+        """A handle on an already enqueued task of this type (e.g. an ID a web client sent back).
+
+        *queue* defaults to the task's decorator queue (or ``"default"``).
+        """
+        if not isinstance(task_id, str) or not task_id:
+            raise ValueError("task ID cannot be empty")
+        queue = queue or self.defaults.get("queue") or "default"
+        return TaskHandle(task_id, queue, self._results, client or self.app.client)
+
+    async def serve(self, task: Task) -> None:
+        """The ServeMux handler: decode, run, store the JSON result."""
+        try:
+            arguments = self._args.decode(task.payload)
+        except TaskArgumentError as exc:
+            raise SkipRetry(f"invalid payload for {self.name}: {exc}") from exc
+        token = _current_task.set(task)
+        try:
+            if inspect.iscoroutinefunction(self.fn):
+                value = await self._args.call(self.fn, arguments)
+            else:
+                ctx = contextvars.copy_context()
+                value = await anyio.to_thread.run_sync(
+                    functools.partial(ctx.run, self._args.call, self.fn, arguments),
+                    abandon_on_cancel=True,
+                    limiter=sync_limiter.get(),
+                )
+        finally:
+            _current_task.reset(token)
+        message = task._message
+        if task.result_writer is None or (message is not None and message.retention <= 0):
+            return  # nobody can read a result that is deleted at once
+        try:
+            data = self._results.encode(value)
+        except TaskResultError as exc:
+            raise SkipRetry(str(exc)) from exc
+        await task.result_writer.write(data)
+
+    async def _run_eager(self, task: Task, eager: _Eager) -> TaskHandle[R]:
+        """Eager mode: run the handler in-process as a worker would (JSON both ways).
+
+        The eager block's lifespan state is set here too, so a SyncClient's
+        loop thread sees it.
+        """
+        arguments = self._args.decode(task.payload)
+        info = TaskInfo(
+            id=task.options.get("task_id") or str(uuid.uuid4()),
+            queue=task.options.get("queue") or "default",
+            type=task.type,
+            payload=task.payload or b"",
+            state=TaskState.COMPLETED,
+            max_retry=task.options.get("max_retry") or 0,
+            retried=0,
+            last_error="",
+            last_failed_at=None,
+            timeout=task.options.get("timeout"),
+            deadline=task.options.get("deadline"),
+            group=task.options.get("group") or "",
+            next_process_at=None,
+            retention=task.options.get("retention"),
+            completed_at=None,
+            result=None,
+            headers=dict(task.headers),
+        )
+        task.id, task.queue = info.id, info.queue
+        token = _current_task.set(task)
+        state_token = state_var.set(eager.state) if self.app.lifespan is not None else None
+        try:
+            value = await self._args.call(self.__call__, arguments)
+            data = self._results.encode(value)
+        except Exception as exc:
+            return TaskHandle(
+                info.id, info.queue, self._results, None, info=info, eager=(None, exc)
+            )
+        finally:
+            _current_task.reset(token)
+            if state_token is not None:
+                state_var.reset(state_token)
+        value = self._results.decode(data)
+        return TaskHandle(info.id, info.queue, self._results, None, info=info, eager=(value, None))
+
+    def __repr__(self) -> str:
+        return f"<TypedTask {self.name!r}>"
+
+
+class App(Generic[S]):
+    """A typed-task application: a registry of ``@app.task`` functions, its client and workers.
+
+    - *redis*: where tasks go (URI, options, a redis-py client or a
+      :class:`~asyncq.Connection`); the same target a worker serves.
+    - *lifespan*: a zero-argument callable returning an async context
+      manager, entered once per worker process; handlers read what it yields
+      as ``app.state`` (typed: ``App[State]``).
+    - *result_retention*: how long results stay readable after success for
+      tasks that set no ``retention`` (default 5 minutes).
+
+    The App's :attr:`client` is opened on first use in the running event
+    loop, or explicitly with ``async with app:`` (a web app's lifespan).
+    """
+
+    @overload
+    def __init__(
+        self: App[None],
+        redis: RedisTarget | Connection = ...,
+        *,
+        lifespan: None = None,
+        result_retention: timedelta = DEFAULT_RESULT_RETENTION,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: App[S],
+        redis: RedisTarget | Connection = ...,
+        *,
+        lifespan: Callable[[], AbstractAsyncContextManager[S]],
+        result_retention: timedelta = DEFAULT_RESULT_RETENTION,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        redis: RedisTarget | Connection = "redis://localhost:6379/0",
+        *,
+        lifespan: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
+        result_retention: timedelta = DEFAULT_RESULT_RETENTION,
+    ) -> None:
+        if lifespan is not None and not callable(lifespan):
+            raise TypeError(f"lifespan must be callable, got {type(lifespan).__name__}")
+        if not isinstance(result_retention, timedelta):
+            raise TypeError(
+                f"result_retention must be a datetime.timedelta, got "
+                f"{type(result_retention).__name__}"
+            )
+        self._redis = redis
+        self.lifespan = lifespan
+        self.result_retention = result_retention
+        self.mux = ServeMux()
+        self.tasks: dict[str, TypedTask[Any, Any]] = {}
+        self._client: Client | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._eager: _Eager | None = None
+
+    @property
+    def redis(self) -> RedisTarget | Connection:
+        """Where the App's client and workers connect."""
+        return self._redis
+
+    @redis.setter
+    def redis(self, value: RedisTarget | Connection) -> None:
+        """Point the App elsewhere (tests); the next use opens a new client.
+
+        Close the old client first (``await app.aclose()``) if it was used.
+        """
+        self._redis = value
+        self._client = None
+
+    # -- registration ------------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> TypedTask[P, R]: ...
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> TypedTask[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_retry: int | None = None,
+        timeout: timedelta | None = None,
+        deadline: datetime | None = None,
+        unique: timedelta | None = None,
+        retention: timedelta | None = None,
+        group: str | None = None,
+    ) -> _TaskDecorator: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_retry: int | None = None,
+        timeout: timedelta | None = None,
+        deadline: datetime | None = None,
+        unique: timedelta | None = None,
+        retention: timedelta | None = None,
+        group: str | None = None,
+    ) -> Any:
+        """Register a function as a typed task (``@app.task`` or ``@app.task(...)``).
+
+        *name* is the asynq task type (default: ``module.qualname`` of the
+        function; give an explicit, stable name when Go code or another
+        deployment enqueues it). The other options are per-type defaults that
+        ``task.options(...)`` overrides.
+        """
+        defaults: dict[str, Any] = {
+            "queue": queue,
+            "max_retry": max_retry,
+            "timeout": timeout,
+            "deadline": deadline,
+            "unique": unique,
+            "retention": self.result_retention if retention is None else retention,
+            "group": group,
+        }
+        options = cast(TaskOptions, {k: v for k, v in defaults.items() if v is not None})
+
+        def register(func: Callable[..., Any]) -> TypedTask[Any, Any]:
+            if not callable(func):
+                raise TypeError(f"@app.task needs a function, got {type(func).__name__}")
+            type_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
+            if not isinstance(type_name, str) or not type_name.strip():
+                raise ValueError("task name cannot be empty")
+            if type_name in self.tasks:
+                raise ValueError(f"a task named {type_name!r} is already registered")
+            # The option values are checked now, as an enqueue would check them.
+            _compose(Task(type_name, b"", **options), [], datetime.now(UTC))
+            typed: TypedTask[Any, Any] = TypedTask(self, func, type_name, options)
+            self.mux.handle(type_name, typed.serve)
+            self.tasks[type_name] = typed
+            return typed
+
+        if fn is not None:
+            return register(fn)
+        return _TaskDecorator(register)
+
+    # -- client ------------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        """The App's Client, made on first use in the running event loop."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client.closed or self._client_loop is not loop:
+            self._client = Client(self.redis)
+            self._client_loop = loop
+        return self._client
+
+    async def __aenter__(self) -> App[S]:
+        self.client  # noqa: B018 - opened in this loop
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the App's client (if it made one)."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def wait(
+        self,
+        task_id: str,
+        *,
+        queue: str = "default",
+        timeout: timedelta | float | None = None,  # noqa: ASYNC109 - the result's own timeout, as arq/saq/streaq
+        poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
+    ) -> TaskInfo:
+        """``self.client.wait(...)``: the completed task's info."""
+        return await self.client.wait(
+            task_id, queue=queue, timeout=timeout, poll_interval=poll_interval
+        )
+
+    # -- workers -----------------------------------------------------------------------------
+
+    @property
+    def state(self) -> S:
+        """What the App's lifespan yielded, inside a handler run by its worker (or eager block)."""
+        return cast(S, lifespan_state())
+
+    def server(self, **options: Any) -> Server:
+        """A :class:`Server` for this App's Redis, with its lifespan; *options* as Server's."""
+        if self.lifespan is not None:
+            options.setdefault("lifespan", self.lifespan)
+        redis = self.redis
+        if isinstance(redis, Connection):
+            redis = redis.redis
+        return Server(redis, **options)
+
+    async def run_worker(self, **options: Any) -> None:
+        """Run a worker until SIGTERM/SIGINT (or, with ``burst=True``, until the queues empty)."""
+        await self.server(**options).run(self.mux)
+
+    @contextlib.asynccontextmanager
+    async def eager(self) -> AsyncIterator[App[S]]:
+        """Run enqueued tasks in-process, at once, for unit tests.
+
+        Inside the block ``task.enqueue(...)`` encodes the arguments as a
+        worker would receive them, runs the handler (its lifespan entered once
+        for the block) and returns a handle whose ``result()`` returns the
+        value or raises :class:`~asyncq.TaskFailedError` from the exception.
+        Nothing touches Redis; no retries.
+        """
+        if self._eager is not None:
+            raise RuntimeError("already in eager mode")
+        async with contextlib.AsyncExitStack() as stack:
+            state: Any = None
+            token = None
+            if self.lifespan is not None:
+                state = await stack.enter_async_context(self.lifespan())
+                token = state_var.set(state)
+            self._eager = _Eager(state)
+            try:
+                yield self
+            finally:
+                self._eager = None
+                if token is not None:
+                    state_var.reset(token)
+
+    def __repr__(self) -> str:
+        return f"<App tasks={len(self.tasks)}>"
+
+
+class _TaskDecorator:
+    """What ``@app.task(...)`` returns: applied to a function, registers it."""
+
+    __slots__ = ("_register",)
+
+    def __init__(self, register: Callable[[Callable[..., Any]], TypedTask[Any, Any]]) -> None:
+        self._register = register
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> TypedTask[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> TypedTask[P, R]: ...
+
+    def __call__(self, fn: Callable[..., Any], /) -> TypedTask[Any, Any]:
+        return self._register(fn)

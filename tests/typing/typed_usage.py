@@ -1,0 +1,80 @@
+"""Typed-API usage checked by mypy (tests/test_typing.py).
+
+Lines ending in ``# E: <code>`` must produce exactly that mypy error; every
+other line must type-check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import assert_type
+
+from asyncq import App, SyncClient, TaskHandle
+
+
+@dataclass
+class Receipt:
+    user_id: int
+    lang: str
+
+
+@dataclass
+class State:
+    greeting: str
+
+
+@asynccontextmanager
+async def lifespan() -> AsyncIterator[State]:
+    yield State("hi")
+
+
+app = App("redis://localhost:6379/0", lifespan=lifespan)
+assert_type(app, App[State])
+plain = App("redis://localhost:6379/0")
+assert_type(plain, App[None])
+
+
+@app.task(queue="email", max_retry=5, timeout=timedelta(seconds=30))
+async def send_welcome(user_id: int, lang: str = "en") -> Receipt:
+    assert_type(app.state, State)
+    return Receipt(user_id, lang)
+
+
+@app.task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+assert_type(send_welcome.name, str)
+
+
+def takes_text(text: str) -> None: ...
+
+
+async def producer() -> None:
+    handle = await send_welcome.enqueue(42, lang="de")
+    assert_type(handle, TaskHandle[Receipt])
+    receipt = await handle.result(timeout=10)
+    assert_type(receipt, Receipt)
+    later = await send_welcome.options(process_in=timedelta(minutes=5)).enqueue(7)
+    assert_type(await later.result(), Receipt)
+    assert_type(await (await add.enqueue(1, 2)).result(), int)
+    assert_type(await add(1, 2), int)
+
+    await send_welcome.enqueue("42")  # E: arg-type
+    await send_welcome.enqueue(42, language="de")  # E: call-arg
+    await send_welcome.enqueue()  # E: call-arg
+    await add.enqueue(1, b="2")  # E: arg-type
+    takes_text(await handle.result())  # E: arg-type
+    await send_welcome.options(queue=3).enqueue(1)  # E: arg-type
+    await send_welcome.options(retries=3).enqueue(1)  # E: call-arg
+
+
+def sync_producer(client: SyncClient) -> None:
+    handle = client.send(send_welcome, 1, "de")
+    assert_type(handle.result(timeout=5), Receipt)
+    client.send(send_welcome, "1")  # E: arg-type
+    client.send(add, 1, 2, 3)  # E: call-arg
