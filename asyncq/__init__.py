@@ -27,6 +27,7 @@ from asyncq.errors import (
     LeaseExpiredError,
     QueueNotEmptyError,
     QueueNotFoundError,
+    ReplicationTimeoutError,
     RevokeTask,
     ServerClosedError,
     SkipRetry,
@@ -34,6 +35,7 @@ from asyncq.errors import (
     TaskIdConflictError,
     TaskNotFoundError,
 )
+from asyncq.hooks import WorkerHooks
 from asyncq.inspector import (
     ClusterNode,
     DailyStats,
@@ -81,6 +83,7 @@ __all__ = [
     "RedisClientOpts",
     "RedisClusterOpts",
     "RedisSentinelOpts",
+    "ReplicationTimeoutError",
     "ResultWriteError",
     "RevokeTask",
     "Scheduler",
@@ -100,6 +103,7 @@ __all__ = [
     "TaskNotFoundError",
     "TaskOptions",
     "TaskState",
+    "WorkerHooks",
     "WorkerInfo",
     "__version__",
     "parse_redis_uri",

@@ -44,6 +44,7 @@ from typing import Any
 
 from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, Broker
+from asyncq._broker.replication import replica_wait_seconds
 from asyncq._logging import get_logger
 from asyncq._redis.connection import Connection, independent_target
 from asyncq._redis.options import RedisClient, RedisTarget
@@ -72,6 +73,7 @@ from asyncq._worker.syncer import Syncer
 from asyncq._worker.watchdog import Watchdog
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
+from asyncq.hooks import WorkerHooks  # [metrics hook]
 from asyncq.mux import ServeMux, as_async_handler
 from asyncq.task import Task, TaskInfo
 
@@ -153,6 +155,12 @@ class Server:
     - ``sync_concurrency``: worker threads for plain ``def`` handlers
       (default: ``concurrency``).
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
+    - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
+      ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
+    - ``min_replicas`` (0 = off) and ``replica_timeout`` (1 s): a finished
+      attempt's outcome (done, completed, retry, archive) counts only once that
+      many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is
+      logged as unconfirmed and the task may run again after a failover.
     """
 
     def __init__(
@@ -185,7 +193,11 @@ class Server:
         burst: bool = False,
         sync_concurrency: int | None = None,
         logger: Any = None,
+        metrics: WorkerHooks | None = None,  # [metrics hook]
+        min_replicas: int = 0,
+        replica_timeout: timedelta = timedelta(seconds=1),
     ) -> None:
+        replica_wait = replica_wait_seconds(min_replicas, replica_timeout)
         concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
         concurrency = _positive_int("concurrency", concurrency)
         queues = DEFAULT_QUEUES if queues is None else queues
@@ -263,6 +275,7 @@ class Server:
             ),
         )
         self.log: Any = logger if logger is not None else get_logger()
+        self.metrics = metrics  # [metrics hook]
         if janitor_batch_size > 100:
             self.log.warning(
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
@@ -271,7 +284,13 @@ class Server:
         self._independent_target = independent_target(redis)
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
-        self.broker = Broker(self.redis, lease_duration=lease, fast=self.connection.fast)
+        self.broker = Broker(
+            self.redis,
+            lease_duration=lease,
+            fast=self.connection.fast,
+            min_replicas=min_replicas,
+            replica_timeout=replica_wait,
+        )
         self.host = socket.gethostname() or "unknown-host"
         self.pid = os.getpid()
         self.server_id = str(uuid.uuid4())
@@ -328,6 +347,9 @@ class Server:
         if handler is None:
             raise TypeError("server cannot start: the handler is None")
         fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
+        if self.metrics is not None:  # [metrics hook]
+            fn = self.metrics.instrument(fn)  # [metrics hook]
+            self.metrics.attach()  # [metrics hook]
         self._state = "active"
         self.started_at = datetime.now(UTC)
         cfg = self.config
@@ -347,6 +369,7 @@ class Server:
             defer_write=self.syncer.add,
             on_burst_done=self._begin_shutdown,
             write_limit=write_limit(self.redis),
+            metrics=self.metrics,  # [metrics hook]
         )
         subscriber = Subscriber(
             deps, active=self.active, wakeup=self._wakeup, pubsub=self.connection.pubsub
@@ -369,6 +392,9 @@ class Server:
                 active=self.active,
                 threshold=max(0.5, min(1.0, cfg.heartbeat_interval)),
                 keep_leases_with=None if independent is None else (lambda: independent),
+                on_stall=None
+                if self.metrics is None
+                else self.metrics.loop_stalled,  # [metrics hook]
             )
         )
         if cfg.health_check is not None:
@@ -480,6 +506,8 @@ class Server:
         finally:
             if self._enqueuer is not None:
                 await self._enqueuer.aclose()  # shared connection: closed just below
+            if self.metrics is not None:  # [metrics hook]
+                self.metrics.detach()  # [metrics hook]
             await self.connection.aclose()
             self._closed.set()
             self.log.info("exiting", processed=self.stats.succeeded + self.stats.failed)
