@@ -50,6 +50,7 @@ from asyncq.inspector import (
 from asyncq.mux import Handler, Middleware, ServeMux
 from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
 from asyncq.result import ResultWriteError
+from asyncq.retry import EnqueueRetryError, RetryPolicy
 from asyncq.scheduler import EntryNotFoundError, Scheduler
 from asyncq.server import Server, ServerStats
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
@@ -66,6 +67,7 @@ __all__ = [
     "DeadlineExceededError",
     "DuplicateTaskError",
     "EnqueueOptions",
+    "EnqueueRetryError",
     "EntryNotFoundError",
     "FailedPreconditionError",
     "GroupAggregator",
@@ -85,6 +87,7 @@ __all__ = [
     "RedisSentinelOpts",
     "ReplicationTimeoutError",
     "ResultWriteError",
+    "RetryPolicy",
     "RevokeTask",
     "Scheduler",
     "SchedulerEnqueueEvent",
