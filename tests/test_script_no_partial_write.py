@@ -197,3 +197,33 @@ async def test_dequeue_stops_before_a_later_wrong_typed_hash(redis: Redis) -> No
     with pytest.raises(ResponseError, match="WRONGTYPE"):
         await script(redis, DEQUEUE.keys, DEQUEUE.args)
     assert await dump(redis) == before
+
+
+@pytest.mark.parametrize("planted", ["lease", "hash"])
+async def test_dequeue_queues_fails_with_nothing_written(redis: Redis, planted: str) -> None:
+    """The many-queue fetch: a wrong-typed lease set or task hash in the first queue
+    tried fails the call before anything moves."""
+    script = load_script("asyncq._broker", "dequeue_queues")
+    await base_state(redis)
+    if planted == "lease":
+        await wrong(LEASE, "list")(redis)
+    else:
+        await wrong(TP + "p1", "set")(redis)
+    before = await dump(redis)
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await script(redis, [], [FAR, "5", "-1", "0", "10", "default"])
+    assert await dump(redis) == before
+
+
+async def test_dequeue_queues_stops_at_a_later_bad_queue(redis: Redis) -> None:
+    """Tasks taken from an earlier queue are taken whole; the bad queue is untouched."""
+    script = load_script("asyncq._broker", "dequeue_queues")
+    await redis.rpush("asynq:{low}:pending", "l1")
+    await redis.hset("asynq:{low}:t:l1", mapping={"msg": b"m", "state": "pending"})
+    await redis.rpush(PENDING, "p1")
+    await redis.set(LEASE, "not a zset")
+    _, taken, full = await script(redis, [], [FAR, "5", "-1", "0", "10", "low", "default"])
+    assert taken == [1, b"l1", b"m"] and full == 0
+    assert await redis.lrange(PENDING, 0, -1) == [b"p1"]
+    assert not await redis.exists(ACTIVE)
+    assert await redis.zrange("asynq:{low}:lease", 0, -1) == [b"l1"]
