@@ -123,7 +123,7 @@ def test_worker_shows_in_server_ls_and_stops_on_sigterm(
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # bounds for a busy machine, not speed checks
         while r.zcard("asynq:servers") == 0:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the worker never sent a heartbeat"
@@ -140,7 +140,7 @@ def test_worker_shows_in_server_ls_and_stops_on_sigterm(
             time.sleep(0.05)
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "Traceback" not in err
     assert r.zcard("asynq:servers") == 0  # the server removed its own record

@@ -64,7 +64,7 @@ def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 IN_SCRIPT = {
     "llen", "exists", "lindex", "hstrlen", "rpoplpush", "hget", "hset", "hdel", "zadd", "lrem",
     "zrangebyscore", "zrem", "lpush", "sadd", "publish", "del", "zrange", "zremrangebyscore",
-    "lpop", "rpush",
+    "lpop", "rpush", "type",
 }  # fmt: skip
 
 

@@ -121,19 +121,18 @@ def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
         Backoff(0, 1)
 
 
-async def test_lease_expiry_event_and_callbacks() -> None:
+async def test_lease_expiry_sets_its_signal_once() -> None:
     now = [100.0]
-    lease = Lease(130.0, clock=lambda: now[0])
-    fired: list[str] = []
-    lease.on_expired(lambda: fired.append("cb"))
-    assert lease.valid()
+    signal = asyncio.Event()
+    lease = Lease(130.0, clock=lambda: now[0], signal=signal)
+    assert lease.valid() and not lease.declared_expired
     assert lease.extend(160.0) and lease.expires_at == 160.0
     now[0] = 161.0
     assert not lease.valid()
     assert not lease.extend(200.0)  # an expired lease cannot be revived
+    assert not signal.is_set()  # running out is not declaring it expired: the heartbeater does
     assert lease.notify_expired()
-    assert not lease.notify_expired()
-    assert fired == ["cb"]
-    assert lease.expired.is_set()
-    lease.on_expired(lambda: fired.append("late"))
-    assert fired == ["cb", "late"]
+    await asyncio.wait_for(signal.wait(), 1)  # the supervision's await returns
+    signal.clear()
+    assert not lease.notify_expired()  # declared once: the event is not set again
+    assert not signal.is_set() and lease.declared_expired

@@ -331,14 +331,16 @@ async def test_read_timeout_under_client_pause(redis_url: str, redis: Redis) -> 
 
 
 async def test_long_pipeline_with_replies_coming_does_not_time_out(redis_url: str) -> None:
-    fast = _fast(redis_url, read_timeout=0.2)
+    # Each reply comes 200 ms after the previous one, well inside the 1 s timeout
+    # even when the machine is busy; 15 of them take 3 s, three times the timeout.
+    fast = _fast(redis_url, read_timeout=1.0)
     busy = (
         "local t0 = redis.call('TIME') local t "
         "repeat t = redis.call('TIME') "
-        "until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) >= 40000 return 1"
+        "until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) >= 200000 return 1"
     )
     try:
-        # 15 x 40 ms of work, far beyond the timeout in total; the 64 KiB of padding
+        # 15 x 200 ms of work, far beyond the timeout in total; the 64 KiB of padding
         # per command makes Redis read, run and answer them one at a time.
         pad = b"x" * 65536
         replies = await fast.pipeline([("EVAL", busy, 0, pad) for _ in range(15)])

@@ -73,7 +73,7 @@ class Heartbeater(PeriodicRole):
                 by_queue[act.msg.queue].append(act.msg.id)
                 extend.append(act)
             else:
-                act.lease.notify_expired()  # the lease cancels the handler
+                act.lease.notify_expired()  # its supervision cancels the handler
         for qname, ids in by_queue.items():
             try:
                 expiry = await self.broker.extend_lease(qname, ids)

@@ -3,9 +3,13 @@
 Redis holds the authoritative lease (``asynq:{q}:lease`` scored by expiry);
 this object mirrors it so that a worker never writes a task's outcome once its
 lease may have passed to another server. The heartbeater extends live leases
-and, when one has already run out, calls :meth:`Lease.notify_expired`, which
-sets :attr:`Lease.expired` and runs the expiry callbacks (the processor's
-cancels the handler).
+and, when one has already run out, calls :meth:`Lease.notify_expired`. That
+marks the lease expired (:attr:`Lease.declared_expired`) and sets the
+:class:`asyncio.Event` the lease was given (``signal``): the processor's lease
+supervision awaits that event and cancels every handler whose lease is
+declared expired, with :class:`~asyncq.errors.LeaseExpiredError` as the cause.
+The lease itself runs no code on expiry, and one event serves all the leases
+of a processor, so a running handler costs no extra task or future.
 """
 
 from __future__ import annotations
@@ -18,15 +22,20 @@ __all__ = ["Lease"]
 
 
 class Lease:
-    """A lease expiring at a unix time, with an expiry event and callbacks."""
+    """A lease expiring at a unix time; declaring it expired sets its supervision's event."""
 
-    __slots__ = ("_callbacks", "_clock", "_event", "_notified", "expires_at")
+    __slots__ = ("_clock", "_notified", "_signal", "expires_at")
 
-    def __init__(self, expires_at: float, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        expires_at: float,
+        *,
+        clock: Callable[[], float] = time.time,
+        signal: asyncio.Event | None = None,
+    ) -> None:
         self.expires_at = expires_at
         self._clock = clock
-        self._event: asyncio.Event | None = None
-        self._callbacks: list[Callable[[], object]] | None = None
+        self._signal = signal
         self._notified = False
 
     def valid(self) -> bool:
@@ -45,33 +54,17 @@ class Lease:
         return True
 
     @property
-    def expired(self) -> asyncio.Event:
-        """An event set when the lease is declared expired (created on first use)."""
-        if self._event is None:
-            self._event = asyncio.Event()
-            if self._notified:
-                self._event.set()
-        return self._event
-
-    def on_expired(self, callback: Callable[[], object]) -> None:
-        """Run *callback* when the lease is declared expired (at once if it already was)."""
-        if self._notified:
-            callback()
-            return
-        if self._callbacks is None:
-            self._callbacks = []
-        self._callbacks.append(callback)
+    def declared_expired(self) -> bool:
+        """True once :meth:`notify_expired` has been called."""
+        return self._notified
 
     def notify_expired(self) -> bool:
-        """Declare the lease expired (idempotent); True the first time."""
+        """Declare the lease expired and set its ``signal`` (idempotent); True the first time."""
         if self._notified:
             return False
         self._notified = True
-        if self._event is not None:
-            self._event.set()
-        callbacks, self._callbacks = self._callbacks, None
-        for cb in callbacks or ():
-            cb()
+        if self._signal is not None:
+            self._signal.set()
         return True
 
     def __repr__(self) -> str:

@@ -9,8 +9,12 @@
   bytes of the running tasks: a fetch stops before it, no fetch runs while it
   is reached, and a single task larger than the bound runs alone.
 * Running tasks are tracked in the server's :class:`~asyncq._worker.active.ActiveTasks`
-  registry; a lease the heartbeater declares expired cancels its handler through
-  the lease. Ack calls in flight are tracked too, so shutdown waits for them.
+  registry. Lease supervision is one task per processor: the heartbeater
+  declares a run-out lease expired, which sets an event all the processor's
+  leases share; the supervision awaits that event and cancels each handler
+  whose lease is declared expired (``LeaseExpiredError`` as the cause). A
+  running handler thus costs no extra task or future. Ack calls in flight are
+  tracked too, so shutdown waits for them.
 * Queue order per fetch: weighted and shuffled (priorities divided by their GCD;
   the distribution of asynq's repeat-``priority``-times, shuffle, de-duplicate,
   drawn with Efraimidis-Spirakis keys),
@@ -25,7 +29,8 @@
   script call whatever the number of queues, an idle worker costs about one
   command per ``task_check_interval``.
 * Each handler runs in one asyncio task and is cancelled at min(timeout,
-  deadline) (spec 5.7), on a cancel message, or when its lease expires. Its
+  deadline) (spec 5.7), on a cancel message, or by the lease supervision when
+  its lease is declared expired. Its
   outcome is written exactly as asynq's (spec 5.3/5.4) unless the local lease
   has expired, in which case nothing is written and the recoverer takes over.
   A handler that swallows its cancellation and has not returned 5 s later is
@@ -45,7 +50,7 @@ import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
-from functools import partial, reduce
+from functools import reduce
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import anyio
@@ -237,6 +242,9 @@ class Processor(Role):
         self._debug = is_debug_enabled(self.log)
         self._burst = cfg.burst
         self._detached: set[asyncio.Task[None]] = set()
+        # Set by a lease the heartbeater declares expired; awaited by _supervise_leases.
+        self._lease_expired = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
 
     # -- control, called by the server and the other roles --------------------------------
 
@@ -397,13 +405,17 @@ class Processor(Role):
         now = self.clock()
         deadline = compute_deadline(msg, now)
         # Redis holds the lease in whole seconds (truncated): never trust it for longer.
-        lease = Lease(math.floor(dequeued.lease_expiry), clock=self.clock)
+        lease = Lease(
+            math.floor(dequeued.lease_expiry), clock=self.clock, signal=self._lease_expired
+        )
         active = ActiveTask(msg, lease, deadline, now)
         self._inflight_bytes += len(msg.payload)
         active.on_stuck = self._on_stuck
-        # The heartbeater declares a lease expired; the lease then cancels the handler.
-        lease.on_expired(partial(active.cancel, LeaseExpiredError()))
         loop = asyncio.get_running_loop()
+        if self._supervisor is None:
+            self._supervisor = loop.create_task(
+                self._supervise_leases(), name="asyncq-lease-supervision"
+            )
         active.task = loop.create_task(self._work(active))
         active.timer = loop.call_at(loop.time() + (deadline - now), active.deadline_exceeded)
         if msg.id in self.active:
@@ -461,6 +473,24 @@ class Processor(Role):
             if not active.detached:
                 active.phase = FINISHED
                 self._release(active)
+
+    async def _supervise_leases(self) -> None:
+        """Await the leases' expiry; cancel each handler whose lease is declared expired.
+
+        The heartbeater declares a lease expired (``Lease.notify_expired``), which
+        sets the event every lease of this processor shares. This task then
+        cancels the handler of each running task whose lease is declared expired,
+        with :class:`LeaseExpiredError` as the cause (the cancellation grace then
+        applies as for any cancellation). It runs from the first task started
+        until :meth:`cleanup`, so leases keep cancelling during shutdown's drain.
+        """
+        expired = self._lease_expired
+        while True:
+            await expired.wait()
+            expired.clear()
+            for active in list(self.active.values()):
+                if active.lease.declared_expired and active.cancel(LeaseExpiredError()):
+                    self.log.debug("lease expired; cancelling handler", **task_fields(active.msg))
 
     def _release(self, active: ActiveTask) -> None:
         """Give the task's slot back and forget it (once, whoever finishes it)."""
@@ -647,6 +677,10 @@ class Processor(Role):
 
     async def cleanup(self) -> None:
         self.slots.close()
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None:
+            supervisor.cancel()
+            await asyncio.wait((supervisor,))
         await self._notifier.aclose()
 
 

@@ -46,7 +46,10 @@ async def main(url: str) -> None:
             url, concurrency=2, task_check_interval=timedelta(milliseconds=100)
         ) as server:
             await server.start(mux)
-            for _ in range(300):
+            # Wait for the observable outcome (a busy machine may take long), and say
+            # so only once it is there.
+            archived: set[str] = set()
+            for _ in range(1200):
                 archived = {
                     m.decode() for m in await redis.zrange(keys.archived_key("default"), 0, -1)
                 }
@@ -54,6 +57,8 @@ async def main(url: str) -> None:
                     break
                 await asyncio.sleep(0.1)
     await redis.aclose()
+    if not set(ids) <= archived:
+        sys.exit(f"not all outcomes written: {sorted(set(ids) - archived)} missing")
     print("all outcomes written", flush=True)
 
 

@@ -38,6 +38,52 @@ end
 if need ~= #ARGV then
     return redis.error_reply("ERR ack_many: task kinds do not match the arguments")
 end
+-- asyncq: every key written below is checked before the first write (a key of
+-- another type, a counter that is not an integer), so a failed call changes nothing.
+local function bad(key, kind)
+    local t = redis.call("TYPE", key).ok
+    if t == "none" then
+        return nil
+    end
+    if kind == "counter" then
+        if t ~= "string" then
+            return "WRONGTYPE " .. key .. " is not an integer counter"
+        end
+        if not string.match(redis.call("GET", key), "^%-?%d+$") then
+            return "ERR " .. key .. " is not an integer counter"
+        end
+        return nil
+    end
+    if t ~= kind then
+        return "WRONGTYPE " .. key .. " is not a " .. kind
+    end
+    return nil
+end
+local problem = bad(KEYS[2], "zset") or bad(KEYS[3], "zset") or bad(KEYS[4], "counter")
+    or bad(KEYS[5], "counter")
+local b = 6
+for k = 1, #kinds do
+    if problem then
+        break
+    end
+    local kind = string.sub(kinds, k, k)
+    local id = ARGV[b]
+    b = b + 1
+    if kind == "D" or kind == "C" then
+        -- a lock outside the queue is refused per task (-2) before it is read
+        if string.sub(ARGV[b], 1, plen) == qprefix then
+            problem = bad(ARGV[b], "string")
+        end
+        b = b + 1
+    end
+    if kind == "c" or kind == "C" then
+        problem = problem or bad(tprefix .. id, "hash")
+        b = b + 2
+    end
+end
+if problem then
+    return redis.error_reply(problem)
+end
 local a = 6
 for k = 1, #kinds do
     local kind = string.sub(kinds, k, k)

@@ -18,6 +18,33 @@
 -- Trimmed tasks lose their hash too, so no hash outlives its archive entry.
 -- The task being archived is never trimmed (asynq could trim it when more
 -- than 10,000 tasks share its archive second, leaving its hash unindexed).
+-- asyncq: every key written below is checked before the first write (a key of
+-- another type, a counter that is not an integer), so a failed call changes nothing.
+local function bad(key, kind)
+    local t = redis.call("TYPE", key).ok
+    if t == "none" then
+        return nil
+    end
+    if kind == "counter" then
+        if t ~= "string" then
+            return "WRONGTYPE " .. key .. " is not an integer counter"
+        end
+        if not string.match(redis.call("GET", key), "^%-?%d+$") then
+            return "ERR " .. key .. " is not an integer counter"
+        end
+        return nil
+    end
+    if t ~= kind then
+        return "WRONGTYPE " .. key .. " is not a " .. kind
+    end
+    return nil
+end
+local problem = bad(KEYS[3], "zset") or bad(KEYS[4], "zset") or bad(KEYS[1], "hash")
+    or bad(KEYS[5], "counter") or bad(KEYS[6], "counter") or bad(KEYS[7], "counter")
+    or bad(KEYS[8], "counter")
+if problem then
+    return redis.error_reply(problem)
+end
 if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
     return redis.error_reply("NOT FOUND")
 end

@@ -11,17 +11,31 @@
 -- Returns a flat array id1, msg1, id2, msg2, ... (empty when paused or empty).
 -- An id whose hash is gone cannot be run: it is taken out of active again and
 -- returned with a nil msg so the caller can log it.
+-- asyncq: nothing is written when a key holds another type. The lease set is
+-- checked first; each id's hash is read before the id is moved, and a hash of
+-- another type stops the batch there (an error when it is the first id), so no
+-- id is left in active without its lease or state.
 if redis.call("EXISTS", KEYS[2]) == 1 then
     return {}
 end
+if not ({none=true, zset=true})[redis.call("TYPE", KEYS[4]).ok] then
+    return redis.error_reply("WRONGTYPE " .. KEYS[4] .. " is not a zset")
+end
 local out = {}
 for _ = 1, tonumber(ARGV[3]) do
-    local id = redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
+    local id = redis.call("LINDEX", KEYS[1], -1)
     if not id then
         break
     end
     local key = ARGV[2] .. id
-    local msg = redis.call("HGET", key, "msg")
+    local msg = redis.pcall("HGET", key, "msg")
+    if type(msg) == "table" and msg.err then
+        if #out == 0 then
+            return msg
+        end
+        break
+    end
+    redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
     if msg then
         redis.call("HSET", key, "state", "active")
         redis.call("HDEL", key, "pending_since")

@@ -54,29 +54,43 @@ while first <= nqueues and not done do
             else
                 local active = base .. "active"
                 local prefix = base .. "t:"
-                while got < want do
-                    local id = redis.call("RPOPLPUSH", pending, active)
+                local lease = base .. "lease"
+                -- asyncq: nothing is written for a queue whose active list or lease set
+                -- holds another type, and an id is moved only once its hash is read, so
+                -- a failure never leaves an id in active without its lease or state.
+                -- It is an error when nothing was taken yet, else the fetch stops there.
+                local problem = nil
+                for _, pair in ipairs({{active, "list"}, {lease, "zset"}}) do
+                    local t = redis.call("TYPE", pair[1]).ok
+                    if not problem and t ~= "none" and t ~= pair[2] then
+                        problem = "WRONGTYPE " .. pair[1] .. " is not a " .. pair[2]
+                    end
+                end
+                while got < want and not problem do
+                    local id = redis.call("LINDEX", pending, -1)
                     if not id then
                         empty[#empty + 1] = q
                         break
                     end
                     local key = prefix .. id
-                    local msg = redis.call("HGET", key, "msg")
+                    local msg = redis.pcall("HGET", key, "msg")
+                    if type(msg) == "table" and msg.err then
+                        problem = msg.err
+                        break
+                    end
                     if msg and budget >= 0 then
                         if bytes + #msg > budget and not (got == 0 and first_free) then
-                            -- Over the byte budget: undo the move (head of active
-                            -- back to the tail of pending) and stop.
-                            redis.call("LPOP", active)
-                            redis.call("RPUSH", pending, id)
+                            -- Over the byte budget: the id stays at the tail of pending.
                             full = true
                             break
                         end
                         bytes = bytes + #msg
                     end
+                    redis.call("RPOPLPUSH", pending, active)
                     if msg then
                         redis.call("HSET", key, "state", "active")
                         redis.call("HDEL", key, "pending_since")
-                        redis.call("ZADD", base .. "lease", ARGV[1], id)
+                        redis.call("ZADD", lease, ARGV[1], id)
                         got = got + 1
                     else
                         redis.call("LREM", active, 1, id)
@@ -84,6 +98,13 @@ while first <= nqueues and not done do
                     taken[#taken + 1] = q
                     taken[#taken + 1] = id
                     taken[#taken + 1] = msg
+                end
+                if problem then
+                    if #taken == 0 then
+                        return redis.error_reply(problem)
+                    end
+                    done = true
+                    break
                 end
                 if got >= want or full then
                     if got >= want and redis.call("LLEN", pending) == 0 then

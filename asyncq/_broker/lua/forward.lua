@@ -16,10 +16,41 @@
 -- The wake-up is an optimisation: redis.pcall, so that a user whose ACL forbids the
 -- channel still gets the write (an error here would come after the write).
 local ids = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1], "LIMIT", 0, 100)
+-- asyncq: every key written below is checked before the first write (a task hash
+-- or a group of another type, a pending list or group set of another type), so a
+-- failed call changes nothing.
+local function bad(key, kind)
+    local t = redis.call("TYPE", key).ok
+    if t ~= "none" and t ~= kind then
+        return "WRONGTYPE " .. key .. " is not a " .. kind
+    end
+    return nil
+end
+local groups = {}
+if #ids > 0 then
+    local problem = bad(KEYS[2], "list") or (KEYS[3] and bad(KEYS[3], "set"))
+    for i, id in ipairs(ids) do
+        if problem then
+            break
+        end
+        local key = ARGV[2] .. id
+        problem = bad(key, "hash")
+        if not problem then
+            local group = redis.call("HGET", key, "group")
+            groups[i] = group
+            if group and group ~= "" then
+                problem = bad(ARGV[4] .. group, "zset")
+            end
+        end
+    end
+    if problem then
+        return redis.error_reply(problem)
+    end
+end
 local wake = false
-for _, id in ipairs(ids) do
+for i, id in ipairs(ids) do
     local key = ARGV[2] .. id
-    local group = redis.call("HGET", key, "group")
+    local group = groups[i]
     if group and group ~= "" then
         redis.call("ZADD", ARGV[4] .. group, ARGV[1], id)
         redis.call("ZREM", KEYS[1], id)

@@ -10,6 +10,21 @@ local state, group = unpack(redis.call("HMGET", KEYS[1], "state", "group"))
 if not state then
     return redis.error_reply("internal error: task hash has no state field: " .. KEYS[1])
 end
+-- asyncq: every key written below is checked before the first write, so a
+-- failed call changes nothing.
+local function bad(key, kind)
+    local t = redis.call("TYPE", key).ok
+    if t ~= "none" and t ~= kind then
+        return "WRONGTYPE " .. key .. " is not a " .. kind
+    end
+    return nil
+end
+local ukey = redis.call("HGET", KEYS[1], "unique_key")
+local problem = (state == "aggregating" and group and bad(KEYS[2], "set"))
+    or (ukey and ukey ~= "" and bad(ukey, "string")) or nil
+if problem then
+    return redis.error_reply(problem)
+end
 if state == "active" then
     return -1
 elseif state == "pending" then

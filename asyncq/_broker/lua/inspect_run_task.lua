@@ -11,6 +11,20 @@ local state, group = unpack(redis.call("HMGET", KEYS[1], "state", "group"))
 if not state then
     return redis.error_reply("internal error: task hash has no state field: " .. KEYS[1])
 end
+-- asyncq: every key written below is checked before the first write, so a
+-- failed call changes nothing.
+local function bad(key, kind)
+    local t = redis.call("TYPE", key).ok
+    if t ~= "none" and t ~= kind then
+        return "WRONGTYPE " .. key .. " is not a " .. kind
+    end
+    return nil
+end
+local problem = bad(KEYS[2], "list")
+    or (state == "aggregating" and group and bad(KEYS[3], "set")) or nil
+if problem then
+    return redis.error_reply(problem)
+end
 if state == "active" then
     return -1
 elseif state == "pending" then

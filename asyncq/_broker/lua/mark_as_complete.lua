@@ -11,6 +11,32 @@
 -- ARGV[3] completed score: now + retention, unix seconds
 -- ARGV[4] msg with completed_at set
 -- ARGV[5] max int64
+-- asyncq: every key written below is checked before the first write (a key of
+-- another type, a counter that is not an integer), so a failed call changes nothing.
+local function bad(key, kind)
+    local t = redis.call("TYPE", key).ok
+    if t == "none" then
+        return nil
+    end
+    if kind == "counter" then
+        if t ~= "string" then
+            return "WRONGTYPE " .. key .. " is not an integer counter"
+        end
+        if not string.match(redis.call("GET", key), "^%-?%d+$") then
+            return "ERR " .. key .. " is not an integer counter"
+        end
+        return nil
+    end
+    if t ~= kind then
+        return "WRONGTYPE " .. key .. " is not a " .. kind
+    end
+    return nil
+end
+local problem = bad(KEYS[2], "zset") or bad(KEYS[3], "zset") or bad(KEYS[4], "hash")
+    or bad(KEYS[5], "counter") or bad(KEYS[6], "counter") or (KEYS[7] and bad(KEYS[7], "string"))
+if problem then
+    return redis.error_reply(problem)
+end
 if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
     return redis.error_reply("NOT FOUND")
 end

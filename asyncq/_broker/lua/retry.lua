@@ -13,6 +13,35 @@
 -- ARGV[4] expiry of the daily counters, unix seconds
 -- ARGV[5] "1" when the failure counts (is_failure), else "0"
 -- ARGV[6] max int64
+-- asyncq: every key written below is checked before the first write (a key of
+-- another type, a counter that is not an integer), so a failed call changes nothing.
+local function bad(key, kind)
+    local t = redis.call("TYPE", key).ok
+    if t == "none" then
+        return nil
+    end
+    if kind == "counter" then
+        if t ~= "string" then
+            return "WRONGTYPE " .. key .. " is not an integer counter"
+        end
+        if not string.match(redis.call("GET", key), "^%-?%d+$") then
+            return "ERR " .. key .. " is not an integer counter"
+        end
+        return nil
+    end
+    if t ~= kind then
+        return "WRONGTYPE " .. key .. " is not a " .. kind
+    end
+    return nil
+end
+local problem = bad(KEYS[3], "zset") or bad(KEYS[4], "zset") or bad(KEYS[1], "hash")
+if not problem and tonumber(ARGV[5]) == 1 then
+    problem = bad(KEYS[5], "counter") or bad(KEYS[6], "counter") or bad(KEYS[7], "counter")
+        or bad(KEYS[8], "counter")
+end
+if problem then
+    return redis.error_reply(problem)
+end
 if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
     return redis.error_reply("NOT FOUND")
 end
