@@ -34,6 +34,7 @@ from asyncq.errors import (
     TaskIdConflictError,
     TaskNotFoundError,
 )
+from asyncq.hooks import WorkerHooks
 from asyncq.inspector import (
     ClusterNode,
     DailyStats,
@@ -103,6 +104,7 @@ __all__ = [
     "TaskNotFoundError",
     "TaskOptions",
     "TaskState",
+    "WorkerHooks",
     "WorkerInfo",
     "__version__",
     "parse_redis_uri",

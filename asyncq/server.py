@@ -72,6 +72,7 @@ from asyncq._worker.syncer import Syncer
 from asyncq._worker.watchdog import Watchdog
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
+from asyncq.hooks import WorkerHooks  # [metrics hook]
 from asyncq.mux import ServeMux, as_async_handler
 from asyncq.task import Task, TaskInfo
 
@@ -160,6 +161,8 @@ class Server:
       handlers (64 MiB); a fetch takes no task that would pass it, except
       that a single larger task runs alone.
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
+    - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
+      ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
     """
 
     def __init__(
@@ -193,6 +196,7 @@ class Server:
         sync_concurrency: int | None = None,
         max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
         logger: Any = None,
+        metrics: WorkerHooks | None = None,  # [metrics hook]
     ) -> None:
         concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
         concurrency = _positive_int("concurrency", concurrency)
@@ -272,6 +276,7 @@ class Server:
             max_inflight_bytes=_positive_int("max_inflight_bytes", max_inflight_bytes),
         )
         self.log: Any = logger if logger is not None else get_logger()
+        self.metrics = metrics  # [metrics hook]
         if janitor_batch_size > 100:
             self.log.warning(
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
@@ -337,6 +342,9 @@ class Server:
         if handler is None:
             raise TypeError("server cannot start: the handler is None")
         fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
+        if self.metrics is not None:  # [metrics hook]
+            fn = self.metrics.instrument(fn)  # [metrics hook]
+            self.metrics.attach()  # [metrics hook]
         self._state = "active"
         self.started_at = datetime.now(UTC)
         cfg = self.config
@@ -356,6 +364,7 @@ class Server:
             defer_write=self.syncer.add,
             on_burst_done=self._begin_shutdown,
             write_limit=write_limit(self.redis),
+            metrics=self.metrics,  # [metrics hook]
         )
         subscriber = Subscriber(
             deps, active=self.active, wakeup=self._wakeup, pubsub=self.connection.pubsub
@@ -378,6 +387,9 @@ class Server:
                 active=self.active,
                 threshold=max(0.5, min(1.0, cfg.heartbeat_interval)),
                 keep_leases_with=None if independent is None else (lambda: independent),
+                on_stall=None
+                if self.metrics is None
+                else self.metrics.loop_stalled,  # [metrics hook]
             )
         )
         if cfg.health_check is not None:
@@ -489,6 +501,8 @@ class Server:
         finally:
             if self._enqueuer is not None:
                 await self._enqueuer.aclose()  # shared connection: closed just below
+            if self.metrics is not None:  # [metrics hook]
+                self.metrics.detach()  # [metrics hook]
             await self.connection.aclose()
             self._closed.set()
             self.log.info("exiting", processed=self.stats.succeeded + self.stats.failed)

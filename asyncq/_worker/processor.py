@@ -73,6 +73,7 @@ from asyncq.errors import (
     SkipRetry,
     TaskCanceledError,
 )
+from asyncq.hooks import WorkerHooks  # [metrics hook]
 from asyncq.mux import Handler, sync_limiter
 from asyncq.proto.asynq import TaskMessage
 from asyncq.result import TaskResultWriter
@@ -202,8 +203,10 @@ class Processor(Role):
         defer_write: DeferWrite,
         on_burst_done: Callable[[], object],
         write_limit: int = _MAX_WRITES,
+        metrics: WorkerHooks | None = None,  # [metrics hook]
     ) -> None:
         super().__init__(deps)
+        self._metrics = metrics  # [metrics hook]
         cfg = deps.config
         self.handler = handler
         self.clock: Callable[[], float] = deps.broker.clock
@@ -503,6 +506,8 @@ class Processor(Role):
         msg = active.msg
         self.stats.succeeded += 1
         if not active.lease.valid():
+            if self._metrics is not None:  # [metrics hook]
+                self._metrics.lease_expired(msg.queue, msg.type)  # [metrics hook]
             self.log.warning(
                 "task finished after its lease expired; not writing its outcome, the recoverer "
                 "will retry it",
@@ -534,6 +539,8 @@ class Processor(Role):
             self.log.info("task revoked", **fields)
         elif isinstance(exc, LeaseExpiredError):
             stats.failed += 1
+            if self._metrics is not None:  # [metrics hook]
+                self._metrics.lease_expired(msg.queue, msg.type)  # [metrics hook]
             self.log.warning("task lease expired; handler cancelled", **fields)
         else:
             stats.failed += 1
@@ -548,6 +555,8 @@ class Processor(Role):
             await self._call_error_handler(task, exc, fields)
         if not active.lease.valid():
             if not isinstance(exc, LeaseExpiredError):
+                if self._metrics is not None:  # [metrics hook]
+                    self._metrics.lease_expired(msg.queue, msg.type)  # [metrics hook]
                 self.log.warning(
                     "task lease expired; not writing its outcome, the recoverer will retry it",
                     **fields,
@@ -562,6 +571,8 @@ class Processor(Role):
             return
         if msg.retried >= msg.retry or wraps_error(exc, SkipRetry):
             self.log.warning("task archived", error=err_msg, **fields)
+            if self._metrics is not None:  # [metrics hook]
+                self._metrics.task_archived(msg.queue, msg.type)  # [metrics hook]
 
             def archive() -> Awaitable[None]:
                 return self.broker.archive(msg, err_msg)
@@ -571,6 +582,8 @@ class Processor(Role):
         delay = retry_delay_for(cfg, self.log, msg.retried, exc, task, **fields)
         is_failure = is_failure_for(cfg, self.log, exc, **fields)
         retry_at = datetime.fromtimestamp(self.clock(), UTC) + delay
+        if self._metrics is not None:  # [metrics hook]
+            self._metrics.task_retried(msg.queue, msg.type)  # [metrics hook]
 
         def retry() -> Awaitable[None]:
             return self.broker.retry(msg, retry_at, err_msg, is_failure=is_failure)

@@ -1,0 +1,50 @@
+"""Worker hooks: what a server tells an observer (metrics) about its work.
+
+A ``Server(metrics=...)`` object implements :class:`WorkerHooks`;
+:class:`asyncq.metrics.WorkerMetrics` is the Prometheus implementation. The
+server wraps its handler with :meth:`WorkerHooks.instrument` (duration, in-flight
+and outcome per task), calls :meth:`attach` when it starts and :meth:`detach`
+when it has shut down, and the processor reports retries, archives and lease
+expiries, which only the processor decides.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from asyncq.mux import Handler
+
+__all__ = ["WorkerHooks"]
+
+
+@runtime_checkable
+class WorkerHooks(Protocol):
+    """Observer of a worker server. Every method must be cheap and must not raise."""
+
+    def instrument(self, handler: Handler) -> Handler:
+        """Return *handler* wrapped to observe each call (duration, in-flight, outcome)."""
+        ...
+
+    def attach(self) -> None:
+        """The server started (called inside its event loop)."""
+        ...
+
+    def detach(self) -> None:
+        """The server has shut down."""
+        ...
+
+    def task_retried(self, queue: str, task_type: str) -> None:
+        """A failed task was scheduled for another attempt."""
+        ...
+
+    def task_archived(self, queue: str, task_type: str) -> None:
+        """A failed task ran out of retries (or skipped them) and was archived."""
+        ...
+
+    def lease_expired(self, queue: str, task_type: str) -> None:
+        """A task's lease expired while this server ran it (its outcome is not written)."""
+        ...
+
+    def loop_stalled(self, seconds: float) -> None:
+        """The event loop was blocked for *seconds* (beyond the stall threshold)."""
+        ...

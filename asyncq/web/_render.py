@@ -1,0 +1,257 @@
+"""Turn Inspector records into JSON-ready dicts and readable payload text."""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from asyncq import (
+    DailyStats,
+    GroupInfo,
+    QueueInfo,
+    SchedulerEnqueueEvent,
+    SchedulerEntry,
+    ServerInfo,
+    TaskInfo,
+    WorkerInfo,
+)
+
+__all__ = [
+    "Body",
+    "body",
+    "daily_dict",
+    "duration_text",
+    "event_dict",
+    "group_dict",
+    "iso",
+    "queue_dict",
+    "relative",
+    "scheduler_dict",
+    "server_dict",
+    "task_dict",
+    "task_timeline",
+    "worker_dict",
+]
+
+_PRINTABLE = set(string.printable) - set("\x0b\x0c")
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """A payload or result made readable: ``kind`` is json, text, hex or empty."""
+
+    kind: str
+    text: str
+    size: int
+
+    def short(self, limit: int) -> str:
+        """One line of at most *limit* characters."""
+        flat = " ".join(self.text.split()) if self.kind != "hex" else self.text
+        return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "text": self.text, "size": self.size}
+
+
+def body(data: bytes | None, *, hex_limit: int = 4096) -> Body:
+    """Pretty JSON when *data* is JSON, text when it is printable UTF-8, else a hex dump."""
+    if not data:
+        return Body("empty", "", 0)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            pass
+        else:
+            return Body("json", json.dumps(value, indent=2, ensure_ascii=False), len(data))
+        if all(ch in _PRINTABLE or ch.isprintable() for ch in text):
+            return Body("text", text, len(data))
+    shown = data[:hex_limit]
+    lines = []
+    for off in range(0, len(shown), 16):
+        chunk = shown[off : off + 16]
+        ascii_part = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        lines.append(f"{off:08x}  {chunk.hex(' '):<47}  {ascii_part}")
+    if len(data) > hex_limit:
+        lines.append(f"… {len(data) - hex_limit} more bytes")
+    return Body("hex", "\n".join(lines), len(data))
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO 8601 in UTC, or None."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat()
+
+
+def seconds(value: timedelta | None) -> float | None:
+    return None if value is None else value.total_seconds()
+
+
+def duration_text(value: timedelta) -> str:
+    """``1h2m3s`` style, as asynq prints durations."""
+    total = int(abs(value.total_seconds()))
+    if total == 0:
+        ms = abs(value.total_seconds()) * 1000
+        return f"{ms:.0f}ms" if ms >= 1 else "0s"
+    days, rem = divmod(total, 86400)
+    hours, rem = divmod(rem, 3600)
+    minutes, secs = divmod(rem, 60)
+    parts = []
+    if days:
+        parts.append(f"{days}d")
+    if hours:
+        parts.append(f"{hours}h")
+    if minutes:
+        parts.append(f"{minutes}m")
+    if secs or not parts:
+        parts.append(f"{secs}s")
+    return "".join(parts[:2])
+
+
+def relative(value: datetime | None, now: datetime) -> str:
+    """``in 3m4s`` / ``5s ago`` / ``-``."""
+    if value is None:
+        return "-"
+    delta = value - now
+    if delta >= timedelta(0):
+        return f"in {duration_text(delta)}"
+    return f"{duration_text(-delta)} ago"
+
+
+def queue_dict(info: QueueInfo) -> dict[str, Any]:
+    error_rate = info.failed / info.processed if info.processed else 0.0
+    return {
+        "queue": info.queue,
+        "paused": info.paused,
+        "size": info.size,
+        "groups": info.groups,
+        "memory_usage": info.memory_usage,
+        "latency_seconds": info.latency.total_seconds(),
+        "active": info.active,
+        "pending": info.pending,
+        "aggregating": info.aggregating,
+        "scheduled": info.scheduled,
+        "retry": info.retry,
+        "archived": info.archived,
+        "completed": info.completed,
+        "processed": info.processed,
+        "failed": info.failed,
+        "error_rate": error_rate,
+        "processed_total": info.processed_total,
+        "failed_total": info.failed_total,
+        "timestamp": iso(info.timestamp),
+    }
+
+
+def daily_dict(stats: DailyStats) -> dict[str, Any]:
+    return {
+        "queue": stats.queue,
+        "date": stats.date.isoformat(),
+        "processed": stats.processed,
+        "failed": stats.failed,
+    }
+
+
+def group_dict(group: GroupInfo) -> dict[str, Any]:
+    return {"group": group.group, "size": group.size}
+
+
+def task_dict(task: TaskInfo, *, limit: int | None = None) -> dict[str, Any]:
+    """A task as JSON; payload/result rendered (and shortened to *limit* characters if set)."""
+    payload = body(task.payload)
+    result = body(task.result) if task.result is not None else None
+    out: dict[str, Any] = {
+        "id": task.id,
+        "queue": task.queue,
+        "type": task.type,
+        "state": task.state.value,
+        "max_retry": task.max_retry,
+        "retried": task.retried,
+        "last_error": task.last_error,
+        "last_failed_at": iso(task.last_failed_at),
+        "timeout_seconds": seconds(task.timeout),
+        "deadline": iso(task.deadline),
+        "group": task.group,
+        "next_process_at": iso(task.next_process_at),
+        "retention_seconds": seconds(task.retention),
+        "completed_at": iso(task.completed_at),
+        "headers": dict(task.headers),
+        "is_orphaned": task.is_orphaned,
+        "payload": payload.as_dict(),
+        "result": result.as_dict() if result is not None else None,
+    }
+    if limit is not None:
+        out["payload"]["text"] = payload.short(limit)
+        if result is not None:
+            out["result"]["text"] = result.short(limit)
+    return out
+
+
+def task_timeline(task: TaskInfo, now: datetime) -> list[tuple[datetime, str]]:
+    """The moments the stored task records, oldest first (Redis keeps no full history)."""
+    events: list[tuple[datetime, str]] = []
+    if task.last_failed_at is not None:
+        events.append(
+            (task.last_failed_at, f"failed (attempt {task.retried} of {task.max_retry + 1})")
+        )
+    if task.completed_at is not None:
+        events.append((task.completed_at, "completed"))
+        if task.retention is not None:
+            events.append((task.completed_at + task.retention, "result expires"))
+    if task.next_process_at is not None and task.state.value in ("scheduled", "retry", "pending"):
+        label = {"scheduled": "scheduled to run", "retry": "next retry", "pending": "ready since"}
+        events.append((task.next_process_at, label[task.state.value]))
+    if task.deadline is not None:
+        events.append((task.deadline, "deadline"))
+    events.append((now, f"now: {task.state.value}"))
+    events.sort(key=lambda e: e[0])
+    return events
+
+
+def worker_dict(w: WorkerInfo, *, limit: int = 200) -> dict[str, Any]:
+    return {
+        "task_id": w.task_id,
+        "task_type": w.task_type,
+        "payload": body(w.task_payload).short(limit),
+        "queue": w.queue,
+        "started": iso(w.started),
+        "deadline": iso(w.deadline),
+    }
+
+
+def server_dict(s: ServerInfo) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "host": s.host,
+        "pid": s.pid,
+        "concurrency": s.concurrency,
+        "queues": dict(s.queues),
+        "strict_priority": s.strict_priority,
+        "started": iso(s.started),
+        "status": s.status,
+        "active_workers": [worker_dict(w) for w in s.active_workers],
+    }
+
+
+def scheduler_dict(e: SchedulerEntry, *, limit: int = 200) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "spec": e.spec,
+        "task_type": e.task_type,
+        "payload": body(e.task_payload).short(limit),
+        "options": list(e.options),
+        "next": iso(e.next),
+        "prev": iso(e.prev),
+    }
+
+
+def event_dict(e: SchedulerEnqueueEvent) -> dict[str, Any]:
+    return {"task_id": e.task_id, "enqueued_at": iso(e.enqueued_at)}

@@ -1,0 +1,316 @@
+"""The web UI in a real browser: Playwright driving Debian's chromium against ``asyncq web``
+started as a user would (a subprocess), checking Redis after each action.
+
+Skipped when chromium or playwright is missing, except on CI (CI=true), where a
+missing browser is a failure: these tests must run there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from tests import gofixtures as go
+from tests import webdata
+from tests.gofixtures import GoTask
+from tests.redis_server import RedisServer, free_port
+
+CHROMIUM = os.environ.get("ASYNCQ_CHROMIUM", "/usr/bin/chromium")
+SHOTS = (
+    Path(os.environ.get("ASYNCQ_SCREENSHOTS", "")) if os.environ.get("ASYNCQ_SCREENSHOTS") else None
+)
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
+
+
+def _require_browser() -> None:
+    missing = []
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        missing.append(f"chromium at {CHROMIUM}")
+    try:
+        import playwright.async_api  # noqa: F401
+    except ImportError:
+        missing.append("the playwright package")
+    if missing:
+        message = "browser tests need " + " and ".join(missing)
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message + " (CI=true: these tests must run, not be skipped)")
+        pytest.skip(message)
+
+
+class WebProcess:
+    def __init__(self, redis_url: str, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "asyncq.cli", "--uri", redis_url, "web", "--port",
+               str(self.port), "--poll", "60", *extra]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(self.url + "/static/app.css", timeout=1)
+                return
+            except httpx.HTTPError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    out = self.proc.stdout.read().decode() if self.proc.stdout else ""
+                    self.stop()
+                    raise RuntimeError(f"asyncq web did not start: {out}") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def web(redis_url: str) -> Iterator[WebProcess]:
+    _require_browser()
+    w = WebProcess(redis_url)
+    yield w
+    w.stop()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[object]:
+    _require_browser()
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+async def _shot(page: object, name: str) -> None:
+    if SHOTS is not None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        await page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)  # type: ignore[attr-defined]
+
+
+async def _page(browser: object, **kw: object) -> object:
+    ctx = await browser.new_context(viewport={"width": 1400, "height": 900}, **kw)  # type: ignore[attr-defined]
+    ctx.set_default_timeout(60_000)  # the machine may be busy; never a speed assertion
+    page = await ctx.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("dialog", lambda d: d.accept())
+    page.js_errors = errors
+    return page
+
+
+async def _wait_for(predicate: object) -> None:
+    """Wait (up to 15 s) until Redis shows what the browser action should have done."""
+    for _ in range(300):
+        if await predicate():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("Redis did not change as the browser action should have made it")
+
+
+async def test_every_page_opens(web: WebProcess, browser: object, redis: Redis) -> None:
+    s = await webdata.seed(redis)
+    assert s.completed is not None
+    page = await _page(browser)
+    pages = {
+        "dashboard": ("/", "Queues"),
+        "queue-pending": ("/queues/critical?state=pending", "critical"),
+        "queue-retry": ("/queues/default?state=retry", "gateway timeout"),
+        "queue-aggregating": ("/queues/default?state=aggregating", "user:42"),
+        "queue-archived": ("/queues/default?state=archived", "gave up"),
+        "task-detail": (f"/queues/default/tasks/{s.completed.id}", "Timeline"),
+        "servers": ("/servers", "go-host:4242"),
+        "schedulers": ("/schedulers", "@every 1h"),
+        "scheduler-history": ("/schedulers/entry-1", "cron-task-1"),
+        "redis": ("/redis", "redis_version"),
+    }
+    for name, (path, text) in pages.items():
+        resp = await page.goto(web.url + path)  # type: ignore[attr-defined]
+        assert resp.status == 200, path
+        if name == "dashboard":  # both charts drawn before the screenshot
+            await page.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
+        assert text in await page.content(), (path, text)  # type: ignore[attr-defined]
+        await _shot(page, name)
+    # the dashboard drew both charts (uPlot canvases)
+    await page.goto(web.url + "/")  # type: ignore[attr-defined]
+    await page.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
+    assert await page.locator("#size-chart canvas").count() == 1  # type: ignore[attr-defined]
+    assert await page.locator("#rate-chart canvas").count() == 1  # type: ignore[attr-defined]
+    # a refresh swaps the table but keeps the charts (and their history)
+    await redis.incrby("asynq:{default}:processed", 50)
+    await page.evaluate("() => window.asyncqRefresh(true)")  # type: ignore[attr-defined]
+    total = page.locator("[data-processed-total]")  # type: ignore[attr-defined]
+    assert await total.get_attribute("data-processed-total") == "1090"
+    assert await page.locator(".charts canvas").count() == 3  # type: ignore[attr-defined]
+    # find a task by ID from the header box
+    await page.fill("header .search input", s.completed.id)  # type: ignore[attr-defined]
+    await page.press("header .search input", "Enter")  # type: ignore[attr-defined]
+    await page.wait_for_url(f"**/queues/default/tasks/{s.completed.id}")  # type: ignore[attr-defined]
+    assert page.js_errors == []  # type: ignore[attr-defined]
+
+
+async def test_actions_change_redis(web: WebProcess, browser: object, redis: Redis) -> None:
+    s = await webdata.seed(redis)
+    assert s.scheduled is not None
+    page = await _page(browser)
+
+    # pause a queue from the dashboard; the row refreshes without a reload
+    await page.goto(web.url + "/")  # type: ignore[attr-defined]
+    await page.click('tr[data-queue="critical"] button:has-text("Pause")')  # type: ignore[attr-defined]
+    await _wait_for(lambda: _exists(redis, "asynq:{critical}:paused"))
+    await page.wait_for_selector('tr[data-queue="critical"] .badge.paused')  # type: ignore[attr-defined]
+    await page.click('tr[data-queue="critical"] button:has-text("Resume")')  # type: ignore[attr-defined]
+    await _wait_for(lambda: _not(_exists(redis, "asynq:{critical}:paused")))
+
+    # archive a scheduled task, then run it from the archived tab
+    tid = s.scheduled.id
+    await page.goto(web.url + "/queues/default?state=scheduled")  # type: ignore[attr-defined]
+    await page.click(f'tr[data-id="{tid}"] button:has-text("Archive")')  # type: ignore[attr-defined]
+    await _wait_for(lambda: _state(redis, tid, b"archived"))
+    assert await redis.zscore("asynq:{default}:archived", tid) is not None
+    await page.goto(web.url + "/queues/default?state=archived")  # type: ignore[attr-defined]
+    await page.click(f'tr[data-id="{tid}"] button:has-text("Run")')  # type: ignore[attr-defined]
+    await _wait_for(lambda: _state(redis, tid, b"pending"))
+    assert tid.encode() in await redis.lrange("asynq:{default}:pending", 0, -1)
+
+    # bulk delete: select every archived row, delete the selection
+    await page.reload()  # type: ignore[attr-defined]
+    assert await redis.zcard("asynq:{default}:archived") == 2
+    await page.check("input.selall")  # type: ignore[attr-defined]
+    await page.click('button[data-batch="delete"]')  # type: ignore[attr-defined]
+    await _wait_for(lambda: _zcard_is(redis, "asynq:{default}:archived", 0))
+    for t in s.archived:
+        assert await redis.exists(t.key) == 0
+    await page.wait_for_selector("text=No archived tasks.")  # type: ignore[attr-defined]
+    await _shot(page, "queue-after-bulk-delete")
+
+    # delete all pending tasks of a queue with the "Delete all" button
+    await page.goto(web.url + "/queues/critical?state=pending")  # type: ignore[attr-defined]
+    await page.click('.toolbar button:has-text("Delete all")')  # type: ignore[attr-defined]
+    await _wait_for(lambda: _llen_is(redis, "asynq:{critical}:pending", 0))
+    assert page.js_errors == []  # type: ignore[attr-defined]
+
+
+async def test_read_only_refuses_mutations(redis_url: str, browser: object, redis: Redis) -> None:
+    await webdata.seed(redis)
+    w = WebProcess(redis_url, "--read-only")
+    try:
+        page = await _page(browser)
+        await page.goto(w.url + "/queues/default?state=retry")  # type: ignore[attr-defined]
+        assert await page.locator("button[data-api]").count() == 0  # type: ignore[attr-defined]
+        assert await page.locator(".badge.ro").count() == 1  # type: ignore[attr-defined]
+        status = await page.evaluate(  # type: ignore[attr-defined]
+            """() => fetch('/api/queues/default/pause',
+                   {method: 'POST', headers: {'X-Asyncq-Request': '1'}}).then(r => r.status)"""
+        )
+        assert status == 405
+        assert await redis.exists("asynq:{default}:paused") == 0
+        await _shot(page, "read-only")
+    finally:
+        w.stop()
+
+
+async def test_auth_refuses_a_missing_token(redis_url: str, browser: object, redis: Redis) -> None:
+    await webdata.seed(redis)
+    w = WebProcess(redis_url, "--token", "s3cret")
+    try:
+        anon = await _page(browser)
+        # A navigation without credentials gets a 401 with a basic-auth challenge
+        # (headless chromium turns that into a navigation error), so ask through
+        # the browser context's own request API.
+        resp = await anon.context.request.get(w.url + "/api/queues")  # type: ignore[attr-defined]
+        assert resp.status == 401
+        assert resp.headers["www-authenticate"].startswith("Basic")
+        resp = await anon.context.request.get(  # type: ignore[attr-defined]
+            w.url + "/api/queues", headers={"Authorization": "Bearer wrong"}
+        )
+        assert resp.status == 401
+        resp = await anon.context.request.get(  # type: ignore[attr-defined]
+            w.url + "/api/queues", headers={"Authorization": "Bearer s3cret"}
+        )
+        assert resp.status == 200
+        authed = await _page(browser, http_credentials={"username": "ops", "password": "s3cret"})
+        resp = await authed.goto(w.url + "/")  # type: ignore[attr-defined]
+        assert resp.status == 200
+        assert "critical" in await authed.content()  # type: ignore[attr-defined]
+    finally:
+        w.stop()
+
+
+async def _exists(redis: Redis, key: str) -> bool:
+    return bool(await redis.exists(key))
+
+
+async def _not(coro: object) -> bool:
+    return not await coro  # type: ignore[misc]
+
+
+async def _state(redis: Redis, tid: str, state: bytes) -> bool:
+    return await redis.hget(f"asynq:{{default}}:t:{tid}", "state") == state
+
+
+async def _zcard_is(redis: Redis, key: str, n: int) -> bool:
+    return await redis.zcard(key) == n
+
+
+async def _llen_is(redis: Redis, key: str, n: int) -> bool:
+    return await redis.llen(key) == n
+
+
+async def test_live_update_and_redis_down_banner(browser: object) -> None:
+    """The open page picks up changes without a reload, and says so when Redis goes away."""
+    server = RedisServer().start()
+    w = None
+    try:
+        r = Redis.from_url(server.url)
+        await webdata.seed(r)
+        w = WebProcess(server.url, "--poll", "1")
+        page = await _page(browser)
+        await page.goto(w.url + "/queues/critical?state=pending")  # type: ignore[attr-defined]
+        assert await page.locator("tbody tr").count() == 4  # type: ignore[attr-defined]
+        extra = GoTask("email:send", b'{"to": "new@example.com"}', queue="critical")
+        await go.enqueue(r, extra, datetime.now(UTC))
+        # the page polls every second: the new row appears without a reload
+        await page.wait_for_selector(f'tr[data-id="{extra.id}"]')  # type: ignore[attr-defined]
+        await r.aclose()
+        server.stop()
+        banner = page.locator("#banner")  # type: ignore[attr-defined]
+        await banner.wait_for(state="visible")
+        assert "unreachable" in await banner.text_content()
+        await _shot(page, "redis-down")
+        # the rows stay on screen (no stack trace, no blank page)
+        assert await page.locator(f'tr[data-id="{extra.id}"]').count() == 1  # type: ignore[attr-defined]
+        direct = await page.context.request.get(w.url + "/")  # type: ignore[attr-defined]
+        assert direct.status == 503
+        assert "Redis is unreachable" in await direct.text()
+        assert "Traceback" not in await direct.text()
+    finally:
+        if w is not None:
+            w.stop()
+        server.cleanup()
