@@ -61,6 +61,7 @@ from asyncq._worker.active import (
     ActiveTask,
     ActiveTasks,
 )
+from asyncq._worker.flow import QueueLimits
 from asyncq._worker.lease import Lease
 from asyncq._worker.policy import is_failure_for, retry_delay_for, wraps_error
 from asyncq._worker.roles import Role, RoleDeps
@@ -214,6 +215,7 @@ class Processor(Role):
         self.slots = Slots(cfg.concurrency)
         self._queue_order = QueueOrder(cfg.queues, strict=cfg.strict_priority)
         self._queues = MultiQueue(deps.broker)
+        self._limits = QueueLimits(cfg.queue_concurrency, cfg.local_queue_concurrency)
         self._max_bytes = cfg.max_inflight_bytes
         self._inflight_bytes = 0
         self._bytes_freed = asyncio.Event()
@@ -330,6 +332,7 @@ class Processor(Role):
                     strict=strict,
                     max_bytes=self._max_bytes - self._inflight_bytes,
                     first_free=not self.active,
+                    limits=self._limits.for_fetch(),
                 )
                 got: Sequence[DequeuedTask] = fetched.tasks
             except REDIS_ERRORS as exc:
@@ -409,6 +412,7 @@ class Processor(Role):
             # keep tracking the newest run (the older one can no longer write).
             self.log.warning("task is already running on this server", **task_fields(msg))
         self.active[msg.id] = active
+        self._limits.started(msg.queue)
         if self._debug:
             self.log.debug("task started", **task_fields(msg))
 
@@ -467,6 +471,9 @@ class Processor(Role):
         active.released = True
         self._inflight_bytes -= len(active.msg.payload)
         self._bytes_freed.set()
+        self._limits.finished(active.msg.queue)
+        if self._limits.is_local_limited(active.msg.queue):
+            self._wakeup.set()  # room under this server's limit for the queue: fetch again
         if active.timer is not None:
             active.timer.cancel()
         if active.grace is not None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from asyncq.cli._app import LOG_LEVELS, CliError, configure_logging, run_async, settings
+from asyncq.cli.flow import LimitsType
 from asyncq.mux import ServeMux
 
 __all__ = ["load_app", "parse_queues", "worker"]
@@ -130,6 +131,18 @@ class QueuesType(_QueuesParam):
     metavar="NAME=PRIORITY,...",
     help="Queues and their weights, e.g. critical=6,default=3 [default: default=1].",
 )
+@click.option(
+    "--queue-concurrency",
+    type=LimitsType(),
+    metavar="NAME=N,...",
+    help="Fleet-wide limit of running tasks per queue, e.g. partner=2.",
+)
+@click.option(
+    "--local-queue-concurrency",
+    type=LimitsType(),
+    metavar="NAME=N,...",
+    help="Limit of running tasks per queue in this worker alone.",
+)
 @click.option("--strict", is_flag=True, help="Strict priority: empty higher queues first.")
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
 @click.option("--uri", "-u", "worker_uri", metavar="URL", help="Redis URL (overrides the global).")
@@ -147,6 +160,8 @@ def worker(
     app: str,
     concurrency: int | None,
     queues: dict[str, int] | None,
+    queue_concurrency: dict[str, int] | None,
+    local_queue_concurrency: dict[str, int] | None,
     strict: bool,
     burst: bool,
     worker_uri: str | None,
@@ -169,7 +184,13 @@ def worker(
         settings(ctx).uri_flag = worker_uri
     uri = settings(ctx).uri()
     server = Server(
-        uri, concurrency=concurrency, queues=queues, strict_priority=strict, burst=burst
+        uri,
+        concurrency=concurrency,
+        queues=queues,
+        strict_priority=strict,
+        burst=burst,
+        queue_concurrency=queue_concurrency,
+        local_queue_concurrency=local_queue_concurrency,
     )
 
     async def go() -> None:
