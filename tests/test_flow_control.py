@@ -6,16 +6,17 @@ import asyncio
 import signal
 import subprocess
 import time
+from datetime import timedelta
 
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, Task
+from asyncq import Client, Inspector, RateLimited, ServeMux, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.multiqueue import MultiQueue
 from tests.workers.flow_worker import DONE, MAX, STARTS
-from tests.workers.support import spawn, stop_process, wait_for_line, wait_until
+from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
 
 READY = "send signal TERM or INT"
 Q = "limited"
@@ -100,8 +101,6 @@ async def test_set_limit_refuses_bad_values(redis: Redis) -> None:
 
 
 def test_server_refuses_bad_limits() -> None:
-    from asyncq import Server
-
     with pytest.raises(ValueError, match="queue_concurrency: queue 'q' needs an integer limit"):
         Server("redis://localhost:1", queue_concurrency={"q": -1})
     with pytest.raises(TypeError, match="local_queue_concurrency must be a mapping"):
@@ -190,3 +189,50 @@ async def test_killed_workers_expired_lease_does_not_hold_the_limit(
         stop_process(victim)
         if other is not None:
             stop_process(other)
+
+
+# -- RateLimited -------------------------------------------------------------------------------
+
+
+def test_rate_limited_refuses_bad_delays() -> None:
+    with pytest.raises(TypeError, match=r"retry_in must be a datetime\.timedelta"):
+        RateLimited(retry_in=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cannot be negative"):
+        RateLimited(retry_in=timedelta(seconds=-1))
+
+
+async def test_rate_limited_reschedules_without_using_a_retry(redis: Redis) -> None:
+    attempts: list[int] = []
+    errors: list[BaseException] = []
+
+    async def handle(task: Task) -> None:
+        attempts.append(task.retry_count)
+        if len(attempts) == 1:
+            raise ValueError("a real failure")  # uses one retry
+        if len(attempts) <= 4:
+            raise RuntimeError("partner said 429") from RateLimited(retry_in=timedelta(0))
+
+    mux = ServeMux()
+    mux.handle("limited", handle)
+    server = Server(
+        redis,
+        queues={Q: 1},
+        retry_delay=lambda n, e, t: timedelta(0),
+        error_handler=lambda task, exc: errors.append(exc),
+        **FAST,
+    )
+    async with Client(redis) as client:
+        info = await client.enqueue(Task("limited", b"", queue=Q), max_retry=1)
+    async with server:
+        await server.start(mux)
+        await wait_until(lambda: len(attempts) >= 5, within=30, what="five attempts")
+
+        async def gone() -> bool:
+            return await redis.exists(keys.task_key(Q, info.id)) == 0
+
+        await wait_until(gone, within=30, what="task done")
+    # One real failure used the only retry; the rate-limited runs used none, so the
+    # task still ran (max_retry=1 would have archived it on a counted failure).
+    assert attempts == [0, 1, 1, 1, 1]
+    assert [type(e) for e in errors] == [ValueError]
+    assert int(await redis.get(keys.failed_total_key(Q)) or 0) == 1

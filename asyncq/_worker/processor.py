@@ -63,13 +63,14 @@ from asyncq._worker.active import (
 )
 from asyncq._worker.flow import QueueLimits
 from asyncq._worker.lease import Lease
-from asyncq._worker.policy import is_failure_for, retry_delay_for, wraps_error
+from asyncq._worker.policy import find_error, is_failure_for, retry_delay_for, wraps_error
 from asyncq._worker.roles import Role, RoleDeps
 from asyncq._worker.slots import Slots
 from asyncq.errors import (
     DeadlineExceededError,
     HandlerNotFoundError,
     LeaseExpiredError,
+    RateLimited,
     RevokeTask,
     SkipRetry,
     TaskCanceledError,
@@ -540,6 +541,10 @@ class Processor(Role):
         stats = self.stats
         fields = task_fields(msg)
         err_msg = error_text(exc)
+        limited = find_error(exc, RateLimited)
+        if limited is not None and not isinstance(exc, LeaseExpiredError):
+            await self._rate_limited(active, limited, err_msg)
+            return
         revoke = wraps_error(exc, RevokeTask)
         if revoke:
             stats.succeeded += 1
@@ -594,6 +599,24 @@ class Processor(Role):
 
         def retry() -> Awaitable[None]:
             return self.broker.retry(msg, retry_at, err_msg, is_failure=is_failure)
+
+        await self._write(active, retry, "retry")
+
+    async def _rate_limited(self, active: ActiveTask, exc: RateLimited, err_msg: str) -> None:
+        """``RateLimited``: back to the retry set *retry_in* from now, no failure, no retry used."""
+        msg = active.msg
+        fields = task_fields(msg)
+        self.log.info("task rate limited; rescheduled", retry_in=str(exc.retry_in), **fields)
+        if not active.lease.valid():
+            self.log.warning(
+                "task lease expired; not writing its outcome, the recoverer will retry it",
+                **fields,
+            )
+            return
+        retry_at = datetime.fromtimestamp(self.clock(), UTC) + exc.retry_in
+
+        def retry() -> Awaitable[None]:
+            return self.broker.retry(msg, retry_at, err_msg, is_failure=False)
 
         await self._write(active, retry, "retry")
 
