@@ -236,3 +236,51 @@ async def test_rate_limited_reschedules_without_using_a_retry(redis: Redis) -> N
     assert attempts == [0, 1, 1, 1, 1]
     assert [type(e) for e in errors] == [ValueError]
     assert int(await redis.get(keys.failed_total_key(Q)) or 0) == 1
+
+
+# -- visible -----------------------------------------------------------------------------------
+
+
+async def test_limit_shows_in_metrics_web_and_cli(redis_url: str, redis: Redis) -> None:
+    import httpx
+    from click.testing import CliRunner
+
+    from asyncq.cli import main
+    from asyncq.metrics import collect_queue_metrics, render
+    from asyncq.web import create_app
+
+    await _fill(redis, 5)
+    mq = MultiQueue(Broker(redis))
+    assert len((await mq.dequeue([Q], 1)).tasks) == 1
+    runner = CliRunner()
+    res = await asyncio.to_thread(runner.invoke, main, ["-u", redis_url, "queue", "limit", Q, "3"])
+    assert res.exit_code == 0, res.output
+    assert "to 3 running tasks fleet-wide" in res.output
+    res = await asyncio.to_thread(runner.invoke, main, ["-u", redis_url, "queue", "limit", Q])
+    assert "at most 3 running tasks" in res.output
+    res = await asyncio.to_thread(runner.invoke, main, ["-u", redis_url, "queue", "inspect", Q])
+    assert "Limit: 3 running fleet-wide    Running: 1    Held back by the limit: 2" in res.output
+    res = await asyncio.to_thread(
+        runner.invoke, main, ["-u", redis_url, "queue", "limit", "nosuchqueue", "3"]
+    )
+    assert res.exit_code != 0 and "nosuchqueue" in res.output
+
+    async with Inspector(redis) as insp:
+        text = render(await collect_queue_metrics(insp)).decode()
+    assert f'asyncq_queue_concurrency_limit{{queue="{Q}"}} 3.0' in text
+    assert f'asyncq_queue_running{{queue="{Q}"}} 1.0' in text
+    assert f'asyncq_queue_held_back{{queue="{Q}"}} 2.0' in text
+
+    app = create_app(redis_url)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        page = await http.get(f"/queues/{Q}")
+        assert page.status_code == 200
+        assert "Limit (fleet-wide)" in page.text and "Held back by the limit" in page.text
+        data = (await http.get(f"/api/queues/{Q}")).json()["queue"]
+    assert (data["concurrency_limit"], data["running"], data["held_back"]) == (3, 1, 2)
+
+    res = await asyncio.to_thread(
+        runner.invoke, main, ["-u", redis_url, "queue", "limit", Q, "--clear"]
+    )
+    assert res.exit_code == 0 and "Cleared" in res.output
