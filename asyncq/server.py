@@ -44,6 +44,7 @@ from typing import Any
 
 from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, Broker
+from asyncq._broker.replication import replica_wait_seconds
 from asyncq._logging import get_logger
 from asyncq._redis.connection import Connection, independent_target
 from asyncq._redis.options import RedisClient, RedisTarget
@@ -169,6 +170,10 @@ class Server:
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
     - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
       ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
+    - ``min_replicas`` (0 = off) and ``replica_timeout`` (1 s): a finished
+      attempt's outcome (done, completed, retry, archive) counts only once that
+      many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is
+      logged as unconfirmed and the task may run again after a failover.
     """
 
     def __init__(
@@ -205,7 +210,10 @@ class Server:
         local_queue_concurrency: Mapping[str, int] | None = None,
         logger: Any = None,
         metrics: WorkerHooks | None = None,  # [metrics hook]
+        min_replicas: int = 0,
+        replica_timeout: timedelta = timedelta(seconds=1),
     ) -> None:
+        replica_wait = replica_wait_seconds(min_replicas, replica_timeout)
         concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
         concurrency = _positive_int("concurrency", concurrency)
         queues = DEFAULT_QUEUES if queues is None else queues
@@ -297,7 +305,13 @@ class Server:
         self._independent_target = independent_target(redis)
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
-        self.broker = Broker(self.redis, lease_duration=lease, fast=self.connection.fast)
+        self.broker = Broker(
+            self.redis,
+            lease_duration=lease,
+            fast=self.connection.fast,
+            min_replicas=min_replicas,
+            replica_timeout=replica_wait,
+        )
         self.host = socket.gethostname() or "unknown-host"
         self.pid = os.getpid()
         self.server_id = str(uuid.uuid4())
