@@ -284,3 +284,26 @@ async def test_limit_shows_in_metrics_web_and_cli(redis_url: str, redis: Redis) 
         runner.invoke, main, ["-u", redis_url, "queue", "limit", Q, "--clear"]
     )
     assert res.exit_code == 0 and "Cleared" in res.output
+
+
+async def test_server_local_limit_bounds_one_process(redis: Redis) -> None:
+    running = 0
+    peak = 0
+    done = 0
+
+    async def handle(task: Task) -> None:
+        nonlocal running, peak, done
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+        done += 1
+
+    mux = ServeMux()
+    mux.handle("work", handle)
+    await _fill(redis, 30)
+    server = Server(redis, concurrency=10, queues={Q: 1}, local_queue_concurrency={Q: 2}, **FAST)
+    async with server:
+        await server.start(mux)
+        await wait_until(lambda: done == 30, within=30, what="all tasks")
+    assert peak == 2
