@@ -137,6 +137,15 @@ def paused_key(qname: str) -> str:
     return f"asynq:{{{qname}}}:paused"
 
 
+def limit_key(qname: str) -> str:
+    """asyncq-only STRING: the fleet-wide concurrency limit of a queue, set at runtime.
+
+    Under the queue's hash tag (same Cluster slot as its lists); Go asynq, the
+    asynq CLI and asynqmon never read a key of this name, so they ignore it.
+    """
+    return f"asynq:{{{qname}}}:asyncq:limit"
+
+
 def processed_total_key(qname: str) -> str:
     """All-time processed counter (successes and failures)."""
     return f"asynq:{{{qname}}}:processed"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 __all__ = [
     "AsyncqError",
     "BrokerError",
@@ -100,6 +102,27 @@ class SkipRetry(AsyncqError):
 
     def __init__(self, message: str = "skip retry for the task") -> None:
         super().__init__(message)
+
+
+class RateLimited(AsyncqError):
+    """Raise from a handler when a rate limit (yours or a partner's) says "not now".
+
+    The task is re-scheduled *retry_in* from now (a timedelta, 0 or more)
+    without counting a failure or using one of its retries, and the server's
+    ``error_handler`` is not called (asynq's ``IsFailure`` + ``RetryDelayFunc``
+    pattern, made first-class). Also honoured when wrapped (``raise X from
+    RateLimited(...)``, exception groups).
+    """
+
+    def __init__(self, retry_in: timedelta, message: str = "rate limited") -> None:
+        if not isinstance(retry_in, timedelta):
+            raise TypeError(
+                f"retry_in must be a datetime.timedelta, got {retry_in.__class__.__name__}"
+            )
+        if retry_in < timedelta(0):
+            raise ValueError(f"retry_in cannot be negative, got {retry_in}")
+        super().__init__(f"{message} (retry in {retry_in})")
+        self.retry_in = retry_in
 
 
 class RevokeTask(AsyncqError):

@@ -103,6 +103,13 @@ class QueueInfo:
     paused: bool
     timestamp: datetime
     """When the snapshot was taken."""
+    concurrency_limit: int | None = None
+    """asyncq: the fleet-wide concurrency limit stored in Redis (:meth:`Inspector.set_limit`);
+    None when unset (servers may still apply their own ``queue_concurrency``)."""
+    running: int = 0
+    """asyncq: active tasks holding a live lease, what a concurrency limit counts."""
+    held_back: int = 0
+    """asyncq: pending tasks the stored limit keeps waiting now (pending beyond the room)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +281,8 @@ class Inspector:
         """Sizes by state, today's and all-time counters, latency, memory and paused flag."""
         await self._require_queue(queue)
         stats = await self._rdb.current_stats(queue)
+        limit = await self._rdb.queue_limit(queue)
+        running = await self._rdb.live_leases(queue)
         now = self._now()
         latency = timedelta(0)
         if stats.oldest_pending_since_ns > 0:
@@ -308,6 +317,9 @@ class Inspector:
             failed_total=stats.failed_total,
             paused=stats.paused,
             timestamp=now,
+            concurrency_limit=limit,
+            running=running,
+            held_back=0 if limit is None else max(0, stats.pending - max(0, limit - running)),
         )
 
     async def history(self, queue: str, days: int = 10) -> list[DailyStats]:
@@ -350,6 +362,30 @@ class Inspector:
             raise QueueNotEmptyError(queue)
         if code == -2:
             raise FailedPreconditionError("cannot remove queue with active tasks")
+
+    # -- flow control --------------------------------------------------------------------
+
+    async def limit(self, queue: str) -> int | None:
+        """The fleet-wide concurrency limit stored for *queue*, or None when unset."""
+        await self._require_queue(queue)
+        return await self._rdb.queue_limit(queue)
+
+    async def set_limit(self, queue: str, limit: int | None) -> None:
+        """Store a fleet-wide concurrency limit for *queue* (None removes it).
+
+        Every asyncq server serving the queue honours it from its next fetch,
+        without a restart; it overrides the servers' ``queue_concurrency`` for
+        that queue. 0 stops the queue's tasks from starting (like a pause that
+        only asyncq servers see). Go asynq servers ignore it.
+        """
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise TypeError(f"limit must be an int or None, got {type(limit).__name__}")
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be 0 or more, got {limit}")
+        await self._require_queue(queue)
+        await self._rdb.set_queue_limit(queue, limit)
+        if limit is None or limit > 0:
+            await self._rdb.publish_wakeup(queue)
 
     # -- tasks -------------------------------------------------------------------------------
 

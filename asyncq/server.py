@@ -62,6 +62,7 @@ from asyncq._worker.config import (
     ServerConfig,
     ServerStats,
 )
+from asyncq._worker.flow import validate_limits
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.healthchecker import HealthChecker
 from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
@@ -165,6 +166,11 @@ class Server:
     - ``max_inflight_bytes``: bound on the payload bytes of the running
       handlers (64 MiB); a fetch takes no task that would pass it, except
       that a single larger task runs alone.
+    - ``queue_concurrency``: ``{queue: N}``, at most N tasks of the queue run
+      at once across every asyncq server (counted in Redis from the live
+      leases; a limit stored with ``Inspector.set_limit`` overrides it);
+      ``local_queue_concurrency``: ``{queue: N}`` for this server alone. See
+      docs/flow-control.md.
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
     - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
       ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
@@ -207,6 +213,8 @@ class Server:
         burst: bool = False,
         sync_concurrency: int | None = None,
         max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
+        queue_concurrency: Mapping[str, int] | None = None,
+        local_queue_concurrency: Mapping[str, int] | None = None,
         logger: Any = None,
         metrics: WorkerHooks | None = None,  # [metrics hook]
         min_replicas: int = 0,
@@ -290,6 +298,10 @@ class Server:
                 "sync_concurrency", concurrency if sync_concurrency is None else sync_concurrency
             ),
             max_inflight_bytes=_positive_int("max_inflight_bytes", max_inflight_bytes),
+            queue_concurrency=validate_limits("queue_concurrency", queue_concurrency),
+            local_queue_concurrency=validate_limits(
+                "local_queue_concurrency", local_queue_concurrency
+            ),
         )
         self.log: Any = logger if logger is not None else get_logger()
         self.metrics = metrics  # [metrics hook]

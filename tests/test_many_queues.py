@@ -65,6 +65,7 @@ IN_SCRIPT = {
     "llen", "exists", "lindex", "hstrlen", "rpoplpush", "hget", "hset", "hdel", "zadd", "lrem",
     "zrangebyscore", "zrem", "lpush", "sadd", "publish", "del", "zrange", "zremrangebyscore",
     "lpop", "rpush", "type",
+    "get", "zcount",  # flow control: the stored limit, the live leases
 }  # fmt: skip
 
 

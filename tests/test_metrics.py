@@ -66,6 +66,8 @@ async def check_against_inspector(text: str, redis_url: str) -> None:
             assert got[("asynq_tasks_processed_total", lq)] == info.processed_total
             assert got[("asynq_tasks_failed_total", lq)] == info.failed_total
             assert got[("asynq_queue_paused_total", lq)] == (1 if info.paused else 0)
+            assert got[("asyncq_queue_running", lq)] == info.running
+            assert ("asyncq_queue_concurrency_limit", lq) not in got  # none stored
             # latency grows between the scrape and this read
             latency = got[("asynq_queue_latency_seconds", lq)]
             assert latency <= info.latency.total_seconds() + 0.001

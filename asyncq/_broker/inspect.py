@@ -274,7 +274,26 @@ class InspectBroker:
         code = _int(await _lua("inspect_remove_queue")(self.redis, script_keys, args))
         if code == 1:
             await self._r.srem(keys.ALL_QUEUES, qname)
+            await self._r.delete(keys.limit_key(qname))  # asyncq's flow-control setting
         return code
+
+    # -- flow control (asyncq-only keys; Go asynq never reads them) ---------------------------
+
+    async def queue_limit(self, qname: str) -> int | None:
+        """The fleet-wide concurrency limit stored for the queue, or None."""
+        raw = await self._r.get(keys.limit_key(qname))
+        return None if raw is None else _int(raw)
+
+    async def set_queue_limit(self, qname: str, limit: int | None) -> None:
+        """Store (or, with None, delete) the queue's fleet-wide concurrency limit."""
+        if limit is None:
+            await self._r.delete(keys.limit_key(qname))
+        else:
+            await self._r.set(keys.limit_key(qname), limit)
+
+    async def live_leases(self, qname: str) -> int:
+        """Active tasks of the queue whose lease has not expired (what a limit counts)."""
+        return _int(await self._r.zcount(keys.lease_key(qname), int(self.clock()), "+inf"))
 
     # -- tasks -------------------------------------------------------------------------------
 

@@ -26,8 +26,8 @@ are tried in the order their first queue appears.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -80,6 +80,20 @@ class FetchResult:
 
     tasks: list[DequeuedTask]
     empty: set[str]
+    held: set[str] = field(default_factory=set)
+    """Queues with pending work that a concurrency limit kept from giving (more) tasks."""
+
+
+def _limit_spec(names: Sequence[str], limits: Mapping[str, tuple[int, int]] | None) -> str:
+    """``pos:fleet:local;...`` for the queues of *names* that have a limit (dequeue_queues.lua)."""
+    if not limits:
+        return ""
+    parts = []
+    for pos, name in enumerate(names, 1):
+        limit = limits.get(name)
+        if limit is not None:
+            parts.append(f"{pos}:{limit[0]}:{limit[1]}")
+    return ";".join(parts)
 
 
 class MultiQueue:
@@ -171,6 +185,7 @@ class MultiQueue:
         strict: bool = False,
         max_bytes: int | None = None,
         first_free: bool = True,
+        limits: Mapping[str, tuple[int, int]] | None = None,
     ) -> FetchResult:
         """Take up to *count* tasks from *qnames*, tried in order, in one call per node group.
 
@@ -180,12 +195,19 @@ class MultiQueue:
         queue, is archived instead of returned. When a later call fails after
         tasks were taken, those tasks are returned (and the failure logged);
         with nothing taken the error is raised.
+
+        *limits* maps a queue to ``(fleet, local)``: *fleet* is the configured
+        fleet-wide concurrency limit (a limit stored with
+        :meth:`Broker.set_queue_limit` overrides it), *local* the number of
+        tasks this caller may still start from the queue; -1 = no limit. A
+        queue stored with a limit is limited even when absent from *limits*.
         """
         if count < 1:
             raise ValueError(f"dequeue count must be at least 1, got {count}")
         broker = self._broker
         out: list[DequeuedTask] = []
         empty: set[str] = set()
+        held: set[str] = set()
         budget = -1 if max_bytes is None else max(0, max_bytes)
         for node, names in await self._groups(qnames, runs=strict):
             now = broker.clock()
@@ -196,9 +218,11 @@ class MultiQueue:
                 budget,
                 1 if first_free and not out else 0,
                 1 if node is not None else _PROBE_CHUNK,
+                int(now),
+                _limit_spec(names, limits),
             )
             try:
-                empties, taken, full = await self._call(_DEQUEUE, node, names, args)
+                empties, taken, full, held_at = await self._call(_DEQUEUE, node, names, args)
             except REDIS_ERRORS as exc:
                 if not out:
                     raise
@@ -211,6 +235,7 @@ class MultiQueue:
                     )
                 break
             empty.update(names[i - 1] for i in empties)
+            held.update(names[i - 1] for i in held_at)
             size = 0
             for i in range(0, len(taken), 3):
                 qk = broker._q(names[taken[i] - 1])
@@ -229,7 +254,7 @@ class MultiQueue:
                 break
             if budget >= 0:
                 budget = max(0, budget - size)
-        return FetchResult(out, empty)
+        return FetchResult(out, empty, held)
 
     # -- forwarder, recoverer, janitor ---------------------------------------------------------
 

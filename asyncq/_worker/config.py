@@ -68,6 +68,10 @@ class ServerConfig:
     burst: bool
     sync_concurrency: int
     max_inflight_bytes: int
+    queue_concurrency: Mapping[str, int] = field(default_factory=dict)
+    """Fleet-wide limit per queue (live leases); see :mod:`asyncq._worker.flow`."""
+    local_queue_concurrency: Mapping[str, int] = field(default_factory=dict)
+    """Limit per queue for this server alone."""
 
 
 @dataclass(slots=True)

@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import random
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncq._worker.config import ServerConfig
 from asyncq.task import Task
 
-__all__ = ["default_retry_delay", "is_failure_for", "retry_delay_for", "wraps_error"]
+__all__ = [
+    "default_retry_delay",
+    "find_error",
+    "is_failure_for",
+    "retry_delay_for",
+    "wraps_error",
+]
+
+_E = TypeVar("_E", bound=BaseException)
 
 _MAX_DELAY = timedelta(microseconds=(2**63 - 1) // 1000)
 """The longest retry delay: Go's largest time.Duration (about 292 years)."""
@@ -49,12 +57,8 @@ def is_failure_for(cfg: ServerConfig, log: Any, exc: BaseException, **fields: An
         return True
 
 
-def wraps_error(exc: BaseException, kind: type[BaseException]) -> bool:
-    """True when *exc* is, or wraps (cause chain, exception groups), a *kind* error.
-
-    The Python reading of Go's ``errors.Is``: ``raise X from SkipRetry()`` and an
-    ExceptionGroup containing RevokeTask both count.
-    """
+def find_error(exc: BaseException, kind: type[_E]) -> _E | None:
+    """The first *kind* error in *exc*, its cause chain or its exception groups, or None."""
     seen: set[int] = set()
     stack: list[BaseException] = [exc]
     while stack:
@@ -63,9 +67,18 @@ def wraps_error(exc: BaseException, kind: type[BaseException]) -> bool:
             continue
         seen.add(id(err))
         if isinstance(err, kind):
-            return True
+            return err
         if isinstance(err, BaseExceptionGroup):
             stack.extend(err.exceptions)
         if err.__cause__ is not None:
             stack.append(err.__cause__)
-    return False
+    return None
+
+
+def wraps_error(exc: BaseException, kind: type[BaseException]) -> bool:
+    """True when *exc* is, or wraps (cause chain, exception groups), a *kind* error.
+
+    The Python reading of Go's ``errors.Is``: ``raise X from SkipRetry()`` and an
+    ExceptionGroup containing RevokeTask both count.
+    """
+    return find_error(exc, kind) is not None

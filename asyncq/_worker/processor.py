@@ -66,14 +66,16 @@ from asyncq._worker.active import (
     ActiveTask,
     ActiveTasks,
 )
+from asyncq._worker.flow import QueueLimits
 from asyncq._worker.lease import Lease
-from asyncq._worker.policy import is_failure_for, retry_delay_for, wraps_error
+from asyncq._worker.policy import find_error, is_failure_for, retry_delay_for, wraps_error
 from asyncq._worker.roles import Role, RoleDeps
 from asyncq._worker.slots import Slots
 from asyncq.errors import (
     DeadlineExceededError,
     HandlerNotFoundError,
     LeaseExpiredError,
+    RateLimited,
     RevokeTask,
     SkipRetry,
     TaskCanceledError,
@@ -220,6 +222,7 @@ class Processor(Role):
         self.slots = Slots(cfg.concurrency)
         self._queue_order = QueueOrder(cfg.queues, strict=cfg.strict_priority)
         self._queues = MultiQueue(deps.broker)
+        self._limits = QueueLimits(cfg.queue_concurrency, cfg.local_queue_concurrency)
         self._max_bytes = cfg.max_inflight_bytes
         self._inflight_bytes = 0
         self._bytes_freed = asyncio.Event()
@@ -340,6 +343,7 @@ class Processor(Role):
                     strict=strict,
                     max_bytes=self._max_bytes - self._inflight_bytes,
                     first_free=not self.active,
+                    limits=self._limits.for_fetch(),
                 )
                 got: Sequence[DequeuedTask] = fetched.tasks
             except REDIS_ERRORS as exc:
@@ -423,6 +427,7 @@ class Processor(Role):
             # keep tracking the newest run (the older one can no longer write).
             self.log.warning("task is already running on this server", **task_fields(msg))
         self.active[msg.id] = active
+        self._limits.started(msg.queue)
         if self._debug:
             self.log.debug("task started", **task_fields(msg))
 
@@ -499,6 +504,9 @@ class Processor(Role):
         active.released = True
         self._inflight_bytes -= len(active.msg.payload)
         self._bytes_freed.set()
+        self._limits.finished(active.msg.queue)
+        if self._limits.is_local_limited(active.msg.queue):
+            self._wakeup.set()  # room under this server's limit for the queue: fetch again
         if active.timer is not None:
             active.timer.cancel()
         if active.grace is not None:
@@ -567,6 +575,10 @@ class Processor(Role):
         stats = self.stats
         fields = task_fields(msg)
         err_msg = error_text(exc)
+        limited = find_error(exc, RateLimited)
+        if limited is not None and not isinstance(exc, LeaseExpiredError):
+            await self._rate_limited(active, limited, err_msg)
+            return
         revoke = wraps_error(exc, RevokeTask)
         if revoke:
             stats.succeeded += 1
@@ -622,6 +634,24 @@ class Processor(Role):
 
         def retry() -> Awaitable[None]:
             return self.broker.retry(msg, retry_at, err_msg, is_failure=is_failure)
+
+        await self._write(active, retry, "retry")
+
+    async def _rate_limited(self, active: ActiveTask, exc: RateLimited, err_msg: str) -> None:
+        """``RateLimited``: back to the retry set *retry_in* from now, no failure, no retry used."""
+        msg = active.msg
+        fields = task_fields(msg)
+        self.log.info("task rate limited; rescheduled", retry_in=str(exc.retry_in), **fields)
+        if not active.lease.valid():
+            self.log.warning(
+                "task lease expired; not writing its outcome, the recoverer will retry it",
+                **fields,
+            )
+            return
+        retry_at = datetime.fromtimestamp(self.clock(), UTC) + exc.retry_in
+
+        def retry() -> Awaitable[None]:
+            return self.broker.retry(msg, retry_at, err_msg, is_failure=False)
 
         await self._write(active, retry, "retry")
 

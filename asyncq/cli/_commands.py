@@ -266,6 +266,11 @@ def _queue_text(q: QueueInfo) -> str:
         f"failed {q.failed}, error rate {error_rate(q.processed, q.failed)}",
         f"All time: processed {q.processed_total}, failed {q.failed_total}",
     ]
+    if q.concurrency_limit is not None:
+        lines.append(
+            f"Limit: {q.concurrency_limit} running fleet-wide    Running: {q.running}    "
+            f"Held back by the limit: {q.held_back}"
+        )
     return "\n".join(lines)
 
 

@@ -413,6 +413,12 @@ class QueueScreen(RefreshingScreen):
             f"size {info.size}  latency {format_duration(info.latency)}  "
             f"memory {format_bytes(info.memory_usage)}  today: processed {info.processed}, "
             f"failed {info.failed}"
+            + (
+                f"  limit {info.concurrency_limit} (running {info.running}, "
+                f"held back {info.held_back})"
+                if info.concurrency_limit is not None
+                else ""
+            )
         )
         group = f"  group {self.group} (g: next of {len(self.groups)})" if self.group else ""
         empty = "  (no groups)" if self.state is TaskState.AGGREGATING and not self.group else ""

@@ -27,6 +27,7 @@ from asyncq.cli._app import (
 )
 from asyncq.cli._commands import DURATION
 from asyncq.cli._extras import require_extra
+from asyncq.cli.flow import LimitsType
 from asyncq.cli.supervisor import SUPERVISOR_ENV, Supervisor, watch_supervisor
 from asyncq.mux import ServeMux
 
@@ -195,6 +196,18 @@ class QueuesType(_QueuesParam):
     metavar="NAME=PRIORITY,...",
     help="Queues and their weights, e.g. critical=6,default=3 [default: default=1].",
 )
+@click.option(
+    "--queue-concurrency",
+    type=LimitsType(),
+    metavar="NAME=N,...",
+    help="Fleet-wide limit of running tasks per queue, e.g. partner=2.",
+)
+@click.option(
+    "--local-queue-concurrency",
+    type=LimitsType(),
+    metavar="NAME=N,...",
+    help="Limit of running tasks per queue in this worker alone.",
+)
 @click.option("--strict", is_flag=True, help="Strict priority: empty higher queues first.")
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
 @click.option("--uri", "-u", "worker_uri", metavar="URL", help="Redis URL (overrides the global).")
@@ -252,6 +265,8 @@ def worker(
     app: str | None,
     concurrency: int | None,
     queues: dict[str, int] | None,
+    queue_concurrency: dict[str, int] | None,
+    local_queue_concurrency: dict[str, int] | None,
     strict: bool,
     burst: bool,
     worker_uri: str | None,
@@ -302,6 +317,10 @@ def worker(
             reload=reload,
             concurrency=concurrency,
             queues=queues,
+            limits={
+                "--queue-concurrency": queue_concurrency,
+                "--local-queue-concurrency": local_queue_concurrency,
+            },
             strict=strict,
             burst=burst,
             log_level=log_level.lower(),
@@ -319,6 +338,8 @@ def worker(
         "queues": queues,
         "strict_priority": strict,
         "burst": burst,
+        "queue_concurrency": queue_concurrency,
+        "local_queue_concurrency": local_queue_concurrency,
     }
     if shutdown_timeout is not None:
         options["shutdown_timeout"] = shutdown_timeout
@@ -380,6 +401,7 @@ def _supervise(
     reload: bool,
     concurrency: int | None,
     queues: dict[str, int] | None,
+    limits: dict[str, dict[str, int] | None],
     strict: bool,
     burst: bool,
     log_level: str,
@@ -400,6 +422,9 @@ def _supervise(
         argv += ["--concurrency", str(concurrency)]
     if queues is not None:
         argv += ["--queues", ",".join(f"{name}={prio}" for name, prio in queues.items())]
+    for flag, limit in limits.items():
+        if limit:
+            argv += [flag, ",".join(f"{name}={n}" for name, n in limit.items())]
     if shutdown_timeout is not None:
         argv += ["--shutdown-timeout", f"{round(shutdown_timeout.total_seconds() * 1000)}ms"]
     if strict:

@@ -13,6 +13,9 @@ asynq_queue_memory_usage_approx_bytes   gauge    queue         sampled memory
 asynq_tasks_processed_total             counter  queue         all-time processed
 asynq_tasks_failed_total                counter  queue         all-time failed
 asynq_queue_paused_total                gauge    queue         1 if paused else 0
+asyncq_queue_concurrency_limit          gauge    queue         stored limit (queues with one)
+asyncq_queue_running                    gauge    queue         tasks holding a live lease
+asyncq_queue_held_back                  gauge    queue         pending beyond the limit's room
 ======================================  =======  ============  ==========================
 
 As in asynq, ``asynq_tasks_enqueued_total`` covers active, pending, scheduled,
@@ -99,7 +102,27 @@ def queue_families(infos: Sequence[QueueInfo]) -> list[Metric]:
         processed.add_metric([q], info.processed_total)
         failed.add_metric([q], info.failed_total)
         paused.add_metric([q], 1 if info.paused else 0)
-    return [enqueued, size, latency, memory, processed, failed, paused]
+    limit = GaugeMetricFamily(
+        "asyncq_queue_concurrency_limit",
+        "Fleet-wide concurrency limit stored for the queue (asyncq; only queues with one)",
+        labels=["queue"],
+    )
+    running = GaugeMetricFamily(
+        "asyncq_queue_running",
+        "Tasks of the queue holding a live lease (what a concurrency limit counts; asyncq)",
+        labels=["queue"],
+    )
+    held = GaugeMetricFamily(
+        "asyncq_queue_held_back",
+        "Pending tasks the stored concurrency limit keeps waiting (asyncq)",
+        labels=["queue"],
+    )
+    for info in infos:
+        running.add_metric([info.queue], info.running)
+        if info.concurrency_limit is not None:
+            limit.add_metric([info.queue], info.concurrency_limit)
+            held.add_metric([info.queue], info.held_back)
+    return [enqueued, size, latency, memory, processed, failed, paused, limit, running, held]
 
 
 class _Snapshot(Collector):

@@ -148,6 +148,9 @@ def queue_dict(info: QueueInfo) -> dict[str, Any]:
         "processed_total": info.processed_total,
         "failed_total": info.failed_total,
         "timestamp": iso(info.timestamp),
+        "concurrency_limit": info.concurrency_limit,
+        "running": info.running,
+        "held_back": info.held_back,
     }
 
 

@@ -6,7 +6,12 @@
 --         past it; -1 = no budget
 -- ARGV[4] 1 = the first task taken may exceed the budget (nothing else in flight)
 -- ARGV[5] queues per EXISTS probe (1 on a cluster: one command cannot span slots)
--- ARGV[6..] queue names, in the order to try them
+-- ARGV[6] now, unix seconds (asyncq flow control: live leases have score >= it)
+-- ARGV[7] concurrency limits: "pos:fleet:local;..." for the queues (1-based
+--         positions in ARGV[8..]) with a configured limit; -1 = none. fleet is
+--         the server's queue_concurrency (a stored asynq:{q}:asyncq:limit
+--         overrides it), local the room left under the server-local limit.
+-- ARGV[8..] queue names, in the order to try them
 -- The keys are built from the names (asynq:{<q>}:pending, :paused, :active,
 -- :lease, :t:<id>): passing names instead of four keys per queue keeps a call
 -- over thousands of queues small. On a cluster every queue of one call is on
@@ -16,16 +21,30 @@
 -- are looked at ARGV[5] at a time: one EXISTS over their pending lists skips a
 -- chunk of empty queues; in a chunk with work an empty queue costs one LLEN, a
 -- non-empty paused one an EXISTS more.
--- Returns {empty, taken, full}: empty lists the 1-based positions (in ARGV[6..])
+-- Flow control: for a queue with work, the fleet-wide limit is the stored
+-- asynq:{q}:asyncq:limit if set, else the configured one; only live leases
+-- (ZCOUNT lease now +inf) count against it, so a dead worker's expired leases
+-- hold nothing. A queue takes at most min(limit - live leases, local room).
+-- Returns {empty, taken, full, held}: empty lists the 1-based positions (in ARGV[8..])
 -- of the queues found empty or paused (those looked at, drained ones included);
 -- taken is a flat array position, id, msg, ...; full is 1 when the byte budget
--- stopped the call. An id whose hash is gone is taken out of active again and
--- returned with msg false, so the caller can log it.
+-- stopped the call; held lists the positions of the queues with work that a
+-- limit kept from giving any (more) task. An id whose hash is gone is taken out
+-- of active again and returned with msg false, so the caller can log it.
 local want = tonumber(ARGV[2])
 local budget = tonumber(ARGV[3])
 local first_free = ARGV[4] == "1"
-local nqueues = #ARGV - 5
+local NAMES = 7
+local nqueues = #ARGV - NAMES
 local CHUNK = tonumber(ARGV[5])
+local now = tonumber(ARGV[6])
+local fleet_cfg = {}
+local local_room = {}
+for pos, fleet, loc in string.gmatch(ARGV[7], "(%d+):(-?%d+):(-?%d+)") do
+    fleet_cfg[tonumber(pos)] = tonumber(fleet)
+    local_room[tonumber(pos)] = tonumber(loc)
+end
+local held = {}
 local bytes = 0
 local got = 0
 local empty = {}
@@ -37,7 +56,7 @@ while first <= nqueues and not done do
     local last = math.min(nqueues, first + CHUNK - 1)
     local pendings = {}
     for q = first, last do
-        pendings[#pendings + 1] = "asynq:{" .. ARGV[5 + q] .. "}:pending"
+        pendings[#pendings + 1] = "asynq:{" .. ARGV[NAMES + q] .. "}:pending"
     end
     -- One EXISTS over the chunk: empty lists do not exist, so an idle chunk costs
     -- one native command instead of an LLEN per queue.
@@ -47,26 +66,47 @@ while first <= nqueues and not done do
         end
     else
         for q = first, last do
-            local base = "asynq:{" .. ARGV[5 + q] .. "}:"
+            local base = "asynq:{" .. ARGV[NAMES + q] .. "}:"
             local pending = pendings[q - first + 1]
+            local active = base .. "active"
+            local prefix = base .. "t:"
+            local lease = base .. "lease"
+            local room = want - got
+            local stopped = false
+            local problem = nil
             if redis.call("LLEN", pending) == 0 or redis.call("EXISTS", base .. "paused") == 1 then
                 empty[#empty + 1] = q
+                stopped = true
             else
-                local active = base .. "active"
-                local prefix = base .. "t:"
-                local lease = base .. "lease"
-                -- asyncq: nothing is written for a queue whose active list or lease set
-                -- holds another type, and an id is moved only once its hash is read, so
-                -- a failure never leaves an id in active without its lease or state.
-                -- It is an error when nothing was taken yet, else the fetch stops there.
-                local problem = nil
-                for _, pair in ipairs({{active, "list"}, {lease, "zset"}}) do
+                -- asyncq: nothing is written for a queue whose active list, lease set or
+                -- limit holds another type, and an id is moved only once its hash is
+                -- read, so a failure never leaves an id in active without its lease or
+                -- state. It is an error when nothing was taken yet, else the fetch stops.
+                for _, pair in ipairs({{active, "list"}, {lease, "zset"}, {base .. "asyncq:limit", "string"}}) do
                     local t = redis.call("TYPE", pair[1]).ok
                     if not problem and t ~= "none" and t ~= pair[2] then
                         problem = "WRONGTYPE " .. pair[1] .. " is not a " .. pair[2]
                     end
                 end
-                while got < want and not problem do
+                if not problem then
+                    local limit = tonumber(redis.call("GET", base .. "asyncq:limit") or fleet_cfg[q] or -1)
+                    if limit and limit >= 0 then
+                        local live = redis.call("ZCOUNT", lease, now, "+inf")
+                        room = math.min(room, limit - live)
+                    end
+                    local loc = local_room[q]
+                    if loc and loc >= 0 then
+                        room = math.min(room, loc)
+                    end
+                    if room <= 0 then
+                        held[#held + 1] = q
+                        stopped = true
+                    end
+                end
+            end
+            if not stopped then
+                local here = 0
+                while got < want and here < room and not problem do
                     local id = redis.call("LINDEX", pending, -1)
                     if not id then
                         empty[#empty + 1] = q
@@ -92,6 +132,7 @@ while first <= nqueues and not done do
                         redis.call("HDEL", key, "pending_since")
                         redis.call("ZADD", lease, ARGV[1], id)
                         got = got + 1
+                        here = here + 1
                     else
                         redis.call("LREM", active, 1, id)
                     end
@@ -106,6 +147,9 @@ while first <= nqueues and not done do
                     done = true
                     break
                 end
+                if here >= room and got < want and not full and redis.call("LLEN", pending) > 0 then
+                    held[#held + 1] = q
+                end
                 if got >= want or full then
                     if got >= want and redis.call("LLEN", pending) == 0 then
                         empty[#empty + 1] = q
@@ -118,4 +162,4 @@ while first <= nqueues and not done do
     end
     first = last + 1
 end
-return {empty, taken, full and 1 or 0}
+return {empty, taken, full and 1 or 0, held}

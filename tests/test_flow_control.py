@@ -1,0 +1,309 @@
+"""Flow control: per-queue concurrency limits, fleet-wide and local."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from datetime import timedelta
+
+import pytest
+from redis.asyncio import Redis
+
+from asyncq import Client, Inspector, RateLimited, ServeMux, Server, Task
+from asyncq import _keys as keys
+from asyncq._broker import Broker
+from asyncq._broker.multiqueue import MultiQueue
+from tests.workers.flow_worker import DONE, MAX, STARTS
+from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
+
+READY = "send signal TERM or INT"
+Q = "limited"
+
+
+async def _fill(redis: Redis, n: int, queue: str = Q) -> list[str]:
+    async with Client(redis) as client:
+        infos = await client.enqueue_many([Task("work", b"0", queue=queue) for _ in range(n)])
+    return [info.id for info in infos]  # type: ignore[union-attr]
+
+
+# -- the dequeue script ------------------------------------------------------------------------
+
+
+async def test_fleet_limit_caps_a_batched_fetch_by_live_leases(redis: Redis) -> None:
+    await _fill(redis, 10)
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue([Q], 10, limits={Q: (3, -1)})
+    assert len(got.tasks) == 3
+    assert got.held == {Q}
+    again = await mq.dequeue([Q], 10, limits={Q: (3, -1)})
+    assert again.tasks == [] and again.held == {Q} and Q not in again.empty
+    assert await redis.llen(keys.pending_key(Q)) == 7
+
+
+async def test_expired_leases_do_not_count(redis: Redis) -> None:
+    await _fill(redis, 4)
+    mq = MultiQueue(Broker(redis))
+    # Two leases of a dead worker, expired a minute ago (recoverer has not run).
+    past = int(time.time()) - 60
+    await redis.zadd(keys.lease_key(Q), {"dead-1": past, "dead-2": past})
+    got = await mq.dequeue([Q], 10, limits={Q: (2, -1)})
+    assert len(got.tasks) == 2
+    # A live lease of another worker does count.
+    got = await mq.dequeue([Q], 10, limits={Q: (3, -1)})
+    assert len(got.tasks) == 1
+
+
+async def test_stored_limit_overrides_and_applies_without_config(redis: Redis) -> None:
+    await _fill(redis, 10)
+    await _fill(redis, 3, queue="default")
+    mq = MultiQueue(Broker(redis))
+    async with Inspector(redis) as insp:
+        await insp.set_limit(Q, 1)
+        assert await insp.limit(Q) == 1
+        # No configured limit: the stored one applies; the other queue is not limited.
+        got = await mq.dequeue([Q, "default"], 10)
+        assert sorted(t.message.queue for t in got.tasks) == ["default"] * 3 + [Q]
+        await insp.set_limit(Q, 4)  # raised at runtime above the configured 2
+        got = await mq.dequeue([Q], 10, limits={Q: (2, -1)})
+        assert len(got.tasks) == 3
+        info = await insp.queue_info(Q)
+        assert (info.concurrency_limit, info.running, info.pending, info.held_back) == (4, 4, 6, 6)
+        await insp.set_limit(Q, None)
+        assert await insp.limit(Q) is None
+        got = await mq.dequeue([Q], 10, limits={Q: (5, -1)})
+        assert len(got.tasks) == 1
+
+
+async def test_local_room_bounds_the_fetch(redis: Redis) -> None:
+    await _fill(redis, 10)
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue([Q], 10, limits={Q: (-1, 2)})
+    assert len(got.tasks) == 2 and got.held == {Q}
+    got = await mq.dequeue([Q], 10, limits={Q: (-1, 0)})
+    assert got.tasks == [] and got.held == {Q}
+
+
+async def test_set_limit_refuses_bad_values(redis: Redis) -> None:
+    await _fill(redis, 1)
+    async with Inspector(redis) as insp:
+        with pytest.raises(ValueError, match="0 or more"):
+            await insp.set_limit(Q, -1)
+        with pytest.raises(TypeError, match="int or None"):
+            await insp.set_limit(Q, True)
+        # The stored key goes with the queue.
+        await insp.set_limit(Q, 2)
+        await redis.delete(keys.pending_key(Q))
+        await redis.delete(*await redis.keys(keys.task_key_prefix(Q) + "*"))
+        await insp.delete_queue(Q)
+    assert await redis.exists(keys.limit_key(Q)) == 0
+
+
+def test_server_refuses_bad_limits() -> None:
+    with pytest.raises(ValueError, match="queue_concurrency: queue 'q' needs an integer limit"):
+        Server("redis://localhost:1", queue_concurrency={"q": -1})
+    with pytest.raises(TypeError, match="local_queue_concurrency must be a mapping"):
+        Server("redis://localhost:1", local_queue_concurrency=[("q", 1)])  # type: ignore[arg-type]
+
+
+# -- worker processes --------------------------------------------------------------------------
+
+
+def _workers(url: str, n: int, *args: str) -> list[subprocess.Popen[str]]:
+    return [spawn("flow_worker.py", url, *args) for _ in range(n)]
+
+
+async def _enqueue_work(redis: Redis, n: int, ms: int) -> set[str]:
+    async with Client(redis) as client:
+        infos = await client.enqueue_many(
+            [Task("work", str(ms).encode(), queue=Q) for _ in range(n)]
+        )
+    return {info.id for info in infos}  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_three_workers_respect_the_fleet_limit_and_a_runtime_change(
+    redis_url: str, redis: Redis
+) -> None:
+    procs = _workers(redis_url, 3, "concurrency=20", f"limits={Q}:2")
+    try:
+        for proc in procs:
+            await wait_for_line(proc, READY)
+        ids = await _enqueue_work(redis, 60, 40)
+
+        async def done() -> bool:
+            return await redis.hlen(DONE) == len(ids)
+
+        await wait_until(done, within=90, interval=0.05, what="limited tasks done")
+        assert int(await redis.get(MAX) or 0) == 2  # reached, never exceeded
+
+        # Raised at runtime for the whole fleet: no restart.
+        async with Inspector(redis) as insp:
+            await insp.set_limit(Q, 5)
+        await redis.delete(MAX, DONE)
+        ids = await _enqueue_work(redis, 150, 40)
+        await wait_until(done, within=90, interval=0.05, what="tasks under the raised limit")
+        assert int(await redis.get(MAX) or 0) == 5
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        for proc in procs:
+            stop_process(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_killed_workers_expired_lease_does_not_hold_the_limit(
+    redis_url: str, redis: Redis
+) -> None:
+    # The recoverer would only touch the dead lease a minute after it expired.
+    timings = ["lease=2", "heartbeat=0.3", "recoverer_interval=60", "recoverer_cutoff=60"]
+    victim = spawn("flow_worker.py", redis_url, "concurrency=5", f"limits={Q}:1", *timings)
+    other: subprocess.Popen[str] | None = None
+    try:
+        await wait_for_line(victim, READY)
+        async with Client(redis) as client:
+            blocked = await client.enqueue(Task("block", b"", queue=Q))
+        await wait_until(
+            lambda: redis.lrange(STARTS, 0, -1), within=20, what="blocking task started"
+        )
+        victim.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(victim.wait, 10)
+        killed_at = time.time()
+        ids = await _enqueue_work(redis, 1, 0)
+        other = spawn("flow_worker.py", redis_url, "concurrency=5", f"limits={Q}:1", *timings)
+        await wait_for_line(other, READY)
+
+        async def done() -> bool:
+            return await redis.hlen(DONE) == len(ids)
+
+        await wait_until(done, within=30, interval=0.05, what="task behind the dead lease")
+        # It ran once the dead lease expired (2 s), long before any recovery.
+        assert time.time() - killed_at < 30
+        assert (await redis.lrange(keys.active_key(Q), 0, -1)) == [blocked.id.encode()]
+    finally:
+        stop_process(victim)
+        if other is not None:
+            stop_process(other)
+
+
+# -- RateLimited -------------------------------------------------------------------------------
+
+
+def test_rate_limited_refuses_bad_delays() -> None:
+    with pytest.raises(TypeError, match=r"retry_in must be a datetime\.timedelta"):
+        RateLimited(retry_in=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cannot be negative"):
+        RateLimited(retry_in=timedelta(seconds=-1))
+
+
+async def test_rate_limited_reschedules_without_using_a_retry(redis: Redis) -> None:
+    attempts: list[int] = []
+    errors: list[BaseException] = []
+
+    async def handle(task: Task) -> None:
+        attempts.append(task.retry_count)
+        if len(attempts) == 1:
+            raise ValueError("a real failure")  # uses one retry
+        if len(attempts) <= 4:
+            raise RuntimeError("partner said 429") from RateLimited(retry_in=timedelta(0))
+
+    mux = ServeMux()
+    mux.handle("limited", handle)
+    server = Server(
+        redis,
+        queues={Q: 1},
+        retry_delay=lambda n, e, t: timedelta(0),
+        error_handler=lambda task, exc: errors.append(exc),
+        **FAST,
+    )
+    async with Client(redis) as client:
+        info = await client.enqueue(Task("limited", b"", queue=Q), max_retry=1)
+    async with server:
+        await server.start(mux)
+        await wait_until(lambda: len(attempts) >= 5, within=30, what="five attempts")
+
+        async def gone() -> bool:
+            return await redis.exists(keys.task_key(Q, info.id)) == 0
+
+        await wait_until(gone, within=30, what="task done")
+    # One real failure used the only retry; the rate-limited runs used none, so the
+    # task still ran (max_retry=1 would have archived it on a counted failure).
+    assert attempts == [0, 1, 1, 1, 1]
+    assert [type(e) for e in errors] == [ValueError]
+    assert int(await redis.get(keys.failed_total_key(Q)) or 0) == 1
+
+
+# -- visible -----------------------------------------------------------------------------------
+
+
+async def test_limit_shows_in_metrics_web_and_cli(redis_url: str, redis: Redis) -> None:
+    import httpx
+    from click.testing import CliRunner
+
+    from asyncq.cli import main
+    from asyncq.metrics import collect_queue_metrics, render
+    from asyncq.web import create_app
+
+    await _fill(redis, 5)
+    mq = MultiQueue(Broker(redis))
+    assert len((await mq.dequeue([Q], 1)).tasks) == 1
+    runner = CliRunner()
+    res = await asyncio.to_thread(runner.invoke, main, ["-u", redis_url, "queue", "limit", Q, "3"])
+    assert res.exit_code == 0, res.output
+    assert "to 3 running tasks fleet-wide" in res.output
+    res = await asyncio.to_thread(runner.invoke, main, ["-u", redis_url, "queue", "limit", Q])
+    assert "at most 3 running tasks" in res.output
+    res = await asyncio.to_thread(runner.invoke, main, ["-u", redis_url, "queue", "inspect", Q])
+    assert "Limit: 3 running fleet-wide    Running: 1    Held back by the limit: 2" in res.output
+    res = await asyncio.to_thread(
+        runner.invoke, main, ["-u", redis_url, "queue", "limit", "nosuchqueue", "3"]
+    )
+    assert res.exit_code != 0 and "nosuchqueue" in res.output
+
+    async with Inspector(redis) as insp:
+        text = render(await collect_queue_metrics(insp)).decode()
+    assert f'asyncq_queue_concurrency_limit{{queue="{Q}"}} 3.0' in text
+    assert f'asyncq_queue_running{{queue="{Q}"}} 1.0' in text
+    assert f'asyncq_queue_held_back{{queue="{Q}"}} 2.0' in text
+
+    app = create_app(redis_url)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        page = await http.get(f"/queues/{Q}")
+        assert page.status_code == 200
+        assert "Limit (fleet-wide)" in page.text and "Held back by the limit" in page.text
+        data = (await http.get(f"/api/queues/{Q}")).json()["queue"]
+    assert (data["concurrency_limit"], data["running"], data["held_back"]) == (3, 1, 2)
+
+    res = await asyncio.to_thread(
+        runner.invoke, main, ["-u", redis_url, "queue", "limit", Q, "--clear"]
+    )
+    assert res.exit_code == 0 and "Cleared" in res.output
+
+
+async def test_server_local_limit_bounds_one_process(redis: Redis) -> None:
+    running = 0
+    peak = 0
+    done = 0
+
+    async def handle(task: Task) -> None:
+        nonlocal running, peak, done
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+        done += 1
+
+    mux = ServeMux()
+    mux.handle("work", handle)
+    await _fill(redis, 30)
+    server = Server(redis, concurrency=10, queues={Q: 1}, local_queue_concurrency={Q: 2}, **FAST)
+    async with server:
+        await server.start(mux)
+        await wait_until(lambda: done == 30, within=30, what="all tasks")
+    assert peak == 2

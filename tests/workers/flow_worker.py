@@ -1,0 +1,104 @@
+"""A worker process for the flow-control tests.
+
+    python tests/workers/flow_worker.py REDIS_URL [option=value ...]
+
+Options: concurrency, limits (``queue:N;queue:N``, fleet-wide
+queue_concurrency), local (the same for local_queue_concurrency), lease,
+heartbeat, recoverer_interval, recoverer_cutoff (seconds).
+
+Handlers serve the queue ``limited`` (and ``default``):
+``work`` (payload = milliseconds to sleep) INCRs ``asyncq-test:running``,
+raises ``asyncq-test:max`` to it if higher, sleeps, DECRs and HINCRBYs
+``asyncq-test:done <id>``; ``block`` RPUSHes its id on ``asyncq-test:starts``
+and waits until cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+
+from asyncq import ServeMux, Server, Task
+
+RUNNING = "asyncq-test:running"
+MAX = "asyncq-test:max"
+DONE = "asyncq-test:done"
+STARTS = "asyncq-test:starts"
+_ENTER = """
+local n = redis.call("INCR", KEYS[1])
+if n > tonumber(redis.call("GET", KEYS[2]) or "0") then
+    redis.call("SET", KEYS[2], n)
+end
+return n
+"""
+
+
+def _limits(text: str) -> dict[str, int]:
+    out = {}
+    for item in text.split(";"):
+        name, _, value = item.partition(":")
+        out[name] = int(value)
+    return out
+
+
+async def main(url: str, raw: dict[str, str]) -> None:
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+    )
+    redis = Redis.from_url(url)
+    mux = ServeMux()
+
+    @mux.handler("work")
+    async def work(task: Task) -> None:
+        await redis.eval(_ENTER, 2, RUNNING, MAX)
+        try:
+            await asyncio.sleep(int(task.payload or b"0") / 1000)
+        finally:
+            await redis.decr(RUNNING)
+        await redis.hincrby(DONE, task.id or "", 1)
+
+    @mux.handler("block")
+    async def block(task: Task) -> None:
+        await redis.rpush(STARTS, task.id or "")
+        await asyncio.Event().wait()
+
+    options: dict[str, Any] = {
+        "queues": {"limited": 1, "default": 1},
+        "task_check_interval": timedelta(milliseconds=50),
+    }
+    durations = {
+        "lease": "lease_duration",
+        "heartbeat": "heartbeat_interval",
+        "recoverer_interval": "recoverer_interval",
+        "recoverer_cutoff": "recoverer_cutoff",
+    }
+    for key, value in raw.items():
+        if key in durations:
+            options[durations[key]] = timedelta(seconds=float(value))
+        elif key == "concurrency":
+            options["concurrency"] = int(value)
+        elif key == "limits":
+            options["queue_concurrency"] = _limits(value)
+        elif key == "local":
+            options["local_queue_concurrency"] = _limits(value)
+        else:
+            raise SystemExit(f"unknown option {key!r}")
+    server = Server(redis, **options)
+    await server.run(mux)
+    await redis.aclose()
+
+
+if __name__ == "__main__":
+    url, *rest = sys.argv[1:]
+    asyncio.run(main(url, dict(arg.split("=", 1) for arg in rest)))
