@@ -146,6 +146,14 @@ def limit_key(qname: str) -> str:
     return f"asynq:{{{qname}}}:asyncq:limit"
 
 
+def rate_key(qname: str) -> str:
+    """asyncq-only HASH: a queue's rate-limit bucket (tat, interval, burst), kept by workers.
+
+    Same hash tag as the queue's keys; Go asynq never reads it.
+    """
+    return f"asynq:{{{qname}}}:asyncq:rate"
+
+
 def processed_total_key(qname: str) -> str:
     """All-time processed counter (successes and failures)."""
     return f"asynq:{{{qname}}}:processed"

@@ -110,6 +110,11 @@ class QueueInfo:
     """asyncq: active tasks holding a live lease, what a concurrency limit counts."""
     held_back: int = 0
     """asyncq: pending tasks the stored limit keeps waiting now (pending beyond the room)."""
+    rate_limit: str | None = None
+    """asyncq: the rate the workers' ``rate_limits`` bucket runs at (e.g. ``"50/s"``), as
+    last written by a worker that took a task (kept an hour); None when no bucket exists."""
+    rate_tokens: int | None = None
+    """asyncq: tasks the rate bucket lets start now (Redis TIME); None without a bucket."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +288,7 @@ class Inspector:
         stats = await self._rdb.current_stats(queue)
         limit = await self._rdb.queue_limit(queue)
         running = await self._rdb.live_leases(queue)
+        bucket = await self._rdb.queue_rate(queue)
         now = self._now()
         latency = timedelta(0)
         if stats.oldest_pending_since_ns > 0:
@@ -320,6 +326,8 @@ class Inspector:
             concurrency_limit=limit,
             running=running,
             held_back=0 if limit is None else max(0, stats.pending - max(0, limit - running)),
+            rate_limit=None if bucket is None else _rate_text(bucket[0], bucket[1]),
+            rate_tokens=None if bucket is None else bucket[2],
         )
 
     async def history(self, queue: str, days: int = 10) -> list[DailyStats]:
@@ -643,3 +651,11 @@ class Inspector:
     async def redis_info(self) -> dict[str, Any]:
         """Redis ``INFO``, parsed."""
         return await self._rdb.redis_info()
+
+
+def _rate_text(count: int, period_us: int) -> str:
+    """``50/s``, ``600/min``, ``10/h``; another period in seconds (``7/2.5s``)."""
+    for unit, size in (("h", 3_600_000_000), ("min", 60_000_000), ("s", 1_000_000)):
+        if abs(period_us - size) < count:  # the interval is rounded down to a µs
+            return f"{count}/{unit}"
+    return f"{count}/{period_us / 1_000_000:g}s"

@@ -62,7 +62,7 @@ from asyncq._worker.config import (
     ServerConfig,
     ServerStats,
 )
-from asyncq._worker.flow import validate_limits
+from asyncq._worker.flow import validate_limits, validate_rates
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.healthchecker import HealthChecker
 from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
@@ -169,7 +169,9 @@ class Server:
     - ``queue_concurrency``: ``{queue: N}``, at most N tasks of the queue run
       at once across every asyncq server (counted in Redis from the live
       leases; a limit stored with ``Inspector.set_limit`` overrides it);
-      ``local_queue_concurrency``: ``{queue: N}`` for this server alone. See
+      ``local_queue_concurrency``: ``{queue: N}`` for this server alone;
+      ``rate_limits``: ``{queue: "100/s"}``, a token bucket in Redis shared by
+      every asyncq server (periods s, min, h; holds N tokens). See
       docs/flow-control.md.
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
     - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
@@ -215,6 +217,7 @@ class Server:
         max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
         queue_concurrency: Mapping[str, int] | None = None,
         local_queue_concurrency: Mapping[str, int] | None = None,
+        rate_limits: Mapping[str, str] | None = None,
         logger: Any = None,
         metrics: WorkerHooks | None = None,  # [metrics hook]
         min_replicas: int = 0,
@@ -302,6 +305,7 @@ class Server:
             local_queue_concurrency=validate_limits(
                 "local_queue_concurrency", local_queue_concurrency
             ),
+            rate_limits=validate_rates("rate_limits", rate_limits),
         )
         self.log: Any = logger if logger is not None else get_logger()
         self.metrics = metrics  # [metrics hook]

@@ -15,7 +15,7 @@ from asyncq import Client, Inspector, RateLimited, ServeMux, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.multiqueue import MultiQueue
-from tests.workers.flow_worker import DONE, MAX, STARTS
+from tests.workers.flow_worker import DONE, MAX, STAMPS, STARTS
 from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
 
 READY = "send signal TERM or INT"
@@ -307,3 +307,111 @@ async def test_server_local_limit_bounds_one_process(redis: Redis) -> None:
         await server.start(mux)
         await wait_until(lambda: done == 30, within=30, what="all tasks")
     assert peak == 2
+
+
+# -- rate limits -------------------------------------------------------------------------------
+
+
+def test_rates_parse_and_refuse_bad_input() -> None:
+    from asyncq._worker.flow import parse_rate
+
+    assert parse_rate("100/s").interval_us == 10_000
+    assert parse_rate("600/min").interval_us == 100_000
+    assert parse_rate(" 10 / H ").count == 10
+    for bad in ("100", "0/s", "1/week", "x/s", "-1/s", "1.5/s"):
+        with pytest.raises(ValueError, match="bad rate"):
+            parse_rate(bad)
+    with pytest.raises(ValueError, match="rate_limits: queue 'email'"):
+        Server("redis://localhost:1", rate_limits={"email": "fast"})
+    with pytest.raises(TypeError, match="rate_limits must be a mapping"):
+        Server("redis://localhost:1", rate_limits=["email"])  # type: ignore[arg-type]
+
+    from click.testing import CliRunner
+
+    from asyncq.cli import main
+
+    for bad in ("email", "email=100", "=1/s"):
+        res = CliRunner().invoke(main, ["worker", "x:y", "--rate-limit", bad])
+        assert res.exit_code == 2 and "--rate-limit" in res.output, res.output
+
+
+async def test_rate_bucket_gives_the_burst_then_holds_without_starving_others(
+    redis_url: str, redis: Redis
+) -> None:
+    from click.testing import CliRunner
+
+    from asyncq.cli import main
+
+    await _fill(redis, 10)
+    await _fill(redis, 3, queue="default")
+    mq = MultiQueue(Broker(redis))
+    rate = (-1, -1, 3_600_000_000 // 4, 4)  # 4/h: a full bucket of 4, then nothing for a while
+    got = await mq.dequeue([Q, "default"], 10, limits={Q: rate})
+    by_queue = [t.message.queue for t in got.tasks]
+    assert by_queue.count(Q) == 4 and by_queue.count("default") == 3
+    assert got.held == {Q} and Q not in got.empty
+    again = await mq.dequeue([Q, "default"], 10, limits={Q: rate})
+    assert again.tasks == [] and again.held == {Q}
+    # The bucket lives in Redis under the queue's hash tag, with an expiry.
+    assert await redis.pttl(f"asynq:{{{Q}}}:asyncq:rate") > 0
+    assert await redis.llen(keys.pending_key(Q)) == 6
+    async with Inspector(redis) as insp:
+        info = await insp.queue_info(Q)
+    assert (info.rate_limit, info.rate_tokens) == ("4/h", 0)
+    res = await asyncio.to_thread(
+        CliRunner().invoke, main, ["-u", redis_url, "queue", "inspect", Q]
+    )
+    assert "Rate limit: 4/h    Tokens now: 0" in res.output, res.output
+
+
+async def test_rate_bucket_refills_with_redis_time(redis: Redis) -> None:
+    await _fill(redis, 20)
+    mq = MultiQueue(Broker(redis))
+    rate = (-1, -1, 100_000, 2)  # 10/s, bucket of 2
+    assert len((await mq.dequeue([Q], 20, limits={Q: rate})).tasks) == 2
+    assert (await mq.dequeue([Q], 20, limits={Q: rate})).tasks == []
+    await asyncio.sleep(0.25)
+    assert len((await mq.dequeue([Q], 20, limits={Q: rate})).tasks) == 2  # refilled, capped
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_rate_limit_over_three_workers(redis_url: str, redis: Redis) -> None:
+    rate, n = 50, 300
+    burst = rate  # "50/s" holds 50 tokens
+    procs = _workers(redis_url, 3, "concurrency=20", f"rate={Q}:{rate}/s")
+    try:
+        for proc in procs:
+            await wait_for_line(proc, READY)
+        async with Client(redis) as client:
+            await client.enqueue_many([Task("stamp", b"", queue=Q) for _ in range(n)])
+
+        async def done() -> bool:
+            return await redis.llen(STAMPS) == n
+
+        await wait_until(done, within=120, interval=0.1, what="rate-limited tasks done")
+        stamps = sorted(int(s) for s in await redis.lrange(STAMPS, 0, -1))
+        # Every one-second window (by Redis time) holds at most burst + rate starts,
+        # counted at the fetch. A handler stamps a little after its fetch, and the
+        # first burst's handlers start later than the tasks fetched one by one after
+        # it, so the stamps get a quarter second of slack here too.
+        most = 0
+        j = 0
+        for i, start in enumerate(stamps):
+            while j < len(stamps) and stamps[j] < start + 1_000_000:
+                j += 1
+            most = max(most, j - i)
+        assert most <= burst + rate * 1.25
+        assert most >= rate  # the rate is reached
+        # Over the whole run the bucket bounds the total: n <= burst + rate * span
+        # (one bucket per worker would allow three times that). The stamps are taken
+        # when a handler starts, a little after its fetch: a quarter second of slack.
+        span = (stamps[-1] - stamps[0]) / 1_000_000
+        assert n <= burst + rate * (span + 0.25)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        for proc in procs:
+            stop_process(proc)

@@ -274,7 +274,8 @@ class InspectBroker:
         code = _int(await _lua("inspect_remove_queue")(self.redis, script_keys, args))
         if code == 1:
             await self._r.srem(keys.ALL_QUEUES, qname)
-            await self._r.delete(keys.limit_key(qname))  # asyncq's flow-control setting
+            # asyncq's flow-control setting and rate bucket
+            await self._r.delete(keys.limit_key(qname), keys.rate_key(qname))
         return code
 
     # -- flow control (asyncq-only keys; Go asynq never reads them) ---------------------------
@@ -290,6 +291,19 @@ class InspectBroker:
             await self._r.delete(keys.limit_key(qname))
         else:
             await self._r.set(keys.limit_key(qname), limit)
+
+    async def queue_rate(self, qname: str) -> tuple[int, int, int] | None:
+        """``(burst, period µs, tokens now)`` of the queue's rate bucket, None when absent."""
+        tat, interval, burst = await self._r.hmget(
+            keys.rate_key(qname), ["tat", "interval", "burst"]
+        )
+        if tat is None or interval is None or burst is None:
+            return None
+        sec, usec = await self._r.time()
+        iv, cap = max(1, _int(interval)), _int(burst)
+        now = int(sec) * 1_000_000 + int(usec)
+        tokens = max(0, min(cap, (now + cap * iv - max(_int(tat), now)) // iv))
+        return cap, cap * iv, tokens
 
     async def live_leases(self, qname: str) -> int:
         """Active tasks of the queue whose lease has not expired (what a limit counts)."""

@@ -81,18 +81,18 @@ class FetchResult:
     tasks: list[DequeuedTask]
     empty: set[str]
     held: set[str] = field(default_factory=set)
-    """Queues with pending work that a concurrency limit kept from giving (more) tasks."""
+    """Queues with pending work that a concurrency or rate limit kept from giving (more) tasks."""
 
 
-def _limit_spec(names: Sequence[str], limits: Mapping[str, tuple[int, int]] | None) -> str:
-    """``pos:fleet:local;...`` for the queues of *names* that have a limit (dequeue_queues.lua)."""
+def _limit_spec(names: Sequence[str], limits: Mapping[str, tuple[int, ...]] | None) -> str:
+    """``pos:fleet:local[:interval:burst];...`` for the limited *names* (dequeue_queues.lua)."""
     if not limits:
         return ""
     parts = []
     for pos, name in enumerate(names, 1):
         limit = limits.get(name)
         if limit is not None:
-            parts.append(f"{pos}:{limit[0]}:{limit[1]}")
+            parts.append(":".join([str(pos), *map(str, limit)]))
     return ";".join(parts)
 
 
@@ -185,7 +185,7 @@ class MultiQueue:
         strict: bool = False,
         max_bytes: int | None = None,
         first_free: bool = True,
-        limits: Mapping[str, tuple[int, int]] | None = None,
+        limits: Mapping[str, tuple[int, ...]] | None = None,
     ) -> FetchResult:
         """Take up to *count* tasks from *qnames*, tried in order, in one call per node group.
 
@@ -201,6 +201,9 @@ class MultiQueue:
         :meth:`Broker.set_queue_limit` overrides it), *local* the number of
         tasks this caller may still start from the queue; -1 = no limit. A
         queue stored with a limit is limited even when absent from *limits*.
+        ``(fleet, local, interval, burst)`` adds a rate limit: a token bucket in
+        Redis giving one task every *interval* microseconds (Redis TIME), at most
+        *burst* at once; a queue out of tokens is skipped and reported held.
         """
         if count < 1:
             raise ValueError(f"dequeue count must be at least 1, got {count}")

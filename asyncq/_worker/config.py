@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TypeAlias
 
+from asyncq._worker.flow import Rate
 from asyncq.task import Task
 
 __all__ = [
@@ -72,6 +73,8 @@ class ServerConfig:
     """Fleet-wide limit per queue (live leases); see :mod:`asyncq._worker.flow`."""
     local_queue_concurrency: Mapping[str, int] = field(default_factory=dict)
     """Limit per queue for this server alone."""
+    rate_limits: Mapping[str, Rate] = field(default_factory=dict)
+    """Fleet-wide token bucket per queue (Redis TIME); see :mod:`asyncq._worker.flow`."""
 
 
 @dataclass(slots=True)

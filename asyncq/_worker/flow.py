@@ -1,4 +1,4 @@
-"""Flow control on the worker side: per-queue concurrency limits.
+"""Flow control on the worker side: per-queue concurrency and rate limits.
 
 The limits are enforced inside the dequeue script (``dequeue_queues.lua``):
 
@@ -10,17 +10,85 @@ The limits are enforced inside the dequeue script (``dequeue_queues.lua``):
 * ``local_queue_concurrency`` (this server only): this process runs at most N
   tasks of the queue; the processor passes the room left (N minus what it
   runs) with each fetch.
+* ``rate_limits`` (fleet-wide): ``{queue: "N/period"}``, a GCRA token bucket in
+  Redis (``asynq:{q}:asyncq:rate``) computed with Redis TIME inside the same
+  dequeue script, so every worker shares it; one task every period/N, at most
+  N at once (the bucket holds N tokens).
 """
 
 from __future__ import annotations
 
+import re
 import types
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from asyncq import _keys as keys
 
-__all__ = ["QueueLimits", "validate_limits"]
+__all__ = ["QueueLimits", "Rate", "parse_rate", "validate_limits", "validate_rates"]
+
+_PERIODS_US = {
+    "s": 1_000_000,
+    "sec": 1_000_000,
+    "second": 1_000_000,
+    "m": 60_000_000,
+    "min": 60_000_000,
+    "minute": 60_000_000,
+    "h": 3_600_000_000,
+    "hour": 3_600_000_000,
+}
+_RATE = re.compile(r"\s*(\d+)\s*/\s*([a-z]+)\s*")
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A rate limit: *count* tasks per *period_us* microseconds, at most *count* at once."""
+
+    count: int
+    period_us: int
+    text: str
+
+    @property
+    def interval_us(self) -> int:
+        """Microseconds between two tokens (at least 1)."""
+        return max(1, self.period_us // self.count)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_rate(text: str) -> Rate:
+    """``"100/s"``, ``"600/min"``, ``"10/h"`` as a :class:`Rate`; anything else raises."""
+    if not isinstance(text, str):
+        raise TypeError(f"a rate is a string like '100/s', got {text!r}")
+    m = _RATE.fullmatch(text.lower())
+    if m is None or m.group(2) not in _PERIODS_US:
+        raise ValueError(
+            f"bad rate {text!r}: expected COUNT/PERIOD with PERIOD one of s, min, h (e.g. '100/s')"
+        )
+    count = int(m.group(1))
+    if count < 1:
+        raise ValueError(f"bad rate {text!r}: the count must be at least 1")
+    return Rate(count, _PERIODS_US[m.group(2)], f"{count}/{m.group(2)}")
+
+
+def validate_rates(option: str, rates: Mapping[str, str] | None) -> Mapping[str, Rate]:
+    """A read-only ``{queue: Rate}``; every bad entry raises naming the problem."""
+    if rates is None:
+        return types.MappingProxyType({})
+    if not isinstance(rates, Mapping):
+        raise TypeError(f"{option} must be a mapping of queue name to rate, got {rates!r}")
+    out: dict[str, Rate] = {}
+    for qname, text in rates.items():
+        if not isinstance(qname, str) or not qname.strip():
+            raise ValueError(f"{option}: queue names must be non-blank strings, got {qname!r}")
+        keys.refuse_braces("queue name", qname)
+        try:
+            out[qname] = text if isinstance(text, Rate) else parse_rate(text)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{option}: queue {qname!r}: {exc}") from None
+    return types.MappingProxyType(out)
 
 
 def validate_limits(option: str, limits: Mapping[str, int] | None) -> Mapping[str, int]:
@@ -45,11 +113,17 @@ def validate_limits(option: str, limits: Mapping[str, int] | None) -> Mapping[st
 class QueueLimits:
     """The limits one fetch passes to the dequeue script, and the local running counts."""
 
-    __slots__ = ("_fleet", "_local", "_running")
+    __slots__ = ("_fleet", "_local", "_rates", "_running")
 
-    def __init__(self, fleet: Mapping[str, int], local: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        fleet: Mapping[str, int],
+        local: Mapping[str, int],
+        rates: Mapping[str, Rate] | None = None,
+    ) -> None:
         self._fleet = dict(fleet)
         self._local = dict(local)
+        self._rates = dict(rates or {})
         self._running: Counter[str] = Counter()
 
     def started(self, qname: str) -> None:
@@ -68,13 +142,19 @@ class QueueLimits:
         """Whether a finished task of *qname* frees room under a server-local limit."""
         return qname in self._local
 
-    def for_fetch(self) -> dict[str, tuple[int, int]] | None:
-        """``{queue: (fleet limit, local room)}`` (-1 = none), or None when nothing is limited."""
-        if not self._fleet and not self._local:
+    def for_fetch(self) -> dict[str, tuple[int, ...]] | None:
+        """``{queue: (fleet limit, local room[, interval µs, burst])}`` (-1 = none).
+
+        None when nothing is limited."""
+        if not self._fleet and not self._local and not self._rates:
             return None
-        out: dict[str, tuple[int, int]] = {}
-        for qname in self._fleet.keys() | self._local.keys():
+        out: dict[str, tuple[int, ...]] = {}
+        for qname in self._fleet.keys() | self._local.keys() | self._rates.keys():
             local = self._local.get(qname)
             room = -1 if local is None else max(0, local - self._running[qname])
-            out[qname] = (self._fleet.get(qname, -1), room)
+            entry: tuple[int, ...] = (self._fleet.get(qname, -1), room)
+            rate = self._rates.get(qname)
+            if rate is not None:
+                entry += (rate.interval_us, rate.count)
+            out[qname] = entry
         return out

@@ -222,7 +222,9 @@ class Processor(Role):
         self.slots = Slots(cfg.concurrency)
         self._queue_order = QueueOrder(cfg.queues, strict=cfg.strict_priority)
         self._queues = MultiQueue(deps.broker)
-        self._limits = QueueLimits(cfg.queue_concurrency, cfg.local_queue_concurrency)
+        self._limits = QueueLimits(
+            cfg.queue_concurrency, cfg.local_queue_concurrency, cfg.rate_limits
+        )
         self._max_bytes = cfg.max_inflight_bytes
         self._inflight_bytes = 0
         self._bytes_freed = asyncio.Event()

@@ -208,6 +208,13 @@ class QueuesType(_QueuesParam):
     metavar="NAME=N,...",
     help="Limit of running tasks per queue in this worker alone.",
 )
+@click.option(
+    "--rate-limit",
+    "rate_limits",
+    multiple=True,
+    metavar="NAME=N/PERIOD",
+    help="Fleet-wide rate limit of a queue (token bucket in Redis), e.g. email=100/s; repeatable.",
+)
 @click.option("--strict", is_flag=True, help="Strict priority: empty higher queues first.")
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
 @click.option("--uri", "-u", "worker_uri", metavar="URL", help="Redis URL (overrides the global).")
@@ -267,6 +274,7 @@ def worker(
     queues: dict[str, int] | None,
     queue_concurrency: dict[str, int] | None,
     local_queue_concurrency: dict[str, int] | None,
+    rate_limits: tuple[str, ...],
     strict: bool,
     burst: bool,
     worker_uri: str | None,
@@ -301,6 +309,7 @@ def worker(
     from asyncq.server import Server
 
     configure_logging(log_level.lower())
+    rates = _rates(rate_limits)
     if app is None and not http_targets:
         raise click.UsageError("give MODULE:APP, --http-target PATTERN=URL, or both")
     target = load_app(app) if app is not None else ServeMux()
@@ -321,6 +330,7 @@ def worker(
                 "--queue-concurrency": queue_concurrency,
                 "--local-queue-concurrency": local_queue_concurrency,
             },
+            rate_limits=rate_limits,
             strict=strict,
             burst=burst,
             log_level=log_level.lower(),
@@ -340,6 +350,7 @@ def worker(
         "burst": burst,
         "queue_concurrency": queue_concurrency,
         "local_queue_concurrency": local_queue_concurrency,
+        "rate_limits": rates or None,
     }
     if shutdown_timeout is not None:
         options["shutdown_timeout"] = shutdown_timeout
@@ -393,6 +404,25 @@ def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
+def _rates(items: tuple[str, ...]) -> dict[str, str]:
+    """``--rate-limit NAME=N/PERIOD`` values as ``{queue: rate}``, checked now."""
+    from asyncq._worker.flow import validate_rates
+
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, rate = item.partition("=")
+        if not sep or not name.strip():
+            raise click.BadParameter(
+                f"expected NAME=N/PERIOD, got {item!r}", param_hint="--rate-limit"
+            )
+        out[name.strip()] = rate.strip()
+    try:
+        validate_rates("--rate-limit", out)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--rate-limit") from None
+    return out
+
+
 def _supervise(
     app: str | None,
     uri: str | None,
@@ -402,6 +432,7 @@ def _supervise(
     concurrency: int | None,
     queues: dict[str, int] | None,
     limits: dict[str, dict[str, int] | None],
+    rate_limits: tuple[str, ...],
     strict: bool,
     burst: bool,
     log_level: str,
@@ -425,6 +456,8 @@ def _supervise(
     for flag, limit in limits.items():
         if limit:
             argv += [flag, ",".join(f"{name}={n}" for name, n in limit.items())]
+    for rate in rate_limits:
+        argv += ["--rate-limit", rate]
     if shutdown_timeout is not None:
         argv += ["--shutdown-timeout", f"{round(shutdown_timeout.total_seconds() * 1000)}ms"]
     if strict:

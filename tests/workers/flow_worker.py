@@ -2,15 +2,16 @@
 
     python tests/workers/flow_worker.py REDIS_URL [option=value ...]
 
-Options: concurrency, limits (``queue:N;queue:N``, fleet-wide
-queue_concurrency), local (the same for local_queue_concurrency), lease,
-heartbeat, recoverer_interval, recoverer_cutoff (seconds).
+Options: concurrency, rate (``queue:N/period``, rate_limits), limits
+(``queue:N;queue:N``, fleet-wide queue_concurrency), local (the same for
+local_queue_concurrency), lease, heartbeat, recoverer_interval, recoverer_cutoff (seconds).
 
 Handlers serve the queue ``limited`` (and ``default``):
 ``work`` (payload = milliseconds to sleep) INCRs ``asyncq-test:running``,
 raises ``asyncq-test:max`` to it if higher, sleeps, DECRs and HINCRBYs
 ``asyncq-test:done <id>``; ``block`` RPUSHes its id on ``asyncq-test:starts``
-and waits until cancelled.
+and waits until cancelled; ``stamp`` RPUSHes the Redis TIME at its start
+(microseconds) on ``asyncq-test:stamps``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ RUNNING = "asyncq-test:running"
 MAX = "asyncq-test:max"
 DONE = "asyncq-test:done"
 STARTS = "asyncq-test:starts"
+STAMPS = "asyncq-test:stamps"
 _ENTER = """
 local n = redis.call("INCR", KEYS[1])
 if n > tonumber(redis.call("GET", KEYS[2]) or "0") then
@@ -73,6 +75,11 @@ async def main(url: str, raw: dict[str, str]) -> None:
         await redis.rpush(STARTS, task.id or "")
         await asyncio.Event().wait()
 
+    @mux.handler("stamp")
+    async def stamp(task: Task) -> None:
+        sec, usec = await redis.time()
+        await redis.rpush(STAMPS, sec * 1_000_000 + usec)
+
     options: dict[str, Any] = {
         "queues": {"limited": 1, "default": 1},
         "task_check_interval": timedelta(milliseconds=50),
@@ -90,6 +97,9 @@ async def main(url: str, raw: dict[str, str]) -> None:
             options["concurrency"] = int(value)
         elif key == "limits":
             options["queue_concurrency"] = _limits(value)
+        elif key == "rate":
+            name, _, rate = value.partition(":")
+            options["rate_limits"] = {name: rate}
         elif key == "local":
             options["local_queue_concurrency"] = _limits(value)
         else:

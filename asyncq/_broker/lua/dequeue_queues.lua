@@ -11,6 +11,11 @@
 --         positions in ARGV[8..]) with a configured limit; -1 = none. fleet is
 --         the server's queue_concurrency (a stored asynq:{q}:asyncq:limit
 --         overrides it), local the room left under the server-local limit.
+--         An entry may add ":interval:burst" (asyncq rate limit): a GCRA token
+--         bucket that gives one task every interval microseconds and holds at
+--         most burst; its state is the hash asynq:{q}:asyncq:rate (tat: the
+--         theoretical arrival time, microseconds of Redis TIME; interval and
+--         burst: the rate that wrote it, for the Inspector), shared by every worker.
 -- ARGV[8..] queue names, in the order to try them
 -- The keys are built from the names (asynq:{<q>}:pending, :paused, :active,
 -- :lease, :t:<id>): passing names instead of four keys per queue keeps a call
@@ -29,7 +34,7 @@
 -- of the queues found empty or paused (those looked at, drained ones included);
 -- taken is a flat array position, id, msg, ...; full is 1 when the byte budget
 -- stopped the call; held lists the positions of the queues with work that a
--- limit kept from giving any (more) task. An id whose hash is gone is taken out
+-- limit or rate kept from giving any (more) task. An id whose hash is gone is taken out
 -- of active again and returned with msg false, so the caller can log it.
 local want = tonumber(ARGV[2])
 local budget = tonumber(ARGV[3])
@@ -40,9 +45,28 @@ local CHUNK = tonumber(ARGV[5])
 local now = tonumber(ARGV[6])
 local fleet_cfg = {}
 local local_room = {}
-for pos, fleet, loc in string.gmatch(ARGV[7], "(%d+):(-?%d+):(-?%d+)") do
-    fleet_cfg[tonumber(pos)] = tonumber(fleet)
-    local_room[tonumber(pos)] = tonumber(loc)
+local rate_iv = {}
+local rate_burst = {}
+for entry in string.gmatch(ARGV[7], "[^;]+") do
+    local f = {}
+    for part in string.gmatch(entry, "[^:]+") do
+        f[#f + 1] = tonumber(part)
+    end
+    fleet_cfg[f[1]] = f[2]
+    local_room[f[1]] = f[3]
+    if f[4] then
+        rate_iv[f[1]] = f[4]
+        rate_burst[f[1]] = f[5]
+    end
+end
+local clock = nil
+-- Redis TIME in microseconds, read once per call (scripts are replicated by effects).
+local function now_us()
+    if not clock then
+        local t = redis.call("TIME")
+        clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    end
+    return clock
 end
 local held = {}
 local bytes = 0
@@ -72,6 +96,8 @@ while first <= nqueues and not done do
             local prefix = base .. "t:"
             local lease = base .. "lease"
             local room = want - got
+            local rate_key = base .. "asyncq:rate"
+            local tat = nil
             local stopped = false
             local problem = nil
             if redis.call("LLEN", pending) == 0 or redis.call("EXISTS", base .. "paused") == 1 then
@@ -82,7 +108,11 @@ while first <= nqueues and not done do
                 -- limit holds another type, and an id is moved only once its hash is
                 -- read, so a failure never leaves an id in active without its lease or
                 -- state. It is an error when nothing was taken yet, else the fetch stops.
-                for _, pair in ipairs({{active, "list"}, {lease, "zset"}, {base .. "asyncq:limit", "string"}}) do
+                local checks = {{active, "list"}, {lease, "zset"}, {base .. "asyncq:limit", "string"}}
+                if rate_iv[q] then
+                    checks[4] = {rate_key, "hash"}
+                end
+                for _, pair in ipairs(checks) do
                     local t = redis.call("TYPE", pair[1]).ok
                     if not problem and t ~= "none" and t ~= pair[2] then
                         problem = "WRONGTYPE " .. pair[1] .. " is not a " .. pair[2]
@@ -97,6 +127,14 @@ while first <= nqueues and not done do
                     local loc = local_room[q]
                     if loc and loc >= 0 then
                         room = math.min(room, loc)
+                    end
+                    local iv = rate_iv[q]
+                    if iv and room > 0 then
+                        -- GCRA: the bucket is full when tat <= now; each task moves tat
+                        -- on by iv; a task may start while tat - now <= (burst - 1) * iv.
+                        local t = now_us()
+                        tat = math.max(tonumber(redis.call("HGET", rate_key, "tat") or "0") or 0, t)
+                        room = math.min(room, math.floor((t + rate_burst[q] * iv - tat) / iv))
                     end
                     if room <= 0 then
                         held[#held + 1] = q
@@ -139,6 +177,13 @@ while first <= nqueues and not done do
                     taken[#taken + 1] = q
                     taken[#taken + 1] = id
                     taken[#taken + 1] = msg
+                end
+                if tat and here > 0 then
+                    local new = tat + here * rate_iv[q]
+                    redis.call("HSET", rate_key, "tat", string.format("%.0f", new),
+                        "interval", rate_iv[q], "burst", rate_burst[q])
+                    -- Kept an hour past a full bucket, so the Inspector can show the rate.
+                    redis.call("PEXPIRE", rate_key, math.ceil((new - now_us()) / 1000) + 3600000)
                 end
                 if problem then
                     if #taken == 0 then
