@@ -146,6 +146,14 @@ def limit_key(qname: str) -> str:
     return f"asynq:{{{qname}}}:asyncq:limit"
 
 
+def ordered_key(qname: str) -> str:
+    """asyncq-only STRING ``"1"``: the queue is ordered (one task at a time, head-of-line).
+
+    Same hash tag as the queue's keys; Go asynq never reads it.
+    """
+    return f"asynq:{{{qname}}}:asyncq:ordered"
+
+
 def rate_key(qname: str) -> str:
     """asyncq-only HASH: a queue's rate-limit bucket (tat, interval, burst), kept by workers.
 

@@ -115,6 +115,8 @@ class QueueInfo:
     last written by a worker that took a task (kept an hour); None when no bucket exists."""
     rate_tokens: int | None = None
     """asyncq: tasks the rate bucket lets start now (Redis TIME); None without a bucket."""
+    ordered: bool = False
+    """asyncq: the queue is ordered (:meth:`Inspector.set_ordered`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +291,7 @@ class Inspector:
         limit = await self._rdb.queue_limit(queue)
         running = await self._rdb.live_leases(queue)
         bucket = await self._rdb.queue_rate(queue)
+        ordered = await self._rdb.queue_ordered(queue)
         now = self._now()
         latency = timedelta(0)
         if stats.oldest_pending_since_ns > 0:
@@ -328,6 +331,7 @@ class Inspector:
             held_back=0 if limit is None else max(0, stats.pending - max(0, limit - running)),
             rate_limit=None if bucket is None else _rate_text(bucket[0], bucket[1]),
             rate_tokens=None if bucket is None else bucket[2],
+            ordered=ordered,
         )
 
     async def history(self, queue: str, days: int = 10) -> list[DailyStats]:
@@ -394,6 +398,24 @@ class Inspector:
         await self._rdb.set_queue_limit(queue, limit)
         if limit is None or limit > 0:
             await self._rdb.publish_wakeup(queue)
+
+    async def ordered(self, queue: str) -> bool:
+        """Whether *queue* is ordered (see :meth:`set_ordered`)."""
+        await self._require_queue(queue)
+        return await self._rdb.queue_ordered(queue)
+
+    async def set_ordered(self, queue: str, ordered: bool) -> None:
+        """Make *queue* ordered (or not) for every asyncq server, from its next fetch.
+
+        An ordered queue runs one task at a time across the fleet, in enqueue
+        order, and a failed task runs again before anything behind it (see
+        docs/flow-control.md). Go asynq servers ignore it.
+        """
+        if not isinstance(ordered, bool):
+            raise TypeError(f"ordered must be a bool, got {type(ordered).__name__}")
+        await self._require_queue(queue)
+        await self._rdb.set_queue_ordered(queue, ordered)
+        await self._rdb.publish_wakeup(queue)
 
     # -- tasks -------------------------------------------------------------------------------
 

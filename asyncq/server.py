@@ -40,7 +40,7 @@ import socket
 import threading
 import types
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -62,7 +62,7 @@ from asyncq._worker.config import (
     ServerConfig,
     ServerStats,
 )
-from asyncq._worker.flow import validate_limits, validate_rates
+from asyncq._worker.flow import validate_limits, validate_ordered, validate_rates
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.healthchecker import HealthChecker
 from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
@@ -171,7 +171,10 @@ class Server:
       leases; a limit stored with ``Inspector.set_limit`` overrides it);
       ``local_queue_concurrency``: ``{queue: N}`` for this server alone;
       ``rate_limits``: ``{queue: "100/s"}``, a token bucket in Redis shared by
-      every asyncq server (periods s, min, h; holds N tokens). See
+      every asyncq server (periods s, min, h; holds N tokens);
+      ``ordered_queues``: queues this server marks ordered in Redis when it
+      starts (one task at a time fleet-wide, in enqueue order, a failed task
+      first; the same flag as ``asyncq queue ordered Q on``). See
       docs/flow-control.md.
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
     - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
@@ -218,6 +221,7 @@ class Server:
         queue_concurrency: Mapping[str, int] | None = None,
         local_queue_concurrency: Mapping[str, int] | None = None,
         rate_limits: Mapping[str, str] | None = None,
+        ordered_queues: Sequence[str] = (),
         logger: Any = None,
         metrics: WorkerHooks | None = None,  # [metrics hook]
         min_replicas: int = 0,
@@ -306,6 +310,7 @@ class Server:
                 "local_queue_concurrency", local_queue_concurrency
             ),
             rate_limits=validate_rates("rate_limits", rate_limits),
+            ordered_queues=validate_ordered(ordered_queues),
         )
         self.log: Any = logger if logger is not None else get_logger()
         self.metrics = metrics  # [metrics hook]
@@ -390,6 +395,8 @@ class Server:
         if self.metrics is not None:  # [metrics hook]
             fn = self.metrics.instrument(fn)  # [metrics hook]
             self.metrics.attach()  # [metrics hook]
+        for qname in self.config.ordered_queues:  # asyncq flow control, read by the scripts
+            await self.redis.set(keys.ordered_key(qname), "1")
         self._state = "active"
         self.started_at = datetime.now(UTC)
         cfg = self.config

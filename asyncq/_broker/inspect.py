@@ -275,7 +275,9 @@ class InspectBroker:
         if code == 1:
             await self._r.srem(keys.ALL_QUEUES, qname)
             # asyncq's flow-control setting and rate bucket
-            await self._r.delete(keys.limit_key(qname), keys.rate_key(qname))
+            await self._r.delete(
+                keys.limit_key(qname), keys.rate_key(qname), keys.ordered_key(qname)
+            )
         return code
 
     # -- flow control (asyncq-only keys; Go asynq never reads them) ---------------------------
@@ -291,6 +293,17 @@ class InspectBroker:
             await self._r.delete(keys.limit_key(qname))
         else:
             await self._r.set(keys.limit_key(qname), limit)
+
+    async def queue_ordered(self, qname: str) -> bool:
+        """Whether the queue is marked ordered (dequeue_queues.lua reads the same key)."""
+        return await self._r.get(keys.ordered_key(qname)) in (b"1", "1")
+
+    async def set_queue_ordered(self, qname: str, ordered: bool) -> None:
+        """Mark the queue ordered, or not."""
+        if ordered:
+            await self._r.set(keys.ordered_key(qname), "1")
+        else:
+            await self._r.delete(keys.ordered_key(qname))
 
     async def queue_rate(self, qname: str) -> tuple[int, int, int] | None:
         """``(burst, period µs, tokens now)`` of the queue's rate bucket, None when absent."""

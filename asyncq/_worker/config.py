@@ -73,6 +73,8 @@ class ServerConfig:
     """Fleet-wide limit per queue (live leases); see :mod:`asyncq._worker.flow`."""
     local_queue_concurrency: Mapping[str, int] = field(default_factory=dict)
     """Limit per queue for this server alone."""
+    ordered_queues: tuple[str, ...] = ()
+    """Queues this server marks ordered in Redis when it starts."""
     rate_limits: Mapping[str, Rate] = field(default_factory=dict)
     """Fleet-wide token bucket per queue (Redis TIME); see :mod:`asyncq._worker.flow`."""
 

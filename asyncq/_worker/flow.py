@@ -21,12 +21,19 @@ from __future__ import annotations
 import re
 import types
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from asyncq import _keys as keys
 
-__all__ = ["QueueLimits", "Rate", "parse_rate", "validate_limits", "validate_rates"]
+__all__ = [
+    "QueueLimits",
+    "Rate",
+    "parse_rate",
+    "validate_limits",
+    "validate_ordered",
+    "validate_rates",
+]
 
 _PERIODS_US = {
     "s": 1_000_000,
@@ -108,6 +115,19 @@ def validate_limits(option: str, limits: Mapping[str, int] | None) -> Mapping[st
             )
         out[qname] = limit
     return types.MappingProxyType(out)
+
+
+def validate_ordered(names: Sequence[str]) -> tuple[str, ...]:
+    """``ordered_queues`` as a tuple of names; a bad entry raises naming the problem."""
+    if isinstance(names, str) or not isinstance(names, Sequence | Set):
+        raise TypeError(f"ordered_queues must be a list of queue names, got {names!r}")
+    out = []
+    for qname in names:
+        if not isinstance(qname, str) or not qname.strip():
+            raise ValueError(f"ordered_queues: names must be non-blank strings, got {qname!r}")
+        keys.refuse_braces("queue name", qname)
+        out.append(qname)
+    return tuple(out)
 
 
 class QueueLimits:

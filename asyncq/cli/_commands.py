@@ -271,6 +271,8 @@ def _queue_text(q: QueueInfo) -> str:
             f"Limit: {q.concurrency_limit} running fleet-wide    Running: {q.running}    "
             f"Held back by the limit: {q.held_back}"
         )
+    if q.ordered:
+        lines.append("Ordered: yes (one task at a time fleet-wide, failed task first)")
     if q.rate_limit is not None:
         lines.append(f"Rate limit: {q.rate_limit}    Tokens now: {q.rate_tokens}")
     return "\n".join(lines)

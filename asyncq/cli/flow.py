@@ -91,6 +91,34 @@ def limit(ctx: click.Context, queue_name: str, value: int | None, clear: bool) -
     click.echo(with_inspector(ctx, go))
 
 
+@click.command("ordered")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("value", metavar="[on|off]", required=False, type=click.Choice(["on", "off"]))
+@click.pass_context
+def ordered(ctx: click.Context, queue_name: str, value: str | None) -> None:
+    """Show, or turn on or off, the ordered flag of QUEUE.
+
+    An ordered queue runs one task at a time across every asyncq worker, in
+    enqueue order, and a failed task runs again before the tasks behind it.
+    Go asynq workers ignore it.
+
+    \b
+    Examples:
+      asyncq queue ordered delivery on
+      asyncq queue ordered delivery off
+    """
+
+    async def go(insp: Inspector) -> str:
+        if value is not None:
+            await insp.set_ordered(queue_name, value == "on")
+            return f'Queue "{queue_name}" is {"now" if value == "on" else "no longer"} ordered'
+        flag = await insp.ordered(queue_name)
+        return f'Queue "{queue_name}" is {"" if flag else "not "}ordered'
+
+    click.echo(with_inspector(ctx, go))
+
+
 def register() -> None:
-    """Add ``limit`` to the ``asyncq queue`` group."""
+    """Add ``limit`` and ``ordered`` to the ``asyncq queue`` group."""
     queue.add_command(limit)
+    queue.add_command(ordered)

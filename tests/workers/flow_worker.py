@@ -11,7 +11,10 @@ Handlers serve the queue ``limited`` (and ``default``):
 raises ``asyncq-test:max`` to it if higher, sleeps, DECRs and HINCRBYs
 ``asyncq-test:done <id>``; ``block`` RPUSHes its id on ``asyncq-test:starts``
 and waits until cancelled; ``stamp`` RPUSHes the Redis TIME at its start
-(microseconds) on ``asyncq-test:stamps``.
+(microseconds) on ``asyncq-test:stamps``; ``seq`` (payload ``ok``/``fail``)
+sleeps 5 ms, fails its first run when the payload is ``fail``, else RPUSHes
+its id on ``asyncq-test:log``. Option ``ordered=Q`` marks Q ordered;
+``forward`` sets the forwarder period (seconds); retries wait 0 s.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ MAX = "asyncq-test:max"
 DONE = "asyncq-test:done"
 STARTS = "asyncq-test:starts"
 STAMPS = "asyncq-test:stamps"
+LOG = "asyncq-test:log"
+FAILED = "asyncq-test:failed"
 _ENTER = """
 local n = redis.call("INCR", KEYS[1])
 if n > tonumber(redis.call("GET", KEYS[2]) or "0") then
@@ -80,6 +85,13 @@ async def main(url: str, raw: dict[str, str]) -> None:
         sec, usec = await redis.time()
         await redis.rpush(STAMPS, sec * 1_000_000 + usec)
 
+    @mux.handler("seq")
+    async def seq(task: Task) -> None:
+        await asyncio.sleep(0.005)
+        if task.payload == b"fail" and await redis.hsetnx(FAILED, task.id or "", 1):
+            raise RuntimeError("injected failure")
+        await redis.rpush(LOG, task.id or "")
+
     options: dict[str, Any] = {
         "queues": {"limited": 1, "default": 1},
         "task_check_interval": timedelta(milliseconds=50),
@@ -87,6 +99,7 @@ async def main(url: str, raw: dict[str, str]) -> None:
     durations = {
         "lease": "lease_duration",
         "heartbeat": "heartbeat_interval",
+        "forward": "delayed_task_check_interval",
         "recoverer_interval": "recoverer_interval",
         "recoverer_cutoff": "recoverer_cutoff",
     }
@@ -97,6 +110,9 @@ async def main(url: str, raw: dict[str, str]) -> None:
             options["concurrency"] = int(value)
         elif key == "limits":
             options["queue_concurrency"] = _limits(value)
+        elif key == "ordered":
+            options["ordered_queues"] = [value]
+            options["retry_delay"] = lambda n, exc, task: timedelta(0)
         elif key == "rate":
             name, _, rate = value.partition(":")
             options["rate_limits"] = {name: rate}

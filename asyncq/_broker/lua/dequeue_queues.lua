@@ -30,6 +30,8 @@
 -- asynq:{q}:asyncq:limit if set, else the configured one; only live leases
 -- (ZCOUNT lease now +inf) count against it, so a dead worker's expired leases
 -- hold nothing. A queue takes at most min(limit - live leases, local room).
+-- Ordered queues (asynq:{q}:asyncq:ordered = "1") take at most one task, and
+-- only while the queue's active list and retry set are empty.
 -- Returns {empty, taken, full, held}: empty lists the 1-based positions (in ARGV[8..])
 -- of the queues found empty or paused (those looked at, drained ones included);
 -- taken is a flat array position, id, msg, ...; full is 1 when the byte budget
@@ -127,6 +129,18 @@ while first <= nqueues and not done do
                     local loc = local_room[q]
                     if loc and loc >= 0 then
                         room = math.min(room, loc)
+                    end
+                    -- asyncq ordered queue (asynq:{q}:asyncq:ordered = "1"): one task at a
+                    -- time, counting every id in active (a dead worker's task too, until the
+                    -- recoverer moves it on), and none while the retry set holds a task
+                    -- (head-of-line: the failed task goes first; forward_queues.lua puts
+                    -- it back at the tail of pending, the end taken next).
+                    if room > 0 and redis.pcall("GET", base .. "asyncq:ordered") == "1" then
+                        if redis.call("ZCARD", base .. "retry") > 0 then
+                            room = 0
+                        else
+                            room = math.min(room, 1 - redis.call("LLEN", active))
+                        end
                     end
                     local iv = rate_iv[q]
                     if iv and room > 0 then

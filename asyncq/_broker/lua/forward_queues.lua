@@ -4,6 +4,9 @@
 -- ARGV[2] now, unix nanoseconds (pending_since)
 -- ARGV[3] most ids to move per scheduled/retry set in this call
 -- ARGV[4..] queue names; keys are built from them (asynq:{<q>}:scheduled, ...)
+-- asyncq ordered queues (asynq:{<q>}:asyncq:ordered = "1"): a due retry goes to
+-- the tail of pending (RPUSH, the end dequeued next) instead of the head, so the
+-- failed task runs again before the tasks enqueued after it.
 -- Returns {moved, more}: the number of ids handled, and 1 when a set still had
 -- ARGV[3] due ids (call again), else 0.
 local limit = tonumber(ARGV[3])
@@ -15,6 +18,7 @@ for q = 4, #ARGV do
     local prefix, gprefix = base .. "t:", base .. "g:"
     local pending, groups = base .. "pending", base .. "groups"
     local wake = false
+    local ordered = redis.pcall("GET", base .. "asyncq:ordered") == "1"
     for _, source in ipairs({base .. "scheduled", base .. "retry"}) do
         local ids = redis.call("ZRANGEBYSCORE", source, "-inf", ARGV[1], "LIMIT", 0, limit)
         if #ids == limit then
@@ -32,7 +36,11 @@ for q = 4, #ARGV do
                 redis.call("ZREM", source, id)
                 redis.log(redis.LOG_WARNING, "asyncq: dropped id without task hash from " .. source .. ": " .. id)
             else
-                if redis.call("LPUSH", pending, id) == 1 then
+                local push = "LPUSH"
+                if ordered and source == base .. "retry" then
+                    push = "RPUSH"
+                end
+                if redis.call(push, pending, id) == 1 then
                     wake = true
                 end
                 redis.call("ZREM", source, id)
