@@ -211,7 +211,7 @@ async def test_dequeue_queues_fails_with_nothing_written(redis: Redis, planted: 
         await wrong(TP + "p1", "set")(redis)
     before = await dump(redis)
     with pytest.raises(ResponseError, match="WRONGTYPE"):
-        await script(redis, [], [FAR, "5", "-1", "0", "10", "default"])
+        await script(redis, [], [FAR, "5", "-1", "0", "10", "0", "", "default"])
     assert await dump(redis) == before
 
 
@@ -222,7 +222,9 @@ async def test_dequeue_queues_stops_at_a_later_bad_queue(redis: Redis) -> None:
     await redis.hset("asynq:{low}:t:l1", mapping={"msg": b"m", "state": "pending"})
     await redis.rpush(PENDING, "p1")
     await redis.set(LEASE, "not a zset")
-    _, taken, full = await script(redis, [], [FAR, "5", "-1", "0", "10", "low", "default"])
+    _, taken, full, _ = await script(
+        redis, [], [FAR, "5", "-1", "0", "10", "0", "", "low", "default"]
+    )
     assert taken == [1, b"l1", b"m"] and full == 0
     assert await redis.lrange(PENDING, 0, -1) == [b"p1"]
     assert not await redis.exists(ACTIVE)

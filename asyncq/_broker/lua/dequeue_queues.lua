@@ -54,11 +54,13 @@ for entry in string.gmatch(ARGV[7], "[^;]+") do
     for part in string.gmatch(entry, "[^:]+") do
         f[#f + 1] = tonumber(part)
     end
-    fleet_cfg[f[1]] = f[2]
-    local_room[f[1]] = f[3]
-    if f[4] then
-        rate_iv[f[1]] = f[4]
-        rate_burst[f[1]] = f[5]
+    if f[1] then
+        fleet_cfg[f[1]] = f[2]
+        local_room[f[1]] = f[3]
+        if f[4] and f[5] then
+            rate_iv[f[1]] = f[4]
+            rate_burst[f[1]] = f[5]
+        end
     end
 end
 local clock = nil
