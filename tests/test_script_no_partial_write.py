@@ -34,6 +34,7 @@ GROUPS = Q + "groups"
 LOCK = Q + "unique:lock"
 MAXI64 = str(2**63 - 1)
 FAR = "4102444800"  # 2100-01-01, a counter expiry in the future
+NOW = "1700000000"  # ARGV[6] of dequeue_queues: live leases score at or after it
 NOW = "1700000000"
 CUTOFF = "1692224000"
 
@@ -211,7 +212,7 @@ async def test_dequeue_queues_fails_with_nothing_written(redis: Redis, planted: 
         await wrong(TP + "p1", "set")(redis)
     before = await dump(redis)
     with pytest.raises(ResponseError, match="WRONGTYPE"):
-        await script(redis, [], [FAR, "5", "-1", "0", "10", "default"])
+        await script(redis, [], [FAR, "5", "-1", "0", "10", NOW, "-1", "default"])
     assert await dump(redis) == before
 
 
@@ -222,8 +223,10 @@ async def test_dequeue_queues_stops_at_a_later_bad_queue(redis: Redis) -> None:
     await redis.hset("asynq:{low}:t:l1", mapping={"msg": b"m", "state": "pending"})
     await redis.rpush(PENDING, "p1")
     await redis.set(LEASE, "not a zset")
-    _, taken, full = await script(redis, [], [FAR, "5", "-1", "0", "10", "low", "default"])
-    assert taken == [1, b"l1", b"m"] and full == 0
+    _, taken, full, held = await script(
+        redis, [], [FAR, "5", "-1", "0", "10", NOW, "-1", "low", "default"]
+    )
+    assert taken == [1, b"l1", b"m"] and full == 0 and held == []
     assert await redis.lrange(PENDING, 0, -1) == [b"p1"]
     assert not await redis.exists(ACTIVE)
     assert await redis.zrange("asynq:{low}:lease", 0, -1) == [b"l1"]
