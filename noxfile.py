@@ -27,10 +27,9 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check and format check; import-linter's layer and independence contracts."""
     session.install("ruff>=0.6", "import-linter>=2.1")
-    session.run("ruff", "check", "asyncq", "tests", "examples", "benchmarks", "noxfile.py")
-    session.run(
-        "ruff", "format", "--check", "asyncq", "tests", "examples", "benchmarks", "noxfile.py"
-    )
+    paths = ("asyncq", "tests", "examples", "benchmarks", "chaos", "noxfile.py")
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)
     # The contracts live in pyproject.toml: no import cycle, no role importing Server.
     session.run("lint-imports", env={"PYTHONPATH": str(ROOT)})
 
@@ -67,3 +66,10 @@ def bench(session: nox.Session) -> None:
     """Benchmarks against the Python peers (see benchmarks/README.md)."""
     session.install("-e", ".[uvloop]")
     session.run("python", "-m", "benchmarks", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def chaos(session: nox.Session) -> None:
+    """Chaos scenarios on real redis-servers and worker processes (``-- --quick`` for CI)."""
+    session.install("-e", ".")
+    session.run("python", "-m", "chaos", *session.posargs)

@@ -14,6 +14,7 @@ from typing_extensions import Unpack
 
 from asyncq import _keys as keys
 from asyncq._broker import BatchItem, Broker
+from asyncq._broker.replication import replica_wait_seconds
 from asyncq._logging import is_debug_enabled
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisClient, RedisTarget
@@ -271,11 +272,24 @@ class Client:
 
         async with Client("redis://localhost:6379/0") as client:
             info = await client.enqueue(Task("email:welcome", b"..."), queue="critical")
+
+    ``min_replicas=N`` (opt-in) makes every enqueue wait, with Redis ``WAIT``,
+    until N replicas acknowledged the write, at most ``replica_timeout``
+    (1 s); fewer raises :class:`~asyncq.errors.ReplicationTimeoutError`,
+    whose ``written`` is True: the task is on the master, only not yet known
+    to survive a failover. Not available on Redis Cluster.
     """
 
     __slots__ = ("_closed", "_conn", "_owns_conn", "_waiter", "broker")
 
-    def __init__(self, redis: RedisTarget | Connection) -> None:
+    def __init__(
+        self,
+        redis: RedisTarget | Connection,
+        *,
+        min_replicas: int = 0,
+        replica_timeout: timedelta = timedelta(seconds=1),
+    ) -> None:
+        timeout = replica_wait_seconds(min_replicas, replica_timeout)
         if isinstance(redis, Connection):
             if redis.closed:
                 raise RuntimeError("the connection is closed")
@@ -284,7 +298,12 @@ class Client:
             self._conn, self._owns_conn = Connection(redis), True
         self._closed = False
         self._waiter: ResultWaiter | None = None
-        self.broker = Broker(self._conn.redis, fast=self._conn.fast)
+        self.broker = Broker(
+            self._conn.redis,
+            fast=self._conn.fast,
+            min_replicas=min_replicas,
+            replica_timeout=timeout,
+        )
 
     @property
     def redis(self) -> RedisClient:

@@ -12,6 +12,7 @@ __all__ = [
     "LeaseExpiredError",
     "QueueNotEmptyError",
     "QueueNotFoundError",
+    "ReplicationTimeoutError",
     "RevokeTask",
     "ServerClosedError",
     "SkipRetry",
@@ -123,3 +124,36 @@ class DeadlineExceededError(AsyncqError, TimeoutError):
 
     def __init__(self, message: str = "context deadline exceeded") -> None:
         super().__init__(message)
+
+
+class ReplicationTimeoutError(AsyncqError):
+    """Fewer replicas than ``min_replicas`` acknowledged a write within ``replica_timeout``.
+
+    The write *was* applied on the master (``written`` is always True: a write
+    Redis refused raises its own error instead); it is only not yet known to be
+    on enough replicas, so a failover right now could lose it. Retrying an
+    enqueue with the same ``task_id`` is safe: it either raises
+    TaskIdConflictError (the first write survived) or writes the task again.
+    """
+
+    def __init__(
+        self,
+        *,
+        acknowledged: int,
+        required: int,
+        timeout: float,
+        queue: str = "",
+        task_id: str = "",
+    ) -> None:
+        self.written = True
+        self.acknowledged = acknowledged
+        self.required = required
+        self.timeout = timeout
+        self.queue = queue
+        self.task_id = task_id
+        what = f"task {task_id!r} in queue {queue!r}" if task_id else "the write"
+        super().__init__(
+            f"{what} was written on the master, but only {acknowledged} of the "
+            f"{required} required replicas acknowledged it within {timeout:g}s; "
+            "a failover now could lose it"
+        )

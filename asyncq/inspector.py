@@ -45,7 +45,7 @@ from asyncq import _keys as keys
 from asyncq._broker.inspect import InspectBroker, StoredTask
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
-from asyncq._time import GO_ZERO_TIME
+from asyncq._time import GO_ZERO_TIME, utc_from_timestamp
 from asyncq.errors import FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError
 from asyncq.task import TaskInfo, TaskState
 
@@ -277,7 +277,8 @@ class Inspector:
         now = self._now()
         latency = timedelta(0)
         if stats.oldest_pending_since_ns > 0:
-            since = datetime.fromtimestamp(stats.oldest_pending_since_ns / 1e9, UTC)
+            # Clamped: a pending_since beyond datetime's range (garbage) must not fail the read.
+            since = utc_from_timestamp(stats.oldest_pending_since_ns / 1e9)
             latency = max(now - since, timedelta(0))
         size = (
             stats.pending

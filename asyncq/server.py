@@ -45,6 +45,7 @@ from typing import Any
 
 from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, Broker
+from asyncq._broker.replication import replica_wait_seconds
 from asyncq._logging import get_logger
 from asyncq._redis.connection import Connection, independent_target
 from asyncq._redis.options import RedisClient, RedisTarget
@@ -161,6 +162,10 @@ class Server:
     - ``lifespan``: a zero-argument callable returning an async context
       manager, entered at start and exited after shutdown; handlers read what
       it yields with :func:`asyncq.lifespan_state` (see :mod:`asyncq.lifespan`).
+    - ``min_replicas`` (0 = off) and ``replica_timeout`` (1 s): a finished
+      attempt's outcome (done, completed, retry, archive) counts only once that
+      many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is
+      logged as unconfirmed and the task may run again after a failover.
     """
 
     def __init__(
@@ -195,7 +200,10 @@ class Server:
         logger: Any = None,
         metrics: WorkerHooks | None = None,  # [metrics hook]
         lifespan: Lifespan | None = None,
+        min_replicas: int = 0,
+        replica_timeout: timedelta = timedelta(seconds=1),
     ) -> None:
+        replica_wait = replica_wait_seconds(min_replicas, replica_timeout)
         concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
         concurrency = _positive_int("concurrency", concurrency)
         queues = DEFAULT_QUEUES if queues is None else queues
@@ -282,7 +290,13 @@ class Server:
         self._independent_target = independent_target(redis)
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
-        self.broker = Broker(self.redis, lease_duration=lease, fast=self.connection.fast)
+        self.broker = Broker(
+            self.redis,
+            lease_duration=lease,
+            fast=self.connection.fast,
+            min_replicas=min_replicas,
+            replica_timeout=replica_wait,
+        )
         self.host = socket.gethostname() or "unknown-host"
         self.pid = os.getpid()
         self.server_id = str(uuid.uuid4())

@@ -11,9 +11,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from asyncq import _keys as keys
+from asyncq._broker.replication import Replication
 from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._logging import RateLimiter, error_text
 from asyncq._redis.errors import REDIS_ERRORS
@@ -62,6 +64,15 @@ MAX_INT64 = 9223372036854775807
 
 
 _QUEUE_CACHE_LIMIT = 4096
+# Writes that wait for replicas under min_replicas: what a producer is told was enqueued
+# and a finished attempt's outcome. Dequeue, leases and housekeeping do not (a lost one
+# only makes a task run again, which at-least-once already allows).
+DURABLE_SCRIPTS = frozenset(
+    (
+        "enqueue", "enqueue_unique", "schedule", "schedule_unique", "add_to_group",
+        "add_to_group_unique", "done", "mark_as_complete", "ack_many", "retry", "archive",
+    )
+)  # fmt: skip
 
 
 class QueueKeys:
@@ -190,6 +201,8 @@ class BrokerBase:
         clock: Callable[[], float] = time.time,
         lease_duration: float = LEASE_DURATION,
         fast: FastConnection | None = None,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> None:
         if not lease_duration > 0:
             raise ValueError(f"lease_duration must be positive, got {lease_duration}")
@@ -207,6 +220,14 @@ class BrokerBase:
         self._queues: dict[str, QueueKeys] = {}
         self._published: set[str] = set()
         self._dequeue_errors = RateLimiter(3.0)
+        self.replication: Replication | None = None
+        if min_replicas:
+            if fast is None and isinstance(redis, RedisCluster):
+                raise ValueError(
+                    "min_replicas is not supported on Redis Cluster (WAIT must follow the "
+                    "write on the same node connection); use a plain or Sentinel connection"
+                )
+            self.replication = Replication(min_replicas, replica_timeout)
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -238,6 +259,10 @@ class BrokerBase:
         self, script: Script, keys_: Sequence[str], args: Sequence[Any], qname: str, task_id: str
     ) -> Any:
         try:
+            if self.replication is not None and script.name in DURABLE_SCRIPTS:
+                return await self.replication.script(
+                    self._pipeline, self._cmd, script, keys_, args, queue=qname, task_id=task_id
+                )
             return await script(self._cmd, keys_, args)
         except ResponseError as exc:
             raise script_error(exc, script, qname, task_id) from exc

@@ -12,12 +12,14 @@ left in a list or sorted set without its hash.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import structlog
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, ResponseError
 
@@ -90,6 +92,9 @@ class QueueStats:
     memory_usage: int
 
 
+_log = structlog.get_logger("asyncq")
+
+
 def _str(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -98,6 +103,34 @@ def _int(value: Any) -> int:
     if isinstance(value, bytes):
         value = value.decode()
     return int(value)
+
+
+_INT64 = 2**63 - 1
+
+
+def _stored_int(value: Any, what: str, key: str) -> int:
+    """A number read back from stored data; garbage (never written by asynq) reads as 0, logged.
+
+    Float text (a sorted-set score such as ``1.5e+300`` or ``inf``) is clamped to int64.
+    """
+    try:
+        return max(-_INT64 - 1, min(_INT64, _int(value)))
+    except (ValueError, UnicodeDecodeError, TypeError):
+        pass
+    try:
+        number = float(_str(value))
+        if math.isnan(number):
+            raise ValueError("nan")
+        return int(max(-_INT64 - 1, min(_INT64, number)))
+    except (ValueError, UnicodeDecodeError, TypeError, OverflowError):
+        _log.warning(
+            "ignored an unreadable stored number", key=key, field=what, value=repr(value)[:40]
+        )
+        return 0
+
+
+def _skipped(key: str, exc: Exception) -> None:
+    _log.warning("skipped undecodable record", key=key, error=f"{type(exc).__name__}: {exc}"[:200])
 
 
 def _unix_ns(now: float) -> int:
@@ -143,23 +176,25 @@ class InspectBroker:
         ]
         args = [keys.task_key_prefix(qname), keys.group_key_prefix(qname)]
         reply = await _lua("inspect_current_stats")(self.redis, script_keys, args)
-        values = {_str(reply[i]): reply[i + 1] for i in range(0, len(reply), 2)}
+        raw = {_str(reply[i]): reply[i + 1] for i in range(0, len(reply), 2)}
+        # Counters and pending_since are stored data: garbage in them reads as 0 (logged).
+        values = {name: _stored_int(v, name, f"queue {qname}") for name, v in raw.items()}
         memory = await self.memory_usage(qname)
         return QueueStats(
-            pending=_int(values["pending"]),
-            active=_int(values["active"]),
-            scheduled=_int(values["scheduled"]),
-            retry=_int(values["retry"]),
-            archived=_int(values["archived"]),
-            completed=_int(values["completed"]),
-            aggregating=_int(values["aggregating_count"]),
-            groups=_int(values["group_size"]),
-            processed=_int(values["processed"]),
-            failed=_int(values["failed"]),
-            processed_total=_int(values["processed_total"]),
-            failed_total=_int(values["failed_total"]),
-            paused=_int(values["paused"]) == 1,
-            oldest_pending_since_ns=_int(values["oldest_pending_since"]),
+            pending=values["pending"],
+            active=values["active"],
+            scheduled=values["scheduled"],
+            retry=values["retry"],
+            archived=values["archived"],
+            completed=values["completed"],
+            aggregating=values["aggregating_count"],
+            groups=values["group_size"],
+            processed=values["processed"],
+            failed=values["failed"],
+            processed_total=values["processed_total"],
+            failed_total=values["failed_total"],
+            paused=values["paused"] == 1,
+            oldest_pending_since_ns=values["oldest_pending_since"],
             memory_usage=memory,
         )
 
@@ -190,7 +225,15 @@ class InspectBroker:
         for day in dates:
             script_keys += [keys.processed_key(qname, day), keys.failed_key(qname, day)]
         reply = await _lua("inspect_historical_stats")(self.redis, script_keys)
-        return [(day, _int(reply[2 * i]), _int(reply[2 * i + 1])) for i, day in enumerate(dates)]
+        where = f"queue {qname} daily stats"
+        return [
+            (
+                day,
+                _stored_int(reply[2 * i], "processed", where),
+                _stored_int(reply[2 * i + 1], "failed", where),
+            )
+            for i, day in enumerate(dates)
+        ]
 
     async def group_stats(self, qname: str) -> list[tuple[str, int]]:
         """(group, size) for every group of the queue, sorted by name."""
@@ -251,11 +294,12 @@ class InspectBroker:
         msg_bytes, state, next_at, result, stored_reason = reply
         if msg_bytes is None or state is None:
             raise BrokerError(f"task hash {keys.task_key(qname, task_id)} lacks msg or state")
+        state_text = state.decode("utf-8", "replace") if isinstance(state, bytes) else state
         try:
-            task_state = TaskState(_str(state))
+            task_state = TaskState(state_text)
         except ValueError:
             raise BrokerError(
-                f"task {task_id!r} in queue {qname!r} has an unknown state {_str(state)!r}"
+                f"task {task_id!r} in queue {qname!r} has an unknown state {state_text!r}"
             ) from None
         msg, decodable = _decode_checked(qname, _str(task_id), msg_bytes)
         if not decodable and stored_reason:
@@ -264,8 +308,10 @@ class InspectBroker:
         next_process_at = None
         if task_state is TaskState.PENDING:
             next_process_at = datetime.fromtimestamp(now, UTC)
-        elif next_at is not None and _int(next_at) != 0:
-            next_process_at = from_unix(_int(next_at))
+        elif next_at is not None:
+            at = _stored_int(next_at, "score", keys.task_key(qname, task_id))
+            if at != 0:
+                next_process_at = from_unix(at)
         return StoredTask(msg, task_state, next_process_at, result, decodable)
 
     async def list_list(
@@ -475,8 +521,8 @@ class InspectBroker:
                 continue
             try:
                 servers.append(ServerInfo.parse(data))
-            except Exception:
-                continue
+            except Exception as exc:
+                _skipped(key, exc)
         return servers
 
     async def list_workers(self) -> list[WorkerInfo]:
@@ -486,8 +532,8 @@ class InspectBroker:
             for data in await self._r.hvals(key):
                 try:
                     workers.append(WorkerInfo.parse(data))
-                except Exception:
-                    continue
+                except Exception as exc:
+                    _skipped(key, exc)
         return workers
 
     async def list_scheduler_entries(self) -> list[SchedulerEntry]:
@@ -497,8 +543,8 @@ class InspectBroker:
             for data in await self._r.lrange(key, 0, -1):
                 try:
                     entries.append(SchedulerEntry.parse(data))
-                except Exception:
-                    continue
+                except Exception as exc:
+                    _skipped(key, exc)
         return entries
 
     async def list_scheduler_enqueue_events(
@@ -513,8 +559,8 @@ class InspectBroker:
         for data in members:
             try:
                 events.append(SchedulerEnqueueEvent.parse(data))
-            except Exception:
-                continue
+            except Exception as exc:
+                _skipped(keys.scheduler_history_key(entry_id), exc)
         return events
 
     # -- Redis itself ------------------------------------------------------------------------

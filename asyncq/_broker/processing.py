@@ -29,6 +29,7 @@ from asyncq._redis.scripts import load_script
 from asyncq._time import to_unix
 from asyncq.errors import (
     AsyncqError,
+    ReplicationTimeoutError,
 )
 from asyncq.proto.asynq import (
     TaskMessage,
@@ -238,20 +239,36 @@ class ProcessingTransitions(BrokerBase):
             call.args[4] = "".join(call.kinds)
             pday = qk.daily(now)[0]
             calls.append(((qk.active, qk.lease, qk.completed, pday, qk.processed), call.args))
-        if len(calls) == 1:
+        rep = self.replication
+        if len(calls) == 1 and rep is None:
             try:
                 return [await _ACK_MANY(self._cmd, *calls[0])]
             except ResponseError as exc:
                 return [exc]
-        replies = await self._pipeline(
-            [("EVALSHA", _ACK_MANY.sha, len(k), *k, *args) for k, args in calls]
-        )
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", _ACK_MANY.sha, len(k), *k, *args) for k, args in calls
+        ]
+        if rep is not None:
+            commands.append(rep.wait)  # min_replicas: in the same pipeline, same connection
+        replies = await self._pipeline(commands)
+        waited = replies.pop() if rep is not None else None
         for n, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):
                 # Not loaded (restart, SCRIPT FLUSH, new node): the call did not run.
                 try:
-                    replies[n] = await _ACK_MANY(self._cmd, *calls[n])
-                except ResponseError as exc:
+                    if rep is None:
+                        replies[n] = await _ACK_MANY(self._cmd, *calls[n])
+                    else:
+                        replies[n] = await rep.script(
+                            self._pipeline, self._cmd, _ACK_MANY, *calls[n]
+                        )
+                except (ResponseError, ReplicationTimeoutError) as exc:
+                    replies[n] = exc
+            elif rep is not None and not isinstance(reply, Exception):
+                try:
+                    rep.check(waited)
+                except (ResponseError, ReplicationTimeoutError) as exc:
+                    # Written, replication unconfirmed: each task of the call gets the error.
                     replies[n] = exc
         return replies
 

@@ -25,6 +25,12 @@ from asyncq._broker._base import (
 from asyncq._codec import encode_task_message
 from asyncq._redis.scripts import Script, load_script
 from asyncq._time import to_unix
+from asyncq.errors import (
+    AsyncqError,
+    BrokerError,
+    ReplicationTimeoutError,
+    TaskNotFoundError,
+)
 from asyncq.proto.asynq import (
     TaskMessage,
 )
@@ -147,7 +153,10 @@ class ProducerWrites(BrokerBase):
             commands.append(("SADD", keys.ALL_QUEUES, *new_queues))
         for _, script, keys_, args, _qk in planned:
             commands.append(("EVALSHA", script.sha, len(keys_), *keys_, *args))
+        if self.replication is not None:
+            commands.append(self.replication.wait)
         replies = await self._pipeline(commands)
+        waited = replies.pop() if self.replication is not None else None
         if new_queues:
             sadd_reply = replies.pop(0)
             if isinstance(sadd_reply, Exception):
@@ -160,10 +169,12 @@ class ProducerWrites(BrokerBase):
             if isinstance(reply, NoScriptError):
                 # Flushed between SCRIPT LOAD and the pipeline: run it alone (reloads).
                 try:
-                    reply = await script(self._cmd, keys_, args)
-                except ResponseError as exc:
+                    reply = await self._run(script, keys_, args, qk.name, tid)
+                except (BrokerError, TaskNotFoundError, ReplicationTimeoutError) as exc:
                     reply = exc
-            if isinstance(reply, ResponseError):
+            if isinstance(reply, AsyncqError):
+                results[i] = reply
+            elif isinstance(reply, ResponseError):
                 results[i] = script_error(reply, script, qk.name, tid)
             elif isinstance(reply, Exception):
                 results[i] = reply
@@ -171,6 +182,11 @@ class ProducerWrites(BrokerBase):
                 results[i] = conflict_error(qk.name, tid)
             elif reply == -1:
                 results[i] = duplicate_error(unique_key_of(items[i].message))
+            elif self.replication is not None and waited is not None:
+                try:
+                    self.replication.check(waited, queue=qk.name, task_id=tid)
+                except (ResponseError, ReplicationTimeoutError) as exc:
+                    results[i] = exc
         return results
 
     def _plan(

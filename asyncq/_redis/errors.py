@@ -14,7 +14,7 @@ from __future__ import annotations
 from redis import exceptions as redis_errors
 from redis.exceptions import RedisError
 
-from asyncq.errors import BrokerError, TaskNotFoundError
+from asyncq.errors import BrokerError, ReplicationTimeoutError, TaskNotFoundError
 
 __all__ = ["REDIS_ERRORS", "TRANSIENT_ERRORS", "is_transient"]
 
@@ -33,6 +33,7 @@ REDIS_ERRORS: tuple[type[BaseException], ...] = (
     RedisError,
     BrokerError,
     TaskNotFoundError,
+    ReplicationTimeoutError,  # min_replicas: written, replication unconfirmed
     OSError,
 )
 """Errors raised by broker calls: logged at a bounded rate, never a role crash."""

@@ -1,0 +1,5 @@
+"""``python -m chaos [--quick] [--only NAME ...] [--json PATH]``."""
+
+from chaos.runner import main
+
+main()

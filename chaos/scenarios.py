@@ -1,0 +1,360 @@
+"""The scenarios: each injects one kind of failure under load and ends with the ledger check."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from redis.crc import key_slot
+
+from asyncq import Client, Connection, Task
+from chaos.harness import Figures, Harness, faketime_library
+from chaos.ledger import Fault, read_ledger
+from chaos.procs import ClusterGroup, RedisProc, SentinelGroup
+from chaos.proxy import PartitionProxy
+
+__all__ = ["SCENARIOS", "Size"]
+
+
+@dataclass(frozen=True)
+class Size:
+    quick: bool
+
+    def pick(self, full: float, quick: float) -> float:
+        return quick if self.quick else full
+
+    def count(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+
+async def _finish(h: Harness, conn: Connection, drain_within: float = 180) -> Figures:
+    view = await h.drain(conn, within=drain_within)
+    await h.stop_workers()
+    return await h.check(conn, view)
+
+
+async def crash_storm(size: Size) -> Figures:
+    """3 workers; a random one SIGKILLed every 1-3 s and restarted, while tasks flow in."""
+    storm = size.pick(60, 15)
+    n = size.count(20_000, 2_500)
+    redis = RedisProc().start()
+    try:
+        async with Harness("crash storm", redis.url, lease=3.0) as h, Connection(redis.url) as conn:
+            for _ in range(3):
+                await h.spawn(concurrency=10)
+            async with Client(conn) as client:
+                producer = asyncio.create_task(h.produce(client, n, seconds=storm * 0.8))
+                rng = random.Random(16)
+                end = time.monotonic() + storm
+                while time.monotonic() < end:
+                    await asyncio.sleep(rng.uniform(1, 3))
+                    await h.kill(rng.choice(h.workers))
+                await producer
+            h.figures.notes["workers"] = 3
+            return await _finish(h, conn)
+    finally:
+        redis.cleanup()
+
+
+async def _redis_crash(size: Size, name: str, *, hard: bool) -> Figures:
+    n = size.count(6_000, 1_200)
+    load = size.pick(20, 8)
+    redis = RedisProc("--appendonly", "yes", "--appendfsync", "everysec").start()
+    try:
+        async with Harness(name, redis.url, lease=3.0) as h, Connection(redis.url) as conn:
+            for _ in range(2):
+                await h.spawn(concurrency=10)
+            async with Client(conn) as client:
+                producer = asyncio.create_task(h.produce(client, n, seconds=load))
+                await asyncio.sleep(load / 3)
+                start = time.time()
+                if hard:
+                    redis.kill()
+                else:
+                    redis.terminate()
+                await asyncio.sleep(1.0)
+                redis.start()
+                h.faults.append(
+                    Fault("redis " + ("SIGKILL" if hard else "restart"), start, time.time())
+                )
+                h.figures.kills += 1
+                await producer
+            h.figures.notes["aof"] = "appendonly yes, appendfsync everysec"
+            return await _finish(h, conn)
+    finally:
+        redis.cleanup()
+
+
+async def redis_restart(size: Size) -> Figures:
+    """Redis shut down cleanly (SIGTERM) mid-run and started again on its AOF."""
+    return await _redis_crash(size, "redis restart (AOF)", hard=False)
+
+
+async def redis_sigkill(size: Size) -> Figures:
+    """Redis SIGKILLed mid-run (AOF everysec, no final fsync) and started again."""
+    return await _redis_crash(size, "redis SIGKILL (AOF everysec)", hard=True)
+
+
+async def partition(size: Size) -> Figures:
+    """One worker cut off from Redis (bytes dropped, sockets open) for longer than the lease."""
+    n = size.count(5_000, 1_200)
+    load = size.pick(20, 10)
+    cut = size.pick(10, 6)
+    lease = 3.0
+    redis = RedisProc().start()
+    proxy = await PartitionProxy(redis.port).start()
+    try:
+        async with (
+            Harness("network partition", redis.url, lease=lease) as h,
+            Connection(redis.url) as conn,
+        ):
+            victim = await h.spawn(url=proxy.url, concurrency=10)
+            for _ in range(2):
+                await h.spawn(concurrency=10)
+            async with Client(conn) as client:
+                # Longer handlers: the victim holds several tasks when it is cut off.
+                producer = asyncio.create_task(h.produce(client, n, seconds=load, ms=(50, 300)))
+                await asyncio.sleep(load / 4)
+                start = time.time()
+                proxy.partition()
+                await asyncio.sleep(cut)
+                proxy.heal()
+                healed = time.time()
+                h.faults.append(Fault("partition", start, healed, victim.pid))
+                h.figures.kills += 1
+                await producer
+            h.figures.notes["partition_s"] = cut
+            h.figures.notes["lease_s"] = lease
+            fig = await _finish(h, conn)
+            assert h.ledger is not None
+            view = await read_ledger(h.ledger)
+            mine = [r for runs in view.runs.values() for r in runs if r.pid == victim.pid]
+            fig.notes["victim_runs"] = len(mine)
+            # It reconnected by itself and went on working after the partition healed.
+            fig.notes["victim_runs_after_heal"] = sum(r.start > healed for r in mine)
+            return fig
+    finally:
+        await proxy.close()
+        redis.cleanup()
+
+
+async def _runs_by_pid(h: Harness) -> dict[int, list[str]]:
+    assert h.ledger is not None
+    view = await read_ledger(h.ledger)
+    out: dict[int, list[str]] = {}
+    for tid, runs in view.runs.items():
+        for r in runs:
+            out.setdefault(r.pid, []).append(tid)
+    return out
+
+
+async def _enqueue_latency(url: str, min_replicas: int, count: int) -> dict[str, float]:
+    async with Client(url, min_replicas=min_replicas) as client:
+        await client.enqueue(Task("warmup"), queue="latency")
+        samples = []
+        for _ in range(count):
+            t = time.perf_counter()
+            await client.enqueue(Task("noop"), queue="latency")
+            samples.append((time.perf_counter() - t) * 1000)
+    samples.sort()
+    return {
+        "p50_ms": round(statistics.median(samples), 3),
+        "p99_ms": round(samples[int(len(samples) * 0.99) - 1], 3),
+    }
+
+
+async def sentinel_failover(size: Size) -> Figures:
+    """Master SIGKILLed under load; sentinels promote a replica; everyone follows by itself."""
+    n = size.count(6_000, 1_200)
+    load = size.pick(25, 12)
+    group = SentinelGroup(replicas=2, sentinels=3)
+    group.start()
+    try:
+        async with (
+            Harness("sentinel failover", group.url, lease=4.0) as h,
+            Connection(group.url) as conn,
+        ):
+            # What min_replicas costs: serial enqueue latency, before any fault.
+            m = group.master.url
+            h.figures.notes["enqueue_latency_min_replicas_0"] = await _enqueue_latency(m, 0, 300)
+            h.figures.notes["enqueue_latency_min_replicas_1"] = await _enqueue_latency(m, 1, 300)
+            await conn.redis.delete("asynq:{latency}:pending")
+            for _ in range(3):
+                await h.spawn(concurrency=10, extra=["--min-replicas", "1"])
+            async with Client(conn, min_replicas=1, replica_timeout=timedelta(seconds=2)) as c:
+                producer = asyncio.create_task(h.produce(c, n, seconds=load))
+                await asyncio.sleep(load / 3)
+                old = group.master
+                start = time.time()
+                old.kill()
+                await _until(lambda: _promoted(group, old.port), 60, "a replica to be promoted")
+                h.faults.append(Fault("failover", start, time.time()))
+                h.figures.kills += 1
+                h.figures.notes["failover_s"] = round(time.time() - start, 2)
+                await producer
+            h.figures.notes["min_replicas"] = 1
+            return await _finish(h, conn)
+    finally:
+        group.cleanup()
+
+
+def _promoted(group: SentinelGroup, old_port: int) -> bool:
+    try:
+        return group.current_master_port() != old_port
+    except Exception:
+        return False
+
+
+async def _until(pred: Callable[[], bool], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not await asyncio.to_thread(pred):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+async def cluster_failover(size: Size) -> Figures:
+    """Redis Cluster: the master of the queue's slot SIGKILLed, its replica promoted."""
+    n = size.count(6_000, 1_200)
+    load = size.pick(25, 12)
+    group = ClusterGroup(3)
+    group.start()
+    try:
+        async with (
+            Harness("cluster failover", group.url, lease=4.0) as h,
+            Connection(group.url) as conn,
+        ):
+            for _ in range(3):
+                await h.spawn(concurrency=10)
+            async with Client(conn) as client:
+                producer = asyncio.create_task(h.produce(client, n, seconds=load))
+                await asyncio.sleep(load / 3)
+                slot = key_slot(b"asynq:{default}:pending")
+                victim = _slot_master(group, slot)
+                start = time.time()
+                victim.kill()
+                await _until(lambda: _slot_moved(group, slot, victim.port), 60, "promotion")
+                h.faults.append(Fault("cluster failover", start, time.time()))
+                h.figures.kills += 1
+                h.figures.notes["failover_s"] = round(time.time() - start, 2)
+                await producer
+            h.figures.notes["min_replicas"] = "not supported on Cluster"
+            return await _finish(h, conn)
+    finally:
+        group.cleanup()
+
+
+def _slot_master(group: ClusterGroup, slot: int) -> RedisProc:
+    from chaos.procs import redis_cli
+
+    for node in group.nodes:
+        if node.proc is None or group.role(node) != "master":
+            continue
+        for line in redis_cli(node.port, "cluster", "nodes").splitlines():
+            parts = line.split()
+            if "myself" in parts[2]:
+                for rng in parts[8:]:
+                    lo, _, hi = rng.partition("-")
+                    if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
+                        return node
+    raise RuntimeError(f"no master serves slot {slot}")
+
+
+def _slot_moved(group: ClusterGroup, slot: int, old_port: int) -> bool:
+    try:
+        return _slot_master(group, slot).port != old_port
+    except Exception:
+        return False
+
+
+async def clock_skew(size: Size) -> Figures:
+    """One of three workers runs with its clock 10 s ahead."""
+    n = size.count(6_000, 1_200)
+    load = size.pick(20, 8)
+    skew = 10.0
+    lease = 15.0
+    redis = RedisProc().start()
+    try:
+        async with (
+            Harness("clock skew +10 s", redis.url, lease=lease) as h,
+            Connection(redis.url) as conn,
+        ):
+            lib = faketime_library()
+            if lib is not None:
+                env = {
+                    "LD_PRELOAD": lib,
+                    "FAKETIME": f"+{int(skew)}s",
+                    "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+                    "FAKETIME_DONT_RESET": "1",
+                }
+                extra = ["--skew", str(skew)]
+                h.figures.notes["clock"] = "libfaketime (LD_PRELOAD) +10 s"
+            else:
+                env, extra = {}, ["--skew", str(skew), "--patch-clock"]
+                h.figures.notes["clock"] = "time.time patched +10 s (libfaketime not installed)"
+            skewed = await h.spawn(concurrency=10, env=env, extra=extra)
+            for _ in range(2):
+                await h.spawn(concurrency=10)
+            async with Client(conn) as client:
+                await h.produce(client, n, seconds=load)
+            fig = await _finish(h, conn)
+            by_pid = await _runs_by_pid(h)
+            fig.notes["skewed_worker_runs"] = len(by_pid.get(skewed.pid, []))
+            fig.notes["lease_s"] = lease
+            return fig
+    finally:
+        redis.cleanup()
+
+
+async def poison_pills(size: Size) -> Figures:
+    """SystemExit, a loop-blocking handler and a memory hog mixed into a steady load."""
+    n = size.count(6_000, 1_200)
+    load = size.pick(20, 10)
+    lease = 3.0
+    redis = RedisProc().start()
+    try:
+        async with (
+            Harness("poison pills", redis.url, lease=lease) as h,
+            Connection(redis.url) as conn,
+        ):
+            for _ in range(3):
+                await h.spawn(concurrency=10)
+            async with Client(conn) as client:
+                normal = asyncio.create_task(h.produce(client, n, seconds=load))
+                pills: list[Awaitable[None]] = [
+                    h.produce(client, 5, seconds=load / 2, kind="exit", payload={}, max_retry=1),
+                    h.produce(
+                        client,
+                        2,
+                        seconds=load / 2,
+                        kind="block",
+                        payload={"seconds": lease * 1.5},
+                        max_retry=1,
+                    ),
+                    h.produce(
+                        client, 5, seconds=load / 2, kind="memory", payload={"mb": 512}, max_retry=1
+                    ),
+                ]
+                await asyncio.sleep(load / 4)
+                await asyncio.gather(*pills)
+                await normal
+            return await _finish(h, conn)
+    finally:
+        redis.cleanup()
+
+
+SCENARIOS: dict[str, Callable[[Size], Awaitable[Figures]]] = {
+    "crash-storm": crash_storm,
+    "redis-restart": redis_restart,
+    "redis-sigkill": redis_sigkill,
+    "partition": partition,
+    "sentinel": sentinel_failover,
+    "cluster": cluster_failover,
+    "clock-skew": clock_skew,
+    "poison": poison_pills,
+}
