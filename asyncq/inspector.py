@@ -43,6 +43,12 @@ from typing import Any
 
 from asyncq import _keys as keys
 from asyncq._broker.inspect import InspectBroker, StoredTask
+from asyncq._broker.workflow import (
+    WorkflowInfo,
+    WorkflowNotFoundError,
+    cancel_workflow,
+    read_workflow,
+)
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._time import GO_ZERO_TIME, utc_from_timestamp
@@ -532,6 +538,31 @@ class Inspector:
         if not task_id.strip():
             raise ValueError("task ID cannot be empty")
         await self._rdb.publish_cancelation(task_id)
+
+    # -- workflows (asyncq extension) --------------------------------------------------------
+
+    async def get_workflow(self, queue: str, workflow_id: str) -> WorkflowInfo:
+        """A workflow's state and its steps; *queue* is its first step's queue.
+
+        Raises WorkflowNotFoundError when it does not exist (never started, or
+        its state expired with the retention of its last step).
+        """
+        info = await read_workflow(self._conn.redis, queue, workflow_id)
+        if info is None:
+            raise WorkflowNotFoundError(queue, workflow_id)
+        return info
+
+    async def cancel_workflow(self, queue: str, workflow_id: str) -> str:
+        """Cancel a running workflow: no further hand-off, not-started steps deleted.
+
+        Steps already running finish (cancel them with :meth:`cancel`). Returns
+        the workflow's state before the call (only ``running`` changes);
+        raises WorkflowNotFoundError when it does not exist.
+        """
+        state = await cancel_workflow(self._conn.redis, queue, workflow_id, self._clock())
+        if state is None:
+            raise WorkflowNotFoundError(queue, workflow_id)
+        return state
 
     # -- servers and schedulers --------------------------------------------------------------
 
