@@ -6,8 +6,10 @@ import asyncio
 import json
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 from redis.asyncio import Redis
 
 from asyncq import (
@@ -28,6 +30,7 @@ from asyncq import (
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.workflow import workflow_key
+from asyncq.cli import main
 from tests.workers.support import FAST, wait_until
 
 Q = "default"
@@ -294,3 +297,30 @@ def test_group_results_refuses_garbage() -> None:
         group_results(b"xyz")
     with pytest.raises(ValueError, match="truncated"):
         group_results(b"R9:a")
+
+
+async def test_cli_inspect_and_cancel(
+    redis: Redis, client: Client, redis_url: str, tmp_path: Path
+) -> None:
+    info = await chord([Task("m"), Task("m")], Task("cb", retention=timedelta(hours=1))).enqueue(
+        client, workflow_id="wf-cli"
+    )
+    runner = CliRunner(env={"HOME": str(tmp_path), "ASYNCQ_REDIS_URL": None})
+
+    def cli(*args: str) -> Result:
+        return runner.invoke(main, ["-u", redis_url, "workflow", *args])
+
+    shown = await asyncio.to_thread(cli, "inspect", "-q", Q, "-i", info.id)
+    assert shown.exit_code == 0, shown.output
+    assert "State:      running" in shown.output and shown.output.count("pending ") == 2
+    done = await asyncio.to_thread(cli, "cancel", "-q", Q, "-i", info.id)
+    assert done.exit_code == 0 and "canceled" in done.output
+    again = await asyncio.to_thread(cli, "cancel", "-q", Q, "-i", info.id)
+    assert "already canceled" in again.output
+    raw = await asyncio.to_thread(cli, "inspect", "-q", Q, "-i", info.id, "--json")
+    data = json.loads(raw.output)
+    assert data["state"] == "canceled"
+    assert [s["state"] for s in data["stages"][0]] == ["canceled", "canceled"]
+    missing = await asyncio.to_thread(cli, "inspect", "-q", Q, "-i", "nope")
+    assert missing.exit_code != 0
+    assert "workflow not found" in missing.output

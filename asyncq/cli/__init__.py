@@ -7,7 +7,7 @@ on stderr with a non-zero exit status, never a traceback.
 
 from __future__ import annotations
 
-from asyncq.cli import web
+from asyncq.cli import web, workflow
 from asyncq.cli._app import main
 from asyncq.cli._commands import register
 from asyncq.cli.worker import worker
@@ -17,3 +17,4 @@ __all__ = ["main"]
 register(main)
 main.add_command(worker)
 web.register(main)
+workflow.register(main)
