@@ -66,11 +66,11 @@ class Step:
 
     *result_arg*: for a JSON-object payload (the typed task API's), the name of
     the argument that receives the previous stage's result (a group's results
-    as a list, ``null`` for a failed member); the previous step's result
-    replaces that argument's value. Without it, a step that receives results
-    gets them as its payload (the previous task's result bytes; for a group,
-    :func:`group_results` decodes the payload). Whether results are passed at
-    all is the workflow's ``pass_results``.
+    as a list, ``null`` for a failed member); a value the payload already has
+    for it (a typed task's default, a placeholder) is replaced. Without it, a
+    step that receives results gets them as its payload (the previous task's
+    result bytes; for a group, :func:`group_results` decodes the payload).
+    Whether results are passed at all is the workflow's ``pass_results``.
 
     *options* are :meth:`Client.enqueue` options (``queue``, ``max_retry``,
     ``timeout``, ``deadline``, ``retention``, ``task_id``, ``headers``);
@@ -203,13 +203,13 @@ class Workflow:
                     if step.result_arg is not None:
                         base = _object_payload(step, msg.payload)
                         if step.result_arg in base:
-                            raise ValueError(
-                                f"workflow step {step.task.type!r}: argument "
-                                f"{step.result_arg!r} is given and would also receive the "
-                                "previous result"
-                            )
+                            # a placeholder (a typed task's default): the result replaces it
+                            del base[step.result_arg]
+                            rest = json.dumps(base, separators=(",", ":"), ensure_ascii=False)
+                            fields[f"p:{m}"] = rest.encode()
+                        else:
+                            fields[f"p:{m}"] = msg.payload or b"{}"
                         pass_mode = "j" + shape + json.dumps(step.result_arg)
-                        fields[f"p:{m}"] = msg.payload or b"{}"
                         msg.payload = b""
                     else:
                         if msg.payload:

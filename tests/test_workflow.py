@@ -13,6 +13,7 @@ from click.testing import CliRunner, Result
 from redis.asyncio import Redis
 
 from asyncq import (
+    App,
     Client,
     Inspector,
     ServeMux,
@@ -324,3 +325,36 @@ async def test_cli_inspect_and_cancel(
     missing = await asyncio.to_thread(cli, "inspect", "-q", Q, "-i", "nope")
     assert missing.exit_code != 0
     assert "workflow not found" in missing.output
+
+
+async def test_typed_tasks_take_the_previous_result_as_an_argument(
+    redis: Redis, client: Client
+) -> None:
+    app = App(redis)
+    shown: list[str] = []
+
+    @app.task(name="wf:double")
+    async def double(x: int) -> int:
+        return 2 * x
+
+    @app.task(name="wf:total")
+    async def total(values: list[int] | None = None, label: str = "") -> int:
+        return sum(values or [])
+
+    @app.task(name="wf:show")
+    async def show(value: int = 0, label: str = "") -> None:
+        shown.append(f"{label}={value}")
+
+    server = app.server(concurrency=10, **FAST)
+    await server.start(app.mux)
+    try:
+        await chain(
+            group(double.to_task(1), double.to_task(2), double.to_task(3)),
+            Step(total.to_task(label="t"), result_arg="values"),
+            Step(show.to_task(label="sum"), result_arg="value"),
+            pass_results=True,
+        ).enqueue(client)
+        await wait_until(lambda: len(shown) == 1, what="the last typed step")
+    finally:
+        await server.shutdown()
+    assert shown == ["sum=12"]
