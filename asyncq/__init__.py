@@ -54,6 +54,7 @@ from asyncq.mux import Handler, Middleware, ServeMux
 from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
 from asyncq.result import ResultWriteError
 from asyncq.results import TaskFailedError
+from asyncq.retry import EnqueueRetryError, RetryPolicy
 from asyncq.scheduler import EntryNotFoundError, Scheduler
 from asyncq.server import Server, ServerStats
 from asyncq.sync import SyncClient, SyncTaskHandle
@@ -86,6 +87,7 @@ __all__ = [
     "DeadlineExceededError",
     "DuplicateTaskError",
     "EnqueueOptions",
+    "EnqueueRetryError",
     "EntryNotFoundError",
     "FailedPreconditionError",
     "Group",
@@ -106,6 +108,7 @@ __all__ = [
     "RedisSentinelOpts",
     "ReplicationTimeoutError",
     "ResultWriteError",
+    "RetryPolicy",
     "RevokeTask",
     "Scheduler",
     "SchedulerEnqueueEvent",

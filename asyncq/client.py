@@ -21,6 +21,7 @@ from asyncq._redis.options import RedisClient, RedisTarget
 from asyncq._time import require_aware, to_unix
 from asyncq.proto.asynq import TaskMessage
 from asyncq.results import DEFAULT_POLL_INTERVAL, ResultWaiter, seconds
+from asyncq.retry import DEFAULT_RETRY, RetryPolicy, write_with_retry
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState
 
 __all__ = ["DEFAULT_MAX_RETRY", "DEFAULT_QUEUE", "DEFAULT_TIMEOUT", "Client"]
@@ -268,6 +269,10 @@ class Client:
     closed by :meth:`aclose`; a ready client or a Connection is shared and
     left open.
 
+    *retry* (a :class:`~asyncq.retry.RetryPolicy`; default: up to 5 s) retries
+    :meth:`enqueue` through connection-level failures such as a Sentinel
+    failover, without ever writing a task twice; ``retry=None`` turns it off.
+
     Usage::
 
         async with Client("redis://localhost:6379/0") as client:
@@ -280,15 +285,19 @@ class Client:
     to survive a failover. Not available on Redis Cluster.
     """
 
-    __slots__ = ("_closed", "_conn", "_owns_conn", "_waiter", "broker")
+    __slots__ = ("_closed", "_conn", "_owns_conn", "_waiter", "broker", "retry")
 
     def __init__(
         self,
         redis: RedisTarget | Connection,
         *,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
         min_replicas: int = 0,
         replica_timeout: timedelta = timedelta(seconds=1),
     ) -> None:
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy or None, got {retry.__class__.__name__}")
+        self.retry = retry
         timeout = replica_wait_seconds(min_replicas, replica_timeout)
         if isinstance(redis, Connection):
             if redis.closed:
@@ -370,14 +379,18 @@ class Client:
         than being guessed as UTC or local time.
 
         Raises ValueError/TypeError naming the bad option, DuplicateTaskError,
-        TaskIdConflictError, or a redis-py error when Redis is unreachable.
+        TaskIdConflictError, or, when Redis stays unreachable past the retry
+        policy's deadline, EnqueueRetryError saying whether the task may have
+        been written (with ``retry=None``: the redis-py error at once).
         """
         self._check_open()
         now = datetime.now(UTC)
         c = _compose(task, [options], now)
         msg = c.message
         # The client describes the write; the broker plans and runs it (as for a batch).
-        await self.broker.write(c.batch_item())
+        # The task id is fixed in msg: a retry after a lost reply finds its own task.
+        item = c.batch_item()
+        await write_with_retry(self.retry, self.redis, msg, lambda: self.broker.write(item))
         if is_debug_enabled(log):
             log.debug(
                 "task enqueued",

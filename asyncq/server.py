@@ -80,6 +80,7 @@ from asyncq.mux import ServeMux, as_async_handler
 from asyncq.task import Task, TaskInfo
 
 __all__ = [
+    "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_QUEUES",
     "ErrorHandler",
     "HealthCheck",
@@ -92,6 +93,8 @@ __all__ = [
 
 DEFAULT_QUEUES: Mapping[str, int] = types.MappingProxyType({"default": 1})
 """Queues served when none are given (asynq's default)."""
+DEFAULT_MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
+"""Default bound on the task bytes a server holds in running handlers (64 MiB)."""
 
 _STATUS_ACTIVE = "active"
 _STATUS_STOPPED = "stopped"
@@ -140,9 +143,10 @@ class Server:
     - ``error_handler(task, exc)``: called on every failure (sync or async).
     - ``shutdown_timeout``: wait for running handlers at shutdown (8 s).
     - ``health_check(exc | None)`` every ``health_check_interval`` (15 s).
-    - ``task_check_interval``: longest idle wait between fetches (1 s); asyncq
-      clients wake idle workers at once, this bounds the pickup of tasks
-      enqueued by Go asynq.
+    - ``task_check_interval``: longest idle wait between fetches (80 ms; asynq:
+      1 s); asyncq clients wake idle workers at once, this bounds the pickup
+      of tasks enqueued by Go asynq or redis-cli. A fetch is one script call
+      whatever the number of queues, so idle polling stays cheap.
     - ``delayed_task_check_interval``: forwarder period (5 s).
     - ``janitor_interval`` (8 s), ``janitor_batch_size`` (100).
     - ``heartbeat_interval`` (5 s), ``lease_duration`` (30 s),
@@ -156,6 +160,9 @@ class Server:
     - ``burst``: shut down once the queues are empty and nothing runs.
     - ``sync_concurrency``: worker threads for plain ``def`` handlers
       (default: ``concurrency``).
+    - ``max_inflight_bytes``: bound on the payload bytes of the running
+      handlers (64 MiB); a fetch takes no task that would pass it, except
+      that a single larger task runs alone.
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
     - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
       ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
@@ -181,7 +188,7 @@ class Server:
         shutdown_timeout: timedelta = timedelta(seconds=8),
         health_check: HealthCheck | None = None,
         health_check_interval: timedelta = timedelta(seconds=15),
-        task_check_interval: timedelta = timedelta(seconds=1),
+        task_check_interval: timedelta = timedelta(milliseconds=80),
         delayed_task_check_interval: timedelta = timedelta(seconds=5),
         janitor_interval: timedelta = timedelta(seconds=8),
         janitor_batch_size: int = 100,
@@ -197,6 +204,7 @@ class Server:
         group_check_interval: timedelta | None = None,
         burst: bool = False,
         sync_concurrency: int | None = None,
+        max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
         logger: Any = None,
         metrics: WorkerHooks | None = None,  # [metrics hook]
         lifespan: Lifespan | None = None,
@@ -279,6 +287,7 @@ class Server:
             sync_concurrency=_positive_int(
                 "sync_concurrency", concurrency if sync_concurrency is None else sync_concurrency
             ),
+            max_inflight_bytes=_positive_int("max_inflight_bytes", max_inflight_bytes),
         )
         self.log: Any = logger if logger is not None else get_logger()
         self.metrics = metrics  # [metrics hook]

@@ -11,6 +11,7 @@ import pytest
 import structlog
 from redis.asyncio import Redis
 
+from asyncq._broker.multiqueue import MultiQueue
 from asyncq._logging import Backoff, RateLimiter
 from asyncq._worker.lease import Lease
 from asyncq.client import Client
@@ -21,7 +22,9 @@ from tests.redis_server import free_port
 from tests.workers.support import FAST, wait_until
 
 
-async def test_crashing_role_is_logged_and_restarted(redis: Redis, client: Client) -> None:
+async def test_crashing_role_is_logged_and_restarted(
+    redis: Redis, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     done = asyncio.Event()
 
     async def handle(task: Task) -> None:
@@ -31,17 +34,17 @@ async def test_crashing_role_is_logged_and_restarted(redis: Redis, client: Clien
     mux.handle("later", handle)
     with structlog.testing.capture_logs() as logs:
         server = Server(redis, **FAST)
-        real = server.broker.forward_if_ready
+        real = MultiQueue.forward
         calls = 0
 
-        async def flaky(qnames: Any) -> int:
+        async def flaky(self: MultiQueue, qnames: Any) -> int:
             nonlocal calls
             calls += 1
             if calls <= 2:
                 raise RuntimeError(f"forwarder bug #{calls}")
-            return await real(qnames)
+            return await real(self, qnames)
 
-        server.broker.forward_if_ready = flaky  # type: ignore[method-assign]
+        monkeypatch.setattr(MultiQueue, "forward", flaky)
         async with server:
             await server.start(mux)
             await client.enqueue(Task("later"), process_in=timedelta(seconds=1))
@@ -54,7 +57,7 @@ async def test_crashing_role_is_logged_and_restarted(redis: Redis, client: Clien
 
 
 async def test_processor_crash_keeps_running_handlers_and_restarts(
-    redis: Redis, client: Client
+    redis: Redis, client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[str] = []
 
@@ -64,17 +67,17 @@ async def test_processor_crash_keeps_running_handlers_and_restarts(
     mux = ServeMux()
     mux.handle("t", handle)
     server = Server(redis, **FAST)
-    real = server.broker.dequeue_many
+    real = MultiQueue.dequeue
     crashed = False
 
-    async def once_broken(qnames: Any, count: int) -> Any:
+    async def once_broken(self: MultiQueue, qnames: Any, count: int, **options: Any) -> Any:
         nonlocal crashed
         if not crashed:
             crashed = True
             raise KeyError("processor bug")
-        return await real(qnames, count)
+        return await real(self, qnames, count, **options)
 
-    server.broker.dequeue_many = once_broken  # type: ignore[method-assign]
+    monkeypatch.setattr(MultiQueue, "dequeue", once_broken)
     async with server:
         await server.start(mux)
         await client.enqueue_many([Task("t") for _ in range(5)])

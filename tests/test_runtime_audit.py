@@ -31,6 +31,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncq import _keys as keys
 from asyncq._broker import Broker, DequeuedTask
+from asyncq._broker.multiqueue import FetchResult, MultiQueue
 from asyncq._redis.options import RedisClientOpts
 from asyncq._worker import active as active_module
 from asyncq.client import Client
@@ -493,16 +494,18 @@ async def test_outcomes_left_to_a_closed_syncer_are_logged_not_kept(
 def blank_queue_of(server: Server, task_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make *task_id* reach the processor with a blank queue field. Dequeue archives such
     a stored message, so the field is blanked after it: the roles' own defences."""
-    dequeue_many = server.broker.dequeue_many
+    dequeue = MultiQueue.dequeue
 
-    async def blanking(qnames: list[str], count: int) -> list[DequeuedTask]:
-        got = await dequeue_many(qnames, count)
-        for d in got:
+    async def blanking(
+        self: MultiQueue, qnames: list[str], count: int, **options: Any
+    ) -> FetchResult:
+        got = await dequeue(self, qnames, count, **options)
+        for d in got.tasks:
             if d.message.id == task_id:
                 d.message.queue = ""
         return got
 
-    monkeypatch.setattr(server.broker, "dequeue_many", blanking)
+    monkeypatch.setattr(MultiQueue, "dequeue", blanking)
 
 
 async def test_blank_queue_message_does_not_stop_the_lease_extension_of_other_tasks(
@@ -594,20 +597,21 @@ async def test_tasks_dequeued_by_a_call_whose_reply_was_lost_come_back_by_lease_
         recoverer_cutoff=timedelta(0),
         retry_delay=lambda n, e, t: timedelta(0),
     )
-    broker = server.broker
-    dequeue_many = broker.dequeue_many
+    dequeue = MultiQueue.dequeue
     lost: list[str] = []
 
-    async def reply_lost(qnames: list[str], count: int) -> list[DequeuedTask]:
-        got = await dequeue_many(qnames, count)
-        if got and not lost:
+    async def reply_lost(
+        self: MultiQueue, qnames: list[str], count: int, **options: Any
+    ) -> FetchResult:
+        got = await dequeue(self, qnames, count, **options)
+        if got.tasks and not lost:
             # The script ran (tasks active, leases written) but the connection died
             # before its reply arrived.
-            lost.extend(d.message.id for d in got)
+            lost.extend(d.message.id for d in got.tasks)
             raise RedisConnectionError("Connection lost (the command may or may not have run)")
         return got
 
-    monkeypatch.setattr(broker, "dequeue_many", reply_lost)
+    monkeypatch.setattr(MultiQueue, "dequeue", reply_lost)
     info = await client.enqueue(Task("l"))
     await wait_until(lambda: lost, what="a dequeue reply lost")
     assert lost == [info.id]

@@ -70,7 +70,7 @@ def test_defaults_are_asynqs(redis_url: str) -> None:
     assert cfg.concurrency == (os.cpu_count() or 1)
     assert dict(cfg.queues) == {"default": 1}
     assert cfg.shutdown_timeout == 8
-    assert cfg.task_check_interval == 1
+    assert cfg.task_check_interval == 0.08  # asynq: 1 s; polling all queues is one call here
     assert cfg.delayed_task_check_interval == 5
     assert cfg.health_check_interval == 15
     assert (cfg.janitor_interval, cfg.janitor_batch_size) == (8, 100)

@@ -28,7 +28,9 @@ asyncq extensions (Go asynq is unaffected by all of them):
   asynq's dequeue does) in one call; it returns ``id, msg`` pairs. The Python
   side tries queues in the given order, one call per queue (queues live in
   different cluster slots); when a later call fails, the tasks already taken
-  are returned. ``dequeue`` is ``dequeue_many`` with count 1.
+  are returned. ``dequeue`` is ``dequeue_many`` with count 1. The server's
+  fetch uses :mod:`asyncq._broker.multiqueue` instead: one call for all
+  queues (per node on a cluster), same transitions.
 * **Undecodable messages are archived, never dropped.** A ``msg`` that fails
   to decode (or whose id is not the task's id, or, at dequeue, whose queue
   is not the queue it is stored in) is moved to ``archived`` of that queue by
@@ -45,7 +47,8 @@ asyncq extensions (Go asynq is unaffected by all of them):
   MarkAsComplete to many tasks of one queue in one call, building task keys
   from the queue's prefix (same hash tag, so the same cluster slot); the
   processed counters take one INCRBY per call unless the all-time counter is
-  near its max-int64 wrap. Several queues go in one pipeline.
+  near its max-int64 wrap. Several queues go in one call (ack_queues.lua; a
+  cluster pipelines one call per queue).
 * **asynq:queues registration.** The first time a Broker instance sees a
   queue it SADDs it to ``asynq:queues`` before the write (a per-instance
   cache, like asynq's per-process one). It is a separate command, not part

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 import structlog
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from asyncq import _keys as keys
@@ -25,7 +26,7 @@ from asyncq._broker._base import (
 )
 from asyncq._logging import error_text
 from asyncq._redis.errors import REDIS_ERRORS
-from asyncq._redis.scripts import load_script
+from asyncq._redis.scripts import Script, load_script
 from asyncq._time import to_unix
 from asyncq.errors import (
     AsyncqError,
@@ -43,6 +44,14 @@ _DEQUEUE_MANY = load_script(LUA_PACKAGE, "dequeue_many")
 _DONE = load_script(LUA_PACKAGE, "done")
 _MARK_AS_COMPLETE = load_script(LUA_PACKAGE, "mark_as_complete")
 _ACK_MANY = load_script(LUA_PACKAGE, "ack_many")
+# ack_many.lua as a function, called once per queue by ack_queues.lua (one round trip).
+_ACK_QUEUES = Script(
+    "ack_queues",
+    "local function ack_one(KEYS, ARGV)\n"
+    + _ACK_MANY.source
+    + "\nend\n"
+    + load_script(LUA_PACKAGE, "ack_queues").source,
+)
 _REQUEUE = load_script(LUA_PACKAGE, "requeue")
 _RETRY = load_script(LUA_PACKAGE, "retry")
 _ARCHIVE = load_script(LUA_PACKAGE, "archive")
@@ -175,8 +184,8 @@ class ProcessingTransitions(BrokerBase):
         ``complete=True`` is :meth:`mark_as_complete` (kept for ``msg.retention``),
         ``False`` is :meth:`done`; each task gets exactly that method's effect, in
         the given order, with one "now" for the whole batch. All tasks of a queue
-        take one script call and all queues one round trip (a non-transactional
-        pipeline; on a cluster one call per node).
+        take one script call; on one server all queues share it
+        (``ack_queues.lua``), on a cluster one call per queue in a pipeline.
 
         One result per item: None when acknowledged, TaskNotFoundError when the
         task is not active (any more), ValueError for a message without id or
@@ -245,6 +254,16 @@ class ProcessingTransitions(BrokerBase):
                 return [await _ACK_MANY(self._cmd, *calls[0])]
             except ResponseError as exc:
                 return [exc]
+        if rep is None and not isinstance(self.redis, RedisCluster):
+            # Several queues on one server: one script call for all of them.
+            flat: list[Any] = []
+            for k, args in calls:
+                flat += (*k, len(args), *args)
+            try:
+                replies: list[Any] = await _ACK_QUEUES(self._cmd, (), flat)
+            except ResponseError as exc:
+                return [exc] * len(calls)
+            return replies
         commands: list[tuple[Any, ...]] = [
             ("EVALSHA", _ACK_MANY.sha, len(k), *k, *args) for k, args in calls
         ]

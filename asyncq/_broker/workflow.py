@@ -184,7 +184,12 @@ async def ack_step(broker: BrokerBase, msg: TaskMessage, mode: AckMode, err_msg:
         int(now * 1e9),
     )
     try:
-        reply = await _DONE(broker._cmd, keys_, args)
+        if broker.replication is not None:  # min_replicas: the write and WAIT together
+            reply = await broker.replication.script(
+                broker._pipeline, broker._cmd, _DONE, keys_, args, queue=qk.name, task_id=tid
+            )
+        else:
+            reply = await _DONE(broker._cmd, keys_, args)
     except ResponseError as exc:
         raise script_error(exc, _DONE, qk.name, tid) from exc
     return reply.decode() if isinstance(reply, bytes) else str(reply)

@@ -23,7 +23,10 @@ Differences from asynq, on purpose:
 * ``redis-cluster://`` is asyncq's own scheme (asynq has no cluster URI);
 * unknown query parameters, a missing host, a negative database number or a
   sentinel URI without ``?master=`` are errors instead of being ignored;
-  a bare trailing ``/`` means database 0 (asynq rejects it).
+  a bare trailing ``/`` means database 0 (asynq rejects it);
+* every kind, Sentinel and Cluster included, keeps at most ``pool_size``
+  connections (per node for a cluster), and callers beyond it wait up to
+  ``pool_timeout`` for a free one instead of failing at once.
 
 Responses are always raw bytes (``decode_responses=False``): task messages
 are binary protobufs. Timeouts and retries follow asynq's go-redis defaults:
@@ -34,16 +37,20 @@ run already; go-redis does the same).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
+from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from redis.asyncio import Redis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -250,7 +257,14 @@ class RedisSentinelOpts(_CommonOpts):
             password=self.password,
             **socket_kwargs,
         )
-        client: Redis = sentinel.master_for(self.master_name)
+        # master_for's default pool raises MaxConnectionsError past its limit; the
+        # blocking variant waits for a free connection as the redis:// pool does.
+        client: Redis = sentinel.master_for(
+            self.master_name,
+            connection_pool_class=_BlockingSentinelPool,
+            max_connections=self.pool_size,
+            timeout=self.pool_timeout,
+        )
         return client
 
 
@@ -273,12 +287,78 @@ class RedisClusterOpts(_CommonOpts):
 
     def make_client(self) -> RedisCluster:
         """A cluster client; the slot map is loaded on the first command."""
-        return RedisCluster(
+        return _BlockingCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in self.addrs],
             username=self.username,
             password=self.password,
+            max_connections=self.pool_size,
+            pool_timeout=self.pool_timeout,
             **self._socket_kwargs(),
         )
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """Sentinel master discovery with a pool that waits for a free connection.
+
+    ``SentinelConnectionPool`` brings the master lookup and the failover
+    handling, ``BlockingConnectionPool`` the wait of up to ``timeout`` seconds
+    (then ConnectionError) instead of MaxConnectionsError.
+    """
+
+
+# Set while a task holds one of a _BlockingCluster's slots, so that a pipeline
+# falling back to single commands (redirections) does not wait for a second one.
+_holding_slot: ContextVar[bool] = ContextVar("asyncq_cluster_slot", default=False)
+
+
+class _BlockingCluster(RedisCluster):
+    """A RedisCluster whose callers wait for a connection instead of failing.
+
+    redis-py's cluster nodes raise MaxConnectionsError once ``max_connections``
+    are in use. Every command or pipeline uses at most one connection per
+    node, so bounding the commands and pipelines in flight to the per-node
+    limit means no node ever runs out; callers beyond it wait up to
+    ``pool_timeout`` seconds and then get ConnectionError, as with redis://.
+    """
+
+    def __init__(self, *, pool_timeout: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._slots = asyncio.Semaphore(int(kwargs["max_connections"]))
+        self._pool_timeout = pool_timeout
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        if _holding_slot.get():
+            yield
+            return
+        try:
+            async with asyncio.timeout(self._pool_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise RedisConnectionError("No connection available.") from None
+        token = _holding_slot.set(True)
+        try:
+            yield
+        finally:
+            _holding_slot.reset(token)
+            self._slots.release()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        async with self._slot():
+            return await super().execute_command(*args, **kwargs)
+
+    def pipeline(
+        self, transaction: Any | None = None, shard_hint: Any | None = None
+    ) -> ClusterPipeline:
+        pipe = super().pipeline(transaction, shard_hint)
+        run = pipe.execute
+
+        async def execute(raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+            async with self._slot():
+                return await run(raise_on_error, allow_redirections)
+
+        pipe.execute = execute  # type: ignore[method-assign]
+        return pipe
 
 
 def _check_db(db: int) -> None:

@@ -62,6 +62,7 @@ class ServerConfig:
     group_check_interval: float
     burst: bool
     sync_concurrency: int
+    max_inflight_bytes: int
 
 
 @dataclass(slots=True)

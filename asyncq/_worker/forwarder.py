@@ -2,9 +2,9 @@
 
 Every ``delayed_task_check_interval`` (5 s) it moves the due tasks of the
 ``scheduled`` and ``retry`` sets to their queue's pending list (or back into
-their group). It runs once at start too, so a restarted worker does not wait
-an interval for overdue tasks, and it wakes this server's processor when it
-moved anything.
+their group), all queues in one script call per Redis node. It runs once at
+start too, so a restarted worker does not wait an interval for overdue tasks,
+and it wakes this server's processor when it moved anything.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
+from asyncq._broker.multiqueue import MultiQueue
 from asyncq._worker.roles import PeriodicRole, RoleDeps
 
 __all__ = ["Forwarder"]
@@ -27,7 +28,7 @@ class Forwarder(PeriodicRole):
         self._wakeup = wakeup
 
     async def tick(self) -> None:
-        moved = await self.broker.forward_if_ready(list(self.config.queues))
+        moved = await MultiQueue(self.broker).forward(list(self.config.queues))
         if moved:
             self.stats.forwarded += moved
             self._wakeup.set()

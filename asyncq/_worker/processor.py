@@ -2,21 +2,28 @@
 
 * A :class:`~asyncq._worker.slots.Slots` semaphore of ``concurrency`` slots
   bounds the running handlers. Each fetch takes every free slot
-  (``take_all``) and asks the broker for that many tasks in one script call
-  (``dequeue_many``), each with its own lease; unfilled slots are released at
-  once, each handler releases its own when it is done.
+  (``take_all``) and asks for that many tasks from all queues in one script
+  call per Redis node (:class:`~asyncq._broker.multiqueue.MultiQueue`), each
+  with its own lease; unfilled slots are released at once, each handler
+  releases its own when it is done. ``max_inflight_bytes`` bounds the payload
+  bytes of the running tasks: a fetch stops before it, no fetch runs while it
+  is reached, and a single task larger than the bound runs alone.
 * Running tasks are tracked in the server's :class:`~asyncq._worker.active.ActiveTasks`
   registry; a lease the heartbeater declares expired cancels its handler through
   the lease. Ack calls in flight are tracked too, so shutdown waits for them.
-* Queue order per fetch: weighted and shuffled (priorities divided by their GCD,
-  each queue repeated ``priority`` times, Fisher-Yates shuffled, de-duplicated),
+* Queue order per fetch: weighted and shuffled (priorities divided by their GCD;
+  the distribution of asynq's repeat-``priority``-times, shuffle, de-duplicate,
+  drawn with Efraimidis-Spirakis keys),
   or fixed by priority with ``strict_priority``. Paused queues look empty.
 * Idle wait: asynq sleeps 0.5-1.5 s when every queue is empty. Here the
   processor clears a wake-up event before each fetch and, after an empty one,
-  waits on it for at most ``task_check_interval``. The subscriber sets the event
-  when an asyncq client publishes on a queue's wake-up channel, so an idle
+  waits on it: an eighth of ``task_check_interval`` (80 ms) at first, doubling
+  after each empty fetch up to ``task_check_interval``. The subscriber sets the
+  event when an asyncq client publishes on a queue's wake-up channel, so an idle
   worker starts a task within milliseconds; tasks enqueued by Go asynq (no
-  wake-up) are still picked up within ``task_check_interval``.
+  wake-up) are picked up within ``task_check_interval``. Since one fetch is one
+  script call whatever the number of queues, an idle worker costs about one
+  command per ``task_check_interval``.
 * Each handler runs in one asyncio task and is cancelled at min(timeout,
   deadline) (spec 5.7), on a cancel message, or when its lease expires. Its
   outcome is written exactly as asynq's (spec 5.3/5.4) unless the local lease
@@ -43,6 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import anyio
 
+from asyncq._broker.multiqueue import MultiQueue
 from asyncq._broker.workflow import AckMode, ack_step, is_workflow_step  # [workflow hook]
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
@@ -126,7 +134,7 @@ def normalize_queues(queues: Mapping[str, int]) -> dict[str, int]:
 class QueueOrder:
     """The order in which one fetch tries the queues (spec 5.5)."""
 
-    __slots__ = ("_expanded", "_fixed", "_rng")
+    __slots__ = ("_fixed", "_inverse", "_names", "_rng")
 
     def __init__(
         self,
@@ -140,7 +148,8 @@ class QueueOrder:
         normalized = normalize_queues(queues)
         self._rng = rng or random.Random()
         self._fixed: list[str] | None = None
-        self._expanded: list[str] = []
+        self._names: list[str] = []
+        self._inverse: list[float] = []
         if len(normalized) == 1:
             self._fixed = list(normalized)
         elif strict:
@@ -148,15 +157,22 @@ class QueueOrder:
             # order is stable (asynq's sort is not, which only makes ties random).
             self._fixed = sorted(normalized, key=lambda q: (-normalized[q], q))
         else:
-            for name, prio in normalized.items():
-                self._expanded.extend([name] * prio)
+            self._names = list(normalized)
+            self._inverse = [1.0 / prio for prio in normalized.values()]
 
     def __call__(self) -> list[str]:
         if self._fixed is not None:
             return self._fixed
-        names = self._expanded[:]
-        self._rng.shuffle(names)  # Fisher-Yates
-        return list(dict.fromkeys(names))
+        # asynq expands each queue priority times, shuffles and keeps first
+        # occurrences: weighted sampling without replacement. Efraimidis-Spirakis
+        # keys (u ** (1 / weight), largest first) draw the same distribution in
+        # O(n log n) for n queues instead of a shuffle of the sum of priorities.
+        rand = self._rng.random
+        keyed = sorted(
+            zip([rand() ** inv for inv in self._inverse], self._names, strict=True),
+            reverse=True,
+        )
+        return [name for _, name in keyed]
 
 
 # -- the running task ----------------------------------------------------------------------
@@ -199,6 +215,11 @@ class Processor(Role):
         self.active = active
         self.slots = Slots(cfg.concurrency)
         self._queue_order = QueueOrder(cfg.queues, strict=cfg.strict_priority)
+        self._queues = MultiQueue(deps.broker)
+        self._max_bytes = cfg.max_inflight_bytes
+        self._inflight_bytes = 0
+        self._bytes_freed = asyncio.Event()
+        self._poll = Backoff(cfg.task_check_interval / 8, cfg.task_check_interval)
         self._wakeup = wakeup
         self._defer_write = defer_write
         self._on_burst_done = on_burst_done
@@ -229,6 +250,7 @@ class Processor(Role):
         self._fetching = False
         self.request_stop()
         self._wakeup.set()
+        self._bytes_freed.set()
         self.slots.close()
 
     async def drain(self, grace: float, *, force: asyncio.Event | None = None) -> None:
@@ -290,17 +312,29 @@ class Processor(Role):
     async def _fetch_loop(self) -> None:
         sync_limiter.set(self._limiter)  # inherited by every handler task created below
         stats = self.stats
-        broker = self.broker
         order = self._queue_order
-        interval = self.config.task_check_interval
         burst = self.config.burst
+        strict = self.config.strict_priority
         while self._fetching:
             n = await self.slots.take_all()
             if n == 0:
                 continue  # stopped fetching
+            if self._inflight_bytes >= self._max_bytes and self.active:
+                # The in-flight byte bound is reached: wait for a handler to finish.
+                self.slots.release(n)
+                self._bytes_freed.clear()
+                await self._bytes_freed.wait()
+                continue
             self._wakeup.clear()
             try:
-                got: Sequence[DequeuedTask] = await broker.dequeue_many(order(), n)
+                fetched = await self._queues.dequeue(
+                    order(),
+                    n,
+                    strict=strict,
+                    max_bytes=self._max_bytes - self._inflight_bytes,
+                    first_free=not self.active,
+                )
+                got: Sequence[DequeuedTask] = fetched.tasks
             except REDIS_ERRORS as exc:
                 self.slots.release(n)
                 self._fetch_failed(exc)
@@ -312,6 +346,7 @@ class Processor(Role):
             self._backoff.reset()
             self.slots.release(n - len(got))
             if got:
+                self._poll.reset()
                 for dequeued in got:
                     self._start(dequeued)
                 continue
@@ -320,7 +355,7 @@ class Processor(Role):
                 # Retries and scheduled tasks due now are work too; the forwarder
                 # may not run again before we would exit.
                 try:
-                    moved = await broker.forward_if_ready(list(self.config.queues))
+                    moved = await self._queues.forward(list(self.config.queues))
                 except REDIS_ERRORS as exc:
                     self._fetch_failed(exc)
                     await self._idle_wait(self._backoff.next_delay(), count=False)
@@ -332,7 +367,7 @@ class Processor(Role):
                 self._fetching = False
                 self._on_burst_done()
                 return
-            await self._idle_wait(interval, count=True)
+            await self._idle_wait(self._poll.next_delay(), count=True)
 
     def _fetch_failed(self, exc: BaseException) -> None:
         self.stats.fetch_errors += 1
@@ -365,6 +400,7 @@ class Processor(Role):
         # Redis holds the lease in whole seconds (truncated): never trust it for longer.
         lease = Lease(math.floor(dequeued.lease_expiry), clock=self.clock)
         active = ActiveTask(msg, lease, deadline, now)
+        self._inflight_bytes += len(msg.payload)
         active.on_stuck = self._on_stuck
         # The heartbeater declares a lease expired; the lease then cancels the handler.
         lease.on_expired(partial(active.cancel, LeaseExpiredError()))
@@ -432,6 +468,8 @@ class Processor(Role):
         if active.released:
             return
         active.released = True
+        self._inflight_bytes -= len(active.msg.payload)
+        self._bytes_freed.set()
         if active.timer is not None:
             active.timer.cancel()
         if active.grace is not None:

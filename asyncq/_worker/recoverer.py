@@ -19,6 +19,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
+from asyncq._broker.multiqueue import MultiQueue
 from asyncq._logging import error_text, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker.active import ActiveTasks
@@ -46,21 +47,18 @@ class Recoverer(PeriodicRole):
         queues = list(cfg.queues)
         now = datetime.fromtimestamp(broker.clock(), UTC)
         cutoff = now - timedelta(seconds=cfg.recoverer_cutoff)
-        for qname in queues:
-            try:
-                await broker.reclaim_stale_aggregation_sets(qname)
-            except REDIS_ERRORS as exc:
-                if is_transient(exc):
-                    raise
-                self.log.error(
-                    "could not reclaim stale aggregation sets", queue=qname, error=error_text(exc)
-                )
-        for qname in queues:
-            # One queue per call: a message is only known to sit in the queue it was listed from.
-            for msg in await broker.list_lease_expired(cutoff, [qname]):
-                if self.stopping:
-                    return
-                await self._recover(qname, msg, now)
+        multi = MultiQueue(broker)  # all queues in one script call per Redis node
+        try:
+            await multi.reclaim_stale_aggregation_sets(queues)
+        except REDIS_ERRORS as exc:
+            if is_transient(exc):
+                raise
+            self.log.error("could not reclaim stale aggregation sets", error=error_text(exc))
+        # Each message comes with the queue it is stored in (its own queue field may differ).
+        for qname, msg in await multi.list_lease_expired(cutoff, queues):
+            if self.stopping:
+                return
+            await self._recover(qname, msg, now)
 
     async def _recover(self, qname: str, msg: TaskMessage, now: datetime) -> None:
         cfg = self.config

@@ -540,7 +540,7 @@ def task_enqueue(
     uri = settings(ctx).uri()
 
     async def go() -> TaskInfo:
-        async with Client(uri) as client:
+        async with Client(uri, retry=None) as client:  # fail fast at a prompt
             new = Task(type_, payload.encode("utf-8"), headers=header_map or None)
             return await client.enqueue(new, **options)
 

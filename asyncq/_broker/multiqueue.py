@@ -1,0 +1,291 @@
+"""Broker operations over many queues at once: one script call per Redis node.
+
+The per-queue scripts of :mod:`asyncq._broker` cost one round trip per
+queue, so a worker serving a thousand queues paid a thousand calls per fetch
+and per forwarder, recoverer and janitor pass, even with every queue empty.
+:class:`MultiQueue` runs the same transitions (same keys, same fields, same
+scores as asynq's scripts, so Go servers sharing the Redis see nothing new)
+for a whole list of queues in one script call:
+
+* ``dequeue`` (``dequeue_queues.lua``) tries the queues in the given order and
+  skips empty and paused ones inside Redis, at the cost of one LLEN each; it
+  also reports which queues it found empty, and can stop before a byte budget.
+* ``forward`` (``forward_queues.lua``), ``list_lease_expired``,
+  ``delete_expired_completed`` and ``reclaim_stale_aggregation_sets`` batch
+  the forwarder's, recoverer's and janitor's work the same way.
+
+On Redis Cluster each queue's keys share the ``{queue}`` hash tag, so queues
+live in different slots and often on different nodes. The queues are grouped
+by the node that serves them and each group goes to its node in one call,
+using Redis 7's ``allow-cross-slot-keys`` script flag (all keys of one call
+are on that node). A dequeue keeps the order: in strict order each run of
+consecutive queues on one node is one call, tried run after run; in weighted
+(shuffled) order each node's queues keep their relative order and the nodes
+are tried in the order their first queue appears.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import structlog
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import NoScriptError, ResponseError
+
+from asyncq import _keys as keys
+from asyncq._broker._base import LUA_PACKAGE, as_text, script_error
+from asyncq._broker.broker import Broker, DequeuedTask
+from asyncq._logging import RateLimiter, error_text
+from asyncq._redis.errors import REDIS_ERRORS
+from asyncq._redis.scripts import Script, load_script
+from asyncq._time import to_unix
+from asyncq.proto.asynq import TaskMessage
+
+__all__ = ["FORWARD_BATCH", "FetchResult", "MultiQueue"]
+
+FORWARD_BATCH = 100
+"""Due ids moved per scheduled/retry set and call (asynq's ForwardIfReady batch)."""
+
+_CROSS_SLOT = "#!lua flags=allow-cross-slot-keys\n"
+_PROBE_CHUNK = 200
+"""Queues whose pending lists one EXISTS probes inside the dequeue script."""
+
+
+def _multi_script(name: str) -> tuple[Script, Script]:
+    """The script for a single server, and its cluster variant (Redis >= 7).
+
+    The scripts take queue names in ARGV and build asynq's keys from them. On a
+    cluster a call declares one key of its node (that routes it) and carries
+    the allow-cross-slot-keys flag, since its queues live in different slots.
+    """
+    source = load_script(LUA_PACKAGE, name).source
+    return Script(name, source), Script(name, _CROSS_SLOT + source)
+
+
+_DEQUEUE = _multi_script("dequeue_queues")
+_FORWARD = _multi_script("forward_queues")
+_LIST_LEASE_EXPIRED = _multi_script("list_lease_expired_queues")
+_DELETE_EXPIRED_COMPLETED = _multi_script("delete_expired_completed_queues")
+_RECLAIM = _multi_script("reclaim_stale_aggregation_sets_queues")
+
+_log = structlog.get_logger("asyncq")
+
+
+@dataclass(slots=True)
+class FetchResult:
+    """What one multi-queue dequeue took, and the queues it found empty or paused."""
+
+    tasks: list[DequeuedTask]
+    empty: set[str]
+
+
+class MultiQueue:
+    """Multi-queue script calls on a :class:`Broker`'s connection; see the module docstring."""
+
+    __slots__ = ("_broker", "_checked", "_cluster", "_errors", "_slots")
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        redis = broker.redis
+        self._cluster: RedisCluster | None = redis if isinstance(redis, RedisCluster) else None
+        self._slots: dict[str, int] = {}
+        self._checked: set[str] = set()
+        self._errors = RateLimiter(3.0)
+
+    # -- routing ------------------------------------------------------------------------
+
+    async def _groups(
+        self, qnames: Sequence[str], *, runs: bool
+    ) -> list[tuple[ClusterNode | None, list[str]]]:
+        """The queues grouped per node (one group without a cluster); order kept per group.
+
+        With *runs*, only consecutive queues on the same node share a group
+        (strict order); otherwise a node's queues form one group, the groups
+        ordered by their first queue.
+        """
+        names = list(qnames)
+        for name in names:
+            if name not in self._checked:
+                self._broker._q(name)  # validates the name
+                self._checked.add(name)
+        cluster = self._cluster
+        if cluster is None:
+            return [(None, names)] if names else []
+        await cluster.initialize()  # loads the slot map once; a no-op afterwards
+        manager = cluster.nodes_manager
+        groups: list[tuple[ClusterNode | None, list[str]]] = []
+        by_node: dict[str, list[str]] = {}
+        for name in names:
+            slot = self._slots.get(name)
+            if slot is None:
+                slot = self._slots[name] = cluster.keyslot(keys.pending_key(name))
+            node = manager.get_node_from_slot(slot)
+            if runs:
+                if groups and groups[-1][0] == node:
+                    groups[-1][1].append(name)
+                else:
+                    groups.append((node, [name]))
+            else:
+                members = by_node.get(node.name)
+                if members is None:
+                    members = by_node[node.name] = []
+                    groups.append((node, members))
+                members.append(name)
+        return groups
+
+    async def _call(
+        self,
+        scripts: tuple[Script, Script],
+        node: ClusterNode | None,
+        names: Sequence[str],
+        args: Sequence[Any],
+    ) -> Any:
+        """Run a multi-queue script with *args* followed by the queue *names*."""
+        script, variant = scripts
+        try:
+            if node is None:
+                return await script(self._broker._cmd, (), (*args, *names))
+            cluster = self._cluster
+            assert cluster is not None
+            # One key of the node routes the call; the queues' keys are built in Lua.
+            route = keys.pending_key(names[0])
+            command = ("EVALSHA", variant.sha, 1, route, *args, *names)
+            try:
+                return await cluster.execute_command(*command, target_nodes=node)
+            except NoScriptError:
+                await cluster.execute_command("SCRIPT LOAD", variant.source, target_nodes=node)
+                return await cluster.execute_command(*command, target_nodes=node)
+        except ResponseError as exc:
+            raise script_error(exc, script, names[0] if names else "", "") from exc
+
+    # -- dequeue -------------------------------------------------------------------------
+
+    async def dequeue(
+        self,
+        qnames: Sequence[str],
+        count: int,
+        *,
+        strict: bool = False,
+        max_bytes: int | None = None,
+        first_free: bool = True,
+    ) -> FetchResult:
+        """Take up to *count* tasks from *qnames*, tried in order, in one call per node group.
+
+        *max_bytes* bounds the stored message bytes taken (None: no bound);
+        with *first_free* the first task is taken even when it alone exceeds
+        the bound. A message that cannot be decoded, or that names another
+        queue, is archived instead of returned. When a later call fails after
+        tasks were taken, those tasks are returned (and the failure logged);
+        with nothing taken the error is raised.
+        """
+        if count < 1:
+            raise ValueError(f"dequeue count must be at least 1, got {count}")
+        broker = self._broker
+        out: list[DequeuedTask] = []
+        empty: set[str] = set()
+        budget = -1 if max_bytes is None else max(0, max_bytes)
+        for node, names in await self._groups(qnames, runs=strict):
+            now = broker.clock()
+            expiry = now + broker.lease_duration
+            args = (
+                int(expiry),
+                count - len(out),
+                budget,
+                1 if first_free and not out else 0,
+                1 if node is not None else _PROBE_CHUNK,
+            )
+            try:
+                empties, taken, full = await self._call(_DEQUEUE, node, names, args)
+            except REDIS_ERRORS as exc:
+                if not out:
+                    raise
+                if self._errors.allow():
+                    _log.warning(
+                        "dequeue failed after tasks were taken; returning those",
+                        taken=len(out),
+                        error=error_text(exc),
+                        suppressed_since_last=self._errors.take_suppressed(),
+                    )
+                break
+            empty.update(names[i - 1] for i in empties)
+            size = 0
+            for i in range(0, len(taken), 3):
+                qk = broker._q(names[taken[i] - 1])
+                tid = as_text(taken[i + 1])
+                data = taken[i + 2]
+                if data is None:
+                    _log.error("dropped pending id without task hash", task_id=tid, queue=qk.name)
+                    continue
+                size += len(data)
+                msg = await broker._decode_or_archive(
+                    qk, tid, data, now, qk.active, check_queue=True
+                )
+                if msg is not None:
+                    out.append(DequeuedTask(msg, expiry))
+            if len(out) >= count or full:
+                break
+            if budget >= 0:
+                budget = max(0, budget - size)
+        return FetchResult(out, empty)
+
+    # -- forwarder, recoverer, janitor ---------------------------------------------------------
+
+    async def forward(self, qnames: Sequence[str]) -> int:
+        """Move due scheduled/retry tasks of every queue to pending (or their group)."""
+        broker = self._broker
+        total = 0
+        for node, names in await self._groups(qnames, runs=False):
+            while True:
+                now = broker.clock()
+                args = (int(now), int(now * 1_000_000_000), FORWARD_BATCH)
+                moved, more = await self._call(_FORWARD, node, names, args)
+                total += int(moved)
+                if not more:
+                    break
+        return total
+
+    async def list_lease_expired(
+        self, cutoff: datetime, qnames: Sequence[str]
+    ) -> list[tuple[str, TaskMessage]]:
+        """``(queue, message)`` of the active tasks whose lease expired at or before *cutoff*.
+
+        The queue is the one the task is stored in (its message may name
+        another). A message that cannot be decoded is archived instead.
+        """
+        broker = self._broker
+        cut = to_unix(cutoff)
+        out: list[tuple[str, TaskMessage]] = []
+        for node, names in await self._groups(qnames, runs=False):
+            res = await self._call(_LIST_LEASE_EXPIRED, node, names, (cut,))
+            for i in range(0, len(res), 3):
+                qk = broker._q(names[res[i] - 1])
+                msg = await broker._decode_or_archive(
+                    qk, as_text(res[i + 1]), res[i + 2], broker.clock(), qk.active
+                )
+                if msg is not None:
+                    out.append((qk.name, msg))
+        return out
+
+    async def delete_expired_completed(self, qnames: Sequence[str], batch_size: int = 100) -> int:
+        """Delete completed tasks past their retention, *batch_size* per queue and call."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        broker = self._broker
+        total = 0
+        for node, names in await self._groups(qnames, runs=False):
+            while True:
+                args = (int(broker.clock()), batch_size)
+                deleted, more = await self._call(_DELETE_EXPIRED_COMPLETED, node, names, args)
+                total += int(deleted)
+                if not more:
+                    break
+        return total
+
+    async def reclaim_stale_aggregation_sets(self, qnames: Sequence[str]) -> None:
+        """Put members of aggregation sets past their deadline back into their group."""
+        broker = self._broker
+        for node, names in await self._groups(qnames, runs=False):
+            await self._call(_RECLAIM, node, names, (int(broker.clock()),))

@@ -1,0 +1,299 @@
+"""Many queues: one script call per fetch, batched periodic work, idle cost, byte bound."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from redis.asyncio import Redis
+
+from asyncq import Client, Server, Task
+from asyncq import _keys as keys
+from asyncq._broker import Broker
+from asyncq._broker.multiqueue import MultiQueue
+from asyncq._worker.processor import QueueOrder
+from asyncq.mux import ServeMux
+from asyncq.proto.asynq import TaskMessage
+from tests.cluster import RedisClusterProcs
+from tests.redis_server import RedisServer
+from tests.resp_proxy import CountingProxy
+from tests.workers.support import wait_until
+
+QUEUES = {f"mq{i:04d}": 1 + i for i in range(1000)}  # strict: mq0999 first
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[RedisServer]:
+    """A Redis of this module's own, so command counts see no other test's traffic."""
+    server = RedisServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def own(own_server: RedisServer) -> AsyncIterator[Redis]:
+    redis = Redis(port=own_server.port)
+    await redis.flushall()
+    await redis.config_resetstat()
+    try:
+        yield redis
+    finally:
+        await redis.aclose()
+
+
+async def command_calls(redis: Redis) -> dict[str, int]:
+    """Calls per command so far (INFO commandstats), INFO itself left out."""
+    stats = await redis.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): int(v["calls"])
+        for name, v in stats.items()
+        if name != "cmdstat_info"
+    }
+
+
+def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+
+
+# What the multi-queue scripts run inside Redis (commandstats counts those too).
+IN_SCRIPT = {
+    "llen", "exists", "lindex", "hstrlen", "rpoplpush", "hget", "hset", "hdel", "zadd", "lrem",
+    "zrangebyscore", "zrem", "lpush", "sadd", "publish", "del", "zrange", "zremrangebyscore",
+    "lpop", "rpush",
+}  # fmt: skip
+
+
+def script_calls(calls: dict[str, int]) -> dict[str, int]:
+    """The delta without the commands scripts ran inside Redis."""
+    return {k: n for k, n in calls.items() if k not in IN_SCRIPT}
+
+
+async def push_go_task(redis: Redis, queue: str, task_id: str, payload: bytes = b"") -> None:
+    """A pending task written as Go asynq (or redis-cli) writes it: no wake-up message."""
+    msg = TaskMessage(type="t", payload=payload, id=task_id, queue=queue, retry=25, timeout=1800)
+    await redis.hset(
+        keys.task_key(queue, task_id),
+        mapping={"msg": bytes(msg), "state": "pending", "pending_since": time.time_ns()},
+    )
+    await redis.lpush(keys.pending_key(queue), task_id)
+
+
+async def test_a_strict_fetch_over_1000_queues_is_one_script_call(own: Redis) -> None:
+    multi = MultiQueue(Broker(own))
+    order = QueueOrder(QUEUES, strict=True)()
+    assert order[0] == "mq0999"
+    await multi.dequeue(order, 1)  # loads the script
+    # Tasks only in low-priority queues: the fetch walks past 990 empty ones.
+    for i in (3, 5, 9):
+        for n in range(4):
+            await push_go_task(own, f"mq{i:04d}", f"id-{i}-{n}")
+    await own.execute_command("SADD", keys.ALL_QUEUES, *QUEUES)  # as the server would
+    before = await command_calls(own)
+    got = await multi.dequeue(order, 6, strict=True)
+    calls = delta(await command_calls(own), before)
+    assert script_calls(calls) == {"evalsha": 1}
+    assert calls["llen"] < 1000  # the walk stopped once it had enough
+    # Strict priority across the queues: all of mq0009 first, then mq0005.
+    assert [t.message.queue for t in got.tasks] == ["mq0009"] * 4 + ["mq0005"] * 2
+    # FIFO within a queue, asynq's transitions: active list, lease, state.
+    assert [t.message.id for t in got.tasks[:4]] == [f"id-9-{n}" for n in range(4)]
+    for t in got.tasks:
+        q = t.message.queue
+        assert await own.hget(keys.task_key(q, t.message.id), "state") == b"active"
+        assert not await own.hexists(keys.task_key(q, t.message.id), "pending_since")
+        assert await own.zscore(keys.lease_key(q), t.message.id) == int(t.lease_expiry)
+    assert await own.lrange(keys.active_key("mq0005"), 0, -1) == [b"id-5-1", b"id-5-0"]
+    assert {"mq0999", "mq0010", "mq0009"} <= got.empty
+    assert "mq0005" not in got.empty and "mq0003" not in got.empty
+
+
+async def test_a_weighted_fetch_is_one_call_and_skips_paused_queues(own: Redis) -> None:
+    multi = MultiQueue(Broker(own))
+    order = QueueOrder(QUEUES)
+    await multi.dequeue(order(), 1)
+    await push_go_task(own, "mq0100", "paused-task")
+    await own.set(keys.paused_key("mq0100"), int(time.time()))
+    await push_go_task(own, "mq0200", "ready-task")
+    before = await command_calls(own)
+    got = await multi.dequeue(order(), 5)
+    assert script_calls(delta(await command_calls(own), before)) == {"evalsha": 1}
+    assert [t.message.id for t in got.tasks] == ["ready-task"]
+    assert "mq0100" in got.empty  # paused counts as empty
+    assert await own.llen(keys.pending_key("mq0100")) == 1
+
+
+async def test_forwarder_janitor_recoverer_passes_are_one_call_each(own: Redis) -> None:
+    broker = Broker(own)
+    multi = MultiQueue(broker)
+    names = list(QUEUES)
+    async with Client(own) as client:
+        for q in names[:300]:
+            await client.enqueue(Task("later"), queue=q, process_in=timedelta(seconds=1))
+    await asyncio.sleep(1.2)
+    await multi.forward(names[-1:])
+    await multi.delete_expired_completed(names[:1])
+    await multi.list_lease_expired(datetime.now(UTC), names[:1])
+    await multi.reclaim_stale_aggregation_sets(names[:1])
+    before = await command_calls(own)
+    assert await multi.forward(names) == 300
+    assert await multi.delete_expired_completed(names) == 0
+    assert await multi.list_lease_expired(datetime.now(UTC), names) == []
+    await multi.reclaim_stale_aggregation_sets(names)
+    assert script_calls(delta(await command_calls(own), before)) == {"evalsha": 4}
+    for q in names[:300]:
+        assert await own.llen(keys.pending_key(q)) == 1
+
+
+async def test_forward_moves_more_than_a_batch(own: Redis) -> None:
+    multi = MultiQueue(Broker(own))
+    async with Client(own) as client:
+        for _ in range(250):
+            await client.enqueue(Task("later"), queue="big", process_in=timedelta(seconds=1))
+    await asyncio.sleep(1.2)
+    assert await multi.forward(["big", "mq0001"]) == 250
+    assert await own.llen(keys.pending_key("big")) == 250
+
+
+async def test_idle_worker_on_1000_queues_sends_few_commands(
+    own: Redis, own_server: RedisServer
+) -> None:
+    """An upper bound on a count of commands over a window, not a timing."""
+    picked: list[str] = []
+    mux = ServeMux()
+
+    async def handle(task: Task) -> None:
+        picked.append(task.id)
+
+    mux.handle("t", handle)
+    async with CountingProxy(own_server.port) as proxy:
+        server = Server(f"redis://127.0.0.1:{proxy.port}", queues=QUEUES, concurrency=10)
+        async with server:
+            await server.start(mux)
+            await wait_until(lambda: server.stats.empty_fetches >= 5, what="an idle worker")
+            await asyncio.sleep(1.0)  # startup writes (queue registration) are over
+            before = await command_calls(own)
+            sent = proxy.commands
+            start = time.monotonic()
+            await asyncio.sleep(5.0)
+            window = time.monotonic() - start
+            sent = proxy.commands - sent
+            calls = script_calls(delta(await command_calls(own), before))
+            # Commands sent over the network, and Redis' own count of the top-level ones.
+            assert sent <= 50 * window, (sent, calls)
+            assert sum(calls.values()) <= 50 * window, calls
+            assert server.stats.empty_fetches > 0
+            # Still picks up a task that nobody announces (Go asynq, redis-cli) ...
+            await push_go_task(own, "mq0500", "go-task")
+            await wait_until(lambda: "go-task" in picked, what="the unannounced task")
+            # ... and one enqueued by asyncq, woken by its message.
+            async with Client(own) as client:
+                info = await client.enqueue(Task("t"), queue="mq0007")
+            await wait_until(lambda: info.id in picked, what="the announced task")
+            assert server.stats.wakeup_messages >= 1
+
+
+async def test_strict_server_over_1000_queues_drains_in_priority_order(own: Redis) -> None:
+    order: list[str] = []
+    done = asyncio.Event()
+    mux = ServeMux()
+
+    async def handle(task: Task) -> None:
+        order.append(task.payload.decode())
+        if len(order) == 60:
+            done.set()
+
+    mux.handle("t", handle)
+    for i in range(0, 1000, 50):  # 20 queues x 3 tasks, written before the worker starts
+        for n in range(3):
+            await push_go_task(own, f"mq{i:04d}", f"p-{i}-{n}", payload=f"{i:04d}".encode())
+    server = Server(own, queues=QUEUES, strict_priority=True, concurrency=1)
+    async with server:
+        await server.start(mux)
+        await asyncio.wait_for(done.wait(), 60)
+    assert order == sorted(order, reverse=True)
+
+
+async def test_in_flight_bytes_are_bounded_with_1mb_payloads(own: Redis) -> None:
+    mb = 1024 * 1024
+    running = 0
+    peak_small = 0  # most bytes held while only 1 MB tasks ran
+    big_ran_with = -1  # bytes already running when the 5 MB task started
+    sizes: list[int] = []
+    release = asyncio.Event()
+    mux = ServeMux()
+
+    async def handle(task: Task) -> None:
+        nonlocal running, peak_small, big_ran_with
+        size = len(task.payload)
+        if size > mb:
+            big_ran_with = running
+        running += size
+        if size == mb:
+            peak_small = max(peak_small, running)
+        sizes.append(size)
+        await asyncio.sleep(0.05)
+        await release.wait()
+        running -= size
+
+    mux.handle("t", handle)
+    async with Client(own) as client:
+        for _ in range(12):
+            await client.enqueue(Task("t", b"x" * mb), queue="big")
+        await client.enqueue(Task("t", b"y" * (5 * mb)), queue="big")
+    # Room for three 1 MB messages (payload plus a few dozen bytes of envelope each).
+    server = Server(own, queues={"big": 1}, concurrency=10, max_inflight_bytes=3 * mb + 4096)
+    async with server:
+        await server.start(mux)
+        await wait_until(lambda: len(sizes) >= 3, what="the first tasks")
+        await asyncio.sleep(0.3)
+        assert len(sizes) == 3  # three 1 MB tasks fit, a fourth would not
+        release.set()
+        await wait_until(lambda: len(sizes) == 13, within=30, what="every task")
+        await wait_until(lambda: running == 0, what="the last handler")
+    assert peak_small <= 3 * mb  # never more than the bound, with 10 free slots
+    assert sizes.count(5 * mb) == 1
+    assert big_ran_with == 0  # the task larger than the bound ran alone
+
+
+def test_max_inflight_bytes_is_validated() -> None:
+    with pytest.raises(ValueError, match="max_inflight_bytes"):
+        Server("redis://localhost:1", max_inflight_bytes=0)
+
+
+@pytest.mark.cluster
+async def test_cluster_fetch_keeps_strict_order_across_nodes(cluster: RedisClusterProcs) -> None:
+    async with Client(cluster.url) as client:
+        redis = client.redis
+        broker = Broker(redis)
+        multi = MultiQueue(broker)
+        names = [f"cq{i}" for i in range(30)]
+        await redis.initialize()
+        nodes = {redis.get_node_from_key(keys.pending_key(q)).name for q in names}
+        assert len(nodes) == 3  # the queues live on every node
+        for q in names:
+            await redis.delete(keys.pending_key(q), keys.scheduled_key(q))
+        for i, q in enumerate(names):
+            for n in range(2):
+                await client.enqueue(Task("t", f"{i:02d}".encode()), queue=q, task_id=f"{q}-{n}")
+        order = list(reversed(names))  # strict: cq29 first
+        got = await multi.dequeue(order, 10, strict=True)
+        assert [t.message.queue for t in got.tasks] == [q for q in order[:5] for _ in range(2)]
+        got = await multi.dequeue(order, 100)
+        assert len(got.tasks) == 50
+        assert sorted(t.message.queue for t in got.tasks) == sorted(
+            q for q in order[5:] for _ in range(2)
+        )
+        # Each task moved as asynq moves it, on its own node.
+        t = got.tasks[0].message
+        assert await redis.hget(keys.task_key(t.queue, t.id), "state") == b"active"
+        # Forwarding over the cluster: one call per node, every queue served.
+        for q in names:
+            await client.enqueue(Task("later"), queue=q, process_in=timedelta(seconds=1))
+        await asyncio.sleep(1.2)
+        assert await multi.forward(names) == 30
+        assert await multi.list_lease_expired(datetime.now(UTC) + timedelta(minutes=5), names)
