@@ -30,7 +30,7 @@ from asyncq import (
 )
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.workflow import workflow_key
+from asyncq._broker.workflow import ack_step, workflow_key
 from asyncq.cli import main
 from tests.workers.support import FAST, wait_until
 
@@ -358,3 +358,36 @@ async def test_typed_tasks_take_the_previous_result_as_an_argument(
     finally:
         await server.shutdown()
     assert shown == ["sum=12"]
+
+
+@pytest.mark.parametrize("how", ["delete", "archive"])
+@pytest.mark.parametrize("policy", ["fail", "run"])
+async def test_a_member_deleted_or_archived_by_hand_fails(
+    redis: Redis, client: Client, how: str, policy: str
+) -> None:
+    info = await chord(
+        [Task("m"), Task("m")],
+        Task("cb", retention=timedelta(minutes=1)),
+        on_failure=policy,  # type: ignore[arg-type]
+    ).enqueue(client)
+    broker = Broker(redis)
+    got = await broker.dequeue([Q])
+    assert got is not None
+    first = got.message
+    other = next(s.id for s in info.stages[0] if s.id != first.id)
+    async with Inspector(redis) as insp:
+        await (insp.delete_task(Q, other) if how == "delete" else insp.archive_task(Q, other))
+        seen = await insp.get_workflow(Q, info.id)
+        assert {s.id: s.state for s in seen.stages[0]}[other] == "failed"
+        assert seen.state == ("failed" if policy == "fail" else "running")
+        await ack_step(broker, first, "done")  # the other member finishes normally
+        if policy == "fail":
+            seen = await insp.get_workflow(Q, info.id)
+            assert seen.state == "failed" and seen.stages[1][0].state == "waiting"
+            assert await redis.llen(keys.pending_key(Q)) == 0
+        else:
+            assert await redis.llen(keys.pending_key(Q)) == 1  # the callback, with the failure
+            cb = await broker.dequeue([Q])
+            assert cb is not None and cb.message.type == "cb"
+            results = group_results(cb.message.payload)
+            assert isinstance(results[[s.id for s in info.stages[0]].index(other)], StepFailure)

@@ -34,7 +34,7 @@ from asyncq._broker._base import (
 )
 from asyncq._codec import encode_task_message
 from asyncq._redis.options import RedisClient
-from asyncq._redis.scripts import load_script
+from asyncq._redis.scripts import Script, load_script
 from asyncq.errors import AsyncqError, BrokerError
 from asyncq.proto.asynq import TaskMessage
 
@@ -50,6 +50,7 @@ __all__ = [
     "ack_step",
     "cancel_workflow",
     "is_workflow_step",
+    "member_gone",
     "read_workflow",
     "start_workflow",
     "workflow_key",
@@ -60,7 +61,16 @@ WORKFLOW_QUEUE_HEADER = "asyncq-workflow-queue"
 WORKFLOW_STEP_HEADER = "asyncq-workflow-step"
 
 _START = load_script(LUA_PACKAGE, "workflow_start")
-_DONE = load_script(LUA_PACKAGE, "workflow_done")
+
+
+def _with_advance(name: str) -> Script:
+    """A script with ``advance()`` (lua/workflow_advance.lua) defined before its body."""
+    base = load_script(LUA_PACKAGE, "workflow_advance").source
+    return Script(name, base + "\n" + load_script(LUA_PACKAGE, name).source)
+
+
+_DONE = _with_advance("workflow_done")
+_MEMBER_GONE = _with_advance("workflow_member_gone")
 _CANCEL = load_script(LUA_PACKAGE, "workflow_cancel")
 
 AckMode = Literal["done", "complete", "archive", "revoke"]
@@ -192,6 +202,20 @@ async def ack_step(broker: BrokerBase, msg: TaskMessage, mode: AckMode, err_msg:
             reply = await _DONE(broker._cmd, keys_, args)
     except ResponseError as exc:
         raise script_error(exc, _DONE, qk.name, tid) from exc
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+async def member_gone(redis: RedisClient, msg: TaskMessage, reason: str, now: float) -> str:
+    """Resolve a workflow member deleted or archived by hand as failed (see the script).
+
+    Returns the workflow's state afterwards, ``alive`` when the task still
+    exists (not archived) and nothing changed.
+    """
+    wkey, stage, member = _step_of(msg)
+    tkey = keys.task_key(msg.queue, msg.id)
+    reply = await _MEMBER_GONE(
+        redis, (wkey, tkey), (stage, member, reason, int(now), int(now * 1e9))
+    )
     return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
