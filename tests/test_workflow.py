@@ -391,3 +391,27 @@ async def test_a_member_deleted_or_archived_by_hand_fails(
             assert cb is not None and cb.message.type == "cb"
             results = group_results(cb.message.payload)
             assert isinstance(results[[s.id for s in info.stages[0]].index(other)], StepFailure)
+
+
+async def test_recoverer_archiving_a_lost_step_fails_the_workflow(
+    redis: Redis, client: Client
+) -> None:
+    info = await chain(
+        Step(Task("a"), options={"max_retry": 0}), Task("b", retention=timedelta(minutes=1))
+    ).enqueue(client)
+    broker = Broker(redis)
+    got = await broker.dequeue([Q])  # a worker takes it, then dies
+    assert got is not None
+    await redis.zadd(keys.lease_key(Q), {got.message.id: 1})  # its lease long expired
+    server = await serve(redis, ServeMux())
+    try:
+        await wait_until(
+            lambda: field_is(redis, workflow_key(Q, info.id), "state", b"failed"),
+            what="the recoverer's archive to reach the workflow",
+        )
+    finally:
+        await server.shutdown()
+    async with Inspector(redis) as insp:
+        seen = await insp.get_workflow(Q, info.id)
+    assert seen.stages[0][0].state == "failed" and seen.stages[1][0].state == "waiting"
+    assert await redis.zcard(keys.archived_key(Q)) == 1
