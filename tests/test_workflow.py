@@ -30,8 +30,9 @@ from asyncq import (
 )
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.workflow import ack_step, workflow_key
+from asyncq._broker.workflow import ack_step, is_workflow_step, workflow_key
 from asyncq.cli import main
+from asyncq.proto.asynq import TaskMessage
 from tests.workers.support import FAST, wait_until
 
 Q = "default"
@@ -415,3 +416,16 @@ async def test_recoverer_archiving_a_lost_step_fails_the_workflow(
         seen = await insp.get_workflow(Q, info.id)
     assert seen.stages[0][0].state == "failed" and seen.stages[1][0].state == "waiting"
     assert await redis.zcard(keys.archived_key(Q)) == 1
+
+
+def test_malformed_workflow_headers_make_a_plain_task() -> None:
+    good = {"asyncq-workflow": "w", "asyncq-workflow-queue": "q", "asyncq-workflow-step": "1.2"}
+    assert is_workflow_step(TaskMessage(type="t", headers=good))
+    for key, value in [
+        ("asyncq-workflow-step", "x"),
+        ("asyncq-workflow-step", "1"),
+        ("asyncq-workflow-queue", ""),
+        ("asyncq-workflow", ""),
+    ]:
+        assert not is_workflow_step(TaskMessage(type="t", headers={**good, key: value}))
+    assert not is_workflow_step(TaskMessage(type="t", headers={"asyncq-workflow": "w"}))

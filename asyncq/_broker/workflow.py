@@ -100,11 +100,17 @@ def workflow_key(qname: str, workflow_id: str) -> str:
 def is_workflow_step(msg: TaskMessage) -> bool:
     """Whether *msg* is a step of a workflow whose acknowledgement advances it."""
     headers = msg.headers
-    return (
-        WORKFLOW_HEADER in headers
-        and WORKFLOW_QUEUE_HEADER in headers
-        and WORKFLOW_STEP_HEADER in headers
-    )
+    if WORKFLOW_HEADER not in headers:
+        return False
+    # Malformed headers (not written by asyncq) make it a plain task: acknowledged as one.
+    stage, _, member = headers.get(WORKFLOW_STEP_HEADER, "").partition(".")
+    if not (stage.isdigit() and member.isdigit() and headers[WORKFLOW_HEADER]):
+        return False
+    try:
+        keys.validate_queue_name(headers.get(WORKFLOW_QUEUE_HEADER, ""))
+    except ValueError:
+        return False
+    return True
 
 
 def _step_of(msg: TaskMessage) -> tuple[str, str, str]:
