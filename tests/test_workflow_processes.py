@@ -125,13 +125,14 @@ def ready(log: Path) -> bool:
 async def test_chains_and_groups_across_two_workers(
     redis_url: str, redis: Redis, tmp_path: Path
 ) -> None:
-    async with Client(redis) as client:
-        infos = await start_workflows(client, chains=20, chords=2, size=100)
     logs = [tmp_path / f"worker{i}.log" for i in range(2)]
     procs = [spawn_logged(redis_url, log, "concurrency=8", *TIMINGS) for log in logs]
     try:
         for log in logs:
             await wait_until(lambda log=log: ready(log), within=30, what="worker ready")
+        # both workers are polling before the work arrives, so both take part
+        async with Client(redis) as client:
+            infos = await start_workflows(client, chains=20, chords=2, size=100)
 
         async def finished() -> bool:
             return len(await callbacks_by_workflow(redis)) == len(infos) and await nothing_left(
