@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from asyncq import (
@@ -429,3 +431,38 @@ def test_malformed_workflow_headers_make_a_plain_task() -> None:
     ]:
         assert not is_workflow_step(TaskMessage(type="t", headers={**good, key: value}))
     assert not is_workflow_step(TaskMessage(type="t", headers={"asyncq-workflow": "w"}))
+
+
+@given(
+    results=st.lists(
+        st.one_of(st.binary(max_size=40), st.text(max_size=20).map(lambda t: f"E{t}")),
+        min_size=1,
+        max_size=8,
+    )
+)
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+async def test_any_results_reach_the_callback_in_group_order(
+    redis: Redis, client: Client, results: list[bytes | str]
+) -> None:
+    """Members finish in any order with any bytes (or fail, as str); the callback sees them all."""
+    await redis.flushdb()
+    broker = Broker(redis)
+    info = await chord(
+        [Task("m", str(i).encode()) for i in range(len(results))],
+        Task("cb"),
+        on_failure="run",
+    ).enqueue(client)
+    members = [s.id for s in info.stages[0]]
+    got = [await broker.dequeue([Q]) for _ in results]
+    for d in reversed(got):  # finish in another order than the group's
+        assert d is not None
+        want = results[members.index(d.message.id)]
+        if isinstance(want, str):
+            await ack_step(broker, d.message, "archive", want)
+        else:
+            await broker.write_result(Q, d.message.id, want)
+            await ack_step(broker, d.message, "done")
+    cb = await broker.dequeue([Q])
+    assert cb is not None and cb.message.type == "cb"
+    expected = [StepFailure(w) if isinstance(w, str) else w for w in results]
+    assert group_results(cb.message.payload) == expected
