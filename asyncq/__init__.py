@@ -60,6 +60,20 @@ from asyncq.scheduler import EntryNotFoundError, Scheduler
 from asyncq.server import Server, ServerStats
 from asyncq.sync import SyncClient, SyncTaskHandle
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
+from asyncq.workflow import (
+    Group,
+    Step,
+    StepFailure,
+    Workflow,
+    WorkflowExistsError,
+    WorkflowInfo,
+    WorkflowNotFoundError,
+    WorkflowStepInfo,
+    chain,
+    chord,
+    group,
+    group_results,
+)
 
 __version__ = "0.1.0"
 
@@ -77,6 +91,7 @@ __all__ = [
     "EnqueueRetryError",
     "EntryNotFoundError",
     "FailedPreconditionError",
+    "Group",
     "GroupAggregator",
     "GroupInfo",
     "Handler",
@@ -106,6 +121,8 @@ __all__ = [
     "ServerInfo",
     "ServerStats",
     "SkipRetry",
+    "Step",
+    "StepFailure",
     "SyncClient",
     "SyncTaskHandle",
     "TLSConfig",
@@ -124,8 +141,17 @@ __all__ = [
     "TypedTask",
     "WorkerHooks",
     "WorkerInfo",
+    "Workflow",
+    "WorkflowExistsError",
+    "WorkflowInfo",
+    "WorkflowNotFoundError",
+    "WorkflowStepInfo",
     "__version__",
+    "chain",
+    "chord",
     "current_task",
+    "group",
+    "group_results",
     "lifespan_state",
     "parse_redis_uri",
 ]

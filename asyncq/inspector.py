@@ -43,10 +43,20 @@ from typing import Any
 
 from asyncq import _keys as keys
 from asyncq._broker.inspect import InspectBroker, StoredTask
+from asyncq._broker.workflow import (
+    WorkflowInfo,
+    WorkflowNotFoundError,
+    cancel_workflow,
+    is_workflow_step,
+    member_gone,
+    read_workflow,
+)
+from asyncq._codec import decode_task_message
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._time import GO_ZERO_TIME, utc_from_timestamp
 from asyncq.errors import FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError
+from asyncq.proto.asynq import TaskMessage
 from asyncq.task import TaskInfo, TaskState
 
 __all__ = [
@@ -507,7 +517,10 @@ class Inspector:
         """Delete a task in any state but active, releasing its uniqueness lock."""
         keys.refuse_braces("task ID", task_id)
         await self._require_queue(queue)
+        step = await self._workflow_step(queue, task_id)
         await self._rdb.delete_task(queue, task_id)
+        if step is not None:  # a workflow's member: the workflow resolves it as failed
+            await member_gone(self._conn.redis, step, "deleted", self._clock())
 
     async def run_task(self, queue: str, task_id: str) -> None:
         """Move a scheduled, retry, archived, completed or aggregating task to pending."""
@@ -519,7 +532,21 @@ class Inspector:
         """Archive a task that is neither active nor archived already."""
         keys.refuse_braces("task ID", task_id)
         await self._require_queue(queue)
+        step = await self._workflow_step(queue, task_id)
         await self._rdb.archive_task(queue, task_id)
+        if step is not None:  # a workflow's member: the workflow resolves it as failed
+            await member_gone(self._conn.redis, step, "archived", self._clock())
+
+    async def _workflow_step(self, queue: str, task_id: str) -> TaskMessage | None:
+        """The task's message when it is a workflow step (else None)."""
+        raw = await self._conn.redis.hget(keys.task_key(queue, task_id), "msg")
+        if not isinstance(raw, bytes):
+            return None
+        try:
+            msg = decode_task_message(raw)
+        except ValueError:
+            return None
+        return msg if is_workflow_step(msg) else None
 
     async def delete_all(
         self, queue: str, state: TaskState | str, *, group: str | None = None
@@ -598,6 +625,31 @@ class Inspector:
         if not task_id.strip():
             raise ValueError("task ID cannot be empty")
         await self._rdb.publish_cancelation(task_id)
+
+    # -- workflows (asyncq extension) --------------------------------------------------------
+
+    async def get_workflow(self, queue: str, workflow_id: str) -> WorkflowInfo:
+        """A workflow's state and its steps; *queue* is its first step's queue.
+
+        Raises WorkflowNotFoundError when it does not exist (never started, or
+        its state expired with the retention of its last step).
+        """
+        info = await read_workflow(self._conn.redis, queue, workflow_id)
+        if info is None:
+            raise WorkflowNotFoundError(queue, workflow_id)
+        return info
+
+    async def cancel_workflow(self, queue: str, workflow_id: str) -> str:
+        """Cancel a running workflow: no further hand-off, not-started steps deleted.
+
+        Steps already running finish (cancel them with :meth:`cancel`). Returns
+        the workflow's state before the call (only ``running`` changes);
+        raises WorkflowNotFoundError when it does not exist.
+        """
+        state = await cancel_workflow(self._conn.redis, queue, workflow_id, self._clock())
+        if state is None:
+            raise WorkflowNotFoundError(queue, workflow_id)
+        return state
 
     # -- servers and schedulers --------------------------------------------------------------
 

@@ -26,7 +26,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-pytest_plugins = ["pytester"]
+# The asyncq plugin is loaded here, not by its entry point (-p no:asyncq in
+# pyproject): an entry-point plugin imports asyncq before coverage starts.
+pytest_plugins = ["pytester", "asyncq.testing.pytest_plugin"]
 
 
 @pytest.fixture(scope="session")

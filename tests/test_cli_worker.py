@@ -124,13 +124,17 @@ def test_worker_shows_in_server_ls_and_stops_on_sigterm(
     )
     try:
         deadline = time.monotonic() + 120  # bounds for a busy machine, not speed checks
-        while r.zcard("asynq:servers") == 0:
+        runner = CliRunner(env={"COLUMNS": "80"})
+        # The server's record is written just after its id enters asynq:servers: wait
+        # until `server ls` shows it.
+        while True:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the worker never sent a heartbeat"
+            result = runner.invoke(main, ["-u", redis_url, "server", "ls", "--json"])
+            assert result.exit_code == 0, result.output
+            if json.loads(result.stdout):
+                break
             time.sleep(0.05)
-        runner = CliRunner(env={"COLUMNS": "80"})
-        result = runner.invoke(main, ["-u", redis_url, "server", "ls", "--json"])
-        assert result.exit_code == 0, result.output
         (server,) = json.loads(result.stdout)
         assert server["pid"] == proc.pid and server["concurrency"] == 3
         assert server["strict_priority"] is True and server["status"] == "active"

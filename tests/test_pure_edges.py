@@ -111,9 +111,11 @@ def compose(task: Task, **options: Any) -> Any:
 
 
 def test_unknown_option_messages_name_where_and_count() -> None:
-    one = "unknown enqueue option retries in the enqueue options (known: "
-    with pytest.raises(TypeError, match=re.escape(one)):
+    one = "unknown enqueue option retries in the enqueue options ("
+    with pytest.raises(TypeError, match=re.escape(one)) as raised:
         compose(Task("t"), retries=3)
+    assert "did you mean 'max_retry'?" in str(raised.value)
+    assert "(known: deadline, group, headers, max_retry, " in str(raised.value)
     two = "unknown enqueue options a, b in the task's options (known: "
     with pytest.raises(TypeError, match=re.escape(two)):
         compose(Task("t", a=1, b=2))  # type: ignore[call-arg]

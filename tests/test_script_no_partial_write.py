@@ -34,6 +34,7 @@ GROUPS = Q + "groups"
 LOCK = Q + "unique:lock"
 MAXI64 = str(2**63 - 1)
 FAR = "4102444800"  # 2100-01-01, a counter expiry in the future
+NOW = "1700000000"  # ARGV[6] of dequeue_queues: live leases score at or after it
 NOW = "1700000000"
 CUTOFF = "1692224000"
 

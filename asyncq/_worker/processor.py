@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import anyio
 
 from asyncq._broker.multiqueue import MultiQueue
+from asyncq._broker.workflow import AckMode, ack_step, is_workflow_step  # [workflow hook]
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker.active import (
@@ -557,6 +558,13 @@ class Processor(Role):
             )
             return
         complete = msg.retention > 0
+        if is_workflow_step(msg):  # [workflow hook] acknowledged with its hand-off
+            await self._write(
+                active, self._workflow_ack(msg, "complete" if complete else "done"), "done"
+            )
+            if complete:
+                self._notifier.notify(msg.queue, msg.id)
+            return
         result = await self._acks.ack(msg, complete)
         if result is not None:
             # Handled as a failed single write: the syncer retries it with done() or
@@ -615,6 +623,8 @@ class Processor(Role):
             def write() -> Awaitable[None]:
                 return self.broker.done(msg)
 
+            if is_workflow_step(msg):  # [workflow hook]
+                write = self._workflow_ack(msg, "revoke", err_msg)
             await self._write(active, write, "done")
             return
         if msg.retried >= msg.retry or wraps_error(exc, SkipRetry):
@@ -625,6 +635,8 @@ class Processor(Role):
             def archive() -> Awaitable[None]:
                 return self.broker.archive(msg, err_msg)
 
+            if is_workflow_step(msg):  # [workflow hook]
+                archive = self._workflow_ack(msg, "archive", err_msg)
             await self._write(active, archive, "archive")
             self._notifier.notify(msg.queue, msg.id)
             return
@@ -656,6 +668,20 @@ class Processor(Role):
             return self.broker.retry(msg, retry_at, err_msg, is_failure=False)
 
         await self._write(active, retry, "retry")
+
+    def _workflow_ack(
+        self, msg: TaskMessage, mode: AckMode, err_msg: str = ""
+    ) -> Callable[[], Awaitable[None]]:
+        """The write acknowledging a workflow step together with its hand-off."""
+
+        async def write() -> None:
+            state = await ack_step(self.broker, msg, mode, err_msg)
+            if self._debug:
+                self.log.debug(
+                    "workflow step acknowledged", workflow_state=state, **task_fields(msg)
+                )
+
+        return write
 
     async def _call_error_handler(
         self, task: Task, exc: BaseException, fields: dict[str, Any]

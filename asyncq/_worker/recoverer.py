@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
 from asyncq._broker.multiqueue import MultiQueue
+from asyncq._broker.workflow import ack_step, is_workflow_step  # [workflow hook]
 from asyncq._logging import error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker.active import ActiveTasks
@@ -85,7 +86,10 @@ class Recoverer(PeriodicRole):
                 await broker.archive(fixed, err_msg)
             elif msg.retried >= msg.retry:
                 self.log.warning("archiving task whose lease expired", **fields)
-                await broker.archive(msg, err_msg)
+                if is_workflow_step(msg):  # [workflow hook] the workflow learns of it
+                    await ack_step(broker, msg, "archive", err_msg)
+                else:
+                    await broker.archive(msg, err_msg)
             else:
                 task = Task._from_message(msg)
                 delay = retry_delay_for(cfg, self.log, msg.retried, lease_exc, task, **fields)

@@ -36,6 +36,7 @@ from asyncq import (
     Client,
     Connection,
     DuplicateTaskError,
+    EnqueueRetryError,
     Inspector,
     QueueNotFoundError,
     TaskIdConflictError,
@@ -323,7 +324,8 @@ def create_app(
             except ApiError as exc:
                 headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
                 return _error_response(exc.status, exc.detail, headers)
-            except _REDIS_DOWN as exc:
+            except (*_REDIS_DOWN, EnqueueRetryError) as exc:
+                # EnqueueRetryError: the Client's retries (connection-level failures) ran out.
                 log.warning("Redis unreachable", error=f"{type(exc).__name__}: {exc}")
                 detail = ErrorDetail(code="redis_unavailable", message="Redis is unreachable")
                 return _error_response(503, detail, {"Retry-After": "1"})

@@ -26,12 +26,14 @@ from asyncq import (
     QueueNotEmptyError,
     QueueNotFoundError,
     TaskNotFoundError,
+    WorkflowNotFoundError,
 )
 from asyncq._redis.options import RedisTarget
 from asyncq.web._api import api_routes
 from asyncq.web._pages import page_routes, render
 from asyncq.web._security import Auth, SecurityMiddleware
 from asyncq.web._state import WebState, state
+from asyncq.web._workflows import workflow_routes
 
 __all__ = ["create_app"]
 
@@ -171,6 +173,7 @@ def create_app(
     routes: list[Route | Mount] = [
         *page_routes(),
         *api_routes(),
+        *workflow_routes(),
         Route("/metrics", metrics),
         Mount("/static", StaticFiles(directory=str(_STATIC)), name="static"),
     ]
@@ -181,6 +184,7 @@ def create_app(
             HTTPException: _http_error,
             QueueNotFoundError: _not_found,
             TaskNotFoundError: _not_found,
+            WorkflowNotFoundError: _not_found,
             FailedPreconditionError: _conflict,
             QueueNotEmptyError: _conflict,
             ValueError: _bad_request,

@@ -1,0 +1,109 @@
+"""``asyncq workflow inspect|cancel``: a workflow's steps and states, and cancelling it."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from asyncq import Inspector, WorkflowInfo
+from asyncq.cli._app import run_async, settings
+
+__all__ = ["register", "workflow"]
+
+
+def _with_inspector(ctx: click.Context, fn: Any) -> Any:
+    uri = settings(ctx).uri()
+
+    async def go() -> Any:
+        async with Inspector(uri) as inspector:
+            return await fn(inspector)
+
+    return run_async(uri, go)
+
+
+def _when(ts: int | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _as_dict(info: WorkflowInfo) -> dict[str, Any]:
+    return {
+        "id": info.id,
+        "queue": info.queue,
+        "state": info.state,
+        "stage": info.stage,
+        "on_failure": info.policy,
+        "created": info.created,
+        "finished": info.finished,
+        "retention_seconds": int(info.retention.total_seconds()),
+        "stages": [
+            [
+                {
+                    "id": s.id,
+                    "queue": s.queue,
+                    "type": s.type,
+                    "state": s.state,
+                    "result_bytes": None if s.result is None else len(s.result),
+                    "error": s.error,
+                }
+                for s in stage
+            ]
+            for stage in info.stages
+        ],
+    }
+
+
+def _text(info: WorkflowInfo) -> str:
+    lines = [
+        f"Workflow:   {info.id}",
+        f"Queue:      {info.queue}",
+        f"State:      {info.state}",
+        f"On failure: {info.policy}",
+        f"Created:    {_when(info.created)}",
+        f"Finished:   {_when(info.finished)}",
+        f"Retention:  {info.retention}",
+    ]
+    for k, stage in enumerate(info.stages):
+        mark = "*" if k == info.stage and info.state == "running" else " "
+        lines.append(f"{mark}Stage {k} ({len(stage)} task{'s' if len(stage) != 1 else ''}):")
+        for s in stage:
+            extra = f"  error: {s.error}" if s.error else ""
+            lines.append(f"    {s.state:<10} {s.type}  id={s.id} queue={s.queue}{extra}")
+    return "\n".join(lines)
+
+
+@click.group("workflow", short_help="Inspect and cancel workflows.")
+def workflow() -> None:
+    """Inspect and cancel workflows (chains, groups, chords)."""
+
+
+@workflow.command("inspect")
+@click.option("--queue", "-q", required=True, help="Queue of the workflow's first step.")
+@click.option("--id", "-i", "workflow_id", required=True, help="Workflow id.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def workflow_inspect(ctx: click.Context, queue: str, workflow_id: str, as_json: bool) -> None:
+    """Show a workflow's state and every step's state."""
+    info: WorkflowInfo = _with_inspector(ctx, lambda i: i.get_workflow(queue, workflow_id))
+    click.echo(json.dumps(_as_dict(info), indent=2) if as_json else _text(info))
+
+
+@workflow.command("cancel")
+@click.option("--queue", "-q", required=True, help="Queue of the workflow's first step.")
+@click.option("--id", "-i", "workflow_id", required=True, help="Workflow id.")
+@click.pass_context
+def workflow_cancel(ctx: click.Context, queue: str, workflow_id: str) -> None:
+    """Cancel a workflow: steps not started are deleted, no further step is enqueued."""
+    before: str = _with_inspector(ctx, lambda i: i.cancel_workflow(queue, workflow_id))
+    if before == "running":
+        click.echo(f"Workflow {workflow_id} canceled")
+    else:
+        click.echo(f"Workflow {workflow_id} was already {before}; nothing changed")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(workflow)

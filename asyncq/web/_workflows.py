@@ -1,0 +1,92 @@
+"""The workflow page and its JSON API: a workflow's stages and steps, and cancelling it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from asyncq import WorkflowInfo
+from asyncq.web import _render as r
+from asyncq.web._api import _inspector, _json
+from asyncq.web._pages import render
+
+__all__ = ["workflow_routes"]
+
+
+def _when(ts: int | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def workflow_json(info: WorkflowInfo) -> dict[str, Any]:
+    return {
+        "id": info.id,
+        "queue": info.queue,
+        "state": info.state,
+        "stage": info.stage,
+        "on_failure": info.policy,
+        "created": _when(info.created),
+        "finished": _when(info.finished),
+        "retention_seconds": int(info.retention.total_seconds()),
+        "stages": [
+            [
+                {
+                    "id": s.id,
+                    "queue": s.queue,
+                    "type": s.type,
+                    "state": s.state,
+                    "error": s.error,
+                    "result_bytes": None if s.result is None else len(s.result),
+                }
+                for s in stage
+            ]
+            for stage in info.stages
+        ],
+    }
+
+
+async def get_workflow(request: Request) -> Response:
+    _, insp = _inspector(request)
+    p = request.path_params
+    return _json(workflow_json(await insp.get_workflow(p["queue"], p["workflow_id"])))
+
+
+async def cancel_workflow(request: Request) -> Response:
+    _, insp = _inspector(request)
+    p = request.path_params
+    before = await insp.cancel_workflow(p["queue"], p["workflow_id"])
+    return _json({"ok": True, "previous_state": before})
+
+
+async def workflow_page(request: Request) -> Response:
+    _, insp = _inspector(request)
+    p = request.path_params
+    info = await insp.get_workflow(p["queue"], p["workflow_id"])
+    fin = info.finished
+    return render(
+        request,
+        "workflow.html",
+        {
+            "wf": info,
+            "created": datetime.fromtimestamp(info.created, UTC),
+            "finished": None if fin is None else datetime.fromtimestamp(fin, UTC),
+            "results": [
+                [None if s.result is None else r.body(s.result) for s in stage]
+                for stage in info.stages
+            ],
+            "nav": "workflow",
+        },
+    )
+
+
+def workflow_routes() -> list[Route]:
+    return [
+        Route("/queues/{queue}/workflows/{workflow_id}", workflow_page),
+        Route("/api/queues/{queue}/workflows/{workflow_id}", get_workflow),
+        Route(
+            "/api/queues/{queue}/workflows/{workflow_id}/cancel", cancel_workflow, methods=["POST"]
+        ),
+    ]

@@ -1,0 +1,123 @@
+"""A 1,000-task group with a callback beside the same fan-out as plain tasks.
+
+    python -m benchmarks.workflows                 # throwaway redis-server, 3 rounds of 1,000
+    python -m benchmarks.workflows --n 1000 --rounds 5 --url redis://127.0.0.1:6379/15  # FLUSHES
+
+One in-process worker (concurrency 100) serves no-op handlers. Variants, in
+interleaved rounds (the median and fastest round are printed):
+
+- ``plain``: ``client.enqueue_many`` of N tasks; done when all N handlers ran
+  and were acknowledged (the queue is empty).
+- ``chord``: ``chord([N tasks], callback).enqueue(client)``; done when the
+  callback ran. Members are acknowledged by ``workflow_done.lua`` one at a time
+  (the hand-off's script), not by the batched ``ack_many.lua``.
+- ``chord+results``: the same with each member writing an 8-byte result, which
+  the callback receives (``group_results``).
+
+Redis commands per member: ``total_commands_processed`` before and after the
+run (the worker's own background commands, heartbeats and polls, included),
+divided by N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+from redis.asyncio import Redis
+
+from asyncq import Client, ServeMux, Server, Task, chord
+from asyncq.testing import RedisServerProcess
+
+
+async def commands(redis: Redis) -> int:
+    info = await redis.info("stats")
+    return int(info["total_commands_processed"])
+
+
+async def main(url: str, n: int, rounds: int) -> None:
+    redis = Redis.from_url(url)
+    await redis.flushdb()
+    done = asyncio.Event()
+    count = 0
+
+    async def member(task: Task) -> None:
+        nonlocal count
+        if task.payload == b"r":
+            assert task.result_writer is not None
+            await task.result_writer.write(b"12345678")
+        count += 1
+        if count == n:
+            done.set()
+
+    async def callback(task: Task) -> None:
+        done.set()
+
+    mux = ServeMux()
+    mux.handle("bench:member", member)
+    mux.handle("bench:callback", callback)
+    server = Server(
+        url,
+        concurrency=100,
+        task_check_interval=timedelta(milliseconds=50),
+        shutdown_timeout=timedelta(seconds=5),
+    )
+    await server.start(mux)
+
+    async def plain(client: Client) -> None:
+        await client.enqueue_many([Task("bench:member") for _ in range(n)])
+
+    def chord_of(payload: bytes) -> Callable[[Client], Awaitable[None]]:
+        async def go(client: Client) -> None:
+            members = [Task("bench:member", payload) for _ in range(n)]
+            await chord(members, Task("bench:callback")).enqueue(client)
+
+        return go
+
+    variants: dict[str, Callable[[Client], Awaitable[None]]] = {
+        "plain": plain,
+        "chord": chord_of(b""),
+        "chord+results": chord_of(b"r"),
+    }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    cmds: dict[str, list[float]] = {name: [] for name in variants}
+    async with Client(redis) as client:
+        for _ in range(rounds):
+            for name, run in variants.items():
+                count = 0
+                done.clear()
+                before = await commands(redis)
+                t0 = time.perf_counter()
+                await run(client)
+                await asyncio.wait_for(done.wait(), 300)
+                while await redis.llen("asynq:{default}:active"):  # noqa: ASYNC110
+                    await asyncio.sleep(0.001)  # the last acknowledgements
+                times[name].append(time.perf_counter() - t0)
+                cmds[name].append((await commands(redis) - before) / n)
+    await server.shutdown()
+    await redis.aclose()
+    print(f"N = {n}, {rounds} rounds, one worker (concurrency 100)")
+    print(f"{'variant':<15} {'median s':>9} {'best s':>8} {'tasks/s':>8} {'cmds/member':>12}")
+    for name in variants:
+        med = statistics.median(times[name])
+        print(
+            f"{name:<15} {med:>9.3f} {min(times[name]):>8.3f} {n / med:>8.0f} "
+            f"{statistics.median(cmds[name]):>12.2f}"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--url", help="Redis URL whose database is FLUSHED")
+    args = parser.parse_args()
+    if args.url:
+        asyncio.run(main(args.url, args.n, args.rounds))
+    else:
+        with RedisServerProcess() as server:
+            asyncio.run(main(server.url, args.n, args.rounds))
