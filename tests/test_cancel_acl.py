@@ -4,7 +4,7 @@ degrade to polling)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 
 import pytest
@@ -36,6 +36,20 @@ async def cancel_only_user(redis: Redis, redis_url: str) -> AsyncIterator[str]:
         yield url
 
 
+@pytest.fixture
+def structlog_configured() -> Iterator[None]:
+    """asyncq's loggers follow structlog's configuration (which ``capture_logs`` swaps)
+    only once the application configured structlog; unconfigured, asyncq uses its own
+    safe processors, which ``capture_logs`` cannot see. Whether an earlier test in this
+    process configured it must not decide what this test reads."""
+    was_configured = structlog.is_configured()
+    structlog.configure()
+    yield
+    if not was_configured:
+        structlog.reset_defaults()
+
+
+@pytest.mark.usefixtures("structlog_configured")
 async def test_cancel_works_for_a_user_without_wakeup_channel_rights(
     redis: Redis, client: Client, cancel_only_user: str
 ) -> None:
