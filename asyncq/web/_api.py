@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+import asyncq.web._render as r
 from asyncq import (
     FailedPreconditionError,
     Inspector,
@@ -21,7 +22,6 @@ from asyncq import (
     TaskNotFoundError,
     TaskState,
 )
-from asyncq.web import _render as r
 from asyncq.web._state import WebState, state
 
 __all__ = ["api_routes", "find_task", "history_totals", "queue_infos", "task_page"]

@@ -11,8 +11,8 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+import asyncq.web._render as r
 from asyncq import QueueNotFoundError, TaskState
-from asyncq.web import _render as r
 from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, find_task, queue_infos, task_page
 from asyncq.web._state import state
 

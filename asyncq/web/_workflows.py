@@ -9,8 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+import asyncq.web._render as r
 from asyncq import WorkflowInfo
-from asyncq.web import _render as r
 from asyncq.web._api import _inspector, _json
 from asyncq.web._pages import render
 
