@@ -147,9 +147,22 @@ def proto(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks against the Python peers (see benchmarks/README.md)."""
-    session.install("-e", ".[uvloop]")
-    session.run("python", "-m", "benchmarks", *session.posargs)
+    """Benchmarks: the peer comparison, then asyncq's scale curves (see benchmarks/README.md).
+
+    ``nox -s bench`` runs both in full; ``-- --quick`` runs both small. ``-- peers ARGS``
+    runs only the comparison (``python -m benchmarks ARGS``), ``-- scale ARGS`` only
+    the scale curves (``python -m benchmarks.scale ARGS``). Other arguments go to the
+    comparison; ``--quick`` goes to both.
+    """
+    session.install("-e", ".[uvloop]", "matplotlib>=3.7")
+    args = list(session.posargs)
+    which = args.pop(0) if args[:1] in (["peers"], ["scale"]) else "both"
+    if which in ("both", "peers"):
+        session.run("python", "-m", "benchmarks", *args)
+    if which == "scale":
+        session.run("python", "-m", "benchmarks.scale", *args)
+    elif which == "both":
+        session.run("python", "-m", "benchmarks.scale", *(["--quick"] if "--quick" in args else []))
 
 
 @nox.session(python=PYTHON)

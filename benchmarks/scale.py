@@ -105,12 +105,12 @@ class Sizes:
     backlog: int = 1_000_000
     backlog_slices: int = 10
     batch: int = 5_000
-    queues_n: int = 20_000
+    queues_n: int = 100_000
     queue_counts: tuple[int, ...] = (1, 10, 100, 1000)
-    payloads: tuple[tuple[int, int], ...] = ((100, 20_000), (10_000, 5_000), (1_000_000, 200))
-    workers_n: int = 60_000
+    payloads: tuple[tuple[int, int], ...] = ((100, 100_000), (10_000, 20_000), (1_000_000, 500))
+    workers_n: int = 200_000
     worker_counts: tuple[int, ...] = (1, 2, 4, 8)
-    cluster_n: int = 40_000
+    cluster_n: int = 100_000
     cluster_queues: int = 12
     idle_window: float = 10.0
     idle_queue_counts: tuple[int, ...] = (1, 10)
@@ -288,7 +288,7 @@ class Monitor:
         self.reader = self.sock.makefile("rb")
         if self.reader.readline().strip() != b"+OK":
             raise RuntimeError("MONITOR was refused")
-        self.counting = False
+        self.window = (math.inf, -math.inf)  # count commands Redis stamped inside it
         self.sent: dict[str, int] = {}
         self.in_scripts: dict[str, int] = {}
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -297,10 +297,14 @@ class Monitor:
     def _read(self) -> None:
         with contextlib.suppress(OSError, ValueError):
             for raw in self.reader:
-                if not self.counting:
-                    continue
                 # +1700000000.123456 [0 127.0.0.1:5555] "EVALSHA" "..."  (script: [0 lua])
                 line = raw.decode(errors="replace")
+                try:
+                    stamp = float(line[1 : line.index(" ")])
+                except ValueError:
+                    continue
+                if not self.window[0] <= stamp <= self.window[1]:
+                    continue
                 _, _, rest = line.partition("] ")
                 source = line[line.find("[") : line.find("]")]
                 name = rest.split('"', 2)[1].lower() if rest.count('"') >= 2 else "?"
@@ -308,7 +312,6 @@ class Monitor:
                 bucket[name] = bucket.get(name, 0) + 1
 
     def close(self) -> None:
-        self.counting = False
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
@@ -619,6 +622,13 @@ async def phase_backlog(sz: Sizes) -> dict[str, Any]:
             "memory_bytes_per_task": round((nodes.memory() - mem0) / n, 1),
             "used_memory_mb": round(nodes.memory() / 1e6, 1),
         }
+        # Where the bytes go: MEMORY USAGE of sampled task hashes and of the pending list.
+        conn = nodes.conns[0]
+        ids = conn.call("LRANGE", "asynq:{default}:pending", 0, 99)
+        sizes = [conn.call("MEMORY", "USAGE", b"asynq:{default}:t:" + i) for i in ids]
+        enqueue["task_hash_bytes"] = round(sum(sizes) / max(len(sizes), 1), 1)
+        pending = conn.call("MEMORY", "USAGE", "asynq:{default}:pending", "SAMPLES", 0)
+        enqueue["pending_list_bytes_per_task"] = round(pending / n, 1)
         log(f"backlog: {n} enqueued at {enqueue['tasks_per_s']}/s, "
             f"{enqueue['memory_bytes_per_task']} B/task; draining")  # fmt: skip
         res = await drain(
@@ -769,19 +779,27 @@ async def _pickups(w: Worker, send: Any, samples: int, gap: Any, prefix: str) ->
     """*samples* tasks sent one at a time by ``send(tid)``; the next send follows ``gap()``
     seconds after the previous one (a fixed cadence, independent of the pickups)."""
     lat: list[float] = []
+    after: list[float] = []
     tick = time.perf_counter()
     for k in range(samples):
         tid = f"lat-{prefix}-{k}"
         arrived = w.pick_waiters[tid] = asyncio.Event()
         before = time.time()
         await send(tid)
+        returned = time.time()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(arrived.wait(), 5)
         if tid in w.picks:
             lat.append((w.picks[tid] - before) * 1000)
+            after.append((w.picks[tid] - returned) * 1000)
         tick += gap()
         await asyncio.sleep(max(0.0, tick - time.perf_counter()))
-    return _pickup_stats(lat, samples)
+    out = _pickup_stats(lat, samples)
+    # The worker's share: from the moment the write returned to the handler's start.
+    after.sort()
+    out["p50_ms_after_write_returned"] = round(percentile(after, 50), 3)
+    out["p99_ms_after_write_returned"] = round(percentile(after, 99), 3)
+    return out
 
 
 async def phase_idle(sz: Sizes) -> dict[str, Any]:
@@ -802,14 +820,14 @@ async def phase_idle(sz: Sizes) -> dict[str, Any]:
                 nodes.reset()
                 rcpu0 = nodes.cpu()
                 wcpu0 = await w.cpu()
-                mon.counting = True
-                t0 = time.perf_counter()
+                t0 = time.time()
+                mon.window = (t0, t0 + sz.idle_window)
                 await asyncio.sleep(sz.idle_window)
-                mon.counting = False
-                window = time.perf_counter() - t0
+                window = time.time() - t0
                 wcpu = await w.cpu() - wcpu0
                 rcpu = nodes.cpu() - rcpu0
                 stats = nodes.commands()
+                await asyncio.sleep(0.3)  # let the MONITOR reader catch up
                 mon.close()
                 sent = sum(mon.sent.values())
                 inner = sum(mon.in_scripts.values())
@@ -928,7 +946,10 @@ def render(doc: dict[str, Any]) -> str:
             "",
             f"Enqueue (`enqueue_many`, batches of {e['batch']:,}): {_fmt(e['tasks_per_s'])} "
             f"tasks/s overall, Redis memory {_fmt(e['memory_bytes_per_task'])} B/task "
-            f"({_fmt(e['used_memory_mb'])} MB used), client CPU "
+            f"({_fmt(e['used_memory_mb'])} MB used; `MEMORY USAGE` of a task hash "
+            f"{_fmt(e['task_hash_bytes'])} B, of the pending list "
+            f"{_fmt(e['pending_list_bytes_per_task'])} B per task; the rest is the keyspace "
+            "dictionary), client CPU "
             f"{_fmt(e['client_cpu_us_per_task'])} µs/task, Redis CPU "
             f"{_fmt(e['redis_cpu_us_per_task'])} µs/task. Drain (one worker): "
             f"{_fmt(pr['tasks_per_s'])} tasks/s overall, worker CPU "
@@ -984,7 +1005,9 @@ def render(doc: dict[str, Any]) -> str:
             "", "### Pickup latency into an idle worker", "", _table(i["pickup"], [
             ("producer", "producer"), ("spacing", "spacing"), ("samples", "samples"),
             ("p50_ms", "p50 ms"), ("p90_ms", "p90 ms"), ("p99_ms", "p99 ms"),
-            ("max_ms", "max ms")])]  # fmt: skip
+            ("max_ms", "max ms"),
+            ("p50_ms_after_write_returned", "p50 ms after the write returned"),
+            ("p99_ms_after_write_returned", "p99 ms after the write returned")])]  # fmt: skip
         for row in i["idle"]:
             parts += ["", f"Idle, {row['queues']} queue(s), commands sent: "
                       + ", ".join(f"{k} {v}" for k, v in row["sent_by_command"].items())
@@ -1180,7 +1203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--backlog", type=int, help="tasks in the backlog phase (1,000,000)")
     p.add_argument("--json", type=Path, help="default benchmarks/results/scale-<date>.json")
     p.add_argument("--markdown", type=Path, help="also write the markdown report here")
-    p.add_argument("--images", type=Path, default=IMAGES, help="where the PNGs go (docs/images)")
+    p.add_argument(
+        "--images", type=Path,
+        help="where the PNGs go (docs/images; with --quick benchmarks/results/quick-images)",
+    )  # fmt: skip
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
     args = p.parse_args(argv)
     if args.role == "worker":
@@ -1205,7 +1231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(report)
     if not args.no_plots:
-        for path in plot(doc, args.images):
+        images = args.images or (RESULTS / "quick-images" if args.quick else IMAGES)
+        for path in plot(doc, images):
             log(f"wrote {path}")
     return 0
 
