@@ -43,6 +43,7 @@ import random
 import resource
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -119,6 +120,7 @@ class Sizes:
     settled_samples: int = 40
     concurrency: int = 100
     cap: float = 900.0
+    repeat: int = 1
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -568,6 +570,23 @@ async def drain(
     return out
 
 
+async def _repeated(sz: Sizes, one: Any) -> dict[str, Any]:
+    """``await one()`` ``sz.repeat`` times; each number the median of the runs (the machine
+    is shared: one slow run should not make the curve)."""
+    runs: list[dict[str, Any]] = [await one() for _ in range(sz.repeat)]
+    out = dict(runs[0])
+    if len(runs) == 1:
+        return out
+    for key, value in runs[0].items():
+        values = [r[key] for r in runs]
+        if isinstance(value, int | float) and not isinstance(value, bool) and len(set(values)) > 1:
+            out[key] = round(statistics.median(values), 2)
+    speed = "tasks_per_s" if "tasks_per_s" in out else "process_tasks_per_s"
+    out["repeats"] = len(runs)
+    out["runs_" + speed] = [r[speed] for r in runs]
+    return out
+
+
 def _loadavg() -> list[float]:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -649,12 +668,16 @@ async def phase_queues(sz: Sizes) -> dict[str, Any]:
         for nq in sz.queue_counts:
             names = [f"bq{i:05d}" for i in range(nq)]
             for mode in ("weighted", "strict"):
-                nodes.flush()
-                await enqueue_spread(procs.url, names, sz.queues_n, batch=sz.batch, width=4)
-                queues = {q: 1 + i % 10 for i, q in enumerate(names)}
-                res = await drain(nodes, procs.url, queues, sz.queues_n, strict=mode == "strict",
-                                  concurrency=sz.concurrency, cap=sz.cap)  # fmt: skip
-                row = {"queues": nq, "mode": mode, **res}
+
+                async def one(names: list[str] = names, mode: str = mode) -> dict[str, Any]:
+                    nodes.flush()
+                    await enqueue_spread(procs.url, names, sz.queues_n, batch=sz.batch, width=4)
+                    queues = {q: 1 + i % 10 for i, q in enumerate(names)}
+                    return await drain(nodes, procs.url, queues, sz.queues_n,
+                                       strict=mode == "strict", concurrency=sz.concurrency,
+                                       cap=sz.cap)  # fmt: skip
+
+                row = {"queues": nq, "mode": mode, **await _repeated(sz, one)}
                 log(f"queues: {nq} {mode}: {row['tasks_per_s']}/s, "
                     f"Redis {row['redis_cpu_us_per_task']} µs/task")  # fmt: skip
                 rows.append(row)
@@ -665,25 +688,29 @@ async def phase_payload(sz: Sizes) -> dict[str, Any]:
     rows = []
     with redis_setup() as (procs, nodes):
         for size, n in sz.payloads:
-            nodes.flush()
-            payload = b"x" * size
-            batch = max(1, min(sz.batch, 16_000_000 // size))
-            rcpu0 = nodes.cpu()
-            secs = await enqueue_spread(procs.url, ["default"], n, payload=payload, batch=batch)
-            enq_redis = nodes.cpu() - rcpu0
-            res = await drain(nodes, procs.url, {"default": 1}, n, concurrency=sz.concurrency,
-                              cap=sz.cap)  # fmt: skip
-            mb = size * n / 1e6
-            row = {
-                "payload_bytes": size, "n": n, "batch": batch,
-                "enqueue_tasks_per_s": round(n / secs, 1),
-                "enqueue_mb_per_s": round(mb / secs, 1),
-                "enqueue_redis_cpu_us_per_task": round(enq_redis * 1e6 / n, 1),
-                "process_tasks_per_s": res["tasks_per_s"],
-                "process_mb_per_s": round(res["tasks_per_s"] * size / 1e6, 1),
-                "worker_cpu_us_per_task": res["worker_cpu_us_per_task"],
-                "redis_cpu_us_per_task": res["redis_cpu_us_per_task"],
-            }  # fmt: skip
+
+            async def one(size: int = size, n: int = n) -> dict[str, Any]:
+                nodes.flush()
+                payload = b"x" * size
+                batch = max(1, min(sz.batch, 16_000_000 // size))
+                rcpu0 = nodes.cpu()
+                secs = await enqueue_spread(procs.url, ["default"], n, payload=payload,
+                                            batch=batch)  # fmt: skip
+                enq_redis = nodes.cpu() - rcpu0
+                res = await drain(nodes, procs.url, {"default": 1}, n,
+                                  concurrency=sz.concurrency, cap=sz.cap)  # fmt: skip
+                return {
+                    "payload_bytes": size, "n": n, "batch": batch,
+                    "enqueue_tasks_per_s": round(n / secs, 1),
+                    "enqueue_mb_per_s": round(size * n / 1e6 / secs, 1),
+                    "enqueue_redis_cpu_us_per_task": round(enq_redis * 1e6 / n, 1),
+                    "process_tasks_per_s": res["tasks_per_s"],
+                    "process_mb_per_s": round(res["tasks_per_s"] * size / 1e6, 1),
+                    "worker_cpu_us_per_task": res["worker_cpu_us_per_task"],
+                    "redis_cpu_us_per_task": res["redis_cpu_us_per_task"],
+                }  # fmt: skip
+
+            row = await _repeated(sz, one)
             log(f"payload {size} B: enqueue {row['enqueue_tasks_per_s']}/s, "
                 f"process {row['process_tasks_per_s']}/s")  # fmt: skip
             rows.append(row)
@@ -695,10 +722,15 @@ async def phase_workers(sz: Sizes) -> dict[str, Any]:
     names = [f"wq{i}" for i in range(4)]
     with redis_setup() as (procs, nodes):
         for k in sz.worker_counts:
-            nodes.flush()
-            await enqueue_spread(procs.url, names, sz.workers_n, batch=sz.batch, width=4)
-            res = await drain(nodes, procs.url, dict.fromkeys(names, 1), sz.workers_n,
-                              n_workers=k, concurrency=sz.concurrency, cap=sz.cap)  # fmt: skip
+
+            async def one(k: int = k) -> dict[str, Any]:
+                nodes.flush()
+                await enqueue_spread(procs.url, names, sz.workers_n, batch=sz.batch, width=4)
+                return await drain(nodes, procs.url, dict.fromkeys(names, 1), sz.workers_n,
+                                   n_workers=k, concurrency=sz.concurrency,
+                                   cap=sz.cap)  # fmt: skip
+
+            res = await _repeated(sz, one)
             log(f"workers: {k}: {res['tasks_per_s']}/s, redis-server "
                 f"{res['redis_cpu_pct_of_core']} % of a core")  # fmt: skip
             rows.append(res)
@@ -744,18 +776,23 @@ async def _cluster_rows(
 ) -> list[dict[str, Any]]:
     rows = []
     for k in (1, 2):
-        nodes.flush()
-        rcpu0 = nodes.cpu()
-        secs = await enqueue_spread(procs.url, names, sz.cluster_n, batch=1_000, width=len(names))
-        enq_redis = nodes.cpu() - rcpu0
-        res = await drain(nodes, procs.url, dict.fromkeys(names, 1), sz.cluster_n, n_workers=k,
-                          concurrency=sz.concurrency, cap=sz.cap)  # fmt: skip
-        row = {"setup": label, "workers": k, "n": sz.cluster_n,
-               "enqueue_tasks_per_s": round(sz.cluster_n / secs, 1),
-               "enqueue_redis_cpu_us_per_task": round(enq_redis * 1e6 / sz.cluster_n, 1),
-               "process_tasks_per_s": res["tasks_per_s"],
-               "process_redis_cpu_us_per_task": res["redis_cpu_us_per_task"],
-               "worker_cpu_us_per_task": res["worker_cpu_us_per_task"]}  # fmt: skip
+
+        async def one(k: int = k) -> dict[str, Any]:
+            nodes.flush()
+            rcpu0 = nodes.cpu()
+            secs = await enqueue_spread(procs.url, names, sz.cluster_n, batch=1_000,
+                                        width=len(names))  # fmt: skip
+            enq_redis = nodes.cpu() - rcpu0
+            res = await drain(nodes, procs.url, dict.fromkeys(names, 1), sz.cluster_n,
+                              n_workers=k, concurrency=sz.concurrency, cap=sz.cap)  # fmt: skip
+            return {"setup": label, "workers": k, "n": sz.cluster_n,
+                    "enqueue_tasks_per_s": round(sz.cluster_n / secs, 1),
+                    "enqueue_redis_cpu_us_per_task": round(enq_redis * 1e6 / sz.cluster_n, 1),
+                    "process_tasks_per_s": res["tasks_per_s"],
+                    "process_redis_cpu_us_per_task": res["redis_cpu_us_per_task"],
+                    "worker_cpu_us_per_task": res["worker_cpu_us_per_task"]}  # fmt: skip
+
+        row = await _repeated(sz, one)
         log(f"cluster: {label}, {k} worker(s): enqueue {row['enqueue_tasks_per_s']}/s, "
             f"process {row['process_tasks_per_s']}/s")  # fmt: skip
         rows.append(row)
@@ -1201,6 +1238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--phases", default=",".join(PHASES), help=f"comma-separated, from {','.join(PHASES)}"
     )
     p.add_argument("--backlog", type=int, help="tasks in the backlog phase (1,000,000)")
+    p.add_argument(
+        "--repeat", type=int, default=1,
+        help="runs per row of the queues, payload, workers and cluster phases (median shown)",
+    )  # fmt: skip
     p.add_argument("--json", type=Path, help="default benchmarks/results/scale-<date>.json")
     p.add_argument("--markdown", type=Path, help="also write the markdown report here")
     p.add_argument(
@@ -1216,6 +1257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown := [x for x in phases if x not in PHASE_FUNCS]:
         p.error(f"unknown phases {unknown}; choose from {', '.join(PHASES)}")
     sz = Sizes.quick() if args.quick else Sizes()
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
+    sz = Sizes(**{**vars(sz), "repeat": args.repeat})
     if args.backlog:
         sz = Sizes(**{**vars(sz), "backlog": args.backlog})
     _quiet()
