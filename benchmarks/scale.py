@@ -1078,9 +1078,9 @@ def plot(doc: dict[str, Any], outdir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(5.5, 3.2))
         ax.plot(x, [r["enqueue_tasks_per_s"] for r in rows], "o-", label="enqueue")
         ax.plot(x, [r.get("process_tasks_per_s", 0) for r in rows], "s-", label="process")
-        ax.set_yscale("log")
+        ax.set_ylim(bottom=0)  # linear from 0: flat should look flat
         ax.set_xlabel("slice end (thousand tasks)")
-        ax.set_ylabel("tasks/s (log)")
+        ax.set_ylabel("tasks/s in the slice")
         ax.set_title(f"Backlog of {p['backlog']['enqueue']['n']:,} tasks")
         ax.legend()
         ax.grid(alpha=0.3)
@@ -1153,7 +1153,7 @@ def plot(doc: dict[str, Any], outdir: Path) -> list[Path]:
         ax.grid(alpha=0.3, axis="y")
         save(fig, "cluster")
     if "idle" in p:
-        fig, ax = plt.subplots(figsize=(5.5, 3.2))
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for r in p["idle"]["pickup"]:
             lat = r["latencies_ms"]
             if lat:
@@ -1164,7 +1164,7 @@ def plot(doc: dict[str, Any], outdir: Path) -> list[Path]:
         ax.set_xscale("log")
         ax.set_xlabel("pickup latency ms (log)")
         ax.set_ylabel("fraction of tasks")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.02))
         ax.grid(alpha=0.3)
         save(fig, "pickup")
     return written
@@ -1249,6 +1249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="where the PNGs go (docs/images; with --quick benchmarks/results/quick-images)",
     )  # fmt: skip
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
+    p.add_argument(
+        "--from-json", type=Path, help="run nothing: redo the report and PNGs from this JSON"
+    )
     args = p.parse_args(argv)
     if args.role == "worker":
         _run(worker_main(json.loads(args.config)))
@@ -1263,15 +1266,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.backlog:
         sz = Sizes(**{**vars(sz), "backlog": args.backlog})
     _quiet()
-    doc = _run(run(phases, sz, quick=args.quick))
-    report = render(doc)
-    print(report)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d-%H%M")
-    out = args.json or RESULTS / f"scale-{stamp}{'-quick' if args.quick else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    doc["markdown"] = report
-    out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
-    log(f"wrote {out}")
+    if args.from_json:
+        doc = json.loads(args.from_json.read_text())
+        args.quick = doc["quick"]
+        report = render(doc)
+        print(report)
+    else:
+        doc = _run(run(phases, sz, quick=args.quick))
+        report = render(doc)
+        print(report)
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d-%H%M")
+        out = args.json or RESULTS / f"scale-{stamp}{'-quick' if args.quick else ''}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc["markdown"] = report
+        out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+        log(f"wrote {out}")
     if args.markdown:
         args.markdown.write_text(report)
     if not args.no_plots:
