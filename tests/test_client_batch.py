@@ -40,6 +40,7 @@ def target(request: pytest.FixtureRequest, redis: Redis, redis_url: str) -> Redi
 def reset_ids(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     """Deterministic generated task IDs, restarted by the returned function before each run."""
     counter: list[Iterator[int]] = [itertools.count()]
+
     def fake() -> str:
         return f"auto-{next(counter[0])}"
 
