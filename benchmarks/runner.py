@@ -216,7 +216,16 @@ def run_system(
     return {"system": spec.name, "records": records, "error": error}
 
 
-PHASES = ("meta", "enqueue_serial", "enqueue_fast", "process", "leftovers", "latency")
+PHASES = (
+    "meta",
+    "enqueue_serial",
+    "enqueue_c32",
+    "enqueue_c1000",
+    "enqueue_fast",
+    "process",
+    "leftovers",
+    "latency",
+)
 
 
 def _progress(r: dict[str, Any]) -> str:
@@ -224,7 +233,8 @@ def _progress(r: dict[str, Any]) -> str:
     if phase == "meta":
         return f"versions {r['versions']}, loop {r['event_loop']}"
     if phase.startswith("enqueue"):
-        return f"{phase} {r['tasks_per_s']:,.0f} tasks/s"
+        p99 = f", p99 {r['p99_ms']:.2f} ms" if "p99_ms" in r else ""
+        return f"{phase} {r['tasks_per_s']:,.0f} tasks/s{p99}"
     if phase == "process":
         return (
             f"process {r['tasks_per_s']:,.0f} tasks/s,"
@@ -267,6 +277,12 @@ _FAST, _SERIAL, _PROC, _LAT, _LEFT = (
 ROWS = (
     Row("enqueue, fast path, tasks/s ¹", _field(_FAST, "tasks_per_s"), "rate", True),
     Row("enqueue, serial `await`, tasks/s", _field(_SERIAL, "tasks_per_s"), "rate", True),
+    Row("enqueue, serial, p99 ms per call", _field(_SERIAL, "p99_ms"), "ms"),
+    Row("enqueue, 32 callers, tasks/s", _field("enqueue_c32", "tasks_per_s"), "rate", True),
+    Row("enqueue, 32 callers, p99 ms per call", _field("enqueue_c32", "p99_ms"), "ms"),
+    Row("enqueue, 1,000 callers, tasks/s", _field("enqueue_c1000", "tasks_per_s"), "rate", True),
+    Row("enqueue, 1,000 callers, p99 ms per call", _field("enqueue_c1000", "p99_ms"), "ms"),
+    Row("client CPU µs / task, serial enqueue", _field(_SERIAL, "client_cpu_us_per_task"), "us"),
     Row("process, 1 worker, conc. 100, tasks/s", _field(_PROC, "tasks_per_s"), "rate", True),
     Row("pickup latency p50, ms", _field(_LAT, "p50_ms"), "ms"),
     Row("pickup latency p99, ms", _field(_LAT, "p99_ms"), "ms"),
