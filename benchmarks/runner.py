@@ -108,7 +108,7 @@ def ensure_env(env: str, *, reinstall: bool = False) -> Path:
 
 
 @contextlib.contextmanager
-def redis_server(url: str | None) -> Iterator[str]:
+def redis_server(url: str | None, *, unix_socket: bool = True) -> Iterator[str]:
     """*url* as given, or a throwaway redis-server on a free port (no persistence)."""
     if url:
         yield url
@@ -126,7 +126,11 @@ def redis_server(url: str | None) -> Iterator[str]:
     workdir = tempfile.mkdtemp(prefix="asyncq-bench-redis-")
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"],
+         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning",
+         # A local Redis usually has a unix socket too; asyncq's client finds and uses it
+         # (peers are given the TCP URL and stay on TCP, as their users would configure them).
+         *(("--unixsocket", os.path.join(workdir, "redis.sock"), "--unixsocketperm", "700")
+           if unix_socket else ())],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"redis://127.0.0.1:{port}/0"
@@ -439,6 +443,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--redis-url", help="use this Redis instead of a throwaway one (ITS DATABASE IS FLUSHED)"
     )
+    p.add_argument(
+        "--no-unix-socket",
+        action="store_true",
+        help="the throwaway Redis listens on TCP only (everyone on TCP, asyncq included)",
+    )
     p.add_argument("--reinstall", action="store_true", help="recreate the peer virtualenvs")
     p.add_argument("--n", type=int, help="tasks for fast-path enqueue and processing (20000)")
     p.add_argument("--serial-n", type=int, help="tasks for serial enqueue (5000)")
@@ -495,7 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     timeout = 180.0 if args.quick else 1800.0
     started = datetime.now(UTC)
     runs: list[dict[str, dict[str, Any]]] = []
-    with redis_server(args.redis_url) as url:
+    with redis_server(args.redis_url, unix_socket=not args.no_unix_socket) as url:
         machine = machine_info(url)
         for k in range(args.runs):
             run: dict[str, dict[str, Any]] = {}
