@@ -514,8 +514,26 @@ class FastConnection:
             self._proto = proto
             return proto
 
-    async def _dial(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
-        proto = _Protocol(loop, self._address, self._read_timeout)
+    async def dial(self, factory: type[_Protocol]) -> _Protocol:
+        """A new socket of *factory*'s protocol to the same server, handshake done.
+
+        Not shared with this connection's calls (the Pub/Sub connection uses it);
+        the caller closes it. One attempt: the caller retries.
+        """
+        if self._closed:
+            raise RedisConnectionError(f"Connection to {self._address} is closed")
+        try:
+            return await self._dial(asyncio.get_running_loop(), factory)
+        except (OSError, TimeoutError) as exc:
+            raise RedisConnectionError(
+                f"Error connecting to {self._address}: {exc or type(exc).__name__}"
+            ) from exc
+
+    async def _dial(
+        self, loop: asyncio.AbstractEventLoop, factory: type[_Protocol] | None = None
+    ) -> _Protocol:
+        factory = factory or _Protocol
+        proto = factory(loop, self._address, self._read_timeout)
         try:
             async with asyncio.timeout(self._dial_timeout):
                 if self._unix_path is not None:
@@ -531,14 +549,14 @@ class FastConnection:
                     )
                 await self._handshake(proto)
             if self._local_socket:
-                proto = await self._prefer_local_socket(loop, proto)
+                proto = await self._prefer_local_socket(loop, proto, factory)
         except BaseException:
             await proto.close()
             raise
         return proto
 
     async def _prefer_local_socket(
-        self, loop: asyncio.AbstractEventLoop, tcp: _Protocol
+        self, loop: asyncio.AbstractEventLoop, tcp: _Protocol, factory: type[_Protocol]
     ) -> _Protocol:
         """The same server over its unix socket, when it has one this process can open.
 
@@ -556,7 +574,7 @@ class FastConnection:
         run_id = _run_id(info)
         if not path or not run_id or not os.access(path, os.R_OK | os.W_OK):
             return tcp
-        unix = _Protocol(loop, f"{path} (for {self._address})", self._read_timeout)
+        unix = factory(loop, f"{path} (for {self._address})", self._read_timeout)
         try:
             async with asyncio.timeout(self._dial_timeout):
                 await loop.create_unix_connection(lambda: unix, path)
