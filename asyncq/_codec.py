@@ -118,11 +118,20 @@ def decode_task_message(data: bytes) -> TaskMessage:
     try:
         while pos < end:
             start = pos
-            tag, pos = _read_varint(data, pos)
+            # Tags, lengths and most ints are one byte: read those inline (the hot path).
+            tag = data[pos]
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = _read_varint(data, pos)
             field = tag >> 3
             wire_type = tag & 7
             if wire_type == 2 and (field in _STR_FIELDS or field in (2, 15)):
-                length, pos = _read_varint(data, pos)
+                length = data[pos]
+                if length < 0x80:
+                    pos += 1
+                else:
+                    length, pos = _read_varint(data, pos)
                 chunk = data[pos : pos + length]
                 if len(chunk) != length:
                     raise ValueError("truncated field in TaskMessage")
@@ -135,8 +144,13 @@ def decode_task_message(data: bytes) -> TaskMessage:
                 else:
                     fields[_STR_FIELDS[field]] = chunk.decode()
             elif wire_type == 0 and field in _INT_FIELDS:
-                value, pos = _read_varint(data, pos)
-                fields[_INT_FIELDS[field]] = _signed(value, field)
+                value = data[pos]
+                if value < 0x80:
+                    pos += 1
+                    fields[_INT_FIELDS[field]] = value  # small and non-negative as it stands
+                else:
+                    value, pos = _read_varint(data, pos)
+                    fields[_INT_FIELDS[field]] = _signed(value, field)
             else:
                 if field == 0:
                     raise ValueError("invalid field number 0 in TaskMessage")
@@ -144,6 +158,8 @@ def decode_task_message(data: bytes) -> TaskMessage:
                 if pos > end:
                     raise ValueError("truncated unknown field in TaskMessage")
                 unknown += data[start:pos]
+    except IndexError:  # a one-byte read past the end
+        raise ValueError("truncated varint in TaskMessage") from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"invalid UTF-8 in TaskMessage string field: {exc}") from None
     msg = TaskMessage(**fields, headers=headers)  # type: ignore[arg-type]
