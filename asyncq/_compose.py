@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from asyncq import _keys as keys
 from asyncq._broker import BatchItem
@@ -31,13 +32,13 @@ __all__ = [
     "DEFAULT_QUEUE",
     "DEFAULT_TIMEOUT",
     "Composed",
+    "Plain",
     "Template",
     "Templates",
     "check_option_names",
     "compose",
     "info_of",
     "new_task_id",
-    "plain_headers",
 ]
 
 DEFAULT_MAX_RETRY = 25
@@ -311,6 +312,20 @@ class Template:
             tail,
         )
 
+    def encode(self, task: Task) -> Plain:
+        """*task* with this option set, ready to write: a new id and its message bytes.
+
+        Raises as :func:`compose` does for a blank type or non-str headers.
+        """
+        task_type = task.type
+        if not isinstance(task_type, str) or not task_type.strip():
+            raise ValueError("task typename cannot be empty")
+        payload = b"" if task.payload is None else task.payload
+        headers = _merge_headers(task, ()) if task.headers else {}
+        task_id = new_task_id()
+        data = self.message(task_type, payload, task_id, headers)
+        return Plain(self, task_type, payload, task_id, headers, data)
+
     def message(
         self, task_type: str, payload: bytes, task_id: str, headers: dict[str, str]
     ) -> bytes:
@@ -341,6 +356,21 @@ class Template:
             result=None,
             headers=headers,
         )
+
+
+class Plain(NamedTuple):
+    """A task composed on the hot path: its template, fields and encoded message."""
+
+    template: Template
+    task_type: str
+    payload: bytes
+    task_id: str
+    headers: dict[str, str]
+    data: bytes
+
+    def info(self, now: datetime) -> TaskInfo:
+        """Its TaskInfo once written at *now*."""
+        return self.template.info(self.task_type, self.payload, self.task_id, self.headers, now)
 
 
 def _cache_key(options: Mapping[str, object]) -> tuple[tuple[str, object, type], ...] | None:
@@ -392,8 +422,3 @@ class Templates:
         if len(self._cache) >= _TEMPLATE_CACHE_LIMIT:
             self._cache.clear()
         self._cache[key] = Template.of(composed.message)
-
-
-def plain_headers(task: Task) -> dict[str, str]:
-    """The task's own headers, checked and copied as compose checks them."""
-    return _merge_headers(task, ()) if task.headers else {}

@@ -17,13 +17,11 @@ from asyncq._compose import (
     DEFAULT_QUEUE,
     DEFAULT_TIMEOUT,
     Composed,
-    Template,
+    Plain,
     Templates,
     check_option_names,
     compose,
     info_of,
-    new_task_id,
-    plain_headers,
 )
 from asyncq._logging import is_debug_enabled
 from asyncq._redis.connection import Connection
@@ -36,9 +34,6 @@ __all__ = ["DEFAULT_MAX_RETRY", "DEFAULT_QUEUE", "DEFAULT_TIMEOUT", "Client"]
 
 
 log = structlog.get_logger("asyncq")
-
-_Fast = tuple[Template, str, bytes, str, dict[str, str]]
-"""A hot-path batch item: its template, type, payload, id and headers."""
 
 
 class Client:
@@ -175,20 +170,14 @@ class Client:
         if template is None:
             return await self._enqueue_composed(task, options, now, key)
         # The hot path: a plain pending task whose option set was composed before.
-        task_type = task.type
-        if not isinstance(task_type, str) or not task_type.strip():
-            raise ValueError("task typename cannot be empty")
-        payload = b"" if task.payload is None else task.payload
-        headers = plain_headers(task)
-        task_id = new_task_id()
-        data = template.message(task_type, payload, task_id, headers)
-        queue = template.queue
+        plain = template.encode(task)
+        queue, task_id, data = template.queue, plain.task_id, plain.data
         try:
             await self.broker.write_pending(queue, task_id, data)
         except BaseException as exc:
             if self.retry is None or not is_retryable(exc):
                 raise
-            written = Written(task_id, queue, task_type, data, "")
+            written = Written(task_id, queue, plain.task_type, data, "")
             await write_with_retry(
                 self.retry,
                 self.redis,
@@ -198,9 +187,13 @@ class Client:
             )
         if is_debug_enabled(log):
             log.debug(
-                "task enqueued", task_id=task_id, task_type=task_type, queue=queue, state="pending"
+                "task enqueued",
+                task_id=task_id,
+                task_type=plain.task_type,
+                queue=queue,
+                state="pending",
             )
-        return template.info(task_type, payload, task_id, headers, now)
+        return plain.info(now)
 
     async def _enqueue_composed(
         self, task: Task, options: Mapping[str, Any], now: datetime, key: object | None
@@ -288,7 +281,7 @@ class Client:
         results: list[TaskInfo | Exception | None] = []
         batch: list[BatchItem | PendingItem] = []
         # per written item: its index in results, and its Composed or its hot-path parts
-        pending: list[tuple[int, Composed | None, _Fast | None]] = []
+        pending: list[tuple[int, Composed | None, Plain | None]] = []
         items = tasks if isinstance(tasks, list | tuple) else list(tasks)
         # the key of a task with no options of its own, the usual batch item
         bare_key = None if call_key is None else ((), call_key)
@@ -301,16 +294,9 @@ class Client:
                 template = None if key is None else templates.get(key)
                 if template is not None:
                     assert isinstance(item, Task)
-                    task_type = item.type
-                    if not isinstance(task_type, str) or not task_type.strip():
-                        raise ValueError("task typename cannot be empty")
-                    payload = b"" if item.payload is None else item.payload
-                    headers = plain_headers(item)
-                    task_id = new_task_id()
-                    data = template.message(task_type, payload, task_id, headers)
-                    batch.append(PendingItem(template.queue, task_id, data))
-                    fast = (template, task_type, payload, task_id, headers)
-                    pending.append((len(results), None, fast))
+                    plain = template.encode(item)
+                    batch.append(PendingItem(template.queue, plain.task_id, plain.data))
+                    pending.append((len(results), None, plain))
                     results.append(None)  # filled in from the broker's outcome below
                     continue
                 c = self._compose_batch_item(item, options, now)
@@ -335,7 +321,7 @@ class Client:
                     results[index] = info_of(composed, now)
                 else:
                     assert parts is not None
-                    results[index] = parts[0].info(*parts[1:], now)
+                    results[index] = parts.info(now)
         final = [r for r in results if r is not None]
         assert len(final) == len(results)
         if is_debug_enabled(log):
