@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import fnmatch
 import os
 import socket
 import threading
@@ -69,6 +70,8 @@ from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
 from asyncq._worker.janitor import Janitor
 from asyncq._worker.policy import default_retry_delay
 from asyncq._worker.processor import Processor, write_limit
+from asyncq._worker.queueset import QueueSet, is_pattern, validate_pattern
+from asyncq._worker.queuewatcher import QueueWatcher, refresh_once
 from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import Role, RoleDeps, supervise
 from asyncq._worker.subscriber import Subscriber
@@ -166,6 +169,13 @@ class Server:
     - ``max_inflight_bytes``: bound on the payload bytes of the running
       handlers (64 MiB); a fetch takes no task that would pass it, except
       that a single larger task runs alone.
+    - ``queues`` may hold fnmatch-style patterns (``{"tenant:*": 1}``): the
+      server serves every queue of ``asynq:queues`` that matches, re-read every
+      ``queue_refresh_interval`` (1 s), so queues created later are served and
+      removed ones are dropped. An explicit name wins over a pattern. With
+      ``strict_priority`` each match has the pattern's priority; in weighted
+      order the pattern's weight is split among its matches. The flow-control
+      options below accept patterns too (each match gets its own limit).
     - ``queue_concurrency``: ``{queue: N}``, at most N tasks of the queue run
       at once across every asyncq server (counted in Redis from the live
       leases; a limit stored with ``Inspector.set_limit`` overrides it);
@@ -222,6 +232,7 @@ class Server:
         local_queue_concurrency: Mapping[str, int] | None = None,
         rate_limits: Mapping[str, str] | None = None,
         ordered_queues: Sequence[str] = (),
+        queue_refresh_interval: timedelta = timedelta(seconds=1),
         logger: Any = None,
         metrics: WorkerHooks | None = None,  # [metrics hook]
         min_replicas: int = 0,
@@ -240,6 +251,8 @@ class Server:
             if not isinstance(qname, str) or not qname.strip():
                 raise ValueError(f"queue names must be non-blank strings, got {qname!r}")
             keys.refuse_braces("queue name", qname)
+            if is_pattern(qname):
+                validate_pattern("queues", qname)
             if isinstance(prio, bool) or not isinstance(prio, int) or prio < 1:
                 raise ValueError(f"queue {qname!r} needs an integer priority >= 1, got {prio!r}")
         for name, fn in (
@@ -311,6 +324,7 @@ class Server:
             ),
             rate_limits=validate_rates("rate_limits", rate_limits),
             ordered_queues=validate_ordered(ordered_queues),
+            queue_refresh_interval=_duration("queue_refresh_interval", queue_refresh_interval),
         )
         self.log: Any = logger if logger is not None else get_logger()
         self.metrics = metrics  # [metrics hook]
@@ -336,8 +350,15 @@ class Server:
         self.stats = ServerStats()
         self.active = ActiveTasks()
         """The tasks this server runs (the registry the roles read and cancel through)."""
+        self.queue_set = QueueSet(self.config.queues)
+        """The queues served now: the names of ``queues`` and the current matches of its
+        patterns (re-read from ``asynq:queues`` every ``queue_refresh_interval``)."""
         self._deps = RoleDeps(
-            broker=self.broker, config=self.config, log=self.log, stats=self.stats
+            broker=self.broker,
+            config=self.config,
+            log=self.log,
+            stats=self.stats,
+            queues=self.queue_set,
         )
         self._wakeup = asyncio.Event()
         self._enqueuer: Client | None = None
@@ -365,6 +386,12 @@ class Server:
     def status(self) -> str:
         """The status written in the heartbeat: ``"active"`` or ``"stopped"``."""
         return _STATUS_ACTIVE if self._state == "active" else _STATUS_STOPPED
+
+    @property
+    def served_queues(self) -> list[str]:
+        """The queues served now: the names of ``queues`` and the current matches of its
+        patterns."""
+        return self.queue_set.names()
 
     @property
     def running_tasks(self) -> int:
@@ -395,16 +422,31 @@ class Server:
         if self.metrics is not None:  # [metrics hook]
             fn = self.metrics.instrument(fn)  # [metrics hook]
             self.metrics.attach()  # [metrics hook]
-        for qname in self.config.ordered_queues:  # asyncq flow control, read by the scripts
-            await self.redis.set(keys.ordered_key(qname), "1")
+        cfg = self.config
+        watcher: QueueWatcher | None = None
+        if self.queue_set.dynamic:
+            watcher = QueueWatcher(
+                self._deps,
+                cfg.queue_refresh_interval,
+                wakeup=self._wakeup,
+                ordered=cfg.ordered_queues,
+            )
+            await refresh_once(watcher)  # the patterns' current matches before any fetch
+        served = self.queue_set.names()
+        for qname in cfg.ordered_queues:  # asyncq flow control, read by the scripts
+            if not is_pattern(qname):
+                await self.redis.set(keys.ordered_key(qname), "1")
+            else:  # the served queues matching it now; the watcher marks later ones
+                for match in fnmatch.filter(served, qname):
+                    await self.redis.set(keys.ordered_key(match), "1")
         self._state = "active"
         self.started_at = datetime.now(UTC)
-        cfg = self.config
         self.log.info(
             "starting processing",
             server_id=self.server_id,
             concurrency=cfg.concurrency,
             queues=dict(cfg.queues),
+            served=len(served),
             strict_priority=cfg.strict_priority,
         )
         deps = self._deps
@@ -454,6 +496,8 @@ class Server:
             self.processor,
             Janitor(deps, cfg.janitor_interval),
         ]
+        if watcher is not None:
+            roles.append(watcher)
         if cfg.group_aggregator is not None:
             roles.append(
                 GroupAggregatorRole(
@@ -540,6 +584,7 @@ class Server:
             "subscriber",
             "janitor",
             "aggregator",
+            "queuewatcher",
             "healthchecker",
             "heartbeater",
             "watchdog",

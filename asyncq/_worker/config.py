@@ -77,6 +77,8 @@ class ServerConfig:
     """Queues this server marks ordered in Redis when it starts."""
     rate_limits: Mapping[str, Rate] = field(default_factory=dict)
     """Fleet-wide token bucket per queue (Redis TIME); see :mod:`asyncq._worker.flow`."""
+    queue_refresh_interval: float = 1.0
+    """How often a server with queue patterns re-reads ``asynq:queues``."""
 
 
 @dataclass(slots=True)

@@ -149,7 +149,10 @@ class QueueOrder:
         *,
         strict: bool = False,
         rng: random.Random | None = None,
+        weights: Mapping[str, float] | None = None,
     ) -> None:
+        """*weights* (weighted order only) replace the priorities for the draw: the
+        matches of a queue pattern share its weight (see :mod:`asyncq._worker.queueset`)."""
         if not queues:
             raise ValueError("at least one queue is needed")
         normalized = normalize_queues(queues)
@@ -165,7 +168,8 @@ class QueueOrder:
             self._fixed = sorted(normalized, key=lambda q: (-normalized[q], q))
         else:
             self._names = list(normalized)
-            self._inverse = [1.0 / prio for prio in normalized.values()]
+            draw: Mapping[str, float] = normalized if weights is None else weights
+            self._inverse = [1.0 / draw[name] for name in self._names]
 
     def __call__(self) -> list[str]:
         if self._fixed is not None:
@@ -221,10 +225,11 @@ class Processor(Role):
         self.clock: Callable[[], float] = deps.broker.clock
         self.active = active
         self.slots = Slots(cfg.concurrency)
-        self._queue_order = QueueOrder(cfg.queues, strict=cfg.strict_priority)
+        self._queue_order: QueueOrder | None = None
+        self._order_version = -1  # of the QueueSet the order was built from
         self._queues = MultiQueue(deps.broker)
         self._limits = QueueLimits(
-            cfg.queue_concurrency, cfg.local_queue_concurrency, cfg.rate_limits
+            cfg.queue_concurrency, cfg.local_queue_concurrency, cfg.rate_limits, deps.queues
         )
         self._max_bytes = cfg.max_inflight_bytes
         self._inflight_bytes = 0
@@ -325,7 +330,7 @@ class Processor(Role):
     async def _fetch_loop(self) -> None:
         sync_limiter.set(self._limiter)  # inherited by every handler task created below
         stats = self.stats
-        order = self._queue_order
+        order = self._order
         burst = self.config.burst
         strict = self.config.strict_priority
         while self._fetching:
@@ -369,7 +374,7 @@ class Processor(Role):
                 # Retries and scheduled tasks due now are work too; the forwarder
                 # may not run again before we would exit.
                 try:
-                    moved = await self._queues.forward(list(self.config.queues))
+                    moved = await self._queues.forward(self.queues.names())
                 except REDIS_ERRORS as exc:
                     self._fetch_failed(exc)
                     await self._idle_wait(self._backoff.next_delay(), count=False)
@@ -382,6 +387,20 @@ class Processor(Role):
                 self._on_burst_done()
                 return
             await self._idle_wait(self._poll.next_delay(), count=True)
+
+    def _order(self) -> list[str]:
+        """This fetch's queue order, rebuilt when the served queues changed (patterns)."""
+        served = self.queues
+        if served.version != self._order_version:
+            self._order_version = served.version
+            self._queue_order = (
+                QueueOrder(
+                    served.priorities, strict=self.config.strict_priority, weights=served.weights
+                )
+                if len(served)
+                else None  # only patterns, matching nothing yet
+            )
+        return [] if self._queue_order is None else self._queue_order()
 
     def _fetch_failed(self, exc: BaseException) -> None:
         self.stats.fetch_errors += 1
