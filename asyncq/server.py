@@ -63,7 +63,12 @@ from asyncq._worker.config import (
     ServerConfig,
     ServerStats,
 )
-from asyncq._worker.flow import validate_limits, validate_ordered, validate_rates
+from asyncq._worker.flow import (
+    validate_limits,
+    validate_ordered,
+    validate_rates,
+    validate_type_rates,
+)
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.healthchecker import HealthChecker
 from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
@@ -182,6 +187,9 @@ class Server:
       ``local_queue_concurrency``: ``{queue: N}`` for this server alone;
       ``rate_limits``: ``{queue: "100/s"}``, a token bucket in Redis shared by
       every asyncq server (periods s, min, h; holds N tokens);
+      ``type_rate_limits``: ``{task type: "600/min"}``, the same per task type,
+      fleet-wide, taken by the worker after the dequeue (a task without a token
+      goes back to the retry set unrun, without using a retry);
       ``ordered_queues``: queues this server marks ordered in Redis when it
       starts (one task at a time fleet-wide, in enqueue order, a failed task
       first; the same flag as ``asyncq queue ordered Q on``). See
@@ -231,6 +239,7 @@ class Server:
         queue_concurrency: Mapping[str, int] | None = None,
         local_queue_concurrency: Mapping[str, int] | None = None,
         rate_limits: Mapping[str, str] | None = None,
+        type_rate_limits: Mapping[str, str] | None = None,
         ordered_queues: Sequence[str] = (),
         queue_refresh_interval: timedelta = timedelta(seconds=1),
         logger: Any = None,
@@ -324,6 +333,7 @@ class Server:
             ),
             rate_limits=validate_rates("rate_limits", rate_limits),
             ordered_queues=validate_ordered(ordered_queues),
+            type_rate_limits=validate_type_rates("type_rate_limits", type_rate_limits),
             queue_refresh_interval=_duration("queue_refresh_interval", queue_refresh_interval),
         )
         self.log: Any = logger if logger is not None else get_logger()

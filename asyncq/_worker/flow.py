@@ -47,7 +47,12 @@ __all__ = [
     "validate_limits",
     "validate_ordered",
     "validate_rates",
+    "validate_type_rates",
 ]
+
+TYPE_RATE_MAX_WAIT_US = 1_000_000
+"""A task whose type's next token comes within this (1 s) waits for it in its worker
+(holding its slot); a later token puts the task back to the retry set instead."""
 
 _PERIODS_US = {
     "s": 1_000_000,
@@ -115,6 +120,24 @@ def validate_rates(option: str, rates: Mapping[str, str] | None) -> Mapping[str,
             out[qname] = text if isinstance(text, Rate) else parse_rate(text)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{option}: queue {qname!r}: {exc}") from None
+    return types.MappingProxyType(out)
+
+
+def validate_type_rates(option: str, rates: Mapping[str, str] | None) -> Mapping[str, Rate]:
+    """A read-only ``{task type: Rate}``; every bad entry raises naming the problem."""
+    if rates is None:
+        return types.MappingProxyType({})
+    if not isinstance(rates, Mapping):
+        raise TypeError(f"{option} must be a mapping of task type to rate, got {rates!r}")
+    out: dict[str, Rate] = {}
+    for type_name, text in rates.items():
+        if not isinstance(type_name, str) or not type_name.strip():
+            raise ValueError(f"{option}: task types must be non-blank strings, got {type_name!r}")
+        keys.refuse_braces("task type", type_name)
+        try:
+            out[type_name] = text if isinstance(text, Rate) else parse_rate(text)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{option}: task type {type_name!r}: {exc}") from None
     return types.MappingProxyType(out)
 
 

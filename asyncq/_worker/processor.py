@@ -49,13 +49,14 @@ import inspect
 import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import reduce
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import anyio
 
 from asyncq._broker.multiqueue import MultiQueue
+from asyncq._broker.typerate import take_type_token
 from asyncq._broker.workflow import AckMode, ack_step, is_workflow_step  # [workflow hook]
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
@@ -67,7 +68,7 @@ from asyncq._worker.active import (
     ActiveTask,
     ActiveTasks,
 )
-from asyncq._worker.flow import QueueLimits
+from asyncq._worker.flow import TYPE_RATE_MAX_WAIT_US, QueueLimits, Rate
 from asyncq._worker.lease import Lease
 from asyncq._worker.policy import find_error, is_failure_for, retry_delay_for, wraps_error
 from asyncq._worker.roles import Role, RoleDeps
@@ -231,6 +232,7 @@ class Processor(Role):
         self._limits = QueueLimits(
             cfg.queue_concurrency, cfg.local_queue_concurrency, cfg.rate_limits, deps.queues
         )
+        self._type_rates: Mapping[str, Rate] = cfg.type_rate_limits
         self._max_bytes = cfg.max_inflight_bytes
         self._inflight_bytes = 0
         self._bytes_freed = asyncio.Event()
@@ -462,9 +464,14 @@ class Processor(Role):
             task.result_writer = TaskResultWriter(self.broker, active)
             if active.cancel_exc is None and self.clock() >= active.deadline:
                 active.cancel_exc = DeadlineExceededError()
+            limited: timedelta | None = None  # the type's rate had no token: not run
             if active.cancel_exc is None:  # else cancelled before its first step
                 try:
-                    await self.handler(task)
+                    rate = self._type_rates.get(active.msg.type) if self._type_rates else None
+                    if rate is not None:
+                        limited = await self._type_token(active, rate)
+                    if limited is None:
+                        await self.handler(task)
                 except asyncio.CancelledError as err:
                     if active.cancel_exc is None:
                         current = asyncio.current_task()
@@ -492,7 +499,9 @@ class Processor(Role):
                 exc = active.cancel_exc  # a done context wins over what the handler returned
             if active.abandoned:
                 return
-            if exc is None:
+            if exc is None and limited is not None:
+                await self._type_limited(active, limited)
+            elif exc is None:
                 await self._succeeded(active)
             else:
                 await self._failed(active, task, exc)
@@ -682,6 +691,59 @@ class Processor(Role):
             )
             return
         retry_at = datetime.fromtimestamp(self.clock(), UTC) + exc.retry_in
+
+        def retry() -> Awaitable[None]:
+            return self.broker.retry(msg, retry_at, err_msg, is_failure=False)
+
+        await self._write(active, retry, "retry")
+
+    async def _type_token(self, active: ActiveTask, rate: Rate) -> timedelta | None:
+        """Take a token of the task type's bucket, waiting up to 1 s for a reserved one.
+
+        None: the handler may run now. Otherwise the delay after which a token
+        should be there: the task goes back to the retry set unrun. A Redis
+        error counts as no token (retried in a second): running the handler
+        unchecked could pass the rate.
+        """
+        msg = active.msg
+        try:
+            granted, wait_us = await take_type_token(
+                self.broker,
+                msg.type,
+                interval_us=rate.interval_us,
+                burst=rate.count,
+                max_wait_us=TYPE_RATE_MAX_WAIT_US,
+            )
+        except REDIS_ERRORS as exc:
+            if self._write_errors.allow():
+                self.log.warning(
+                    "could not take a token of the task type's rate limit; rescheduling the task",
+                    error=error_text(exc),
+                    suppressed_since_last=self._write_errors.take_suppressed(),
+                    **task_fields(msg),
+                )  # fmt: skip
+            return timedelta(seconds=1)
+        if not granted:
+            return timedelta(microseconds=wait_us)
+        if wait_us > 0:
+            # The token is ours from now + wait on: the handler must not start earlier.
+            await asyncio.sleep(wait_us / 1_000_000)
+        return None
+
+    async def _type_limited(self, active: ActiveTask, retry_in: timedelta) -> None:
+        """No token for the task's type: back to the retry set, unrun, no retry used."""
+        msg = active.msg
+        self.stats.type_rate_limited += 1
+        rate = self._type_rates.get(msg.type)
+        if self._debug:
+            self.log.debug(
+                "task type over its rate limit; rescheduled",
+                rate=str(rate), retry_in=str(retry_in), **task_fields(msg),
+            )  # fmt: skip
+        if not active.lease.valid():
+            return  # the recoverer takes it over
+        retry_at = datetime.fromtimestamp(self.clock(), UTC) + retry_in
+        err_msg = f"asyncq: rate limit of task type {msg.type!r} ({rate}) reached; not run"
 
         def retry() -> Awaitable[None]:
             return self.broker.retry(msg, retry_at, err_msg, is_failure=False)
