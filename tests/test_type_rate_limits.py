@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from asyncq import Client, ServeMux, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.typerate import take_type_token
+from asyncq._broker.typerate import take_type_tokens
 from asyncq.cli import main
 from tests.workers.flow_worker import RETRIED, STAMPS
 from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
@@ -48,15 +48,15 @@ def test_cli_refuses_a_bad_type_rate() -> None:
 async def test_bucket_gives_burst_then_reserves_short_waits_then_refuses(redis: Redis) -> None:
     broker = Broker(redis)
     iv = 1_000_000  # 1/s: the calls below take far less than an interval
-    got = [
-        await take_type_token(broker, "t", interval_us=iv, burst=3, max_wait_us=2_500_000)
-        for _ in range(6)
-    ]
-    assert [g for g, _ in got] == [True, True, True, True, True, False]
-    waits = [w for _, w in got]
-    assert waits[:3] == [0, 0, 0]
-    # Reserved tokens one interval apart (less the microseconds between the calls).
-    assert 0 < waits[3] <= iv < waits[4] <= 2 * iv < waits[5] <= 3 * iv
+    waits, next_wait = await take_type_tokens(
+        broker, "t", 6, interval_us=iv, burst=3, max_wait_us=2_500_000
+    )
+    # Three at once, two reserved one and two intervals ahead, the sixth refused.
+    assert waits == [0, 0, 0, iv, 2 * iv] and next_wait == 3 * iv
+    more, next_wait = await take_type_tokens(
+        broker, "t", 1, interval_us=iv, burst=3, max_wait_us=2_500_000
+    )
+    assert more == [] and 2 * iv < next_wait <= 3 * iv
     assert await redis.exists(keys.type_rate_key("t")) == 1
 
 
