@@ -35,6 +35,11 @@ def _recorder() -> tuple[ServeMux, list[tuple[str, bytes]]]:
     return mux, seen
 
 
+async def _subscribed(redis: Redis, queue: str) -> bool:
+    channel = keys.wakeup_channel(queue).encode()
+    return channel in await redis.pubsub_channels()
+
+
 # -- the queue set, pure -----------------------------------------------------------------------
 
 
@@ -119,6 +124,10 @@ async def test_a_queue_created_after_start_is_served_and_shows_concretely(redis:
             # Created after the server started: only the refresh can find it.
             await client.enqueue(Task("rec", b"late", queue="tenant:late"))
             await wait_until(lambda: ("tenant:late", b"late") in seen, what="late task")
+            # Its wake-up channel is listened to from now on.
+            await wait_until(
+                lambda: _subscribed(redis, "tenant:late"), what="wake-up channel of the new queue"
+            )
             await client.enqueue(Task("rec", b"no", queue="other"))
             assert sorted(server.served_queues) == ["critical", "tenant:early", "tenant:late"]
 
@@ -151,6 +160,11 @@ async def test_a_removed_queue_stops_being_served(redis: Redis) -> None:
             await wait_until(acked, what="task acked")
             await insp.delete_queue("tenant:gone")
             await wait_until(lambda: not server.served_queues, what="queue dropped")
+
+            async def unsubscribed() -> bool:
+                return not await _subscribed(redis, "tenant:gone")
+
+            await wait_until(unsubscribed, what="wake-up channel dropped")
             # A task left behind in a queue removed from asynq:queues (as Go's
             # `asynq queue rm --force` can leave): nothing of this server touches it.
             info = await client.enqueue(
