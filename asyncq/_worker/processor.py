@@ -314,6 +314,7 @@ class Processor(Role):
         tasks = [a.task for a in self.active.values() if a.task is not None]
         tasks += self._detached
         tasks += self._acks.sending
+        tasks += self._tokens.sending
         if tasks:
             # Workers writing an outcome get a moment to finish it; handlers that
             # ignore cancellation are left behind (nothing more is written for them).
