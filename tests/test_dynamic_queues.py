@@ -103,6 +103,20 @@ def test_bad_patterns_are_refused_by_name(queues: dict[str, int], match: str) ->
         Server("redis://localhost:1", queues=queues)
 
 
+def test_cli_refuses_bad_patterns() -> None:
+    from click.testing import CliRunner
+
+    from asyncq.cli import main
+
+    runner = CliRunner()
+    res = runner.invoke(main, ["-u", "redis://localhost:1", "worker", "x:mux", "-q", "t:[=1"])
+    assert res.exit_code == 2
+    assert "bad queue pattern 't:['" in res.output
+    args = ["-u", "redis://localhost:1", "worker", "x:mux", "--queue-concurrency", "a[!]=1"]
+    res = runner.invoke(main, args)
+    assert res.exit_code == 2 and "bad queue pattern 'a[!]'" in res.output
+
+
 def test_bad_patterns_in_flow_options_are_refused() -> None:
     with pytest.raises(ValueError, match=r"queue_concurrency: bad queue pattern 'x\['"):
         Server("redis://localhost:1", queue_concurrency={"x[": 1})

@@ -54,7 +54,8 @@ def validate_pattern(option: str, pattern: str) -> None:
     """Raise ValueError naming *pattern* when its ``[...]`` classes are not well formed.
 
     fnmatch would read an unclosed ``[`` as a literal character, which is never
-    what a queue pattern means; an empty class ``[]`` matches nothing.
+    what a queue pattern means. As in fnmatch, a ``]`` right after ``[`` (or
+    ``[!``) is a member of the class, so ``[]`` is unclosed too.
     """
     i = 0
     n = len(pattern)
@@ -69,8 +70,6 @@ def validate_pattern(option: str, pattern: str) -> None:
                 j += 1
             if j >= n:
                 raise ValueError(f"{option}: bad queue pattern {pattern!r}: '[' is never closed")
-            if j == i + 1:
-                raise ValueError(f"{option}: bad queue pattern {pattern!r}: empty '[]' class")
             i = j
         i += 1
 

@@ -16,6 +16,7 @@ import click
 from redis.exceptions import RedisError
 
 from asyncq._redis.options import redact_uri
+from asyncq._worker.queueset import is_pattern, validate_pattern
 from asyncq.app import App
 from asyncq.cli._app import (
     ENV_URI,
@@ -55,6 +56,8 @@ def parse_queues(text: str) -> dict[str, int]:
                 raise ValueError(f"priority of queue {name!r} must be 1 or more, got {priority}")
         if name in queues:
             raise ValueError(f"queue {name!r} is listed twice")
+        if is_pattern(name):
+            validate_pattern("queues", name)
         queues[name] = priority
     return queues
 
@@ -202,7 +205,8 @@ class QueuesType(_QueuesParam):
     "--queue-concurrency",
     type=LimitsType(),
     metavar="NAME=N,...",
-    help="Fleet-wide limit of running tasks per queue, e.g. partner=2.",
+    help="Fleet-wide limit of running tasks per queue, e.g. partner=2; a NAME pattern "
+    "(tenant:*=1) limits each matching queue.",
 )
 @click.option(
     "--local-queue-concurrency",
