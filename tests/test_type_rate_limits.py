@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from redis.asyncio import Redis
 
-from asyncq import Client, ServeMux, Server, Task
+from asyncq import Client, Inspector, ServeMux, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.typerate import take_type_tokens
@@ -58,6 +58,11 @@ async def test_bucket_gives_burst_then_reserves_short_waits_then_refuses(redis: 
     )
     assert more == [] and 2 * iv < next_wait <= 3 * iv
     assert await redis.exists(keys.type_rate_key("t")) == 1
+    async with Inspector(redis) as insp:
+        assert await insp.type_rate("t") == ("3/3s", 0)  # burst 3, one token a second
+        assert await insp.type_rate("other") is None
+        with pytest.raises(ValueError, match="holds"):
+            await insp.type_rate("a{b}")
 
 
 async def test_limited_type_waits_without_using_a_retry_and_other_types_do_not(
