@@ -289,9 +289,15 @@ class Client:
         batch: list[BatchItem | PendingItem] = []
         # per written item: its index in results, and its Composed or its hot-path parts
         pending: list[tuple[int, Composed | None, _Fast | None]] = []
-        for item in tasks:
+        items = tasks if isinstance(tasks, list | tuple) else list(tasks)
+        # the key of a task with no options of its own, the usual batch item
+        bare_key = None if call_key is None else ((), call_key)
+        for item in items:
             try:
-                key = templates.key(item, call_key) if isinstance(item, Task) else None
+                if isinstance(item, Task):
+                    key = bare_key if not item.options else templates.key(item, call_key)
+                else:
+                    key = None
                 template = None if key is None else templates.get(key)
                 if template is not None:
                     assert isinstance(item, Task)

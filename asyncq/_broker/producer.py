@@ -106,12 +106,6 @@ class _Call:
         if index is not None:
             self.ids.append(str(args[ID_ARG[script.name]]))
 
-    def add(self, index: int, item: PendingItem, task_key: str) -> None:
-        self.indices.append(index)
-        self.ids.append(item.task_id)
-        self.keys.append(task_key)
-        self.args += (item.task_id, item.data)
-
     @property
     def first_id(self) -> str:
         return self.ids[0]
@@ -224,11 +218,19 @@ class ProducerWrites(BrokerBase):
         for i, item in enumerate(items):
             try:
                 if isinstance(item, PendingItem):
+                    tid = item.task_id
+                    if not tid or "{" in tid or "}" in tid:
+                        keys.refuse_braces("task ID", tid)
+                        raise ValueError(f"task in queue {item.queue!r} has no id")
                     if run is None or run.qk.name != item.queue or len(run.indices) >= MANY_CHUNK:
                         qk = self._queues.get(item.queue) or self._q(item.queue)
                         run = _Call(_ENQUEUE_MANY, [qk.pending], [now_ns, qk.wakeup, qk.name], qk)
                         calls.append(run)
-                    run.add(i, item, self._task_key(run.qk, item.task_id))
+                    # _Call.add, inlined: this loop runs once per task of a batch
+                    run.indices.append(i)
+                    run.ids.append(tid)
+                    run.keys.append(run.qk.task_prefix + tid)
+                    run.args += (tid, item.data)
                     continue
                 run = None
                 script, keys_, args, qk = self._plan(item, now_s, now_ns)
@@ -267,8 +269,10 @@ class ProducerWrites(BrokerBase):
                 outcomes = (
                     reply if isinstance(reply, list) else [reply] * len(c.indices)
                 )  # an error reply fails each task of the call
+                check = self.replication is not None
                 for i, tid, outcome in zip(c.indices, c.ids, outcomes, strict=True):
-                    results[i] = self._outcome(outcome, c, tid, items[i], waited)
+                    if outcome != 1 or check:  # 1: written, the common case
+                        results[i] = self._outcome(outcome, c, tid, items[i], waited)
             else:
                 i = c.indices[0]
                 results[i] = self._outcome(reply, c, c.first_id, items[i], waited)
@@ -299,13 +303,6 @@ class ProducerWrites(BrokerBase):
             except (ResponseError, ReplicationTimeoutError) as exc:
                 return exc
         return None
-
-    @staticmethod
-    def _task_key(qk: QueueKeys, task_id: str) -> str:
-        if not task_id:
-            raise ValueError(f"task in queue {qk.name!r} has no id")
-        keys.refuse_braces("task ID", task_id)
-        return qk.task_prefix + task_id
 
     def _plan(
         self, item: BatchItem, now_s: int, now_ns: int

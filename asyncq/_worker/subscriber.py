@@ -31,6 +31,7 @@ from redis.exceptions import NoPermissionError
 from asyncq import _keys as keys
 from asyncq._logging import Backoff, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS
+from asyncq._redis.pubsub import FastPubSubClient
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.roles import Role, RoleDeps
 from asyncq.errors import TaskCanceledError
@@ -51,7 +52,7 @@ class Subscriber(Role):
         *,
         active: ActiveTasks,
         wakeup: asyncio.Event,
-        pubsub: Callable[[], Awaitable[Redis]],
+        pubsub: Callable[[], Awaitable[Redis | FastPubSubClient]],
     ) -> None:
         super().__init__(deps)
         self.active = active
