@@ -162,6 +162,16 @@ def rate_key(qname: str) -> str:
     return f"asynq:{{{qname}}}:asyncq:rate"
 
 
+def type_rate_key(task_type: str) -> str:
+    """asyncq-only HASH: a task type's rate-limit bucket (tat, interval, burst), fleet-wide.
+
+    Not under any queue's hash tag (a type may go to many queues): its own slot,
+    read and written by one script call per task of a rate-limited type. Go asynq
+    never reads it.
+    """
+    return f"asyncq:typerate:{{{task_type}}}"
+
+
 def processed_total_key(qname: str) -> str:
     """All-time processed counter (successes and failures)."""
     return f"asynq:{{{qname}}}:processed"

@@ -387,6 +387,19 @@ class Inspector:
 
     # -- flow control --------------------------------------------------------------------
 
+    async def type_rate(self, task_type: str) -> tuple[str, int] | None:
+        """``(rate, tokens now)`` of *task_type*'s fleet-wide rate limit, e.g.
+        ``("600/min", 412)``: the rate last written by a worker with
+        ``type_rate_limits`` and the tasks of the type that may start now (by
+        Redis time). None when no worker took a token of the type in the last
+        hour (the bucket expires an hour after it was last full).
+        """
+        if not isinstance(task_type, str) or not task_type:
+            raise ValueError(f"task type must be a non-empty string, got {task_type!r}")
+        keys.refuse_braces("task type", task_type)
+        bucket = await self._rdb.type_rate(task_type)
+        return None if bucket is None else (_rate_text(bucket[0], bucket[1]), bucket[2])
+
     async def limit(self, queue: str) -> int | None:
         """The fleet-wide concurrency limit stored for *queue*, or None when unset."""
         await self._require_queue(queue)

@@ -307,9 +307,14 @@ class InspectBroker:
 
     async def queue_rate(self, qname: str) -> tuple[int, int, int] | None:
         """``(burst, period µs, tokens now)`` of the queue's rate bucket, None when absent."""
-        tat, interval, burst = await self._r.hmget(
-            keys.rate_key(qname), ["tat", "interval", "burst"]
-        )
+        return await self._bucket(keys.rate_key(qname))
+
+    async def type_rate(self, task_type: str) -> tuple[int, int, int] | None:
+        """``(burst, period µs, tokens now)`` of a task type's rate bucket, None when absent."""
+        return await self._bucket(keys.type_rate_key(task_type))
+
+    async def _bucket(self, key: str) -> tuple[int, int, int] | None:
+        tat, interval, burst = await self._r.hmget(key, ["tat", "interval", "burst"])
         if tat is None or interval is None or burst is None:
             return None
         sec, usec = await self._r.time()

@@ -98,7 +98,7 @@ class Heartbeater(PeriodicRole):
             pid=server.pid,
             server_id=server.server_id,
             concurrency=cfg.concurrency,
-            queues=dict(cfg.queues),
+            queues=dict(self.queues.priorities),  # concrete names, never patterns
             strict_priority=cfg.strict_priority,
             status=self._status(),
             start_time=self._started_at(),

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from asyncq._worker.queueset import is_pattern, validate_pattern
 from asyncq.cli._app import CliError
 from asyncq.cli._commands import queue, with_inspector
 from asyncq.inspector import Inspector
@@ -31,6 +32,8 @@ def parse_limits(text: str) -> dict[str, int]:
             raise ValueError(f"limit of queue {name!r} must be 0 or more, got {value}")
         if name in limits:
             raise ValueError(f"queue {name!r} is listed twice")
+        if is_pattern(name):
+            validate_pattern("limits", name)
         limits[name] = value
     return limits
 
