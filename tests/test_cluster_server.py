@@ -266,5 +266,9 @@ async def test_patterns_and_type_rates_on_a_cluster(
             await client.enqueue_many([Task("tick", b"", queue=name, max_retry=0)] * 2)
         await wait_until(lambda: len(seen) == 6, within=60, what="tasks of every tenant queue")
         assert sorted(server.served_queues) == sorted(names)
+        async with Inspector(rc) as insp:  # the server's record and the bucket, each on its node
+            (info,) = await insp.type_rates()
+            assert (info.task_type, info.rate, info.servers) == ("tick", "2/s", {"2/s": 1})
+            assert info.tokens is not None and info.limited == server.stats.type_rate_limited
     assert Counter(q for q, _ in seen) == dict.fromkeys(names, 2)
     assert {r for _, r in seen} == {0}

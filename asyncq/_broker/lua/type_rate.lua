@@ -1,6 +1,7 @@
 -- asyncq per-task-type rate limit: take up to ARGV[4] tokens of a GCRA bucket,
 -- each available now or within a short wait.
--- KEYS[1] the type's bucket, asyncq:typerate:{<type>} (a hash: tat, interval, burst)
+-- KEYS[1] the type's bucket, asyncq:typerate:{<type>} (a hash: tat, interval, burst,
+--         limited: tokens refused so far, what the Inspector shows as held back)
 -- ARGV[1] interval between two tokens, microseconds
 -- ARGV[2] burst: tokens the bucket holds
 -- ARGV[3] the longest wait to reserve, microseconds
@@ -34,7 +35,13 @@ end
 out[1] = n
 if n > 0 then
     redis.call("HSET", KEYS[1], "tat", string.format("%.0f", tat), "interval", iv, "burst", burst)
-    -- Kept an hour past a full bucket, like the queue buckets.
-    redis.call("PEXPIRE", KEYS[1], math.ceil((tat - now) / 1000) + 3600000)
 end
+if n < want then
+    -- The refused tasks go back to the retry set: counted here, in the call that
+    -- refuses them, so seeing how many a rate holds back costs no extra command.
+    redis.call("HINCRBY", KEYS[1], "limited", want - n)
+end
+-- Kept an hour past a full bucket, like the queue buckets. (n = 0 means the stored
+-- tat is ahead of now, so the bucket exists and this refreshes its expiry.)
+redis.call("PEXPIRE", KEYS[1], math.ceil((tat - now) / 1000) + 3600000)
 return out
