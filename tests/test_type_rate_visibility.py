@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from datetime import timedelta
 
 import pytest
+from click.testing import CliRunner, Result
 from redis.asyncio import Redis
 
 from asyncq import Client, Inspector, ServeMux, Server, Task, TypeRateInfo
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.typerate import take_type_tokens
+from asyncq.cli import main
 from asyncq.proto.asynq import ServerInfo as ServerInfoProto
 from tests.workers.support import FAST, wait_until
 
@@ -112,3 +116,51 @@ async def test_type_rate_refuses_bad_names(redis: Redis) -> None:
             await insp.type_rate("")
         with pytest.raises(ValueError, match="holds"):
             await insp.type_rate("a}b")
+
+
+async def _cli(redis_url: str, *args: str) -> Result:
+    runner = CliRunner(env={"COLUMNS": "80", "ASYNCQ_REDIS_URL": None})
+    return await asyncio.to_thread(runner.invoke, main, ["-u", redis_url, *args])
+
+
+async def test_cli_typerate_ls_and_inspect(redis: Redis, redis_url: str) -> None:
+    res = await _cli(redis_url, "typerate", "ls")
+    assert res.exit_code == 0 and "No task type rate limits" in res.output
+    broker = Broker(redis)
+    for sid, rate in (("a", "1/min"), ("b", "2/min")):
+        info = ServerInfoProto(host="h", pid=1, server_id=sid, concurrency=1)
+        await broker.write_server_state(
+            info, [], 10, type_rates={"api:partner": rate, "mail": "100/s"}
+        )
+    # burst 1, one a minute: the first token taken, the next two refused.
+    await take_type_tokens(broker, "api:partner", 3, interval_us=60_000_000, burst=1, max_wait_us=0)
+
+    res = await _cli(redis_url, "typerate", "ls")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["Type", "Rate", "Tokens", "Put", "back", "Servers"]
+    partner = next(line for line in lines if line.startswith("api:partner"))
+    assert "1/min" in partner and "0 (next in" in partner and " 2 " in partner
+    assert "1 at 1/min, 1 at 2/min" in partner
+    mail = next(line for line in lines if line.startswith("mail"))
+    assert mail.split()[:4] == ["mail", "100/s", "-", "0"] and "2 at 100/s" in mail
+    assert "disagree on the rate of 'api:partner': 1/min, 2/min" in res.stderr
+    assert all(len(line) <= 80 for line in lines)
+
+    res = await _cli(redis_url, "typerate", "ls", "--json")
+    rows = json.loads(res.stdout)
+    assert [r["task_type"] for r in rows] == ["api:partner", "mail"]
+    assert rows[0]["limited"] == 2 and rows[0]["tokens"] == 0 and rows[0]["per_second"] == 1 / 60
+    assert 0 < rows[0]["next_token"] <= 60
+    assert rows[1]["servers"] == {"100/s": 2} and rows[1]["tokens"] is None
+
+    res = await _cli(redis_url, "typerate", "inspect", "mail", "nosuch", "api:partner")
+    assert res.exit_code == 1
+    assert "Task type: mail" in res.stdout and "Task type: api:partner" in res.stdout
+    assert "Put back by the rate: 2" in res.stdout
+    assert "error: task type 'nosuch' has no rate limit" in res.stderr
+
+    res = await _cli(redis_url, "typerate", "inspect", "mail", "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)[0]["rate"] == "100/s"
+    res = await _cli(redis_url, "typerate", "inspect", "a{b}")
+    assert res.exit_code == 1 and "holds" in res.stderr
