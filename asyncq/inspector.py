@@ -129,6 +129,11 @@ class QueueInfo:
     ordered: bool = False
     """asyncq: the queue is ordered (:meth:`Inspector.set_ordered`)."""
 
+    @property
+    def rate_per_second(self) -> float | None:
+        """asyncq: :attr:`rate_limit` in tasks per second (``"600/min"`` is 10.0)."""
+        return None if self.rate_limit is None else _per_second(self.rate_limit)
+
 
 @dataclass(frozen=True, slots=True)
 class DailyStats:

@@ -126,14 +126,7 @@ async def _cli(redis_url: str, *args: str) -> Result:
 async def test_cli_typerate_ls_and_inspect(redis: Redis, redis_url: str) -> None:
     res = await _cli(redis_url, "typerate", "ls")
     assert res.exit_code == 0 and "No task type rate limits" in res.output
-    broker = Broker(redis)
-    for sid, rate in (("a", "1/min"), ("b", "2/min")):
-        info = ServerInfoProto(host="h", pid=1, server_id=sid, concurrency=1)
-        await broker.write_server_state(
-            info, [], 10, type_rates={"api:partner": rate, "mail": "100/s"}
-        )
-    # burst 1, one a minute: the first token taken, the next two refused.
-    await take_type_tokens(broker, "api:partner", 3, interval_us=60_000_000, burst=1, max_wait_us=0)
+    await _seed_fleet(redis)
 
     res = await _cli(redis_url, "typerate", "ls")
     assert res.exit_code == 0, res.output
@@ -164,3 +157,40 @@ async def test_cli_typerate_ls_and_inspect(redis: Redis, redis_url: str) -> None
     assert res.exit_code == 0 and json.loads(res.stdout)[0]["rate"] == "100/s"
     res = await _cli(redis_url, "typerate", "inspect", "a{b}")
     assert res.exit_code == 1 and "holds" in res.stderr
+
+
+async def _seed_fleet(redis: Redis) -> None:
+    """Two servers that disagree on api:partner; its bucket refused two tasks."""
+    broker = Broker(redis)
+    for sid, rate in (("a", "1/min"), ("b", "2/min")):
+        info = ServerInfoProto(host="h", pid=1, server_id=sid, concurrency=1)
+        await broker.write_server_state(
+            info, [], 30, type_rates={"api:partner": rate, "mail": "100/s"}
+        )
+    await take_type_tokens(broker, "api:partner", 3, interval_us=60_000_000, burst=1, max_wait_us=0)
+
+
+async def test_metrics_show_type_and_queue_rates(redis: Redis) -> None:
+    from asyncq.metrics import collect_queue_metrics, render
+
+    await _seed_fleet(redis)
+    async with Client(redis) as client:
+        await client.enqueue(Task("x", b"", queue="paced"))
+        await client.enqueue(Task("x", b"", queue="plain"))
+    # A queue bucket as workers with rate_limits={"paced": "50/s"} write it.
+    await redis.hset(keys.rate_key("paced"), mapping={"tat": 0, "interval": 20_000, "burst": 50})
+    async with Inspector(redis) as insp:
+        await insp.set_ordered("plain", True)
+        text = render(await collect_queue_metrics(insp)).decode()
+    assert 'asyncq_type_rate_limit_per_second{task_type="api:partner"} 0.0166' in text
+    assert 'asyncq_type_rate_limit_per_second{task_type="mail"} 100.0' in text
+    assert 'asyncq_type_rate_tokens{task_type="api:partner"} 0.0' in text
+    assert 'asyncq_type_rate_limited_total{task_type="api:partner"} 2.0' in text
+    assert 'asyncq_type_rate_tokens{task_type="mail"}' not in text  # no bucket yet
+    assert 'asyncq_type_rate_servers{rate="1/min",task_type="api:partner"} 1.0' in text
+    assert 'asyncq_type_rate_servers{rate="100/s",task_type="mail"} 2.0' in text
+    assert 'asyncq_queue_rate_limit_per_second{queue="paced"} 50.0' in text
+    assert 'asyncq_queue_rate_tokens{queue="paced"} 50.0' in text
+    assert 'asyncq_queue_rate_limit_per_second{queue="plain"}' not in text
+    assert 'asyncq_queue_ordered{queue="plain"} 1.0' in text
+    assert 'asyncq_queue_ordered{queue="paced"} 0.0' in text
