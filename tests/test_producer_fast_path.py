@@ -193,3 +193,28 @@ async def test_concurrent_callers_share_writes_and_each_gets_its_reply(
         assert await conn.redis.llen(keys.pending_key("default")) == 500
     finally:
         await conn.aclose()
+
+
+def test_task_ids_are_uuid4_and_a_forked_child_makes_its_own() -> None:
+    import os
+    import uuid
+
+    from asyncq._compose import new_task_id
+
+    ids = [new_task_id() for _ in range(3000)]
+    assert len(set(ids)) == 3000
+    for text in ids[:600]:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+    new_task_id()  # the pool now holds ids a child would inherit
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(write, " ".join(new_task_id() for _ in range(300)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as f:
+        child = set(f.read().split())
+    parent = {new_task_id() for _ in range(300)}
+    assert len(child) == 300 and not child & parent
