@@ -196,7 +196,8 @@ async def test_concurrent_callers_share_writes_and_each_gets_its_reply(
 
 
 def test_task_ids_are_uuid4_and_a_forked_child_makes_its_own() -> None:
-    import os
+    import subprocess
+    import sys
     import uuid
 
     from asyncq._compose import new_task_id
@@ -206,15 +207,23 @@ def test_task_ids_are_uuid4_and_a_forked_child_makes_its_own() -> None:
     for text in ids[:600]:
         parsed = uuid.UUID(text)
         assert str(parsed) == text and parsed.version == 4 and parsed.variant == uuid.RFC_4122
-    new_task_id()  # the pool now holds ids a child would inherit
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.write(write, " ".join(new_task_id() for _ in range(300)).encode())
-        os._exit(0)
-    os.close(write)
-    os.waitpid(pid, 0)
-    with os.fdopen(read) as f:
-        child = set(f.read().split())
-    parent = {new_task_id() for _ in range(300)}
-    assert len(child) == 300 and not child & parent
+    # The fork happens in a fresh single-threaded interpreter (pytest's process has threads).
+    script = (
+        "import os\n"
+        "from asyncq._compose import new_task_id\n"
+        "new_task_id()  # the pool now holds ids a child would inherit\n"
+        "read, write = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.write(write, ' '.join(new_task_id() for _ in range(300)).encode())\n"
+        "    os._exit(0)\n"
+        "os.close(write)\n"
+        "os.waitpid(pid, 0)\n"
+        "child = os.read(read, 1 << 16).decode().split()\n"
+        "parent = [new_task_id() for _ in range(300)]\n"
+        "print(len(set(child)), len(set(child) & set(parent)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    assert out == ["300", "0"]
