@@ -193,3 +193,37 @@ async def test_concurrent_callers_share_writes_and_each_gets_its_reply(
         assert await conn.redis.llen(keys.pending_key("default")) == 500
     finally:
         await conn.aclose()
+
+
+def test_task_ids_are_uuid4_and_a_forked_child_makes_its_own() -> None:
+    import subprocess
+    import sys
+    import uuid
+
+    from asyncq._compose import new_task_id
+
+    ids = [new_task_id() for _ in range(3000)]
+    assert len(set(ids)) == 3000
+    for text in ids[:600]:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+    # The fork happens in a fresh single-threaded interpreter (pytest's process has threads).
+    script = (
+        "import os\n"
+        "from asyncq._compose import new_task_id\n"
+        "new_task_id()  # the pool now holds ids a child would inherit\n"
+        "read, write = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.write(write, ' '.join(new_task_id() for _ in range(300)).encode())\n"
+        "    os._exit(0)\n"
+        "os.close(write)\n"
+        "os.waitpid(pid, 0)\n"
+        "child = os.read(read, 1 << 16).decode().split()\n"
+        "parent = [new_task_id() for _ in range(300)]\n"
+        "print(len(set(child)), len(set(child) & set(parent)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    assert out == ["300", "0"]
