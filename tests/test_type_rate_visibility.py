@@ -153,6 +153,12 @@ async def test_cli_typerate_ls_and_inspect(redis: Redis, redis_url: str) -> None
     assert "Put back by the rate: 2" in res.stdout
     assert "error: task type 'nosuch' has no rate limit" in res.stderr
 
+    res = await _cli(redis_url, "server", "ls")
+    assert "h:1 type rates: api:partner 1/min, mail 100/s" in res.stdout
+    assert "h:1 type rates: api:partner 2/min, mail 100/s" in res.stdout
+    data = json.loads((await _cli(redis_url, "server", "ls", "--json")).stdout)
+    assert sorted(s["type_rate_limits"]["api:partner"] for s in data) == ["1/min", "2/min"]
+
     res = await _cli(redis_url, "typerate", "inspect", "mail", "--json")
     assert res.exit_code == 0 and json.loads(res.stdout)[0]["rate"] == "100/s"
     res = await _cli(redis_url, "typerate", "inspect", "a{b}")
