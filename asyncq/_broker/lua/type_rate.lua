@@ -35,13 +35,14 @@ end
 out[1] = n
 if n > 0 then
     redis.call("HSET", KEYS[1], "tat", string.format("%.0f", tat), "interval", iv, "burst", burst)
+    -- Kept an hour past a full bucket, like the queue buckets.
+    redis.call("PEXPIRE", KEYS[1], math.ceil((tat - now) / 1000) + 3600000)
 end
 if n < want then
     -- The refused tasks go back to the retry set: counted here, in the call that
     -- refuses them, so seeing how many a rate holds back costs no extra command.
+    -- n = 0 happens only when the stored tat is ahead of now, so the bucket exists
+    -- and keeps the expiry its last taker set (tat is unchanged).
     redis.call("HINCRBY", KEYS[1], "limited", want - n)
 end
--- Kept an hour past a full bucket, like the queue buckets. (n = 0 means the stored
--- tat is ahead of now, so the bucket exists and this refreshes its expiry.)
-redis.call("PEXPIRE", KEYS[1], math.ceil((tat - now) / 1000) + 3600000)
 return out
