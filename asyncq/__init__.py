@@ -48,6 +48,7 @@ from asyncq.inspector import (
     SchedulerEnqueueEvent,
     SchedulerEntry,
     ServerInfo,
+    TypeRateInfo,
     WorkerInfo,
 )
 from asyncq.lifespan import lifespan_state
@@ -138,6 +139,7 @@ __all__ = [
     "TaskOptions",
     "TaskResultError",
     "TaskState",
+    "TypeRateInfo",
     "TypedTask",
     "WorkerHooks",
     "WorkerInfo",

@@ -12,9 +12,16 @@ the tests check this codec against betterproto2 on random messages.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from asyncq.proto.asynq import TaskMessage
 
-__all__ = ["decode_task_message", "encode_task_message"]
+__all__ = [
+    "decode_task_message",
+    "encode_task_head",
+    "encode_task_headers",
+    "encode_task_message",
+]
 
 _STR_FIELDS = {1: "type", 3: "id", 4: "queue", 7: "error_msg", 10: "unique_key", 14: "group_key"}
 _INT_FIELDS = {
@@ -111,11 +118,20 @@ def decode_task_message(data: bytes) -> TaskMessage:
     try:
         while pos < end:
             start = pos
-            tag, pos = _read_varint(data, pos)
+            # Tags, lengths and most ints are one byte: read those inline (the hot path).
+            tag = data[pos]
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = _read_varint(data, pos)
             field = tag >> 3
             wire_type = tag & 7
             if wire_type == 2 and (field in _STR_FIELDS or field in (2, 15)):
-                length, pos = _read_varint(data, pos)
+                length = data[pos]
+                if length < 0x80:
+                    pos += 1
+                else:
+                    length, pos = _read_varint(data, pos)
                 chunk = data[pos : pos + length]
                 if len(chunk) != length:
                     raise ValueError("truncated field in TaskMessage")
@@ -128,8 +144,13 @@ def decode_task_message(data: bytes) -> TaskMessage:
                 else:
                     fields[_STR_FIELDS[field]] = chunk.decode()
             elif wire_type == 0 and field in _INT_FIELDS:
-                value, pos = _read_varint(data, pos)
-                fields[_INT_FIELDS[field]] = _signed(value, field)
+                value = data[pos]
+                if value < 0x80:
+                    pos += 1
+                    fields[_INT_FIELDS[field]] = value  # small and non-negative as it stands
+                else:
+                    value, pos = _read_varint(data, pos)
+                    fields[_INT_FIELDS[field]] = _signed(value, field)
             else:
                 if field == 0:
                     raise ValueError("invalid field number 0 in TaskMessage")
@@ -137,6 +158,8 @@ def decode_task_message(data: bytes) -> TaskMessage:
                 if pos > end:
                     raise ValueError("truncated unknown field in TaskMessage")
                 unknown += data[start:pos]
+    except IndexError:  # a one-byte read past the end
+        raise ValueError("truncated varint in TaskMessage") from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"invalid UTF-8 in TaskMessage string field: {exc}") from None
     msg = TaskMessage(**fields, headers=headers)  # type: ignore[arg-type]
@@ -181,11 +204,37 @@ def encode_task_message(msg: TaskMessage) -> bytes:
         append(b"\x68" + _varint(msg.completed_at))
     if msg.group_key:
         append(_len_field(0x72, msg.group_key.encode()))
-    for key, value in msg.headers.items():
-        # Map entries always carry both key and value, as protobuf-go writes them.
-        entry = _len_field(0x0A, key.encode()) + _len_field(0x12, value.encode())
-        append(_len_field(0x7A, entry))
+    if msg.headers:
+        append(encode_task_headers(msg.headers))
     unknown = getattr(msg, "_unknown_fields", b"")
     if unknown:
         append(bytes(unknown))
+    return b"".join(parts)
+
+
+def encode_task_head(task_type: str, payload: bytes, task_id: str) -> bytes:
+    """Fields 1-3 (type, payload, id) as :func:`encode_task_message` writes them.
+
+    A message is its head, then fields 4-14, then its headers, so a producer
+    that keeps fields 4-14 fixed encodes them once and joins the parts.
+    """
+    tb = task_type.encode()
+    ib = task_id.encode()
+    n, m = len(tb), len(ib)
+    head = (b"\x0a" + (bytes((n,)) if n < 0x80 else _varint(n)) + tb) if n else b""
+    if payload:
+        p = len(payload)
+        head += b"\x12" + (bytes((p,)) if p < 0x80 else _varint(p)) + payload
+    if m:
+        head += b"\x1a" + (bytes((m,)) if m < 0x80 else _varint(m)) + ib
+    return head
+
+
+def encode_task_headers(headers: Mapping[str, str]) -> bytes:
+    """Field 15 (the headers map) as :func:`encode_task_message` writes it."""
+    parts = []
+    for key, value in headers.items():
+        # Map entries always carry both key and value, as protobuf-go writes them.
+        entry = _len_field(0x0A, key.encode()) + _len_field(0x12, value.encode())
+        parts.append(_len_field(0x7A, entry))
     return b"".join(parts)

@@ -40,6 +40,7 @@ __all__ = [
     "scheduler_entries_key",
     "scheduler_history_key",
     "server_info_key",
+    "server_type_rates_key",
     "task_key",
     "task_key_prefix",
     "unique_key",
@@ -162,6 +163,19 @@ def rate_key(qname: str) -> str:
     return f"asynq:{{{qname}}}:asyncq:rate"
 
 
+def type_rate_key(task_type: str) -> str:
+    """asyncq-only HASH: a task type's rate-limit bucket (tat, interval, burst), fleet-wide.
+
+    Also ``limited``: tokens refused (tasks put back to the retry set) since the
+    bucket was created; the bucket expires an hour after it was last full.
+
+    Not under any queue's hash tag (a type may go to many queues): its own slot,
+    read and written by one script call per task of a rate-limited type. Go asynq
+    never reads it.
+    """
+    return f"asyncq:typerate:{{{task_type}}}"
+
+
 def processed_total_key(qname: str) -> str:
     """All-time processed counter (successes and failures)."""
     return f"asynq:{{{qname}}}:processed"
@@ -232,6 +246,16 @@ def server_info_key(host: str, pid: int, server_id: str) -> str:
 def workers_key(host: str, pid: int, server_id: str) -> str:
     """HASH task ID -> WorkerInfo protobuf for one server."""
     return f"asynq:workers:{{{host}:{pid}:{server_id}}}"
+
+
+def server_type_rates_key(host: str, pid: int, server_id: str) -> str:
+    """asyncq-only HASH task type -> rate (``"600/min"``): a live server's ``type_rate_limits``.
+
+    Written with the server's heartbeat and the same TTL, in the server's slot
+    (same hash tag as its asynq records), so the Inspector can list every type
+    rate the fleet configures. Go asynq never reads it.
+    """
+    return f"asyncq:server_type_rates:{{{host}:{pid}:{server_id}}}"
 
 
 def scheduler_entries_key(scheduler_id: str) -> str:

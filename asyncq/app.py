@@ -36,10 +36,11 @@ from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 import anyio.to_thread
 from typing_extensions import Unpack
 
+from asyncq._compose import compose
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._serde import ArgumentsCodec, ResultCodec, TaskArgumentError, TaskResultError
-from asyncq.client import Client, _compose
+from asyncq.client import Client
 from asyncq.errors import SkipRetry
 from asyncq.lifespan import lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter
@@ -459,7 +460,7 @@ class App(Generic[S]):
             if type_name in self.tasks:
                 raise ValueError(f"a task named {type_name!r} is already registered")
             # The option values are checked now, as an enqueue would check them.
-            _compose(Task(type_name, b"", **options), [], datetime.now(UTC))
+            compose(Task(type_name, b"", **options), [], datetime.now(UTC))
             typed: TypedTask[Any, Any] = TypedTask(self, func, type_name, options)
             self.mux.handle(type_name, typed.serve)
             self.tasks[type_name] = typed

@@ -2,267 +2,38 @@
 
 from __future__ import annotations
 
-import os
 import types
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
 from typing_extensions import Unpack
 
-from asyncq import _keys as keys
-from asyncq._broker import BatchItem, Broker
+from asyncq._broker import BatchItem, Broker, PendingItem
 from asyncq._broker.replication import replica_wait_seconds
+from asyncq._compose import (
+    DEFAULT_MAX_RETRY,
+    DEFAULT_QUEUE,
+    DEFAULT_TIMEOUT,
+    Composed,
+    Plain,
+    Templates,
+    check_option_names,
+    compose,
+    info_of,
+)
 from asyncq._logging import is_debug_enabled
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisClient, RedisTarget
-from asyncq._suggest import ENQUEUE_OPTION_ALIASES, suggest
-from asyncq._time import require_aware, to_unix
-from asyncq.proto.asynq import TaskMessage
 from asyncq.results import DEFAULT_POLL_INTERVAL, ResultWaiter, seconds
-from asyncq.retry import DEFAULT_RETRY, RetryPolicy, write_with_retry
-from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState
+from asyncq.retry import DEFAULT_RETRY, RetryPolicy, Written, is_retryable, write_with_retry
+from asyncq.task import EnqueueOptions, Task, TaskInfo
 
 __all__ = ["DEFAULT_MAX_RETRY", "DEFAULT_QUEUE", "DEFAULT_TIMEOUT", "Client"]
 
-DEFAULT_MAX_RETRY = 25
-"""Retries a task gets when ``max_retry`` is not given (asynq's default)."""
-DEFAULT_QUEUE = "default"
-"""Queue used when ``queue`` is not given."""
-DEFAULT_TIMEOUT = timedelta(minutes=30)
-"""Timeout stored when neither ``timeout`` nor ``deadline`` is given."""
-
-_MAX_INT32 = 2**31 - 1
-_SECOND = timedelta(seconds=1)
-_OPTION_NAMES = frozenset(EnqueueOptions.__annotations__)
 
 log = structlog.get_logger("asyncq")
-
-
-@dataclass(slots=True)
-class _Composed:
-    """A task message ready for the broker, and where it goes."""
-
-    message: TaskMessage
-    state: TaskState
-    process_at: datetime  # when it becomes ready; == now for pending/aggregating
-    unique_ttl: int | None  # the unique lock's whole TTL in seconds; None: no lock
-    group: str | None
-
-    def batch_item(self) -> BatchItem:
-        """This task as a :class:`BatchItem`, routed exactly as :meth:`Client.enqueue` routes it."""
-        return BatchItem(
-            self.message,
-            process_at=self.process_at if self.state is TaskState.SCHEDULED else None,
-            unique_ttl=self.unique_ttl,
-            group=self.group if self.state is TaskState.AGGREGATING else None,
-        )
-
-
-# The RFC 4122 variant nibble (10xx) for each random hex digit, as uuid.uuid4() sets it.
-_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
-
-
-def _new_task_id() -> str:
-    """A random UUID4 in its canonical text form (what ``str(uuid.uuid4())`` gives, 3x faster)."""
-    h = os.urandom(16).hex()
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
-
-
-def _check_option_names(options: Mapping[str, object], where: str) -> None:
-    if options.keys() <= _OPTION_NAMES:
-        return
-    unknown = sorted(set(options) - _OPTION_NAMES)
-    if unknown:
-        hints = [
-            f"{name!r}: did you mean {near!r}?"
-            for name in unknown
-            if (near := suggest(name, _OPTION_NAMES, ENQUEUE_OPTION_ALIASES))
-        ]
-        raise TypeError(
-            f"unknown enqueue option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-            f"in {where}{' (' + '; '.join(hints) + ')' if hints else ''} "
-            f"(known: {', '.join(sorted(_OPTION_NAMES))})"
-        )
-
-
-def _merge(levels: Sequence[Mapping[str, object]]) -> dict[str, object]:
-    """Later levels win, key by key; None means "not set" at that level.
-
-    ``process_at`` and ``process_in`` are one setting: a level that gives
-    either replaces both from earlier levels, and giving both in one level is
-    an error (asynq silently lets the later one win).
-    """
-    merged: dict[str, object] = {}
-    for level in levels:
-        if not level:
-            continue
-        given = {k: v for k, v in level.items() if v is not None and k != "headers"}
-        if "process_at" in given and "process_in" in given:
-            raise ValueError("give process_at or process_in, not both")
-        if "process_at" in given or "process_in" in given:
-            merged.pop("process_at", None)
-            merged.pop("process_in", None)
-        merged.update(given)
-    return merged
-
-
-def _merge_headers(task: Task, levels: Sequence[Mapping[str, object]]) -> dict[str, str]:
-    headers = dict(task.headers)
-    for level in levels:
-        if not level:
-            continue
-        extra = level.get("headers")
-        if extra is None:
-            continue
-        if not isinstance(extra, Mapping):
-            raise TypeError(f"headers must be a mapping of str to str, got {type(extra).__name__}")
-        headers.update(extra)
-    for key, value in headers.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(
-                f"header keys and values must be str, got {type(key).__name__}: "
-                f"{type(value).__name__} for {key!r}"
-            )
-    return headers
-
-
-def _non_blank(opts: Mapping[str, object], name: str, message: str) -> str | None:
-    value = opts.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-    if not value.strip():
-        raise ValueError(message)
-    return value
-
-
-def _duration(opts: Mapping[str, object], name: str) -> timedelta | None:
-    value = opts.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, timedelta):
-        raise TypeError(f"{name} must be a datetime.timedelta, got {type(value).__name__}")
-    if value < timedelta(0):
-        raise ValueError(f"{name} cannot be negative, got {value!r}")
-    return value
-
-
-def _whole_seconds(value: timedelta) -> int:
-    """Whole seconds of a non-negative duration, exactly.
-
-    Integer division, not ``total_seconds()``: the float rounds values near
-    ``timedelta.max`` up past what a timedelta (and so TaskInfo) can hold.
-    Every timedelta fits asynq's int64 seconds this way.
-    """
-    return value // _SECOND
-
-
-def _instant(opts: Mapping[str, object], name: str) -> datetime | None:
-    value = opts.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, datetime):
-        raise TypeError(f"{name} must be a datetime.datetime, got {type(value).__name__}")
-    return require_aware(value, name)
-
-
-def _compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) -> _Composed:
-    """asynq's composeOptions + message construction + routing decision (spec section 1.3)."""
-    if not isinstance(task, Task):
-        raise TypeError(f"expected an asyncq Task, got {type(task).__name__}")
-    if not isinstance(task.type, str) or not task.type.strip():
-        raise ValueError("task typename cannot be empty")
-    levels = [task.options, *levels]
-    for i, level in enumerate(levels):
-        _check_option_names(level, "the task's options" if i == 0 else "the enqueue options")
-    opts = _merge(levels)
-    headers = _merge_headers(task, levels)
-
-    queue = _non_blank(opts, "queue", "queue name must contain one or more characters")
-    queue = DEFAULT_QUEUE if queue is None else queue
-    task_id = _non_blank(opts, "task_id", "task ID cannot be empty")
-    task_id = _new_task_id() if task_id is None else task_id
-    group = _non_blank(opts, "group", "group key cannot be empty")
-    keys.validate_queue_name(queue)
-    keys.refuse_braces("task ID", task_id)
-    if group is not None:
-        keys.refuse_braces("group", group)
-
-    max_retry = opts.get("max_retry", DEFAULT_MAX_RETRY)
-    if isinstance(max_retry, bool) or not isinstance(max_retry, int):
-        raise TypeError(f"max_retry must be an int, got {type(max_retry).__name__}")
-    if max_retry < 0:
-        # asynq clamps a negative MaxRetry to 0; a negative count is a bug, so say so.
-        raise ValueError(f"max_retry cannot be negative, got {max_retry}")
-    if max_retry > _MAX_INT32:
-        raise ValueError(f"max_retry must fit in 32 bits, got {max_retry}")
-
-    timeout = _duration(opts, "timeout")
-    if timeout is not None and timedelta(0) < timeout < timedelta(seconds=1):
-        # Stored as whole seconds: a sub-second timeout would become 0 = "no timeout".
-        raise ValueError(f"timeout must be at least 1s (asynq stores whole seconds), got {timeout}")
-    deadline = _instant(opts, "deadline")
-    if not timeout and deadline is None:
-        timeout = DEFAULT_TIMEOUT
-
-    unique = _duration(opts, "unique")
-    if unique is not None and unique < timedelta(seconds=1):
-        raise ValueError("Unique TTL cannot be less than 1s")
-    retention = _duration(opts, "retention")
-
-    process_at = _instant(opts, "process_at")
-    process_in = _duration(opts, "process_in")
-    if process_in is not None:
-        try:
-            process_at = now + process_in
-        except OverflowError:
-            raise ValueError(f"process_in is too far in the future: {process_in!r}") from None
-    if process_at is None:
-        process_at = now
-
-    message = TaskMessage(
-        type=task.type,
-        payload=b"" if task.payload is None else task.payload,
-        headers=headers,
-        id=task_id,
-        queue=queue,
-        retry=max_retry,
-        timeout=_whole_seconds(timeout) if timeout else 0,
-        deadline=to_unix(deadline) if deadline is not None else 0,
-        unique_key=keys.unique_key(queue, task.type, task.payload) if unique else "",
-        group_key=group or "",
-        retention=_whole_seconds(retention) if retention else 0,
-    )
-    if process_at > now:
-        state = TaskState.SCHEDULED  # scheduling wins over grouping, as in asynq
-    elif group is not None:
-        state = TaskState.AGGREGATING
-    else:
-        state = TaskState.PENDING
-    unique_ttl = None
-    if unique is not None:
-        # A scheduled task's lock lasts until it is due plus the uniqueness period (asynq).
-        try:
-            lock = process_at - now + unique if state is TaskState.SCHEDULED else unique
-        except OverflowError:
-            raise ValueError(
-                f"unique is too long for process_at {process_at}: {unique!r}"
-            ) from None
-        unique_ttl = _whole_seconds(lock)
-    return _Composed(message, state, process_at.astimezone(UTC), unique_ttl, group)
-
-
-def _info(c: _Composed, now: datetime) -> TaskInfo:
-    next_process_at = {
-        TaskState.PENDING: now,
-        TaskState.SCHEDULED: c.process_at,
-        TaskState.AGGREGATING: None,
-    }[c.state]
-    return TaskInfo.from_message(c.message, c.state, next_process_at)
 
 
 class Client:
@@ -292,7 +63,7 @@ class Client:
     to survive a failover. Not available on Redis Cluster.
     """
 
-    __slots__ = ("_closed", "_conn", "_owns_conn", "_waiter", "broker", "retry")
+    __slots__ = ("_closed", "_conn", "_owns_conn", "_templates", "_waiter", "broker", "retry")
 
     def __init__(
         self,
@@ -314,6 +85,7 @@ class Client:
             self._conn, self._owns_conn = Connection(redis), True
         self._closed = False
         self._waiter: ResultWaiter | None = None
+        self._templates = Templates()
         self.broker = Broker(
             self._conn.redis,
             fast=self._conn.fast,
@@ -392,12 +164,60 @@ class Client:
         """
         self._check_open()
         now = datetime.now(UTC)
-        c = _compose(task, [options], now)
+        templates = self._templates
+        key = templates.key(task, templates.call_key(options)) if isinstance(task, Task) else None
+        template = None if key is None else templates.get(key)
+        if template is None:
+            return await self._enqueue_composed(task, options, now, key)
+        # The hot path: a plain pending task whose option set was composed before.
+        plain = template.encode(task)
+        queue, task_id, data = template.queue, plain.task_id, plain.data
+        try:
+            await self.broker.write_pending(queue, task_id, data)
+        except BaseException as exc:
+            if self.retry is None or not is_retryable(exc):
+                raise
+            written = Written(task_id, queue, plain.task_type, data, "")
+            await write_with_retry(
+                self.retry,
+                self.redis,
+                written,
+                lambda: self.broker.write_pending(queue, task_id, data),
+                first_error=exc,
+            )
+        if is_debug_enabled(log):
+            log.debug(
+                "task enqueued",
+                task_id=task_id,
+                task_type=plain.task_type,
+                queue=queue,
+                state="pending",
+            )
+        return plain.info(now)
+
+    async def _enqueue_composed(
+        self, task: Task, options: Mapping[str, Any], now: datetime, key: object | None
+    ) -> TaskInfo:
+        """The general path: every option, through compose (which also teaches the template)."""
+        c = compose(task, [options], now)
         msg = c.message
         # The client describes the write; the broker plans and runs it (as for a batch).
         # The task id is fixed in msg: a retry after a lost reply finds its own task.
         item = c.batch_item()
-        await write_with_retry(self.retry, self.redis, msg, lambda: self.broker.write(item))
+        try:
+            await self.broker.write(item)
+        except BaseException as exc:
+            if self.retry is None or not is_retryable(exc):
+                raise
+            await write_with_retry(
+                self.retry,
+                self.redis,
+                Written.of(msg),
+                lambda: self.broker.write(item),
+                first_error=exc,
+            )
+        if key is not None:
+            self._templates.learn(key, c)
         if is_debug_enabled(log):
             log.debug(
                 "task enqueued",
@@ -406,7 +226,7 @@ class Client:
                 queue=msg.queue,
                 state=c.state.value,
             )
-        return _info(c, now)
+        return info_of(c, now)
 
     async def wait(
         self,
@@ -454,19 +274,39 @@ class Client:
         for the whole call, and then some items may have been written.
         """
         self._check_open()
-        _check_option_names(options, "the enqueue_many options")
+        check_option_names(options, "the enqueue_many options")
         now = datetime.now(UTC)
+        templates = self._templates
+        call_key = templates.call_key(options)
         results: list[TaskInfo | Exception | None] = []
-        batch: list[BatchItem] = []
-        pending: list[tuple[int, _Composed]] = []
-        for item in tasks:
+        batch: list[BatchItem | PendingItem] = []
+        # per written item: its index in results, and its Composed or its hot-path parts
+        pending: list[tuple[int, Composed | None, Plain | None]] = []
+        items = tasks if isinstance(tasks, list | tuple) else list(tasks)
+        # the key of a task with no options of its own, the usual batch item
+        bare_key = None if call_key is None else ((), call_key)
+        for item in items:
             try:
+                if isinstance(item, Task):
+                    key = bare_key if not item.options else templates.key(item, call_key)
+                else:
+                    key = None
+                template = None if key is None else templates.get(key)
+                if template is not None:
+                    assert isinstance(item, Task)
+                    plain = template.encode(item)
+                    batch.append(PendingItem(template.queue, plain.task_id, plain.data))
+                    pending.append((len(results), None, plain))
+                    results.append(None)  # filled in from the broker's outcome below
+                    continue
                 c = self._compose_batch_item(item, options, now)
+                if key is not None:
+                    templates.learn(key, c)
             except (TypeError, ValueError) as exc:
                 results.append(exc)
                 continue
-            pending.append((len(results), c))
-            results.append(None)  # filled in from the broker's outcome below
+            pending.append((len(results), c, None))
+            results.append(None)
             batch.append(c.batch_item())
         if batch:
             outcomes = await self.broker.enqueue_batch(batch)
@@ -474,8 +314,14 @@ class Client:
                 raise RuntimeError(
                     f"broker returned {len(outcomes)} results for a batch of {len(batch)}"
                 )
-            for (index, c), outcome in zip(pending, outcomes, strict=True):
-                results[index] = _info(c, now) if outcome is None else outcome
+            for (index, composed, parts), outcome in zip(pending, outcomes, strict=True):
+                if outcome is not None:
+                    results[index] = outcome
+                elif composed is not None:
+                    results[index] = info_of(composed, now)
+                else:
+                    assert parts is not None
+                    results[index] = parts.info(now)
         final = [r for r in results if r is not None]
         assert len(final) == len(results)
         if is_debug_enabled(log):
@@ -486,10 +332,10 @@ class Client:
     @staticmethod
     def _compose_batch_item(
         item: Task | tuple[Task, EnqueueOptions], common: EnqueueOptions, now: datetime
-    ) -> _Composed:
+    ) -> Composed:
         own: Mapping[str, Any] = {}
         if isinstance(item, tuple):
             if len(item) != 2 or not isinstance(item[1], Mapping):
                 raise TypeError("a batch item must be a Task or a (Task, options dict) pair")
             item, own = item
-        return _compose(item, [common, own], now)
+        return compose(item, [common, own], now)

@@ -68,6 +68,7 @@ __all__ = [
     "SchedulerEnqueueEvent",
     "SchedulerEntry",
     "ServerInfo",
+    "TypeRateInfo",
     "WorkerInfo",
 ]
 
@@ -128,6 +129,11 @@ class QueueInfo:
     ordered: bool = False
     """asyncq: the queue is ordered (:meth:`Inspector.set_ordered`)."""
 
+    @property
+    def rate_per_second(self) -> float | None:
+        """asyncq: :attr:`rate_limit` in tasks per second (``"600/min"`` is 10.0)."""
+        return None if self.rate_limit is None else _per_second(self.rate_limit)
+
 
 @dataclass(frozen=True, slots=True)
 class DailyStats:
@@ -172,6 +178,39 @@ class ServerInfo:
     started: datetime | None
     status: str
     active_workers: list[WorkerInfo] = field(default_factory=list)
+    type_rate_limits: dict[str, str] = field(default_factory=dict)
+    """asyncq: the server's ``type_rate_limits`` (``{task type: "600/min"}``); empty for
+    Go asynq servers and asyncq servers without any."""
+
+
+@dataclass(frozen=True, slots=True)
+class TypeRateInfo:
+    """asyncq: one task type's fleet-wide rate limit (``Server(type_rate_limits=...)``).
+
+    A type is known from the live servers that configure it and from its
+    Redis bucket, which the first token taken creates and which expires an
+    hour after it was last full.
+    """
+
+    task_type: str
+    rate: str | None
+    """The rate the bucket runs at, as last written by a worker that took a token
+    (e.g. ``"600/min"``); without a bucket, the rate the live servers configure
+    (the first, sorted, when they disagree); None when neither is known."""
+    per_second: float | None
+    """:attr:`rate` in tasks per second (``"600/min"`` is 10.0)."""
+    tokens: int | None
+    """Tasks of the type that may start now (Redis TIME); None without a bucket."""
+    next_token: timedelta | None
+    """When :attr:`tokens` is 0, how long until the next token; else 0; None
+    without a bucket."""
+    limited: int
+    """Tasks the rate put back to the retry set (unrun, no retry used) since the
+    bucket was created; 0 without a bucket."""
+    servers: dict[str, int] = field(default_factory=dict)
+    """Live servers configuring the type, by the rate they configure
+    (``{"600/min": 3}``); more than one key means they disagree, and the bucket
+    runs at whichever rate its last taker had."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,8 +378,8 @@ class Inspector:
             concurrency_limit=limit,
             running=running,
             held_back=0 if limit is None else max(0, stats.pending - max(0, limit - running)),
-            rate_limit=None if bucket is None else _rate_text(bucket[0], bucket[1]),
-            rate_tokens=None if bucket is None else bucket[2],
+            rate_limit=None if bucket is None else _rate_text(bucket.burst, bucket.period_us),
+            rate_tokens=None if bucket is None else bucket.tokens,
             ordered=ordered,
         )
 
@@ -386,6 +425,66 @@ class Inspector:
             raise FailedPreconditionError("cannot remove queue with active tasks")
 
     # -- flow control --------------------------------------------------------------------
+
+    async def type_rates(self) -> list[TypeRateInfo]:
+        """Every task type with a rate limit that a live server configures, sorted.
+
+        A bucket left by servers that have stopped is not listed (finding it
+        would mean scanning the keyspace); :meth:`type_rate` still reads it.
+        """
+        configured: dict[str, dict[str, int]] = {}
+        for s in await self._rdb.list_servers():
+            rates = await self._rdb.server_type_rates(s.host, s.pid, s.server_id)
+            for task_type, rate in rates.items():
+                by_rate = configured.setdefault(task_type, {})
+                by_rate[rate] = by_rate.get(rate, 0) + 1
+        out = []
+        for task_type in sorted(configured):
+            if "{" in task_type or "}" in task_type:
+                continue  # not a name a server accepts: nothing to read
+            out.append(await self._type_rate(task_type, configured[task_type]))
+        return out
+
+    async def type_rate(self, task_type: str) -> TypeRateInfo | None:
+        """*task_type*'s fleet-wide rate limit: its rate, the tasks of the type
+        that may start now (Redis TIME), the tasks it put back, and the live
+        servers configuring it. None when no live server configures the type
+        and it has no bucket (the bucket expires an hour after it was last full).
+        """
+        if not isinstance(task_type, str) or not task_type:
+            raise ValueError(f"task type must be a non-empty string, got {task_type!r}")
+        keys.refuse_braces("task type", task_type)
+        configured: dict[str, int] = {}
+        for s in await self._rdb.list_servers():
+            rate = (await self._rdb.server_type_rates(s.host, s.pid, s.server_id)).get(task_type)
+            if rate is not None:
+                configured[rate] = configured.get(rate, 0) + 1
+        info = await self._type_rate(task_type, configured)
+        return None if info.rate is None and not configured else info
+
+    async def _type_rate(self, task_type: str, configured: dict[str, int]) -> TypeRateInfo:
+        bucket = await self._rdb.type_rate(task_type)
+        servers = dict(sorted(configured.items()))
+        if bucket is not None:
+            return TypeRateInfo(
+                task_type=task_type,
+                rate=_rate_text(bucket.burst, bucket.period_us),
+                per_second=bucket.burst * 1_000_000 / bucket.period_us,
+                tokens=bucket.tokens,
+                next_token=timedelta(microseconds=bucket.next_us),
+                limited=bucket.limited,
+                servers=servers,
+            )
+        rate = next(iter(servers), None)
+        return TypeRateInfo(
+            task_type=task_type,
+            rate=rate,
+            per_second=None if rate is None else _per_second(rate),
+            tokens=None,
+            next_token=None,
+            limited=0,
+            servers=servers,
+        )
 
     async def limit(self, queue: str) -> int | None:
         """The fleet-wide concurrency limit stored for *queue*, or None when unset."""
@@ -666,6 +765,7 @@ class Inspector:
                 strict_priority=s.strict_priority,
                 started=_proto_time(s.start_time),
                 status=s.status,
+                type_rate_limits=await self._rdb.server_type_rates(s.host, s.pid, s.server_id),
             )
         for w in await self._rdb.list_workers():
             server = servers.get(w.server_id)
@@ -725,6 +825,27 @@ class Inspector:
     async def redis_info(self) -> dict[str, Any]:
         """Redis ``INFO``, parsed."""
         return await self._rdb.redis_info()
+
+
+_PERIOD_S = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
+_PERIOD_S |= {"h": 3600.0, "hour": 3600.0}
+
+
+def _per_second(rate: str) -> float | None:
+    """Tasks per second of a rate text a server wrote (``"600/min"`` is 10.0); None
+    for text that is not a rate (a record written by something else)."""
+    count, _, period = rate.partition("/")
+    try:
+        n = int(count)
+    except ValueError:
+        return None
+    seconds = _PERIOD_S.get(period.strip().lower())
+    if seconds is None:
+        try:
+            seconds = float(period.removesuffix("s"))  # _rate_text's "7/2.5s"
+        except ValueError:
+            return None
+    return n / seconds if seconds > 0 else None
 
 
 def _rate_text(count: int, period_us: int) -> str:

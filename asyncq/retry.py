@@ -45,7 +45,7 @@ from asyncq._redis.options import RedisClient
 from asyncq.errors import AsyncqError, DuplicateTaskError, TaskIdConflictError
 from asyncq.proto.asynq import TaskMessage
 
-__all__ = ["DEFAULT_RETRY", "EnqueueRetryError", "RetryPolicy"]
+__all__ = ["DEFAULT_RETRY", "EnqueueRetryError", "RetryPolicy", "Written"]
 
 _log = structlog.get_logger("asyncq")
 
@@ -147,30 +147,53 @@ def surely_not_written(exc: BaseException) -> bool:
     return isinstance(exc, RedisConnectionError) and " connecting to " in str(exc)
 
 
-async def _already_written(redis: RedisClient, msg: TaskMessage) -> bool:
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What one enqueue writes, as a retry checks it: the task and its encoded message."""
+
+    task_id: str
+    queue: str
+    task_type: str
+    data: bytes  # the TaskMessage bytes the write stores in the task hash
+    unique_key: str  # "" when the task takes no uniqueness lock
+
+    @classmethod
+    def of(cls, msg: TaskMessage) -> Written:
+        return cls(msg.id, msg.queue, msg.type, encode_task_message(msg), msg.unique_key)
+
+
+async def _already_written(redis: RedisClient, task: Written) -> bool:
     """True when Redis holds exactly this task (an earlier attempt wrote it)."""
-    stored = await redis.hget(keys.task_key(msg.queue, msg.id), "msg")
+    stored = await redis.hget(keys.task_key(task.queue, task.task_id), "msg")
     if isinstance(stored, str):
         stored = stored.encode()
-    return stored == encode_task_message(msg)
+    return stored == task.data
 
 
-async def _holds_lock(redis: RedisClient, msg: TaskMessage) -> bool:
+async def _holds_lock(redis: RedisClient, task: Written) -> bool:
     """True when the task's uniqueness lock holds this task's id (asynq's lock value)."""
-    owner = await redis.get(msg.unique_key)
+    owner = await redis.get(task.unique_key)
     if isinstance(owner, bytes):
         owner = owner.decode(errors="replace")
-    return owner == msg.id
+    return owner == task.task_id
 
 
 async def write_with_retry(
     policy: RetryPolicy | None,
     redis: RedisClient,
-    msg: TaskMessage,
+    task: Written,
     write: Callable[[], Awaitable[Any]],
+    *,
+    first_error: BaseException | None = None,
 ) -> None:
-    """Run *write* (one enqueue of *msg*), retrying connection-level failures per *policy*."""
+    """Run *write* (one enqueue of *task*), retrying connection-level failures per *policy*.
+
+    *first_error*: the first attempt was already made by the caller (the
+    hot path tries once without this frame) and failed with it.
+    """
     if policy is None:
+        if first_error is not None:
+            raise first_error
         await write()
         return
     start = time.monotonic()
@@ -182,6 +205,9 @@ async def write_with_retry(
     while True:
         attempts += 1
         try:
+            if first_error is not None:
+                exc, first_error = first_error, None
+                raise exc
             await write()
             return
         except (TaskIdConflictError, DuplicateTaskError) as exc:
@@ -190,9 +216,9 @@ async def write_with_retry(
             # Ours, from an attempt whose reply was lost? Then the enqueue succeeded.
             try:
                 if isinstance(exc, DuplicateTaskError):
-                    ours = await _holds_lock(redis, msg)
+                    ours = await _holds_lock(redis, task)
                 else:
-                    ours = await _already_written(redis, msg)
+                    ours = await _already_written(redis, task)
             except RedisError as check_exc:
                 if not is_retryable(check_exc):
                     raise
@@ -202,9 +228,9 @@ async def write_with_retry(
                     raise
                 _log.info(
                     "enqueue retry found the task already written",
-                    task_id=msg.id,
-                    task_type=msg.type,
-                    queue=msg.queue,
+                    task_id=task.task_id,
+                    task_type=task.task_type,
+                    queue=task.queue,
                     attempts=attempts,
                 )
                 return
@@ -216,13 +242,15 @@ async def write_with_retry(
                 maybe_written = True
         elapsed = time.monotonic() - start
         if elapsed >= limit:
-            raise EnqueueRetryError(msg.id, msg.queue, attempts, maybe_written, last) from last
+            raise EnqueueRetryError(
+                task.task_id, task.queue, attempts, maybe_written, last
+            ) from last
         delay = min(pause, limit - elapsed) * (0.5 + random.random() / 2)
         pause = min(cap, pause * 2)
         _log.debug(
             "enqueue failed; retrying",
-            task_id=msg.id,
-            queue=msg.queue,
+            task_id=task.task_id,
+            queue=task.queue,
             attempt=attempts,
             retry_in=round(delay, 3),
             error=f"{type(last).__name__}: {last}",

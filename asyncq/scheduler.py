@@ -70,6 +70,7 @@ from typing import Any, Literal, TypeAlias
 
 from asyncq import _keys as keys
 from asyncq._broker import Broker
+from asyncq._compose import compose
 from asyncq._gofmt import option_strings
 from asyncq._logging import Backoff, RateLimiter, get_logger, is_debug_enabled
 from asyncq._redis.connection import Connection
@@ -77,7 +78,7 @@ from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.options import RedisTarget
 from asyncq._signals import signal_handlers
 from asyncq._time import GO_ZERO_TIME
-from asyncq.client import Client, _compose
+from asyncq.client import Client
 from asyncq.cron import Schedule, normalize_spec, parse_cronspec
 from asyncq.errors import AsyncqError, TaskIdConflictError
 from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry
@@ -145,7 +146,7 @@ def validate_options(task: Task, options: Mapping[str, Any]) -> list[str]:
 
     Raises ValueError or TypeError naming the bad option.
     """
-    _compose(task, [options], datetime.now(UTC))
+    compose(task, [options], datetime.now(UTC))
     return option_strings(_merged_options(task, options))
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import fnmatch
 import os
 import socket
 import threading
@@ -62,13 +63,20 @@ from asyncq._worker.config import (
     ServerConfig,
     ServerStats,
 )
-from asyncq._worker.flow import validate_limits, validate_ordered, validate_rates
+from asyncq._worker.flow import (
+    validate_limits,
+    validate_ordered,
+    validate_rates,
+    validate_type_rates,
+)
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.healthchecker import HealthChecker
 from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
 from asyncq._worker.janitor import Janitor
 from asyncq._worker.policy import default_retry_delay
 from asyncq._worker.processor import Processor, write_limit
+from asyncq._worker.queueset import QueueSet, is_pattern, validate_pattern
+from asyncq._worker.queuewatcher import QueueWatcher, refresh_once
 from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import Role, RoleDeps, supervise
 from asyncq._worker.subscriber import Subscriber
@@ -166,12 +174,22 @@ class Server:
     - ``max_inflight_bytes``: bound on the payload bytes of the running
       handlers (64 MiB); a fetch takes no task that would pass it, except
       that a single larger task runs alone.
+    - ``queues`` may hold fnmatch-style patterns (``{"tenant:*": 1}``): the
+      server serves every queue of ``asynq:queues`` that matches, re-read every
+      ``queue_refresh_interval`` (1 s), so queues created later are served and
+      removed ones are dropped. An explicit name wins over a pattern. With
+      ``strict_priority`` each match has the pattern's priority; in weighted
+      order the pattern's weight is split among its matches. The flow-control
+      options below accept patterns too (each match gets its own limit).
     - ``queue_concurrency``: ``{queue: N}``, at most N tasks of the queue run
       at once across every asyncq server (counted in Redis from the live
       leases; a limit stored with ``Inspector.set_limit`` overrides it);
       ``local_queue_concurrency``: ``{queue: N}`` for this server alone;
       ``rate_limits``: ``{queue: "100/s"}``, a token bucket in Redis shared by
       every asyncq server (periods s, min, h; holds N tokens);
+      ``type_rate_limits``: ``{task type: "600/min"}``, the same per task type,
+      fleet-wide, taken by the worker after the dequeue (a task without a token
+      goes back to the retry set unrun, without using a retry);
       ``ordered_queues``: queues this server marks ordered in Redis when it
       starts (one task at a time fleet-wide, in enqueue order, a failed task
       first; the same flag as ``asyncq queue ordered Q on``). See
@@ -221,7 +239,9 @@ class Server:
         queue_concurrency: Mapping[str, int] | None = None,
         local_queue_concurrency: Mapping[str, int] | None = None,
         rate_limits: Mapping[str, str] | None = None,
+        type_rate_limits: Mapping[str, str] | None = None,
         ordered_queues: Sequence[str] = (),
+        queue_refresh_interval: timedelta = timedelta(seconds=1),
         logger: Any = None,
         metrics: WorkerHooks | None = None,  # [metrics hook]
         min_replicas: int = 0,
@@ -240,6 +260,8 @@ class Server:
             if not isinstance(qname, str) or not qname.strip():
                 raise ValueError(f"queue names must be non-blank strings, got {qname!r}")
             keys.refuse_braces("queue name", qname)
+            if is_pattern(qname):
+                validate_pattern("queues", qname)
             if isinstance(prio, bool) or not isinstance(prio, int) or prio < 1:
                 raise ValueError(f"queue {qname!r} needs an integer priority >= 1, got {prio!r}")
         for name, fn in (
@@ -311,6 +333,8 @@ class Server:
             ),
             rate_limits=validate_rates("rate_limits", rate_limits),
             ordered_queues=validate_ordered(ordered_queues),
+            type_rate_limits=validate_type_rates("type_rate_limits", type_rate_limits),
+            queue_refresh_interval=_duration("queue_refresh_interval", queue_refresh_interval),
         )
         self.log: Any = logger if logger is not None else get_logger()
         self.metrics = metrics  # [metrics hook]
@@ -336,8 +360,15 @@ class Server:
         self.stats = ServerStats()
         self.active = ActiveTasks()
         """The tasks this server runs (the registry the roles read and cancel through)."""
+        self.queue_set = QueueSet(self.config.queues)
+        """The queues served now: the names of ``queues`` and the current matches of its
+        patterns (re-read from ``asynq:queues`` every ``queue_refresh_interval``)."""
         self._deps = RoleDeps(
-            broker=self.broker, config=self.config, log=self.log, stats=self.stats
+            broker=self.broker,
+            config=self.config,
+            log=self.log,
+            stats=self.stats,
+            queues=self.queue_set,
         )
         self._wakeup = asyncio.Event()
         self._enqueuer: Client | None = None
@@ -365,6 +396,12 @@ class Server:
     def status(self) -> str:
         """The status written in the heartbeat: ``"active"`` or ``"stopped"``."""
         return _STATUS_ACTIVE if self._state == "active" else _STATUS_STOPPED
+
+    @property
+    def served_queues(self) -> list[str]:
+        """The queues served now: the names of ``queues`` and the current matches of its
+        patterns."""
+        return self.queue_set.names()
 
     @property
     def running_tasks(self) -> int:
@@ -395,16 +432,31 @@ class Server:
         if self.metrics is not None:  # [metrics hook]
             fn = self.metrics.instrument(fn)  # [metrics hook]
             self.metrics.attach()  # [metrics hook]
-        for qname in self.config.ordered_queues:  # asyncq flow control, read by the scripts
-            await self.redis.set(keys.ordered_key(qname), "1")
+        cfg = self.config
+        watcher: QueueWatcher | None = None
+        if self.queue_set.dynamic:
+            watcher = QueueWatcher(
+                self._deps,
+                cfg.queue_refresh_interval,
+                wakeup=self._wakeup,
+                ordered=cfg.ordered_queues,
+            )
+            await refresh_once(watcher)  # the patterns' current matches before any fetch
+        served = self.queue_set.names()
+        for qname in cfg.ordered_queues:  # asyncq flow control, read by the scripts
+            if not is_pattern(qname):
+                await self.redis.set(keys.ordered_key(qname), "1")
+            else:  # the served queues matching it now; the watcher marks later ones
+                for match in fnmatch.filter(served, qname):
+                    await self.redis.set(keys.ordered_key(match), "1")
         self._state = "active"
         self.started_at = datetime.now(UTC)
-        cfg = self.config
         self.log.info(
             "starting processing",
             server_id=self.server_id,
             concurrency=cfg.concurrency,
             queues=dict(cfg.queues),
+            served=len(served),
             strict_priority=cfg.strict_priority,
         )
         deps = self._deps
@@ -454,6 +506,8 @@ class Server:
             self.processor,
             Janitor(deps, cfg.janitor_interval),
         ]
+        if watcher is not None:
+            roles.append(watcher)
         if cfg.group_aggregator is not None:
             roles.append(
                 GroupAggregatorRole(
@@ -540,6 +594,7 @@ class Server:
             "subscriber",
             "janitor",
             "aggregator",
+            "queuewatcher",
             "healthchecker",
             "heartbeater",
             "watchdog",

@@ -36,7 +36,8 @@ from asyncq._broker.workflow import (
     workflow_key,
 )
 from asyncq._codec import encode_task_message
-from asyncq.client import Client, _compose
+from asyncq._compose import compose
+from asyncq.client import Client
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task, TaskState
 
@@ -150,7 +151,7 @@ class Workflow:
         for stage in self.stages:
             row = []
             for step in stage.steps:
-                c = _compose(step.task, [step.options], now)
+                c = compose(step.task, [step.options], now)
                 if c.state is not TaskState.PENDING or c.unique_ttl is not None:
                     raise ValueError(
                         f"workflow step {step.task.type!r} must be a plain pending task"

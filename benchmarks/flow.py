@@ -8,10 +8,15 @@ the same machine load, drains N no-op tasks with one in-process worker
 * ``none``: no limit;
 * ``limit``: ``queue_concurrency={"bench": 10_000}``, a fleet-wide limit that is
   never reached, so every fetch pays the limit lookup (GET of the stored limit
-  and ZCOUNT of the live leases inside the dequeue script) without being held.
+  and ZCOUNT of the live leases inside the dequeue script) without being held;
+* ``rate``: ``rate_limits={"bench": "10000000/s"}``, a queue rate never reached
+  (TIME, HGET, HSET and PEXPIRE of the bucket inside the dequeue script);
+* ``typerate``: ``type_rate_limits={"noop": "10000000/s"}``, a task-type rate
+  never reached: one more script call (EVALSHA) per task, after the dequeue.
 
 It prints tasks/s and Redis CPU microseconds per task (``INFO cpu``) per mode
-as the median over the rounds, side by side, and the relative cost.
+as the median over the rounds, side by side, and each mode's cost relative to
+``none``. ``--modes`` picks the modes.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import tempfile
 import time
 from typing import Any
 
-MODES = ("none", "limit")
+MODES = ("none", "limit", "rate", "typerate")
 QUEUE = "bench"
 
 
@@ -62,7 +67,16 @@ async def measure(url: str, *, mode: str, n: int) -> dict[str, float]:
 
     mux.handle("noop", noop)
     limits = {QUEUE: 10_000} if mode == "limit" else None
-    server = Server(url, concurrency=100, queues={QUEUE: 1}, queue_concurrency=limits)
+    rates = {QUEUE: "10000000/s"} if mode == "rate" else None
+    type_rates = {"noop": "10000000/s"} if mode == "typerate" else None
+    server = Server(
+        url,
+        concurrency=100,
+        queues={QUEUE: 1},
+        queue_concurrency=limits,
+        rate_limits=rates,
+        type_rate_limits=type_rates,
+    )
     cpu0 = await _cpu(redis)
     start = time.perf_counter()
     async with server:
@@ -109,26 +123,36 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=5000, help="tasks per drain")
     parser.add_argument("--rounds", type=int, default=3, help="drains per mode, alternated")
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}"
+    )
     args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if "none" not in modes or not set(modes) <= set(MODES):
+        parser.error(f"--modes must include none and only name {', '.join(MODES)}")
     proc, url = _start_redis()
-    results: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+    results: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     try:
         for _ in range(args.rounds):
-            for mode in MODES:
+            for mode in modes:
                 results[mode].append(asyncio.run(measure(url, mode=mode, n=args.n)))
     finally:
         proc.terminate()
         proc.wait(10)
     med = {
-        m: {k: statistics.median(r[k] for r in results[m]) for k in results[m][0]} for m in MODES
+        m: {k: statistics.median(r[k] for r in results[m]) for k in results[m][0]} for m in modes
     }
     print(f"{args.n} no-op tasks, concurrency 100, median of {args.rounds} alternated rounds")
-    print(f"{'mode':<8}{'tasks/s':>10}{'Redis CPU µs/task':>20}")
-    for m in MODES:
-        print(f"{m:<8}{med[m]['tasks_per_s']:>10.0f}{med[m]['redis_cpu_us_per_task']:>20.1f}")
-    rate = med["limit"]["tasks_per_s"] / med["none"]["tasks_per_s"] - 1
-    cpu = med["limit"]["redis_cpu_us_per_task"] / med["none"]["redis_cpu_us_per_task"] - 1
-    print(f"limit vs none: throughput {rate:+.1%}, Redis CPU per task {cpu:+.1%}")
+    print(f"{'mode':<10}{'tasks/s':>10}{'Redis CPU µs/task':>20}   vs none")
+    base = med["none"]
+    for m in modes:
+        rate = med[m]["tasks_per_s"] / base["tasks_per_s"] - 1
+        cpu = med[m]["redis_cpu_us_per_task"] / base["redis_cpu_us_per_task"] - 1
+        versus = "" if m == "none" else f"{rate:+.1%} tasks/s, {cpu:+.1%} CPU"
+        print(
+            f"{m:<10}{med[m]['tasks_per_s']:>10.0f}"
+            f"{med[m]['redis_cpu_us_per_task']:>20.1f}   {versus}"
+        )
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def ensure_env(env: str, *, reinstall: bool = False) -> Path:
 
 
 @contextlib.contextmanager
-def redis_server(url: str | None) -> Iterator[str]:
+def redis_server(url: str | None, *, unix_socket: bool = True) -> Iterator[str]:
     """*url* as given, or a throwaway redis-server on a free port (no persistence)."""
     if url:
         yield url
@@ -126,7 +126,11 @@ def redis_server(url: str | None) -> Iterator[str]:
     workdir = tempfile.mkdtemp(prefix="asyncq-bench-redis-")
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"],
+         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning",
+         # A local Redis usually has a unix socket too; asyncq's client finds and uses it
+         # (peers are given the TCP URL and stay on TCP, as their users would configure them).
+         *(("--unixsocket", os.path.join(workdir, "redis.sock"), "--unixsocketperm", "700")
+           if unix_socket else ())],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"redis://127.0.0.1:{port}/0"
@@ -216,7 +220,16 @@ def run_system(
     return {"system": spec.name, "records": records, "error": error}
 
 
-PHASES = ("meta", "enqueue_serial", "enqueue_fast", "process", "leftovers", "latency")
+PHASES = (
+    "meta",
+    "enqueue_serial",
+    "enqueue_c32",
+    "enqueue_c1000",
+    "enqueue_fast",
+    "process",
+    "leftovers",
+    "latency",
+)
 
 
 def _progress(r: dict[str, Any]) -> str:
@@ -224,7 +237,8 @@ def _progress(r: dict[str, Any]) -> str:
     if phase == "meta":
         return f"versions {r['versions']}, loop {r['event_loop']}"
     if phase.startswith("enqueue"):
-        return f"{phase} {r['tasks_per_s']:,.0f} tasks/s"
+        p99 = f", p99 {r['p99_ms']:.2f} ms" if "p99_ms" in r else ""
+        return f"{phase} {r['tasks_per_s']:,.0f} tasks/s{p99}"
     if phase == "process":
         return (
             f"process {r['tasks_per_s']:,.0f} tasks/s,"
@@ -267,6 +281,12 @@ _FAST, _SERIAL, _PROC, _LAT, _LEFT = (
 ROWS = (
     Row("enqueue, fast path, tasks/s ¹", _field(_FAST, "tasks_per_s"), "rate", True),
     Row("enqueue, serial `await`, tasks/s", _field(_SERIAL, "tasks_per_s"), "rate", True),
+    Row("enqueue, serial, p99 ms per call", _field(_SERIAL, "p99_ms"), "ms"),
+    Row("enqueue, 32 callers, tasks/s", _field("enqueue_c32", "tasks_per_s"), "rate", True),
+    Row("enqueue, 32 callers, p99 ms per call", _field("enqueue_c32", "p99_ms"), "ms"),
+    Row("enqueue, 1,000 callers, tasks/s", _field("enqueue_c1000", "tasks_per_s"), "rate", True),
+    Row("enqueue, 1,000 callers, p99 ms per call", _field("enqueue_c1000", "p99_ms"), "ms"),
+    Row("client CPU µs / task, serial enqueue", _field(_SERIAL, "client_cpu_us_per_task"), "us"),
     Row("process, 1 worker, conc. 100, tasks/s", _field(_PROC, "tasks_per_s"), "rate", True),
     Row("pickup latency p50, ms", _field(_LAT, "p50_ms"), "ms"),
     Row("pickup latency p99, ms", _field(_LAT, "p99_ms"), "ms"),
@@ -423,6 +443,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--redis-url", help="use this Redis instead of a throwaway one (ITS DATABASE IS FLUSHED)"
     )
+    p.add_argument(
+        "--no-unix-socket",
+        action="store_true",
+        help="the throwaway Redis listens on TCP only (everyone on TCP, asyncq included)",
+    )
     p.add_argument("--reinstall", action="store_true", help="recreate the peer virtualenvs")
     p.add_argument("--n", type=int, help="tasks for fast-path enqueue and processing (20000)")
     p.add_argument("--serial-n", type=int, help="tasks for serial enqueue (5000)")
@@ -479,7 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     timeout = 180.0 if args.quick else 1800.0
     started = datetime.now(UTC)
     runs: list[dict[str, dict[str, Any]]] = []
-    with redis_server(args.redis_url) as url:
+    with redis_server(args.redis_url, unix_socket=not args.no_unix_socket) as url:
         machine = machine_info(url)
         for k in range(args.runs):
             run: dict[str, dict[str, Any]] = {}

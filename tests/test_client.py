@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
+from asyncq._compose import compose as compose_task
 from asyncq._gofmt import (
     format_go_duration_ns,
     go_duration,
@@ -26,7 +27,7 @@ from asyncq._gofmt import (
     parse_go_unix_date,
     parse_option_strings,
 )
-from asyncq.client import Client, _compose
+from asyncq.client import Client
 from asyncq.errors import DuplicateTaskError, TaskIdConflictError
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState
@@ -373,7 +374,7 @@ def test_option_strings_round_trip(options: dict[str, Any]) -> None:
 
 
 def compose(task: Task, **options: Any) -> Any:
-    return _compose(task, [options], NOW)
+    return compose_task(task, [options], NOW)
 
 
 def test_defaults_match_asynq() -> None:

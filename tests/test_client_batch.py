@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-import asyncq.client as client_module
+import asyncq._compose as compose_module
 from asyncq import _keys as keys
 from asyncq._redis.connection import Connection
 from asyncq.client import Client
@@ -39,7 +39,12 @@ def target(request: pytest.FixtureRequest, redis: Redis, redis_url: str) -> Redi
 def reset_ids(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     """Deterministic generated task IDs, restarted by the returned function before each run."""
     counter: list[Iterator[int]] = [itertools.count()]
-    monkeypatch.setattr(client_module, "_new_task_id", lambda: f"auto-{next(counter[0])}")
+
+    def fake() -> str:
+        return f"auto-{next(counter[0])}"
+
+    # compose (the general path) and Template.encode (the hot path) both take ids there
+    monkeypatch.setattr(compose_module, "new_task_id", fake)
 
     def reset() -> None:
         counter[0] = itertools.count()

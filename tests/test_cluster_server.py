@@ -238,3 +238,37 @@ async def _settled(rc: RedisCluster, q: str) -> bool:
         await rc.zcard(p(q) + "retry"),
     ]
     return not any(counts)
+
+
+async def test_patterns_and_type_rates_on_a_cluster(
+    cluster: RedisClusterProcs, rc: RedisCluster
+) -> None:
+    # tenant:video, tenant:critical and tenant:low hash differently; whatever the
+    # slots, the roles reach each queue on its own node.
+    seen: list[tuple[str, int]] = []
+    mux = ServeMux()
+
+    @mux.handler("tick")
+    async def tick(task: Task) -> None:
+        seen.append((task.queue or "", task.retry_count))
+
+    names = [f"tenant:{q}" for q in QUEUES]
+    server = Server(
+        rc,
+        queues={"tenant:*": 1},
+        type_rate_limits={"tick": "2/s"},
+        queue_refresh_interval=timedelta(milliseconds=100),
+        **FAST,
+    )
+    async with server, Client(rc) as client:
+        await server.start(mux)
+        for name in names:  # created after the server started
+            await client.enqueue_many([Task("tick", b"", queue=name, max_retry=0)] * 2)
+        await wait_until(lambda: len(seen) == 6, within=60, what="tasks of every tenant queue")
+        assert sorted(server.served_queues) == sorted(names)
+        async with Inspector(rc) as insp:  # the server's record and the bucket, each on its node
+            (info,) = await insp.type_rates()
+            assert (info.task_type, info.rate, info.servers) == ("tick", "2/s", {"2/s": 1})
+            assert info.tokens is not None and info.limited == server.stats.type_rate_limited
+    assert Counter(q for q, _ in seen) == dict.fromkeys(names, 2)
+    assert {r for _, r in seen} == {0}

@@ -154,3 +154,34 @@ async def test_unreachable_redis_ends_the_app_with_a_reason(uri: str) -> None:
 def test_refresh_must_be_positive() -> None:
     with pytest.raises(ValueError, match="refresh must be at least"):
         DashApp("redis://127.0.0.1:6379/0", refresh=0)
+
+
+async def test_type_rates_and_queue_rate_are_shown(redis_url: str, redis: Redis) -> None:
+    from tests import webdata
+
+    await webdata.seed(redis)
+    await webdata.seed_flow(redis)  # type rates, and a rate and the ordered flag on critical
+    app = DashApp(redis_url, refresh=60)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, QueuesScreen), "the queues screen")
+        line = app.screen.query_one("#type-rates", Static)
+        await until(pilot, lambda: "Type rates:" in str(line.render()), "the type rates")
+        text = " ".join(str(line.render()).split())
+        assert "api:partner 60/h (tokens 0, next in " in text and "put back 2)" in text
+        assert "mail 100/s (no bucket yet, put back 0)" in text
+        await until(pilot, lambda: rows(app, "#queues")[:1] == ["critical"], "queues")
+        await pilot.press("enter")  # critical
+        await until(pilot, lambda: isinstance(app.screen, QueueScreen), "the queue screen")
+        summary = app.screen.query_one("#summary", Static)
+        await until(pilot, lambda: "rate 50/s" in str(summary.render()), "the queue's rate")
+        assert "(tokens 50)" in str(summary.render()) and "ordered" in str(summary.render())
+
+
+async def test_no_type_rates_line_without_any(redis_url: str, redis: Redis) -> None:
+    await go.register_queue(redis, "default")
+    app = DashApp(redis_url, refresh=60)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: rows(app, "#queues") == ["default"], "queues")
+        status = app.screen.query_one("#status", Static)
+        await until(pilot, lambda: "updated" in str(status.render()), "a full load")
+        assert str(app.screen.query_one("#type-rates", Static).render()).strip() == ""

@@ -50,6 +50,11 @@ GLOBAL: list[tuple[Callable[[], str], str]] = [
     (lambda: keys.CANCEL_CHANNEL, "asynq:cancel"),
     (lambda: keys.server_info_key("host", 42, "sid"), "asynq:servers:{host:42:sid}"),
     (lambda: keys.workers_key("host", 42, "sid"), "asynq:workers:{host:42:sid}"),
+    # asyncq-only, in the same slot as the two above.
+    (
+        lambda: keys.server_type_rates_key("host", 42, "sid"),
+        "asyncq:server_type_rates:{host:42:sid}",
+    ),
     (lambda: keys.scheduler_entries_key("h:1:uuid"), "asynq:schedulers:{h:1:uuid}"),
     (lambda: keys.scheduler_history_key("entry-1"), "asynq:scheduler_history:entry-1"),
 ]
@@ -90,6 +95,7 @@ def test_every_exported_builder_is_covered() -> None:
         "scheduler_entries_key",
         "scheduler_history_key",
         "server_info_key",
+        "server_type_rates_key",
         "task_key",
         "task_key_prefix",
         "unique_key",

@@ -13,10 +13,10 @@ import pytest
 
 from asyncq import Task
 from asyncq._codec import decode_task_message, encode_task_message
+from asyncq._compose import compose as compose_task
 from asyncq._gofmt import option_strings
 from asyncq._keys import processed_key, validate_queue_name
 from asyncq._time import to_unix
-from asyncq.client import _compose
 from asyncq.cron import parse_cronspec
 from asyncq.proto.asynq import TaskMessage
 from tests.gofixtures import GoTask
@@ -107,7 +107,7 @@ def test_unsupported_wire_type_is_an_error() -> None:
 
 
 def compose(task: Task, **options: Any) -> Any:
-    return _compose(task, [options], NOW)
+    return compose_task(task, [options], NOW)
 
 
 def test_unknown_option_messages_name_where_and_count() -> None:
@@ -161,7 +161,7 @@ def test_bad_option_messages(options: dict[str, Any], error: type, message: str)
 
 def test_not_a_task_is_named() -> None:
     with pytest.raises(TypeError, match=r"^expected an asyncq Task, got str$"):
-        _compose("t", [], NOW)  # type: ignore[arg-type]
+        compose_task("t", [], NOW)  # type: ignore[arg-type]
 
 
 def test_header_option_strings_are_go_json_with_utf8_and_html_escapes() -> None:

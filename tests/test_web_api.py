@@ -372,3 +372,33 @@ def test_auth_accepts_only_the_configured_credentials(header: str | None) -> Non
     elif ok:  # the token as a basic-auth password, any user name
         assert header is not None and header.startswith("Basic ")
         assert base64.b64decode(header[6:]).decode().partition(":")[2] == "tok"
+
+
+async def test_rate_limits_show_in_api_and_pages(
+    http: httpx.AsyncClient, seeded: webdata.Seeded, redis: Redis
+) -> None:
+    servers_before = (await http.get("/servers")).text
+    assert 'id="type-rates"' not in servers_before  # Go servers only: no section
+    assert (await http.get("/api/type-rates")).json() == {"type_rates": []}
+    await webdata.seed_flow(redis)
+
+    rows = (await http.get("/api/type-rates")).json()["type_rates"]
+    assert [t["task_type"] for t in rows] == ["api:partner", "mail"]
+    partner, mail = rows
+    assert (partner["rate"], partner["per_second"], partner["tokens"]) == ("60/h", 1 / 60, 0)
+    assert partner["limited"] == 2 and 0 < partner["next_token_seconds"] <= 60
+    assert partner["servers"] == {"60/h": 1}
+    assert (mail["rate"], mail["tokens"], mail["limited"]) == ("100/s", None, 0)
+    servers = {s["host"]: s for s in (await http.get("/api/servers")).json()["servers"]}
+    assert servers["py-host"]["type_rate_limits"] == {"api:partner": "60/h", "mail": "100/s"}
+    assert servers["go-host"]["type_rate_limits"] == {}
+    q = (await http.get("/api/queues/critical")).json()["queue"]
+    assert (q["rate_limit"], q["rate_tokens"], q["ordered"]) == ("50/s", 50, True)
+
+    page = (await http.get("/servers")).text
+    assert 'id="type-rates"' in page
+    assert "type rates: api:partner 60/h, mail 100/s" in page
+    assert "<td>api:partner</td>" in page and "1 at 60/h" in page
+    assert "no bucket yet" in page and ">disagree<" not in page
+    page = (await http.get("/queues/critical")).text
+    assert "<dt>Rate limit</dt><dd>50/s</dd>" in page and "<dt>Ordered</dt>" in page

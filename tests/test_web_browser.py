@@ -136,6 +136,7 @@ async def _wait_for(predicate: object) -> None:
 
 async def test_every_page_opens(web: WebProcess, browser: object, redis: Redis) -> None:
     s = await webdata.seed(redis)
+    await webdata.seed_flow(redis)  # the servers page shows an asyncq server's type rates
     assert s.completed is not None
     page = await _page(browser)
     pages = {
@@ -146,6 +147,7 @@ async def test_every_page_opens(web: WebProcess, browser: object, redis: Redis) 
         "queue-archived": ("/queues/default?state=archived", "gave up"),
         "task-detail": (f"/queues/default/tasks/{s.completed.id}", "Timeline"),
         "servers": ("/servers", "go-host:4242"),
+        "queue-critical": ("/queues/critical", "Ordered"),
         "schedulers": ("/schedulers", "@every 1h"),
         "scheduler-history": ("/schedulers/entry-1", "cron-task-1"),
         "redis": ("/redis", "redis_version"),
@@ -172,6 +174,33 @@ async def test_every_page_opens(web: WebProcess, browser: object, redis: Redis) 
     await page.fill("header .search input", s.completed.id)  # type: ignore[attr-defined]
     await page.press("header .search input", "Enter")  # type: ignore[attr-defined]
     await page.wait_for_url(f"**/queues/default/tasks/{s.completed.id}")  # type: ignore[attr-defined]
+    assert page.js_errors == []  # type: ignore[attr-defined]
+
+
+async def test_type_rates_on_the_servers_page(
+    web: WebProcess, browser: object, redis: Redis
+) -> None:
+    await webdata.seed(redis)
+    await webdata.seed_flow(redis)
+    page = await _page(browser)
+    await page.goto(web.url + "/servers")  # type: ignore[attr-defined]
+    rows = page.locator("#type-rates tbody tr")  # type: ignore[attr-defined]
+    assert await rows.count() == 2
+    cells = await rows.nth(0).locator("td").all_inner_texts()
+    assert cells[0] == "api:partner" and cells[1] == "60/h" and cells[3] == "2"
+    assert cells[2].startswith("0 (next in ") and cells[4].strip() == "1 at 60/h"
+    cells = await rows.nth(1).locator("td").all_inner_texts()
+    assert cells[:4] == ["mail", "100/s", "no bucket yet", "0"]
+    # A second server configuring another rate: the live refresh shows the disagreement.
+    from asyncq._broker import Broker
+    from asyncq.proto.asynq import ServerInfo
+
+    other = ServerInfo(host="py-host", pid=5152, server_id="py-2", concurrency=1, status="active")
+    await Broker(redis).write_server_state(other, [], 3600, type_rates={"mail": "50/s"})
+    await page.evaluate("() => window.asyncqRefresh(true)")  # type: ignore[attr-defined]
+    mail = page.locator("#type-rates tbody tr").nth(1)  # type: ignore[attr-defined]
+    assert "disagree" in await mail.inner_text()
+    assert "1 at 100/s, 1 at 50/s" in await mail.inner_text()
     assert page.js_errors == []  # type: ignore[attr-defined]
 
 

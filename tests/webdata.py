@@ -116,3 +116,32 @@ async def seed(r: Redis) -> Seeded:
         await go.seed_enqueue_event(r, s.entry_id, tid, now - timedelta(hours=i + 1))
         s.event_ids.append(tid)
     return s
+
+
+async def seed_flow(r: Redis) -> None:
+    """asyncq flow control on top of :func:`seed`: an asyncq server with type rate
+    limits (``api:partner`` refused twice, ``mail`` without a bucket yet), a rate
+    bucket and the ordered flag on ``critical``."""
+    from asyncq import _keys as keys
+    from asyncq._broker import Broker
+    from asyncq._broker.typerate import take_type_tokens
+    from asyncq.proto.asynq import ServerInfo
+
+    broker = Broker(r)
+    info = ServerInfo(
+        host="py-host",
+        pid=5151,
+        server_id="py-server",
+        concurrency=20,
+        queues={"critical": 6, "default": 3},
+        status="active",
+        start_time=datetime.now(UTC) - timedelta(minutes=3),
+    )
+    rates = {"api:partner": "60/h", "mail": "100/s"}
+    await broker.write_server_state(info, [], 3600, type_rates=rates)
+    # 60/h, burst 60: the whole burst taken, two more refused; the next token in a minute.
+    await take_type_tokens(
+        broker, "api:partner", 62, interval_us=60_000_000, burst=60, max_wait_us=0
+    )
+    await r.hset(keys.rate_key("critical"), mapping={"tat": 0, "interval": 20_000, "burst": 50})
+    await r.set(keys.ordered_key("critical"), "1")

@@ -7,5 +7,6 @@ bulk operations); :mod:`.broker` composes the first four into :class:`Broker`.
 """
 
 from asyncq._broker.broker import LEASE_DURATION, BatchItem, Broker, DequeuedTask
+from asyncq._broker.producer import PendingItem
 
-__all__ = ["LEASE_DURATION", "BatchItem", "Broker", "DequeuedTask"]
+__all__ = ["LEASE_DURATION", "BatchItem", "Broker", "DequeuedTask", "PendingItem"]

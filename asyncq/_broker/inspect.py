@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 from redis.asyncio.cluster import RedisCluster
@@ -45,6 +45,7 @@ __all__ = [
     "MEMORY_SAMPLE_SIZE",
     "InspectBroker",
     "QueueStats",
+    "RateBucket",
     "StoredTask",
 ]
 
@@ -57,6 +58,19 @@ GROUP_SAMPLE_SIZE = 5
 def _lua(name: str) -> Script:
     """The script ``lua/<name>.lua`` of the broker package."""
     return load_script(LUA_PACKAGE, name)
+
+
+class RateBucket(NamedTuple):
+    """A GCRA rate bucket as read now (Redis TIME)."""
+
+    burst: int
+    period_us: int
+    tokens: int
+    """Tasks that may start now."""
+    next_us: int
+    """When *tokens* is 0, microseconds until the next token; else 0."""
+    limited: int
+    """Tokens refused so far (type buckets count them; queue buckets do not)."""
 
 
 @dataclass(slots=True)
@@ -305,18 +319,33 @@ class InspectBroker:
         else:
             await self._r.delete(keys.ordered_key(qname))
 
-    async def queue_rate(self, qname: str) -> tuple[int, int, int] | None:
-        """``(burst, period µs, tokens now)`` of the queue's rate bucket, None when absent."""
-        tat, interval, burst = await self._r.hmget(
-            keys.rate_key(qname), ["tat", "interval", "burst"]
+    async def queue_rate(self, qname: str) -> RateBucket | None:
+        """The queue's rate bucket now, None when absent."""
+        return await self._bucket(keys.rate_key(qname))
+
+    async def type_rate(self, task_type: str) -> RateBucket | None:
+        """A task type's rate bucket now, None when absent."""
+        return await self._bucket(keys.type_rate_key(task_type))
+
+    async def _bucket(self, key: str) -> RateBucket | None:
+        tat, interval, burst, limited = await self._r.hmget(
+            key, ["tat", "interval", "burst", "limited"]
         )
         if tat is None or interval is None or burst is None:
             return None
         sec, usec = await self._r.time()
         iv, cap = max(1, _int(interval)), _int(burst)
         now = int(sec) * 1_000_000 + int(usec)
-        tokens = max(0, min(cap, (now + cap * iv - max(_int(tat), now)) // iv))
-        return cap, cap * iv, tokens
+        tat_now = max(_int(tat), now)
+        tokens = max(0, min(cap, (now + cap * iv - tat_now) // iv))
+        # The GCRA of type_rate.lua: the next token may be used from tat + iv - cap * iv.
+        next_us = 0 if tokens else max(0, tat_now + iv - cap * iv - now)
+        return RateBucket(cap, cap * iv, tokens, next_us, 0 if limited is None else _int(limited))
+
+    async def server_type_rates(self, host: str, pid: int, server_id: str) -> dict[str, str]:
+        """``{task type: rate}`` a live asyncq server configures (empty for others)."""
+        raw = await self._r.hgetall(keys.server_type_rates_key(host, pid, server_id))
+        return {_str(k): _str(v) for k, v in raw.items()}
 
     async def live_leases(self, qname: str) -> int:
         """Active tasks of the queue whose lease has not expired (what a limit counts)."""

@@ -35,7 +35,7 @@ from asyncq.proto.asynq import (
     TaskMessage,
 )
 
-__all__ = ["BatchItem", "ProducerWrites"]
+__all__ = ["MANY_CHUNK", "BatchItem", "PendingItem", "ProducerWrites"]
 
 _ENQUEUE = load_script(LUA_PACKAGE, "enqueue")
 _ENQUEUE_UNIQUE = load_script(LUA_PACKAGE, "enqueue_unique")
@@ -43,6 +43,7 @@ _SCHEDULE = load_script(LUA_PACKAGE, "schedule")
 _SCHEDULE_UNIQUE = load_script(LUA_PACKAGE, "schedule_unique")
 _ADD_TO_GROUP = load_script(LUA_PACKAGE, "add_to_group")
 _ADD_TO_GROUP_UNIQUE = load_script(LUA_PACKAGE, "add_to_group_unique")
+_ENQUEUE_MANY = load_script(LUA_PACKAGE, "enqueue_many")
 
 
 @dataclass(slots=True)
@@ -63,6 +64,51 @@ class BatchItem:
     process_at: datetime | float | None = None
     unique_ttl: int | None = None
     group: str | None = None
+
+
+@dataclass(slots=True)
+class PendingItem:
+    """A plain pending task already encoded (the Client's hot path for a batch).
+
+    Written exactly as a :class:`BatchItem` with no schedule, group or lock
+    whose message encodes to *data*; consecutive items of one queue share a
+    script call.
+    """
+
+    queue: str
+    task_id: str
+    data: bytes
+
+
+MANY_CHUNK = 500
+"""Tasks per ``enqueue_many`` script call (a call blocks Redis while it runs)."""
+
+
+class _Call:
+    """One script call of a batch and the items it writes."""
+
+    __slots__ = ("args", "ids", "indices", "keys", "qk", "script")
+
+    def __init__(
+        self,
+        script: Script,
+        keys_: list[str],
+        args: list[Any],
+        qk: QueueKeys,
+        index: int | None = None,
+    ) -> None:
+        self.script = script
+        self.keys = keys_
+        self.args = args
+        self.qk = qk
+        self.indices: list[int] = [] if index is None else [index]
+        self.ids: list[str] = []
+        if index is not None:
+            self.ids.append(str(args[ID_ARG[script.name]]))
+
+    @property
+    def first_id(self) -> str:
+        return self.ids[0]
 
 
 class ProducerWrites(BrokerBase):
@@ -89,6 +135,31 @@ class ProducerWrites(BrokerBase):
             raise conflict_error(qk.name, tid)
         if res == -1:
             raise duplicate_error(unique_key_of(item.message))
+
+    async def write_pending(self, queue: str, task_id: str, data: bytes) -> None:
+        """Write a pending task from its encoded message (the Client's hot path).
+
+        The same script, KEYS and ARGV as :meth:`write` for a plain pending
+        item, without building a TaskMessage. Raises TaskIdConflictError when
+        ``t:<id>`` exists.
+        """
+        qk = self._queues.get(queue) or self._q(queue)
+        if queue not in self._published:
+            await self._register_queue(qk)
+        now_ns = int(self.clock() * 1_000_000_000)
+        keys_ = (qk.task_prefix + task_id, qk.pending)
+        args = (data, task_id, now_ns, qk.wakeup, queue)
+        if self.replication is None:
+            try:
+                res = await self._cmd.evalsha(_ENQUEUE.sha, 2, *keys_, *args)
+            except NoScriptError:
+                res = await self._run(_ENQUEUE, keys_, args, queue, task_id)
+            except ResponseError as exc:
+                raise script_error(exc, _ENQUEUE, queue, task_id) from exc
+        else:
+            res = await self._run(_ENQUEUE, keys_, args, queue, task_id)
+        if res == 0:
+            raise conflict_error(queue, task_id)
 
     async def enqueue(self, msg: TaskMessage) -> None:
         """Write a pending task. Raises TaskIdConflictError when ``t:<id>`` exists."""
@@ -125,34 +196,57 @@ class ProducerWrites(BrokerBase):
         """
         await self.write(BatchItem(msg, group=group, unique_ttl=ttl))
 
-    async def enqueue_batch(self, items: Sequence[BatchItem]) -> list[Exception | None]:
+    async def enqueue_batch(
+        self, items: Sequence[BatchItem | PendingItem]
+    ) -> list[Exception | None]:
         """Enqueue many tasks in one pipeline; one result per item (None = written).
 
         A result is TaskIdConflictError when the ID already existed,
         DuplicateTaskError when the unique lock is held, ValueError for an
         invalid item, or the Redis error for that item. Connection errors
         raise, as for a single enqueue (items may or may not be written).
+        Items are written in order; a run of consecutive :class:`PendingItem`
+        of one queue goes in one ``enqueue_many`` script call per
+        ``MANY_CHUNK`` items.
         """
         results: list[Exception | None] = [None] * len(items)
         now = self.clock()
         now_s = int(now)
         now_ns = int(now * 1_000_000_000)
-        planned: list[tuple[int, Script, tuple[str, ...], tuple[Any, ...], QueueKeys]] = []
+        calls: list[_Call] = []
+        run: _Call | None = None
         for i, item in enumerate(items):
             try:
-                planned.append((i, *self._plan(item, now_s, now_ns)))
+                if isinstance(item, PendingItem):
+                    tid = item.task_id
+                    if not tid or "{" in tid or "}" in tid:
+                        keys.refuse_braces("task ID", tid)
+                        raise ValueError(f"task in queue {item.queue!r} has no id")
+                    if run is None or run.qk.name != item.queue or len(run.indices) >= MANY_CHUNK:
+                        qk = self._queues.get(item.queue) or self._q(item.queue)
+                        run = _Call(_ENQUEUE_MANY, [qk.pending], [now_ns, qk.wakeup, qk.name], qk)
+                        calls.append(run)
+                    # _Call.add, inlined: this loop runs once per task of a batch
+                    run.indices.append(i)
+                    run.ids.append(tid)
+                    run.keys.append(run.qk.task_prefix + tid)
+                    run.args += (tid, item.data)
+                    continue
+                run = None
+                script, keys_, args, qk = self._plan(item, now_s, now_ns)
+                calls.append(_Call(script, list(keys_), list(args), qk, i))
             except ValueError as exc:
                 results[i] = exc
-        if not planned:
+        if not calls:
             return results
-        for script in {p[1] for p in planned}:
+        for script in {c.script for c in calls}:
             await script.load(self._cmd)
-        new_queues = sorted({p[4].name for p in planned} - self._published)
+        new_queues = sorted({c.qk.name for c in calls} - self._published)
         commands: list[tuple[Any, ...]] = []
         if new_queues:
             commands.append(("SADD", keys.ALL_QUEUES, *new_queues))
-        for _, script, keys_, args, _qk in planned:
-            commands.append(("EVALSHA", script.sha, len(keys_), *keys_, *args))
+        for c in calls:
+            commands.append(("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args))
         if self.replication is not None:
             commands.append(self.replication.wait)
         replies = await self._pipeline(commands)
@@ -163,31 +257,52 @@ class ProducerWrites(BrokerBase):
                 # The tasks are written; the queues must still become visible to inspectors.
                 await self._cmd.execute_command("SADD", keys.ALL_QUEUES, *new_queues)
             self._published.update(new_queues)
-        for (i, script, keys_, args, qk), first_reply in zip(planned, replies, strict=True):
-            tid = args[ID_ARG[script.name]]
+        for c, first_reply in zip(calls, replies, strict=True):
             reply = first_reply
             if isinstance(reply, NoScriptError):
                 # Flushed between SCRIPT LOAD and the pipeline: run it alone (reloads).
                 try:
-                    reply = await self._run(script, keys_, args, qk.name, tid)
+                    reply = await self._run(c.script, c.keys, c.args, c.qk.name, c.first_id)
                 except (BrokerError, TaskNotFoundError, ReplicationTimeoutError) as exc:
                     reply = exc
-            if isinstance(reply, AsyncqError):
-                results[i] = reply
-            elif isinstance(reply, ResponseError):
-                results[i] = script_error(reply, script, qk.name, tid)
-            elif isinstance(reply, Exception):
-                results[i] = reply
-            elif reply == 0:
-                results[i] = conflict_error(qk.name, tid)
-            elif reply == -1:
-                results[i] = duplicate_error(unique_key_of(items[i].message))
-            elif self.replication is not None and waited is not None:
-                try:
-                    self.replication.check(waited, queue=qk.name, task_id=tid)
-                except (ResponseError, ReplicationTimeoutError) as exc:
-                    results[i] = exc
+            if c.script is _ENQUEUE_MANY:
+                outcomes = (
+                    reply if isinstance(reply, list) else [reply] * len(c.indices)
+                )  # an error reply fails each task of the call
+                check = self.replication is not None
+                for i, tid, outcome in zip(c.indices, c.ids, outcomes, strict=True):
+                    if outcome != 1 or check:  # 1: written, the common case
+                        results[i] = self._outcome(outcome, c, tid, items[i], waited)
+            else:
+                i = c.indices[0]
+                results[i] = self._outcome(reply, c, c.first_id, items[i], waited)
         return results
+
+    def _outcome(
+        self,
+        reply: Any,
+        call: _Call,
+        tid: str,
+        item: BatchItem | PendingItem,
+        waited: Any,
+    ) -> Exception | None:
+        """One item's result from its script's reply (None: written)."""
+        if isinstance(reply, AsyncqError):
+            return reply
+        if isinstance(reply, ResponseError):
+            return script_error(reply, call.script, call.qk.name, tid)
+        if isinstance(reply, Exception):
+            return reply
+        if reply == 0:
+            return conflict_error(call.qk.name, tid)
+        if reply == -1 and isinstance(item, BatchItem):
+            return duplicate_error(unique_key_of(item.message))
+        if self.replication is not None and waited is not None:
+            try:
+                self.replication.check(waited, queue=call.qk.name, task_id=tid)
+            except (ResponseError, ReplicationTimeoutError) as exc:
+                return exc
+        return None
 
     def _plan(
         self, item: BatchItem, now_s: int, now_ns: int

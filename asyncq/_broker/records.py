@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from asyncq import _keys as keys
@@ -24,6 +24,7 @@ from asyncq.proto.asynq import (
 __all__ = ["ServerRecords"]
 
 _WRITE_SERVER_STATE = load_script(LUA_PACKAGE, "write_server_state")
+_WRITE_SERVER_TYPE_RATES = load_script(LUA_PACKAGE, "write_server_type_rates")
 _WRITE_SCHEDULER_ENTRIES = load_script(LUA_PACKAGE, "write_scheduler_entries")
 _RECORD_SCHEDULER_ENQUEUE_EVENT = load_script(LUA_PACKAGE, "record_scheduler_enqueue_event")
 
@@ -32,9 +33,18 @@ class ServerRecords(BrokerBase):
     """What servers and schedulers publish about themselves for the Inspector and the CLI."""
 
     async def write_server_state(
-        self, info: ServerInfo, workers: Sequence[WorkerInfo], ttl: float
+        self,
+        info: ServerInfo,
+        workers: Sequence[WorkerInfo],
+        ttl: float,
+        *,
+        type_rates: Mapping[str, str] | None = None,
     ) -> None:
-        """Heartbeat: ServerInfo and WorkerInfo records with *ttl* seconds to live."""
+        """Heartbeat: ServerInfo and WorkerInfo records with *ttl* seconds to live.
+
+        *type_rates* (``{task type: "600/min"}``), when not empty, go to an
+        asyncq-only hash beside them with the same TTL, for the Inspector.
+        """
         secs = record_ttl(ttl)
         skey = keys.server_info_key(info.host, info.pid, info.server_id)
         wkey = keys.workers_key(info.host, info.pid, info.server_id)
@@ -47,6 +57,12 @@ class ServerRecords(BrokerBase):
         for w in workers:
             args += (w.task_id, bytes(w))
         await self._run(_WRITE_SERVER_STATE, (skey, wkey), args, "", "")
+        if type_rates:
+            tkey = keys.server_type_rates_key(info.host, info.pid, info.server_id)
+            targs: list[Any] = [secs]
+            for task_type, rate in type_rates.items():
+                targs += (task_type, rate)
+            await self._run(_WRITE_SERVER_TYPE_RATES, (tkey,), targs, "", "")
 
     async def clear_server_state(self, host: str, pid: int, server_id: str) -> None:
         """Remove a server's info and workers records."""
@@ -55,7 +71,8 @@ class ServerRecords(BrokerBase):
         pipe = self.redis.pipeline(transaction=False)
         pipe.execute_command("ZREM", keys.ALL_SERVERS, skey)
         pipe.execute_command("ZREM", keys.ALL_WORKERS, wkey)
-        pipe.execute_command("DEL", skey, wkey)
+        # One DEL: the three keys share the server's hash tag (one slot).
+        pipe.execute_command("DEL", skey, wkey, keys.server_type_rates_key(host, pid, server_id))
         await pipe.execute()
 
     async def write_scheduler_entries(

@@ -23,6 +23,7 @@ from asyncq._redis.options import (
     RedisTarget,
     parse_redis_uri,
 )
+from asyncq._redis.pubsub import FastPubSubClient
 from asyncq._redis.transport import FastConnection
 
 __all__ = [
@@ -125,7 +126,7 @@ class Connection:
         self.fast: FastConnection | None = None
         if isinstance(target, RedisClientOpts):
             self.fast = FastConnection.from_options(target)
-        self._pubsub: Redis | None = None
+        self._pubsub: Redis | FastPubSubClient | None = None
         self._closed = False
 
     @property
@@ -133,12 +134,20 @@ class Connection:
         """True once :meth:`aclose` ran."""
         return self._closed
 
-    async def pubsub(self) -> Redis:
-        """A client for Pub/Sub (see :func:`pubsub_client`), created once and closed with us."""
+    async def pubsub(self) -> Redis | FastPubSubClient:
+        """A source of Pub/Sub connections, created once and closed with us.
+
+        Its ``pubsub()`` gives a subscription: on a plain server a
+        :class:`~asyncq._redis.pubsub.FastPubSub` dialled like :attr:`fast`,
+        else redis-py's (see :func:`pubsub_client`).
+        """
         if self._closed:
             raise RuntimeError("the connection is closed")
         if self._pubsub is None:
-            self._pubsub = await pubsub_client(self.redis)
+            if self.fast is not None:
+                self._pubsub = FastPubSubClient(self.fast)
+            else:
+                self._pubsub = await pubsub_client(self.redis)
         return self._pubsub
 
     async def aclose(self) -> None:

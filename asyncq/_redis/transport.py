@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import ssl
 from collections import deque
@@ -37,6 +38,7 @@ from redis.exceptions import (
     AuthenticationWrongNumberOfArgsError,
     DataError,
     InvalidResponse,
+    RedisError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -112,6 +114,7 @@ class _Protocol(asyncio.Protocol):
             notEnoughData=_INCOMPLETE, protocolError=InvalidResponse, replyError=_parse_error
         )
         self._waiters: deque[tuple[asyncio.Future[Any] | _Batch, float]] = deque()
+        self._out: list[bytes] = []  # packed commands not yet written (see _write)
         self._timer: asyncio.TimerHandle | None = None
         self._last_read = 0.0  # loop time of the last bytes received
         self._paused = False
@@ -196,20 +199,40 @@ class _Protocol(asyncio.Protocol):
     def send(self, data: bytes) -> asyncio.Future[Any]:
         """Write one packed command; the future gets its reply (or its error reply raised)."""
         fut = self.loop.create_future()
-        self._waiters.append((fut, self._time()))
-        self.transport.write(data)  # type: ignore[union-attr]  # set while ready
-        if self._timer is None and self.read_timeout is not None:
-            self._arm()
+        self._write(data, fut)
         return fut
 
     def send_batch(self, data: bytes, size: int) -> asyncio.Future[list[Any]]:
         """Write *size* packed commands at once; the future gets all replies, errors in place."""
         fut: asyncio.Future[list[Any]] = self.loop.create_future()
-        self._waiters.append((_Batch(fut, size), self._time()))
-        self.transport.write(data)  # type: ignore[union-attr]  # set while ready
+        self._write(data, _Batch(fut, size))
+        return fut
+
+    def _write(self, data: bytes, waiter: asyncio.Future[Any] | _Batch) -> None:
+        # Coalescing: a call made while others are in flight is buffered and flushed
+        # once per loop iteration, so N concurrent callers cost one send() syscall and
+        # Redis reads them in one go. With nothing in flight (the serial caller) the
+        # write goes out at once: no extra loop iteration on its round trip.
+        waiters = self._waiters
+        idle = not waiters
+        waiters.append((waiter, self._time()))
+        if idle:
+            self.transport.write(data)  # type: ignore[union-attr]  # set while ready
+        else:
+            out = self._out
+            out.append(data)
+            if len(out) == 1:
+                self.loop.call_soon(self._flush)
         if self._timer is None and self.read_timeout is not None:
             self._arm()
-        return fut
+
+    def _flush(self) -> None:
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        if self.lost is None and self.transport is not None:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     async def writable(self) -> None:
         """Wait while the write buffer is above its high-water mark."""
@@ -304,6 +327,7 @@ class _Protocol(asyncio.Protocol):
                 )
             )
         if self.transport is not None and not self._closed.done():
+            self._out = []  # their callers were just failed: nothing waits for these
             self.transport.close()
             await asyncio.shield(self._closed)
 
@@ -326,6 +350,7 @@ class FastConnection:
         "_db",
         "_dial_timeout",
         "_host",
+        "_local_socket",
         "_password",
         "_port",
         "_proto",
@@ -350,6 +375,7 @@ class FastConnection:
         dial_timeout: float = 5.0,
         read_timeout: float | None = 3.0,
         retries: int = 3,
+        local_socket: bool = False,
     ) -> None:
         if unix_socket_path is not None and tls is not None:
             raise ValueError("TLS is not supported over a unix socket")
@@ -370,6 +396,9 @@ class FastConnection:
         self._dial_timeout = dial_timeout
         self._read_timeout = read_timeout
         self._retries = retries
+        self._local_socket = (
+            local_socket and unix_socket_path is None and tls is None and host in _LOOPBACK
+        )
         # go-redis's backoff between connect attempts, as the redis-py clients use.
         self._backoff = ExponentialWithJitterBackoff(cap=0.512, base=0.008)
         self._address = unix_socket_path if unix_socket_path is not None else f"{host}:{port}"
@@ -391,6 +420,7 @@ class FastConnection:
             dial_timeout=opts.dial_timeout,
             read_timeout=opts.read_timeout,
             retries=opts.retries,
+            local_socket=opts.local_socket,
         )
 
     @property
@@ -484,8 +514,26 @@ class FastConnection:
             self._proto = proto
             return proto
 
-    async def _dial(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
-        proto = _Protocol(loop, self._address, self._read_timeout)
+    async def dial(self, factory: type[_Protocol]) -> _Protocol:
+        """A new socket of *factory*'s protocol to the same server, handshake done.
+
+        Not shared with this connection's calls (the Pub/Sub connection uses it);
+        the caller closes it. One attempt: the caller retries.
+        """
+        if self._closed:
+            raise RedisConnectionError(f"Connection to {self._address} is closed")
+        try:
+            return await self._dial(asyncio.get_running_loop(), factory)
+        except (OSError, TimeoutError) as exc:
+            raise RedisConnectionError(
+                f"Error connecting to {self._address}: {exc or type(exc).__name__}"
+            ) from exc
+
+    async def _dial(
+        self, loop: asyncio.AbstractEventLoop, factory: type[_Protocol] | None = None
+    ) -> _Protocol:
+        factory = factory or _Protocol
+        proto = factory(loop, self._address, self._read_timeout)
         try:
             async with asyncio.timeout(self._dial_timeout):
                 if self._unix_path is not None:
@@ -500,10 +548,45 @@ class FastConnection:
                         server_hostname=self._host if ctx is not None else None,
                     )
                 await self._handshake(proto)
+            if self._local_socket:
+                proto = await self._prefer_local_socket(loop, proto, factory)
         except BaseException:
             await proto.close()
             raise
         return proto
+
+    async def _prefer_local_socket(
+        self, loop: asyncio.AbstractEventLoop, tcp: _Protocol, factory: type[_Protocol]
+    ) -> _Protocol:
+        """The same server over its unix socket, when it has one this process can open.
+
+        Loopback TCP costs the kernel more per command than a unix socket; a
+        local Redis usually listens on both. The socket is used only when it
+        leads to the very server *tcp* reached (same ``run_id``); anything
+        else (CONFIG refused by an ACL, no socket, no permission, another
+        server behind the path) keeps *tcp*. Checked on every (re)connect.
+        """
+        probe = _pack_command(("CONFIG", "GET", "unixsocket")) + _pack_command(("INFO", "server"))
+        config, info = await tcp.send_batch(probe, 2)
+        if isinstance(config, Exception) or isinstance(info, Exception):
+            return tcp
+        path = config[1].decode(errors="replace") if len(config) == 2 else ""
+        run_id = _run_id(info)
+        if not path or not run_id or not os.access(path, os.R_OK | os.W_OK):
+            return tcp
+        unix = factory(loop, f"{path} (for {self._address})", self._read_timeout)
+        try:
+            async with asyncio.timeout(self._dial_timeout):
+                await loop.create_unix_connection(lambda: unix, path)
+                await self._handshake(unix)
+                same = _run_id(await unix.send(_pack_command(("INFO", "server")))) == run_id
+        except (OSError, TimeoutError, RedisError):
+            same = False
+        if not same:
+            await unix.close()
+            return tcp
+        await tcp.close()
+        return unix
 
     def _ssl_context(self) -> ssl.SSLContext | None:
         tls = self._tls
@@ -564,6 +647,19 @@ class FastConnection:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<FastConnection {self._address} db={self._db} {state}>"
+
+
+_LOOPBACK = frozenset(("localhost", "127.0.0.1", "::1"))
+
+
+def _run_id(info: Any) -> bytes:
+    """The ``run_id`` line of an ``INFO server`` reply (b"" when absent)."""
+    if not isinstance(info, bytes):
+        return b""
+    for line in info.splitlines():
+        if line.startswith(b"run_id:"):
+            return line[7:].strip()
+    return b""
 
 
 def _running_loop() -> asyncio.AbstractEventLoop:

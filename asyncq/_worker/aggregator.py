@@ -70,7 +70,7 @@ class GroupAggregatorRole(PeriodicRole):
         cfg = self.config
         broker = self.broker
         try:
-            for qname in cfg.queues:
+            for qname in self.queues.names():
                 for group in await broker.list_groups(qname):
                     if self.stopping:
                         return

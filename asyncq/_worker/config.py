@@ -77,6 +77,11 @@ class ServerConfig:
     """Queues this server marks ordered in Redis when it starts."""
     rate_limits: Mapping[str, Rate] = field(default_factory=dict)
     """Fleet-wide token bucket per queue (Redis TIME); see :mod:`asyncq._worker.flow`."""
+    type_rate_limits: Mapping[str, Rate] = field(default_factory=dict)
+    """Fleet-wide token bucket per task type, taken after the dequeue; see
+    :mod:`asyncq._broker.typerate`."""
+    queue_refresh_interval: float = 1.0
+    """How often a server with queue patterns re-reads ``asynq:queues``."""
 
 
 @dataclass(slots=True)
@@ -89,6 +94,8 @@ class ServerStats:
     """Handlers that raised, timed out, were cancelled or lost their lease."""
     requeued: int = 0
     """Tasks put back to pending at shutdown."""
+    type_rate_limited: int = 0
+    """Tasks put back to the retry set, unrun, because their type's rate had no token."""
     recovered: int = 0
     """Tasks with an expired lease retried or archived by this server's recoverer."""
     forwarded: int = 0

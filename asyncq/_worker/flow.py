@@ -14,6 +14,13 @@ The limits are enforced inside the dequeue script (``dequeue_queues.lua``):
   Redis (``asynq:{q}:asyncq:rate``) computed with Redis TIME inside the same
   dequeue script, so every worker shares it; one task every period/N, at most
   N at once (the bucket holds N tokens).
+
+Each option may name queue patterns (``{"tenant:*": 1}``): every served queue
+matching the pattern gets that limit (or rate, or the ordered flag) for itself,
+an explicit name winning over a pattern (see :mod:`asyncq._worker.queueset`).
+
+``type_rate_limits`` (fleet-wide, per task type) are checked after the dequeue,
+by the processor: see :mod:`asyncq._worker.typerate`.
 """
 
 from __future__ import annotations
@@ -23,8 +30,15 @@ import types
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from asyncq import _keys as keys
+from asyncq._worker.queueset import has_patterns, is_pattern, resolve, validate_pattern
+
+if TYPE_CHECKING:
+    from asyncq._worker.queueset import QueueSet
+
+_V = TypeVar("_V")
 
 __all__ = [
     "QueueLimits",
@@ -33,7 +47,12 @@ __all__ = [
     "validate_limits",
     "validate_ordered",
     "validate_rates",
+    "validate_type_rates",
 ]
+
+TYPE_RATE_MAX_WAIT_US = 1_000_000
+"""A task whose type's next token comes within this (1 s) waits for it in its worker
+(holding its slot); a later token puts the task back to the retry set instead."""
 
 _PERIODS_US = {
     "s": 1_000_000,
@@ -80,6 +99,12 @@ def parse_rate(text: str) -> Rate:
     return Rate(count, _PERIODS_US[m.group(2)], f"{count}/{m.group(2)}")
 
 
+def _check_name(option: str, qname: str) -> None:
+    keys.refuse_braces("queue name", qname)
+    if is_pattern(qname):
+        validate_pattern(option, qname)
+
+
 def validate_rates(option: str, rates: Mapping[str, str] | None) -> Mapping[str, Rate]:
     """A read-only ``{queue: Rate}``; every bad entry raises naming the problem."""
     if rates is None:
@@ -90,11 +115,29 @@ def validate_rates(option: str, rates: Mapping[str, str] | None) -> Mapping[str,
     for qname, text in rates.items():
         if not isinstance(qname, str) or not qname.strip():
             raise ValueError(f"{option}: queue names must be non-blank strings, got {qname!r}")
-        keys.refuse_braces("queue name", qname)
+        _check_name(option, qname)
         try:
             out[qname] = text if isinstance(text, Rate) else parse_rate(text)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{option}: queue {qname!r}: {exc}") from None
+    return types.MappingProxyType(out)
+
+
+def validate_type_rates(option: str, rates: Mapping[str, str] | None) -> Mapping[str, Rate]:
+    """A read-only ``{task type: Rate}``; every bad entry raises naming the problem."""
+    if rates is None:
+        return types.MappingProxyType({})
+    if not isinstance(rates, Mapping):
+        raise TypeError(f"{option} must be a mapping of task type to rate, got {rates!r}")
+    out: dict[str, Rate] = {}
+    for type_name, text in rates.items():
+        if not isinstance(type_name, str) or not type_name.strip():
+            raise ValueError(f"{option}: task types must be non-blank strings, got {type_name!r}")
+        keys.refuse_braces("task type", type_name)
+        try:
+            out[type_name] = text if isinstance(text, Rate) else parse_rate(text)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{option}: task type {type_name!r}: {exc}") from None
     return types.MappingProxyType(out)
 
 
@@ -108,7 +151,7 @@ def validate_limits(option: str, limits: Mapping[str, int] | None) -> Mapping[st
     for qname, limit in limits.items():
         if not isinstance(qname, str) or not qname.strip():
             raise ValueError(f"{option}: queue names must be non-blank strings, got {qname!r}")
-        keys.refuse_braces("queue name", qname)
+        _check_name(option, qname)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(
                 f"{option}: queue {qname!r} needs an integer limit >= 0, got {limit!r}"
@@ -125,7 +168,7 @@ def validate_ordered(names: Sequence[str]) -> tuple[str, ...]:
     for qname in names:
         if not isinstance(qname, str) or not qname.strip():
             raise ValueError(f"ordered_queues: names must be non-blank strings, got {qname!r}")
-        keys.refuse_braces("queue name", qname)
+        _check_name("ordered_queues", qname)
         out.append(qname)
     return tuple(out)
 
@@ -133,18 +176,42 @@ def validate_ordered(names: Sequence[str]) -> tuple[str, ...]:
 class QueueLimits:
     """The limits one fetch passes to the dequeue script, and the local running counts."""
 
-    __slots__ = ("_fleet", "_local", "_rates", "_running")
+    __slots__ = (
+        "_fleet",
+        "_given",
+        "_local",
+        "_queues",
+        "_rates",
+        "_running",
+        "_version",
+    )
 
     def __init__(
         self,
         fleet: Mapping[str, int],
         local: Mapping[str, int],
         rates: Mapping[str, Rate] | None = None,
+        queues: QueueSet | None = None,
     ) -> None:
-        self._fleet = dict(fleet)
-        self._local = dict(local)
-        self._rates = dict(rates or {})
+        self._given = (dict(fleet), dict(local), dict(rates or {}))
+        self._fleet, self._local, self._rates = self._given
+        # With patterns the limits are resolved per served queue, again whenever the
+        # served set changes; without, the given mappings are used as they are.
+        self._queues = queues if has_patterns([k for m in self._given for k in m]) else None
+        self._version = -1
         self._running: Counter[str] = Counter()
+
+    def _resolve(self) -> None:
+        served = self._queues
+        if served is None or served.version == self._version:
+            return
+        self._version = served.version
+        names = served.names()
+        self._fleet, self._local, self._rates = (
+            _expand(self._given[0], names),
+            _expand(self._given[1], names),
+            _expand(self._given[2], names),
+        )
 
     def started(self, qname: str) -> None:
         self._running[qname] += 1
@@ -160,12 +227,14 @@ class QueueLimits:
 
     def is_local_limited(self, qname: str) -> bool:
         """Whether a finished task of *qname* frees room under a server-local limit."""
+        self._resolve()
         return qname in self._local
 
     def for_fetch(self) -> dict[str, tuple[int, ...]] | None:
         """``{queue: (fleet limit, local room[, interval µs, burst])}`` (-1 = none).
 
         None when nothing is limited."""
+        self._resolve()
         if not self._fleet and not self._local and not self._rates:
             return None
         out: dict[str, tuple[int, ...]] = {}
@@ -178,3 +247,14 @@ class QueueLimits:
                 entry += (rate.interval_us, rate.count)
             out[qname] = entry
         return out
+
+
+def _expand(given: Mapping[str, _V], names: Sequence[str]) -> dict[str, _V]:
+    """*given* for the concrete *names*: explicit entries, then pattern matches."""
+    out = {k: v for k, v in given.items() if not is_pattern(k)}
+    for name in names:
+        if name not in out:
+            value = resolve(given, name)
+            if value is not None:
+                out[name] = value
+    return out

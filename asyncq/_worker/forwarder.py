@@ -28,7 +28,7 @@ class Forwarder(PeriodicRole):
         self._wakeup = wakeup
 
     async def tick(self) -> None:
-        moved = await MultiQueue(self.broker).forward(list(self.config.queues))
+        moved = await MultiQueue(self.broker).forward(self.queues.names())
         if moved:
             self.stats.forwarded += moved
             self._wakeup.set()

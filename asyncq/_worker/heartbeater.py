@@ -98,7 +98,7 @@ class Heartbeater(PeriodicRole):
             pid=server.pid,
             server_id=server.server_id,
             concurrency=cfg.concurrency,
-            queues=dict(cfg.queues),
+            queues=dict(self.queues.priorities),  # concrete names, never patterns
             strict_priority=cfg.strict_priority,
             status=self._status(),
             start_time=self._started_at(),
@@ -120,7 +120,12 @@ class Heartbeater(PeriodicRole):
         ]
         # asynq's TTL is twice the interval; at least 2 s so sub-second test
         # intervals still give Redis a whole-second expiry.
-        await self.broker.write_server_state(info, workers, ttl=max(2 * self.interval, 2.0))
+        await self.broker.write_server_state(
+            info,
+            workers,
+            ttl=max(2 * self.interval, 2.0),
+            type_rates={t: str(rate) for t, rate in cfg.type_rate_limits.items()},
+        )
 
     async def cleanup(self) -> None:
         server = self.identity

@@ -25,5 +25,5 @@ class Janitor(PeriodicRole):
         batch = self.config.janitor_batch_size
         # One script call per Redis node for all queues, repeated while a batch was full.
         queues = MultiQueue(self.broker)
-        deleted = await queues.delete_expired_completed(list(self.config.queues), batch)
+        deleted = await queues.delete_expired_completed(self.queues.names(), batch)
         self.stats.janitor_deleted += deleted

@@ -49,13 +49,14 @@ import inspect
 import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import reduce
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import anyio
 
 from asyncq._broker.multiqueue import MultiQueue
+from asyncq._broker.typerate import take_type_tokens
 from asyncq._broker.workflow import AckMode, ack_step, is_workflow_step  # [workflow hook]
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
@@ -67,7 +68,7 @@ from asyncq._worker.active import (
     ActiveTask,
     ActiveTasks,
 )
-from asyncq._worker.flow import QueueLimits
+from asyncq._worker.flow import TYPE_RATE_MAX_WAIT_US, QueueLimits, Rate
 from asyncq._worker.lease import Lease
 from asyncq._worker.policy import find_error, is_failure_for, retry_delay_for, wraps_error
 from asyncq._worker.roles import Role, RoleDeps
@@ -149,7 +150,10 @@ class QueueOrder:
         *,
         strict: bool = False,
         rng: random.Random | None = None,
+        weights: Mapping[str, float] | None = None,
     ) -> None:
+        """*weights* (weighted order only) replace the priorities for the draw: the
+        matches of a queue pattern share its weight (see :mod:`asyncq._worker.queueset`)."""
         if not queues:
             raise ValueError("at least one queue is needed")
         normalized = normalize_queues(queues)
@@ -165,7 +169,8 @@ class QueueOrder:
             self._fixed = sorted(normalized, key=lambda q: (-normalized[q], q))
         else:
             self._names = list(normalized)
-            self._inverse = [1.0 / prio for prio in normalized.values()]
+            draw: Mapping[str, float] = normalized if weights is None else weights
+            self._inverse = [1.0 / draw[name] for name in self._names]
 
     def __call__(self) -> list[str]:
         if self._fixed is not None:
@@ -221,11 +226,14 @@ class Processor(Role):
         self.clock: Callable[[], float] = deps.broker.clock
         self.active = active
         self.slots = Slots(cfg.concurrency)
-        self._queue_order = QueueOrder(cfg.queues, strict=cfg.strict_priority)
+        self._queue_order: QueueOrder | None = None
+        self._order_version = -1  # of the QueueSet the order was built from
         self._queues = MultiQueue(deps.broker)
         self._limits = QueueLimits(
-            cfg.queue_concurrency, cfg.local_queue_concurrency, cfg.rate_limits
+            cfg.queue_concurrency, cfg.local_queue_concurrency, cfg.rate_limits, deps.queues
         )
+        self._type_rates: Mapping[str, Rate] = cfg.type_rate_limits
+        self._tokens = _TypeTokens(deps.broker)
         self._max_bytes = cfg.max_inflight_bytes
         self._inflight_bytes = 0
         self._bytes_freed = asyncio.Event()
@@ -306,6 +314,7 @@ class Processor(Role):
         tasks = [a.task for a in self.active.values() if a.task is not None]
         tasks += self._detached
         tasks += self._acks.sending
+        tasks += self._tokens.sending
         if tasks:
             # Workers writing an outcome get a moment to finish it; handlers that
             # ignore cancellation are left behind (nothing more is written for them).
@@ -325,7 +334,7 @@ class Processor(Role):
     async def _fetch_loop(self) -> None:
         sync_limiter.set(self._limiter)  # inherited by every handler task created below
         stats = self.stats
-        order = self._queue_order
+        order = self._order
         burst = self.config.burst
         strict = self.config.strict_priority
         while self._fetching:
@@ -369,7 +378,7 @@ class Processor(Role):
                 # Retries and scheduled tasks due now are work too; the forwarder
                 # may not run again before we would exit.
                 try:
-                    moved = await self._queues.forward(list(self.config.queues))
+                    moved = await self._queues.forward(self.queues.names())
                 except REDIS_ERRORS as exc:
                     self._fetch_failed(exc)
                     await self._idle_wait(self._backoff.next_delay(), count=False)
@@ -382,6 +391,20 @@ class Processor(Role):
                 self._on_burst_done()
                 return
             await self._idle_wait(self._poll.next_delay(), count=True)
+
+    def _order(self) -> list[str]:
+        """This fetch's queue order, rebuilt when the served queues changed (patterns)."""
+        served = self.queues
+        if served.version != self._order_version:
+            self._order_version = served.version
+            self._queue_order = (
+                QueueOrder(
+                    served.priorities, strict=self.config.strict_priority, weights=served.weights
+                )
+                if len(served)
+                else None  # only patterns, matching nothing yet
+            )
+        return [] if self._queue_order is None else self._queue_order()
 
     def _fetch_failed(self, exc: BaseException) -> None:
         self.stats.fetch_errors += 1
@@ -443,9 +466,14 @@ class Processor(Role):
             task.result_writer = TaskResultWriter(self.broker, active)
             if active.cancel_exc is None and self.clock() >= active.deadline:
                 active.cancel_exc = DeadlineExceededError()
+            limited: timedelta | None = None  # the type's rate had no token: not run
             if active.cancel_exc is None:  # else cancelled before its first step
                 try:
-                    await self.handler(task)
+                    rate = self._type_rates.get(active.msg.type) if self._type_rates else None
+                    if rate is not None:
+                        limited = await self._type_token(active, rate)
+                    if limited is None:
+                        await self.handler(task)
                 except asyncio.CancelledError as err:
                     if active.cancel_exc is None:
                         current = asyncio.current_task()
@@ -473,7 +501,9 @@ class Processor(Role):
                 exc = active.cancel_exc  # a done context wins over what the handler returned
             if active.abandoned:
                 return
-            if exc is None:
+            if exc is None and limited is not None:
+                await self._type_limited(active, limited)
+            elif exc is None:
                 await self._succeeded(active)
             else:
                 await self._failed(active, task, exc)
@@ -669,6 +699,53 @@ class Processor(Role):
 
         await self._write(active, retry, "retry")
 
+    async def _type_token(self, active: ActiveTask, rate: Rate) -> timedelta | None:
+        """Take a token of the task type's bucket, waiting up to 1 s for a reserved one.
+
+        None: the handler may run now. Otherwise the delay after which a token
+        should be there: the task goes back to the retry set unrun. A Redis
+        error counts as no token (retried in a second): running the handler
+        unchecked could pass the rate.
+        """
+        msg = active.msg
+        try:
+            granted, wait_us = await self._tokens.take(msg.type, rate)
+        except REDIS_ERRORS as exc:
+            if self._write_errors.allow():
+                self.log.warning(
+                    "could not take a token of the task type's rate limit; rescheduling the task",
+                    error=error_text(exc),
+                    suppressed_since_last=self._write_errors.take_suppressed(),
+                    **task_fields(msg),
+                )  # fmt: skip
+            return timedelta(seconds=1)
+        if not granted:
+            return timedelta(microseconds=wait_us)
+        if wait_us > 0:
+            # The token is ours from now + wait on: the handler must not start earlier.
+            await asyncio.sleep(wait_us / 1_000_000)
+        return None
+
+    async def _type_limited(self, active: ActiveTask, retry_in: timedelta) -> None:
+        """No token for the task's type: back to the retry set, unrun, no retry used."""
+        msg = active.msg
+        self.stats.type_rate_limited += 1
+        rate = self._type_rates.get(msg.type)
+        if self._debug:
+            self.log.debug(
+                "task type over its rate limit; rescheduled",
+                rate=str(rate), retry_in=str(retry_in), **task_fields(msg),
+            )  # fmt: skip
+        if not active.lease.valid():
+            return  # the recoverer takes it over
+        retry_at = datetime.fromtimestamp(self.clock(), UTC) + retry_in
+        err_msg = f"asyncq: rate limit of task type {msg.type!r} ({rate}) reached; not run"
+
+        def retry() -> Awaitable[None]:
+            return self.broker.retry(msg, retry_at, err_msg, is_failure=False)
+
+        await self._write(active, retry, "retry")
+
     def _workflow_ack(
         self, msg: TaskMessage, mode: AckMode, err_msg: str = ""
     ) -> Callable[[], Awaitable[None]]:
@@ -792,6 +869,68 @@ class _AckBatcher:
         for (_, _, fut), result in zip(batch, results, strict=True):
             if not fut.done():
                 fut.set_result(result)
+
+
+class _TypeTokens:
+    """Coalesces the token requests of one event-loop turn into one script call per type.
+
+    The tasks of one fetch start in the same turn and each asks for a token
+    before its handler, so a fetch of 50 tasks of a rate-limited type costs one
+    call, not 50. The first requests get the tokens taken, in order; the rest
+    get "no token" with the wait until the next one.
+    """
+
+    __slots__ = ("_broker", "_pending", "sending")
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._pending: dict[str, tuple[Rate, list[asyncio.Future[tuple[bool, int]]]]] = {}
+        self.sending: set[asyncio.Task[None]] = set()
+
+    def take(self, task_type: str, rate: Rate) -> asyncio.Future[tuple[bool, int]]:
+        """A future resolving to ``(True, wait µs)`` for a token or ``(False, wait µs)``."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[bool, int]] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._flush)
+        entry = self._pending.get(task_type)
+        if entry is None:
+            entry = self._pending[task_type] = (rate, [])
+        entry[1].append(fut)
+        return fut
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, {}
+        loop = asyncio.get_running_loop()
+        for task_type, (rate, futs) in batch.items():
+            send = loop.create_task(self._send(task_type, rate, futs))
+            self.sending.add(send)
+            send.add_done_callback(self.sending.discard)
+
+    async def _send(
+        self, task_type: str, rate: Rate, futs: list[asyncio.Future[tuple[bool, int]]]
+    ) -> None:
+        try:
+            waits, next_wait = await take_type_tokens(
+                self._broker,
+                task_type,
+                len(futs),
+                interval_us=rate.interval_us,
+                burst=rate.count,
+                max_wait_us=TYPE_RATE_MAX_WAIT_US,
+            )
+        except Exception as exc:  # e.g. connection lost: every request of the batch gets it
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        except BaseException:
+            for fut in futs:
+                fut.cancel()
+            raise
+        for i, fut in enumerate(futs):
+            if not fut.done():  # a cancelled waiter's token is lost: the rate only errs low
+                fut.set_result((True, waits[i]) if i < len(waits) else (False, next_wait))
 
 
 def write_limit(redis: object) -> int:

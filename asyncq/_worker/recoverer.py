@@ -45,7 +45,7 @@ class Recoverer(PeriodicRole):
     async def tick(self) -> None:
         cfg = self.config
         broker = self.broker
-        queues = list(cfg.queues)
+        queues = self.queues.names()
         now = datetime.fromtimestamp(broker.clock(), UTC)
         cutoff = now - timedelta(seconds=cfg.recoverer_cutoff)
         multi = MultiQueue(broker)  # all queues in one script call per Redis node

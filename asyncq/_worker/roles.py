@@ -30,6 +30,7 @@ from asyncq._redis.errors import REDIS_ERRORS
 if TYPE_CHECKING:
     from asyncq._broker import Broker
     from asyncq._worker.config import ServerConfig, ServerStats
+    from asyncq._worker.queueset import QueueSet
 
 __all__ = [
     "PeriodicRole",
@@ -52,6 +53,8 @@ class RoleDeps:
     config: ServerConfig
     log: Any
     stats: ServerStats
+    queues: QueueSet
+    """The queues served now (names and the current matches of patterns)."""
 
 
 _RESTART_MIN = 0.1
@@ -68,6 +71,7 @@ class Role:
         self.broker = deps.broker
         self.config = deps.config
         self.stats = deps.stats
+        self.queues = deps.queues
         self.log: Any = deps.log.bind(role=self.name)
         self._stop = asyncio.Event()
         self._redis_errors = RateLimiter(3.0)

@@ -3,9 +3,10 @@
 It subscribes to asynq's ``asynq:cancel`` channel (a message is a task ID;
 the running handler of that task is cancelled, which counts as a failure, so
 the task is retried, as in asynq) and to asyncq's wake-up channel of every
-configured queue (``asyncq:wakeup:{<queue>}``, published by asyncq's enqueue
+served queue (``asyncq:wakeup:{<queue>}``, published by asyncq's enqueue
 scripts when a pending list goes from empty to non-empty), which ends the
-processor's idle wait at once.
+processor's idle wait at once. When the served queues change (patterns, see
+:mod:`asyncq._worker.queueset`) the channels follow within a second.
 
 The cancel channel is subscribed first, on its own. When Redis ACLs deny the
 wake-up channels (a user granted only ``&asynq:cancel``, which is all Go asynq
@@ -30,6 +31,7 @@ from redis.exceptions import NoPermissionError
 from asyncq import _keys as keys
 from asyncq._logging import Backoff, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS
+from asyncq._redis.pubsub import FastPubSubClient
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.roles import Role, RoleDeps
 from asyncq.errors import TaskCanceledError
@@ -50,7 +52,7 @@ class Subscriber(Role):
         *,
         active: ActiveTasks,
         wakeup: asyncio.Event,
-        pubsub: Callable[[], Awaitable[Redis]],
+        pubsub: Callable[[], Awaitable[Redis | FastPubSubClient]],
     ) -> None:
         super().__init__(deps)
         self.active = active
@@ -62,8 +64,32 @@ class Subscriber(Role):
         """Set after the first connection attempt, successful or not."""
         self._task: asyncio.Task[Any] | None = None
         self._reading = False
-        self._wakeups = {keys.wakeup_channel(q).encode(): q for q in deps.config.queues}
+        self._wakeups = self._channels()
+        self._seen_version = self.queues.version
+        self._denied = False
         self._warned_denied = False
+
+    def _channels(self) -> dict[bytes, str]:
+        """The wake-up channel of every queue served now."""
+        self._seen_version = self.queues.version
+        return {keys.wakeup_channel(q).encode(): q for q in self.queues.names()}
+
+    async def _follow_queues(self, pubsub: Any) -> None:
+        """Queues matching the server's patterns came or went: (un)subscribe their channels.
+
+        The confirmations are read (and ignored) by the reading loop; a refusal
+        surfaces there as a Redis error, and the reconnect then handles it.
+        """
+        old = self._wakeups
+        self._wakeups = new = self._channels()
+        if self._denied:
+            return
+        added = [c for c in new if c not in old]
+        removed = [c for c in old if c not in new]
+        if added:
+            await pubsub.subscribe(*added)
+        if removed:
+            await pubsub.unsubscribe(*removed)
 
     def request_stop(self) -> None:
         super().request_stop()
@@ -85,6 +111,8 @@ class Subscriber(Role):
                 if not await self._subscribe(pubsub, [cancel_channel], cancel_channel):
                     return
                 channels = 1
+                self._denied = False
+                self._wakeups = self._channels()
                 if self._wakeups:
                     try:
                         if not await self._subscribe(pubsub, list(self._wakeups), cancel_channel):
@@ -109,6 +137,8 @@ class Subscriber(Role):
                     finally:
                         self._reading = False
                     self._handle(msg, cancel_channel)
+                    if self.queues.version != self._seen_version:
+                        await self._follow_queues(pubsub)
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if self.stopping and current is not None:
@@ -148,6 +178,7 @@ class Subscriber(Role):
     def _wakeups_denied(self, pubsub: Any, exc: NoPermissionError) -> None:
         # Redis refused the whole SUBSCRIBE, so none of them is subscribed; forget them,
         # or redis-py would ask for them again, together with cancel, on a reconnect.
+        self._denied = True
         for channel in self._wakeups:
             pubsub.channels.pop(channel, None)
         interval = self.config.task_check_interval

@@ -686,6 +686,10 @@ def server_ls(ctx: click.Context, as_json: bool) -> None:
         for s in servers
     ]
     click.echo(table(["Host", "PID", "State", "Active Workers", "Queues", "Started"], rows))
+    for s in servers:  # asyncq servers with per-type rate limits (Go servers have none)
+        if s.type_rate_limits:
+            rates = ", ".join(f"{t} {r}" for t, r in sorted(s.type_rate_limits.items()))
+            click.echo(f"{s.host}:{s.pid} type rates: {rates}")
 
 
 @click.group()

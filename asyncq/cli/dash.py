@@ -24,7 +24,7 @@ from textual.widgets import DataTable, Footer, Header, Static, Tab, Tabs
 from asyncq._redis.options import RedisTarget
 from asyncq.cli._format import format_bytes, format_duration, task_rows, task_text
 from asyncq.errors import AsyncqError, TaskNotFoundError
-from asyncq.inspector import Inspector, QueueInfo
+from asyncq.inspector import Inspector, QueueInfo, TypeRateInfo
 from asyncq.task import TaskInfo, TaskState
 
 __all__ = ["DashApp"]
@@ -244,6 +244,7 @@ class QueuesScreen(RefreshingScreen):
         yield Static("Queues", id="summary")
         table: DataTable[str] = DataTable(id="queues", cursor_type="row", zebra_stripes=True)
         yield table
+        yield Static("", id="type-rates", markup=False)
         yield Static("", id="status")
         yield Footer()
 
@@ -289,6 +290,9 @@ class QueuesScreen(RefreshingScreen):
             f"{sum(q.processed for q in infos.values())}, failed "
             f"{sum(q.failed for q in infos.values())}"
         )
+        ok, type_rates = await self.dash.attempt(self.dash.inspector.type_rates())
+        if ok:
+            self.query_one("#type-rates", Static).update(type_rates_line(type_rates or []))
         self.query_one("#status", Static).update(f"updated {now} UTC; Enter opens a queue")
 
     def _selected(self) -> QueueInfo | None:
@@ -334,6 +338,23 @@ class QueuesScreen(RefreshingScreen):
             await self.reload()
 
         self.app.push_screen(ConfirmScreen(f'Remove queue "{name}"?'), confirmed)
+
+
+def type_rates_line(infos: list[TypeRateInfo]) -> str:
+    """``Type rates: api:partner 600/min (tokens 12, put back 3) ...``; empty without any."""
+    if not infos:
+        return ""
+    parts = []
+    for t in infos:
+        if t.tokens is None:
+            state = "no bucket yet"
+        elif t.tokens == 0 and t.next_token:
+            state = f"tokens 0, next in {format_duration(t.next_token)}"
+        else:
+            state = f"tokens {t.tokens}"
+        disagree = f", servers disagree: {', '.join(t.servers)}" if len(t.servers) > 1 else ""
+        parts.append(f"{t.task_type} {t.rate or '-'} ({state}, put back {t.limited}{disagree})")
+    return "Type rates: " + "; ".join(parts)
 
 
 class QueueScreen(RefreshingScreen):
@@ -419,6 +440,12 @@ class QueueScreen(RefreshingScreen):
                 if info.concurrency_limit is not None
                 else ""
             )
+            + (
+                f"  rate {info.rate_limit} (tokens {info.rate_tokens})"
+                if info.rate_limit is not None
+                else ""
+            )
+            + ("  ordered" if info.ordered else "")
         )
         group = f"  group {self.group} (g: next of {len(self.groups)})" if self.group else ""
         empty = "  (no groups)" if self.state is TaskState.AGGREGATING and not self.group else ""

@@ -1,4 +1,4 @@
-"""``asyncq queue limit``: read, set or clear a queue's fleet-wide concurrency limit."""
+"""Flow-control commands: ``asyncq queue limit``/``ordered`` and ``asyncq typerate``."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from asyncq._worker.queueset import is_pattern, validate_pattern
 from asyncq.cli._app import CliError
-from asyncq.cli._commands import queue, with_inspector
-from asyncq.inspector import Inspector
+from asyncq.cli._commands import each, json_option, queue, report_errors, with_inspector
+from asyncq.cli._format import format_duration, table, to_json
+from asyncq.inspector import Inspector, TypeRateInfo
 
-__all__ = ["LimitsType", "limit", "parse_limits", "register"]
+__all__ = ["LimitsType", "limit", "parse_limits", "register", "typerate"]
 
 
 def parse_limits(text: str) -> dict[str, int]:
@@ -31,6 +33,8 @@ def parse_limits(text: str) -> dict[str, int]:
             raise ValueError(f"limit of queue {name!r} must be 0 or more, got {value}")
         if name in limits:
             raise ValueError(f"queue {name!r} is listed twice")
+        if is_pattern(name):
+            validate_pattern("limits", name)
         limits[name] = value
     return limits
 
@@ -118,7 +122,104 @@ def ordered(ctx: click.Context, queue_name: str, value: str | None) -> None:
     click.echo(with_inspector(ctx, go))
 
 
-def register() -> None:
-    """Add ``limit`` and ``ordered`` to the ``asyncq queue`` group."""
+@click.group()
+def typerate() -> None:
+    """Rate limits per task type (workers' --type-rate-limit)."""
+
+
+def _servers_text(info: TypeRateInfo) -> str:
+    if not info.servers:
+        return "none live"
+    return ", ".join(f"{n} at {rate}" for rate, n in info.servers.items())
+
+
+def _tokens_text(info: TypeRateInfo) -> str:
+    if info.tokens is None:
+        return "-"  # no bucket: no task of the type has started in the last hour
+    if info.tokens == 0 and info.next_token:
+        return f"0 (next in {format_duration(info.next_token)})"
+    return str(info.tokens)
+
+
+@typerate.command("ls")
+@json_option
+@click.pass_context
+def typerate_ls(ctx: click.Context, as_json: bool) -> None:
+    """List the task types whose rate live workers limit.
+
+    Tokens: tasks of the type that may start now. Put back: tasks the rate
+    sent back to the retry set (unrun, no retry used) since its bucket was
+    created. Servers: live workers configuring it, by rate.
+    """
+    infos = with_inspector(ctx, lambda insp: insp.type_rates())
+    if as_json:
+        click.echo(to_json(infos))
+        return
+    if not infos:
+        click.echo("No task type rate limits on live servers")
+        return
+    rows = [
+        [i.task_type, i.rate or "-", _tokens_text(i), str(i.limited), _servers_text(i)]
+        for i in infos
+    ]
+    click.echo(table(["Type", "Rate", "Tokens", "Put back", "Servers"], rows))
+    _warn_disagreement(infos)
+
+
+def _warn_disagreement(infos: list[TypeRateInfo]) -> None:
+    for i in infos:
+        if len(i.servers) > 1:
+            click.echo(
+                f"warning: live servers disagree on the rate of {i.task_type!r}: "
+                f"{', '.join(i.servers)}",
+                err=True,
+            )
+
+
+def _type_rate_text(i: TypeRateInfo) -> str:
+    lines = [
+        f"Task type: {i.task_type}",
+        f"Rate: {i.rate or '-'}    Tokens now: {_tokens_text(i)}",
+        f"Put back by the rate: {i.limited} (since the bucket was created)",
+        f"Servers: {_servers_text(i)}",
+    ]
+    if i.tokens is None:
+        lines.append("No bucket: no task of the type started in the last hour")
+    return "\n".join(lines)
+
+
+@typerate.command("inspect")
+@click.argument("task_types", metavar="TYPES...", nargs=-1, required=True)
+@json_option
+@click.pass_context
+def typerate_inspect(ctx: click.Context, task_types: tuple[str, ...], as_json: bool) -> None:
+    """Show the rate limit of each of TYPES: rate, tokens now, tasks put back.
+
+    \b
+    Example:
+      asyncq typerate inspect api:partner
+    """
+
+    async def one(insp: Inspector, task_type: str) -> TypeRateInfo:
+        info = await insp.type_rate(task_type)
+        if info is None:
+            raise ValueError(
+                f"task type {task_type!r} has no rate limit on a live server and no bucket"
+            )
+        return info
+
+    results = with_inspector(ctx, lambda insp: each(task_types, lambda t: one(insp, t)))
+    good = [info for _, info, _ in results if info is not None]
+    if as_json:
+        click.echo(to_json(good))
+    elif good:
+        click.echo("\n\n".join(_type_rate_text(i) for i in good))
+        _warn_disagreement(good)
+    report_errors(results)
+
+
+def register(main: click.Group) -> None:
+    """Add ``limit`` and ``ordered`` to the ``asyncq queue`` group, and ``typerate``."""
     queue.add_command(limit)
     queue.add_command(ordered)
+    main.add_command(typerate)

@@ -16,6 +16,7 @@ import click
 from redis.exceptions import RedisError
 
 from asyncq._redis.options import redact_uri
+from asyncq._worker.queueset import is_pattern, validate_pattern
 from asyncq.app import App
 from asyncq.cli._app import (
     ENV_URI,
@@ -55,6 +56,8 @@ def parse_queues(text: str) -> dict[str, int]:
                 raise ValueError(f"priority of queue {name!r} must be 1 or more, got {priority}")
         if name in queues:
             raise ValueError(f"queue {name!r} is listed twice")
+        if is_pattern(name):
+            validate_pattern("queues", name)
         queues[name] = priority
     return queues
 
@@ -194,13 +197,16 @@ class QueuesType(_QueuesParam):
     "-q",
     type=QueuesType(),
     metavar="NAME=PRIORITY,...",
-    help="Queues and their weights, e.g. critical=6,default=3 [default: default=1].",
+    help="Queues and their weights, e.g. critical=6,default=3 [default: default=1]. "
+    "A NAME with * ? [..] is a pattern served for every matching queue, also ones "
+    "created later, e.g. 'tenant:*=1,critical=5'.",
 )
 @click.option(
     "--queue-concurrency",
     type=LimitsType(),
     metavar="NAME=N,...",
-    help="Fleet-wide limit of running tasks per queue, e.g. partner=2.",
+    help="Fleet-wide limit of running tasks per queue, e.g. partner=2; a NAME pattern "
+    "(tenant:*=1) limits each matching queue.",
 )
 @click.option(
     "--local-queue-concurrency",
@@ -213,7 +219,15 @@ class QueuesType(_QueuesParam):
     "rate_limits",
     multiple=True,
     metavar="NAME=N/PERIOD",
-    help="Fleet-wide rate limit of a queue (token bucket in Redis), e.g. email=100/s; repeatable.",
+    help="Fleet-wide rate limit of a queue (token bucket in Redis), e.g. email=100/s; "
+    "NAME may be a pattern (tenant:*=10/s: each matching queue); repeatable.",
+)
+@click.option(
+    "--type-rate-limit",
+    "type_rate_limits",
+    multiple=True,
+    metavar="TYPE=N/PERIOD",
+    help="Fleet-wide rate limit of a task type, e.g. api:partner=600/min; repeatable.",
 )
 @click.option("--strict", is_flag=True, help="Strict priority: empty higher queues first.")
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
@@ -275,6 +289,7 @@ def worker(
     queue_concurrency: dict[str, int] | None,
     local_queue_concurrency: dict[str, int] | None,
     rate_limits: tuple[str, ...],
+    type_rate_limits: tuple[str, ...],
     strict: bool,
     burst: bool,
     worker_uri: str | None,
@@ -310,6 +325,7 @@ def worker(
 
     configure_logging(log_level.lower())
     rates = _rates(rate_limits)
+    type_rates = _rates(type_rate_limits, option="--type-rate-limit")
     if app is None and not http_targets:
         raise click.UsageError("give MODULE:APP, --http-target PATTERN=URL, or both")
     target = load_app(app) if app is not None else ServeMux()
@@ -331,6 +347,7 @@ def worker(
                 "--local-queue-concurrency": local_queue_concurrency,
             },
             rate_limits=rate_limits,
+            type_rate_limits=type_rate_limits,
             strict=strict,
             burst=burst,
             log_level=log_level.lower(),
@@ -351,6 +368,7 @@ def worker(
         "queue_concurrency": queue_concurrency,
         "local_queue_concurrency": local_queue_concurrency,
         "rate_limits": rates or None,
+        "type_rate_limits": type_rates or None,
     }
     if shutdown_timeout is not None:
         options["shutdown_timeout"] = shutdown_timeout
@@ -404,22 +422,23 @@ def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
-def _rates(items: tuple[str, ...]) -> dict[str, str]:
-    """``--rate-limit NAME=N/PERIOD`` values as ``{queue: rate}``, checked now."""
-    from asyncq._worker.flow import validate_rates
+def _rates(items: tuple[str, ...], option: str = "--rate-limit") -> dict[str, str]:
+    """``--rate-limit NAME=N/PERIOD`` (or ``--type-rate-limit``) values as ``{name: rate}``,
+    checked now."""
+    from asyncq._worker.flow import validate_rates, validate_type_rates
 
     out: dict[str, str] = {}
     for item in items:
-        name, sep, rate = item.partition("=")
+        # A rate holds no "=": split at the last one, so the name may hold one.
+        name, sep, rate = item.rpartition("=")
         if not sep or not name.strip():
-            raise click.BadParameter(
-                f"expected NAME=N/PERIOD, got {item!r}", param_hint="--rate-limit"
-            )
+            raise click.BadParameter(f"expected NAME=N/PERIOD, got {item!r}", param_hint=option)
         out[name.strip()] = rate.strip()
+    validate = validate_rates if option == "--rate-limit" else validate_type_rates
     try:
-        validate_rates("--rate-limit", out)
+        validate(option, out)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--rate-limit") from None
+        raise click.BadParameter(str(exc), param_hint=option) from None
     return out
 
 
@@ -433,6 +452,7 @@ def _supervise(
     queues: dict[str, int] | None,
     limits: dict[str, dict[str, int] | None],
     rate_limits: tuple[str, ...],
+    type_rate_limits: tuple[str, ...],
     strict: bool,
     burst: bool,
     log_level: str,
@@ -458,6 +478,8 @@ def _supervise(
             argv += [flag, ",".join(f"{name}={n}" for name, n in limit.items())]
     for rate in rate_limits:
         argv += ["--rate-limit", rate]
+    for rate in type_rate_limits:
+        argv += ["--type-rate-limit", rate]
     if shutdown_timeout is not None:
         argv += ["--shutdown-timeout", f"{round(shutdown_timeout.total_seconds() * 1000)}ms"]
     if strict:

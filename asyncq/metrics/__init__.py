@@ -18,6 +18,7 @@ from asyncq.metrics._queues import (
     collect_queue_metrics,
     queue_families,
     render,
+    type_rate_families,
 )
 from asyncq.metrics._worker import DEFAULT_BUCKETS, WorkerMetrics
 
@@ -29,4 +30,5 @@ __all__ = [
     "collect_queue_metrics",
     "queue_families",
     "render",
+    "type_rate_families",
 ]

@@ -16,7 +16,22 @@ asynq_queue_paused_total                gauge    queue         1 if paused else 
 asyncq_queue_concurrency_limit          gauge    queue         stored limit (queues with one)
 asyncq_queue_running                    gauge    queue         tasks holding a live lease
 asyncq_queue_held_back                  gauge    queue         pending beyond the limit's room
+asyncq_queue_rate_limit_per_second      gauge    queue         the queue bucket's rate
+asyncq_queue_rate_tokens                gauge    queue         tasks that may start now
+asyncq_queue_ordered                    gauge    queue         1 if ordered else 0
+asyncq_type_rate_limit_per_second       gauge    task_type     the type's rate
+asyncq_type_rate_tokens                 gauge    task_type     tasks that may start now
+asyncq_type_rate_limited_total          counter  task_type     tasks the rate put back
+asyncq_type_rate_servers                gauge    task_type,    live servers configuring
+                                                 rate          the type at the rate
 ======================================  =======  ============  ==========================
+
+The queue rate families cover queues with a rate bucket (a worker with
+``rate_limits`` took a task in the last hour); the type rate families cover
+the types :meth:`Inspector.type_rates` lists (configured by a live server),
+tokens and the counter only once the type has a bucket. The counter counts
+since the bucket was created and restarts from 0 when an idle bucket expires
+(an hour after it was last full), which Prometheus' ``rate()`` handles.
 
 As in asynq, ``asynq_tasks_enqueued_total`` covers active, pending, scheduled,
 retry, archived and completed (not aggregating). The Inspector is async and a
@@ -33,9 +48,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from asyncq import Inspector, QueueInfo, QueueNotFoundError
+from asyncq import Inspector, QueueInfo, QueueNotFoundError, TypeRateInfo
 
-__all__ = ["ENQUEUED_STATES", "collect_queue_metrics", "queue_families", "render"]
+__all__ = [
+    "ENQUEUED_STATES",
+    "collect_queue_metrics",
+    "queue_families",
+    "render",
+    "type_rate_families",
+]
 
 NAMESPACE = "asynq"
 ENQUEUED_STATES = ("active", "pending", "scheduled", "retry", "archived", "completed")
@@ -117,12 +138,71 @@ def queue_families(infos: Sequence[QueueInfo]) -> list[Metric]:
         "Pending tasks the stored concurrency limit keeps waiting (asyncq)",
         labels=["queue"],
     )
+    rate = GaugeMetricFamily(
+        "asyncq_queue_rate_limit_per_second",
+        "Tasks per second the queue's rate bucket lets start (asyncq; queues with a bucket)",
+        labels=["queue"],
+    )
+    tokens = GaugeMetricFamily(
+        "asyncq_queue_rate_tokens",
+        "Tasks of the queue the rate bucket lets start now (asyncq; queues with a bucket)",
+        labels=["queue"],
+    )
+    ordered = GaugeMetricFamily(
+        "asyncq_queue_ordered",
+        "1 if the queue is ordered, one task at a time fleet-wide (asyncq)",
+        labels=["queue"],
+    )
     for info in infos:
         running.add_metric([info.queue], info.running)
+        ordered.add_metric([info.queue], 1 if info.ordered else 0)
         if info.concurrency_limit is not None:
             limit.add_metric([info.queue], info.concurrency_limit)
             held.add_metric([info.queue], info.held_back)
-    return [enqueued, size, latency, memory, processed, failed, paused, limit, running, held]
+        per_second = info.rate_per_second
+        if per_second is not None and info.rate_tokens is not None:
+            rate.add_metric([info.queue], per_second)
+            tokens.add_metric([info.queue], info.rate_tokens)
+    return [
+        enqueued, size, latency, memory, processed, failed, paused, limit, running, held,
+        rate, tokens, ordered,
+    ]  # fmt: skip
+
+
+def type_rate_families(infos: Sequence[TypeRateInfo]) -> list[Metric]:
+    """The asyncq families of per-task-type rate limits (:meth:`Inspector.type_rates`)."""
+    rate = GaugeMetricFamily(
+        "asyncq_type_rate_limit_per_second",
+        "Tasks per second of the type the fleet-wide rate lets start (asyncq)",
+        labels=["task_type"],
+    )
+    tokens = GaugeMetricFamily(
+        "asyncq_type_rate_tokens",
+        "Tasks of the type the rate lets start now (asyncq; types with a bucket)",
+        labels=["task_type"],
+    )
+    limited = CounterMetricFamily(
+        "asyncq_type_rate_limited",
+        "Tasks of the type the rate put back to the retry set, unrun (asyncq; since the "
+        "bucket was created)",
+        labels=["task_type"],
+    )
+    servers = GaugeMetricFamily(
+        "asyncq_type_rate_servers",
+        "Live servers configuring a rate for the type, by rate (asyncq; more than one "
+        "rate per type means they disagree)",
+        labels=["task_type", "rate"],
+    )
+    for info in infos:
+        t = info.task_type
+        if info.per_second is not None:
+            rate.add_metric([t], info.per_second)
+        if info.tokens is not None:
+            tokens.add_metric([t], info.tokens)
+            limited.add_metric([t], info.limited)
+        for text, n in info.servers.items():
+            servers.add_metric([t, text], n)
+    return [rate, tokens, limited, servers]
 
 
 class _Snapshot(Collector):
@@ -134,8 +214,10 @@ class _Snapshot(Collector):
 
 
 async def collect_queue_metrics(inspector: Inspector) -> list[Metric]:
-    """Read every queue through *inspector* and return the x/metrics families."""
-    return queue_families(await _infos(inspector))
+    """Read every queue and type rate through *inspector*: the x/metrics families
+    and asyncq's own."""
+    families = queue_families(await _infos(inspector))
+    return families + type_rate_families(await inspector.type_rates())
 
 
 def render(families: Iterable[Metric], *extra: Collector) -> bytes:

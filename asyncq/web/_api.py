@@ -243,6 +243,11 @@ async def servers(request: Request) -> Response:
     return _json({"servers": [r.server_dict(s) for s in await insp.servers()]})
 
 
+async def type_rates(request: Request) -> Response:
+    _, insp = _inspector(request)
+    return _json({"type_rates": [r.type_rate_dict(t) for t in await insp.type_rates()]})
+
+
 async def schedulers(request: Request) -> Response:
     st, insp = _inspector(request)
     entries = await insp.scheduler_entries()
@@ -432,6 +437,7 @@ def api_routes() -> list[Route]:
         Route("/api/queues/{queue}/batch/{action}", batch_action, methods=["POST"]),
         Route("/api/tasks/{task_id}", search_task),
         Route("/api/servers", servers),
+        Route("/api/type-rates", type_rates),
         Route("/api/schedulers", schedulers),
         Route("/api/schedulers/{entry_id}/events", scheduler_events),
         Route("/api/redis", redis_info),

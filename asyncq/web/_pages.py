@@ -146,7 +146,12 @@ async def task_detail(request: Request) -> Response:
 
 async def servers_page(request: Request) -> Response:
     insp = state(request).inspector()
-    return render(request, "servers.html", {"servers": await insp.servers(), "nav": "servers"})
+    context = {
+        "servers": await insp.servers(),
+        "type_rates": await insp.type_rates(),
+        "nav": "servers",
+    }
+    return render(request, "servers.html", context)
 
 
 async def schedulers_page(request: Request) -> Response:

@@ -16,6 +16,7 @@ from asyncq import (
     SchedulerEntry,
     ServerInfo,
     TaskInfo,
+    TypeRateInfo,
     WorkerInfo,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "server_dict",
     "task_dict",
     "task_timeline",
+    "type_rate_dict",
     "worker_dict",
 ]
 
@@ -151,6 +153,9 @@ def queue_dict(info: QueueInfo) -> dict[str, Any]:
         "concurrency_limit": info.concurrency_limit,
         "running": info.running,
         "held_back": info.held_back,
+        "rate_limit": info.rate_limit,
+        "rate_tokens": info.rate_tokens,
+        "ordered": info.ordered,
     }
 
 
@@ -241,6 +246,19 @@ def server_dict(s: ServerInfo) -> dict[str, Any]:
         "started": iso(s.started),
         "status": s.status,
         "active_workers": [worker_dict(w) for w in s.active_workers],
+        "type_rate_limits": dict(s.type_rate_limits),
+    }
+
+
+def type_rate_dict(t: TypeRateInfo) -> dict[str, Any]:
+    return {
+        "task_type": t.task_type,
+        "rate": t.rate,
+        "per_second": t.per_second,
+        "tokens": t.tokens,
+        "next_token_seconds": None if t.next_token is None else t.next_token.total_seconds(),
+        "limited": t.limited,
+        "servers": dict(t.servers),
     }
 
 

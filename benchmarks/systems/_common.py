@@ -533,18 +533,34 @@ def _enqueue_record(
     }
 
 
+CALLERS = {"enqueue_serial": 1, "enqueue_c32": 32, "enqueue_c1000": 1000}
+"""Concurrent callers (coroutines sharing one producer) of each per-call enqueue phase."""
+
+
 async def _timed_enqueue(
     resp: Resp, system: System, cfg: Config, phase: str, n: int
 ) -> dict[str, Any]:
     async with system.producer(cfg) as producer:
+        if phase in CALLERS:
+            # one warm-up call, so that connecting is not in the per-call latencies
+            await producer.enqueue(n)
+            resp.call("FLUSHDB")
         meter = RedisMeter(resp)
         errors = 0
+        latencies: list[float] = []
         meter.start()
         cpu0 = cpu_seconds()
         t0 = time.perf_counter()
-        if phase == "enqueue_serial":
-            for i in range(n):
+        if phase in CALLERS:
+            clock = time.perf_counter
+            record_latency = latencies.append
+
+            async def timed(i: int) -> None:
+                start = clock()
                 await producer.enqueue(i)
+                record_latency(clock() - start)
+
+            await gather_enqueue(timed, range(n), CALLERS[phase])
         else:
             errors = await producer.enqueue_fast(range(n), cfg)
         seconds = time.perf_counter() - t0
@@ -553,6 +569,11 @@ async def _timed_enqueue(
     record = _enqueue_record(phase, n, seconds, cpu, stats, errors=errors)
     if phase == "enqueue_fast":
         record["method"] = system.fast_path
+    if latencies:
+        latencies.sort()
+        record["callers"] = CALLERS[phase]
+        record["p50_ms"] = round(percentile(latencies, 50) * 1e3, 4)
+        record["p99_ms"] = round(percentile(latencies, 99) * 1e3, 4)
     return record
 
 
@@ -578,6 +599,11 @@ async def driver_main(system: System, cfg: Config, module: str) -> None:
     # 1. serial enqueue, one await at a time (the web-request pattern)
     resp.call("FLUSHDB")
     emit(await _timed_enqueue(resp, system, cfg, "enqueue_serial", cfg.serial_n))
+
+    # 1b. many callers on one producer: a busy web app (32) and a very busy one (1,000)
+    for phase in ("enqueue_c32", "enqueue_c1000"):
+        resp.call("FLUSHDB")
+        emit(await _timed_enqueue(resp, system, cfg, phase, cfg.n))
 
     # 2. fast-path enqueue of N; these tasks are the processing backlog
     resp.call("FLUSHDB")

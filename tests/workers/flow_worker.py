@@ -13,7 +13,9 @@ raises ``asyncq-test:max`` to it if higher, sleeps, DECRs and HINCRBYs
 and waits until cancelled; ``stamp`` RPUSHes the Redis TIME at its start
 (microseconds) on ``asyncq-test:stamps``; ``seq`` (payload ``ok``/``fail``)
 sleeps 5 ms, fails its first run when the payload is ``fail``, else RPUSHes
-its id on ``asyncq-test:log``. Option ``ordered=Q`` marks Q ordered;
+its id on ``asyncq-test:log``; ``tstamp`` does what ``stamp`` does and HSETs
+``asyncq-test:retried <id>`` to the task's retry count. Option
+``typerate=TYPE:N/period`` sets type_rate_limits. Option ``ordered=Q`` marks Q ordered;
 ``forward`` sets the forwarder period (seconds); retries wait 0 s.
 """
 
@@ -37,6 +39,7 @@ STARTS = "asyncq-test:starts"
 STAMPS = "asyncq-test:stamps"
 LOG = "asyncq-test:log"
 FAILED = "asyncq-test:failed"
+RETRIED = "asyncq-test:retried"
 _ENTER = """
 local n = redis.call("INCR", KEYS[1])
 if n > tonumber(redis.call("GET", KEYS[2]) or "0") then
@@ -85,6 +88,12 @@ async def main(url: str, raw: dict[str, str]) -> None:
         sec, usec = await redis.time()
         await redis.rpush(STAMPS, sec * 1_000_000 + usec)
 
+    @mux.handler("tstamp")
+    async def tstamp(task: Task) -> None:
+        sec, usec = await redis.time()
+        await redis.hset(RETRIED, task.id or "", task.retry_count)
+        await redis.rpush(STAMPS, sec * 1_000_000 + usec)
+
     @mux.handler("seq")
     async def seq(task: Task) -> None:
         await asyncio.sleep(0.005)
@@ -116,6 +125,9 @@ async def main(url: str, raw: dict[str, str]) -> None:
         elif key == "rate":
             name, _, rate = value.partition(":")
             options["rate_limits"] = {name: rate}
+        elif key == "typerate":
+            name, _, rate = value.rpartition(":")
+            options["type_rate_limits"] = {name: rate}
         elif key == "local":
             options["local_queue_concurrency"] = _limits(value)
         else:

@@ -6,18 +6,19 @@
 -- ARGV[3] now, unix nanoseconds (pending_since)
 -- ARGV[4] asyncq: wake-up channel (optional), ARGV[5] message published on it
 -- Returns 1 when written, 0 when the task id already exists.
+-- asyncq: nothing is written when a destination key holds another type, so a failed
+-- call never leaves a task hash without its list entry: the LPUSH goes first (a
+-- WRONGTYPE there stops the script before any write), and the HSET after it cannot
+-- fail, the task key being known not to exist. A script runs atomically, so no
+-- reader sees the id before its hash.
 -- The wake-up is an optimisation: redis.pcall, so that a user whose ACL forbids the
 -- channel still gets the write (an error here would come after the write).
--- asyncq: nothing is written when a destination key holds another type, so a failed
--- call never leaves a task hash without its list or set entry (nor a lock).
-if not ({none=true, list=true})[redis.call("TYPE", KEYS[2]).ok] then
-    return redis.error_reply("WRONGTYPE " .. KEYS[2] .. " is not a list")
-end
 if redis.call("EXISTS", KEYS[1]) == 1 then
     return 0
 end
+local len = redis.call("LPUSH", KEYS[2], ARGV[2])
 redis.call("HSET", KEYS[1], "msg", ARGV[1], "state", "pending", "pending_since", ARGV[3])
-if redis.call("LPUSH", KEYS[2], ARGV[2]) == 1 and ARGV[4] then
+if len == 1 and ARGV[4] then
     redis.pcall("PUBLISH", ARGV[4], ARGV[5])
 end
 return 1

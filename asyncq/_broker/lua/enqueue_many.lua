@@ -1,0 +1,30 @@
+-- Enqueue many pending tasks of one queue in one call (asyncq's batch path). Each task
+-- ends exactly as asynq's Enqueue leaves it: its hash (msg, state, pending_since) and
+-- its id pushed onto the pending list, in argument order.
+-- KEYS[1]      pending   asynq:{q}:pending
+-- KEYS[2..n+1] task keys asynq:{q}:t:<id>, one per task
+-- ARGV[1] now, unix nanoseconds (pending_since)
+-- ARGV[2] asyncq: wake-up channel ("" for none), ARGV[3] message published on it
+-- ARGV[2+2i], ARGV[3+2i] (i = 1..n): task i's id and msg (TaskMessage bytes)
+-- Returns one integer per task, in order: 1 written, 0 its task id already exists
+-- (an earlier task of the same call with that id counts: the first one wins).
+-- asyncq: nothing is written when the pending key holds another type.
+if not ({none=true, list=true})[redis.call("TYPE", KEYS[1]).ok] then
+    return redis.error_reply("WRONGTYPE " .. KEYS[1] .. " is not a list")
+end
+local out, ids, n = {}, {}, 0
+for i = 2, #KEYS do
+    local a = 2 * i
+    if redis.call("EXISTS", KEYS[i]) == 1 then
+        out[i - 1] = 0
+    else
+        redis.call("HSET", KEYS[i], "msg", ARGV[a + 1], "state", "pending", "pending_since", ARGV[1])
+        n = n + 1
+        ids[n] = ARGV[a]
+        out[i - 1] = 1
+    end
+end
+if n > 0 and redis.call("LPUSH", KEYS[1], unpack(ids)) == n and ARGV[2] ~= "" then
+    redis.pcall("PUBLISH", ARGV[2], ARGV[3])
+end
+return out

@@ -1,0 +1,41 @@
+"""Per-task-type rate limits: one fleet-wide GCRA bucket per type (``type_rate.lua``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from asyncq import _keys as keys
+from asyncq._broker._base import LUA_PACKAGE
+from asyncq._redis.scripts import load_script
+
+if TYPE_CHECKING:
+    from asyncq._broker.broker import Broker
+
+__all__ = ["take_type_tokens"]
+
+_TYPE_RATE = load_script(LUA_PACKAGE, "type_rate")
+
+
+async def take_type_tokens(
+    broker: Broker,
+    task_type: str,
+    count: int,
+    *,
+    interval_us: int,
+    burst: int,
+    max_wait_us: int,
+) -> tuple[list[int], int]:
+    """Take up to *count* tokens of *task_type*'s bucket in one script call.
+
+    Returns the waits (µs from now) of the tokens taken, each at most
+    *max_wait_us*, and, when fewer than *count* were taken, the wait until the
+    next token (else 0).
+    """
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    res = await _TYPE_RATE(
+        broker._cmd, (keys.type_rate_key(task_type),), (interval_us, burst, max_wait_us, count)
+    )
+    n = int(res[0])
+    waits = [int(w) for w in res[1 : 1 + n]]
+    return waits, int(res[1 + n]) if len(res) > 1 + n else 0
