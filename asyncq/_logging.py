@@ -67,6 +67,10 @@ def safe_default_processors() -> list[Any]:
     ]
 
 
+_DEBUG_CHECK_TTL = 1.0
+_DEBUG_CHECKS: dict[int, tuple[float, object, bool]] = {}
+
+
 def is_debug_enabled(log: Any) -> bool:
     """Whether *log* emits DEBUG events (guards the per-task debug events on the hot path).
 
@@ -76,13 +80,27 @@ def is_debug_enabled(log: Any) -> bool:
     """
     if not structlog.is_configured():
         return _DEBUG_BY_ENV
+    # Asking a lazy structlog proxy binds a new logger each time (microseconds per
+    # enqueue): the answer is kept while structlog's wrapper class is the same, for a
+    # second at most (a stdlib logger's level can change without a reconfiguration).
+    now = time.monotonic()
+    key = id(log)
+    wrapper = structlog.get_config()["wrapper_class"]
+    known = _DEBUG_CHECKS.get(key)
+    if known is not None and known[1] is wrapper and now - known[0] < _DEBUG_CHECK_TTL:
+        return known[2]
     check = getattr(log, "is_enabled_for", None)
     if check is None:
-        return True
-    try:
-        return bool(check(logging.DEBUG))
-    except Exception:  # a custom wrapper class without a working level check
-        return True
+        enabled = True
+    else:
+        try:
+            enabled = bool(check(logging.DEBUG))
+        except Exception:  # a custom wrapper class without a working level check
+            enabled = True
+    if len(_DEBUG_CHECKS) >= 1024:
+        _DEBUG_CHECKS.clear()
+    _DEBUG_CHECKS[key] = (now, wrapper, enabled)
+    return enabled
 
 
 def task_fields(msg: TaskMessage) -> dict[str, Any]:
