@@ -12,12 +12,13 @@ left in a list or sorted set without its hash.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import structlog
 from redis.asyncio.cluster import RedisCluster
@@ -141,6 +142,25 @@ def _stored_int(value: Any, what: str, key: str) -> int:
             "ignored an unreadable stored number", key=key, field=what, value=repr(value)[:40]
         )
         return 0
+
+
+_M = TypeVar("_M", ServerInfo, WorkerInfo, SchedulerEntry, SchedulerEnqueueEvent)
+
+
+def _parse_record(cls: type[_M], data: bytes) -> _M:
+    """Decode a server/worker/scheduler record; ValueError when a field has the wrong type.
+
+    betterproto2 accepts some malformed bytes and leaves a field of another type
+    (``WorkerInfo.parse(b"\\x00...")`` gives ``task_id == 0``), which would break
+    every comparison and formatter downstream.
+    """
+    record = cls.parse(data)
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        want = {"str": str, "int": int, "bytes": bytes}.get(str(f.type))
+        if want is not None and (not isinstance(value, want) or isinstance(value, bool)):
+            raise ValueError(f"field {f.name} holds a {type(value).__name__}, not {f.type}")
+    return record
 
 
 def _skipped(key: str, exc: Exception) -> None:
@@ -595,7 +615,7 @@ class InspectBroker:
             if data is None:
                 continue
             try:
-                servers.append(ServerInfo.parse(data))
+                servers.append(_parse_record(ServerInfo, data))
             except Exception as exc:
                 _skipped(key, exc)
         return servers
@@ -606,7 +626,7 @@ class InspectBroker:
         for key in await self._live_keys(keys.ALL_WORKERS):
             for data in await self._r.hvals(key):
                 try:
-                    workers.append(WorkerInfo.parse(data))
+                    workers.append(_parse_record(WorkerInfo, data))
                 except Exception as exc:
                     _skipped(key, exc)
         return workers
@@ -617,7 +637,7 @@ class InspectBroker:
         for key in await self._live_keys(keys.ALL_SCHEDULERS):
             for data in await self._r.lrange(key, 0, -1):
                 try:
-                    entries.append(SchedulerEntry.parse(data))
+                    entries.append(_parse_record(SchedulerEntry, data))
                 except Exception as exc:
                     _skipped(key, exc)
         return entries
@@ -633,7 +653,7 @@ class InspectBroker:
         events: list[SchedulerEnqueueEvent] = []
         for data in members:
             try:
-                events.append(SchedulerEnqueueEvent.parse(data))
+                events.append(_parse_record(SchedulerEnqueueEvent, data))
             except Exception as exc:
                 _skipped(keys.scheduler_history_key(entry_id), exc)
         return events
