@@ -70,7 +70,10 @@ async def test_poison_pills_are_retried_then_archived_and_the_worker_goes_on(
         stop_process(proc)
 
 
-async def test_unconfigured_structlog_prints_no_locals_and_no_payloads(redis_url: str) -> None:
+async def test_unconfigured_structlog_prints_no_locals_and_no_payloads(
+    redis: Redis, redis_url: str
+) -> None:
+    # redis: a flushed database, so no earlier test's task reaches this worker
     proc = spawn("leaky_worker.py", redis_url)
     try:  # the worker itself gives up after 120 s of waiting for the outcomes
         out, err = await asyncio.to_thread(proc.communicate, timeout=180)
@@ -87,7 +90,7 @@ async def test_unconfigured_structlog_prints_no_locals_and_no_payloads(redis_url
     assert text.count("Traceback (most recent call last)") == 1, text
     assert "ValueError: upstream refused the request" in text
     failed = [line for line in text.splitlines() if "task failed" in line]
-    assert len(failed) == 3, failed
+    assert len(failed) == 3, "\n".join(failed)
     assert any("SkipRetry" in line or "not retrying" in line for line in failed)
     assert any("handler not found" in line.lower() for line in failed), failed
 

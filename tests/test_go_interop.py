@@ -495,7 +495,10 @@ async def test_go_memory_usage_never_breaks_on_what_asyncq_leaves(
     await redis.hset(q + "t:undecodable", mapping={"msg": b"\x0a", "state": "aggregating"})
     await redis.hset(q + "t:undecodable", "group", "g")
     await redis.zadd(q + "g:g", {"undecodable": int(now)})
-    set_id = await broker.aggregation_check("default", "g", dt, 0, 0, 0)
+    # Checked a second on: members are scored in whole seconds of the enqueue time,
+    # which may be past `dt` when the test crossed a second boundary.
+    later = datetime.now(UTC) + timedelta(seconds=1)
+    set_id = await broker.aggregation_check("default", "g", later, 0, 0, 0)
     assert set_id is not None
     await assert_go_readable(redis, "default")
     msgs, _ = await broker.read_aggregation_set("default", "g", set_id)

@@ -9,10 +9,12 @@ against what lands in Redis.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import redis as sync_redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
@@ -27,6 +29,18 @@ from asyncq.errors import TaskIdConflictError
 from asyncq.task import Task, TaskInfo
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def _leave_nothing_behind(redis_url: str) -> Iterator[None]:
+    """These tests leave thousands of pending tasks; a later worker test must not meet them."""
+    yield
+    client = sync_redis.Redis.from_url(redis_url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
 
 queues = st.text(alphabet="abcxyz:-_0123456789", min_size=1, max_size=12)
 texts = st.text(max_size=20)
