@@ -16,7 +16,7 @@ from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.multiqueue import MultiQueue
 from tests.workers.flow_worker import DONE, LOG, MAX, STAMPS, STARTS
-from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
+from tests.workers.support import FAST, drain, spawn, stop_process, wait_for_line, wait_until
 
 READY = "send signal TERM or INT"
 Q = "limited"
@@ -131,6 +131,7 @@ async def test_three_workers_respect_the_fleet_limit_and_a_runtime_change(
     try:
         for proc in procs:
             await wait_for_line(proc, READY)
+            drain(proc)  # it logs every task: keep its pipes from filling
         ids = await _enqueue_work(redis, 60, 40)
 
         async def done() -> bool:
@@ -166,6 +167,7 @@ async def test_killed_workers_expired_lease_does_not_hold_the_limit(
     other: subprocess.Popen[str] | None = None
     try:
         await wait_for_line(victim, READY)
+        drain(victim)  # it logs every task: keep its pipes from filling
         async with Client(redis) as client:
             blocked = await client.enqueue(Task("block", b"", queue=Q))
         await wait_until(
@@ -177,6 +179,7 @@ async def test_killed_workers_expired_lease_does_not_hold_the_limit(
         ids = await _enqueue_work(redis, 1, 0)
         other = spawn("flow_worker.py", redis_url, "concurrency=5", f"limits={Q}:1", *timings)
         await wait_for_line(other, READY)
+        drain(other)  # it logs every task: keep its pipes from filling
 
         async def done() -> bool:
             return await redis.hlen(DONE) == len(ids)
@@ -387,6 +390,7 @@ async def test_rate_limit_over_three_workers(redis_url: str, redis: Redis) -> No
     try:
         for proc in procs:
             await wait_for_line(proc, READY)
+            drain(proc)  # it logs every task: keep its pipes from filling
         async with Client(redis) as client:
             await client.enqueue_many([Task("stamp", b"", queue=Q) for _ in range(n)])
 
@@ -467,6 +471,7 @@ async def test_ordered_queue_runs_in_enqueue_order_despite_failures_and_a_kill(
     try:
         for proc in procs:
             await wait_for_line(proc, READY)
+            drain(proc)  # it logs every task: keep its pipes from filling
         async with Client(redis) as client:
             infos = await client.enqueue_many(
                 [

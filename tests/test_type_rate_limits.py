@@ -16,7 +16,7 @@ from asyncq._broker import Broker
 from asyncq._broker.typerate import take_type_tokens
 from asyncq.cli import main
 from tests.workers.flow_worker import RETRIED, STAMPS
-from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
+from tests.workers.support import FAST, drain, spawn, stop_process, wait_for_line, wait_until
 
 READY = "send signal TERM or INT"
 
@@ -116,6 +116,7 @@ async def test_type_rate_bounds_starts_across_worker_processes(
     try:
         for proc in procs:
             await wait_for_line(proc, READY)
+            drain(proc)  # it logs every task: keep its pipes from filling
         sec, usec = await redis.time()
         t0 = sec * 1_000_000 + usec  # no token of the type can be taken before this
         async with Client(redis) as client:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -95,6 +98,26 @@ async def wait_for_line(proc: subprocess.Popen[str], expected: str, within: floa
     if not line:
         err = proc.stderr.read() if proc.stderr else ""
         raise AssertionError(f"worker exited before printing {expected!r}: {err[-3000:]}")
+
+
+def drain(proc: subprocess.Popen[str], keep: int = 200) -> collections.deque[str]:
+    """Read the child's stdout and stderr from now on, keeping the last *keep* lines.
+
+    A worker that logs every task fills a pipe nobody reads (64 KiB) and then
+    blocks in ``print``, event loop and all: it could no longer shut down.
+    Call this once the lines a test waits for have been read.
+    """
+    tail: collections.deque[str] = collections.deque(maxlen=keep)
+
+    def pump(stream: Any) -> None:
+        with contextlib.suppress(ValueError, OSError):  # closed by stop_process
+            for line in stream:
+                tail.append(line)
+
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            threading.Thread(target=pump, args=(stream,), daemon=True).start()
+    return tail
 
 
 def stop_process(proc: subprocess.Popen[str], timeout: float = 10.0) -> None:
