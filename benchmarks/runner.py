@@ -127,7 +127,7 @@ def redis_server(url: str | None, *, unix_socket: bool = True) -> Iterator[str]:
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
          "--dir", workdir, "--daemonize", "no", "--loglevel", "warning",
-         # A local Redis usually has a unix socket too; asyncq's client finds and uses it
+         # A local Redis usually has a unix socket too; asyncq's script opts in to using it
          # (peers are given the TCP URL and stay on TCP, as their users would configure them).
          *(("--unixsocket", os.path.join(workdir, "redis.sock"), "--unixsocketperm", "700")
            if unix_socket else ())],

@@ -46,7 +46,7 @@ async def _client_kinds(url: str) -> set[str]:
 
 
 async def test_loopback_url_uses_the_servers_unix_socket(local: RedisServer) -> None:
-    conn = Connection(local.url)
+    conn = Connection(local.url + "?local_socket=true")
     try:
         assert conn.fast is not None
         assert await conn.fast.execute_command("ECHO", "hi") == b"hi"
@@ -59,9 +59,10 @@ async def test_loopback_url_uses_the_servers_unix_socket(local: RedisServer) -> 
         await conn.aclose()
 
 
-async def test_local_socket_false_stays_on_tcp(local: RedisServer) -> None:
-    url = local.url + "?local_socket=false"
+async def test_local_socket_is_opt_in(local: RedisServer) -> None:
+    url = local.url
     assert parse_redis_uri(url).local_socket is False  # type: ignore[union-attr]
+    assert parse_redis_uri(url + "?local_socket=false").local_socket is False  # type: ignore[union-attr]
     conn = Connection(url)
     try:
         assert conn.fast is not None
@@ -79,7 +80,7 @@ async def test_a_socket_of_another_server_is_not_used(tmp_path: Path) -> None:
     try:
         # the target's socket path now leads to the other server
         os.replace(tmp_path / "other.sock", claimed)
-        conn = Connection(target.url)
+        conn = Connection(target.url + "?local_socket=true")
         try:
             assert conn.fast is not None
             await conn.fast.execute_command("SET", "k", "v")

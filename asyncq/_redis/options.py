@@ -25,9 +25,9 @@ Differences from asynq, on purpose:
   sentinel URI without ``?master=`` are errors instead of being ignored;
   a bare trailing ``/`` means database 0 (asynq rejects it);
 * ``redis://`` to a loopback host (``localhost``, ``127.0.0.1``, ``::1``) moves
-  asyncq's pipelined hot-path connection to the server's unix socket when it has
-  one this process can open and it leads to the same server (``?local_socket=false``
-  turns this off);
+  asyncq's pipelined hot-path connection to the server's unix socket, with
+  ``?local_socket=true`` (opt-in), when it has one this process can open and it
+  leads to the same server;
 * every kind, Sentinel and Cluster included, keeps at most ``pool_size``
   connections (per node for a cluster), and callers beyond it wait up to
   ``pool_timeout`` for a free one instead of failing at once.
@@ -174,11 +174,12 @@ class RedisClientOpts(_CommonOpts):
     unix_socket_path: str | None = None
     """Connect through this unix socket instead of host:port."""
     db: int = 0
-    local_socket: bool = True
+    local_socket: bool = False
     """When host is a loopback address and the server also listens on a unix socket
     this process can open, asyncq's pipelined hot-path connection uses the socket
     (the same server, checked by its ``run_id``): fewer kernel cycles per command.
-    ``?local_socket=false`` in the URI turns it off."""
+    Opt-in: ``?local_socket=true`` in the URI. (Not the default: the probe on every
+    reconnect delayed recovery after a network partition in the chaos suite.)"""
 
     def __post_init__(self) -> None:
         self._check_common()
@@ -433,7 +434,7 @@ def parse_redis_uri(uri: str) -> RedisClientOpts | RedisSentinelOpts | RedisClus
             username=username,
             password=password,
             tls=TLSConfig() if scheme == "rediss" else None,
-            local_socket=_parse_bool(query.get("local_socket", "true"), "local_socket"),
+            local_socket=_parse_bool(query.get("local_socket", "false"), "local_socket"),
         )
     if scheme == "redis-socket":
         _reject_unknown(query, ("db",), uri)
