@@ -147,6 +147,9 @@ def _stored_int(value: Any, what: str, key: str) -> int:
 _M = TypeVar("_M", ServerInfo, WorkerInfo, SchedulerEntry, SchedulerEnqueueEvent)
 
 
+_FIELD_TYPES: dict[str, type] = {"str": str, "int": int, "bytes": bytes}
+
+
 def _parse_record(cls: type[_M], data: bytes) -> _M:
     """Decode a server/worker/scheduler record; ValueError when a field has the wrong type.
 
@@ -157,7 +160,7 @@ def _parse_record(cls: type[_M], data: bytes) -> _M:
     record = cls.parse(data)
     for f in dataclasses.fields(record):
         value = getattr(record, f.name)
-        want = {"str": str, "int": int, "bytes": bytes}.get(str(f.type))
+        want = _FIELD_TYPES.get(str(f.type))
         if want is not None and (not isinstance(value, want) or isinstance(value, bool)):
             raise ValueError(f"field {f.name} holds a {type(value).__name__}, not {f.type}")
     return record
