@@ -1,14 +1,12 @@
 """The golden Redis snapshot written by the real Go asynq v0.26.0, and a loader for it.
 
-The fixture directory lives outside the repository, in ``shared/fixtures/go-asynq-v0.26/``
-beside the clone (``../shared/...`` from the repository root). ``ASYNCQ_GO_FIXTURES`` may
-point at it instead. Its files are read, never written.
+The fixture directory is ``tests/fixtures/go-asynq-v0.26/``: byte-for-byte copies of what
+the real Go asynq v0.26.0 wrote (see its README.md). Its files are read, never written.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 __all__ = [
+    "DIGESTS",
     "GoldenKey",
     "fixture_dir",
     "load_keys",
@@ -27,22 +26,22 @@ __all__ = [
 ]
 
 FIXTURE_NAME = "go-asynq-v0.26"
-REPO_ROOT = Path(__file__).resolve().parents[1]
+DIGESTS = {
+    "enqueue_bytes.json": "c87923dda60198cb743369ac521dceb0a8539d2c13036606e7ea9eb7413aa804",
+    "gogolden.log": "308776134e53657878dd34def312459669c790fb1bd4d840b80c1119339986c9",
+    "scenario.md": "2dbb541709c8ea1c5469bfa2c3d2be0fe78559a8e1d64a25e39b3a388a3d9d83",
+    "state.json": "012261890636874b0d7c0a3917435277508cda8811f18ed2722c36a2a6169ac0",
+}
+"""sha256 of each file as Go asynq v0.26.0 wrote it: the copies here must never be edited."""
 
 
 def fixture_dir() -> Path:
-    """The fixture directory; a clear error when it is missing (never a silent skip)."""
-    env = os.environ.get("ASYNCQ_GO_FIXTURES")
-    candidates = [Path(env)] if env else []
-    candidates.append(REPO_ROOT.parent / "shared" / "fixtures" / FIXTURE_NAME)
-    for path in candidates:
-        if (path / "state.json").is_file() and (path / "enqueue_bytes.json").is_file():
-            return path
-    tried = ", ".join(str(p) for p in candidates)
-    raise FileNotFoundError(
-        f"the golden Go asynq fixtures are missing (looked in {tried}); clone the repository "
-        "with shared/ beside it or set ASYNCQ_GO_FIXTURES to the fixture directory"
-    )
+    """The fixture directory; a clear error when a file is missing (never a silent skip)."""
+    path = Path(__file__).resolve().parent / "fixtures" / FIXTURE_NAME
+    missing = [n for n in ("state.json", "enqueue_bytes.json") if not (path / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"the golden Go asynq fixtures are incomplete: {path} lacks {missing}")
+    return path
 
 
 @cache

@@ -1,6 +1,6 @@
 """The web API and pages over a Redis state written by the real Go asynq v0.26.0.
 
-``tests/data/go-asynq-v0.26-state.json`` is a dump of every key while a Go
+``tests/fixtures/go-asynq-v0.26/state.json`` is a dump of every key while a Go
 server, scheduler and aggregator ran (see its ``manifest``). It is restored
 byte for byte; only the heartbeat index scores are moved into the future so the
 Go server and scheduler count as alive.
@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from asyncq import Inspector
 from asyncq.web import create_app
 
-STATE = Path(__file__).parent / "data" / "go-asynq-v0.26-state.json"
+STATE = Path(__file__).parent / "fixtures" / "go-asynq-v0.26" / "state.json"
 _HEARTBEATS = ("asynq:servers", "asynq:workers", "asynq:schedulers")
 
 
