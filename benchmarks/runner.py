@@ -766,11 +766,21 @@ def _passthrough(args: argparse.Namespace) -> list[str]:
     return out
 
 
+REFERENCE_MIN_REQUESTS = {"enqueue_serial": 20_000, "enqueue_c32": 100_000}
+"""Outside ``--quick``, the reference makes at least this many requests (about a second
+each here): a window of a few hundred milliseconds is at the mercy of one scheduling
+hiccup on a shared machine, and the reference divides every system's rate."""
+
+
 def _sizes(args: argparse.Namespace, url: str) -> dict[str, int]:
-    """Requests per reference measurement: the N of the enqueue phase it stands beside."""
+    """Requests per reference measurement: the N of the enqueue phase it stands beside,
+    raised to :data:`REFERENCE_MIN_REQUESTS` outside ``--quick``."""
     overrides = {k: getattr(args, k) for k in ("n", "serial_n") if getattr(args, k) is not None}
     cfg = Config.quick(url, **overrides) if args.quick else Config(url=url, **overrides)
-    return {"enqueue_serial": cfg.serial_n, "enqueue_c32": cfg.n}
+    sizes = {"enqueue_serial": cfg.serial_n, "enqueue_c32": cfg.n}
+    if not args.quick:
+        sizes = {k: max(v, REFERENCE_MIN_REQUESTS[k]) for k, v in sizes.items()}
+    return sizes
 
 
 def _default_json() -> Path:
@@ -947,7 +957,8 @@ def headline_notes(n_runs: int, with_reference: bool) -> str:
     if with_reference:
         text += (
             " The reference row is `redis-benchmark -t set` with 1 and with 32 clients (the"
-            " same N as the serial and the 32-caller enqueue), run in every round: one SET"
+            " N of the serial and the 32-caller enqueue, at least 20,000 and 100,000 requests"
+            " outside --quick), run at the start of every round: one SET"
             " per round trip, the physical limit of one enqueue per round trip. A system's"
             " ratio is its enqueue rate over the reference's in the same round."
         )

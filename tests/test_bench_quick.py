@@ -366,3 +366,14 @@ def test_missing_tools_are_skipped_with_one_line(
     document = json.loads((tmp_path / "out.json").read_text())
     assert document["failures"] == []
     assert document["systems"] == []
+
+
+def test_reference_sizes() -> None:
+    """The reference matches the phases' N in --quick and has a floor otherwise."""
+    url = "redis://127.0.0.1:6379/13"
+    quick = runner.parse_args(["--quick"])
+    assert runner._sizes(quick, url) == {"enqueue_serial": 200, "enqueue_c32": 500}
+    full = runner.parse_args([])
+    assert runner._sizes(full, url) == {"enqueue_serial": 20_000, "enqueue_c32": 100_000}
+    big = runner.parse_args(["--n", "250000", "--serial-n", "30000"])
+    assert runner._sizes(big, url) == {"enqueue_serial": 30_000, "enqueue_c32": 250_000}
