@@ -16,6 +16,7 @@ import json
 import math
 import shutil
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ def _peer_quick(redis_url: str, name: str) -> dict[str, Any]:
         python = runner.ensure_system(spec)
     except runner.Skipped as exc:
         pytest.skip(f"{name}: {exc}")
-    except (OSError, RuntimeError) as exc:  # no registry reachable: pip or npm failed
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # pip or npm failed
         pytest.skip(f"{name}: environment could not be installed ({exc})")
     return runner.run_system(spec, python, _bench_url(redis_url), ["--quick"], timeout=180)
 
