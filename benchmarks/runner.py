@@ -958,9 +958,11 @@ def headline_notes(n_runs: int, with_reference: bool) -> str:
         text += (
             " The reference row is `redis-benchmark -t set` with 1 and with 32 clients (the"
             " N of the serial and the 32-caller enqueue, at least 20,000 and 100,000 requests"
-            " outside --quick), run at the start of every round: one SET"
-            " per round trip, the physical limit of one enqueue per round trip. A system's"
-            " ratio is its enqueue rate over the reference's in the same round."
+            " outside --quick), run at the start of every round. One client waiting for each"
+            " reply is this machine's round-trip limit, which a serial enqueue cannot beat;"
+            " 32 clients is what Redis serves to 32 connections that each wait for their"
+            " reply (one pipelining producer can pass it). A system's ratio is its enqueue"
+            " rate over the reference's in the same round."
         )
     return text
 
