@@ -1,18 +1,24 @@
 """Runs every system's benchmark script on one throwaway Redis and reports them side by side.
 
-asyncq runs in this interpreter's environment; each peer runs in its own virtualenv
-under ``benchmarks/.envs/<peer>`` (their redis-py pins conflict), created on first
-use and reused while its pinned requirements are unchanged. Standard library only.
+asyncq runs in this interpreter's environment; each Python peer runs in its own
+virtualenv under ``benchmarks/.envs/<peer>`` (their redis-py pins conflict), created on
+first use and reused while its pinned requirements are unchanged; BullMQ for Node runs
+from ``benchmarks/node/node_modules`` (``npm ci`` from the committed lock file). Every
+system talks to Redis over TCP; ``asyncq-socket`` is asyncq again with its opt-in unix
+socket, an extra row. ``redis-benchmark`` SET with 1 and 32 clients runs in every round
+as the physical reference. Standard library only.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import dataclasses
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -25,11 +31,13 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
-from benchmarks.systems._common import Resp
+from benchmarks.systems._common import Config, Resp
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = ROOT / "benchmarks" / ".envs"
+NODE_DIR = ROOT / "benchmarks" / "node"
 RESULTS = ROOT / "benchmarks" / "results"
 
 UVLOOP = "uvloop==0.23.*"
@@ -40,6 +48,8 @@ PEER_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     # streaq talks to Redis through coredis, not redis-py: no hiredis
     "streaq": ("streaq==7.2.*", UVLOOP),
     "taskiq": ("taskiq==0.13.*", "taskiq-redis==1.2.*", "redis[hiredis]", UVLOOP),
+    # BullMQ's official Python port (redis-py)
+    "bullmq": ("bullmq==3.4.*", "redis[hiredis]", UVLOOP),
 }
 
 
@@ -47,23 +57,42 @@ PEER_REQUIREMENTS: dict[str, tuple[str, ...]] = {
 class SystemSpec:
     name: str
     module: str
-    env: str | None  # None: this interpreter (asyncq)
+    env: str | None  # None: this interpreter (asyncq, and the driver of BullMQ for Node)
     variant: str = ""
+    node: bool = False  # the library runs in node (benchmarks/node), driven from here
+    label: str = ""  # the headline table's name for it (default: name and version)
+    version_key: str = ""  # which entry of its meta versions names it (default: its module)
 
 
 SYSTEMS = {
     s.name: s
     for s in (
         SystemSpec("asyncq", "asyncq", None),
+        SystemSpec("asyncq-socket", "asyncq", None, "socket", version_key="-",
+                   label="asyncq on its unix socket ⁴ (extra row)"),
         SystemSpec("arq", "arq", "arq"),
-        SystemSpec("arq-poll50", "arq", "arq", "poll50"),
+        SystemSpec("arq-poll50", "arq", "arq", "poll50", label="arq, poll_delay 0.05 s",
+                   version_key="-"),
         SystemSpec("saq", "saq", "saq"),
         SystemSpec("streaq", "streaq", "streaq"),
         SystemSpec("taskiq", "taskiq", "taskiq"),
+        SystemSpec("bullmq", "bullmq", "bullmq", label="BullMQ for Python"),
+        SystemSpec("bullmq-node", "bullmq_node", None, node=True, label="BullMQ for Node",
+                   version_key="bullmq"),
     )
-}
-DEFAULT_SYSTEMS = ("asyncq", "arq", "saq", "streaq", "taskiq")
-DEFAULT_QUICK_SYSTEMS = ("asyncq",)
+}  # fmt: skip
+DEFAULT_SYSTEMS = (
+    "asyncq", "arq", "saq", "streaq", "taskiq", "bullmq", "bullmq-node", "asyncq-socket"
+)  # fmt: skip
+DEFAULT_QUICK_SYSTEMS = ("asyncq", "bullmq", "bullmq-node", "asyncq-socket")
+REFERENCE = "redis-benchmark"
+"""The physical reference: ``redis-benchmark -t set`` with 1 and with 32 clients."""
+REFERENCE_CLIENTS = {"enqueue_serial": 1, "enqueue_c32": 32}
+"""Which enqueue phase each reference measurement stands beside (same N, same callers)."""
+
+
+class Skipped(Exception):
+    """A system that cannot run on this machine (a missing tool): one line, not a failure."""
 
 
 def log(message: str) -> None:
@@ -104,7 +133,63 @@ def ensure_env(env: str, *, reinstall: bool = False) -> Path:
     return python
 
 
+def ensure_node_modules(*, reinstall: bool = False) -> Path:
+    """``node`` for BullMQ for Node, after ``npm ci`` in benchmarks/node when its lock changed.
+
+    Raises :class:`Skipped` without ``node`` or ``npm`` on PATH, RuntimeError when
+    ``npm ci`` fails (offline, say); its output goes to
+    ``benchmarks/.envs/bullmq-node-install.log``.
+    """
+    node = shutil.which("node")
+    if node is None:
+        raise Skipped("node is not on PATH")
+    npm = shutil.which("npm")
+    if npm is None:
+        raise Skipped("npm is not on PATH")
+    lock = NODE_DIR / "package-lock.json"
+    marker = NODE_DIR / "node_modules" / ".bench-lock"
+    wanted = lock.read_text()
+    if not reinstall and marker.exists() and marker.read_text() == wanted:
+        return Path(node)
+    log(f"npm ci in {NODE_DIR.relative_to(ROOT)} (bullmq, ioredis from package-lock.json)")
+    ENVS.mkdir(parents=True, exist_ok=True)
+    install_log = ENVS / "bullmq-node-install.log"
+    with install_log.open("w") as out:
+        proc = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=NODE_DIR,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    if proc.returncode != 0:
+        raise RuntimeError(f"npm ci for bullmq-node failed; see {install_log}")
+    marker.write_text(wanted)
+    return Path(node)
+
+
+def ensure_system(spec: SystemSpec, *, reinstall: bool = False) -> Path:
+    """The interpreter that runs *spec*'s script, its environment made ready first."""
+    if spec.node:
+        ensure_node_modules(reinstall=reinstall)
+    if spec.env is None:
+        return Path(sys.executable)
+    return ensure_env(spec.env, reinstall=reinstall)
+
+
 # --------------------------------------------------------------------------- redis
+
+
+def has_unix_socket(url: str) -> bool:
+    """Whether the server at *url* listens on a unix socket (``CONFIG GET unixsocket``)."""
+    resp = Resp(url)
+    try:
+        reply = resp.call("CONFIG", "GET", "unixsocket")
+    except Exception:  # a managed Redis may refuse CONFIG: then asyncq cannot find one either
+        return False
+    finally:
+        resp.close()
+    return bool(reply) and len(reply) == 2 and bool(reply[1])
 
 
 @contextlib.contextmanager
@@ -127,8 +212,8 @@ def redis_server(url: str | None, *, unix_socket: bool = True) -> Iterator[str]:
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
          "--dir", workdir, "--daemonize", "no", "--loglevel", "warning",
-         # A local Redis usually has a unix socket too; asyncq's script opts in to using it
-         # (peers are given the TCP URL and stay on TCP, as their users would configure them).
+         # A local Redis usually has a unix socket too: the asyncq-socket row opts in to it;
+         # every other row, asyncq's headline one included, is on TCP.
          *(("--unixsocket", os.path.join(workdir, "redis.sock"), "--unixsocketperm", "700")
            if unix_socket else ())],
         stdout=subprocess.DEVNULL,
@@ -220,6 +305,90 @@ def run_system(
     return {"system": spec.name, "records": records, "error": error}
 
 
+def run_reference(url: str, sizes: dict[str, int], timeout: float) -> dict[str, Any]:
+    """``redis-benchmark -t set`` with 1 and 32 clients against *url*, as two enqueue
+    records (``enqueue_serial``, ``enqueue_c32``) with *sizes* requests each.
+
+    Raises :class:`Skipped` when redis-benchmark is not on PATH.
+    """
+    binary = shutil.which("redis-benchmark")
+    if binary is None:
+        raise Skipped("redis-benchmark is not on PATH (Debian: apt-get install redis-tools)")
+    parts = urlsplit(url)
+    base = [binary, "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379),
+            "--dbnum", parts.path.lstrip("/") or "0", "-t", "set", "--csv"]  # fmt: skip
+    if parts.password:
+        base += ["-a", unquote(parts.password)]
+        if parts.username:
+            base += ["--user", unquote(parts.username)]
+    records: dict[str, Any] = {
+        "meta": {
+            "phase": "meta",
+            "system": REFERENCE,
+            "versions": {REFERENCE: _tool_version(binary)},
+            # without the password, which -a would have shown
+            "command": "redis-benchmark " + " ".join(base[1:10]),
+        }
+    }
+    error: str | None = None
+    for phase, clients in REFERENCE_CLIENTS.items():
+        n = sizes[phase]
+        cmd = [*base, "-c", str(clients), "-n", str(n)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            error = f"{phase}: redis-benchmark killed after {timeout:.0f} s"
+            break
+        row = _parse_benchmark_csv(proc.stdout)
+        if proc.returncode != 0 or row is None:
+            detail = proc.stderr.strip()[:200]
+            error = f"{phase}: redis-benchmark exited {proc.returncode}: {detail}"
+            break
+        records[phase] = {
+            "phase": phase,
+            "n": n,
+            "callers": clients,
+            "tasks_per_s": row["rps"],
+            "p50_ms": row["p50_latency_ms"],
+            "p99_ms": row["p99_latency_ms"],
+            "command": f"redis-benchmark -t set -c {clients} -n {n}",
+        }
+    resp = Resp(url)
+    resp.call("FLUSHDB")  # its key:__rand_int__
+    resp.close()
+    if error is None:
+        for phase, rec in records.items():
+            if phase != "meta":
+                log(f"  {REFERENCE}: SET, {rec['callers']} client(s): {rec['tasks_per_s']:,.0f}/s")
+    return {"system": REFERENCE, "records": records, "error": error}
+
+
+def _parse_benchmark_csv(text: str) -> dict[str, float] | None:
+    """The SET line of ``redis-benchmark --csv`` (header line, then one line per test)."""
+    rows = list(csv.reader(line for line in text.splitlines() if line.strip()))
+    if len(rows) < 2:
+        return None
+    header = rows[0]
+    for row in rows[1:]:
+        if row and row[0] == "SET" and len(row) == len(header):
+            try:
+                return {k: float(v) for k, v in zip(header[1:], row[1:], strict=True)}
+            except ValueError:
+                return None
+    return None
+
+
+def _tool_version(binary: str) -> str:
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    match = re.search(r"\d+\.\d+\.\d+", out)
+    return match.group(0) if match else out.strip() or "?"
+
+
 PHASES = (
     "meta",
     "enqueue_serial",
@@ -259,7 +428,7 @@ def _progress(r: dict[str, Any]) -> str:
 class Row:
     label: str
     get: Callable[[dict[str, Any]], float | None]
-    fmt: str  # "rate", "ms", "count" (signed), "int", "float", "us"
+    fmt: str  # "rate", "ms", "count" (signed), "int", "float", "us", "ratio"
     ratio: bool = False
 
 
@@ -271,6 +440,21 @@ def _field(phase: str, key: str) -> Callable[[dict[str, Any]], float | None]:
     return get
 
 
+def _to_reference(phase: str) -> Callable[[dict[str, Any]], float | None]:
+    """A system's tasks/s in *phase* divided by the reference's in the same round."""
+
+    def get(records: dict[str, Any]) -> float | None:
+        ours = records.get(phase, {}).get("tasks_per_s")
+        ref = records.get(_REF_KEY, {}).get(phase, {}).get("tasks_per_s")
+        if ours is None or not ref or records.get("meta", {}).get("system") == REFERENCE:
+            return None
+        return float(ours) / float(ref)
+
+    return get
+
+
+_REF_KEY = "_reference"
+"""Where :func:`summarize` puts the same round's reference records beside a system's."""
 _FAST, _SERIAL, _PROC, _LAT, _LEFT = (
     "enqueue_fast",
     "enqueue_serial",
@@ -278,11 +462,15 @@ _FAST, _SERIAL, _PROC, _LAT, _LEFT = (
     "latency",
     "leftovers",
 )
+SERIAL_RATIO = "enqueue, serial ÷ redis-benchmark SET, 1 client"
+C32_RATIO = "enqueue, 32 callers ÷ redis-benchmark SET, 32 clients"
 ROWS = (
     Row("enqueue, fast path, tasks/s ¹", _field(_FAST, "tasks_per_s"), "rate", True),
     Row("enqueue, serial `await`, tasks/s", _field(_SERIAL, "tasks_per_s"), "rate", True),
+    Row(SERIAL_RATIO, _to_reference(_SERIAL), "ratio"),
     Row("enqueue, serial, p99 ms per call", _field(_SERIAL, "p99_ms"), "ms"),
     Row("enqueue, 32 callers, tasks/s", _field("enqueue_c32", "tasks_per_s"), "rate", True),
+    Row(C32_RATIO, _to_reference("enqueue_c32"), "ratio"),
     Row("enqueue, 32 callers, p99 ms per call", _field("enqueue_c32", "p99_ms"), "ms"),
     Row("enqueue, 1,000 callers, tasks/s", _field("enqueue_c1000", "tasks_per_s"), "rate", True),
     Row("enqueue, 1,000 callers, p99 ms per call", _field("enqueue_c1000", "p99_ms"), "ms"),
@@ -302,6 +490,7 @@ ROWS = (
     Row("keys left after processing N ³", _field(_LEFT, "dbsize"), "int"),
     Row("… of which without TTL", _field(_LEFT, "persistent_keys"), "int"),
 )  # fmt: skip
+ROW_BY_LABEL = {row.label: row for row in ROWS}
 
 
 def _fmt(value: float, kind: str) -> str:
@@ -315,21 +504,31 @@ def _fmt(value: float, kind: str) -> str:
         return f"{value:,.0f}"
     if kind == "float":
         return f"{value:.1f}"
+    if kind == "ratio":
+        return f"{value:.2f}×"
     return f"{value:,.0f}"
 
 
 def summarize(runs: Sequence[dict[str, dict[str, Any]]], systems: Sequence[str]) -> dict[str, Any]:
-    """Per system and row: all values over the runs, median, min, max."""
+    """Per system and row: all values over the runs, median, min, max.
+
+    A ratio to the reference is taken within each round (the system's value over the
+    reference's in the same round), then summarized like any other row.
+    """
     out: dict[str, Any] = {}
     for name in systems:
         rows: dict[str, Any] = {}
         for row in ROWS:
-            values = [
-                v
-                for run in runs
-                if name in run and not run[name]["error"]
-                and (v := row.get(run[name]["records"])) is not None
-            ]  # fmt: skip
+            values = []
+            for run in runs:
+                if name not in run or run[name]["error"]:
+                    continue
+                ref = run.get(REFERENCE)
+                records = run[name]["records"] | {
+                    _REF_KEY: ref["records"] if ref and not ref["error"] else {}
+                }
+                if (v := row.get(records)) is not None:
+                    values.append(v)
             if values:
                 rows[row.label] = {
                     "values": values,
@@ -357,8 +556,14 @@ def _cell(stats: dict[str, Any] | None, kind: str) -> str:
     return text
 
 
+def _peers(systems: Sequence[str]) -> list[str]:
+    """The systems asyncq is compared with: not itself on its socket, not the reference."""
+    return [s for s in systems if s not in ("asyncq", "asyncq-socket", REFERENCE)]
+
+
 def render_table(summary: dict[str, Any], systems: Sequence[str], n_runs: int) -> str:
-    peers = [s for s in systems if s != "asyncq"]
+    """Every row, one column per system (the reference's column where it has a value)."""
+    peers = _peers(systems)
     with_ratio = "asyncq" in systems and bool(peers)
     header = ["metric", *systems] + (["asyncq ÷ best peer"] if with_ratio else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -372,14 +577,66 @@ def render_table(summary: dict[str, Any], systems: Sequence[str], n_runs: int) -
                 ratio = f"{ours['median'] / max(best):.2f}×"
             cells.append(ratio)
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", _footnote(n_runs)]
+    return "\n".join(lines)
+
+
+def _footnote(n_runs: int) -> str:
     note = "median (min–max) of " + str(n_runs) + " runs" if n_runs > 1 else "one run"
-    lines += [
-        "",
-        f"Cells: {note}. ¹ asyncq: `Client.enqueue_many`, streaq: `Worker.enqueue_many` (one "
-        "pipeline); arq, saq, taskiq: 32 concurrent `enqueue` calls (`asyncio.gather`). "
-        "² serial phase, `INFO commandstats` incl. commands run inside Lua. "
-        "³ after the worker shut down; see the leftovers section for what they are.",
-    ]
+    return (
+        f"Cells: {note}. ¹ asyncq: `Client.enqueue_many`, streaq: `Worker.enqueue_many`, "
+        "BullMQ: `Queue.addBulk` (one pipeline); arq, saq, taskiq: 32 concurrent `enqueue` "
+        "calls (`asyncio.gather`). ² serial phase, `INFO commandstats` incl. commands run "
+        "inside Lua. ³ after the worker shut down; see the leftovers section for what they are. "
+        "Ratios to redis-benchmark are taken within each round, then summarized."
+    )
+
+
+def system_label(spec: SystemSpec, records: dict[str, Any]) -> str:
+    """``saq 0.26.4``: the label (or name) and the library's version, when it names one."""
+    versions = records.get("meta", {}).get("versions", {})
+    version = versions.get(spec.version_key or spec.module, "")
+    if spec.name == "asyncq":
+        version = versions.get("asyncq-git", version)
+    return f"{spec.label or spec.name} {version}".strip()
+
+
+HEADLINE = (
+    ("enqueue, serial, tasks/s", "enqueue, serial `await`, tasks/s"),
+    ("÷ SET 1 client", SERIAL_RATIO),
+    ("enqueue, 32 callers, tasks/s", "enqueue, 32 callers, tasks/s"),
+    ("÷ SET 32 clients", C32_RATIO),
+    ("process, 1 worker, conc. 100, tasks/s", "process, 1 worker, conc. 100, tasks/s"),
+    ("pickup p50 ms", "pickup latency p50, ms"),
+    ("pickup p99 ms", "pickup latency p99, ms"),
+    ("worker CPU µs / task", "worker CPU µs / task"),
+    ("lost", "tasks never run (lost)"),
+    ("extra runs", "handler calls − N"),
+)
+"""The headline table's columns: (heading, the row of :data:`ROWS` it shows)."""
+
+
+def render_headline(
+    summary: dict[str, Any],
+    systems: Sequence[str],
+    labels: dict[str, str],
+    transports: dict[str, str],
+) -> str:
+    """One row per system, the reference row first: the table the README shows."""
+    header = ["system", "to Redis", *(h for h, _ in HEADLINE)]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * len(HEADLINE)]
+    for name in (REFERENCE, *[s for s in systems if s != REFERENCE]):
+        if name not in summary:
+            continue
+        cells = [labels.get(name, name), transports.get(name, "TCP")]
+        for _, label in HEADLINE:
+            row = ROW_BY_LABEL[label]
+            stats = summary[name].get(label)
+            if name == REFERENCE and row.fmt == "ratio" and stats is None:
+                cells.append("1.00×")
+            else:
+                cells.append(_cell(stats, row.fmt))
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -402,6 +659,18 @@ def render_leftovers(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def git_commit() -> str:
+    """The checkout's commit (``git describe --always --dirty``), or ``?`` outside git."""
+    try:
+        proc = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=ROOT, capture_output=True, text=True, timeout=10, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return proc.stdout.strip() or "?"
+
+
 def machine_info(url: str) -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
@@ -409,6 +678,8 @@ def machine_info(url: str) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
     }
+    with contextlib.suppress(AttributeError, OSError):
+        info["cpus_usable"] = len(os.sched_getaffinity(0))
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -417,6 +688,8 @@ def machine_info(url: str) -> dict[str, Any]:
     with contextlib.suppress(OSError, ValueError, IndexError):
         mem_kb = int(Path("/proc/meminfo").read_text().split("\n")[0].split()[1])
         info["memory_gib"] = round(mem_kb / 2**20, 1)
+    with contextlib.suppress(OSError):
+        info["load_average"] = [round(x, 2) for x in os.getloadavg()]
     resp = Resp(url)
     server = resp.info("server")
     resp.close()
@@ -430,12 +703,21 @@ def machine_info(url: str) -> dict[str, Any]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
-        description="asyncq beside arq, saq, streaq and taskiq on one throwaway Redis.",
+        description=(
+            "asyncq beside arq, saq, streaq, taskiq and BullMQ (Python and Node) on one "
+            "throwaway Redis, every system over TCP, with redis-benchmark SET as the "
+            "physical reference."
+        ),
     )
     p.add_argument(
-        "--quick", action="store_true", help="small N for a smoke run (default: asyncq only)"
+        "--quick",
+        action="store_true",
+        help="small N for a smoke run (default systems: " + ",".join(DEFAULT_QUICK_SYSTEMS) + ")",
     )
-    p.add_argument("--systems", help=f"comma-separated, from {','.join(SYSTEMS)}")
+    p.add_argument(
+        "--systems",
+        help=f"comma-separated, from {','.join(SYSTEMS)} (default: {','.join(DEFAULT_SYSTEMS)})",
+    )
     p.add_argument(
         "--runs", type=int, default=1, help="full passes over all systems (median shown)"
     )
@@ -446,9 +728,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--no-unix-socket",
         action="store_true",
-        help="the throwaway Redis listens on TCP only (everyone on TCP, asyncq included)",
+        help="the throwaway Redis listens on TCP only (no asyncq-socket row)",
     )
-    p.add_argument("--reinstall", action="store_true", help="recreate the peer virtualenvs")
+    p.add_argument(
+        "--no-reference", action="store_true", help="leave out the redis-benchmark reference"
+    )
+    p.add_argument(
+        "--reinstall", action="store_true", help="recreate the peer virtualenvs and node_modules"
+    )
     p.add_argument("--n", type=int, help="tasks for fast-path enqueue and processing (20000)")
     p.add_argument("--serial-n", type=int, help="tasks for serial enqueue (5000)")
     p.add_argument("--latency-n", type=int, help="pickup latency samples (200)")
@@ -479,6 +766,23 @@ def _passthrough(args: argparse.Namespace) -> list[str]:
     return out
 
 
+REFERENCE_MIN_REQUESTS = {"enqueue_serial": 20_000, "enqueue_c32": 100_000}
+"""Outside ``--quick``, the reference makes at least this many requests (about a second
+each here): a window of a few hundred milliseconds is at the mercy of one scheduling
+hiccup on a shared machine, and the reference divides every system's rate."""
+
+
+def _sizes(args: argparse.Namespace, url: str) -> dict[str, int]:
+    """Requests per reference measurement: the N of the enqueue phase it stands beside,
+    raised to :data:`REFERENCE_MIN_REQUESTS` outside ``--quick``."""
+    overrides = {k: getattr(args, k) for k in ("n", "serial_n") if getattr(args, k) is not None}
+    cfg = Config.quick(url, **overrides) if args.quick else Config(url=url, **overrides)
+    sizes = {"enqueue_serial": cfg.serial_n, "enqueue_c32": cfg.n}
+    if not args.quick:
+        sizes = {k: max(v, REFERENCE_MIN_REQUESTS[k]) for k, v in sizes.items()}
+    return sizes
+
+
 def _default_json() -> Path:
     stamp = datetime.now(UTC).strftime("%Y-%m-%d")
     path = RESULTS / f"{stamp}.json"
@@ -487,27 +791,74 @@ def _default_json() -> Path:
     return path
 
 
+def command_line(argv: Sequence[str] | None) -> str:
+    args = list(argv) if argv is not None else sys.argv[1:]
+    return " ".join(["python -m benchmarks", *args])
+
+
+def render_heading(
+    started: datetime,
+    machine: dict[str, Any],
+    *,
+    command: str,
+    commit: str,
+    n: object,
+    quick: bool,
+) -> str:
+    cpus = machine.get("cpus")
+    usable = machine.get("cpus_usable")
+    nproc = f"{usable} of {cpus}" if usable and usable != cpus else f"{cpus}"
+    load = machine.get("load_average")
+    lines = [
+        f"asyncq benchmark, {started:%Y-%m-%d %H:%M} UTC"
+        + (" — SMOKE RUN (--quick): the figures are not results" if quick else ""),
+        f"machine: nproc {nproc}, {machine.get('cpu_model', '?')},"
+        f" {machine.get('memory_gib', '?')} GiB memory, Linux {machine['kernel']}"
+        + (f", load average {' '.join(str(x) for x in load)} at the start" if load else ""),
+        f"Python {machine['python']}, redis-server {machine['redis_version']} (one server, every"
+        f" system over TCP unless its row says otherwise), N = {n}",
+        f"command: {command}",
+        f"commit: {commit}",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     systems: list[str] = args.system_list
     pythons: dict[str, Path] = {}
     setup_errors: dict[str, str] = {}
+    skipped: dict[str, str] = {}
     for name in systems:
-        env = SYSTEMS[name].env
         try:
-            pythons[name] = (
-                Path(sys.executable) if env is None else ensure_env(env, reinstall=args.reinstall)
-            )
+            pythons[name] = ensure_system(SYSTEMS[name], reinstall=args.reinstall)
+        except Skipped as exc:
+            skipped[name] = str(exc)
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             setup_errors[name] = f"environment setup failed: {exc}"
             log(f"{name}: {setup_errors[name]}")
     timeout = 180.0 if args.quick else 1800.0
     started = datetime.now(UTC)
     runs: list[dict[str, dict[str, Any]]] = []
+    with_reference = not args.no_reference
     with redis_server(args.redis_url, unix_socket=not args.no_unix_socket) as url:
         machine = machine_info(url)
+        if "asyncq-socket" in systems and not has_unix_socket(url):
+            skipped["asyncq-socket"] = "the Redis server has no unix socket"
+        if with_reference and shutil.which("redis-benchmark") is None:
+            skipped[REFERENCE] = "redis-benchmark is not on PATH (Debian: redis-tools)"
+            with_reference = False
+        for name, reason in skipped.items():
+            log(f"skipped {name}: {reason}")
+        systems = [s for s in systems if s not in skipped]
+        sizes = _sizes(args, url)
         for k in range(args.runs):
             run: dict[str, dict[str, Any]] = {}
+            if with_reference:
+                log(f"run {k + 1}/{args.runs}: {REFERENCE}")
+                run[REFERENCE] = run_reference(url, sizes, timeout)
+                if run[REFERENCE]["error"]:
+                    log(f"  {REFERENCE} FAILED: {run[REFERENCE]['error']}")
             for name in systems:
                 if name in setup_errors:
                     run[name] = {"system": name, "records": {}, "error": setup_errors[name]}
@@ -519,19 +870,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if run[name]["error"]:
                     log(f"  {name} FAILED: {run[name]['error']}")
             runs.append(run)
-    summary = summarize(runs, systems)
-    table = render_table(summary, systems, args.runs)
-    last = [runs[-1][s] for s in systems]
-    leftovers = render_leftovers(last)
-    versions = {s: runs[-1][s]["records"].get("meta", {}).get("versions", {}) for s in systems}
-    heading = (
-        f"asyncq benchmark {started:%Y-%m-%d %H:%M} UTC · {machine.get('cpus')} CPUs"
-        f" ({machine.get('cpu_model', '?')}), {machine.get('memory_gib', '?')} GiB ·"
-        f" Linux {machine['kernel']} · Python {machine['python']} · redis-server"
-        f" {machine['redis_version']} · N = {_first(runs, systems, 'process', 'n')}"
+    columns = systems + ([REFERENCE] if with_reference else [])
+    summary = summarize(runs, columns)
+    labels = {s: system_label(SYSTEMS[s], runs[-1][s]["records"]) for s in systems}
+    labels[REFERENCE] = "redis-benchmark SET (physical reference)"
+    transports = {s: "unix socket" if s == "asyncq-socket" else "TCP" for s in columns}
+    headline = render_headline(summary, systems, labels, transports)
+    table = render_table(summary, columns, args.runs)
+    leftovers = render_leftovers([runs[-1][s] for s in systems])
+    versions = {s: runs[-1][s]["records"].get("meta", {}).get("versions", {}) for s in columns}
+    command = command_line(argv)
+    commit = git_commit()
+    heading = render_heading(
+        started,
+        machine,
+        command=command,
+        commit=commit,
+        n=_first(runs, systems, "process", "n"),
+        quick=args.quick,
     )
     print(heading)
     print("versions: " + "; ".join(f"{s} {json.dumps(v)}" for s, v in versions.items()))
+    for name, reason in skipped.items():
+        print(f"skipped: {name}: {reason}")
+    print()
+    print(headline)
+    print()
+    print(headline_notes(args.runs, with_reference))
     print()
     print(table)
     print()
@@ -539,20 +904,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures = [
         f"{s}: {runs[k][s]['error']}"
         for k in range(len(runs))
-        for s in systems
+        for s in columns
         if runs[k][s]["error"]
     ]
     out_path = args.json or _default_json()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     document = {
-        "schema": 1,
+        "schema": 2,
         "started": started.isoformat(),
         "finished": datetime.now(UTC).isoformat(),
         "machine": machine,
+        "command": command,
+        "commit": commit,
         "argv": list(argv) if argv is not None else sys.argv[1:],
         "systems": systems,
+        "skipped": skipped,
         "runs": runs,
         "summary": summary,
+        "headline": headline,
         "table": table,
         "failures": failures,
     }
@@ -562,19 +931,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     if failures:
         log("failed: " + "; ".join(failures))
         status = 1
-    if "asyncq" in systems:
-        bad = [
-            f"run {k + 1} {phase}: handler calls − N = {r['handler_calls_minus_n']},"
-            f" lost = {r['lost']}"
-            for k, run in enumerate(runs)
-            for phase in ("process", "latency")
-            if (r := run["asyncq"]["records"].get(phase))
-            and (r["handler_calls_minus_n"] or r["lost"])
-        ]
-        if bad:
-            log("asyncq correctness check failed: " + "; ".join(bad))
-            status = 1
+    bad = [
+        f"{name} run {k + 1} {phase}: handler calls − N = {r['handler_calls_minus_n']},"
+        f" lost = {r['lost']}"
+        for name in ("asyncq", "asyncq-socket")
+        if name in systems
+        for k, run in enumerate(runs)
+        for phase in ("process", "latency")
+        if (r := run[name]["records"].get(phase)) and (r["handler_calls_minus_n"] or r["lost"])
+    ]
+    if bad:
+        log("asyncq correctness check failed: " + "; ".join(bad))
+        status = 1
     return status
+
+
+def headline_notes(n_runs: int, with_reference: bool) -> str:
+    note = f"median (min–max) of {n_runs} interleaved rounds" if n_runs > 1 else "one round"
+    text = (
+        f"Cells: {note}. Every system is given the same TCP URL of one redis-server and runs"
+        " with its defaults (one worker process, concurrency 100). ⁴ asyncq again, with its"
+        " opt-in `?local_socket=true` (its hot-path connections on the server's unix socket):"
+        " not like for like, so it is an extra row and in no ratio."
+    )
+    if with_reference:
+        text += (
+            " The reference row is `redis-benchmark -t set` with 1 and with 32 clients (the"
+            " N of the serial and the 32-caller enqueue, at least 20,000 and 100,000 requests"
+            " outside --quick), run at the start of every round. One client waiting for each"
+            " reply is this machine's round-trip limit, which a serial enqueue cannot beat;"
+            " 32 clients is what Redis serves to 32 connections that each wait for their"
+            " reply (one pipelining producer can pass it). A system's ratio is its enqueue"
+            " rate over the reference's in the same round."
+        )
+    return text
 
 
 def _first(

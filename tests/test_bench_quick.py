@@ -1,17 +1,25 @@
-"""Smoke test of the benchmark harness: asyncq's system script in --quick mode.
+"""Smoke test of the benchmark harness in --quick mode (tiny N; no timing is asserted).
 
 Runs ``benchmarks/systems/asyncq.py`` through the runner (a subprocess driver plus
 two worker subprocesses) against the test Redis, in a database of its own, and
-checks the JSON records and asyncq's correctness fields. Peers are not installed
-here and no timing is asserted.
+checks the JSON records and asyncq's correctness fields. BullMQ for Python (its own
+virtualenv under benchmarks/.envs, from PyPI) and BullMQ for Node (``npm ci`` in
+benchmarks/node) run the same way at tiny N; each is skipped, with the reason, where
+its packages cannot be installed (offline) or ``node`` is missing. The redis-benchmark
+reference row is skipped where redis-benchmark is missing. The Python peers arq, saq,
+streaq and taskiq are not installed here.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 import statistics
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -27,12 +35,46 @@ pytestmark = pytest.mark.xdist_group("bench_quick")
 BENCH_DB = 13  # the harness flushes its database; keep it away from other tests' db 0
 
 
+def _bench_url(redis_url: str) -> str:
+    return urlsplit(redis_url)._replace(path=f"/{BENCH_DB}").geturl()
+
+
 @pytest.fixture(scope="module")
 def quick_result(redis_url: str) -> dict[str, object]:
-    url = urlsplit(redis_url)._replace(path=f"/{BENCH_DB}").geturl()
     return runner.run_system(
-        runner.SYSTEMS["asyncq"], Path(sys.executable), url, ["--quick"], timeout=120
-    )
+        runner.SYSTEMS["asyncq"], Path(sys.executable), _bench_url(redis_url), ["--quick"],
+        timeout=120,
+    )  # fmt: skip
+
+
+def _peer_quick(redis_url: str, name: str) -> dict[str, Any]:
+    """*name*'s quick run, or a skip naming why its environment cannot be made here."""
+    spec = runner.SYSTEMS[name]
+    try:
+        python = runner.ensure_system(spec)
+    except runner.Skipped as exc:
+        pytest.skip(f"{name}: {exc}")
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # pip or npm failed
+        pytest.skip(f"{name}: environment could not be installed ({exc})")
+    return runner.run_system(spec, python, _bench_url(redis_url), ["--quick"], timeout=180)
+
+
+@pytest.fixture(scope="module")
+def bullmq_result(redis_url: str) -> dict[str, Any]:
+    return _peer_quick(redis_url, "bullmq")
+
+
+@pytest.fixture(scope="module")
+def bullmq_node_result(redis_url: str) -> dict[str, Any]:
+    return _peer_quick(redis_url, "bullmq-node")
+
+
+@pytest.fixture(scope="module")
+def reference_result(redis_url: str) -> dict[str, Any]:
+    if shutil.which("redis-benchmark") is None:
+        pytest.skip("redis-benchmark is not on PATH")
+    sizes = {"enqueue_serial": 200, "enqueue_c32": 500}
+    return runner.run_reference(_bench_url(redis_url), sizes, timeout=60)
 
 
 def _finite(value: object) -> bool:
@@ -146,3 +188,193 @@ def test_percentile_matches_statistics(values: list[float], p: int) -> None:
 )
 def test_key_pattern(key: bytes, pattern: str) -> None:
     assert _common.key_pattern(key) == pattern
+
+
+# --------------------------------------------------------------------------- BullMQ
+
+
+@pytest.mark.parametrize("which", ["bullmq", "bullmq-node"])
+def test_bullmq_quick_run(which: str, request: pytest.FixtureRequest) -> None:
+    result = request.getfixturevalue(which.replace("-", "_") + "_result")
+    assert result["error"] is None, result["error"]
+    records = result["records"]
+    assert list(records) == list(runner.PHASES)
+    assert records["meta"]["system"] == which
+    assert records["meta"]["versions"]["bullmq"] not in ("", "?")
+    for phase, n in (("enqueue_serial", 200), ("enqueue_c32", 500), ("enqueue_fast", 500)):
+        rec = records[phase]
+        assert rec["n"] == n
+        assert rec["errors"] == 0
+        assert _finite(rec["tasks_per_s"]) and _finite(rec["client_cpu_us_per_task"])
+        # BullMQ's addJob is one script call that writes several keys
+        assert rec["redis_cmds_per_task"] > 1
+    assert records["enqueue_fast"]["method"].startswith("Queue.addBulk")
+    proc = records["process"]
+    assert proc["lost"] == 0
+    assert proc["handler_calls"] >= 500
+    assert proc["timed_out"] is False
+    assert proc["error"] is None
+    assert _finite(proc["worker_cpu_us_per_task"]) and proc["worker_cpu_us_per_task"] > 0
+    # removeOnComplete is off by default: every completed job stays, without a TTL
+    left = records["leftovers"]
+    assert left["persistent_keys"] >= 500
+    assert any(p["pattern"] == "bull:bench:completed" for p in left["patterns"])
+    lat = records["latency"]
+    assert lat["samples"] == 20
+    assert lat["lost"] == 0
+    assert lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"]
+
+
+# --------------------------------------------------------------------------- the reference
+
+
+def test_reference_records(reference_result: dict[str, Any], redis_url: str) -> None:
+    assert reference_result["error"] is None, reference_result["error"]
+    records = reference_result["records"]
+    assert records["meta"]["system"] == runner.REFERENCE
+    assert "-a" not in records["meta"]["command"]
+    for phase, clients, n in (("enqueue_serial", 1, 200), ("enqueue_c32", 32, 500)):
+        rec = records[phase]
+        assert (rec["callers"], rec["n"]) == (clients, n)
+        assert _finite(rec["tasks_per_s"]) and rec["tasks_per_s"] > 0
+        assert rec["p50_ms"] <= rec["p99_ms"]
+    # its key is flushed afterwards
+    resp = _common.Resp(_bench_url(redis_url))
+    try:
+        assert resp.call("DBSIZE") == 0
+    finally:
+        resp.close()
+
+
+def test_benchmark_csv_parsing() -> None:
+    text = (
+        '"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",'
+        '"p99_latency_ms","max_latency_ms"\n"SET","19120.46","0.059","0.016","0.023","0.039",'
+        '"1.423","9.327"\n'
+    )
+    row = runner._parse_benchmark_csv(text)
+    assert row is not None
+    assert row["rps"] == 19120.46
+    assert row["p99_latency_ms"] == 1.423
+    assert runner._parse_benchmark_csv("") is None
+    assert runner._parse_benchmark_csv('"test","rps"\n"GET","5"\n') is None
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def test_headline_has_every_row(
+    quick_result: dict[str, Any], reference_result: dict[str, Any]
+) -> None:
+    """asyncq, a peer, the socket row and the reference row, with ratios to the reference."""
+    socket = quick_result | {"system": "asyncq-socket"}
+    peer = quick_result | {"system": "bullmq"}
+    run = {"asyncq": quick_result, "bullmq": peer, "asyncq-socket": socket,
+           runner.REFERENCE: reference_result}  # fmt: skip
+    systems = ["asyncq", "bullmq", "asyncq-socket"]
+    summary = runner.summarize([run], [*systems, runner.REFERENCE])
+    labels = {s: runner.system_label(runner.SYSTEMS[s], run[s]["records"]) for s in systems}
+    labels[runner.REFERENCE] = "redis-benchmark SET (physical reference)"
+    transports = {s: "TCP" for s in systems} | {"asyncq-socket": "unix socket"}
+    lines = runner.render_headline(summary, systems, labels, transports).splitlines()
+    assert len(lines) == 2 + 4
+    assert lines[2].startswith("| redis-benchmark SET (physical reference) | TCP |")
+    assert lines[2].count("1.00×") == 2
+    assert lines[3].startswith("| asyncq ")
+    assert lines[5].startswith("| asyncq on its unix socket ⁴ (extra row) | unix socket |")
+    for line in lines[3:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert len(cells) == 2 + len(runner.HEADLINE)
+        ratio_serial, ratio_c32 = cells[3], cells[5]
+        assert ratio_serial.endswith("×") and ratio_c32.endswith("×"), line
+    ref = reference_result["records"]
+    expected = (
+        quick_result["records"]["enqueue_serial"]["tasks_per_s"]
+        / ref["enqueue_serial"]["tasks_per_s"]
+    )
+    assert summary["asyncq"][runner.SERIAL_RATIO]["median"] == pytest.approx(expected)
+    table = runner.render_table(summary, [*systems, runner.REFERENCE], 1).splitlines()
+    assert table[0] == (
+        "| metric | asyncq | bullmq | asyncq-socket | redis-benchmark | asyncq ÷ best peer |"
+    )
+    # the socket row is no peer: asyncq ÷ best peer compares with bullmq only (here a copy)
+    fast = next(line for line in table if line.startswith("| enqueue, fast path"))
+    assert fast.endswith("| 1.00× |")
+
+
+def test_main_report(redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole runner, tiny: the heading names date, machine, command and commit; a
+    server without a unix socket drops the socket row with one line."""
+    out_json = tmp_path / "out.json"
+    argv = [
+        "--quick", "--redis-url", _bench_url(redis_url), "--systems", "asyncq,asyncq-socket",
+        "--n", "100", "--serial-n", "50", "--latency-n", "5", "--json", str(out_json),
+    ]  # fmt: skip
+    assert runner.main(argv) == 0
+    out = capsys.readouterr().out
+    heading = out.splitlines()[:5]
+    assert "SMOKE RUN" in heading[0]
+    assert heading[1].startswith("machine: nproc ")
+    assert "GiB memory" in heading[1]
+    assert heading[3] == "command: python -m benchmarks " + " ".join(argv)
+    assert heading[4].startswith("commit: ") and heading[4] != "commit: ?"
+    assert "skipped: asyncq-socket: the Redis server has no unix socket" in out
+    document = json.loads(out_json.read_text())
+    assert document["systems"] == ["asyncq"]
+    assert document["skipped"]["asyncq-socket"] == "the Redis server has no unix socket"
+    assert document["failures"] == []
+    if shutil.which("redis-benchmark"):
+        assert "| redis-benchmark SET (physical reference) | TCP |" in out
+        assert runner.REFERENCE in document["runs"][0]
+
+
+def test_asyncq_socket_variant_opts_in() -> None:
+    from benchmarks.systems import asyncq as asyncq_script
+
+    cfg = _common.Config.quick("redis://127.0.0.1:6379/3")
+    assert asyncq_script._url(cfg) == "redis://127.0.0.1:6379/3"
+    socket = _common.Config.quick("redis://127.0.0.1:6379/3", variant="socket")
+    assert asyncq_script._url(socket) == "redis://127.0.0.1:6379/3?local_socket=true"
+    with pytest.raises(ValueError, match="unknown asyncq variant"):
+        asyncq_script._url(_common.Config.quick("redis://h/0", variant="nope"))
+
+
+def test_missing_tools_are_skipped_with_one_line(
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without node and redis-benchmark on PATH, their rows are skipped, not failed."""
+    real_which = shutil.which
+    hidden = {"node", "npm", "redis-benchmark"}
+    monkeypatch.setattr(
+        runner.shutil, "which", lambda name, *a, **kw: None if name in hidden else real_which(name)
+    )
+    with pytest.raises(runner.Skipped, match="node is not on PATH"):
+        runner.ensure_node_modules()
+    with pytest.raises(runner.Skipped, match="redis-benchmark is not on PATH"):
+        runner.run_reference(_bench_url(redis_url), {"enqueue_serial": 1, "enqueue_c32": 1}, 10)
+    argv = ["--quick", "--redis-url", _bench_url(redis_url), "--systems", "bullmq-node",
+            "--json", str(tmp_path / "out.json")]  # fmt: skip
+    assert runner.main(argv) == 0
+    out = capsys.readouterr().out
+    skipped = [line for line in out.splitlines() if line.startswith("skipped: ")]
+    assert skipped == [
+        "skipped: bullmq-node: node is not on PATH",
+        "skipped: redis-benchmark: redis-benchmark is not on PATH (Debian: redis-tools)",
+    ]
+    document = json.loads((tmp_path / "out.json").read_text())
+    assert document["failures"] == []
+    assert document["systems"] == []
+
+
+def test_reference_sizes() -> None:
+    """The reference matches the phases' N in --quick and has a floor otherwise."""
+    url = "redis://127.0.0.1:6379/13"
+    quick = runner.parse_args(["--quick"])
+    assert runner._sizes(quick, url) == {"enqueue_serial": 200, "enqueue_c32": 500}
+    full = runner.parse_args([])
+    assert runner._sizes(full, url) == {"enqueue_serial": 20_000, "enqueue_c32": 100_000}
+    big = runner.parse_args(["--n", "250000", "--serial-n", "30000"])
+    assert runner._sizes(big, url) == {"enqueue_serial": 30_000, "enqueue_c32": 250_000}

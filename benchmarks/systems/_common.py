@@ -40,12 +40,15 @@ __all__ = [
     "Producer",
     "Resp",
     "System",
+    "Timed",
     "gather_enqueue",
     "main",
 ]
 
 SCHEMA_VERSION = 1
-PEER_LOGGERS = ("arq", "saq", "streaq", "taskiq", "taskiq_redis", "coredis", "asyncq")
+PEER_LOGGERS = (
+    "arq", "saq", "streaq", "taskiq", "taskiq_redis", "coredis", "asyncq", "bullmq"
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- config
@@ -101,8 +104,25 @@ class Config:
 # --------------------------------------------------------------------------- adapters
 
 
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    """One timed enqueue loop: wall seconds, the enqueuing process's CPU seconds,
+    the per-call latencies in seconds (per-call phases only) and failed items."""
+
+    seconds: float
+    cpu_s: float
+    latencies: list[float] = dataclasses.field(default_factory=list)
+    errors: int = 0
+
+
 class Producer:
-    """Enqueues no-op tasks carrying an integer index; one per enqueue phase."""
+    """Enqueues no-op tasks carrying an integer index; one per enqueue phase.
+
+    A system implements :meth:`enqueue` (and :meth:`enqueue_fast` when it has a
+    batch API). The three timed loops below run in this process by default; a system
+    whose library lives in another runtime (BullMQ for Node) overrides them so that the
+    loops run, and are timed, in the process that enqueues.
+    """
 
     async def enqueue(self, i: int) -> None:
         """Enqueue one task for index *i* and wait until the library says it is stored."""
@@ -116,6 +136,49 @@ class Producer:
         """
         await gather_enqueue(self.enqueue, indices, cfg.fast_width)
         return 0
+
+    async def timed_calls(self, indices: Sequence[int], callers: int) -> Timed:
+        """*callers* coroutines sharing this producer, each timing its ``enqueue`` calls."""
+        latencies: list[float] = []
+        clock = time.perf_counter
+        record_latency = latencies.append
+
+        async def timed(i: int) -> None:
+            start = clock()
+            await self.enqueue(i)
+            record_latency(clock() - start)
+
+        cpu0 = cpu_seconds()
+        t0 = clock()
+        await gather_enqueue(timed, indices, callers)
+        return Timed(clock() - t0, cpu_seconds() - cpu0, latencies)
+
+    async def timed_fast(self, indices: Sequence[int], cfg: Config) -> Timed:
+        """:meth:`enqueue_fast`, timed."""
+        cpu0 = cpu_seconds()
+        t0 = time.perf_counter()
+        errors = await self.enqueue_fast(indices, cfg)
+        return Timed(time.perf_counter() - t0, cpu_seconds() - cpu0, errors=errors)
+
+    async def paced(
+        self, warmup: Sequence[int], indices: Sequence[int], interval: float, idle: float
+    ) -> dict[int, tuple[float, float]]:
+        """The latency phase's sends: *warmup* tasks *interval* seconds apart, *idle*
+        seconds of nothing, then *indices* on a fixed *interval* cadence. For each of
+        *indices*: ``time.time()`` just before the enqueue call and just after it returned."""
+        for i in warmup:
+            await self.enqueue(i)
+            await asyncio.sleep(interval)
+        await asyncio.sleep(idle)
+        sent: dict[int, tuple[float, float]] = {}
+        tick = time.perf_counter()
+        for i in indices:
+            before = time.time()
+            await self.enqueue(i)
+            sent[i] = (before, time.time())
+            tick += interval
+            await asyncio.sleep(max(0.0, tick - time.perf_counter()))
+        return sent
 
 
 class System:
@@ -141,6 +204,12 @@ class System:
         """Run one worker (concurrency ``cfg.concurrency``) whose no-op handler calls
         ``on_task(i)`` first thing; when *stop* is set, shut it down gracefully and return."""
         raise NotImplementedError
+
+    def worker_command(self, module: str, mode: str, cfg_json: str) -> list[str]:
+        """The worker child process: this script with ``--role worker`` by default. It
+        prints ``{"event": "started"}`` and then the ``result`` record of :func:`worker_main`."""
+        return [sys.executable, "-m", module, "--role", "worker", "--mode", mode,
+                "--config", cfg_json]  # fmt: skip
 
 
 async def gather_enqueue(
@@ -445,7 +514,8 @@ async def worker_main(system: System, cfg: Config, mode: str) -> None:
 class WorkerProcess:
     """A worker child process running the same system script with ``--role worker``."""
 
-    def __init__(self, module: str, cfg: Config, mode: str) -> None:
+    def __init__(self, system: System, module: str, cfg: Config, mode: str) -> None:
+        self.system = system
         self.module = module
         self.cfg = cfg
         self.mode = mode
@@ -456,11 +526,8 @@ class WorkerProcess:
 
     async def start(self) -> None:
         cfg_json = json.dumps(dataclasses.asdict(self.cfg))
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", self.module, "--role", "worker", "--mode", self.mode,
-            "--config", cfg_json,
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        command = self.system.worker_command(self.module, self.mode, cfg_json)
+        self.proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
         self.result = asyncio.get_running_loop().create_future()
         self._reader = asyncio.create_task(self._read())
         started = asyncio.create_task(self.started.wait())
@@ -546,31 +613,17 @@ async def _timed_enqueue(
             await producer.enqueue(n)
             resp.call("FLUSHDB")
         meter = RedisMeter(resp)
-        errors = 0
-        latencies: list[float] = []
         meter.start()
-        cpu0 = cpu_seconds()
-        t0 = time.perf_counter()
         if phase in CALLERS:
-            clock = time.perf_counter
-            record_latency = latencies.append
-
-            async def timed(i: int) -> None:
-                start = clock()
-                await producer.enqueue(i)
-                record_latency(clock() - start)
-
-            await gather_enqueue(timed, range(n), CALLERS[phase])
+            timed = await producer.timed_calls(range(n), CALLERS[phase])
         else:
-            errors = await producer.enqueue_fast(range(n), cfg)
-        seconds = time.perf_counter() - t0
-        cpu = cpu_seconds() - cpu0
+            timed = await producer.timed_fast(range(n), cfg)
         stats = meter.stop()
-    record = _enqueue_record(phase, n, seconds, cpu, stats, errors=errors)
+    record = _enqueue_record(phase, n, timed.seconds, timed.cpu_s, stats, errors=timed.errors)
     if phase == "enqueue_fast":
         record["method"] = system.fast_path
-    if latencies:
-        latencies.sort()
+    if timed.latencies:
+        latencies = sorted(timed.latencies)
         record["callers"] = CALLERS[phase]
         record["p50_ms"] = round(percentile(latencies, 50) * 1e3, 4)
         record["p99_ms"] = round(percentile(latencies, 99) * 1e3, 4)
@@ -611,7 +664,7 @@ async def driver_main(system: System, cfg: Config, module: str) -> None:
     emit(await _timed_enqueue(resp, system, cfg, "enqueue_fast", cfg.n))
 
     # 3. processing: one worker process drains the N pre-enqueued tasks
-    worker = WorkerProcess(module, cfg, "process")
+    worker = WorkerProcess(system, module, cfg, "process")
     await worker.start()
     res = await worker.wait_result()
     n = cfg.n
@@ -653,24 +706,18 @@ async def driver_main(system: System, cfg: Config, module: str) -> None:
 
 
 async def _latency(system: System, cfg: Config, module: str) -> dict[str, Any]:
-    worker = WorkerProcess(module, cfg, "latency")
+    worker = WorkerProcess(system, module, cfg, "latency")
     await worker.start()
     interval = cfg.latency_interval_ms / 1000.0
-    sent: dict[int, tuple[float, float]] = {}
     try:
         async with system.producer(cfg) as producer:
-            for i in range(cfg.latency_warmup):
-                await producer.enqueue(i)
-                await asyncio.sleep(interval)
-            await asyncio.sleep(0.5)  # let the worker go idle (blocked or polling)
-            tick = time.perf_counter()
-            for k in range(cfg.latency_n):
-                i = cfg.latency_warmup + k
-                before = time.time()
-                await producer.enqueue(i)
-                sent[i] = (before, time.time())
-                tick += interval
-                await asyncio.sleep(max(0.0, tick - time.perf_counter()))
+            # 0.5 s after the warm-up lets the worker go idle (blocked or polling)
+            sent = await producer.paced(
+                range(cfg.latency_warmup),
+                range(cfg.latency_warmup, cfg.latency_warmup + cfg.latency_n),
+                interval,
+                0.5,
+            )
     except BaseException:
         await worker.kill()
         raise

@@ -2,7 +2,10 @@
 
 Runs in the project's own environment (no separate virtualenv). Tasks are
 ``Task("noop", b"<index>")`` on the ``default`` queue with asyncq's defaults (no
-retention: a finished task's hash is deleted, as in Go asynq).
+retention: a finished task's hash is deleted, as in Go asynq). Over TCP, like every
+peer; ``--variant socket`` (the runner's extra row, ``asyncq-socket``) adds asyncq's
+opt-in ``?local_socket=true``, which moves the hot-path connections to the local
+server's unix socket.
 """
 
 from __future__ import annotations
@@ -25,9 +28,16 @@ from benchmarks.systems._common import Config, Producer, System, main
 QUEUE = "default"
 
 
-def _local(url: str) -> str:
-    """asyncq's opt-in for a local Redis: its hot path over the server's unix socket."""
-    return url + ("&" if "?" in url else "?") + "local_socket=true"
+VARIANTS = ("", "socket")
+
+
+def _url(cfg: Config) -> str:
+    """The URL as given (TCP), or with asyncq's opt-in for a local Redis's unix socket."""
+    if cfg.variant not in VARIANTS:
+        raise ValueError(f"unknown asyncq variant {cfg.variant!r}; known: {VARIANTS}")
+    if cfg.variant == "socket":
+        return cfg.url + ("&" if "?" in cfg.url else "?") + "local_socket=true"
+    return cfg.url
 
 
 class AsyncqProducer(Producer):
@@ -70,7 +80,7 @@ class Asyncq(System):
 
     @asynccontextmanager
     async def producer(self, cfg: Config) -> AsyncIterator[Producer]:
-        async with Client(_local(cfg.url)) as client:
+        async with Client(_url(cfg)) as client:
             yield AsyncqProducer(client)
 
     async def serve(self, cfg: Config, on_task: Callable[[int], None], stop: asyncio.Event) -> None:
@@ -80,7 +90,7 @@ class Asyncq(System):
         async def noop(task: Task) -> None:
             on_task(int(task.payload or b"-1"))
 
-        server = Server(_local(cfg.url), concurrency=cfg.concurrency, queues={QUEUE: 1})
+        server = Server(_url(cfg), concurrency=cfg.concurrency, queues={QUEUE: 1})
         async with server:
             await server.start(mux)
             await stop.wait()
