@@ -895,10 +895,11 @@ class Inspector:
     ) -> ErrorReport:
         """Retry and archived tasks grouped by error signature, largest group first.
 
-        *queues* defaults to every queue. Tasks are read newest first in chunks
-        of a few hundred, at most *limit* in all (None reads everything); when
-        the limit stops the scan, :attr:`ErrorReport.capped` is True and the
-        counts cover the :attr:`~ErrorReport.scanned` newest tasks.
+        *queues* defaults to every queue. Each queue's retry and archived sets are
+        read newest first in chunks of a few hundred, taking turns, at most *limit*
+        tasks in all (None reads everything); when the limit stops the scan,
+        :attr:`ErrorReport.capped` is True and the counts cover the
+        :attr:`~ErrorReport.scanned` newest tasks of each set.
         """
         sts = _triage_states(states)
         if limit is not None and limit < 1:
@@ -911,19 +912,28 @@ class Inspector:
                 total += await triage.size(name, st)
         groups: dict[ErrorSignature, _GroupAcc] = {}
         scanned = 0
-        for name in names:
-            for st in sts:
-                left = None if limit is None else limit - scanned
-                if left is not None and left <= 0:
+        # Round robin over every (queue, state): a cap leaves each a fair share of the
+        # newest tasks rather than reading the first queues whole and the others not at all.
+        scanners = [triage.scan(name, st) for name in names for st in sts]
+        while scanners and (limit is None or scanned < limit):
+            for scanner in list(scanners):
+                chunk = await anext(scanner, None)
+                if chunk is None:
+                    scanners.remove(scanner)
+                    continue
+                if limit is not None:
+                    chunk = chunk[: limit - scanned]
+                scanned += len(chunk)
+                for task in chunk:
+                    sig = _task_signature(task)
+                    acc = groups.get(sig)
+                    if acc is None:
+                        acc = groups[sig] = _GroupAcc(sig)
+                    acc.add(task)
+                if limit is not None and scanned >= limit:
                     break
-                async for chunk in triage.scan(name, st, limit=left):
-                    scanned += len(chunk)
-                    for task in chunk:
-                        sig = _task_signature(task)
-                        acc = groups.get(sig)
-                        if acc is None:
-                            acc = groups[sig] = _GroupAcc(sig)
-                        acc.add(task)
+        for scanner in scanners:
+            await scanner.aclose()
         result = [acc.result() for acc in groups.values()]
         result.sort(key=lambda g: (-g.count, g.kind, g.message))
         return ErrorReport(groups=result, scanned=scanned, total=max(total, scanned))

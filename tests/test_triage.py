@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
@@ -15,6 +19,7 @@ from asyncq import ErrorGroup, ErrorReport
 from asyncq._broker import triage as triage_mod
 from asyncq._errsig import MAX_MESSAGE, error_signature, normalise_message, split_error
 from asyncq._logging import error_text
+from asyncq.cli import main
 from asyncq.errors import QueueNotFoundError
 from asyncq.inspector import Inspector
 from asyncq.task import TaskState
@@ -397,3 +402,74 @@ async def test_group_action_arguments_are_checked(redis: Redis, insp: Inspector)
         await insp.run_error_group(CONN.key, queues=["nope"])
     unknown = await insp.run_error_group(uuid.uuid4().hex[:12])
     assert (unknown.acted, unknown.skipped) == (0, 0)
+
+
+# -- asyncq task errors ---------------------------------------------------------------------------
+
+
+def _seeded_cli(redis_url: str, tmp_path: Path) -> Callable[..., Result]:
+    async def seed() -> None:
+        r = Redis.from_url(redis_url)
+        try:
+            await r.flushdb()
+            await seed_mixed(r)
+        finally:
+            await r.aclose()
+
+    asyncio.run(seed())
+    runner = CliRunner(env={"COLUMNS": "200", "HOME": str(tmp_path), "ASYNCQ_REDIS_URL": None})
+
+    def invoke(*args: str) -> Result:
+        return runner.invoke(main, ["-u", redis_url, "task", "errors", *args])
+
+    return invoke
+
+
+def test_cli_lists_groups(redis_url: str, tmp_path: Path) -> None:
+    cli = _seeded_cli(redis_url, tmp_path)
+    result = cli()
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "5 error groups in 20 failed tasks"
+    row = next(line for line in lines if line.startswith(CONN.key))
+    assert row.split()[1] == "9"
+    assert "ConnectionError: Error <n> connecting to <ip>. Connection refused." in row
+    assert "email (6), sms (3)" in row and "default (7), critical (2)" in row
+    capped = cli("--limit", "3")
+    assert capped.output.splitlines()[0] == (
+        "2 error groups in 3 of 20 failed tasks (the newest; raise --limit to read more)"
+    )
+
+
+def test_cli_json_and_filters(redis_url: str, tmp_path: Path) -> None:
+    cli = _seeded_cli(redis_url, tmp_path)
+    data = json.loads(cli("--json", "-q", "critical", "-s", "archived").output)
+    assert (data["scanned"], data["total"], data["capped"]) == (5, 5, False)
+    assert {g["key"]: g["count"] for g in data["groups"]} == {CONN.key: 2, DIAL.key: 3}
+    dial = next(g for g in data["groups"] if g["key"] == DIAL.key)
+    assert dial["task_types"] == {"report": 3}
+    assert dial["last_seen"] == (NOW - timedelta(minutes=50)).isoformat()
+
+
+def test_cli_acts_on_a_group(redis_url: str, tmp_path: Path) -> None:
+    cli = _seeded_cli(redis_url, tmp_path)
+    assert cli("--delete", CONN.key, "-q", "critical").output == "2 tasks deleted\n"
+    assert cli("--archive", CONN.key).output == "3 tasks archived\n"
+    assert cli("--run", CONN.key.upper()).output == "7 tasks moved to pending\n"
+    assert json.loads(cli("--run", CONN.key, "--json").output) == {"acted": 0, "skipped": 0}
+    data = json.loads(cli("--json").output)
+    assert sum(g["count"] for g in data["groups"]) == 11
+
+
+def test_cli_errors_are_one_line(redis_url: str, tmp_path: Path) -> None:
+    cli = _seeded_cli(redis_url, tmp_path)
+    both = cli("--run", CONN.key, "--delete", CONN.key)
+    assert both.exit_code == 2 and "at most one of --run, --archive, --delete" in both.output
+    for args, needle in [
+        (("-q", "nope"), "nope"),
+        (("--run", "xyz"), "12 hex digits"),
+    ]:
+        result = cli(*args)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.startswith("error: ") and needle in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +67,7 @@ class TriageBroker:
 
     async def scan(
         self, qname: str, state: TaskState, *, limit: int | None = None
-    ) -> AsyncIterator[list[FailedTask]]:
+    ) -> AsyncGenerator[list[FailedTask], None]:
         """Chunks of the state's tasks, newest score first, at most *limit* in all.
 
         Tasks removed between the two reads of a chunk are left out; an id seen
