@@ -112,3 +112,11 @@ async def test_read_only_page_has_no_actions(redis_url: str, redis: Redis) -> No
         resp = await h.post(f"/api/errors/{CONN.key}/delete", headers=H)
         assert resp.status_code == 405
     assert await redis.zcard("asynq:{critical}:archived") == 5
+
+
+async def test_queue_tabs_link_to_their_error_groups(http: httpx.AsyncClient) -> None:
+    archived = (await http.get("/queues/critical?state=archived")).text
+    assert 'href="/errors?queue=critical&amp;state=archived">Group by error</a>' in archived
+    retry = (await http.get("/queues/default?state=retry")).text
+    assert 'href="/errors?queue=default&amp;state=retry">Group by error</a>' in retry
+    assert "Group by error" not in (await http.get("/queues/default?state=pending")).text
