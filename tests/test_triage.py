@@ -312,6 +312,18 @@ async def test_capped_scan_reads_the_newest_and_says_so(redis: Redis, insp: Insp
     assert (full.scanned, full.capped, full.groups[0].count) == (1234, False, 1234)
 
 
+async def test_capped_scan_takes_turns_over_queues(redis: Redis, insp: Inspector) -> None:
+    await redis.flushdb()
+    for queue in ("alpha", "beta"):
+        for i in range(700):
+            t = GoTask("bulk", queue=queue, error_msg=f"{queue.title()}Error: {i}")
+            await go.seed_archived(redis, t, NOW - timedelta(seconds=i))
+    report = await insp.error_groups(limit=1000)
+    assert (report.scanned, report.total) == (1000, 1400)
+    # A chunk (500) of each queue in turn, not all of the first and the rest of the second.
+    assert {g.kind: g.count for g in report.groups} == {"AlphaError": 500, "BetaError": 500}
+
+
 async def _states(redis: Redis, tasks: Sequence[GoTask]) -> list[str | None]:
     out = []
     for t in tasks:

@@ -212,6 +212,8 @@ async def test_pages_fit_a_400px_screen(web: WebProcess, browser: object, redis:
         "narrow-task": f"/queues/default/tasks/{s.completed.id}",
         "narrow-queue": "/queues/default?state=archived",
         "narrow-servers": "/servers",
+        "narrow-schedulers": "/schedulers",
+        "narrow-redis": "/redis",
     }
     for name, path in paths.items():
         await page.goto(web.url + path)  # type: ignore[attr-defined]
