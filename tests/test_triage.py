@@ -443,10 +443,10 @@ def test_cli_lists_groups(redis_url: str, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0] == "5 error groups in 20 failed tasks"
-    row = next(line for line in lines if line.startswith(CONN.key))
-    assert row.split()[1] == "9"
-    assert "ConnectionError: Error <n> connecting to <ip>. Connection refused." in row
-    assert "email (6), sms (3)" in row and "default (7), critical (2)" in row
+    at = lines.index("9  ConnectionError: Error <n> connecting to <ip>. Connection refused.")
+    assert lines[at + 1].startswith(f"   key {CONN.key}  archived 6, retry 3  first 31m")
+    assert lines[at + 2] == "   types email 6, sms 3  queues default 7, critical 2"
+    assert [line[0] for line in lines if line[:1].isdigit()] == ["5", "9", "5", "3", "2", "1"]
     capped = cli("--limit", "3")
     assert capped.output.splitlines()[0] == (
         "2 error groups in 3 of 20 failed tasks (the newest; raise --limit to read more)"

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import click
 
 from asyncq.cli._commands import json_option, task, with_inspector
-from asyncq.cli._format import relative, table, to_json
+from asyncq.cli._format import relative, to_json
 from asyncq.inspector import ERROR_SCAN_LIMIT, ErrorGroupResult, ErrorReport, Inspector
 
 __all__ = ["errors", "register"]
@@ -16,35 +16,35 @@ __all__ = ["errors", "register"]
 _ACTIONS = ("run", "archive", "delete")
 
 
-def _counts(counts: dict[str, int], *, most: int = 2) -> str:
-    items = [f"{name or '?'} ({n})" for name, n in list(counts.items())[:most]]
+def _counts(counts: dict[str, int], *, most: int = 3) -> str:
+    items = [f"{name or '?'} {n:,}" for name, n in list(counts.items())[:most]]
     if len(counts) > most:
         items.append(f"+{len(counts) - most} more")
     return ", ".join(items)
 
 
 def report_text(report: ErrorReport, now: datetime) -> str:
-    """The groups as a table under a line saying how much was read."""
+    """A line saying how much was read, then three lines per group, largest first::
+
+    9  ConnectionError: Error <n> connecting to <ip>. Connection refused.
+       key 0946a002fcfb  archived 6, retry 3  first 31m ago, last 2m ago
+       types email 6, sms 3  queues default 7, critical 2
+    """
     what = f"{report.scanned:,} of {report.total:,}" if report.capped else f"{report.total:,}"
     head = f"{len(report.groups)} error group{'s' if len(report.groups) != 1 else ''} in {what}"
     head += " failed tasks" + (" (the newest; raise --limit to read more)" if report.capped else "")
-    if not report.groups:
-        return head
-    rows = [
-        [
-            g.key,
-            f"{g.count:,}",
-            g.signature or "(empty error)",
-            _counts(g.task_types),
-            _counts(g.queues),
-            _counts(g.states),
-            relative(g.first_seen, now),
-            relative(g.last_seen, now),
+    width = max((len(f"{g.count:,}") for g in report.groups), default=1)
+    pad = " " * (width + 2)
+    lines = [head]
+    for g in report.groups:
+        lines += [
+            "",
+            f"{g.count:>{width},}  {g.signature or '(empty error)'}",
+            f"{pad}key {g.key}  {_counts(g.states)}  "
+            f"first {relative(g.first_seen, now)}, last {relative(g.last_seen, now)}",
+            f"{pad}types {_counts(g.task_types)}  queues {_counts(g.queues)}",
         ]
-        for g in report.groups
-    ]
-    headers = ["KEY", "COUNT", "ERROR", "TYPES", "QUEUES", "STATES", "FIRST", "LAST"]
-    return head + "\n\n" + table(headers, rows, keep=[0, 1])
+    return "\n".join(lines)
 
 
 @click.command("errors", short_help="Failed tasks grouped by error; act on a group.")
