@@ -15,8 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from asyncq import ErrorGroup, ErrorReport
+from asyncq import Client, ErrorGroup, ErrorReport, Task, chord
+from asyncq import _keys as keys
 from asyncq._broker import triage as triage_mod
+from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._errsig import MAX_MESSAGE, error_signature, normalise_message, split_error
 from asyncq._logging import error_text
 from asyncq.cli import main
@@ -485,3 +487,28 @@ def test_cli_errors_are_one_line(redis_url: str, tmp_path: Path) -> None:
         assert result.exit_code == 1, result.output
         assert result.stderr.startswith("error: ") and needle in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+async def test_deleting_a_group_resolves_its_workflow_steps(redis: Redis) -> None:
+    async with Client(redis) as client:
+        info = await chord(
+            [Task("wf:member"), Task("wf:member")], Task("wf:cb", retention=timedelta(minutes=1))
+        ).enqueue(client)
+    step = info.stages[0][1].id
+    # The step failed once and waits for a retry (as the worker's retry leaves it).
+    raw = await redis.hget(keys.task_key("default", step), "msg")
+    assert isinstance(raw, bytes)
+    msg = decode_task_message(raw)
+    msg.error_msg, msg.last_failed_at, msg.retried = "OSError: disk 3 full", go.unix(NOW), 1
+    await redis.lrem(keys.pending_key("default"), 0, step)
+    await redis.hset(
+        keys.task_key("default", step),
+        mapping={"msg": encode_task_message(msg), "state": "retry"},
+    )
+    await redis.zadd(keys.retry_key("default"), {step: go.unix(NOW) + 60})
+    async with Inspector(redis) as insp:
+        result = await insp.delete_error_group(error_signature("OSError: disk 9 full").key)
+        assert (result.acted, result.skipped) == (1, 0)
+        seen = await insp.get_workflow("default", info.id)
+    assert {s.id: s.state for s in seen.stages[0]}[step] == "failed"
+    assert seen.state == "failed"
