@@ -22,7 +22,7 @@ from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._errsig import MAX_MESSAGE, error_signature, normalise_message, split_error
 from asyncq._logging import error_text
 from asyncq.cli import main
-from asyncq.errors import QueueNotFoundError
+from asyncq.errors import BrokerError, QueueNotFoundError
 from asyncq.inspector import Inspector
 from asyncq.task import TaskState
 from tests import gofixtures as go
@@ -512,3 +512,31 @@ async def test_deleting_a_group_resolves_its_workflow_steps(redis: Redis) -> Non
         seen = await insp.get_workflow("default", info.id)
     assert {s.id: s.state for s in seen.stages[0]}[step] == "failed"
     assert seen.state == "failed"
+
+
+async def test_broken_task_keys_are_skipped_and_never_half_written(
+    redis: Redis, insp: Inspector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = await seed_mixed(redis)
+    keyerr = made["key"]
+    await redis.delete(keyerr[4].key)
+    await redis.set(keyerr[4].key, "not a hash")  # another program broke one task key
+    assert _by_key(await insp.error_groups())[KEYERR.key].count == 4
+    real_act = triage_mod.TriageBroker.act
+
+    async def breaking_act(
+        self: triage_mod.TriageBroker,
+        qname: str,
+        state: TaskState,
+        action: str,
+        tasks: Sequence[tuple[str, str]],
+    ) -> list[str]:
+        await redis.delete(keyerr[3].key)  # and one more between the read and the action
+        await redis.set(keyerr[3].key, "not a hash")
+        return await real_act(self, qname, state, action, tasks)
+
+    monkeypatch.setattr(triage_mod.TriageBroker, "act", breaking_act)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await insp.delete_error_group(KEYERR.key)
+    assert await _states(redis, keyerr[:3]) == ["archived"] * 3  # nothing deleted
+    assert await redis.zcard("asynq:{default}:archived") == 10

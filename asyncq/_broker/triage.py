@@ -90,7 +90,8 @@ class TriageBroker:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for task_id in ids:
                     pipe.hget(prefix + task_id, "msg")
-                raws = await pipe.execute()
+                # A key another program broke (not a hash) is skipped, not fatal to the report.
+                raws = await pipe.execute(raise_on_error=False)
             chunk: list[FailedTask] = []
             for task_id, (_, score), raw in zip(ids, entries, raws, strict=True):
                 if not isinstance(raw, bytes) or task_id in seen:

@@ -23,6 +23,13 @@ end
 if action == "archive" and state ~= "retry" then
     return redis.error_reply("only retry tasks can be archived")
 end
+-- Every task key is checked before the first write, so a failed call changes nothing.
+for i = 8, #ARGV, 2 do
+    problem = bad(ARGV[3] .. ARGV[i], "hash")
+    if problem then
+        return redis.error_reply(problem)
+    end
+end
 local done = {}
 for i = 8, #ARGV, 2 do
     local id, sha = ARGV[i], ARGV[i + 1]
