@@ -52,6 +52,12 @@ LEGEND_VALUES = (
 )
 
 
+RATE_SHOWN = (
+    "() => document.querySelector('#rate-chart .u-series:nth-child(2) .u-value')"
+    ".textContent !== '--'"
+)
+
+
 async def _legend(page: object, chart: str) -> list[str]:
     return await page.evaluate(LEGEND_VALUES, chart)  # type: ignore[attr-defined, no-any-return]
 
@@ -186,11 +192,7 @@ async def test_dark_theme_is_remembered(web: WebProcess, browser: object, redis:
         assert await page.evaluate(bg) == "rgb(21, 23, 28)", path  # type: ignore[attr-defined]
     await page.goto(web.url + "/")  # type: ignore[attr-defined]
     await page.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
-    await _until(
-        page,
-        "() => document.querySelector('#rate-chart .u-series:nth-child(2) .u-value')"
-        ".textContent !== '--'",
-    )
+    await _until(page, RATE_SHOWN)
     await _shot(page, "dashboard-dark")
     await page.goto(web.url + "/errors")  # type: ignore[attr-defined]
     await _shot(page, "failure-triage-dark")
@@ -219,6 +221,7 @@ async def test_pages_fit_a_400px_screen(web: WebProcess, browser: object, redis:
         await page.goto(web.url + path)  # type: ignore[attr-defined]
         if path == "/":
             await page.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
+            await _until(page, RATE_SHOWN)
         # Nothing pushes the page sideways (wide tables scroll inside their own box).
         width = await page.evaluate("() => document.documentElement.scrollWidth")  # type: ignore[attr-defined]
         assert width <= 400, (path, width)
