@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
@@ -74,6 +74,7 @@ def two_fillings(draw: st.DrawFn) -> tuple[str, str]:
     return out[0], out[1]
 
 
+@settings(deadline=None)  # a busy machine must not fail a pure function
 @given(two_fillings())
 def test_messages_differing_only_in_folded_parts_normalise_equal(pair: tuple[str, str]) -> None:
     a, b = pair
@@ -82,6 +83,7 @@ def test_messages_differing_only_in_folded_parts_normalise_equal(pair: tuple[str
     assert not any(c.isdigit() for c in normalise_message(a))
 
 
+@settings(deadline=None)  # a busy machine must not fail a pure function
 @given(st.text(max_size=400))
 def test_normalise_is_idempotent_and_bounded(text: str) -> None:
     once = normalise_message(text)
@@ -94,6 +96,7 @@ def test_normalise_is_idempotent_and_bounded(text: str) -> None:
 _CLASS = st.from_regex(r"\A(?:[a-z_][a-z0-9_]{0,8}\.){0,2}[A-Z][A-Za-z0-9_]{0,15}\Z")
 
 
+@settings(deadline=None)  # a busy machine must not fail a pure function
 @given(_CLASS, st.text(st.characters(exclude_categories=("Cc", "Zs", "Zl", "Zp")), max_size=40))
 def test_split_error_takes_the_exception_class(name: str, message: str) -> None:
     assert split_error(f"{name}: {message}") == (name, message.strip())
