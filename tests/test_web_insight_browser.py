@@ -128,7 +128,7 @@ async def test_dashboard_first_view_says_something(
     await _until(fresh, script, ["#size-chart", "#history-chart", "#rate-chart"])
     rates = await _legend(fresh, "#rate-chart")
     assert float(rates[0]) > 0 and float(rates[1]) > 0
-    await _shot(fresh, "dashboard")
+    await _shot(fresh, "dashboard-live")
     assert page.js_errors == [] and fresh.js_errors == []  # type: ignore[attr-defined]
 
 
