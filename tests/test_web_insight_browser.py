@@ -120,11 +120,15 @@ async def test_dashboard_first_view_says_something(
                 break
         else:
             raise AssertionError("the dashboard recorded no new sample")
+    # The new page's own render may add a sample: the counters move before it too, so the
+    # newest throughput is not zero whether it does or not.
+    await redis.incrby("asynq:{default}:processed", 240)
+    await redis.incrby("asynq:{default}:failed", 6)
     fresh = await _page(browser)
     await fresh.goto(web.url + "/")  # type: ignore[attr-defined]
     await fresh.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
     kept = await fresh.evaluate(samples)  # type: ignore[attr-defined]
-    assert kept >= 7  # the first view's, the quick second one's and the five above
+    assert kept >= 6  # the first view's and the five above (more when renders fell apart)
     await _until(fresh, script, ["#size-chart", "#history-chart", "#rate-chart"])
     rates = await _legend(fresh, "#rate-chart")
     assert float(rates[0]) > 0 and float(rates[1]) > 0
