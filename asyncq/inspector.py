@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from asyncq import _keys as keys
 from asyncq._broker.inspect import InspectBroker, StoredTask
+from asyncq._broker.triage import FailedTask, TriageBroker
 from asyncq._broker.workflow import (
     WorkflowInfo,
     WorkflowNotFoundError,
@@ -52,6 +53,7 @@ from asyncq._broker.workflow import (
     read_workflow,
 )
 from asyncq._codec import decode_task_message
+from asyncq._errsig import ErrorSignature, error_signature
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._time import GO_ZERO_TIME, utc_from_timestamp
@@ -62,6 +64,9 @@ from asyncq.task import TaskInfo, TaskState
 __all__ = [
     "ClusterNode",
     "DailyStats",
+    "ErrorGroup",
+    "ErrorGroupResult",
+    "ErrorReport",
     "GroupInfo",
     "Inspector",
     "QueueInfo",
@@ -245,6 +250,152 @@ class ClusterNode:
 
     id: str
     addr: str
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorGroup:
+    """asyncq: failed tasks sharing one error signature (:meth:`Inspector.error_groups`).
+
+    The signature is the exception type and the message with numbers, hex ids,
+    UUIDs, addresses and quoted strings folded (``KeyError: '<str>'``), so 4,800
+    failures of one cause form one group whatever ids their messages carry.
+    """
+
+    key: str
+    """A short stable id of the signature (12 hex digits): pass it to the group actions."""
+    kind: str
+    """The exception class (``"ConnectionError"``); empty when the error names none."""
+    message: str
+    """The normalised message."""
+    example: str
+    """The newest error text of the group, as stored."""
+    count: int
+    first_seen: datetime | None
+    """The earliest failure (``last_failed_at``; for archived tasks without one, the
+    archive time)."""
+    last_seen: datetime | None
+    task_types: dict[str, int]
+    """Tasks per task type, most first."""
+    queues: dict[str, int]
+    """Tasks per queue, most first."""
+    states: dict[str, int]
+    """Tasks per state (``"retry"``, ``"archived"``)."""
+    sample: list[tuple[str, str]] = field(default_factory=list)
+    """Up to five ``(queue, task id)`` of the newest tasks of the group."""
+
+    @property
+    def signature(self) -> str:
+        """``"<kind>: <message>"`` (either part alone when the other is empty)."""
+        return str(ErrorSignature(self.kind, self.message))
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReport:
+    """asyncq: failed tasks grouped by error signature, largest group first."""
+
+    groups: list[ErrorGroup]
+    scanned: int
+    """Tasks read (at most the ``limit`` given)."""
+    total: int
+    """Tasks in the scanned states of the scanned queues when the scan started."""
+
+    @property
+    def capped(self) -> bool:
+        """True when the limit stopped the scan before every task was read."""
+        return self.scanned < self.total
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorGroupResult:
+    """asyncq: what a bulk action on an error group did."""
+
+    acted: int
+    """Tasks run, archived or deleted."""
+    skipped: int
+    """Tasks of the group that moved or failed again with another error between the
+    read and the action, left alone."""
+
+
+_TRIAGE_STATES = (TaskState.RETRY, TaskState.ARCHIVED)
+ERROR_SCAN_LIMIT = 20_000
+"""Default number of failed tasks :meth:`Inspector.error_groups` reads (newest first)."""
+_SAMPLE = 5
+
+
+def _triage_states(states: Iterable[TaskState | str]) -> tuple[TaskState, ...]:
+    if isinstance(states, str):
+        states = (states,)
+    out: list[TaskState] = []
+    for s in states:
+        st = _state(s)
+        if st not in _TRIAGE_STATES:
+            raise ValueError(f"error groups cover retry and archived tasks, not {st.value}")
+        if st not in out:
+            out.append(st)
+    if not out:
+        raise ValueError("states must name at least one of retry, archived")
+    return tuple(out)
+
+
+def _task_signature(task: FailedTask) -> ErrorSignature:
+    if task.message is None:
+        return ErrorSignature("", "undecodable task message")
+    return error_signature(task.message.error_msg)
+
+
+def _most_first(counts: dict[str, int]) -> dict[str, int]:
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+@dataclass(slots=True)
+class _GroupAcc:
+    sig: ErrorSignature
+    example: str = ""
+    newest: int = -1
+    count: int = 0
+    first: int | None = None
+    last: int | None = None
+    task_types: dict[str, int] = field(default_factory=dict)
+    queues: dict[str, int] = field(default_factory=dict)
+    states: dict[str, int] = field(default_factory=dict)
+    sample: list[tuple[int, str, str]] = field(default_factory=list)
+
+    def add(self, task: FailedTask) -> None:
+        msg = task.message
+        failed_at = msg.last_failed_at if msg is not None and msg.last_failed_at > 0 else 0
+        if not failed_at and task.state is TaskState.ARCHIVED:
+            failed_at = task.score
+        self.count += 1
+        if failed_at:
+            self.first = failed_at if self.first is None else min(self.first, failed_at)
+            self.last = failed_at if self.last is None else max(self.last, failed_at)
+        ttype = msg.type if msg is not None else ""
+        self.task_types[ttype] = self.task_types.get(ttype, 0) + 1
+        self.queues[task.queue] = self.queues.get(task.queue, 0) + 1
+        self.states[task.state.value] = self.states.get(task.state.value, 0) + 1
+        if failed_at >= self.newest:
+            self.newest = failed_at
+            self.example = msg.error_msg if msg is not None else "undecodable task message"
+        self.sample.append((failed_at, task.queue, task.id))
+        if len(self.sample) > _SAMPLE * 4:
+            self.sample.sort(reverse=True)
+            del self.sample[_SAMPLE:]
+
+    def result(self) -> ErrorGroup:
+        self.sample.sort(reverse=True)
+        return ErrorGroup(
+            key=self.sig.key,
+            kind=self.sig.kind,
+            message=self.sig.message,
+            example=self.example,
+            count=self.count,
+            first_seen=None if self.first is None else utc_from_timestamp(self.first),
+            last_seen=None if self.last is None else utc_from_timestamp(self.last),
+            task_types=_most_first(self.task_types),
+            queues=_most_first(self.queues),
+            states=_most_first(self.states),
+            sample=[(q, i) for _, q, i in self.sample[:_SAMPLE]],
+        )
 
 
 def _state(state: TaskState | str) -> TaskState:
@@ -724,6 +875,148 @@ class Inspector:
         if not task_id.strip():
             raise ValueError("task ID cannot be empty")
         await self._rdb.publish_cancelation(task_id)
+
+    # -- failure triage (asyncq extension) ---------------------------------------------------
+
+    async def _triage_queues(self, queues: Sequence[str] | str | None) -> list[str]:
+        if queues is None:
+            return await self.queues()
+        names = [queues] if isinstance(queues, str) else list(queues)
+        for name in names:
+            await self._require_queue(name)
+        return names
+
+    async def error_groups(
+        self,
+        queues: Sequence[str] | str | None = None,
+        *,
+        states: Iterable[TaskState | str] = _TRIAGE_STATES,
+        limit: int | None = ERROR_SCAN_LIMIT,
+    ) -> ErrorReport:
+        """Retry and archived tasks grouped by error signature, largest group first.
+
+        *queues* defaults to every queue. Each queue's retry and archived sets are
+        read newest first in chunks of a few hundred, taking turns, at most *limit*
+        tasks in all (None reads everything); when the limit stops the scan,
+        :attr:`ErrorReport.capped` is True and the counts cover the
+        :attr:`~ErrorReport.scanned` newest tasks of each set.
+        """
+        sts = _triage_states(states)
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be at least 1 or None, got {limit}")
+        names = await self._triage_queues(queues)
+        triage = TriageBroker(self._conn.redis, clock=self._clock)
+        total = 0
+        for name in names:
+            for st in sts:
+                total += await triage.size(name, st)
+        groups: dict[ErrorSignature, _GroupAcc] = {}
+        scanned = 0
+        # Round robin over every (queue, state): a cap leaves each a fair share of the
+        # newest tasks rather than reading the first queues whole and the others not at all.
+        scanners = [triage.scan(name, st) for name in names for st in sts]
+        while scanners and (limit is None or scanned < limit):
+            for scanner in list(scanners):
+                chunk = await anext(scanner, None)
+                if chunk is None:
+                    scanners.remove(scanner)
+                    continue
+                if limit is not None:
+                    chunk = chunk[: limit - scanned]
+                scanned += len(chunk)
+                for task in chunk:
+                    sig = _task_signature(task)
+                    acc = groups.get(sig)
+                    if acc is None:
+                        acc = groups[sig] = _GroupAcc(sig)
+                    acc.add(task)
+                if limit is not None and scanned >= limit:
+                    break
+        for scanner in scanners:
+            await scanner.aclose()
+        result = [acc.result() for acc in groups.values()]
+        result.sort(key=lambda g: (-g.count, g.kind, g.message))
+        return ErrorReport(groups=result, scanned=scanned, total=max(total, scanned))
+
+    async def _error_group_action(
+        self,
+        key: str,
+        action: str,
+        queues: Sequence[str] | str | None,
+        states: Iterable[TaskState | str],
+    ) -> ErrorGroupResult:
+        if not isinstance(key, str) or len(key) != 12 or key.strip("0123456789abcdef"):
+            raise ValueError(f"an error group key is 12 hex digits, got {key!r}")
+        sts = _triage_states(states)
+        if action == "archive":
+            sts = tuple(s for s in sts if s is TaskState.RETRY)
+        names = await self._triage_queues(queues)
+        triage = TriageBroker(self._conn.redis, clock=self._clock)
+        acted = skipped = 0
+        for name in names:
+            woke = False
+            for st in sts:
+                matched: list[tuple[str, str]] = []
+                steps: dict[str, TaskMessage] = {}
+                async for chunk in triage.scan(name, st):
+                    for task in chunk:
+                        if _task_signature(task).key != key:
+                            continue
+                        matched.append((task.id, task.digest))
+                        if task.message is not None and is_workflow_step(task.message):
+                            steps[task.id] = task.message
+                if not matched:
+                    continue
+                done = await triage.act(name, st, action, matched)
+                acted += len(done)
+                skipped += len(matched) - len(done)
+                if action != "run":
+                    for task_id in done:
+                        step = steps.get(task_id)
+                        if step is not None:  # the workflow resolves its member as failed
+                            reason = "deleted" if action == "delete" else "archived"
+                            await member_gone(self._conn.redis, step, reason, self._clock())
+                woke = woke or (action == "run" and bool(done))
+            if woke:
+                await self._rdb.publish_wakeup(name)
+        return ErrorGroupResult(acted=acted, skipped=skipped)
+
+    async def run_error_group(
+        self,
+        key: str,
+        *,
+        queues: Sequence[str] | str | None = None,
+        states: Iterable[TaskState | str] = _TRIAGE_STATES,
+    ) -> ErrorGroupResult:
+        """Move every retry/archived task of the error group *key* (:attr:`ErrorGroup.key`)
+        to pending.
+
+        Unlike :meth:`error_groups` this reads every task of the states (in
+        chunks, no limit) so that the whole group acts. A task that moved, or
+        failed again with another error, after it was read is skipped and counted.
+        """
+        return await self._error_group_action(key, "run", queues, states)
+
+    async def archive_error_group(
+        self,
+        key: str,
+        *,
+        queues: Sequence[str] | str | None = None,
+        states: Iterable[TaskState | str] = _TRIAGE_STATES,
+    ) -> ErrorGroupResult:
+        """Archive the retry tasks of the error group *key* (its archived tasks stay)."""
+        return await self._error_group_action(key, "archive", queues, states)
+
+    async def delete_error_group(
+        self,
+        key: str,
+        *,
+        queues: Sequence[str] | str | None = None,
+        states: Iterable[TaskState | str] = _TRIAGE_STATES,
+    ) -> ErrorGroupResult:
+        """Delete every retry/archived task of the error group *key*, releasing
+        uniqueness locks as :meth:`delete_task` does."""
+        return await self._error_group_action(key, "delete", queues, states)
 
     # -- workflows (asyncq extension) --------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """``asyncq dash``: a live terminal dashboard (textual).
 
-Queues table -> one queue's tasks by state -> one task. It refreshes every few
-seconds; ``p`` pauses/resumes the selected queue, ``r``/``a``/``d`` run, archive
+Queues table -> one queue's tasks by state -> one task, plus the servers (``s``)
+and schedulers (``c``) views. It refreshes every few seconds; ``p`` pauses/resumes
+the selected queue, ``r``/``a``/``d`` run, archive
 or delete the selected task (``d`` on the queues table removes an empty queue),
 ``[``/``]`` page, left/right change the state, ``q``/Esc go back, ``?`` shows help.
 """
@@ -22,9 +23,16 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Static, Tab, Tabs
 
 from asyncq._redis.options import RedisTarget
-from asyncq.cli._format import format_bytes, format_duration, task_rows, task_text
+from asyncq.cli._format import (
+    format_bytes,
+    format_duration,
+    format_payload,
+    relative,
+    task_rows,
+    task_text,
+)
 from asyncq.errors import AsyncqError, TaskNotFoundError
-from asyncq.inspector import Inspector, QueueInfo, TypeRateInfo
+from asyncq.inspector import Inspector, QueueInfo, SchedulerEntry, ServerInfo, TypeRateInfo
 from asyncq.task import TaskInfo, TaskState
 
 __all__ = ["DashApp"]
@@ -54,6 +62,11 @@ HELP = """\
   Enter       open the selected queue
   p           pause / resume the selected queue
   d           remove the selected queue (only when it is empty)
+  s           servers and the tasks they are running
+  c           schedulers (periodic tasks)
+
+[b]Schedulers[/b]
+  Enter       show the selected entry's recent enqueues
 
 [b]Queue[/b]
   Enter       open the selected task
@@ -232,12 +245,20 @@ class QueuesScreen(RefreshingScreen):
         Binding("enter", "open", "Open"),
         Binding("p", "toggle_pause", "Pause/Resume"),
         Binding("d", "delete", "Remove"),
+        Binding("s", "servers", "Servers"),
+        Binding("c", "schedulers", "Schedulers"),
         Binding("q,escape", "app.quit", "Quit"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
         self.infos: dict[str, QueueInfo] = {}
+
+    async def action_servers(self) -> None:
+        await self.app.push_screen(ServersScreen())
+
+    async def action_schedulers(self) -> None:
+        await self.app.push_screen(SchedulersScreen())
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -604,3 +625,191 @@ class TaskScreen(RefreshingScreen):
                 self.app.pop_screen()
 
         self.app.push_screen(ConfirmScreen(f"Delete task {info.id}?"), confirmed)
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def server_rows(servers: list[ServerInfo], now: datetime) -> list[tuple[str, list[str]]]:
+    """One row per server: Host:PID, status, started, busy workers, queues and weights."""
+    rows = []
+    for s in sorted(servers, key=lambda s: (s.host, s.pid, s.id)):
+        queues = ", ".join(f"{q}:{w}" for q, w in sorted(s.queues.items(), key=lambda kv: -kv[1]))
+        rows.append(
+            (
+                s.id,
+                [
+                    f"{s.host}:{s.pid}",
+                    s.status,
+                    relative(s.started, now),
+                    f"{len(s.active_workers)}/{s.concurrency}",
+                    queues + ("  (strict)" if s.strict_priority else ""),
+                    s.id,
+                ],
+            )
+        )
+    return rows
+
+
+def worker_rows(servers: list[ServerInfo], now: datetime) -> list[tuple[str, list[str]]]:
+    """One row per running task over every server, longest running first."""
+    workers = [(s, w) for s in servers for w in s.active_workers]
+    far = datetime.max.replace(tzinfo=UTC)
+    workers.sort(key=lambda sw: sw[1].started or far)
+    return [
+        (
+            f"{s.id}/{w.task_id}",
+            [
+                w.task_id,
+                w.task_type,
+                w.queue,
+                relative(w.started, now),
+                relative(w.deadline, now),
+                f"{s.host}:{s.pid}",
+                _short(format_payload(w.task_payload), 60),
+            ],
+        )
+        for s, w in workers
+    ]
+
+
+class ServersScreen(RefreshingScreen):
+    """Live worker servers (asyncq and Go asynq) and every task they are running."""
+
+    BINDINGS = [  # noqa: RUF012
+        Binding("q,escape", "back", "Back"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("Servers", id="summary")
+        servers: DataTable[str] = DataTable(id="servers", cursor_type="row", zebra_stripes=True)
+        yield servers
+        yield Static("[b]Running tasks[/b]", id="workers-title")
+        workers: DataTable[str] = DataTable(id="workers", cursor_type="row", zebra_stripes=True)
+        yield workers
+        yield Static("", id="status")
+        yield Footer()
+
+    def setup(self) -> None:
+        self.query_one("#servers", DataTable).add_columns(
+            "Host:PID", "Status", "Started", "Busy", "Queues (weight)", "Server ID"
+        )
+        self.query_one("#workers", DataTable).add_columns(
+            "Task ID", "Type", "Queue", "Started", "Deadline", "Server", "Payload"
+        )
+        self.query_one("#servers", DataTable).focus()
+
+    async def load(self) -> None:
+        ok, servers = await self.dash.attempt(self.dash.inspector.servers())
+        if not ok or servers is None:
+            return
+        now = datetime.now(UTC)
+        table = self.query_one("#servers", DataTable)
+        self.fill(table, server_rows(servers, now), self.selected_key(table))
+        workers = self.query_one("#workers", DataTable)
+        self.fill(workers, worker_rows(servers, now), self.selected_key(workers))
+        busy = sum(len(s.active_workers) for s in servers)
+        slots = sum(s.concurrency for s in servers)
+        self.query_one("#summary", Static).update(
+            f"[b]Servers[/b] ({len(servers)})   running {busy} of {slots} worker slots"
+        )
+        self.query_one("#status", Static).update(
+            f"updated {now.strftime('%H:%M:%S')} UTC"
+            + ("" if servers else "; no live server (a server shows up while it heartbeats)")
+        )
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+
+def entry_rows(entries: list[SchedulerEntry], now: datetime) -> list[tuple[str, list[str]]]:
+    """One row per periodic task: spec, type, payload, options, next and previous enqueue."""
+    return [
+        (
+            e.id,
+            [
+                e.spec,
+                e.task_type,
+                _short(format_payload(e.task_payload), 40),
+                ", ".join(e.options),
+                relative(e.next, now),
+                relative(e.prev, now) if e.prev else "never",
+                e.id,
+            ],
+        )
+        for e in sorted(entries, key=lambda e: (e.next or datetime.max.replace(tzinfo=UTC), e.id))
+    ]
+
+
+class SchedulersScreen(RefreshingScreen):
+    """Periodic task entries of the live schedulers; Enter shows an entry's recent enqueues."""
+
+    BINDINGS = [  # noqa: RUF012
+        Binding("q,escape", "back", "Back"),
+        Binding("enter", "history", "History"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entry_id: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("Schedulers", id="summary")
+        entries: DataTable[str] = DataTable(id="entries", cursor_type="row", zebra_stripes=True)
+        yield entries
+        yield Static("", id="history-title")
+        history: DataTable[str] = DataTable(id="history", cursor_type="row", zebra_stripes=True)
+        yield history
+        yield Static("", id="status")
+        yield Footer()
+
+    def setup(self) -> None:
+        self.query_one("#entries", DataTable).add_columns(
+            "Spec", "Type", "Payload", "Options", "Next", "Previous", "Entry ID"
+        )
+        self.query_one("#history", DataTable).add_columns("Enqueued", "Task ID")
+        self.query_one("#entries", DataTable).focus()
+
+    async def load(self) -> None:
+        insp = self.dash.inspector
+        ok, entries = await self.dash.attempt(insp.scheduler_entries())
+        if not ok or entries is None:
+            return
+        now = datetime.now(UTC)
+        table = self.query_one("#entries", DataTable)
+        self.fill(table, entry_rows(entries, now), self.selected_key(table))
+        self.query_one("#summary", Static).update(f"[b]Schedulers[/b]   {len(entries)} entries")
+        history = self.query_one("#history", DataTable)
+        if self.entry_id is not None:
+            ok, events = await self.dash.attempt(
+                insp.scheduler_enqueue_events(self.entry_id, size=PAGE_SIZE)
+            )
+            rows = [
+                (f"{i}:{e.task_id}", [relative(e.enqueued_at, now), e.task_id])
+                for i, e in enumerate(events or [])
+            ]
+            self.fill(history, rows, self.selected_key(history))
+            self.query_one("#history-title", Static).update(
+                f"[b]Recent enqueues of {self.entry_id}[/b] ({len(rows)} shown)"
+            )
+        self.query_one("#status", Static).update(
+            f"updated {now.strftime('%H:%M:%S')} UTC"
+            + ("; Enter shows an entry's recent enqueues" if entries else "; no live scheduler")
+        )
+
+    async def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        if event.data_table.id == "entries":
+            await self.action_history()
+
+    async def action_history(self) -> None:
+        key = self.selected_key(self.query_one("#entries", DataTable))
+        if key is not None:
+            self.entry_id = key
+            await self.reload()
+
+    def action_back(self) -> None:
+        self.app.pop_screen()

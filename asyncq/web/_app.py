@@ -33,6 +33,7 @@ from asyncq.web._api import api_routes
 from asyncq.web._pages import page_routes, render
 from asyncq.web._security import Auth, SecurityMiddleware
 from asyncq.web._state import WebState, state
+from asyncq.web._triage import triage_routes
 from asyncq.web._workflows import workflow_routes
 
 __all__ = ["create_app"]
@@ -174,6 +175,7 @@ def create_app(
         *page_routes(),
         *api_routes(),
         *workflow_routes(),
+        *triage_routes(),
         Route("/metrics", metrics),
         Mount("/static", StaticFiles(directory=str(_STATIC)), name="static"),
     ]

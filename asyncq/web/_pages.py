@@ -80,8 +80,10 @@ def render(request: Request, name: str, context: dict[str, Any], status: int = 2
 
 
 async def dashboard(request: Request) -> Response:
-    insp = state(request).inspector()
+    st = state(request)
+    insp = st.inspector()
     infos = sorted(await queue_infos(insp), key=lambda i: i.queue)
+    st.live.record(infos)
     biggest = max((i.size for i in infos), default=0)
     totals = {s.value: sum(getattr(i, s.value) for i in infos) for s in STATE_ORDER}
     return render(
@@ -93,6 +95,7 @@ async def dashboard(request: Request) -> Response:
             "totals": totals,
             "states": STATE_ORDER,
             "nav": "queues",
+            "live": st.live.as_json(),
         },
     )
 

@@ -10,6 +10,7 @@ from starlette.requests import Request
 
 from asyncq import Inspector
 from asyncq._redis.options import RedisTarget
+from asyncq.web._live import LiveSamples
 
 __all__ = ["WebState", "state"]
 
@@ -26,6 +27,8 @@ class WebState:
     max_payload_length: int
     _inspector: Inspector | None = field(default=None)
     owns_inspector: bool = True
+    live: LiveSamples = field(default_factory=LiveSamples)
+    """The dashboard's live-chart samples (see :mod:`._live`)."""
 
     def inspector(self) -> Inspector:
         """The Inspector, created on first use (in the serving event loop)."""

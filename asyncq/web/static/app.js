@@ -69,7 +69,9 @@
       } else {
         const [method, path] = btn.dataset.api.split(" ");
         const res = await api(method, path);
-        say(btn.textContent.trim() + (res.count !== undefined ? ": " + res.count + " task(s)" : ": done"));
+        let msg = btn.textContent.trim() + (res.count !== undefined ? ": " + res.count + " task(s)" : ": done");
+        if (res.skipped) msg += ", " + res.skipped + " skipped (moved or failed again since)";
+        say(msg);
         if (btn.dataset.after) { location.href = btn.dataset.after; return; }
       }
       await refresh(true);
@@ -108,6 +110,7 @@
     freshStatic.forEach((el, i) => { if (keep[i]) el.replaceWith(keep[i]); });
     live.replaceChildren(...fresh.childNodes);
     syncBatch();
+    highlight(live);
     document.dispatchEvent(new CustomEvent("asyncq:refreshed"));
   }
   window.asyncqRefresh = refresh;
@@ -131,6 +134,39 @@
     });
   }
   schedule(seconds);
+
+  // JSON payloads and results, coloured by Prism's JSON grammar (vendor/prism). Prism
+  // escapes the text it tokenises; bodies over 200 kB stay plain to keep pages responsive.
+  const HIGHLIGHT_MAX = 200000;
+  function highlight(root) {
+    if (!window.Prism || !Prism.languages || !Prism.languages.json) return;
+    root.querySelectorAll("pre.body.k-json, td.payload code.k-json, td.payload code:not([class])").forEach((el) => {
+      if (el.dataset.hl) return;
+      const text = el.textContent;
+      const head = text.trimStart()[0];
+      if ((head !== "{" && head !== "[") || text.length > HIGHLIGHT_MAX) return;
+      el.innerHTML = Prism.highlight(text, Prism.languages.json, "json");
+      el.dataset.hl = "1";
+    });
+  }
+  highlight(document);
+  window.asyncqHighlight = highlight;
+
+  // Light/dark theme: the header's toggle flips it and remembers the choice.
+  const themeBtn = document.getElementById("theme");
+  function currentTheme() {
+    const set = document.documentElement.dataset.theme;
+    if (set) return set;
+    return window.matchMedia && matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light";
+  }
+  if (themeBtn) {
+    themeBtn.addEventListener("click", () => {
+      const next = currentTheme() === "dark" ? "light" : "dark";
+      document.documentElement.dataset.theme = next;
+      try { localStorage.setItem("asyncq.theme", next); } catch (e) { /* not remembered */ }
+      document.dispatchEvent(new CustomEvent("asyncq:theme"));
+    });
+  }
 
   // Sortable tables (client side, on the rows of the current page).
   document.addEventListener("click", (ev) => {

@@ -1,106 +1,170 @@
-// Dashboard charts (uPlot): live queue sizes by state and the daily processed/failed history.
+// Dashboard charts (uPlot): live queue sizes by state, live throughput and the daily
+// processed/failed history. Colours come from the CSS variables the state badges use, so
+// a state has one colour everywhere and the charts follow the light/dark theme.
 (function () {
   "use strict";
   const STATES = ["active", "pending", "aggregating", "scheduled", "retry", "archived", "completed"];
-  const COLORS = { active: "#1e88e5", pending: "#43a047", aggregating: "#8e24aa", scheduled: "#fb8c00", retry: "#f4511e", archived: "#757575", completed: "#00897b" };
   const MAX_POINTS = 360;
+  const HEIGHT = 220;
   const base = document.body.dataset.base || "";
 
-  function width(el) { return Math.max(320, el.clientWidth - 8); }
-
   const sizeEl = document.getElementById("size-chart");
+  const rateEl = document.getElementById("rate-chart");
   const histEl = document.getElementById("history-chart");
   if (!sizeEl || !histEl || typeof uPlot === "undefined") return;
 
-  const sizeData = [[]].concat(STATES.map(() => []));
-  const sizePlot = new uPlot({
-    width: width(sizeEl), height: 220,
-    series: [{}].concat(STATES.map((s) => ({ label: s, stroke: COLORS[s], width: 2 }))),
-    axes: [{}, { size: 60 }],
-    // at least a five-minute window, so the first samples do not stretch the axis
-    scales: { x: { time: true, range: () => {
-      const hi = Date.now() / 1000;
-      const first = sizeData[0].length ? sizeData[0][0] : hi;
-      return [Math.min(first, hi - 300), hi + 1];
-    } } },
-  }, sizeData, sizeEl);
-
-  function sample() {
-    const now = Date.now() / 1000;
-    sizeData[0].push(now);
-    STATES.forEach((s, i) => {
-      const el = document.querySelector('[data-total="' + s + '"]');
-      sizeData[i + 1].push(el ? parseInt(el.textContent, 10) : 0);
+  function css(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
+  function width(el) { return Math.max(240, el.clientWidth - 4); }
+  const pad = (n) => String(n).padStart(2, "0");
+  // Clock times (HH:MM, with seconds when ticks are closer than a minute) for live charts.
+  function clock(u, splits, ax, space, incr) {
+    return splits.map((t) => {
+      const d = new Date(t * 1000);
+      return pad(d.getHours()) + ":" + pad(d.getMinutes()) + (incr < 60 ? ":" + pad(d.getSeconds()) : "");
     });
-    if (sizeData[0].length > MAX_POINTS) sizeData.forEach((a) => a.shift());
-    sizePlot.setData(sizeData);
   }
-  sample();
-  document.addEventListener("asyncq:refreshed", sample);
-
-  // Throughput: the change of the all-time processed/failed counters between samples.
-  const rateEl = document.getElementById("rate-chart");
-  const rateData = [[], [], []];
-  let last = null;
-  const ratePlot = rateEl ? new uPlot({
-    width: width(rateEl), height: 220,
-    series: [{}, { label: "processed/s", stroke: "#3454d1", width: 2 }, { label: "failed/s", stroke: "#c62828", width: 2 }],
-    axes: [{}, { size: 60 }],
-    scales: { x: { time: true, range: () => {
+  function axes(live) {
+    const stroke = css("--muted"), grid = { stroke: css("--line"), width: 1 };
+    const x = { stroke, grid, ticks: grid };
+    if (live) x.values = clock;
+    return [x, { stroke, grid, ticks: grid, size: 56 }];
+  }
+  // Legends show the newest values whenever the cursor is not over the chart.
+  function lastIdx(u) { return u.data[0].length ? u.data[0].length - 1 : null; }
+  const showLatest = { setCursor: [(u) => { if (u.cursor.idx == null && lastIdx(u) != null) u.setLegend({ idx: lastIdx(u) }); }] };
+  function latest(u) { if (lastIdx(u) != null && u.cursor.idx == null) u.setLegend({ idx: lastIdx(u) }); }
+  function liveRange(data) {
+    return () => {
       const hi = Date.now() / 1000;
-      const first = rateData[0].length ? rateData[0][0] : hi;
-      return [Math.min(first, hi - 300), hi + 1];
-    } } },
-  }, rateData, rateEl) : null;
-  function sampleRate() {
-    const el = document.querySelector("[data-processed-total]");
-    if (!el || !ratePlot) return;
-    const now = Date.now() / 1000;
-    const cur = { t: now, p: parseInt(el.dataset.processedTotal, 10), f: parseInt(el.dataset.failedTotal, 10) };
-    if (last !== null && cur.t > last.t) {
-      const dt = cur.t - last.t;
-      rateData[0].push(now);
-      rateData[1].push(Math.max(0, (cur.p - last.p) / dt));
-      rateData[2].push(Math.max(0, (cur.f - last.f) / dt));
-      if (rateData[0].length > MAX_POINTS) rateData.forEach((a) => a.shift());
-      ratePlot.setData(rateData);
-    }
-    last = cur;
+      const first = data[0].length ? data[0][0] : hi;
+      return [Math.min(first, hi - 120), hi + 1];
+    };
   }
-  sampleRate();
-  document.addEventListener("asyncq:refreshed", sampleRate);
+  const int = (u, v) => (v == null ? "--" : Math.round(v).toLocaleString());
+  const rate = (u, v) => (v == null ? "--" : v < 10 ? v.toFixed(2) : Math.round(v).toLocaleString());
 
-  let histPlot = null;
-  async function loadHistory(days) {
+  // -- data, kept across theme changes (the plots are rebuilt, the samples stay) --
+  const sizeData = [[]].concat(STATES.map(() => []));
+  const rateData = [[], [], []];
+  let histData = null;
+  let sizePlot = null, ratePlot = null, histPlot = null;
+
+  function build() {
+    if (sizePlot) sizePlot.destroy();
+    sizePlot = new uPlot({
+      width: width(sizeEl), height: HEIGHT, hooks: showLatest,
+      series: [{}].concat(STATES.map((s) => ({ label: s, stroke: css("--" + s), width: 2, value: int, points: { size: 5 } }))),
+      axes: axes(true),
+      scales: { x: { time: true, range: liveRange(sizeData) } },
+    }, sizeData, sizeEl);
+    latest(sizePlot);
+    if (rateEl) {
+      if (ratePlot) ratePlot.destroy();
+      ratePlot = new uPlot({
+        width: width(rateEl), height: HEIGHT, hooks: showLatest,
+        series: [{}, { label: "processed/s", stroke: css("--accent"), width: 2, value: rate, points: { size: 5 } },
+          { label: "failed/s", stroke: css("--danger"), width: 2, value: rate, points: { size: 5 } }],
+        axes: axes(true),
+        scales: { x: { time: true, range: liveRange(rateData) } },
+      }, rateData, rateEl);
+      latest(ratePlot);
+    }
+    if (histData) drawHistory();
+  }
+
+  // Samples come from the page: the server records one at each dashboard render (anyone's)
+  // and sends the last 30 minutes, so a new page starts with what the process has seen.
+  // [time, processed_total, failed_total, ...sizes in STATES order], server clock.
+  const GAP = Math.max(60, 3 * parseFloat(document.body.dataset.poll || "5"));
+  let lastT = null, lastP = null, lastF = null;
+  function push(t, row) {
+    if (lastT !== null && t <= lastT) return false;
+    if (lastT !== null && t - lastT > GAP) {
+      // Nobody watched for a while: break the lines instead of joining across the gap.
+      sizeData[0].push(lastT + 1); sizeData.slice(1).forEach((a) => a.push(null));
+      rateData[0].push(lastT + 1); rateData[1].push(null); rateData[2].push(null);
+    }
+    sizeData[0].push(t);
+    STATES.forEach((s, i) => sizeData[i + 1].push(row[3 + i]));
+    if (lastT !== null && t - lastT <= GAP) {
+      const dt = t - lastT;
+      rateData[0].push(t);
+      rateData[1].push(Math.max(0, (row[1] - lastP) / dt));
+      rateData[2].push(Math.max(0, (row[2] - lastF) / dt));
+    }
+    lastT = t; lastP = row[1]; lastF = row[2];
+    return true;
+  }
+  function sample() {
+    const el = document.getElementById("live-samples");
+    if (!el) return;
+    let live;
+    try { live = JSON.parse(el.dataset.live); } catch (e) { return; }
+    const offset = Date.now() / 1000 - live.now; // server clock -> this browser's
+    let added = false;
+    live.samples.forEach((row) => { added = push(row[0] + offset, row) || added; });
+    if (!added) return;
+    [sizeData, rateData].forEach((d) => { while (d[0].length > MAX_POINTS) d.forEach((a) => a.shift()); });
+    sizePlot.setData(sizeData);
+    latest(sizePlot);
+    if (ratePlot) { ratePlot.setData(rateData); latest(ratePlot); }
+  }
+
+  function drawHistory() {
+    if (histPlot) histPlot.destroy();
+    histPlot = new uPlot({
+      width: width(histEl), height: HEIGHT, hooks: showLatest,
+      series: [{}, { label: "succeeded", stroke: css("--pending"), width: 2, value: int, points: { show: true, size: 6 } },
+        { label: "failed", stroke: css("--danger"), width: 2, value: int, points: { show: true, size: 6 } }],
+      axes: axes(false),
+      scales: { x: { time: true } },
+    }, histData, histEl);
+    latest(histPlot);
+  }
+
+  let days = localStorage.getItem("asyncq.days") || "7";
+  async function loadHistory() {
     const resp = await fetch(base + "/api/stats?days=" + days, { credentials: "same-origin" });
     if (!resp.ok) return;
     const data = await resp.json();
     const xs = data.days.map((d) => Date.parse(d.date + "T00:00:00Z") / 1000);
-    const series = [xs, data.days.map((d) => d.processed - d.failed), data.days.map((d) => d.failed)];
-    if (histPlot) histPlot.destroy();
-    histPlot = new uPlot({
-      width: width(histEl), height: 220,
-      series: [{}, { label: "succeeded", stroke: "#43a047", width: 2, points: { show: true } },
-        { label: "failed", stroke: "#c62828", width: 2, points: { show: true } }],
-      axes: [{}, { size: 60 }],
-      scales: { x: { time: true } },
-    }, series, histEl);
+    const fresh = [xs, data.days.map((d) => d.processed - d.failed), data.days.map((d) => d.failed)];
+    const sameDays = histData && histData[0].length === xs.length && histData[0][0] === xs[0];
+    histData = fresh;
+    if (histPlot && sameDays) {
+      histPlot.setData(histData);
+      latest(histPlot);
+    } else {
+      drawHistory();
+    }
   }
+
+  build();
+  sample();
+  loadHistory();
+  document.addEventListener("asyncq:refreshed", () => {
+    sample();
+    loadHistory(); // today's counters move; one small request per refresh
+  });
+  // A second sample soon after load when this process had none before, so even the very
+  // first view shows a throughput instead of waiting a whole refresh interval.
+  if (rateData[0].length === 0 && window.asyncqRefresh) setTimeout(() => window.asyncqRefresh(true), 1500);
+
   const range = document.getElementById("range");
-  const savedDays = localStorage.getItem("asyncq.days") || "7";
   range.querySelectorAll("button").forEach((b) => {
-    b.classList.toggle("on", b.dataset.days === savedDays);
+    b.classList.toggle("on", b.dataset.days === days);
     b.addEventListener("click", () => {
       range.querySelectorAll("button").forEach((x) => x.classList.remove("on"));
       b.classList.add("on");
-      localStorage.setItem("asyncq.days", b.dataset.days);
-      loadHistory(b.dataset.days);
+      days = b.dataset.days;
+      localStorage.setItem("asyncq.days", days);
+      loadHistory();
     });
   });
-  loadHistory(savedDays);
+  document.addEventListener("asyncq:theme", build);
   window.addEventListener("resize", () => {
-    sizePlot.setSize({ width: width(sizeEl), height: 220 });
-    if (ratePlot) ratePlot.setSize({ width: width(rateEl), height: 220 });
-    if (histPlot) histPlot.setSize({ width: width(histEl), height: 220 });
+    sizePlot.setSize({ width: width(sizeEl), height: HEIGHT });
+    if (ratePlot) ratePlot.setSize({ width: width(rateEl), height: HEIGHT });
+    if (histPlot) histPlot.setSize({ width: width(histEl), height: HEIGHT });
   });
 })();
