@@ -160,9 +160,13 @@ class Server:
     - ``delayed_task_check_interval``: forwarder period (5 s).
     - ``janitor_interval`` (8 s), ``janitor_batch_size`` (100).
     - ``heartbeat_interval`` (5 s), ``lease_duration`` (30 s),
-      ``recoverer_interval`` (1 min), ``recoverer_cutoff`` (30 s: how long
-      after expiry a lease is recovered), ``syncer_interval`` (5 s): asynq
-      hard-codes these; they are options here so tests can run them fast.
+      ``recoverer_interval`` (1 min: the longest time between two recoverer
+      checks; it also checks at the earliest lease expiry it saw and at least
+      once per lease duration), ``recoverer_cutoff`` (2 s: how long after
+      expiry a lease is recovered, the allowance for clock skew between
+      hosts; asynq's is 30 s), ``syncer_interval`` (5 s): asynq hard-codes
+      these. A killed worker's tasks run again on another worker about
+      ``lease_duration`` + ``recoverer_cutoff`` after the kill.
     - ``group_aggregator(group, tasks) -> Task`` enables aggregation (*tasks*
       in joining order to the second; within one second in task-id order), with
       ``group_grace_period`` (1 min, at least 1 s), ``group_max_delay`` and
@@ -226,7 +230,7 @@ class Server:
         heartbeat_interval: timedelta = timedelta(seconds=5),
         lease_duration: timedelta = timedelta(seconds=LEASE_DURATION),
         recoverer_interval: timedelta = timedelta(minutes=1),
-        recoverer_cutoff: timedelta = timedelta(seconds=30),
+        recoverer_cutoff: timedelta = timedelta(seconds=2),
         syncer_interval: timedelta = timedelta(seconds=5),
         group_aggregator: GroupAggregator | None = None,
         group_grace_period: timedelta = timedelta(minutes=1),
@@ -501,7 +505,7 @@ class Server:
         roles += [
             subscriber,
             self.syncer,
-            Recoverer(deps, cfg.recoverer_interval, active=self.active),
+            Recoverer(deps, cfg.recoverer_interval, active=self.active, wakeup=self._wakeup),
             Forwarder(deps, cfg.delayed_task_check_interval, wakeup=self._wakeup),
             self.processor,
             Janitor(deps, cfg.janitor_interval),
