@@ -87,6 +87,7 @@ from asyncq.errors import ServerClosedError
 from asyncq.hooks import WorkerHooks  # [metrics hook]
 from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
+from asyncq.results import CompletionNotifier
 from asyncq.task import Task, TaskInfo
 
 __all__ = [
@@ -471,6 +472,7 @@ class Server:
             wakeup=self._wakeup,
             defer_write=self.syncer.add,
             on_burst_done=self._begin_shutdown,
+            notifier=CompletionNotifier(self.redis),
             write_limit=write_limit(self.redis),
             metrics=self.metrics,  # [metrics hook]
         )

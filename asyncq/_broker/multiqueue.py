@@ -36,8 +36,8 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from asyncq import _keys as keys
-from asyncq._broker._base import LUA_PACKAGE, as_text, script_error
-from asyncq._broker.broker import Broker, DequeuedTask
+from asyncq._broker._base import LUA_PACKAGE, BrokerBase, as_text, script_error
+from asyncq._broker.processing import DequeuedTask
 from asyncq._logging import RateLimiter, error_text
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.scripts import Script, load_script
@@ -97,11 +97,15 @@ def _limit_spec(names: Sequence[str], limits: Mapping[str, tuple[int, ...]] | No
 
 
 class MultiQueue:
-    """Multi-queue script calls on a :class:`Broker`'s connection; see the module docstring."""
+    """Multi-queue script calls on a broker's connection; see the module docstring.
+
+    Part of the broker's implementation: the worker calls these through the
+    ``Broker`` methods (``fetch``, ``forward_queues``, ``scan_leases``, ...).
+    """
 
     __slots__ = ("_broker", "_checked", "_cluster", "_errors", "_slots")
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerBase) -> None:
         self._broker = broker
         redis = broker.redis
         self._cluster: RedisCluster | None = redis if isinstance(redis, RedisCluster) else None

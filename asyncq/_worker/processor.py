@@ -55,9 +55,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import anyio
 
-from asyncq._broker.multiqueue import MultiQueue
-from asyncq._broker.typerate import take_type_tokens
-from asyncq._broker.workflow import AckMode, ack_step, is_workflow_step  # [workflow hook]
+from asyncq._broker.workflow import AckMode, is_workflow_step  # [workflow hook]
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker.active import (
@@ -86,11 +84,11 @@ from asyncq.hooks import WorkerHooks  # [metrics hook]
 from asyncq.mux import Handler, sync_limiter
 from asyncq.proto.asynq import TaskMessage
 from asyncq.result import TaskResultWriter
-from asyncq.results import CompletionNotifier
 from asyncq.task import Task
 
 if TYPE_CHECKING:
-    from asyncq._broker import Broker, DequeuedTask
+    from asyncq._broker import DequeuedTask
+    from asyncq._worker.broker import WorkerBroker
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -102,6 +100,14 @@ __all__ = [
 ]
 
 _MAX_WRITES = 64
+
+
+class Notifier(Protocol):
+    """Wakes the result waiters of finished tasks (:class:`asyncq.results.CompletionNotifier`)."""
+
+    def notify(self, queue: str, task_id: str) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class DeferWrite(Protocol):
@@ -216,6 +222,7 @@ class Processor(Role):
         wakeup: asyncio.Event,
         defer_write: DeferWrite,
         on_burst_done: Callable[[], object],
+        notifier: Notifier,
         write_limit: int = _MAX_WRITES,
         metrics: WorkerHooks | None = None,  # [metrics hook]
     ) -> None:
@@ -228,7 +235,6 @@ class Processor(Role):
         self.slots = Slots(cfg.concurrency)
         self._queue_order: QueueOrder | None = None
         self._order_version = -1  # of the QueueSet the order was built from
-        self._queues = MultiQueue(deps.broker)
         self._limits = QueueLimits(
             cfg.queue_concurrency, cfg.local_queue_concurrency, cfg.rate_limits, deps.queues
         )
@@ -250,7 +256,7 @@ class Processor(Role):
         # exhausting the pool (redis-py raises instead of waiting).
         self._write_slots = asyncio.Semaphore(write_limit)
         self._acks = _AckBatcher(deps.broker, self._write_slots)
-        self._notifier = CompletionNotifier(deps.broker.redis)  # wakes result waiters
+        self._notifier = notifier  # wakes result waiters
         self._backoff = Backoff(0.05, 1.0)
         self._limiter = anyio.CapacityLimiter(cfg.sync_concurrency)
         self._debug = is_debug_enabled(self.log)
@@ -349,7 +355,7 @@ class Processor(Role):
                 continue
             self._wakeup.clear()
             try:
-                fetched = await self._queues.dequeue(
+                fetched = await self.broker.fetch(
                     order(),
                     n,
                     strict=strict,
@@ -378,7 +384,7 @@ class Processor(Role):
                 # Retries and scheduled tasks due now are work too; the forwarder
                 # may not run again before we would exit.
                 try:
-                    moved = await self._queues.forward(self.queues.names())
+                    moved = await self.broker.forward_queues(self.queues.names())
                 except REDIS_ERRORS as exc:
                     self._fetch_failed(exc)
                     await self._idle_wait(self._backoff.next_delay(), count=False)
@@ -752,7 +758,7 @@ class Processor(Role):
         """The write acknowledging a workflow step together with its hand-off."""
 
         async def write() -> None:
-            state = await ack_step(self.broker, msg, mode, err_msg)
+            state = await self.broker.ack_workflow_step(msg, mode, err_msg)
             if self._debug:
                 self.log.debug(
                     "workflow step acknowledged", workflow_state=state, **task_fields(msg)
@@ -829,7 +835,7 @@ class _AckBatcher:
 
     __slots__ = ("_broker", "_pending", "_slots", "sending")
 
-    def __init__(self, broker: Broker, slots: asyncio.Semaphore) -> None:
+    def __init__(self, broker: WorkerBroker, slots: asyncio.Semaphore) -> None:
         self._broker = broker
         self._slots = slots
         self._pending: list[tuple[TaskMessage, bool, asyncio.Future[BaseException | None]]] = []
@@ -882,7 +888,7 @@ class _TypeTokens:
 
     __slots__ = ("_broker", "_pending", "sending")
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: WorkerBroker) -> None:
         self._broker = broker
         self._pending: dict[str, tuple[Rate, list[asyncio.Future[tuple[bool, int]]]]] = {}
         self.sending: set[asyncio.Task[None]] = set()
@@ -911,8 +917,7 @@ class _TypeTokens:
         self, task_type: str, rate: Rate, futs: list[asyncio.Future[tuple[bool, int]]]
     ) -> None:
         try:
-            waits, next_wait = await take_type_tokens(
-                self._broker,
+            waits, next_wait = await self._broker.take_type_tokens(
                 task_type,
                 len(futs),
                 interval_us=rate.interval_us,

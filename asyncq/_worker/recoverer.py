@@ -30,8 +30,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
-from asyncq._broker.multiqueue import MultiQueue
-from asyncq._broker.workflow import ack_step, is_workflow_step  # [workflow hook]
+from asyncq._broker.workflow import is_workflow_step  # [workflow hook]
 from asyncq._logging import error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker.active import ActiveTasks
@@ -66,7 +65,6 @@ class Recoverer(PeriodicRole):
         super().__init__(deps, interval)
         self.active = active
         self._wakeup = wakeup
-        self._multi = MultiQueue(deps.broker)  # all queues in one script call per Redis node
         self.next_wait = min(interval, deps.config.lease_duration)
         """Seconds from the last check to the next one (see the module docstring)."""
 
@@ -88,15 +86,14 @@ class Recoverer(PeriodicRole):
         now = datetime.fromtimestamp(clock, UTC)
         cutoff_s = cfg.recoverer_cutoff
         cutoff = now - timedelta(seconds=cutoff_s)
-        multi = self._multi
         try:
-            await multi.reclaim_stale_aggregation_sets(queues)
+            await broker.reclaim_stale_aggregation_sets_queues(queues)
         except REDIS_ERRORS as exc:
             if is_transient(exc):
                 raise
             self.log.error("could not reclaim stale aggregation sets", error=error_text(exc))
         # Each message comes with the queue it is stored in (its own queue field may differ).
-        expired, earliest = await multi.scan_leases(cutoff, queues)
+        expired, earliest = await broker.scan_leases(cutoff, queues)
         wait = min(self.interval, cfg.lease_duration)
         if earliest is not None:
             wait = min(wait, earliest + cutoff_s - clock)
@@ -114,7 +111,7 @@ class Recoverer(PeriodicRole):
         if recovered:
             # Retried for now (an expired lease's default delay is none): to pending
             # at once rather than at the forwarder's next pass.
-            moved = await multi.forward(queues)
+            moved = await broker.forward_queues(queues)
             if moved:
                 self.stats.forwarded += moved
                 if self._wakeup is not None:
@@ -147,7 +144,7 @@ class Recoverer(PeriodicRole):
             elif msg.retried >= msg.retry:
                 self.log.warning("archiving task whose lease expired", **fields)
                 if is_workflow_step(msg):  # [workflow hook] the workflow learns of it
-                    await ack_step(broker, msg, "archive", err_msg)
+                    await broker.ack_workflow_step(msg, "archive", err_msg)
                 else:
                     await broker.archive(msg, err_msg)
             else:

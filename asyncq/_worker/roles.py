@@ -28,7 +28,7 @@ from asyncq._logging import RateLimiter, error_text
 from asyncq._redis.errors import REDIS_ERRORS
 
 if TYPE_CHECKING:
-    from asyncq._broker import Broker
+    from asyncq._worker.broker import WorkerBroker
     from asyncq._worker.config import ServerConfig, ServerStats
     from asyncq._worker.queueset import QueueSet
 
@@ -49,7 +49,7 @@ class RoleDeps:
     the ``Server``.
     """
 
-    broker: Broker
+    broker: WorkerBroker
     config: ServerConfig
     log: Any
     stats: ServerStats
