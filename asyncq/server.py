@@ -84,7 +84,7 @@ from asyncq._worker.syncer import Syncer
 from asyncq._worker.watchdog import Watchdog
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
-from asyncq.hooks import WorkerHooks  # [metrics hook]
+from asyncq.hooks import NO_HOOKS, WorkerHooks
 from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
 from asyncq.results import CompletionNotifier
@@ -248,7 +248,7 @@ class Server:
         ordered_queues: Sequence[str] = (),
         queue_refresh_interval: timedelta = timedelta(seconds=1),
         logger: Any = None,
-        metrics: WorkerHooks | None = None,  # [metrics hook]
+        metrics: WorkerHooks | None = None,
         min_replicas: int = 0,
         replica_timeout: timedelta = timedelta(seconds=1),
         lifespan: Lifespan | None = None,
@@ -342,7 +342,8 @@ class Server:
             queue_refresh_interval=_duration("queue_refresh_interval", queue_refresh_interval),
         )
         self.log: Any = logger if logger is not None else get_logger()
-        self.metrics = metrics  # [metrics hook]
+        self.metrics = metrics
+        self._hooks = NO_HOOKS if metrics is None else metrics
         if janitor_batch_size > 100:
             self.log.warning(
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
@@ -434,9 +435,8 @@ class Server:
         if self._lifespan is not None:
             state = await self._lifespan_stack.enter_async_context(self._lifespan())
             context.run(state_var.set, state)
-        if self.metrics is not None:  # [metrics hook]
-            fn = self.metrics.instrument(fn)  # [metrics hook]
-            self.metrics.attach()  # [metrics hook]
+        fn = self._hooks.instrument(fn)
+        self._hooks.attach()
         cfg = self.config
         watcher: QueueWatcher | None = None
         if self.queue_set.dynamic:
@@ -474,7 +474,7 @@ class Server:
             on_burst_done=self._begin_shutdown,
             notifier=CompletionNotifier(self.redis),
             write_limit=write_limit(self.redis),
-            metrics=self.metrics,  # [metrics hook]
+            hooks=self._hooks,
         )
         subscriber = Subscriber(
             deps, active=self.active, wakeup=self._wakeup, pubsub=self.connection.pubsub
@@ -497,9 +497,7 @@ class Server:
                 active=self.active,
                 threshold=max(0.5, min(1.0, cfg.heartbeat_interval)),
                 keep_leases_with=None if independent is None else (lambda: independent),
-                on_stall=None
-                if self.metrics is None
-                else self.metrics.loop_stalled,  # [metrics hook]
+                on_stall=self._hooks.loop_stalled,
             )
         )
         if cfg.health_check is not None:
@@ -616,8 +614,7 @@ class Server:
         finally:
             if self._enqueuer is not None:
                 await self._enqueuer.aclose()  # shared connection: closed just below
-            if self.metrics is not None:  # [metrics hook]
-                self.metrics.detach()  # [metrics hook]
+            self._hooks.detach()
             try:
                 await self._lifespan_stack.aclose()
             except Exception as exc:

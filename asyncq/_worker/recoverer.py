@@ -28,17 +28,15 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from asyncq._broker.workflow import is_workflow_step  # [workflow hook]
 from asyncq._logging import error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker.active import ActiveTasks
-from asyncq._worker.policy import is_failure_for, retry_delay_for
+from asyncq._worker.outcome import Outcome, decide
 from asyncq._worker.roles import PeriodicRole, RoleDeps
 from asyncq.errors import LeaseExpiredError
 from asyncq.proto.asynq import TaskMessage
-from asyncq.task import Task
 
 __all__ = ["Recoverer"]
 
@@ -119,14 +117,11 @@ class Recoverer(PeriodicRole):
 
     async def _recover(self, qname: str, msg: TaskMessage, now: datetime) -> bool:
         """Retry or archive one task; False when it was left because it runs here."""
-        cfg = self.config
         broker = self.broker
         fields = task_fields(msg)
         local = self.active.get(msg.id)
         if local is not None and not local.abandoned and local.lease.valid():
             return False  # running here, its lease extension just has not landed yet
-        lease_exc = LeaseExpiredError()
-        err_msg = error_text(lease_exc)
         try:
             if msg.queue != qname:
                 # A malformed message naming another queue (or none): every write keyed
@@ -141,21 +136,13 @@ class Recoverer(PeriodicRole):
                 fixed = TaskMessage.parse(bytes(msg))
                 fixed.queue = qname
                 await broker.archive(fixed, err_msg)
-            elif msg.retried >= msg.retry:
-                self.log.warning("archiving task whose lease expired", **fields)
-                if is_workflow_step(msg):  # [workflow hook] the workflow learns of it
-                    await broker.ack_workflow_step(msg, "archive", err_msg)
-                else:
-                    await broker.archive(msg, err_msg)
             else:
-                task = Task._from_message(msg)
-                delay = retry_delay_for(cfg, self.log, msg.retried, lease_exc, task, **fields)
-                is_failure = is_failure_for(cfg, self.log, lease_exc, **fields)
-                self.log.warning(
-                    "retrying task whose lease expired", retry_in=delay.total_seconds(),
-                    **fields,
+                # The same decision as the processor's for a lease that ran out there.
+                outcome = decide(
+                    msg, LeaseExpiredError(), lease="recovering", config=self.config,
+                    now=now.timestamp(), log=self.log,
                 )  # fmt: skip
-                await broker.retry(msg, now + delay, err_msg, is_failure=is_failure)
+                await self._write(msg, outcome, now, fields)
             self.stats.recovered += 1
             return True
         except REDIS_ERRORS as err:
@@ -172,3 +159,22 @@ class Recoverer(PeriodicRole):
                 "could not recover task; it stays active", error=error_text(err), **fields
             )
             return True  # tried again at the next regular check, not every second
+
+    async def _write(
+        self, msg: TaskMessage, outcome: Outcome, now: datetime, fields: dict[str, Any]
+    ) -> None:
+        broker = self.broker
+        if outcome.kind == "archive":
+            self.log.warning("archiving task whose lease expired", **fields)
+            if outcome.workflow:  # the workflow learns of it in the same script call
+                await broker.ack_workflow_step(msg, "archive", outcome.err_msg)
+            else:
+                await broker.archive(msg, outcome.err_msg)
+        elif outcome.kind == "retry" and outcome.retry_at is not None:
+            retry_in = (outcome.retry_at - now).total_seconds()
+            self.log.warning("retrying task whose lease expired", retry_in=retry_in, **fields)
+            await broker.retry(
+                msg, outcome.retry_at, outcome.err_msg, is_failure=outcome.is_failure
+            )
+        else:  # an expired lease is only ever retried or archived
+            raise AssertionError(f"unexpected outcome for an expired lease: {outcome}")

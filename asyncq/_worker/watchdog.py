@@ -68,10 +68,10 @@ class Watchdog(Role):
         active: ActiveTasks,
         threshold: float,
         keep_leases_with: Callable[[], RedisTarget] | None,
-        on_stall: Callable[[float], None] | None = None,  # [metrics hook]
+        on_stall: Callable[[float], None],
     ) -> None:
         super().__init__(deps)
-        self._on_stall = on_stall  # [metrics hook]
+        self._on_stall = on_stall
         self.active = active
         self.threshold = threshold
         self.tick = max(0.05, min(0.5, threshold / 4))
@@ -106,8 +106,7 @@ class Watchdog(Role):
         culprit, self._culprit = self._culprit, None
         self.stats.loop_stalls += 1
         self.stats.loop_stalled_seconds += blocked
-        if self._on_stall is not None:  # [metrics hook]
-            self._on_stall(blocked)  # [metrics hook]
+        self._on_stall(blocked)
         self.log.warning(
             "event loop blocked", blocked_for=round(blocked, 3), advice=_ADVICE,
             **(culprit or {"blocking": "unknown"}),
