@@ -9,12 +9,11 @@
   bytes of the running tasks: a fetch stops before it, no fetch runs while it
   is reached, and a single task larger than the bound runs alone.
 * Running tasks are tracked in the server's :class:`~asyncq._worker.active.ActiveTasks`
-  registry. Lease supervision is one task per processor: the heartbeater
-  declares a run-out lease expired, which sets an event all the processor's
-  leases share; the supervision awaits that event and cancels each handler
-  whose lease is declared expired (``LeaseExpiredError`` as the cause). A
-  running handler thus costs no extra task or future. Ack calls in flight are
-  tracked too, so shutdown waits for them.
+  registry. Each task's :class:`~asyncq._worker.lease.Lease` has its own
+  expiry event; the heartbeater declares a run-out lease expired, and the
+  lease's callback cancels that task's handler (``LeaseExpiredError`` as the
+  cause). A running handler thus costs no extra task or future. Ack calls in
+  flight are tracked too, so shutdown waits for them.
 * Queue order per fetch: weighted and shuffled (priorities divided by their GCD;
   the distribution of asynq's repeat-``priority``-times, shuffle, de-duplicate,
   drawn with Efraimidis-Spirakis keys),
@@ -270,9 +269,6 @@ class Processor(Role):
         self._debug = is_debug_enabled(self.log)
         self._burst = cfg.burst
         self._detached: set[asyncio.Task[None]] = set()
-        # Set by a lease the heartbeater declares expired; awaited by _supervise_leases.
-        self._lease_expired = asyncio.Event()
-        self._supervisor: asyncio.Task[None] | None = None
 
     # -- control, called by the server and the other roles --------------------------------
 
@@ -449,17 +445,12 @@ class Processor(Role):
         now = self.clock()
         deadline = compute_deadline(msg, now)
         # Redis holds the lease in whole seconds (truncated): never trust it for longer.
-        lease = Lease(
-            math.floor(dequeued.lease_expiry), clock=self.clock, signal=self._lease_expired
-        )
+        lease = Lease(math.floor(dequeued.lease_expiry), clock=self.clock)
         active = ActiveTask(msg, lease, deadline, now)
+        lease.on_expired = partial(self._lease_lost, active)
         self._inflight_bytes += len(msg.payload)
         active.on_stuck = self._on_stuck
         loop = asyncio.get_running_loop()
-        if self._supervisor is None:
-            self._supervisor = loop.create_task(
-                self._supervise_leases(), name="asyncq-lease-supervision"
-            )
         active.task = loop.create_task(self._work(active))
         active.timer = loop.call_at(loop.time() + (deadline - now), active.deadline_exceeded)
         if msg.id in self.active:
@@ -526,23 +517,10 @@ class Processor(Role):
                 active.phase = FINISHED
                 self._release(active)
 
-    async def _supervise_leases(self) -> None:
-        """Await the leases' expiry; cancel each handler whose lease is declared expired.
-
-        The heartbeater declares a lease expired (``Lease.notify_expired``), which
-        sets the event every lease of this processor shares. This task then
-        cancels the handler of each running task whose lease is declared expired,
-        with :class:`LeaseExpiredError` as the cause (the cancellation grace then
-        applies as for any cancellation). It runs from the first task started
-        until :meth:`cleanup`, so leases keep cancelling during shutdown's drain.
-        """
-        expired = self._lease_expired
-        while True:
-            await expired.wait()
-            expired.clear()
-            for active in list(self.active.values()):
-                if active.lease.declared_expired and active.cancel(LeaseExpiredError()):
-                    self.log.debug("lease expired; cancelling handler", **task_fields(active.msg))
+    def _lease_lost(self, active: ActiveTask) -> None:
+        """The heartbeater declared the task's lease expired: cancel its handler."""
+        if active.cancel(LeaseExpiredError()) and self._debug:
+            self.log.debug("lease expired; cancelling handler", **task_fields(active.msg))
 
     def _release(self, active: ActiveTask) -> None:
         """Give the task's slot back and forget it (once, whoever finishes it)."""
@@ -808,10 +786,6 @@ class Processor(Role):
 
     async def cleanup(self) -> None:
         self.slots.close()
-        supervisor, self._supervisor = self._supervisor, None
-        if supervisor is not None:
-            supervisor.cancel()
-            await asyncio.wait((supervisor,))
         await self._notifier.aclose()
 
 
