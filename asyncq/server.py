@@ -24,10 +24,11 @@ requeueing and their tasks come back through lease recovery. (Python cannot
 stop a thread: a plain ``def`` handler still blocking in its worker thread
 keeps the interpreter alive until it returns; a third signal ends the process.)
 
-Every background role (processor, heartbeater, forwarder, recoverer, janitor,
-syncer, healthchecker, subscriber, aggregator) is an asyncio task in one
-TaskGroup; a role that crashes is logged and restarted with backoff (see
-:mod:`asyncq._worker.roles`).
+Every background role (processor, heartbeater, watchdog, forwarder,
+recoverer, janitor, syncer, subscriber, and when configured the health
+checker, the queue watcher and the aggregator) is an asyncio task in one
+TaskGroup; shutdown stops them in :data:`SHUTDOWN_ORDER`; a role that
+crashes is logged and restarted with backoff (see :mod:`asyncq._worker.roles`).
 """
 
 from __future__ import annotations
@@ -106,6 +107,30 @@ DEFAULT_QUEUES: Mapping[str, int] = types.MappingProxyType({"default": 1})
 """Queues served when none are given (asynq's default)."""
 DEFAULT_MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
 """Default bound on the task bytes a server holds in running handlers (64 MiB)."""
+
+SHUTDOWN_ORDER: tuple[str, ...] = (
+    "forwarder",
+    "processor",
+    "recoverer",
+    "syncer",
+    "subscriber",
+    "janitor",
+    "aggregator",
+    "queuewatcher",
+    "healthchecker",
+    "heartbeater",
+    "watchdog",
+)
+"""The order in which shutdown stops the roles (by name), asynq's with asyncq's roles added.
+
+Senders before receivers: the forwarder stops feeding pending first; the processor
+then drains while everything its handlers rely on still runs (the subscriber
+delivers cancel messages, the syncer takes writes Redis refused, the heartbeater
+and the watchdog keep the leases alive); the recoverer stops after it so it never
+takes over a task this server is still finishing, and the syncer flushes what the
+processor left. The heartbeater goes last but one, so the server's records and
+leases stay until nothing runs, and the watchdog last, since a blocked loop can
+still happen in any role's cleanup. A role missing from this list stops after these."""
 
 _STATUS_ACTIVE = "active"
 _STATUS_STOPPED = "stopped"
@@ -589,25 +614,10 @@ class Server:
     async def _shutdown(self) -> None:
         self._state = "closed"
         self.log.info("starting graceful shutdown")
-        by_name = {role.name: role for role in self._roles}
-        order = (
-            "forwarder",
-            "processor",
-            "recoverer",
-            "syncer",
-            "subscriber",
-            "janitor",
-            "aggregator",
-            "queuewatcher",
-            "healthchecker",
-            "heartbeater",
-            "watchdog",
-        )
+        rank = {name: i for i, name in enumerate(SHUTDOWN_ORDER)}
         try:
-            for name in order:
-                role = by_name.get(name)
-                if role is not None:
-                    await self._stop_role(role)
+            for role in sorted(self._roles, key=lambda r: rank.get(r.name, len(rank))):
+                await self._stop_role(role)
             if self._main is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._main
@@ -625,10 +635,7 @@ class Server:
 
     async def _stop_role(self, role: Role) -> None:
         force = self._force.is_set()
-        if isinstance(role, Processor):
-            await role.drain(self.config.shutdown_timeout, force=self._force)
-        else:
-            role.request_stop()
+        await role.drain(self.config.shutdown_timeout, force=self._force)
         task = self._role_tasks.get(role.name)
         if task is not None and not task.done():
             with contextlib.suppress(TimeoutError):
@@ -639,12 +646,9 @@ class Server:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if force and isinstance(role, Syncer):
-            role.close()  # no final flush: Redis may be what we are not waiting for
-            return
         try:
             async with asyncio.timeout(1.0 if self._force.is_set() else 10.0):
-                await role.cleanup()
+                await role.finish(forced=force)
         except Exception as exc:
             self.log.error("role cleanup failed", role=role.name, exc_info=exc)
 

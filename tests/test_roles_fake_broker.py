@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -489,3 +490,31 @@ async def test_aggregator_enqueues_the_aggregate_and_keeps_the_set_when_that_fai
     await role._aggregate(q, g, set_id)
     assert [t.payload for t in enqueued] == [b"0,1"]
     assert not fake.sets and deps.stats.aggregated == 1
+
+
+async def test_syncer_finish_flushes_unless_the_shutdown_is_forced() -> None:
+    fake = FakeBroker()
+    first = fake.enqueue(message())
+    second = fake.enqueue(message())
+    await fake.fetch([Q], 2)
+    for forced, msg in ((False, first), (True, second)):
+        syncer = Syncer(role_deps(fake), 5.0)
+        syncer.add(partial(fake.done, msg), deadline=fake.now + 30, what="done", msg=msg)
+        await syncer.finish(forced=forced)
+        assert not syncer.pending
+    assert first.id not in fake.tasks  # flushed at a graceful shutdown
+    assert fake.state(second.id) == "active"  # dropped: left to the recoverer
+    assert fake.called("done") == [first.id]
+
+
+def test_every_role_has_a_place_in_the_shutdown_order() -> None:
+    from asyncq._worker.healthchecker import HealthChecker
+    from asyncq._worker.subscriber import Subscriber
+    from asyncq._worker.watchdog import Watchdog
+    from asyncq.server import SHUTDOWN_ORDER
+
+    roles = [
+        Processor, Heartbeater, Watchdog, Forwarder, Recoverer, Janitor, Syncer,
+        Subscriber, HealthChecker, QueueWatcher, GroupAggregatorRole,
+    ]  # fmt: skip
+    assert sorted(r.name for r in roles) == sorted(SHUTDOWN_ORDER)

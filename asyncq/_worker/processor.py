@@ -272,10 +272,6 @@ class Processor(Role):
 
     # -- control, called by the server and the other roles --------------------------------
 
-    def wakeup(self) -> None:
-        """A queue may have work (wake-up message, forwarder): end the idle wait now."""
-        self._wakeup.set()
-
     def stop_fetching(self) -> None:
         """Stop taking new tasks (SIGTSTP / ``Server.stop``); running ones continue."""
         self._fetching = False
