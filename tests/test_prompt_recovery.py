@@ -92,3 +92,37 @@ async def test_sigkilled_workers_tasks_run_again_within_lease_plus_5s(
         stop_process(victim)
         if survivor is not None:
             stop_process(survivor)
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.timeout(120)
+async def test_a_task_that_kills_every_worker_ends_archived_after_its_retries(
+    redis_url: str, redis: Redis
+) -> None:
+    # Each worker started runs the task and is killed by it; the next one's recoverer
+    # retries it (one retry used each time) until none is left, then archives it.
+    async with Client(redis) as client:
+        info = await client.enqueue(Task("die"), max_retry=2)
+    pids: list[str] = []
+    while await redis.hget(keys.task_key(Q, info.id), "state") != b"archived":
+        assert len(pids) <= 3, f"ran {len(pids)} times without being archived"
+        proc = spawn("kamikaze_worker.py", redis_url)
+        try:
+            await wait_for_line(proc, READY)
+
+            async def ran_or_archived(pid: str = str(proc.pid)) -> bool:
+                state = await redis.hget(keys.task_key(Q, info.id), "state")
+                return state == b"archived" or any(p == pid for _, p in await starts(redis))
+
+            await wait_until(ran_or_archived, within=60, what="task ran or was archived")
+            if proc.pid is not None and any(p == str(proc.pid) for _, p in await starts(redis)):
+                await asyncio.to_thread(proc.wait, 10)  # killed by its task
+                pids.append(str(proc.pid))
+        finally:
+            stop_process(proc)
+    msg = await stored_message(redis, Q, info.id)
+    assert len(pids) == 3  # the first run and two retries
+    assert msg.retried == 2 and msg.error_msg == "asynq: task lease expired"
+    assert not await redis.lrange(keys.active_key(Q), 0, -1)
+    assert not await redis.zrange(keys.lease_key(Q), 0, -1)
