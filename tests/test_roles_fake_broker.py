@@ -518,3 +518,45 @@ def test_every_role_has_a_place_in_the_shutdown_order() -> None:
         Subscriber, HealthChecker, QueueWatcher, GroupAggregatorRole,
     ]  # fmt: skip
     assert sorted(r.name for r in roles) == sorted(SHUTDOWN_ORDER)
+
+
+async def test_a_failed_type_rate_token_call_puts_the_task_back_unrun() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message("api"))
+    fake.fail("take_type_tokens")
+    ran: list[str] = []
+
+    async def handler(task: Task) -> None:
+        ran.append(task.id or "")
+
+    async with Running(fake, handler, type_rate_limits={"api": "10/s"}) as run:
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="rescheduled")
+    assert ran == []
+    ((_, retry_at, _, is_failure),) = fake.called("retry")
+    assert retry_at == fake.now + 1 and is_failure is False  # no retry used, in a second
+    assert fake.tasks[msg.id].msg.retried == 0
+    assert run.processor.stats.type_rate_limited == 1
+
+
+async def test_a_workflow_step_is_acknowledged_with_its_hand_off() -> None:
+    from asyncq._broker.workflow import (
+        WORKFLOW_HEADER,
+        WORKFLOW_QUEUE_HEADER,
+        WORKFLOW_STEP_HEADER,
+    )
+
+    fake = FakeBroker()
+    headers = {WORKFLOW_HEADER: "wf", WORKFLOW_QUEUE_HEADER: Q, WORKFLOW_STEP_HEADER: "0.0"}
+    ok = fake.enqueue(message(headers=headers))
+    bad = fake.enqueue(message("bad", headers=headers, retried=3))
+
+    async def handler(task: Task) -> None:
+        if task.type == "bad":
+            raise ValueError("no")
+
+    async with Running(fake, handler):
+        await wait_until(lambda: len(fake.called("ack_workflow_step")) == 2, what="acked")
+    assert sorted(fake.called("ack_workflow_step")) == sorted(
+        [(ok.id, "done"), (bad.id, "archive")]
+    )
+    assert not fake.called("ack_many") and not fake.called("archive")
