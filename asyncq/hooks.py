@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from asyncq.mux import Handler
 
-__all__ = ["WorkerHooks"]
+__all__ = ["NO_HOOKS", "NoWorkerHooks", "WorkerHooks"]
 
 
 @runtime_checkable
@@ -48,3 +48,37 @@ class WorkerHooks(Protocol):
     def loop_stalled(self, seconds: float) -> None:
         """The event loop was blocked for *seconds* (beyond the stall threshold)."""
         ...
+
+
+class NoWorkerHooks:
+    """The hooks of a server without an observer: every call does nothing.
+
+    The server and its roles always call their hooks; this default keeps them
+    free of ``if metrics is not None`` checks, and its :meth:`instrument`
+    returns the handler itself, so an unobserved server pays nothing per task.
+    """
+
+    def instrument(self, handler: Handler) -> Handler:
+        return handler
+
+    def attach(self) -> None:
+        return None
+
+    def detach(self) -> None:
+        return None
+
+    def task_retried(self, queue: str, task_type: str) -> None:
+        return None
+
+    def task_archived(self, queue: str, task_type: str) -> None:
+        return None
+
+    def lease_expired(self, queue: str, task_type: str) -> None:
+        return None
+
+    def loop_stalled(self, seconds: float) -> None:
+        return None
+
+
+NO_HOOKS: WorkerHooks = NoWorkerHooks()
+"""The shared do-nothing hooks (the default of a server without ``metrics``)."""

@@ -7,12 +7,9 @@ deadline passed, it was cancelled, or its lease expired.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from asyncq.errors import AsyncqError
-
-if TYPE_CHECKING:
-    from asyncq._broker import Broker
 
 __all__ = ["ResultWriteError", "TaskContext", "TaskResultWriter"]
 
@@ -35,12 +32,18 @@ class TaskContext(Protocol):
         ...
 
 
+class ResultStore(Protocol):
+    """Where results go: the broker's ``write_result`` (HSET of the ``result`` field)."""
+
+    async def write_result(self, qname: str, task_id: str, data: bytes) -> int: ...
+
+
 class TaskResultWriter:
     """Writes a running task's result (asynq's ``ResultWriter``)."""
 
     __slots__ = ("_broker", "_ctx")
 
-    def __init__(self, broker: Broker, ctx: TaskContext) -> None:
+    def __init__(self, broker: ResultStore, ctx: TaskContext) -> None:
         self._broker = broker
         self._ctx = ctx
 

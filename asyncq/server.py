@@ -24,10 +24,11 @@ requeueing and their tasks come back through lease recovery. (Python cannot
 stop a thread: a plain ``def`` handler still blocking in its worker thread
 keeps the interpreter alive until it returns; a third signal ends the process.)
 
-Every background role (processor, heartbeater, forwarder, recoverer, janitor,
-syncer, healthchecker, subscriber, aggregator) is an asyncio task in one
-TaskGroup; a role that crashes is logged and restarted with backoff (see
-:mod:`asyncq._worker.roles`).
+Every background role (processor, heartbeater, watchdog, forwarder,
+recoverer, janitor, syncer, subscriber, and when configured the health
+checker, the queue watcher and the aggregator) is an asyncio task in one
+TaskGroup; shutdown stops them in :data:`SHUTDOWN_ORDER`; a role that
+crashes is logged and restarted with backoff (see :mod:`asyncq._worker.roles`).
 """
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ from asyncq._worker.syncer import Syncer
 from asyncq._worker.watchdog import Watchdog
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
-from asyncq.hooks import WorkerHooks  # [metrics hook]
+from asyncq.hooks import NO_HOOKS, WorkerHooks
 from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
+from asyncq.results import CompletionNotifier
 from asyncq.task import Task, TaskInfo
 
 __all__ = [
@@ -105,6 +107,30 @@ DEFAULT_QUEUES: Mapping[str, int] = types.MappingProxyType({"default": 1})
 """Queues served when none are given (asynq's default)."""
 DEFAULT_MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
 """Default bound on the task bytes a server holds in running handlers (64 MiB)."""
+
+SHUTDOWN_ORDER: tuple[str, ...] = (
+    "forwarder",
+    "processor",
+    "recoverer",
+    "syncer",
+    "subscriber",
+    "janitor",
+    "aggregator",
+    "queuewatcher",
+    "healthchecker",
+    "heartbeater",
+    "watchdog",
+)
+"""The order in which shutdown stops the roles (by name), asynq's with asyncq's roles added.
+
+Senders before receivers: the forwarder stops feeding pending first; the processor
+then drains while everything its handlers rely on still runs (the subscriber
+delivers cancel messages, the syncer takes writes Redis refused, the heartbeater
+and the watchdog keep the leases alive); the recoverer stops after it so it never
+takes over a task this server is still finishing, and the syncer flushes what the
+processor left. The heartbeater goes last but one, so the server's records and
+leases stay until nothing runs, and the watchdog last, since a blocked loop can
+still happen in any role's cleanup. A role missing from this list stops after these."""
 
 _STATUS_ACTIVE = "active"
 _STATUS_STOPPED = "stopped"
@@ -160,9 +186,13 @@ class Server:
     - ``delayed_task_check_interval``: forwarder period (5 s).
     - ``janitor_interval`` (8 s), ``janitor_batch_size`` (100).
     - ``heartbeat_interval`` (5 s), ``lease_duration`` (30 s),
-      ``recoverer_interval`` (1 min), ``recoverer_cutoff`` (30 s: how long
-      after expiry a lease is recovered), ``syncer_interval`` (5 s): asynq
-      hard-codes these; they are options here so tests can run them fast.
+      ``recoverer_interval`` (1 min: the longest time between two recoverer
+      checks; it also checks at the earliest lease expiry it saw and at least
+      once per lease duration), ``recoverer_cutoff`` (2 s: how long after
+      expiry a lease is recovered, the allowance for clock skew between
+      hosts; asynq's is 30 s), ``syncer_interval`` (5 s): asynq hard-codes
+      these. A killed worker's tasks run again on another worker about
+      ``lease_duration`` + ``recoverer_cutoff`` after the kill.
     - ``group_aggregator(group, tasks) -> Task`` enables aggregation (*tasks*
       in joining order to the second; within one second in task-id order), with
       ``group_grace_period`` (1 min, at least 1 s), ``group_max_delay`` and
@@ -226,7 +256,7 @@ class Server:
         heartbeat_interval: timedelta = timedelta(seconds=5),
         lease_duration: timedelta = timedelta(seconds=LEASE_DURATION),
         recoverer_interval: timedelta = timedelta(minutes=1),
-        recoverer_cutoff: timedelta = timedelta(seconds=30),
+        recoverer_cutoff: timedelta = timedelta(seconds=2),
         syncer_interval: timedelta = timedelta(seconds=5),
         group_aggregator: GroupAggregator | None = None,
         group_grace_period: timedelta = timedelta(minutes=1),
@@ -243,7 +273,7 @@ class Server:
         ordered_queues: Sequence[str] = (),
         queue_refresh_interval: timedelta = timedelta(seconds=1),
         logger: Any = None,
-        metrics: WorkerHooks | None = None,  # [metrics hook]
+        metrics: WorkerHooks | None = None,
         min_replicas: int = 0,
         replica_timeout: timedelta = timedelta(seconds=1),
         lifespan: Lifespan | None = None,
@@ -337,7 +367,8 @@ class Server:
             queue_refresh_interval=_duration("queue_refresh_interval", queue_refresh_interval),
         )
         self.log: Any = logger if logger is not None else get_logger()
-        self.metrics = metrics  # [metrics hook]
+        self.metrics = metrics
+        self._hooks = NO_HOOKS if metrics is None else metrics
         if janitor_batch_size > 100:
             self.log.warning(
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
@@ -429,9 +460,8 @@ class Server:
         if self._lifespan is not None:
             state = await self._lifespan_stack.enter_async_context(self._lifespan())
             context.run(state_var.set, state)
-        if self.metrics is not None:  # [metrics hook]
-            fn = self.metrics.instrument(fn)  # [metrics hook]
-            self.metrics.attach()  # [metrics hook]
+        fn = self._hooks.instrument(fn)
+        self._hooks.attach()
         cfg = self.config
         watcher: QueueWatcher | None = None
         if self.queue_set.dynamic:
@@ -467,8 +497,9 @@ class Server:
             wakeup=self._wakeup,
             defer_write=self.syncer.add,
             on_burst_done=self._begin_shutdown,
+            notifier=CompletionNotifier(self.redis),
             write_limit=write_limit(self.redis),
-            metrics=self.metrics,  # [metrics hook]
+            hooks=self._hooks,
         )
         subscriber = Subscriber(
             deps, active=self.active, wakeup=self._wakeup, pubsub=self.connection.pubsub
@@ -491,9 +522,7 @@ class Server:
                 active=self.active,
                 threshold=max(0.5, min(1.0, cfg.heartbeat_interval)),
                 keep_leases_with=None if independent is None else (lambda: independent),
-                on_stall=None
-                if self.metrics is None
-                else self.metrics.loop_stalled,  # [metrics hook]
+                on_stall=self._hooks.loop_stalled,
             )
         )
         if cfg.health_check is not None:
@@ -501,7 +530,7 @@ class Server:
         roles += [
             subscriber,
             self.syncer,
-            Recoverer(deps, cfg.recoverer_interval, active=self.active),
+            Recoverer(deps, cfg.recoverer_interval, active=self.active, wakeup=self._wakeup),
             Forwarder(deps, cfg.delayed_task_check_interval, wakeup=self._wakeup),
             self.processor,
             Janitor(deps, cfg.janitor_interval),
@@ -585,33 +614,17 @@ class Server:
     async def _shutdown(self) -> None:
         self._state = "closed"
         self.log.info("starting graceful shutdown")
-        by_name = {role.name: role for role in self._roles}
-        order = (
-            "forwarder",
-            "processor",
-            "recoverer",
-            "syncer",
-            "subscriber",
-            "janitor",
-            "aggregator",
-            "queuewatcher",
-            "healthchecker",
-            "heartbeater",
-            "watchdog",
-        )
+        rank = {name: i for i, name in enumerate(SHUTDOWN_ORDER)}
         try:
-            for name in order:
-                role = by_name.get(name)
-                if role is not None:
-                    await self._stop_role(role)
+            for role in sorted(self._roles, key=lambda r: rank.get(r.name, len(rank))):
+                await self._stop_role(role)
             if self._main is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._main
         finally:
             if self._enqueuer is not None:
                 await self._enqueuer.aclose()  # shared connection: closed just below
-            if self.metrics is not None:  # [metrics hook]
-                self.metrics.detach()  # [metrics hook]
+            self._hooks.detach()
             try:
                 await self._lifespan_stack.aclose()
             except Exception as exc:
@@ -622,10 +635,7 @@ class Server:
 
     async def _stop_role(self, role: Role) -> None:
         force = self._force.is_set()
-        if isinstance(role, Processor):
-            await role.drain(self.config.shutdown_timeout, force=self._force)
-        else:
-            role.request_stop()
+        await role.drain(self.config.shutdown_timeout, force=self._force)
         task = self._role_tasks.get(role.name)
         if task is not None and not task.done():
             with contextlib.suppress(TimeoutError):
@@ -636,12 +646,9 @@ class Server:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if force and isinstance(role, Syncer):
-            role.close()  # no final flush: Redis may be what we are not waiting for
-            return
         try:
             async with asyncio.timeout(1.0 if self._force.is_set() else 10.0):
-                await role.cleanup()
+                await role.finish(forced=force)
         except Exception as exc:
             self.log.error("role cleanup failed", role=role.name, exc_info=exc)
 

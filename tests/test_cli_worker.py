@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as sync_redis
@@ -191,3 +192,39 @@ def test_parse_queues() -> None:
         parse_queues("a,a=2")
     with pytest.raises(ValueError, match="empty queue name"):
         parse_queues("a,,b")
+
+
+def test_lease_and_recovery_flags_reach_the_server(
+    r: sync_redis.Redis, redis_url: str, app_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncq.server
+
+    configs = []
+
+    class Recording(asyncq.server.Server):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            configs.append(self.config)
+
+    monkeypatch.setattr(asyncq.server, "Server", Recording)
+    monkeypatch.chdir(app_dir)
+    monkeypatch.syspath_prepend(str(app_dir))
+    flags = ["--lease-duration", "12s", "--heartbeat-interval", "2s"]
+    flags += ["--recoverer-interval", "20s", "--recoverer-cutoff", "500ms"]
+    result = CliRunner().invoke(main, ["-u", redis_url, "worker", "myapp:mux", "--burst", *flags])
+    assert result.exit_code == 0, result.output
+    (cfg,) = configs
+    timings = (cfg.lease_duration, cfg.heartbeat_interval, cfg.recoverer_interval)
+    assert timings == (12, 2, 20)
+    assert cfg.recoverer_cutoff == 0.5
+
+
+def test_heartbeat_not_shorter_than_the_lease_is_refused(
+    redis_url: str, app_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(app_dir)
+    monkeypatch.syspath_prepend(str(app_dir))
+    args = ["-u", redis_url, "worker", "myapp:mux", "--burst", "--lease-duration", "5s"]
+    result = CliRunner().invoke(main, [*args, "--heartbeat-interval", "5s"])
+    assert result.exit_code != 0
+    assert "must be longer than heartbeat_interval" in result.stderr, result.stderr

@@ -230,6 +230,9 @@ async def test_worker_metrics_count_a_lease_expiry(redis_url: str, redis: Redis)
         heartbeat_interval=timedelta(seconds=1),
         task_check_interval=timedelta(milliseconds=100),
         shutdown_timeout=timedelta(seconds=1),
+        # The recoverer (2 s after expiry by default) must not take the task over
+        # before the check below that the processor wrote nothing.
+        recoverer_cutoff=timedelta(minutes=1),
     )
     await server.start(mux)
     try:

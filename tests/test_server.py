@@ -75,7 +75,8 @@ def test_defaults_are_asynqs(redis_url: str) -> None:
     assert cfg.health_check_interval == 15
     assert (cfg.janitor_interval, cfg.janitor_batch_size) == (8, 100)
     assert (cfg.heartbeat_interval, cfg.lease_duration) == (5, 30)
-    assert (cfg.recoverer_interval, cfg.recoverer_cutoff) == (60, 30)
+    # asynq: 30 s; here the recoverer also checks at the earliest lease expiry (prompt recovery)
+    assert (cfg.recoverer_interval, cfg.recoverer_cutoff) == (60, 2)
     assert (cfg.group_grace_period, cfg.group_check_interval) == (60, 7)
     assert (cfg.group_max_delay, cfg.group_max_size) == (0, 0)
 

@@ -393,13 +393,6 @@ def duplicate_error(ukey: str) -> DuplicateTaskError:
     return DuplicateTaskError(f"task already exists: unique lock {ukey!r} is held")
 
 
-def check_write(res: int, qname: str, tid: str, ukey: str) -> None:
-    if res == -1:
-        raise duplicate_error(ukey)
-    if res == 0:
-        raise conflict_error(qname, tid)
-
-
 def script_error(exc: ResponseError, script: Script, qname: str, tid: str) -> Exception:
     text = str(exc)
     if text.startswith("NOT FOUND") and tid:

@@ -65,6 +65,11 @@ asyncq extensions (Go asynq is unaffected by all of them):
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import cached_property
+
+from asyncq import _keys as keys
 from asyncq._broker._base import (
     AGGREGATION_TIMEOUT,
     ARCHIVE_MAX_SIZE,
@@ -74,9 +79,13 @@ from asyncq._broker._base import (
     STATS_TTL,
 )
 from asyncq._broker.aggregation import Aggregation
+from asyncq._broker.multiqueue import FetchResult, MultiQueue
 from asyncq._broker.processing import DequeuedTask, ProcessingTransitions
 from asyncq._broker.producer import BatchItem, ProducerWrites
 from asyncq._broker.records import ServerRecords
+from asyncq._broker.typerate import take_type_tokens
+from asyncq._broker.workflow import AckMode, ack_step
+from asyncq.proto.asynq import TaskMessage
 
 __all__ = [
     "AGGREGATION_TIMEOUT",
@@ -88,6 +97,7 @@ __all__ = [
     "BatchItem",
     "Broker",
     "DequeuedTask",
+    "FetchResult",
 ]
 
 
@@ -101,3 +111,70 @@ class Broker(ProducerWrites, ProcessingTransitions, ServerRecords, Aggregation):
     :class:`~asyncq._redis.transport.FastConnection`), carries the script
     calls and hot-path commands when given; *redis* keeps the rest.
     """
+
+    # -- what the worker's roles call (the WorkerBroker protocol, asyncq._worker.broker) ----
+
+    @cached_property
+    def _multi(self) -> MultiQueue:
+        return MultiQueue(self)
+
+    async def fetch(
+        self,
+        qnames: Sequence[str],
+        count: int,
+        *,
+        strict: bool = False,
+        max_bytes: int | None = None,
+        first_free: bool = True,
+        limits: Mapping[str, tuple[int, ...]] | None = None,
+    ) -> FetchResult:
+        """Take up to *count* tasks from *qnames*, tried in order, in one script call per
+        Redis node (see :meth:`asyncq._broker.multiqueue.MultiQueue.dequeue`)."""
+        return await self._multi.dequeue(
+            qnames, count, strict=strict, max_bytes=max_bytes, first_free=first_free, limits=limits
+        )
+
+    async def forward_queues(self, qnames: Sequence[str]) -> int:
+        """Move the due scheduled and retry tasks of every queue to pending (or their group)."""
+        return await self._multi.forward(qnames)
+
+    async def scan_leases(
+        self, cutoff: datetime, qnames: Sequence[str]
+    ) -> tuple[list[tuple[str, TaskMessage]], float | None]:
+        """``(queue, message)`` of the active tasks whose lease expired at or before
+        *cutoff*, and the earliest lease expiry after it (unix s; None when none)."""
+        return await self._multi.scan_leases(cutoff, qnames)
+
+    async def delete_expired_completed_queues(
+        self, qnames: Sequence[str], batch_size: int = 100
+    ) -> int:
+        """Delete the completed tasks past their retention in every queue."""
+        return await self._multi.delete_expired_completed(qnames, batch_size)
+
+    async def reclaim_stale_aggregation_sets_queues(self, qnames: Sequence[str]) -> None:
+        """Put the members of aggregation sets past their deadline back into their group."""
+        await self._multi.reclaim_stale_aggregation_sets(qnames)
+
+    async def take_type_tokens(
+        self, task_type: str, count: int, *, interval_us: int, burst: int, max_wait_us: int
+    ) -> tuple[list[int], int]:
+        """Take up to *count* tokens of *task_type*'s fleet-wide bucket in one call: the
+        waits (µs) of the tokens taken and, when fewer were, the wait for the next one."""
+        return await take_type_tokens(
+            self, task_type, count, interval_us=interval_us, burst=burst, max_wait_us=max_wait_us
+        )
+
+    async def ack_workflow_step(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> str:
+        """Acknowledge a workflow step and advance its workflow atomically; its state after."""
+        return await ack_step(self, msg, mode, err_msg)
+
+    async def all_queues(self) -> set[str]:
+        """The names in ``asynq:queues``."""
+        return {
+            m.decode() if isinstance(m, bytes) else m
+            for m in await self.redis.smembers(keys.ALL_QUEUES)
+        }
+
+    async def mark_ordered(self, qname: str) -> None:
+        """Mark *qname* ordered (asyncq flow control; the flag the dequeue script reads)."""
+        await self.redis.set(keys.ordered_key(qname), "1")

@@ -36,8 +36,8 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from asyncq import _keys as keys
-from asyncq._broker._base import LUA_PACKAGE, as_text, script_error
-from asyncq._broker.broker import Broker, DequeuedTask
+from asyncq._broker._base import LUA_PACKAGE, BrokerBase, as_text, script_error
+from asyncq._broker.processing import DequeuedTask
 from asyncq._logging import RateLimiter, error_text
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.scripts import Script, load_script
@@ -97,11 +97,15 @@ def _limit_spec(names: Sequence[str], limits: Mapping[str, tuple[int, ...]] | No
 
 
 class MultiQueue:
-    """Multi-queue script calls on a :class:`Broker`'s connection; see the module docstring."""
+    """Multi-queue script calls on a broker's connection; see the module docstring.
+
+    Part of the broker's implementation: the worker calls these through the
+    ``Broker`` methods (``fetch``, ``forward_queues``, ``scan_leases``, ...).
+    """
 
     __slots__ = ("_broker", "_checked", "_cluster", "_errors", "_slots")
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerBase) -> None:
         self._broker = broker
         redis = broker.redis
         self._cluster: RedisCluster | None = redis if isinstance(redis, RedisCluster) else None
@@ -283,19 +287,31 @@ class MultiQueue:
         The queue is the one the task is stored in (its message may name
         another). A message that cannot be decoded is archived instead.
         """
+        expired, _ = await self.scan_leases(cutoff, qnames)
+        return expired
+
+    async def scan_leases(
+        self, cutoff: datetime, qnames: Sequence[str]
+    ) -> tuple[list[tuple[str, TaskMessage]], float | None]:
+        """:meth:`list_lease_expired`, and the earliest lease expiry after *cutoff* (unix
+        seconds; None when no other task of these queues is active)."""
         broker = self._broker
         cut = to_unix(cutoff)
         out: list[tuple[str, TaskMessage]] = []
+        earliest: float | None = None
         for node, names in await self._groups(qnames, runs=False):
             res = await self._call(_LIST_LEASE_EXPIRED, node, names, (cut,))
-            for i in range(0, len(res), 3):
+            first = as_text(res[0])
+            if first and (earliest is None or float(first) < earliest):
+                earliest = float(first)
+            for i in range(1, len(res), 3):
                 qk = broker._q(names[res[i] - 1])
                 msg = await broker._decode_or_archive(
                     qk, as_text(res[i + 1]), res[i + 2], broker.clock(), qk.active
                 )
                 if msg is not None:
                     out.append((qk.name, msg))
-        return out
+        return out, earliest
 
     async def delete_expired_completed(self, qnames: Sequence[str], batch_size: int = 100) -> int:
         """Delete completed tasks past their retention, *batch_size* per queue and call."""

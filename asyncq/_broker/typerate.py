@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from asyncq import _keys as keys
-from asyncq._broker._base import LUA_PACKAGE
+from asyncq._broker._base import LUA_PACKAGE, BrokerBase
 from asyncq._redis.scripts import load_script
-
-if TYPE_CHECKING:
-    from asyncq._broker.broker import Broker
 
 __all__ = ["take_type_tokens"]
 
@@ -17,7 +12,7 @@ _TYPE_RATE = load_script(LUA_PACKAGE, "type_rate")
 
 
 async def take_type_tokens(
-    broker: Broker,
+    broker: BrokerBase,
     task_type: str,
     count: int,
     *,

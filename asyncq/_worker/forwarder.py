@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
-from asyncq._broker.multiqueue import MultiQueue
 from asyncq._worker.roles import PeriodicRole, RoleDeps
 
 __all__ = ["Forwarder"]
@@ -28,7 +27,7 @@ class Forwarder(PeriodicRole):
         self._wakeup = wakeup
 
     async def tick(self) -> None:
-        moved = await MultiQueue(self.broker).forward(self.queues.names())
+        moved = await self.broker.forward_queues(self.queues.names())
         if moved:
             self.stats.forwarded += moved
             self._wakeup.set()

@@ -12,7 +12,6 @@ the task over). On stop the server's records are removed.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from asyncq._logging import error_text
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._time import utc_from_timestamp
 from asyncq._worker.active import ActiveTasks
+from asyncq._worker.lease import Lease, extend_leases
 from asyncq._worker.roles import PeriodicRole, RoleDeps
 from asyncq.proto.asynq import ServerInfo, WorkerInfo
 
@@ -64,34 +64,24 @@ class Heartbeater(PeriodicRole):
         server = self.identity
         active = list(self.active.values())
         # Leases first: they decide whether tasks keep running.
-        by_queue: dict[str, list[str]] = defaultdict(list)
-        extend = []
+        by_queue: dict[str, list[tuple[str, Lease]]] = defaultdict(list)
         for act in active:
             if act.abandoned:
                 continue
             if act.lease.valid():
-                by_queue[act.msg.queue].append(act.msg.id)
-                extend.append(act)
+                by_queue[act.msg.queue].append((act.msg.id, act.lease))
             else:
-                act.lease.notify_expired()  # its supervision cancels the handler
-        for qname, ids in by_queue.items():
-            try:
-                expiry = await self.broker.extend_lease(qname, ids)
-            except REDIS_ERRORS as exc:
-                self.redis_error("could not extend task leases", exc, queue=qname)
-                continue
-            except ValueError as exc:
+                act.lease.expire()  # cancels the task's handler
+        for qname, ids, exc in await extend_leases(self.broker, by_queue):
+            if isinstance(exc, ValueError):
                 # A malformed message (blank queue field): its lease cannot be extended
                 # and expires, but the other queues' leases must be.
                 self.log.error(
                     "could not extend task leases", queue=qname, task_ids=ids,
                     error=error_text(exc),
                 )  # fmt: skip
-                continue
-            expiry = math.floor(expiry)  # what Redis holds (whole seconds)
-            for act in extend:
-                if act.msg.queue == qname:
-                    act.lease.extend(expiry)
+            else:
+                self.redis_error("could not extend task leases", exc, queue=qname)
 
         info = ServerInfo(
             host=server.host,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from asyncq._broker.multiqueue import MultiQueue
 from asyncq._worker.roles import PeriodicRole
 
 __all__ = ["Janitor"]
@@ -24,6 +23,5 @@ class Janitor(PeriodicRole):
     async def tick(self) -> None:
         batch = self.config.janitor_batch_size
         # One script call per Redis node for all queues, repeated while a batch was full.
-        queues = MultiQueue(self.broker)
-        deleted = await queues.delete_expired_completed(self.queues.names(), batch)
+        deleted = await self.broker.delete_expired_completed_queues(self.queues.names(), batch)
         self.stats.janitor_deleted += deleted

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from asyncq._worker.config import ServerConfig
+from asyncq.errors import LeaseExpiredError
 from asyncq.task import Task
 
 __all__ = [
@@ -30,7 +31,15 @@ _MAX_DELAY = timedelta(microseconds=(2**63 - 1) // 1000)
 
 
 def default_retry_delay(n: int, exc: BaseException, task: Task) -> timedelta:
-    """asynq's DefaultRetryDelayFunc: n**4 + 15 + rand(30) * (n + 1) seconds (sidekiq's)."""
+    """asynq's DefaultRetryDelayFunc: n**4 + 15 + rand(30) * (n + 1) seconds (sidekiq's).
+
+    One difference: a task whose lease expired (its worker was killed or lost
+    Redis) is retried at once. It has already waited for its lease to run out,
+    and the handler did not fail; a task that keeps killing its worker still
+    uses a retry each time and ends archived.
+    """
+    if isinstance(exc, LeaseExpiredError):
+        return timedelta(0)
     return timedelta(seconds=n**4 + 15 + random.randrange(30) * (n + 1))
 
 

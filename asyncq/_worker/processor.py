@@ -9,12 +9,11 @@
   bytes of the running tasks: a fetch stops before it, no fetch runs while it
   is reached, and a single task larger than the bound runs alone.
 * Running tasks are tracked in the server's :class:`~asyncq._worker.active.ActiveTasks`
-  registry. Lease supervision is one task per processor: the heartbeater
-  declares a run-out lease expired, which sets an event all the processor's
-  leases share; the supervision awaits that event and cancels each handler
-  whose lease is declared expired (``LeaseExpiredError`` as the cause). A
-  running handler thus costs no extra task or future. Ack calls in flight are
-  tracked too, so shutdown waits for them.
+  registry. Each task's :class:`~asyncq._worker.lease.Lease` has its own
+  expiry event; the heartbeater declares a run-out lease expired, and the
+  lease's callback cancels that task's handler (``LeaseExpiredError`` as the
+  cause). A running handler thus costs no extra task or future. Ack calls in
+  flight are tracked too, so shutdown waits for them.
 * Queue order per fetch: weighted and shuffled (priorities divided by their GCD;
   the distribution of asynq's repeat-``priority``-times, shuffle, de-duplicate,
   drawn with Efraimidis-Spirakis keys),
@@ -49,15 +48,13 @@ import inspect
 import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
-from functools import reduce
+from datetime import timedelta
+from functools import partial, reduce
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import anyio
 
-from asyncq._broker.multiqueue import MultiQueue
-from asyncq._broker.typerate import take_type_tokens
-from asyncq._broker.workflow import AckMode, ack_step, is_workflow_step  # [workflow hook]
+from asyncq._broker.workflow import AckMode
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker.active import (
@@ -70,7 +67,8 @@ from asyncq._worker.active import (
 )
 from asyncq._worker.flow import TYPE_RATE_MAX_WAIT_US, QueueLimits, Rate
 from asyncq._worker.lease import Lease
-from asyncq._worker.policy import find_error, is_failure_for, retry_delay_for, wraps_error
+from asyncq._worker.outcome import LeaseState, Outcome, decide, not_run
+from asyncq._worker.policy import find_error, wraps_error
 from asyncq._worker.roles import Role, RoleDeps
 from asyncq._worker.slots import Slots
 from asyncq.errors import (
@@ -82,15 +80,15 @@ from asyncq.errors import (
     SkipRetry,
     TaskCanceledError,
 )
-from asyncq.hooks import WorkerHooks  # [metrics hook]
+from asyncq.hooks import NO_HOOKS, WorkerHooks
 from asyncq.mux import Handler, sync_limiter
 from asyncq.proto.asynq import TaskMessage
 from asyncq.result import TaskResultWriter
-from asyncq.results import CompletionNotifier
 from asyncq.task import Task
 
 if TYPE_CHECKING:
-    from asyncq._broker import Broker, DequeuedTask
+    from asyncq._broker import DequeuedTask
+    from asyncq._worker.broker import WorkerBroker
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -102,6 +100,14 @@ __all__ = [
 ]
 
 _MAX_WRITES = 64
+
+
+class Notifier(Protocol):
+    """Wakes the result waiters of finished tasks (:class:`asyncq.results.CompletionNotifier`)."""
+
+    def notify(self, queue: str, task_id: str) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class DeferWrite(Protocol):
@@ -199,6 +205,13 @@ _EXPECTED: tuple[type[BaseException], ...] = (
 """Failures that are outcomes, not bugs: logged as one line without a traceback."""
 
 
+def _rate_limited(exc: BaseException | None) -> RateLimited | None:
+    """The ``RateLimited`` a handler raised (not a failure), or None."""
+    if exc is None or isinstance(exc, LeaseExpiredError):
+        return None
+    return find_error(exc, RateLimited)
+
+
 # -- the role --------------------------------------------------------------------------------
 
 
@@ -216,11 +229,12 @@ class Processor(Role):
         wakeup: asyncio.Event,
         defer_write: DeferWrite,
         on_burst_done: Callable[[], object],
+        notifier: Notifier,
         write_limit: int = _MAX_WRITES,
-        metrics: WorkerHooks | None = None,  # [metrics hook]
+        hooks: WorkerHooks = NO_HOOKS,
     ) -> None:
         super().__init__(deps)
-        self._metrics = metrics  # [metrics hook]
+        self._hooks = hooks
         cfg = deps.config
         self.handler = handler
         self.clock: Callable[[], float] = deps.broker.clock
@@ -228,7 +242,6 @@ class Processor(Role):
         self.slots = Slots(cfg.concurrency)
         self._queue_order: QueueOrder | None = None
         self._order_version = -1  # of the QueueSet the order was built from
-        self._queues = MultiQueue(deps.broker)
         self._limits = QueueLimits(
             cfg.queue_concurrency, cfg.local_queue_concurrency, cfg.rate_limits, deps.queues
         )
@@ -250,21 +263,14 @@ class Processor(Role):
         # exhausting the pool (redis-py raises instead of waiting).
         self._write_slots = asyncio.Semaphore(write_limit)
         self._acks = _AckBatcher(deps.broker, self._write_slots)
-        self._notifier = CompletionNotifier(deps.broker.redis)  # wakes result waiters
+        self._notifier = notifier  # wakes result waiters
         self._backoff = Backoff(0.05, 1.0)
         self._limiter = anyio.CapacityLimiter(cfg.sync_concurrency)
         self._debug = is_debug_enabled(self.log)
         self._burst = cfg.burst
         self._detached: set[asyncio.Task[None]] = set()
-        # Set by a lease the heartbeater declares expired; awaited by _supervise_leases.
-        self._lease_expired = asyncio.Event()
-        self._supervisor: asyncio.Task[None] | None = None
 
     # -- control, called by the server and the other roles --------------------------------
-
-    def wakeup(self) -> None:
-        """A queue may have work (wake-up message, forwarder): end the idle wait now."""
-        self._wakeup.set()
 
     def stop_fetching(self) -> None:
         """Stop taking new tasks (SIGTSTP / ``Server.stop``); running ones continue."""
@@ -349,7 +355,7 @@ class Processor(Role):
                 continue
             self._wakeup.clear()
             try:
-                fetched = await self._queues.dequeue(
+                fetched = await self.broker.fetch(
                     order(),
                     n,
                     strict=strict,
@@ -378,7 +384,7 @@ class Processor(Role):
                 # Retries and scheduled tasks due now are work too; the forwarder
                 # may not run again before we would exit.
                 try:
-                    moved = await self._queues.forward(self.queues.names())
+                    moved = await self.broker.forward_queues(self.queues.names())
                 except REDIS_ERRORS as exc:
                     self._fetch_failed(exc)
                     await self._idle_wait(self._backoff.next_delay(), count=False)
@@ -435,17 +441,12 @@ class Processor(Role):
         now = self.clock()
         deadline = compute_deadline(msg, now)
         # Redis holds the lease in whole seconds (truncated): never trust it for longer.
-        lease = Lease(
-            math.floor(dequeued.lease_expiry), clock=self.clock, signal=self._lease_expired
-        )
+        lease = Lease(math.floor(dequeued.lease_expiry), clock=self.clock)
         active = ActiveTask(msg, lease, deadline, now)
+        lease.on_expired = partial(self._lease_lost, active)
         self._inflight_bytes += len(msg.payload)
         active.on_stuck = self._on_stuck
         loop = asyncio.get_running_loop()
-        if self._supervisor is None:
-            self._supervisor = loop.create_task(
-                self._supervise_leases(), name="asyncq-lease-supervision"
-            )
         active.task = loop.create_task(self._work(active))
         active.timer = loop.call_at(loop.time() + (deadline - now), active.deadline_exceeded)
         if msg.id in self.active:
@@ -512,23 +513,10 @@ class Processor(Role):
                 active.phase = FINISHED
                 self._release(active)
 
-    async def _supervise_leases(self) -> None:
-        """Await the leases' expiry; cancel each handler whose lease is declared expired.
-
-        The heartbeater declares a lease expired (``Lease.notify_expired``), which
-        sets the event every lease of this processor shares. This task then
-        cancels the handler of each running task whose lease is declared expired,
-        with :class:`LeaseExpiredError` as the cause (the cancellation grace then
-        applies as for any cancellation). It runs from the first task started
-        until :meth:`cleanup`, so leases keep cancelling during shutdown's drain.
-        """
-        expired = self._lease_expired
-        while True:
-            await expired.wait()
-            expired.clear()
-            for active in list(self.active.values()):
-                if active.lease.declared_expired and active.cancel(LeaseExpiredError()):
-                    self.log.debug("lease expired; cancelling handler", **task_fields(active.msg))
+    def _lease_lost(self, active: ActiveTask) -> None:
+        """The heartbeater declared the task's lease expired: cancel its handler."""
+        if active.cancel(LeaseExpiredError()) and self._debug:
+            self.log.debug("lease expired; cancelling handler", **task_fields(active.msg))
 
     def _release(self, active: ActiveTask) -> None:
         """Give the task's slot back and forget it (once, whoever finishes it)."""
@@ -576,57 +564,32 @@ class Processor(Role):
             self._release(active)
 
     async def _succeeded(self, active: ActiveTask) -> None:
-        msg = active.msg
         self.stats.succeeded += 1
-        if not active.lease.valid():
-            if self._metrics is not None:  # [metrics hook]
-                self._metrics.lease_expired(msg.queue, msg.type)  # [metrics hook]
-            self.log.warning(
-                "task finished after its lease expired; not writing its outcome, the recoverer "
-                "will retry it",
-                **task_fields(msg),
-            )
-            return
-        complete = msg.retention > 0
-        if is_workflow_step(msg):  # [workflow hook] acknowledged with its hand-off
-            await self._write(
-                active, self._workflow_ack(msg, "complete" if complete else "done"), "done"
-            )
-            if complete:
-                self._notifier.notify(msg.queue, msg.id)
-            return
-        result = await self._acks.ack(msg, complete)
-        if result is not None:
-            # Handled as a failed single write: the syncer retries it with done() or
-            # mark_as_complete() when Redis was unreachable.
-            def write() -> Awaitable[None]:
-                return self.broker.mark_as_complete(msg) if complete else self.broker.done(msg)
-
-            self._write_failed(active, write, "done", result)
-            return
-        if complete:
-            self._notifier.notify(msg.queue, msg.id)
-        if self._debug:
-            self.log.debug("task done", **task_fields(msg))
+        await self._finish(active, None)
 
     async def _failed(self, active: ActiveTask, task: Task, exc: BaseException) -> None:
         msg = active.msg
-        cfg = self.config
-        stats = self.stats
         fields = task_fields(msg)
-        err_msg = error_text(exc)
-        limited = find_error(exc, RateLimited)
-        if limited is not None and not isinstance(exc, LeaseExpiredError):
-            await self._rate_limited(active, limited, err_msg)
-            return
-        revoke = wraps_error(exc, RevokeTask)
-        if revoke:
+        limited = _rate_limited(exc)
+        if limited is not None:
+            # Not a failure: no count, no error handler.
+            self.log.info(
+                "task rate limited; rescheduled", retry_in=str(limited.retry_in), **fields
+            )
+        else:
+            self._report_failure(msg, exc, fields)
+            if self.config.error_handler is not None:
+                await self._call_error_handler(task, exc, fields)
+        await self._finish(active, exc, task)
+
+    def _report_failure(self, msg: TaskMessage, exc: BaseException, fields: dict[str, Any]) -> None:
+        stats = self.stats
+        if wraps_error(exc, RevokeTask):
             stats.succeeded += 1
             self.log.info("task revoked", **fields)
         elif isinstance(exc, LeaseExpiredError):
             stats.failed += 1
-            if self._metrics is not None:  # [metrics hook]
-                self._metrics.lease_expired(msg.queue, msg.type)  # [metrics hook]
+            self._hooks.lease_expired(msg.queue, msg.type)
             self.log.warning("task lease expired; handler cancelled", **fields)
         else:
             stats.failed += 1
@@ -634,70 +597,82 @@ class Processor(Role):
             # (plain, without local variables, unless the application configured otherwise).
             expected = isinstance(exc, _EXPECTED) or wraps_error(exc, SkipRetry)
             self.log.warning(
-                "task failed", error=err_msg, retried=msg.retried, max_retry=msg.retry, **fields,
-                exc_info=None if expected else exc,
+                "task failed", error=error_text(exc), retried=msg.retried, max_retry=msg.retry,
+                **fields, exc_info=None if expected else exc,
             )  # fmt: skip
-        if cfg.error_handler is not None:
-            await self._call_error_handler(task, exc, fields)
-        if not active.lease.valid():
-            if not isinstance(exc, LeaseExpiredError):
-                if self._metrics is not None:  # [metrics hook]
-                    self._metrics.lease_expired(msg.queue, msg.type)  # [metrics hook]
-                self.log.warning(
-                    "task lease expired; not writing its outcome, the recoverer will retry it",
-                    **fields,
-                )
-            return
-        if revoke:
 
-            def write() -> Awaitable[None]:
-                return self.broker.done(msg)
-
-            if is_workflow_step(msg):  # [workflow hook]
-                write = self._workflow_ack(msg, "revoke", err_msg)
-            await self._write(active, write, "done")
-            return
-        if msg.retried >= msg.retry or wraps_error(exc, SkipRetry):
-            self.log.warning("task archived", error=err_msg, **fields)
-            if self._metrics is not None:  # [metrics hook]
-                self._metrics.task_archived(msg.queue, msg.type)  # [metrics hook]
-
-            def archive() -> Awaitable[None]:
-                return self.broker.archive(msg, err_msg)
-
-            if is_workflow_step(msg):  # [workflow hook]
-                archive = self._workflow_ack(msg, "archive", err_msg)
-            await self._write(active, archive, "archive")
-            self._notifier.notify(msg.queue, msg.id)
-            return
-        delay = retry_delay_for(cfg, self.log, msg.retried, exc, task, **fields)
-        is_failure = is_failure_for(cfg, self.log, exc, **fields)
-        retry_at = datetime.fromtimestamp(self.clock(), UTC) + delay
-        if self._metrics is not None:  # [metrics hook]
-            self._metrics.task_retried(msg.queue, msg.type)  # [metrics hook]
-
-        def retry() -> Awaitable[None]:
-            return self.broker.retry(msg, retry_at, err_msg, is_failure=is_failure)
-
-        await self._write(active, retry, "retry")
-
-    async def _rate_limited(self, active: ActiveTask, exc: RateLimited, err_msg: str) -> None:
-        """``RateLimited``: back to the retry set *retry_in* from now, no failure, no retry used."""
+    async def _finish(
+        self, active: ActiveTask, exc: BaseException | None, task: Task | None = None
+    ) -> None:
+        """Decide the attempt's outcome (:func:`~asyncq._worker.outcome.decide`) and write it."""
         msg = active.msg
+        lease: LeaseState = "held" if active.lease.valid() else "expired"
+        outcome = decide(
+            msg, exc, lease=lease, config=self.config, now=self.clock(), task=task, log=self.log
+        )
+        if outcome.kind == "lost":
+            self._lost(msg, exc)
+            return
+        if outcome.kind == "archive":
+            self.log.warning("task archived", error=outcome.err_msg, **task_fields(msg))
+            self._hooks.task_archived(msg.queue, msg.type)
+        elif outcome.kind == "retry" and _rate_limited(exc) is None:
+            self._hooks.task_retried(msg.queue, msg.type)
+        await self._write_outcome(active, outcome)
+
+    def _lost(self, msg: TaskMessage, exc: BaseException | None) -> None:
+        """The local lease ran out: nothing is written, the recoverer owns the task."""
         fields = task_fields(msg)
-        self.log.info("task rate limited; rescheduled", retry_in=str(exc.retry_in), **fields)
-        if not active.lease.valid():
+        if exc is None:
+            self._hooks.lease_expired(msg.queue, msg.type)
+            self.log.warning(
+                "task finished after its lease expired; not writing its outcome, the recoverer "
+                "will retry it",
+                **fields,
+            )
+        elif not isinstance(exc, LeaseExpiredError):  # that one was reported already
+            if _rate_limited(exc) is None:
+                self._hooks.lease_expired(msg.queue, msg.type)
             self.log.warning(
                 "task lease expired; not writing its outcome, the recoverer will retry it",
                 **fields,
             )
-            return
-        retry_at = datetime.fromtimestamp(self.clock(), UTC) + exc.retry_in
 
-        def retry() -> Awaitable[None]:
-            return self.broker.retry(msg, retry_at, err_msg, is_failure=False)
+    async def _write_outcome(self, active: ActiveTask, outcome: Outcome) -> None:
+        """Write *outcome*; a write Redis could not take goes to the syncer."""
+        msg = active.msg
+        broker = self.broker
+        kind = outcome.kind
+        write: Callable[[], Awaitable[None]]
+        if outcome.workflow:  # acknowledged together with the workflow's hand-off
+            write = self._workflow_ack(msg, outcome.ack_mode, outcome.err_msg)
+            await self._write(active, write, "archive" if kind == "archive" else "done")
+        elif kind in ("done", "complete"):
+            complete = kind == "complete"
+            error = await self._acks.ack(msg, complete)
+            if error is not None:
+                # Handled as a failed single write: the syncer retries it with done() or
+                # mark_as_complete() when Redis was unreachable.
+                def ack() -> Awaitable[None]:
+                    return broker.mark_as_complete(msg) if complete else broker.done(msg)
 
-        await self._write(active, retry, "retry")
+                self._write_failed(active, ack, "done", error)
+                return
+            if self._debug:
+                self.log.debug("task done", **task_fields(msg))
+        elif kind == "revoke":
+            await self._write(active, partial(broker.done, msg), "done")
+        elif kind == "archive":
+            await self._write(active, partial(broker.archive, msg, outcome.err_msg), "archive")
+        else:
+            assert outcome.retry_at is not None
+            retry = partial(
+                broker.retry, msg, outcome.retry_at, outcome.err_msg,
+                is_failure=outcome.is_failure,
+            )  # fmt: skip
+            await self._write(active, retry, "retry")
+        if kind in ("complete", "archive"):
+            self._notifier.notify(msg.queue, msg.id)  # wakes result waiters
 
     async def _type_token(self, active: ActiveTask, rate: Rate) -> timedelta | None:
         """Take a token of the task type's bucket, waiting up to 1 s for a reserved one.
@@ -738,13 +713,8 @@ class Processor(Role):
             )  # fmt: skip
         if not active.lease.valid():
             return  # the recoverer takes it over
-        retry_at = datetime.fromtimestamp(self.clock(), UTC) + retry_in
         err_msg = f"asyncq: rate limit of task type {msg.type!r} ({rate}) reached; not run"
-
-        def retry() -> Awaitable[None]:
-            return self.broker.retry(msg, retry_at, err_msg, is_failure=False)
-
-        await self._write(active, retry, "retry")
+        await self._write_outcome(active, not_run(self.clock(), retry_in, err_msg))
 
     def _workflow_ack(
         self, msg: TaskMessage, mode: AckMode, err_msg: str = ""
@@ -752,7 +722,7 @@ class Processor(Role):
         """The write acknowledging a workflow step together with its hand-off."""
 
         async def write() -> None:
-            state = await ack_step(self.broker, msg, mode, err_msg)
+            state = await self.broker.ack_workflow_step(msg, mode, err_msg)
             if self._debug:
                 self.log.debug(
                     "workflow step acknowledged", workflow_state=state, **task_fields(msg)
@@ -812,10 +782,6 @@ class Processor(Role):
 
     async def cleanup(self) -> None:
         self.slots.close()
-        supervisor, self._supervisor = self._supervisor, None
-        if supervisor is not None:
-            supervisor.cancel()
-            await asyncio.wait((supervisor,))
         await self._notifier.aclose()
 
 
@@ -829,7 +795,7 @@ class _AckBatcher:
 
     __slots__ = ("_broker", "_pending", "_slots", "sending")
 
-    def __init__(self, broker: Broker, slots: asyncio.Semaphore) -> None:
+    def __init__(self, broker: WorkerBroker, slots: asyncio.Semaphore) -> None:
         self._broker = broker
         self._slots = slots
         self._pending: list[tuple[TaskMessage, bool, asyncio.Future[BaseException | None]]] = []
@@ -882,7 +848,7 @@ class _TypeTokens:
 
     __slots__ = ("_broker", "_pending", "sending")
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: WorkerBroker) -> None:
         self._broker = broker
         self._pending: dict[str, tuple[Rate, list[asyncio.Future[tuple[bool, int]]]]] = {}
         self.sending: set[asyncio.Task[None]] = set()
@@ -911,8 +877,7 @@ class _TypeTokens:
         self, task_type: str, rate: Rate, futs: list[asyncio.Future[tuple[bool, int]]]
     ) -> None:
         try:
-            waits, next_wait = await take_type_tokens(
-                self._broker,
+            waits, next_wait = await self._broker.take_type_tokens(
                 task_type,
                 len(futs),
                 interval_us=rate.interval_us,

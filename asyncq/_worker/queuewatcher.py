@@ -14,7 +14,6 @@ import fnmatch
 from collections.abc import Iterable
 from typing import ClassVar
 
-from asyncq import _keys as keys
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._worker.queueset import is_pattern
 from asyncq._worker.roles import PeriodicRole, RoleDeps
@@ -41,15 +40,14 @@ class QueueWatcher(PeriodicRole):
 
     async def tick(self) -> None:
         queue_set = self.queues
-        raw = await self.broker.redis.smembers(keys.ALL_QUEUES)
-        known = {m.decode() if isinstance(m, bytes) else str(m) for m in raw}
+        known = await self.broker.all_queues()
         plan = queue_set.plan(known)
         if not plan.added and not plan.removed:
             return
         # An ordered pattern's new queue is marked before anything fetches from it.
         for qname in sorted(plan.added):
             if any(fnmatch.fnmatchcase(qname, p) for p in self._ordered):
-                await self.broker.redis.set(keys.ordered_key(qname), "1")
+                await self.broker.mark_ordered(qname)
         queue_set.apply(plan)
         self.log.info(
             "queues matching the patterns changed",

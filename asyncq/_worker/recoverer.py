@@ -1,12 +1,22 @@
 """The recoverer role (asynq's recoverer).
 
-At start and every ``recoverer_interval`` (1 min) it finds the active tasks
-whose lease expired at least ``recoverer_cutoff`` (30 s) ago, in any of this
-server's queues and whoever ran them (a crashed worker, a lost network): each
-is archived when its retries are used up, else retried after ``retry_delay``
-with a LeaseExpiredError (``is_failure`` applies). It also moves the tasks of
-aggregation sets whose deadline passed back into their group, so an
-aggregation interrupted by a crash or a failing aggregator loses no task.
+It finds the active tasks whose lease expired at least ``recoverer_cutoff``
+(2 s) ago, in any of this server's queues and whoever ran them (a crashed
+worker, a lost network): each is archived when its retries are used up, else
+retried after ``retry_delay`` with a LeaseExpiredError (``is_failure``
+applies; the default delay for an expired lease is none). Tasks retried for
+now are forwarded to pending at once and this server's processor is woken,
+so a killed worker's tasks run again about ``recoverer_cutoff`` after their
+lease ran out. It also moves the tasks of aggregation sets whose deadline
+passed back into their group, so an aggregation interrupted by a crash or a
+failing aggregator loses no task.
+
+When it checks: at start, then at the earliest lease expiry it saw (plus the
+cutoff), and at least every ``min(recoverer_interval, lease_duration)``. A
+lease created after a check expires at least ``lease_duration`` later, so no
+lease waits longer than its expiry plus the cutoff (asynq checks every minute
+with a 30 s cutoff, so its tasks wait 60-90 s more). Each check is one script
+call per Redis node, however many queues.
 
 Two servers may race for the same task; the loser's script answers "not
 found", which is logged at debug level and skipped. A message naming another
@@ -16,19 +26,17 @@ the reason: writes keyed by its queue field would never find it.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from asyncq._broker.multiqueue import MultiQueue
-from asyncq._broker.workflow import ack_step, is_workflow_step  # [workflow hook]
 from asyncq._logging import error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker.active import ActiveTasks
-from asyncq._worker.policy import is_failure_for, retry_delay_for
+from asyncq._worker.outcome import Outcome, decide
 from asyncq._worker.roles import PeriodicRole, RoleDeps
 from asyncq.errors import LeaseExpiredError
 from asyncq.proto.asynq import TaskMessage
-from asyncq.task import Task
 
 __all__ = ["Recoverer"]
 
@@ -38,38 +46,82 @@ class Recoverer(PeriodicRole):
 
     name: ClassVar[str] = "recoverer"
 
-    def __init__(self, deps: RoleDeps, interval: float, *, active: ActiveTasks) -> None:
+    _MIN_WAIT = 0.05
+    """Seconds between two checks at least (leases are whole seconds in Redis)."""
+    _RECHECK = 1.0
+    """Seconds until the next check when an expired lease was left because its task runs
+    here (its extension has not landed yet)."""
+
+    def __init__(
+        self,
+        deps: RoleDeps,
+        interval: float,
+        *,
+        active: ActiveTasks,
+        wakeup: asyncio.Event | None = None,
+    ) -> None:
         super().__init__(deps, interval)
         self.active = active
+        self._wakeup = wakeup
+        self.next_wait = min(interval, deps.config.lease_duration)
+        """Seconds from the last check to the next one (see the module docstring)."""
+
+    async def run(self) -> None:
+        longest = min(self.interval, self.config.lease_duration)
+        while not self.stopping:
+            try:
+                await self.tick()
+            except REDIS_ERRORS as exc:
+                self.redis_error(f"{self.name} failed", exc)
+                self.next_wait = longest
+            await self.sleep(self.next_wait)
 
     async def tick(self) -> None:
         cfg = self.config
         broker = self.broker
         queues = self.queues.names()
-        now = datetime.fromtimestamp(broker.clock(), UTC)
-        cutoff = now - timedelta(seconds=cfg.recoverer_cutoff)
-        multi = MultiQueue(broker)  # all queues in one script call per Redis node
+        clock = broker.clock()
+        now = datetime.fromtimestamp(clock, UTC)
+        cutoff_s = cfg.recoverer_cutoff
+        cutoff = now - timedelta(seconds=cutoff_s)
         try:
-            await multi.reclaim_stale_aggregation_sets(queues)
+            await broker.reclaim_stale_aggregation_sets_queues(queues)
         except REDIS_ERRORS as exc:
             if is_transient(exc):
                 raise
             self.log.error("could not reclaim stale aggregation sets", error=error_text(exc))
         # Each message comes with the queue it is stored in (its own queue field may differ).
-        for qname, msg in await multi.list_lease_expired(cutoff, queues):
+        expired, earliest = await broker.scan_leases(cutoff, queues)
+        wait = min(self.interval, cfg.lease_duration)
+        if earliest is not None:
+            wait = min(wait, earliest + cutoff_s - clock)
+        recovered = left = 0
+        for qname, msg in expired:
             if self.stopping:
                 return
-            await self._recover(qname, msg, now)
+            if await self._recover(qname, msg, now):
+                recovered += 1
+            else:
+                left += 1
+        if left:
+            wait = min(wait, self._RECHECK)
+        self.next_wait = max(self._MIN_WAIT, wait)
+        if recovered:
+            # Retried for now (an expired lease's default delay is none): to pending
+            # at once rather than at the forwarder's next pass.
+            moved = await broker.forward_queues(queues)
+            if moved:
+                self.stats.forwarded += moved
+                if self._wakeup is not None:
+                    self._wakeup.set()
 
-    async def _recover(self, qname: str, msg: TaskMessage, now: datetime) -> None:
-        cfg = self.config
+    async def _recover(self, qname: str, msg: TaskMessage, now: datetime) -> bool:
+        """Retry or archive one task; False when it was left because it runs here."""
         broker = self.broker
         fields = task_fields(msg)
         local = self.active.get(msg.id)
         if local is not None and not local.abandoned and local.lease.valid():
-            return  # running here, its lease extension just has not landed yet
-        lease_exc = LeaseExpiredError()
-        err_msg = error_text(lease_exc)
+            return False  # running here, its lease extension just has not landed yet
         try:
             if msg.queue != qname:
                 # A malformed message naming another queue (or none): every write keyed
@@ -84,31 +136,45 @@ class Recoverer(PeriodicRole):
                 fixed = TaskMessage.parse(bytes(msg))
                 fixed.queue = qname
                 await broker.archive(fixed, err_msg)
-            elif msg.retried >= msg.retry:
-                self.log.warning("archiving task whose lease expired", **fields)
-                if is_workflow_step(msg):  # [workflow hook] the workflow learns of it
-                    await ack_step(broker, msg, "archive", err_msg)
-                else:
-                    await broker.archive(msg, err_msg)
             else:
-                task = Task._from_message(msg)
-                delay = retry_delay_for(cfg, self.log, msg.retried, lease_exc, task, **fields)
-                is_failure = is_failure_for(cfg, self.log, lease_exc, **fields)
-                self.log.warning(
-                    "retrying task whose lease expired", retry_in=delay.total_seconds(),
-                    **fields,
+                # The same decision as the processor's for a lease that ran out there.
+                outcome = decide(
+                    msg, LeaseExpiredError(), lease="recovering", config=self.config,
+                    now=now.timestamp(), log=self.log,
                 )  # fmt: skip
-                await broker.retry(msg, now + delay, err_msg, is_failure=is_failure)
+                await self._write(msg, outcome, now, fields)
             self.stats.recovered += 1
+            return True
         except REDIS_ERRORS as err:
             if is_transient(err):
                 raise
             # Another recoverer got there first (asynq #717).
             if is_debug_enabled(self.log):
                 self.log.debug("task already recovered elsewhere", error=error_text(err), **fields)
+            return True
         except Exception as err:
             # Whatever the broker refuses must not stop the recovery of the tasks
             # listed after it, tick after tick.
             self.log.error(
                 "could not recover task; it stays active", error=error_text(err), **fields
             )
+            return True  # tried again at the next regular check, not every second
+
+    async def _write(
+        self, msg: TaskMessage, outcome: Outcome, now: datetime, fields: dict[str, Any]
+    ) -> None:
+        broker = self.broker
+        if outcome.kind == "archive":
+            self.log.warning("archiving task whose lease expired", **fields)
+            if outcome.workflow:  # the workflow learns of it in the same script call
+                await broker.ack_workflow_step(msg, "archive", outcome.err_msg)
+            else:
+                await broker.archive(msg, outcome.err_msg)
+        elif outcome.kind == "retry" and outcome.retry_at is not None:
+            retry_in = (outcome.retry_at - now).total_seconds()
+            self.log.warning("retrying task whose lease expired", retry_in=retry_in, **fields)
+            await broker.retry(
+                msg, outcome.retry_at, outcome.err_msg, is_failure=outcome.is_failure
+            )
+        else:  # an expired lease is only ever retried or archived
+            raise AssertionError(f"unexpected outcome for an expired lease: {outcome}")

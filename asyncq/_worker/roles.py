@@ -1,8 +1,11 @@
 """Role supervision shared by the server's background roles.
 
-Every role (processor, heartbeater, forwarder, recoverer, janitor, syncer,
-healthchecker, subscriber, aggregator) is one asyncio task in the server's
-TaskGroup, running :func:`supervise` around the role's ``run()``.
+Every role (processor, heartbeater, watchdog, forwarder, recoverer, janitor,
+syncer, healthchecker, subscriber, queue watcher, aggregator: the last three
+only when configured) is one asyncio task in the server's TaskGroup, running
+:func:`supervise` around the role's ``run()``. At shutdown the server calls
+each role's :meth:`Role.drain`, waits for its task, then :meth:`Role.finish`,
+role after role in the order declared in :mod:`asyncq.server`.
 
 Crash policy: **restart with exponential backoff**. A role whose ``run()``
 raises anything but a Redis error is logged at ERROR level with its
@@ -28,7 +31,7 @@ from asyncq._logging import RateLimiter, error_text
 from asyncq._redis.errors import REDIS_ERRORS
 
 if TYPE_CHECKING:
-    from asyncq._broker import Broker
+    from asyncq._worker.broker import WorkerBroker
     from asyncq._worker.config import ServerConfig, ServerStats
     from asyncq._worker.queueset import QueueSet
 
@@ -49,7 +52,7 @@ class RoleDeps:
     the ``Server``.
     """
 
-    broker: Broker
+    broker: WorkerBroker
     config: ServerConfig
     log: Any
     stats: ServerStats
@@ -97,6 +100,16 @@ class Role:
 
     async def cleanup(self) -> None:
         """Runs once after the role stopped (flushes, clearing server state)."""
+
+    async def drain(self, grace: float, *, force: asyncio.Event) -> None:
+        """Shutdown, first step: leave the loop. The processor waits up to *grace* for
+        its handlers first (until *force* is set)."""
+        self.request_stop()
+
+    async def finish(self, *, forced: bool) -> None:
+        """Shutdown, last step, once ``run()`` returned: :meth:`cleanup`. A forced
+        shutdown (a second signal) may skip what would wait on Redis."""
+        await self.cleanup()
 
     def redis_error(self, event: str, exc: BaseException, **kw: Any) -> None:
         """Log a Redis failure, at most once per 3 s per role."""

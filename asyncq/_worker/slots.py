@@ -36,10 +36,6 @@ class Slots:
         """Slots neither held by a handler nor by a fetch in flight."""
         return self._free
 
-    @property
-    def in_use(self) -> int:
-        return self.capacity - self._free
-
     async def take_all(self) -> int:
         """Wait for a free slot, then take every free slot; 0 once :meth:`close` was called."""
         while self._free <= 0 and not self._closed:

@@ -90,6 +90,12 @@ class Syncer(PeriodicRole):
         await self.flush()
         self.close()
 
+    async def finish(self, *, forced: bool) -> None:
+        if forced:
+            self.close()  # no final flush: Redis may be what we are not waiting for
+        else:
+            await self.cleanup()
+
     def close(self) -> None:
         """Drop what is left (logged); later writes are logged and dropped at once."""
         self._closed = True

@@ -32,7 +32,6 @@ What to do about a WARNING: blocking or CPU-bound work belongs in a plain
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -41,14 +40,12 @@ from typing import Any, ClassVar
 from asyncq._broker import Broker
 from asyncq._logging import error_text, task_fields
 from asyncq._redis.connection import Connection
-from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.options import RedisTarget
 from asyncq._worker.active import RUNNING, ActiveTask, ActiveTasks
+from asyncq._worker.lease import Lease, extend_leases
 from asyncq._worker.roles import Role, RoleDeps
 
 __all__ = ["Watchdog"]
-
-_KEEP_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, ValueError)
 
 _ADVICE = (
     "an async handler blocked the event loop; move blocking or CPU-bound work into a "
@@ -68,10 +65,10 @@ class Watchdog(Role):
         active: ActiveTasks,
         threshold: float,
         keep_leases_with: Callable[[], RedisTarget] | None,
-        on_stall: Callable[[float], None] | None = None,  # [metrics hook]
+        on_stall: Callable[[float], None],
     ) -> None:
         super().__init__(deps)
-        self._on_stall = on_stall  # [metrics hook]
+        self._on_stall = on_stall
         self.active = active
         self.threshold = threshold
         self.tick = max(0.05, min(0.5, threshold / 4))
@@ -106,8 +103,7 @@ class Watchdog(Role):
         culprit, self._culprit = self._culprit, None
         self.stats.loop_stalls += 1
         self.stats.loop_stalled_seconds += blocked
-        if self._on_stall is not None:  # [metrics hook]
-            self._on_stall(blocked)  # [metrics hook]
+        self._on_stall(blocked)
         self.log.warning(
             "event loop blocked", blocked_for=round(blocked, 3), advice=_ADVICE,
             **(culprit or {"blocking": "unknown"}),
@@ -179,20 +175,15 @@ class Watchdog(Role):
 
     async def _keep_leases(self, broker: Broker) -> None:
         now = time.time()
-        by_queue: dict[str, list[ActiveTask]] = {}
+        by_queue: dict[str, list[tuple[str, Lease]]] = {}
         for act in self._running():
             if act.phase != RUNNING or act.abandoned or now >= act.deadline:
                 continue  # past its deadline a wedged task is left to the recoverer
             if act.lease.valid():
-                by_queue.setdefault(act.msg.queue, []).append(act)
-        for qname, acts in by_queue.items():
-            try:
-                expiry = await broker.extend_lease(qname, [a.msg.id for a in acts])
-            except _KEEP_ERRORS as exc:
-                self.log.warning(
-                    "could not keep leases during an event-loop stall",
-                    queue=qname, error=error_text(exc),
-                )  # fmt: skip
-                continue
-            for act in acts:
-                act.lease.extend(math.floor(expiry))
+                by_queue.setdefault(act.msg.queue, []).append((act.msg.id, act.lease))
+        # The same extension as the heartbeater's (the loop that runs it is blocked).
+        for qname, _, exc in await extend_leases(broker, by_queue):
+            self.log.warning(
+                "could not keep leases during an event-loop stall",
+                queue=qname, error=error_text(exc),
+            )  # fmt: skip

@@ -247,6 +247,35 @@ class QueuesType(_QueuesParam):
     "e.g. 25s [default: 8s].",
 )
 @click.option(
+    "--lease-duration",
+    type=DURATION,
+    metavar="DURATION",
+    help="How long a task stays leased to this worker without a heartbeat; a killed "
+    "worker's tasks run again elsewhere about this long plus --recoverer-cutoff after "
+    "the kill [default: 30s].",
+)
+@click.option(
+    "--heartbeat-interval",
+    type=DURATION,
+    metavar="DURATION",
+    help="How often the worker extends its leases and writes its state; shorter than "
+    "--lease-duration [default: 5s].",
+)
+@click.option(
+    "--recoverer-interval",
+    type=DURATION,
+    metavar="DURATION",
+    help="Longest time between two checks for expired leases; the recoverer also "
+    "checks at the earliest lease expiry [default: 1m].",
+)
+@click.option(
+    "--recoverer-cutoff",
+    type=DURATION,
+    metavar="DURATION",
+    help="How long after its expiry a lease is recovered (allowance for clock skew "
+    "between hosts) [default: 2s].",
+)
+@click.option(
     "--processes",
     "-p",
     type=click.IntRange(min=1),
@@ -295,6 +324,10 @@ def worker(
     worker_uri: str | None,
     log_level: str,
     shutdown_timeout: timedelta | None,
+    lease_duration: timedelta | None,
+    heartbeat_interval: timedelta | None,
+    recoverer_interval: timedelta | None,
+    recoverer_cutoff: timedelta | None,
     processes: int | None,
     reload: bool,
     loop: str,
@@ -333,6 +366,14 @@ def worker(
     if worker_uri is not None:
         cli.uri_flag = worker_uri
     loop_factory = _loop_factory(loop)
+    given = {
+        "shutdown_timeout": shutdown_timeout,
+        "lease_duration": lease_duration,
+        "heartbeat_interval": heartbeat_interval,
+        "recoverer_interval": recoverer_interval,
+        "recoverer_cutoff": recoverer_cutoff,
+    }
+    timings = {name: value for name, value in given.items() if value is not None}
     if processes is not None or reload:
         _supervise(
             app,
@@ -352,7 +393,7 @@ def worker(
             burst=burst,
             log_level=log_level.lower(),
             loop=loop,
-            shutdown_timeout=shutdown_timeout,
+            timings=timings,
             http_targets=http_targets,
             http_target_secret=http_target_secret,
         )
@@ -370,8 +411,7 @@ def worker(
         "rate_limits": rates or None,
         "type_rate_limits": type_rates or None,
     }
-    if shutdown_timeout is not None:
-        options["shutdown_timeout"] = shutdown_timeout
+    options.update(timings)
 
     def build(loaded: ServeMux | App[Any]) -> tuple[str, Server, ServeMux]:
         if isinstance(loaded, ServeMux):
@@ -457,7 +497,7 @@ def _supervise(
     burst: bool,
     log_level: str,
     loop: str,
-    shutdown_timeout: timedelta | None,
+    timings: dict[str, timedelta],
     http_targets: tuple[str, ...],
     http_target_secret: str | None,
 ) -> None:
@@ -480,8 +520,8 @@ def _supervise(
         argv += ["--rate-limit", rate]
     for rate in type_rate_limits:
         argv += ["--type-rate-limit", rate]
-    if shutdown_timeout is not None:
-        argv += ["--shutdown-timeout", f"{round(shutdown_timeout.total_seconds() * 1000)}ms"]
+    for name, value in timings.items():  # shutdown_timeout, lease_duration, ...
+        argv += [f"--{name.replace('_', '-')}", f"{round(value.total_seconds() * 1000)}ms"]
     if strict:
         argv.append("--strict")
     if burst:

@@ -1,0 +1,146 @@
+"""The one door from the worker's roles to Redis: the :class:`WorkerBroker` protocol.
+
+asynq's roles talk to Redis through its ``base.Broker`` interface, and its
+tests swap in ``internal/testbroker``. This protocol is asyncq's reading of
+it: exactly the calls the roles make (processor, heartbeater, recoverer,
+forwarder, janitor, syncer, aggregator, queue watcher), nothing else.
+:class:`asyncq._broker.Broker` implements it on Redis (each multi-queue call
+is one script call per Redis node); ``tests/fakebroker.py`` implements it in
+memory, with failure injection, so each role can be tested alone.
+
+What the roles do not get here: the Redis client itself. The subscriber gets
+its Pub/Sub connection, the health checker a ``ping`` and the watchdog a
+connection factory, each from the server; the processor's completion
+notifier is given to it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from asyncq._broker.multiqueue import FetchResult
+    from asyncq._broker.workflow import AckMode
+    from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
+
+__all__ = ["WorkerBroker"]
+
+
+class WorkerBroker(Protocol):
+    """What the worker's roles call on the broker; see the module docstring."""
+
+    clock: Callable[[], float]
+    """The current unix time in seconds; every "now" of every call comes from it."""
+    lease_duration: float
+    """Seconds a dequeue or an extension leases a task for."""
+
+    # -- processor --------------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        qnames: Sequence[str],
+        count: int,
+        *,
+        strict: bool = False,
+        max_bytes: int | None = None,
+        first_free: bool = True,
+        limits: Mapping[str, tuple[int, ...]] | None = None,
+    ) -> FetchResult:
+        """Take up to *count* tasks from *qnames* in order, each with its own lease."""
+        ...
+
+    async def ack_many(
+        self, items: Sequence[tuple[TaskMessage, bool]]
+    ) -> Sequence[Exception | None]:
+        """Done (False) or MarkAsComplete (True) for many tasks; one result per item."""
+        ...
+
+    async def done(self, msg: TaskMessage) -> None: ...
+
+    async def mark_as_complete(self, msg: TaskMessage) -> None: ...
+
+    async def requeue(self, msg: TaskMessage) -> None: ...
+
+    async def retry(
+        self, msg: TaskMessage, process_at: datetime, err_msg: str, *, is_failure: bool
+    ) -> None: ...
+
+    async def archive(self, msg: TaskMessage, err_msg: str) -> None: ...
+
+    async def ack_workflow_step(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> str:
+        """Acknowledge a workflow step with its hand-off; the workflow's state after."""
+        ...
+
+    async def take_type_tokens(
+        self, task_type: str, count: int, *, interval_us: int, burst: int, max_wait_us: int
+    ) -> tuple[list[int], int]:
+        """Up to *count* tokens of the type's bucket: waits of those taken, wait for the next."""
+        ...
+
+    async def write_result(self, qname: str, task_id: str, data: bytes) -> int: ...
+
+    # -- forwarder, recoverer, janitor ------------------------------------------------------
+
+    async def forward_queues(self, qnames: Sequence[str]) -> int:
+        """Move due scheduled and retry tasks to pending (or their group); how many."""
+        ...
+
+    async def scan_leases(
+        self, cutoff: datetime, qnames: Sequence[str]
+    ) -> tuple[list[tuple[str, TaskMessage]], float | None]:
+        """Tasks whose lease expired by *cutoff* (with the queue storing them), and the
+        earliest lease expiry after it."""
+        ...
+
+    async def reclaim_stale_aggregation_sets_queues(self, qnames: Sequence[str]) -> None: ...
+
+    async def delete_expired_completed_queues(
+        self, qnames: Sequence[str], batch_size: int = 100
+    ) -> int: ...
+
+    # -- heartbeater ------------------------------------------------------------------------
+
+    async def extend_lease(self, qname: str, task_ids: Sequence[str]) -> float:
+        """Extend the leases of *task_ids*; the new expiry (unix s)."""
+        ...
+
+    async def write_server_state(
+        self,
+        info: ServerInfo,
+        workers: Sequence[WorkerInfo],
+        ttl: float,
+        *,
+        type_rates: Mapping[str, str] | None = None,
+    ) -> None: ...
+
+    async def clear_server_state(self, host: str, pid: int, server_id: str) -> None: ...
+
+    # -- aggregator -------------------------------------------------------------------------
+
+    async def list_groups(self, qname: str) -> list[str]: ...
+
+    async def aggregation_check(  # noqa: PLR0917 - asynq's AggregationCheck signature
+        self,
+        qname: str,
+        group: str,
+        t: datetime,
+        grace_period: float,
+        max_delay: float,
+        max_size: int,
+    ) -> str | None: ...
+
+    async def read_aggregation_set(
+        self, qname: str, group: str, set_id: str
+    ) -> tuple[list[TaskMessage], datetime]: ...
+
+    async def delete_aggregation_set(self, qname: str, group: str, set_id: str) -> None: ...
+
+    # -- queue watcher ----------------------------------------------------------------------
+
+    async def all_queues(self) -> set[str]:
+        """The queue names in ``asynq:queues``."""
+        ...
+
+    async def mark_ordered(self, qname: str) -> None: ...

@@ -1,0 +1,373 @@
+"""An in-memory :class:`~asyncq._worker.broker.WorkerBroker` with failure injection.
+
+asyncq's reading of asynq's ``internal/testbroker``: the same task life (pending
+-> active with a lease -> done / completed / retry / archived / pending again)
+kept in dicts, a clock the test moves, and three ways to make it fail:
+
+* :meth:`FakeBroker.fail` makes the next *times* calls of one method raise (a
+  Redis connection error by default, or any exception given);
+* :meth:`FakeBroker.down` / :meth:`FakeBroker.up` make every call raise a
+  connection error until it is up again (asynq's testbroker "sleep");
+* :meth:`FakeBroker.hold` makes calls of one method wait until released, so a
+  test can act while a write is in flight.
+
+Every call is recorded in :attr:`FakeBroker.calls` as ``(method, detail)``.
+It is a model for testing the roles alone, not a second broker: the Redis tests
+check the real scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from asyncq._broker import DequeuedTask
+from asyncq._broker.multiqueue import FetchResult
+from asyncq._broker.workflow import AckMode
+from asyncq.errors import TaskNotFoundError
+from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
+
+__all__ = ["FakeBroker", "StoredTask"]
+
+
+@dataclass
+class StoredTask:
+    """A task as the fake stores it: its message, state and the score of its set."""
+
+    msg: TaskMessage
+    state: str
+    score: float = 0.0
+    result: bytes | None = None
+    error: str = ""
+
+
+@dataclass
+class _Hold:
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: int = 0
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class FakeBroker:
+    """The worker's broker in memory; see the module docstring."""
+
+    def __init__(self, *, now: float = 1_700_000_000.0, lease_duration: float = 30.0) -> None:
+        self.now = now
+        self.lease_duration = lease_duration
+        self.tasks: dict[str, StoredTask] = {}
+        self.pending: dict[str, list[str]] = defaultdict(list)  # index 0 is dequeued first
+        self.leases: dict[str, float] = {}
+        self.tokens: dict[str, int] = defaultdict(lambda: 1_000_000)
+        self.processed = 0
+        self.failed = 0
+        self.servers: dict[str, tuple[ServerInfo, list[WorkerInfo]]] = {}
+        self.groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+        self.sets: dict[tuple[str, str, str], list[str]] = {}
+        self.queues: set[str] = set()
+        self.ordered: set[str] = set()
+        self.calls: list[tuple[str, Any]] = []
+        self._failures: dict[str, list[BaseException]] = defaultdict(list)
+        self._down = False
+        self._holds: dict[str, _Hold] = {}
+        self._ids = itertools.count(1)
+
+    # -- the test's controls -----------------------------------------------------------------
+
+    def clock(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def fail(self, method: str, exc: BaseException | None = None, *, times: int = 1) -> None:
+        """The next *times* calls of *method* raise *exc* (a connection error by default)."""
+        for _ in range(times):
+            self._failures[method].append(exc or RedisConnectionError(f"fake {method} failed"))
+
+    def down(self) -> None:
+        """Every call raises a connection error until :meth:`up`."""
+        self._down = True
+
+    def up(self) -> None:
+        self._down = False
+
+    def hold(self, method: str) -> _Hold:
+        """Calls of *method* wait until ``hold.release`` is set; ``hold.arrived`` once one waits."""
+        hold = self._holds[method] = _Hold()
+        return hold
+
+    def called(self, method: str) -> list[Any]:
+        return [detail for name, detail in self.calls if name == method]
+
+    async def _enter(self, method: str, detail: Any = None) -> None:
+        self.calls.append((method, detail))
+        hold = self._holds.get(method)
+        if hold is not None and not hold.release.is_set():
+            hold.waiting += 1
+            hold.arrived.set()
+            await hold.release.wait()
+        if self._down:
+            raise RedisConnectionError("fake broker is down")
+        failures = self._failures.get(method)
+        if failures:
+            raise failures.pop(0)
+
+    # -- seeding and reading -------------------------------------------------------------------
+
+    def enqueue(self, msg: TaskMessage) -> TaskMessage:
+        if not msg.id:
+            msg.id = f"t{next(self._ids)}"
+        self.tasks[msg.id] = StoredTask(msg, "pending")
+        self.pending[msg.queue].append(msg.id)
+        self.queues.add(msg.queue)
+        return msg
+
+    def state(self, task_id: str) -> str | None:
+        stored = self.tasks.get(task_id)
+        return None if stored is None else stored.state
+
+    def _active(self, msg: TaskMessage) -> StoredTask:
+        stored = self.tasks.get(msg.id)
+        if stored is None or stored.state != "active" or msg.id not in self.leases:
+            raise TaskNotFoundError(msg.queue, msg.id)
+        del self.leases[msg.id]
+        return stored
+
+    # -- processor -----------------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        qnames: Sequence[str],
+        count: int,
+        *,
+        strict: bool = False,
+        max_bytes: int | None = None,
+        first_free: bool = True,
+        limits: Mapping[str, tuple[int, ...]] | None = None,
+    ) -> FetchResult:
+        await self._enter("fetch", count)
+        got: list[DequeuedTask] = []
+        empty: set[str] = set()
+        expiry = self.now + self.lease_duration
+        for q in qnames:
+            ids = self.pending[q]
+            while ids and len(got) < count:
+                tid = ids.pop(0)
+                stored = self.tasks[tid]
+                stored.state = "active"
+                self.leases[tid] = float(int(expiry))
+                got.append(DequeuedTask(stored.msg, expiry))
+            if not ids:
+                empty.add(q)
+        return FetchResult(got, empty)
+
+    async def ack_many(
+        self, items: Sequence[tuple[TaskMessage, bool]]
+    ) -> Sequence[Exception | None]:
+        await self._enter("ack_many", [(m.id, c) for m, c in items])
+        out: list[Exception | None] = []
+        for msg, complete in items:
+            try:
+                self._finish(msg, complete)
+            except TaskNotFoundError as exc:
+                out.append(exc)
+            else:
+                out.append(None)
+        return out
+
+    def _finish(self, msg: TaskMessage, complete: bool) -> None:
+        stored = self._active(msg)
+        self.processed += 1
+        if complete:
+            stored.state, stored.score = "completed", self.now + msg.retention
+        else:
+            del self.tasks[msg.id]
+
+    async def done(self, msg: TaskMessage) -> None:
+        await self._enter("done", msg.id)
+        self._finish(msg, False)
+
+    async def mark_as_complete(self, msg: TaskMessage) -> None:
+        await self._enter("mark_as_complete", msg.id)
+        self._finish(msg, True)
+
+    async def requeue(self, msg: TaskMessage) -> None:
+        await self._enter("requeue", msg.id)
+        stored = self._active(msg)
+        stored.state = "pending"
+        self.pending[msg.queue].insert(0, msg.id)
+
+    async def retry(
+        self, msg: TaskMessage, process_at: datetime, err_msg: str, *, is_failure: bool
+    ) -> None:
+        await self._enter("retry", (msg.id, process_at.timestamp(), err_msg, is_failure))
+        stored = self._active(msg)
+        if is_failure:
+            stored.msg.retried += 1
+            self.processed += 1
+            self.failed += 1
+        stored.state, stored.score, stored.error = "retry", process_at.timestamp(), err_msg
+
+    async def archive(self, msg: TaskMessage, err_msg: str) -> None:
+        await self._enter("archive", (msg.id, err_msg))
+        stored = self._active(msg)
+        self.processed += 1
+        self.failed += 1
+        stored.state, stored.score, stored.error = "archived", self.now, err_msg
+
+    async def ack_workflow_step(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> str:
+        await self._enter("ack_workflow_step", (msg.id, mode))
+        if mode == "archive":
+            stored = self._active(msg)
+            stored.state, stored.error = "archived", err_msg
+        else:
+            self._finish(msg, mode == "complete")
+        return "running"
+
+    async def take_type_tokens(
+        self, task_type: str, count: int, *, interval_us: int, burst: int, max_wait_us: int
+    ) -> tuple[list[int], int]:
+        await self._enter("take_type_tokens", (task_type, count))
+        n = min(count, self.tokens[task_type])
+        self.tokens[task_type] -= n
+        return [0] * n, (0 if n == count else interval_us)
+
+    async def write_result(self, qname: str, task_id: str, data: bytes) -> int:
+        await self._enter("write_result", task_id)
+        self.tasks[task_id].result = data
+        return len(data)
+
+    # -- forwarder, recoverer, janitor -----------------------------------------------------------
+
+    async def forward_queues(self, qnames: Sequence[str]) -> int:
+        await self._enter("forward_queues", list(qnames))
+        moved = 0
+        for stored in self.tasks.values():
+            msg = stored.msg
+            due = stored.state in ("retry", "scheduled") and stored.score <= self.now
+            if due and msg.queue in qnames:
+                stored.state = "pending"
+                self.pending[msg.queue].append(msg.id)
+                moved += 1
+        return moved
+
+    async def scan_leases(
+        self, cutoff: datetime, qnames: Sequence[str]
+    ) -> tuple[list[tuple[str, TaskMessage]], float | None]:
+        await self._enter("scan_leases", cutoff.timestamp())
+        cut = cutoff.timestamp()
+        expired: list[tuple[str, TaskMessage]] = []
+        later: list[float] = []
+        for tid, expiry in self.leases.items():
+            msg = self.tasks[tid].msg
+            if msg.queue not in qnames:
+                continue
+            if expiry <= cut:
+                expired.append((msg.queue, msg))
+            else:
+                later.append(expiry)
+        return expired, min(later, default=None)
+
+    async def reclaim_stale_aggregation_sets_queues(self, qnames: Sequence[str]) -> None:
+        await self._enter("reclaim_stale_aggregation_sets_queues", list(qnames))
+
+    async def delete_expired_completed_queues(
+        self, qnames: Sequence[str], batch_size: int = 100
+    ) -> int:
+        await self._enter("delete_expired_completed_queues", (list(qnames), batch_size))
+        gone = [
+            tid
+            for tid, s in self.tasks.items()
+            if s.state == "completed" and s.score <= self.now and s.msg.queue in qnames
+        ]
+        for tid in gone:
+            del self.tasks[tid]
+        return len(gone)
+
+    # -- heartbeater -------------------------------------------------------------------------------
+
+    async def extend_lease(self, qname: str, task_ids: Sequence[str]) -> float:
+        await self._enter("extend_lease", (qname, list(task_ids)))
+        expiry = self.now + self.lease_duration
+        for tid in task_ids:
+            if tid in self.leases:
+                self.leases[tid] = float(int(expiry))
+        return expiry
+
+    async def write_server_state(
+        self,
+        info: ServerInfo,
+        workers: Sequence[WorkerInfo],
+        ttl: float,
+        *,
+        type_rates: Mapping[str, str] | None = None,
+    ) -> None:
+        await self._enter("write_server_state", len(workers))
+        self.servers[info.server_id] = (info, list(workers))
+
+    async def clear_server_state(self, host: str, pid: int, server_id: str) -> None:
+        await self._enter("clear_server_state", server_id)
+        self.servers.pop(server_id, None)
+
+    # -- aggregator --------------------------------------------------------------------------------
+
+    def add_to_group(self, msg: TaskMessage, group: str) -> None:
+        self.tasks[msg.id] = StoredTask(msg, "aggregating", self.now)
+        self.groups[msg.queue, group].append(msg.id)
+
+    async def list_groups(self, qname: str) -> list[str]:
+        await self._enter("list_groups", qname)
+        return sorted(g for (q, g), ids in self.groups.items() if q == qname and ids)
+
+    async def aggregation_check(
+        self,
+        qname: str,
+        group: str,
+        t: datetime,
+        grace_period: float,
+        max_delay: float,
+        max_size: int,
+    ) -> str | None:
+        await self._enter("aggregation_check", (qname, group))
+        ids = self.groups[qname, group]
+        newest = max((self.tasks[i].score for i in ids), default=None)
+        ready = bool(ids) and (
+            (max_size and len(ids) >= max_size)
+            or (newest is not None and newest <= t.timestamp() - grace_period)
+        )
+        if not ready:
+            return None
+        set_id = f"set{next(self._ids)}"
+        self.sets[qname, group, set_id] = list(ids)
+        ids.clear()
+        return set_id
+
+    async def read_aggregation_set(
+        self, qname: str, group: str, set_id: str
+    ) -> tuple[list[TaskMessage], datetime]:
+        await self._enter("read_aggregation_set", set_id)
+        ids = self.sets[qname, group, set_id]
+        deadline = datetime.fromtimestamp(self.now + 120, UTC)
+        return [self.tasks[i].msg for i in ids], deadline
+
+    async def delete_aggregation_set(self, qname: str, group: str, set_id: str) -> None:
+        await self._enter("delete_aggregation_set", set_id)
+        for tid in self.sets.pop((qname, group, set_id), []):
+            self.tasks.pop(tid, None)
+
+    # -- queue watcher ---------------------------------------------------------------------------
+
+    async def all_queues(self) -> set[str]:
+        await self._enter("all_queues")
+        return set(self.queues)
+
+    async def mark_ordered(self, qname: str) -> None:
+        await self._enter("mark_ordered", qname)
+        self.ordered.add(qname)

@@ -1,0 +1,562 @@
+"""Each worker role alone, on the in-memory broker of tests/fakebroker.py (no Redis).
+
+The failure paths the Redis tests can only reach with a killed server or a
+patched method: a write that fails, a lease lost mid-handler, a cancel racing
+completion, shutdown while a write is in flight, a broker that is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+import pytest
+import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from asyncq._worker.active import ActiveTask, ActiveTasks
+from asyncq._worker.aggregator import GroupAggregatorRole
+from asyncq._worker.config import ServerStats
+from asyncq._worker.forwarder import Forwarder
+from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
+from asyncq._worker.janitor import Janitor
+from asyncq._worker.lease import Lease
+from asyncq._worker.processor import Processor
+from asyncq._worker.queueset import QueueSet
+from asyncq._worker.queuewatcher import QueueWatcher
+from asyncq._worker.recoverer import Recoverer
+from asyncq._worker.roles import RoleDeps
+from asyncq._worker.syncer import Syncer
+from asyncq.errors import TaskCanceledError, TaskNotFoundError
+from asyncq.proto.asynq import TaskMessage
+from asyncq.server import Server
+from asyncq.task import Task, TaskInfo
+from tests.fakebroker import FakeBroker
+from tests.helpers import wait_until
+
+Q = "default"
+
+
+def message(task_type: str = "t", **fields: Any) -> TaskMessage:
+    base: dict[str, Any] = {"type": task_type, "queue": Q, "retry": 3, "timeout": 60}
+    return TaskMessage(**{**base, **fields})
+
+
+def role_deps(fake: FakeBroker, **options: Any) -> RoleDeps:
+    config = Server("redis://127.0.0.1:9/0", **options).config  # validated; never connects
+    return RoleDeps(
+        broker=fake,  # type: ignore[arg-type]
+        config=config,
+        log=structlog.get_logger("test"),
+        stats=ServerStats(),
+        queues=QueueSet(config.queues),
+    )
+
+
+class Notifier:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def notify(self, queue: str, task_id: str) -> None:
+        self.sent.append(task_id)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class Deferred:
+    """Records the writes the processor hands to the syncer."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+
+    def __call__(
+        self, write: Callable[[], Awaitable[None]], *, deadline: float, what: str, msg: TaskMessage
+    ) -> None:
+        self.writes.append((what, write))
+
+
+class Running:
+    """A processor on a fake broker, its fetch loop running in the test's task group."""
+
+    def __init__(
+        self,
+        fake: FakeBroker,
+        handler: Callable[[Task], Coroutine[Any, Any, None]],
+        **options: Any,
+    ) -> None:
+        self.fake = fake
+        self.deps = role_deps(fake, **{"shutdown_timeout": timedelta(seconds=2), **options})
+        self.active = ActiveTasks()
+        self.deferred = Deferred()
+        self.notifier = Notifier()
+        self.processor = Processor(
+            self.deps,
+            handler=handler,
+            active=self.active,
+            wakeup=asyncio.Event(),
+            defer_write=self.deferred,
+            on_burst_done=lambda: None,
+            notifier=self.notifier,
+        )
+        self.loop_task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Running:
+        self.loop_task = asyncio.create_task(self.processor.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.processor.drain(1.0)
+        assert self.loop_task is not None
+        await asyncio.wait_for(self.loop_task, 5)
+        await self.processor.cleanup()
+
+
+# -- processor -----------------------------------------------------------------------------------
+
+
+async def test_processor_acknowledges_successes_in_one_call() -> None:
+    fake = FakeBroker()
+    ids = [fake.enqueue(message()).id for _ in range(3)]
+    ran: list[str] = []
+
+    async def handler(task: Task) -> None:
+        ran.append(task.id or "")
+
+    async with Running(fake, handler, concurrency=5) as run:
+        await wait_until(lambda: not fake.tasks, what="all acknowledged")
+    assert sorted(ran) == sorted(ids)
+    assert fake.processed == 3
+    assert [sorted(i for i, _ in batch) for batch in fake.called("ack_many")] == [sorted(ids)]
+    assert run.processor.stats.succeeded == 3
+    assert not run.deferred.writes
+
+
+async def test_processor_hands_a_failed_outcome_write_to_the_syncer() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    fake.fail("retry")
+
+    async def handler(task: Task) -> None:
+        raise ValueError("boom")
+
+    async with Running(fake, handler) as run:
+        await wait_until(lambda: run.deferred.writes, what="write deferred")
+        assert fake.state(msg.id) == "active"  # nothing written yet
+        ((what, write),) = run.deferred.writes
+        assert what == "retry"
+        await write()  # what the syncer does once Redis answers again
+    stored = fake.tasks[msg.id]
+    assert (stored.state, stored.msg.retried, stored.error) == ("retry", 1, "ValueError: boom")
+
+
+async def test_processor_hands_a_failed_acknowledgement_to_the_syncer() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    fake.fail("ack_many")
+
+    async def handler(task: Task) -> None:
+        return None
+
+    async with Running(fake, handler) as run:
+        await wait_until(lambda: run.deferred.writes, what="write deferred")
+        ((what, write),) = run.deferred.writes
+        assert what == "done"
+        await write()
+    assert msg.id not in fake.tasks
+    assert fake.called("done") == [msg.id]
+
+
+async def test_processor_writes_nothing_when_the_lease_is_lost_mid_handler() -> None:
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message())
+    started = asyncio.Event()
+    cancelled: list[BaseException] = []
+
+    async def handler(task: Task) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError as exc:
+            cancelled.append(exc)
+            raise
+
+    async with Running(fake, handler) as run:
+        await asyncio.wait_for(started.wait(), 5)
+        beat = Heartbeater(
+            run.deps,
+            5.0,
+            active=run.active,
+            identity=ServerIdentity("h", 1, "s"),
+            status=lambda: "active",
+            started_at=lambda: None,
+        )
+        fake.advance(31)  # past the local lease: the next beat declares it expired
+        await beat.tick()
+        await wait_until(lambda: not run.active, what="handler cancelled and released")
+    assert cancelled
+    assert run.processor.stats.failed == 1
+    assert fake.state(msg.id) == "active"  # left to the recoverer
+    assert not fake.called("retry") and not fake.called("archive")
+    assert fake.called("extend_lease") == []  # an expired lease is never extended
+
+
+async def test_a_cancel_arriving_while_the_success_is_written_changes_nothing() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    ack = fake.hold("ack_many")
+
+    async def handler(task: Task) -> None:
+        return None
+
+    async with Running(fake, handler) as run:
+        await asyncio.wait_for(ack.arrived.wait(), 5)
+        # The handler has returned and its acknowledgement is in flight.
+        assert run.active.cancel(msg.id, TaskCanceledError()) is None
+        ack.release.set()
+        await wait_until(lambda: msg.id not in fake.tasks, what="acknowledged")
+    assert run.processor.stats.succeeded == 1 and run.processor.stats.failed == 0
+    assert not fake.called("retry")
+
+
+async def test_a_cancel_before_the_handler_returns_is_a_retried_failure() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    started = asyncio.Event()
+
+    async def handler(task: Task) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    async with Running(fake, handler) as run:
+        await asyncio.wait_for(started.wait(), 5)
+        assert run.active.cancel(msg.id, TaskCanceledError()) is not None
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+    assert fake.tasks[msg.id].msg.retried == 1
+
+
+async def test_shutdown_waits_for_an_acknowledgement_in_flight() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    ack = fake.hold("ack_many")
+
+    async def handler(task: Task) -> None:
+        return None
+
+    run = Running(fake, handler)
+    async with run:
+        await asyncio.wait_for(ack.arrived.wait(), 5)
+        drain = asyncio.create_task(run.processor.drain(1.0))
+        await asyncio.sleep(0.05)
+        assert not drain.done()  # the slot is held until the outcome is written
+        ack.release.set()
+        await asyncio.wait_for(drain, 5)
+    assert msg.id not in fake.tasks
+    assert not fake.called("requeue")
+
+
+async def test_shutdown_requeues_what_still_runs_after_the_grace() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    started = asyncio.Event()
+
+    async def handler(task: Task) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    run = Running(fake, handler)
+    async with run:
+        await asyncio.wait_for(started.wait(), 5)
+        await run.processor.drain(0.05)
+    assert fake.called("requeue") == [msg.id]
+    assert fake.state(msg.id) == "pending" and fake.pending[Q] == [msg.id]
+    assert run.processor.stats.requeued == 1
+
+
+async def test_processor_survives_a_broker_that_is_down() -> None:
+    fake = FakeBroker()
+    fake.down()
+    msg = fake.enqueue(message())
+
+    async def handler(task: Task) -> None:
+        return None
+
+    async with Running(fake, handler) as run:
+        await wait_until(lambda: run.processor.stats.fetch_errors >= 2, what="fetches failed")
+        fake.up()
+        await wait_until(lambda: msg.id not in fake.tasks, what="processed once up")
+
+
+# -- heartbeater ---------------------------------------------------------------------------------
+
+
+async def test_heartbeater_extends_live_leases_and_survives_a_failed_extension() -> None:
+    fake = FakeBroker(lease_duration=30)
+    started = asyncio.Event()
+
+    async def handler(task: Task) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    msg = fake.enqueue(message())
+    async with Running(fake, handler) as run:
+        await asyncio.wait_for(started.wait(), 5)
+        beat = Heartbeater(
+            run.deps,
+            5.0,
+            active=run.active,
+            identity=ServerIdentity("h", 1, "s1"),
+            status=lambda: "active",
+            started_at=lambda: None,
+        )
+        fake.advance(10)
+        fake.fail("extend_lease")
+        await beat.tick()  # logged, not raised; the server state is still written
+        assert fake.servers["s1"][1][0].task_id == msg.id
+        assert run.active[msg.id].lease.valid()
+        await beat.tick()
+        assert fake.leases[msg.id] == int(fake.now + 30)
+        assert run.active[msg.id].lease.expires_at == int(fake.now + 30)
+        await beat.cleanup()
+        assert "s1" not in fake.servers
+
+
+# -- recoverer -----------------------------------------------------------------------------------
+
+
+async def test_recoverer_retries_now_archives_exhausted_and_forwards_at_once() -> None:
+    fake = FakeBroker(lease_duration=30)
+    alive = fake.enqueue(message())
+    exhausted = fake.enqueue(message(retried=3))
+    await fake.fetch([Q], 2)  # a worker took them, then died
+    wakeup = asyncio.Event()
+    deps = role_deps(fake)
+    rec = Recoverer(deps, 60.0, active=ActiveTasks(), wakeup=wakeup)
+    fake.advance(31)  # expired 1 s ago: within the 2 s cutoff
+    await rec.tick()
+    assert fake.state(alive.id) == "active" and not wakeup.is_set()
+    fake.advance(2)
+    await rec.tick()
+    ((tid, retry_at, err, is_failure),) = fake.called("retry")
+    assert (tid, err, is_failure) == (alive.id, "asynq: task lease expired", True)
+    assert retry_at <= fake.now  # an expired lease is retried at once by default
+    assert fake.state(alive.id) == "pending"  # and forwarded by the recoverer itself
+    assert fake.tasks[alive.id].msg.retried == 1
+    assert fake.state(exhausted.id) == "archived"
+    assert wakeup.is_set()
+    assert deps.stats.recovered == 2
+
+
+async def test_recoverer_wakes_at_the_earliest_lease_expiry_plus_the_cutoff() -> None:
+    fake = FakeBroker(lease_duration=30)
+    deps = role_deps(fake, recoverer_cutoff=timedelta(seconds=2))
+    rec = Recoverer(deps, 60.0, active=ActiveTasks())
+    await rec.tick()
+    assert rec.next_wait == 30  # nothing active: at least once per lease duration
+    fake.enqueue(message())
+    await fake.fetch([Q], 1)  # lease = now + 30
+    fake.advance(12)
+    await rec.tick()
+    assert rec.next_wait == pytest.approx(30 - 12 + 2)
+
+
+async def test_recoverer_leaves_a_task_running_here_and_checks_again_soon() -> None:
+    fake = FakeBroker(lease_duration=30)
+    fake.enqueue(message())
+    (got,) = (await fake.fetch([Q], 1)).tasks
+    active = ActiveTasks()
+    fake.advance(40)
+    # Running here with a valid local lease: its extension has not reached Redis yet.
+    lease = Lease(fake.now + 20, clock=fake.clock)
+    active[got.message.id] = ActiveTask(got.message, lease, fake.now + 60, fake.now)
+    rec = Recoverer(role_deps(fake), 60.0, active=active)
+    await rec.tick()
+    assert not fake.called("retry")
+    assert rec.next_wait == 1.0
+
+
+async def test_recoverer_losing_a_race_and_a_broker_down() -> None:
+    fake = FakeBroker(lease_duration=30)
+    fake.enqueue(message())
+    await fake.fetch([Q], 1)
+    deps = role_deps(fake)
+    rec = Recoverer(deps, 60.0, active=ActiveTasks())
+    fake.advance(40)
+    fake.fail("retry", TaskNotFoundError(Q, "x"))  # another server recovered it first
+    await rec.tick()
+    assert deps.stats.recovered == 0
+    fake.down()
+    with pytest.raises(RedisConnectionError):
+        await rec.tick()  # left to run(), which logs it and checks again later
+
+
+# -- forwarder, janitor, syncer, queue watcher --------------------------------------------------
+
+
+async def test_forwarder_moves_due_tasks_and_wakes_the_processor() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    await fake.fetch([Q], 1)
+    await fake.retry(msg, datetime.fromtimestamp(fake.now + 10, UTC), "e", is_failure=True)
+    wakeup = asyncio.Event()
+    fwd = Forwarder(role_deps(fake), 5.0, wakeup=wakeup)
+    await fwd.tick()
+    assert fake.state(msg.id) == "retry" and not wakeup.is_set()
+    fake.advance(10)
+    await fwd.tick()
+    assert fake.state(msg.id) == "pending" and wakeup.is_set()
+
+
+async def test_janitor_deletes_completed_tasks_past_their_retention() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message(retention=60))
+    await fake.fetch([Q], 1)
+    await fake.mark_as_complete(msg)
+    deps = role_deps(fake)
+    janitor = Janitor(deps, 8.0)
+    await janitor.tick()
+    assert fake.state(msg.id) == "completed"
+    fake.advance(61)
+    await janitor.tick()
+    assert msg.id not in fake.tasks and deps.stats.janitor_deleted == 1
+
+
+async def test_syncer_retries_until_the_lease_deadline_then_drops() -> None:
+    fake = FakeBroker()
+    kept = fake.enqueue(message())
+    dropped = fake.enqueue(message())
+    await fake.fetch([Q], 2)
+    syncer = Syncer(role_deps(fake), 5.0)
+    fake.down()
+
+    def done(msg: TaskMessage) -> Callable[[], Awaitable[None]]:
+        return lambda: fake.done(msg)
+
+    syncer.add(done(kept), deadline=fake.now + 30, what="done", msg=kept)
+    syncer.add(done(dropped), deadline=fake.now + 5, what="done", msg=dropped)
+    await syncer.flush()
+    assert len(syncer.pending) == 2
+    fake.up()
+    fake.advance(10)
+    await syncer.flush()
+    assert not syncer.pending
+    assert kept.id not in fake.tasks  # written once Redis answered
+    assert fake.state(dropped.id) == "active"  # past its lease: left to the recoverer
+
+
+async def test_queue_watcher_serves_new_matches_and_marks_ordered_ones() -> None:
+    fake = FakeBroker()
+    fake.queues |= {"tenant:a", "other"}
+    deps = role_deps(fake, queues={"tenant:*": 1})
+    wakeup = asyncio.Event()
+    watcher = QueueWatcher(deps, 1.0, wakeup=wakeup, ordered=["tenant:*"])
+    await watcher.tick()
+    assert deps.queues.names() == ["tenant:a"]
+    assert fake.ordered == {"tenant:a"} and wakeup.is_set()
+
+
+# -- aggregator ----------------------------------------------------------------------------------
+
+
+async def test_aggregator_enqueues_the_aggregate_and_keeps_the_set_when_that_fails() -> None:
+    fake = FakeBroker()
+    for i in range(2):
+        fake.add_to_group(message(payload=b"%d" % i, id=f"g{i}"), "grp")
+    enqueued: list[Task] = []
+    failing = [True]
+
+    async def enqueue(task: Task, queue: str) -> TaskInfo:
+        if failing[0]:
+            raise RedisConnectionError("down")
+        enqueued.append(task)
+        msg = TaskMessage(id="agg", type=task.type, queue=queue)
+        return TaskInfo.from_message(msg, "pending", None)
+
+    def aggregate(group: str, tasks: list[Task]) -> Task:
+        return Task("joined", b",".join(t.payload or b"" for t in tasks))
+
+    deps = role_deps(fake, group_aggregator=aggregate, group_grace_period=timedelta(seconds=1))
+    role = GroupAggregatorRole(deps, 1.0, enqueue=enqueue)
+    fake.advance(2)
+    await role.tick()
+    await role.cleanup()
+    assert deps.stats.aggregation_errors == 1
+    assert len(fake.sets) == 1  # staged, reclaimed later by the recoverer
+    failing[0] = False
+    ((q, g, set_id),) = fake.sets
+    await role._aggregate(q, g, set_id)
+    assert [t.payload for t in enqueued] == [b"0,1"]
+    assert not fake.sets and deps.stats.aggregated == 1
+
+
+async def test_syncer_finish_flushes_unless_the_shutdown_is_forced() -> None:
+    fake = FakeBroker()
+    first = fake.enqueue(message())
+    second = fake.enqueue(message())
+    await fake.fetch([Q], 2)
+    for forced, msg in ((False, first), (True, second)):
+        syncer = Syncer(role_deps(fake), 5.0)
+        syncer.add(partial(fake.done, msg), deadline=fake.now + 30, what="done", msg=msg)
+        await syncer.finish(forced=forced)
+        assert not syncer.pending
+    assert first.id not in fake.tasks  # flushed at a graceful shutdown
+    assert fake.state(second.id) == "active"  # dropped: left to the recoverer
+    assert fake.called("done") == [first.id]
+
+
+def test_every_role_has_a_place_in_the_shutdown_order() -> None:
+    from asyncq._worker.healthchecker import HealthChecker
+    from asyncq._worker.subscriber import Subscriber
+    from asyncq._worker.watchdog import Watchdog
+    from asyncq.server import SHUTDOWN_ORDER
+
+    roles = [
+        Processor, Heartbeater, Watchdog, Forwarder, Recoverer, Janitor, Syncer,
+        Subscriber, HealthChecker, QueueWatcher, GroupAggregatorRole,
+    ]  # fmt: skip
+    assert sorted(r.name for r in roles) == sorted(SHUTDOWN_ORDER)
+
+
+async def test_a_failed_type_rate_token_call_puts_the_task_back_unrun() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message("api"))
+    fake.fail("take_type_tokens")
+    ran: list[str] = []
+
+    async def handler(task: Task) -> None:
+        ran.append(task.id or "")
+
+    async with Running(fake, handler, type_rate_limits={"api": "10/s"}) as run:
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="rescheduled")
+    assert ran == []
+    ((_, retry_at, _, is_failure),) = fake.called("retry")
+    assert retry_at == fake.now + 1 and is_failure is False  # no retry used, in a second
+    assert fake.tasks[msg.id].msg.retried == 0
+    assert run.processor.stats.type_rate_limited == 1
+
+
+async def test_a_workflow_step_is_acknowledged_with_its_hand_off() -> None:
+    from asyncq._broker.workflow import (
+        WORKFLOW_HEADER,
+        WORKFLOW_QUEUE_HEADER,
+        WORKFLOW_STEP_HEADER,
+    )
+
+    fake = FakeBroker()
+    headers = {WORKFLOW_HEADER: "wf", WORKFLOW_QUEUE_HEADER: Q, WORKFLOW_STEP_HEADER: "0.0"}
+    ok = fake.enqueue(message(headers=headers))
+    bad = fake.enqueue(message("bad", headers=headers, retried=3))
+
+    async def handler(task: Task) -> None:
+        if task.type == "bad":
+            raise ValueError("no")
+
+    async with Running(fake, handler):
+        await wait_until(lambda: len(fake.called("ack_workflow_step")) == 2, what="acked")
+    assert sorted(fake.called("ack_workflow_step")) == sorted(
+        [(ok.id, "done"), (bad.id, "archive")]
+    )
+    assert not fake.called("ack_many") and not fake.called("archive")
