@@ -24,28 +24,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import fnmatch
 import functools
 import inspect
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, cast, overload
 
 import anyio.to_thread
 from typing_extensions import Unpack
 
 from asyncq._compose import compose
+from asyncq._logging import get_logger
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._serde import ArgumentsCodec, ResultCodec, TaskArgumentError, TaskResultError
+from asyncq._suggest import suggest
+from asyncq._worker.config import GroupAggregator
 from asyncq.client import Client
 from asyncq.errors import SkipRetry
+from asyncq.hooks import WorkerHooks
 from asyncq.lifespan import lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter
 from asyncq.results import DEFAULT_POLL_INTERVAL, TaskFailedError
-from asyncq.server import Server
+from asyncq.server import ErrorHandler, HealthCheck, IsFailure, RetryDelay, Server
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
 
 __all__ = [
@@ -54,6 +59,7 @@ __all__ = [
     "TaskCall",
     "TaskHandle",
     "TypedTask",
+    "WorkerOptions",
     "current_task",
 ]
 
@@ -63,6 +69,70 @@ S = TypeVar("S")
 
 DEFAULT_RESULT_RETENTION = timedelta(minutes=5)
 """How long a typed task's result stays readable after success, unless the task says otherwise."""
+
+
+class WorkerOptions(TypedDict, total=False):
+    """The :class:`~asyncq.Server` keyword options an App carries for its workers.
+
+    Given to ``App(...)`` (``App(redis, queues={"email": 3}, concurrency=20)``)
+    and, per call, to ``app.server(...)`` / ``app.run_worker(...)``, which
+    override them key by key. Each has the meaning and default of the
+    ``Server`` option of the same name; a key left out is not given at all
+    (so ``queues`` left out means "every queue the App's tasks use"). Being a
+    ``TypedDict`` unpacked into the signatures, a misspelled or mistyped
+    option is a mypy error, and an unknown name a ``TypeError`` at run time.
+    """
+
+    concurrency: int | None
+    queues: Mapping[str, int] | None
+    strict_priority: bool
+    queue_concurrency: Mapping[str, int] | None
+    local_queue_concurrency: Mapping[str, int] | None
+    rate_limits: Mapping[str, str] | None
+    type_rate_limits: Mapping[str, str] | None
+    ordered_queues: Sequence[str]
+    lease_duration: timedelta
+    heartbeat_interval: timedelta
+    recoverer_interval: timedelta
+    recoverer_cutoff: timedelta
+    shutdown_timeout: timedelta
+    retry_delay: RetryDelay | None
+    is_failure: IsFailure | None
+    error_handler: ErrorHandler | None
+    health_check: HealthCheck | None
+    health_check_interval: timedelta
+    task_check_interval: timedelta
+    delayed_task_check_interval: timedelta
+    janitor_interval: timedelta
+    janitor_batch_size: int
+    syncer_interval: timedelta
+    group_aggregator: GroupAggregator | None
+    group_grace_period: timedelta
+    group_max_delay: timedelta | None
+    group_max_size: int | None
+    group_check_interval: timedelta | None
+    burst: bool
+    sync_concurrency: int | None
+    max_inflight_bytes: int
+    queue_refresh_interval: timedelta
+    logger: Any
+    metrics: WorkerHooks | None
+    min_replicas: int
+    replica_timeout: timedelta
+
+
+WORKER_OPTION_NAMES = frozenset(WorkerOptions.__annotations__)
+
+
+def _check_worker_options(options: Mapping[str, object], where: str) -> None:
+    for name in options:
+        if name not in WORKER_OPTION_NAMES:
+            hint = suggest(name, WORKER_OPTION_NAMES)
+            raise TypeError(
+                f"{where} got an unknown worker option {name!r}"
+                + (f"; did you mean {hint!r}?" if hint else "")
+            )
+
 
 _current_task: contextvars.ContextVar[Task | None] = contextvars.ContextVar(
     "asyncq_current_task", default=None
@@ -336,6 +406,12 @@ class App(Generic[S]):
       as ``app.state`` (typed: ``App[State]``).
     - *result_retention*: how long results stay readable after success for
       tasks that set no ``retention`` (default 5 minutes).
+    - the other keywords are worker settings (:class:`WorkerOptions`: queues,
+      concurrency, limits, rates, ordered queues, lease...), used by every
+      worker of the App (``asyncq worker module:app``, :meth:`run_worker`,
+      :meth:`server`); CLI flags and per-call options override them. Without
+      ``queues``, a worker serves ``default`` and every queue the App's tasks
+      declare.
 
     The App's :attr:`client` is opened on first use in the running event
     loop, or explicitly with ``async with app:`` (a web app's lifespan).
@@ -348,6 +424,7 @@ class App(Generic[S]):
         *,
         lifespan: None = None,
         result_retention: timedelta = DEFAULT_RESULT_RETENTION,
+        **worker: Unpack[WorkerOptions],
     ) -> None: ...
 
     @overload
@@ -357,6 +434,7 @@ class App(Generic[S]):
         *,
         lifespan: Callable[[], AbstractAsyncContextManager[S]],
         result_retention: timedelta = DEFAULT_RESULT_RETENTION,
+        **worker: Unpack[WorkerOptions],
     ) -> None: ...
 
     def __init__(
@@ -365,6 +443,7 @@ class App(Generic[S]):
         *,
         lifespan: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
         result_retention: timedelta = DEFAULT_RESULT_RETENTION,
+        **worker: Unpack[WorkerOptions],
     ) -> None:
         if lifespan is not None and not callable(lifespan):
             raise TypeError(f"lifespan must be callable, got {type(lifespan).__name__}")
@@ -373,9 +452,12 @@ class App(Generic[S]):
                 f"result_retention must be a datetime.timedelta, got "
                 f"{type(result_retention).__name__}"
             )
+        _check_worker_options(worker, "App()")
         self._redis = redis
         self.lifespan = lifespan
         self.result_retention = result_retention
+        self.worker_options: WorkerOptions = cast(WorkerOptions, dict(worker))
+        """The worker settings given to ``App(...)``; every worker of the App starts with them."""
         self.mux = ServeMux()
         self.tasks: dict[str, TypedTask[Any, Any]] = {}
         self._client: Client | None = None
@@ -514,17 +596,61 @@ class App(Generic[S]):
         """What the App's lifespan yielded, inside a handler run by its worker (or eager block)."""
         return cast(S, lifespan_state())
 
-    def server(self, **options: Any) -> Server:
-        """A :class:`Server` for this App's Redis, with its lifespan; *options* as Server's."""
-        if self.lifespan is not None:
-            options.setdefault("lifespan", self.lifespan)
-        redis = self.redis
-        if isinstance(redis, Connection):
-            redis = redis.redis
-        return Server(redis, **options)
+    def task_queues(self) -> dict[str, list[str]]:
+        """Queue -> the registered task types that are enqueued there by default."""
+        out: dict[str, list[str]] = {}
+        for typed in self.tasks.values():
+            out.setdefault(typed.defaults.get("queue") or "default", []).append(typed.name)
+        return out
 
-    async def run_worker(self, **options: Any) -> None:
-        """Run a worker until SIGTERM/SIGINT (or, with ``burst=True``, until the queues empty)."""
+    def worker_settings(self, **overrides: Unpack[WorkerOptions]) -> WorkerOptions:
+        """The options a worker of this App gets: the App's, then *overrides*, key by key.
+
+        Without ``queues`` in either: ``default`` and every queue a registered
+        task declares, each with weight 1.
+        """
+        _check_worker_options(overrides, "worker_settings()")
+        merged = cast(WorkerOptions, {**self.worker_options, **overrides})
+        if merged.get("queues") is None:
+            queues = dict.fromkeys(["default", *sorted(self.task_queues())], 1)
+            merged["queues"] = queues
+        return merged
+
+    def server(
+        self, *, redis: RedisTarget | None = None, **options: Unpack[WorkerOptions]
+    ) -> Server:
+        """A :class:`Server` for this App (its Redis unless *redis*), lifespan and settings.
+
+        *options* override the App's worker settings key by key (see
+        :meth:`worker_settings`). Logs a warning naming every registered task
+        whose queue this server does not serve.
+        """
+        settings = self.worker_settings(**options)
+        target: RedisTarget | Connection = self.redis if redis is None else redis
+        if isinstance(target, Connection):
+            target = target.redis
+        server = Server(target, lifespan=self.lifespan, **settings)
+        self._warn_unserved(server)
+        return server
+
+    def _warn_unserved(self, server: Server) -> None:
+        served = list(server.config.queues)
+        for queue, types in sorted(self.task_queues().items()):
+            if queue in served or any(fnmatch.fnmatchcase(queue, q) for q in served):
+                continue
+            get_logger().warning(
+                "this worker does not serve a queue that registered tasks use; "
+                "their tasks wait for another worker",
+                queue=queue,
+                task_types=types,
+                served=served,
+            )
+
+    async def run_worker(self, **options: Unpack[WorkerOptions]) -> None:
+        """Run a worker until SIGTERM/SIGINT (or, with ``burst=True``, until the queues empty).
+
+        *options* override the App's worker settings (see :meth:`server`).
+        """
         await self.server(**options).run(self.mux)
 
     @contextlib.asynccontextmanager
