@@ -42,7 +42,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from asyncq import _keys as keys
-from asyncq._broker.inspect import InspectBroker, StoredTask
+from asyncq._broker.inspect import InspectBroker, RateBucket, StoredTask
 from asyncq._broker.workflow import (
     WorkflowInfo,
     WorkflowNotFoundError,
@@ -378,7 +378,7 @@ class Inspector:
             concurrency_limit=limit,
             running=running,
             held_back=0 if limit is None else max(0, stats.pending - max(0, limit - running)),
-            rate_limit=None if bucket is None else _rate_text(bucket.burst, bucket.period_us),
+            rate_limit=None if bucket is None else _bucket_rate_text(bucket),
             rate_tokens=None if bucket is None else bucket.tokens,
             ordered=ordered,
         )
@@ -468,7 +468,7 @@ class Inspector:
         if bucket is not None:
             return TypeRateInfo(
                 task_type=task_type,
-                rate=_rate_text(bucket.burst, bucket.period_us),
+                rate=_bucket_rate_text(bucket),
                 per_second=bucket.burst * 1_000_000 / bucket.period_us,
                 tokens=bucket.tokens,
                 next_token=timedelta(microseconds=bucket.next_us),
@@ -835,6 +835,7 @@ def _per_second(rate: str) -> float | None:
     """Tasks per second of a rate text a server wrote (``"600/min"`` is 10.0); None
     for text that is not a rate (a record written by something else)."""
     count, _, period = rate.partition("/")
+    period, _, _ = period.strip().partition(" burst ")  # "10/s burst 1": the burst is no rate
     try:
         n = int(count)
     except ValueError:
@@ -846,6 +847,20 @@ def _per_second(rate: str) -> float | None:
         except ValueError:
             return None
     return n / seconds if seconds > 0 else None
+
+
+def _bucket_rate_text(bucket: RateBucket) -> str:
+    """The rate a bucket was written with: ``50/s``, or ``10/s burst 1`` when it holds
+    fewer tokens than one period's count (a bucket holding more reads ``3/3s``)."""
+    text = _rate_text(bucket.burst, bucket.period_us)
+    if text.endswith(("/s", "/min", "/h")):
+        return text
+    interval = max(1, bucket.period_us // max(1, bucket.burst))
+    for unit, size in (("s", 1_000_000), ("min", 60_000_000), ("h", 3_600_000_000)):
+        count = round(size / interval)
+        if count >= 1 and abs(count * interval - size) < count:
+            return f"{count}/{unit} burst {bucket.burst}" if count > bucket.burst else text
+    return text
 
 
 def _rate_text(count: int, period_us: int) -> str:

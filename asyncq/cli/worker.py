@@ -221,6 +221,8 @@ class QueuesType(_QueuesParam):
     multiple=True,
     metavar="NAME=N/PERIOD",
     help="Fleet-wide rate limit of a queue (token bucket in Redis), e.g. email=100/s; "
+    "'partner=10/s burst 1' holds 1 token instead of 10 (at most 10 starts in any "
+    "second, instead of up to 19); "
     "NAME may be a pattern (tenant:*=10/s: each matching queue); repeatable.",
 )
 @click.option(
@@ -228,7 +230,8 @@ class QueuesType(_QueuesParam):
     "type_rate_limits",
     multiple=True,
     metavar="TYPE=N/PERIOD",
-    help="Fleet-wide rate limit of a task type, e.g. api:partner=600/min; repeatable.",
+    help="Fleet-wide rate limit of a task type, e.g. api:partner=600/min "
+    "(optionally 'burst B', as --rate-limit); repeatable.",
 )
 @click.option(
     "--strict/--no-strict",
