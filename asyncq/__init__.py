@@ -17,7 +17,7 @@ from asyncq._redis.options import (
 )
 from asyncq._serde import TaskArgumentError, TaskResultError
 from asyncq._worker.config import GroupAggregator
-from asyncq.app import App, TaskCall, TaskHandle, TypedTask, current_task
+from asyncq.app import App, CronEntry, TaskCall, TaskHandle, TypedTask, WorkerOptions, current_task
 from asyncq.client import Client
 from asyncq.errors import (
     AsyncqError,
@@ -85,6 +85,7 @@ __all__ = [
     "Client",
     "ClusterNode",
     "Connection",
+    "CronEntry",
     "DailyStats",
     "DeadlineExceededError",
     "DuplicateTaskError",
@@ -143,6 +144,7 @@ __all__ = [
     "TypedTask",
     "WorkerHooks",
     "WorkerInfo",
+    "WorkerOptions",
     "Workflow",
     "WorkflowExistsError",
     "WorkflowInfo",

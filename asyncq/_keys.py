@@ -39,6 +39,7 @@ __all__ = [
     "scheduler_claim_key",
     "scheduler_entries_key",
     "scheduler_history_key",
+    "scheduler_lister_key",
     "server_info_key",
     "server_type_rates_key",
     "task_key",
@@ -275,6 +276,15 @@ def wakeup_channel(qname: str) -> str:
     on it changes nothing for Go servers, the asynq CLI or asynqmon.
     """
     return f"asyncq:wakeup:{{{qname}}}"
+
+
+def scheduler_lister_key(identity: str) -> str:
+    """``asyncq:scheduler_lister:{<identity>}``: which of the schedulers sharing an entry
+    lists it in its heartbeat record (``Scheduler(shared=True)``).
+
+    asyncq-only; a STRING holding the scheduler ID, with a TTL of two heartbeats.
+    """
+    return f"asyncq:scheduler_lister:{{{identity}}}"
 
 
 def scheduler_claim_key(identity: str, tick_unix: int) -> str:

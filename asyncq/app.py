@@ -31,13 +31,15 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, cast, overload
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio.to_thread
 from typing_extensions import Unpack
 
 from asyncq._compose import compose
+from asyncq._gofmt import go_duration
 from asyncq._logging import get_logger
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
@@ -45,17 +47,20 @@ from asyncq._serde import ArgumentsCodec, ResultCodec, TaskArgumentError, TaskRe
 from asyncq._suggest import suggest
 from asyncq._worker.config import GroupAggregator
 from asyncq.client import Client
+from asyncq.cron import parse_cronspec
 from asyncq.errors import SkipRetry
 from asyncq.hooks import WorkerHooks
-from asyncq.lifespan import lifespan_state, state_var
+from asyncq.lifespan import Lifespan, lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter
 from asyncq.results import DEFAULT_POLL_INTERVAL, TaskFailedError
+from asyncq.scheduler import Scheduler
 from asyncq.server import ErrorHandler, HealthCheck, IsFailure, RetryDelay, Server
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
 
 __all__ = [
     "DEFAULT_RESULT_RETENTION",
     "App",
+    "CronEntry",
     "TaskCall",
     "TaskHandle",
     "TypedTask",
@@ -148,6 +153,20 @@ def current_task() -> Task:
     if task is None:
         raise RuntimeError("current_task() is only available inside a typed task handler")
     return task
+
+
+@dataclass(frozen=True, slots=True)
+class CronEntry:
+    """A schedule declared with ``@app.cron``: what the App's workers enqueue on each tick."""
+
+    spec: str
+    """The cron spec the scheduler runs (``CRON_TZ=<zone>`` first when a timezone was
+    given; ``@every <duration>`` for the interval form), as ``asynq cron ls`` shows it."""
+    task: TypedTask[Any, Any]
+    call: Task
+    """The task enqueued on each tick: the encoded arguments and the task's options."""
+    jitter: timedelta | None
+    """Each tick's task runs a delay in ``[0, jitter)`` after the tick (None: at the tick)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,6 +479,8 @@ class App(Generic[S]):
         """The worker settings given to ``App(...)``; every worker of the App starts with them."""
         self.mux = ServeMux()
         self.tasks: dict[str, TypedTask[Any, Any]] = {}
+        self.crons: list[CronEntry] = []
+        """The schedules declared with ``@app.cron``; the App's workers run them."""
         self._client: Client | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._eager: _Eager | None = None
@@ -552,6 +573,95 @@ class App(Generic[S]):
             return register(fn)
         return _TaskDecorator(register)
 
+    def cron(
+        self,
+        spec: str | None = None,
+        /,
+        *,
+        every: timedelta | None = None,
+        timezone: str | tzinfo | None = None,
+        jitter: timedelta | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> _CronDecorator:
+        """Enqueue a typed task on a schedule, run by the App's workers themselves.
+
+        ::
+
+            @app.cron("*/5 * * * *", timezone="Europe/Paris", kwargs={"days": 30})
+            @app.task(queue="maintenance")
+            async def cleanup(days: int) -> int: ...
+
+            @app.cron(every=timedelta(minutes=10), jitter=timedelta(seconds=30))
+            async def refresh() -> None: ...   # a plain function is registered as a task
+
+        *spec* is a cron spec as asynq reads it (5 fields, ``@daily``, ``@every
+        1h``...); *every* the interval form (whole seconds, ticks aligned to the
+        Unix epoch). *timezone* (a zone name or tzinfo) is the zone the spec is
+        read in (default UTC). *args*/*kwargs* are the task's arguments, checked
+        now as an enqueue checks them. *jitter* spreads each tick's run over
+        ``[0, jitter)`` after the tick.
+
+        Every worker of the App (``asyncq worker module:app``, :meth:`run_worker`;
+        not burst runs) runs the schedules; each tick is enqueued once whatever
+        the number of workers, listed once by ``asyncq cron ls``, the web UI and
+        Go's ``asynq cron ls``, with one history (``Scheduler(shared=True)``).
+        """
+        if (spec is None) == (every is None):
+            raise TypeError("@app.cron needs a cron spec or every=..., not both")
+        if every is not None:
+            if not isinstance(every, timedelta):
+                raise TypeError(f"every must be a timedelta, got {every.__class__.__name__}")
+            if every < timedelta(seconds=1) or every % timedelta(seconds=1):
+                raise ValueError(f"every must be a whole number of seconds, at least 1s: {every}")
+            spec = f"@every {go_duration(every)}"
+        assert spec is not None
+        if not isinstance(spec, str):
+            raise TypeError(f"a cron spec is a str, got {spec.__class__.__name__}")
+        if timezone is not None:
+            if spec.lstrip().startswith(("CRON_TZ=", "TZ=")):
+                raise ValueError(f"cron spec {spec!r} names its zone; do not give timezone too")
+            zone = _zone_name(timezone)
+            spec = f"CRON_TZ={zone} {spec.strip()}"
+        parse_cronspec(spec)
+        if jitter is not None:
+            if not isinstance(jitter, timedelta):
+                raise TypeError(f"jitter must be a timedelta, got {jitter.__class__.__name__}")
+            if jitter <= timedelta(0):
+                raise ValueError(f"jitter must be positive, got {jitter}")
+        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+            raise TypeError(f"args must be a sequence of arguments, got {args!r}")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise TypeError(f"kwargs must be a mapping of argument names, got {kwargs!r}")
+        cron_spec = spec
+
+        def register(target: Callable[..., Any]) -> TypedTask[Any, Any]:
+            typed = target if isinstance(target, TypedTask) else self.task(target)
+            if typed.app is not self:
+                raise ValueError(f"{typed.name!r} is a task of another App")
+            call = typed._make(tuple(args), dict(kwargs or {}), None)
+            self.crons.append(CronEntry(cron_spec, typed, call, jitter))
+            return typed
+
+        return _CronDecorator(register)
+
+    def _cron_lifespan(self, redis: RedisTarget) -> Lifespan:
+        """The worker lifespan: the App's own, then a shared Scheduler running the crons."""
+        user = self.lifespan
+
+        @contextlib.asynccontextmanager
+        async def lifespan() -> AsyncIterator[Any]:
+            async with contextlib.AsyncExitStack() as stack:
+                state = None if user is None else await stack.enter_async_context(user())
+                scheduler = Scheduler(redis, shared=True)
+                for entry in self.crons:
+                    scheduler.register(entry.spec, entry.call, jitter=entry.jitter)
+                await scheduler.start()
+                stack.push_async_callback(scheduler.shutdown)
+                yield state
+
+        return lifespan
+
     # -- client ------------------------------------------------------------------------------
 
     @property
@@ -622,14 +732,19 @@ class App(Generic[S]):
         """A :class:`Server` for this App (its Redis unless *redis*), lifespan and settings.
 
         *options* override the App's worker settings key by key (see
-        :meth:`worker_settings`). Logs a warning naming every registered task
-        whose queue this server does not serve.
+        :meth:`worker_settings`). Unless it is a burst run, the server also runs
+        the App's ``@app.cron`` schedules (started and stopped with its
+        lifespan). Logs a warning naming every registered task whose queue this
+        server does not serve.
         """
         settings = self.worker_settings(**options)
         target: RedisTarget | Connection = self.redis if redis is None else redis
         if isinstance(target, Connection):
             target = target.redis
-        server = Server(target, lifespan=self.lifespan, **settings)
+        lifespan = self.lifespan
+        if self.crons and not settings.get("burst"):
+            lifespan = self._cron_lifespan(target)
+        server = Server(target, lifespan=lifespan, **settings)
         self._warn_unserved(server)
         return server
 
@@ -681,6 +796,44 @@ class App(Generic[S]):
 
     def __repr__(self) -> str:
         return f"<App tasks={len(self.tasks)}>"
+
+
+def _zone_name(timezone: str | tzinfo) -> str:
+    """The IANA name of *timezone* (as ``CRON_TZ=`` takes it); ValueError naming a bad one."""
+    if isinstance(timezone, str):
+        try:
+            ZoneInfo(timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {timezone!r}") from None
+        return timezone
+    if isinstance(timezone, ZoneInfo):
+        return timezone.key
+    if timezone is UTC:
+        return "UTC"
+    raise TypeError(
+        f"timezone must be a zone name or a zoneinfo.ZoneInfo (Go reads the name), got {timezone!r}"
+    )
+
+
+class _CronDecorator:
+    """What ``@app.cron(...)`` returns: applied to a typed task or a function, schedules it."""
+
+    __slots__ = ("_register",)
+
+    def __init__(self, register: Callable[[Callable[..., Any]], TypedTask[Any, Any]]) -> None:
+        self._register = register
+
+    @overload
+    def __call__(self, fn: TypedTask[P, R], /) -> TypedTask[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> TypedTask[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> TypedTask[P, R]: ...
+
+    def __call__(self, fn: Callable[..., Any], /) -> TypedTask[Any, Any]:
+        return self._register(fn)
 
 
 class _TaskDecorator:

@@ -40,6 +40,7 @@ PER_QUEUE: list[tuple[Callable[[], str], str]] = [
         lambda: keys.scheduler_claim_key("3f2a", 1_700_000_000),
         "asyncq:scheduler_claims:{3f2a}:1700000000",
     ),
+    (lambda: keys.scheduler_lister_key("3f2a"), "asyncq:scheduler_lister:{3f2a}"),
 ]
 
 GLOBAL: list[tuple[Callable[[], str], str]] = [
@@ -94,6 +95,7 @@ def test_every_exported_builder_is_covered() -> None:
         "scheduler_claim_key",
         "scheduler_entries_key",
         "scheduler_history_key",
+        "scheduler_lister_key",
         "server_info_key",
         "server_type_rates_key",
         "task_key",
