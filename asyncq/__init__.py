@@ -63,10 +63,13 @@ from asyncq.sync import SyncClient, SyncTaskHandle
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
 from asyncq.workflow import (
     Group,
+    Pipe,
     Step,
     StepFailure,
     Workflow,
     WorkflowExistsError,
+    WorkflowFailedError,
+    WorkflowHandle,
     WorkflowInfo,
     WorkflowNotFoundError,
     WorkflowStepInfo,
@@ -74,6 +77,7 @@ from asyncq.workflow import (
     chord,
     group,
     group_results,
+    typed_group,
 )
 
 __version__ = "0.1.0"
@@ -103,6 +107,7 @@ __all__ = [
     "Middleware",
     "PeriodicTaskConfig",
     "PeriodicTaskManager",
+    "Pipe",
     "QueueInfo",
     "QueueNotEmptyError",
     "QueueNotFoundError",
@@ -147,6 +152,8 @@ __all__ = [
     "WorkerOptions",
     "Workflow",
     "WorkflowExistsError",
+    "WorkflowFailedError",
+    "WorkflowHandle",
     "WorkflowInfo",
     "WorkflowNotFoundError",
     "WorkflowStepInfo",
@@ -158,6 +165,7 @@ __all__ = [
     "group_results",
     "lifespan_state",
     "parse_redis_uri",
+    "typed_group",
 ]
 
 # Names defined in private modules present themselves as ``asyncq.<name>`` (as httpx

@@ -27,6 +27,7 @@ import contextvars
 import fnmatch
 import functools
 import inspect
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -48,7 +49,7 @@ from asyncq._suggest import suggest
 from asyncq._worker.config import GroupAggregator
 from asyncq.client import Client
 from asyncq.cron import parse_cronspec
-from asyncq.errors import SkipRetry
+from asyncq.errors import SkipRetry, TaskNotFoundError
 from asyncq.hooks import WorkerHooks
 from asyncq.lifespan import Lifespan, lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter
@@ -56,6 +57,7 @@ from asyncq.results import DEFAULT_POLL_INTERVAL, TaskFailedError
 from asyncq.scheduler import Scheduler
 from asyncq.server import ErrorHandler, HealthCheck, IsFailure, RetryDelay, Server
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
+from asyncq.workflow import BoundTask, Pipe, TypedSignature
 
 __all__ = [
     "DEFAULT_RESULT_RETENTION",
@@ -183,7 +185,7 @@ class TaskHandle(Generic[R]):
     from a task ID with ``task.handle_of(...)``).
     """
 
-    __slots__ = ("_client", "_codec", "_eager", "id", "info", "queue")
+    __slots__ = ("_appear", "_client", "_codec", "_eager", "id", "info", "queue")
 
     def __init__(
         self,
@@ -194,6 +196,7 @@ class TaskHandle(Generic[R]):
         *,
         info: TaskInfo | None = None,
         eager: tuple[Any, BaseException | None] | None = None,
+        appear: bool = False,
     ) -> None:
         self.id = task_id
         self.queue = queue
@@ -201,6 +204,7 @@ class TaskHandle(Generic[R]):
         self._codec = codec
         self._client = client
         self._eager = eager
+        self._appear = appear
 
     async def result(
         self,
@@ -213,7 +217,9 @@ class TaskHandle(Generic[R]):
         Raises TimeoutError after *timeout* (None: wait forever),
         :class:`~asyncq.TaskFailedError` (with ``last_error``) when the task
         was archived, :class:`~asyncq.TaskNotFoundError` when it is gone (its
-        retention ran out, or it was deleted).
+        retention ran out, or it was deleted). A handle made with
+        ``handle_of`` waits for a task that does not exist yet (a workflow's
+        later step) until *timeout*, then raises TaskNotFoundError.
         """
         if self._eager is not None:
             value, error = self._eager
@@ -222,10 +228,27 @@ class TaskHandle(Generic[R]):
                 raise TaskFailedError(_failed_info(self.info, error)) from error
             return cast(R, value)
         assert self._client is not None
-        info = await self._client.wait(
-            self.id, queue=self.queue, timeout=timeout, poll_interval=poll_interval
-        )
-        return cast(R, self._codec.decode(info.result))
+        if not self._appear:
+            info = await self._client.wait(
+                self.id, queue=self.queue, timeout=timeout, poll_interval=poll_interval
+            )
+            return cast(R, self._codec.decode(info.result))
+        limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        deadline = None if limit is None else time.monotonic() + limit
+        delay, cap = 0.01, max(0.01, poll_interval.total_seconds())
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                info = await self._client.wait(
+                    self.id, queue=self.queue, timeout=remaining, poll_interval=poll_interval
+                )
+            except TaskNotFoundError:
+                if remaining is not None and remaining <= 0:
+                    raise
+                await asyncio.sleep(delay if remaining is None else min(delay, remaining))
+                delay = min(cap, delay * 2)
+                continue
+            return cast(R, self._codec.decode(info.result))
 
     def __repr__(self) -> str:
         return f"<TaskHandle id={self.id!r} queue={self.queue!r}>"
@@ -269,6 +292,24 @@ class TaskCall(Generic[P, R]):
         """The plain asynq :class:`~asyncq.Task` this call enqueues (for ``enqueue_many``)."""
         return self._task._make(args, kwargs, self._options)
 
+    def s(self, *args: P.args, **kwargs: P.kwargs) -> Pipe[R]:
+        """This call as the first stage of a typed workflow: ``a.s(x).then(b).then(c)``.
+
+        See :class:`~asyncq.workflow.Pipe`; ``await pipe.enqueue()`` starts it.
+        """
+        return Pipe.of(self._task._make(args, kwargs, self._options))
+
+    def _bind_without_first(self, *args: Any, **kwargs: Any) -> BoundTask:
+        """The task for a workflow step whose first argument is the previous result."""
+        typed = self._task
+        first = typed._args.names[0] if typed._args.names else ""
+        payload = typed._args.encode_without(first, args, kwargs)
+        return typed._task_for(payload, self._options)
+
+    @property
+    def _result_type(self) -> R:
+        raise AttributeError("only for type checkers")
+
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Check and encode the arguments, enqueue, and return a handle to await the result.
 
@@ -303,6 +344,7 @@ class TypedTask(TaskCall[P, R]):
         self.defaults = defaults
         self._args = ArgumentsCodec(fn, name)
         self._results = ResultCodec(fn, name)
+        self._signature = TypedSignature(name, self._args, self._results, lambda: app.client)
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -314,11 +356,13 @@ class TypedTask(TaskCall[P, R]):
 
     def _make(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], options: EnqueueOptions | None
-    ) -> Task:
+    ) -> BoundTask:
         """The asynq Task: the encoded arguments, the decorator's defaults, then *options*."""
-        payload = self._args.encode(args, kwargs)
+        return self._task_for(self._args.encode(args, kwargs), options)
+
+    def _task_for(self, payload: bytes, options: EnqueueOptions | None) -> BoundTask:
         if not options:
-            return Task(self.name, payload, **self.defaults)
+            return BoundTask(self._signature, self.name, payload, **self.defaults)
         given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
         headers = given.pop("headers", None)
         merged: dict[str, Any] = dict(self.defaults)
@@ -326,19 +370,27 @@ class TypedTask(TaskCall[P, R]):
             merged.pop("process_at", None)
             merged.pop("process_in", None)
         merged.update(given)
-        return Task(self.name, payload, headers=headers, **merged)
+        return BoundTask(self._signature, self.name, payload, headers=headers, **merged)
 
     def handle_of(
         self, task_id: str, *, queue: str | None = None, client: Client | None = None
     ) -> TaskHandle[R]:
-        """A handle on an already enqueued task of this type (e.g. an ID a web client sent back).
+        """A handle on a task of this type by its ID (e.g. one a web client sent back, or
+        a workflow step not enqueued yet).
 
-        *queue* defaults to the task's decorator queue (or ``"default"``).
+        *queue* defaults to the task's decorator queue (or ``"default"``). Its
+        ``result(timeout=...)`` waits for the task to appear (a workflow's later
+        step is enqueued when the stage before it finishes) and then to complete.
         """
         if not isinstance(task_id, str) or not task_id:
             raise ValueError("task ID cannot be empty")
         queue = queue or self.defaults.get("queue") or "default"
-        return TaskHandle(task_id, queue, self._results, client or self.app.client)
+        if self.app._eager is not None:
+            raise RuntimeError(
+                "handle_of() is not available in eager mode: eager tasks run at enqueue and "
+                "are not stored; keep the handle enqueue() returned"
+            )
+        return TaskHandle(task_id, queue, self._results, client or self.app.client, appear=True)
 
     async def serve(self, task: Task) -> None:
         """The ServeMux handler: decode, run, store the JSON result."""
