@@ -344,7 +344,9 @@ class TypedTask(TaskCall[P, R]):
         self.defaults = defaults
         self._args = ArgumentsCodec(fn, name)
         self._results = ResultCodec(fn, name)
-        self._signature = TypedSignature(name, self._args, self._results, lambda: app.client)
+        self._signature = TypedSignature(
+            name, self._args, self._results, lambda: app.client, lambda: app._eager is not None
+        )
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:

@@ -142,6 +142,8 @@ class TypedSignature:
     arguments: ArgumentsCodec
     results: ResultCodec
     client: Callable[[], Client]
+    eager: Callable[[], bool] = lambda: False
+    """Whether the task's App is in eager mode (``app.eager()``) now."""
 
 
 class BoundTask(Task):
@@ -307,6 +309,15 @@ class Workflow(Generic[R]):
         when the id (or a task id) is taken. On Redis Cluster every step's queue
         must hash to the first step's slot.
         """
+        for stage in self.stages:
+            for step in stage.steps:
+                signature = _signature(step.task)
+                if signature is not None and signature.eager():
+                    raise RuntimeError(
+                        f"workflows do not run in eager mode (step {signature.name!r}): a "
+                        "workflow's hand-offs happen in Redis; test it against a Redis with "
+                        "a worker (the asyncq_worker fixture, asyncq.testing.run_until_empty)"
+                    )
         if client is None:
             client = _typed_client(self)
         info = await self._start(client, workflow_id)

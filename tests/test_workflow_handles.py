@@ -140,3 +140,20 @@ async def test_chord_result_awaited_across_processes_before_the_callback_exists(
 async def test_handle_of_gives_up_at_the_timeout(redis: Redis, app: None) -> None:
     with pytest.raises(TaskNotFoundError):
         await wf.incr.handle_of("never-enqueued").result(timeout=timedelta(milliseconds=300))
+
+
+async def test_eager_mode_refuses_workflows_and_handle_of_clearly(
+    redis: Redis, app: None
+) -> None:
+    async with wf.app.eager():
+        assert await (await wf.incr.enqueue(1)).result() == 2  # tasks still run eagerly
+        with pytest.raises(RuntimeError, match="workflows do not run in eager mode"):
+            await wf.incr.s(1).then(wf.incr).enqueue()
+        with pytest.raises(RuntimeError, match="workflows do not run in eager mode"):
+            await chain(wf.incr.to_task(1), Task("plain")).enqueue(wf.app.client)
+        with pytest.raises(RuntimeError, match=r"handle_of.*not available in eager mode"):
+            wf.incr.handle_of("some-id")
+    assert await redis.dbsize() == 0  # nothing was written
+    # Outside the block the same workflow starts.
+    handle = await wf.incr.s(1).then(wf.incr).enqueue()
+    assert (await handle.status()).state == "running"
