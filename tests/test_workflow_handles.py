@@ -142,9 +142,7 @@ async def test_handle_of_gives_up_at_the_timeout(redis: Redis, app: None) -> Non
         await wf.incr.handle_of("never-enqueued").result(timeout=timedelta(milliseconds=300))
 
 
-async def test_eager_mode_refuses_workflows_and_handle_of_clearly(
-    redis: Redis, app: None
-) -> None:
+async def test_eager_mode_refuses_workflows_and_handle_of_clearly(redis: Redis, app: None) -> None:
     async with wf.app.eager():
         assert await (await wf.incr.enqueue(1)).result() == 2  # tasks still run eagerly
         with pytest.raises(RuntimeError, match="workflows do not run in eager mode"):
