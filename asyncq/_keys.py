@@ -41,6 +41,7 @@ __all__ = [
     "scheduler_history_key",
     "scheduler_lister_key",
     "server_info_key",
+    "server_queue_flow_key",
     "server_type_rates_key",
     "task_key",
     "task_key_prefix",
@@ -257,6 +258,18 @@ def server_type_rates_key(host: str, pid: int, server_id: str) -> str:
     rate the fleet configures. Go asynq never reads it.
     """
     return f"asyncq:server_type_rates:{{{host}:{pid}:{server_id}}}"
+
+
+def server_queue_flow_key(host: str, pid: int, server_id: str) -> str:
+    """asyncq-only HASH of a live server's queue flow control, for the Inspector.
+
+    Fields ``limit:<queue>`` (``queue_concurrency``), ``local:<queue>``
+    (``local_queue_concurrency``), ``rate:<queue>`` (``rate_limits``, the rate
+    text) and ``ordered:<queue>`` (``ordered_queues``, value ``1``), where
+    ``<queue>`` is a name or a pattern as configured. Written with the server's
+    heartbeat and the same TTL, in the server's slot. Go asynq never reads it.
+    """
+    return f"asyncq:server_queue_flow:{{{host}:{pid}:{server_id}}}"
 
 
 def scheduler_entries_key(scheduler_id: str) -> str:

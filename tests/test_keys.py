@@ -56,6 +56,10 @@ GLOBAL: list[tuple[Callable[[], str], str]] = [
         lambda: keys.server_type_rates_key("host", 42, "sid"),
         "asyncq:server_type_rates:{host:42:sid}",
     ),
+    (
+        lambda: keys.server_queue_flow_key("host", 42, "sid"),
+        "asyncq:server_queue_flow:{host:42:sid}",
+    ),
     (lambda: keys.scheduler_entries_key("h:1:uuid"), "asynq:schedulers:{h:1:uuid}"),
     (lambda: keys.scheduler_history_key("entry-1"), "asynq:scheduler_history:entry-1"),
 ]
@@ -97,6 +101,7 @@ def test_every_exported_builder_is_covered() -> None:
         "scheduler_history_key",
         "scheduler_lister_key",
         "server_info_key",
+        "server_queue_flow_key",
         "server_type_rates_key",
         "task_key",
         "task_key_prefix",

@@ -46,6 +46,7 @@ _V = TypeVar("_V")
 __all__ = [
     "QueueLimits",
     "Rate",
+    "flow_record",
     "parse_rate",
     "validate_limits",
     "validate_ordered",
@@ -114,6 +115,21 @@ def parse_rate(text: str) -> Rate:
         raise ValueError(f"bad rate {text!r}: the burst must be at least 1")
     text = f"{count}/{m.group(2)}" + ("" if burst == count else f" burst {burst}")
     return Rate(count, _PERIODS_US[m.group(2)], text, burst)
+
+
+def flow_record(
+    fleet: Mapping[str, int],
+    local: Mapping[str, int],
+    rates: Mapping[str, Rate],
+    ordered: Sequence[str],
+) -> dict[str, str]:
+    """A server's queue flow control as its heartbeat publishes it
+    (:func:`asyncq._keys.server_queue_flow_key`)."""
+    out = {f"limit:{q}": str(n) for q, n in fleet.items()}
+    out |= {f"local:{q}": str(n) for q, n in local.items()}
+    out |= {f"rate:{q}": str(rate) for q, rate in rates.items()}
+    out |= {f"ordered:{q}": "1" for q in ordered}
+    return out
 
 
 def _check_name(option: str, qname: str) -> None:

@@ -274,7 +274,10 @@ def _queue_text(q: QueueInfo) -> str:
     if q.ordered:
         lines.append("Ordered: yes (one task at a time fleet-wide, failed task first)")
     if q.rate_limit is not None:
-        lines.append(f"Rate limit: {q.rate_limit}    Tokens now: {q.rate_tokens}")
+        tokens = "-" if q.rate_tokens is None else q.rate_tokens
+        lines.append(f"Rate limit: {q.rate_limit}    Tokens now: {tokens}")
+    if q.configured_text:
+        lines.append(f"Configured by live servers: {q.configured_text}")
     return "\n".join(lines)
 
 

@@ -156,6 +156,7 @@ def queue_dict(info: QueueInfo) -> dict[str, Any]:
         "rate_limit": info.rate_limit,
         "rate_tokens": info.rate_tokens,
         "ordered": info.ordered,
+        "configured_by": info.configured_by,
     }
 
 
