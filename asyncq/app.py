@@ -345,7 +345,12 @@ class TypedTask(TaskCall[P, R]):
         self._args = ArgumentsCodec(fn, name)
         self._results = ResultCodec(fn, name)
         self._signature = TypedSignature(
-            name, self._args, self._results, lambda: app.client, lambda: app._eager is not None
+            name,
+            self._args,
+            self._results,
+            lambda: app.client,
+            lambda: app._eager is not None,
+            self._eager_step,
         )
         functools.update_wrapper(self, fn)
 
@@ -464,6 +469,18 @@ class TypedTask(TaskCall[P, R]):
                 state_var.reset(state_token)
         value = self._results.decode(data)
         return TaskHandle(info.id, info.queue, self._results, None, info=info, eager=(value, None))
+
+    async def _eager_step(self, task: Task) -> tuple[bytes | None, str | None]:
+        """One workflow step in eager mode: its result bytes, or its error."""
+        eager = self.app._eager
+        if eager is None:
+            raise RuntimeError("not in eager mode")
+        handle = await self._run_eager(task, eager)
+        assert handle._eager is not None
+        value, error = handle._eager
+        if error is not None:
+            return None, f"{error.__class__.__name__}: {error}"
+        return self._results.encode(value), None
 
     def __repr__(self) -> str:
         return f"<TypedTask {self.name!r}>"

@@ -19,7 +19,7 @@ import time
 import types
 import typing
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, cast
@@ -144,6 +144,8 @@ class TypedSignature:
     client: Callable[[], Client]
     eager: Callable[[], bool] = lambda: False
     """Whether the task's App is in eager mode (``app.eager()``) now."""
+    run_eager: Callable[[Task], Awaitable[tuple[bytes | None, str | None]]] | None = None
+    """Run the task in-process as eager mode does: (result bytes, None) or (None, error)."""
 
 
 class BoundTask(Task):
@@ -190,7 +192,7 @@ class WorkflowHandle(Generic[R]):
     def __init__(
         self,
         info: WorkflowInfo,
-        client: Client,
+        client: Client | None,
         final: tuple[TypedSignature | None, ...],
     ) -> None:
         self.info = info
@@ -214,6 +216,8 @@ class WorkflowHandle(Generic[R]):
     async def status(self) -> WorkflowInfo:
         """The workflow's state now, step by step (raises WorkflowNotFoundError when it
         expired)."""
+        if self._client is None:  # run in eager mode: finished when enqueue() returned
+            return self.info
         info = await read_workflow(self._client.broker.redis, self.queue, self.id)
         if info is None:
             raise WorkflowNotFoundError(self.queue, self.id)
@@ -248,6 +252,7 @@ class WorkflowHandle(Generic[R]):
             if info.stage == len(info.stages) - 1 and len(last) == 1:
                 # The final step runs: its completion is published, so wait on it.
                 wait = min(cap, remaining) if remaining is not None else cap
+                assert self._client is not None
                 with contextlib.suppress(TimeoutError, AsyncqError):
                     await self._client.wait(last[0].id, queue=last[0].queue, timeout=wait)
                     await asyncio.sleep(0.01)  # the state is written with the ack: read it
@@ -309,20 +314,78 @@ class Workflow(Generic[R]):
         when the id (or a task id) is taken. On Redis Cluster every step's queue
         must hash to the first step's slot.
         """
-        for stage in self.stages:
-            for step in stage.steps:
-                signature = _signature(step.task)
-                if signature is not None and signature.eager():
-                    raise RuntimeError(
-                        f"workflows do not run in eager mode (step {signature.name!r}): a "
-                        "workflow's hand-offs happen in Redis; test it against a Redis with "
-                        "a worker (the asyncq_worker fixture, asyncq.testing.run_until_empty)"
-                    )
+        steps = [step for stage in self.stages for step in stage.steps]
+        if any((sig := _signature(s.task)) is not None and sig.eager() for s in steps):
+            return await self._run_eagerly(workflow_id)
         if client is None:
             client = _typed_client(self)
         info = await self._start(client, workflow_id)
         final = tuple(_signature(step.task) for step in self.stages[-1].steps)
         return WorkflowHandle(info, client, final)
+
+    async def _run_eagerly(self, workflow_id: str | None) -> WorkflowHandle[R]:
+        """Eager mode: run the stages in order, in-process, passing results as Redis would.
+
+        Only workflows of typed steps that take results through ``result_arg``
+        (what typed pipes build); anything else is refused, naming the step.
+        """
+        for k, stage in enumerate(self.stages):
+            for step in stage.steps:
+                signature = _signature(step.task)
+                if signature is None or signature.run_eager is None:
+                    raise RuntimeError(
+                        f"eager mode runs workflows of typed tasks only; step "
+                        f"{step.task.type!r} is a plain Task (test this workflow against a "
+                        "Redis with a worker: the asyncq_worker fixture)"
+                    )
+                if k and self.pass_results and step.result_arg is None:
+                    raise RuntimeError(
+                        f"eager mode passes results as JSON arguments only; step "
+                        f"{step.task.type!r} takes the result as its payload (give result_arg)"
+                    )
+        wid = workflow_id if workflow_id is not None else str(uuid.uuid4())
+        now = int(time.time())
+        rows: list[list[WorkflowStepInfo]] = []
+        state, reached = "succeeded", 0
+        for k, stage in enumerate(self.stages):
+            row: list[WorkflowStepInfo] = []
+            for step in stage.steps:
+                task = step.task
+                options = {**task.options, **{o: v for o, v in step.options.items() if v}}
+                tid = str(options.get("task_id") or uuid.uuid4())
+                queue = str(options.get("queue") or "default")
+                if state == "failed":
+                    row.append(WorkflowStepInfo(tid, queue, task.type, "waiting", None, None))
+                    continue
+                if k and self.pass_results and step.result_arg is not None:
+                    arguments = json.loads(task.payload or b"{}")
+                    arguments[step.result_arg] = _eager_passed(rows[-1], self.stages[k - 1])
+                    task = Task(
+                        task.type, json.dumps(arguments).encode(), headers=dict(task.headers)
+                    )
+                signature = _signature(step.task)
+                assert signature is not None and signature.run_eager is not None
+                result, error = await signature.run_eager(task)
+                done = "failed" if error is not None else "succeeded"
+                row.append(WorkflowStepInfo(tid, queue, task.type, done, result, error))
+            rows.append(row)
+            if state != "failed":
+                reached = k
+                if any(s.state == "failed" for s in row) and self.on_failure == "fail":
+                    state = "failed"
+        info = WorkflowInfo(
+            id=wid,
+            queue=rows[0][0].queue,
+            state=state,
+            stage=reached,
+            policy=self.on_failure,
+            created=now,
+            finished=now,
+            retention=timedelta(0),
+            stages=rows,
+        )
+        final = tuple(_signature(step.task) for step in self.stages[-1].steps)
+        return WorkflowHandle(info, None, final)
 
     async def _start(self, client: Client, workflow_id: str | None) -> WorkflowInfo:
         wid = workflow_id if workflow_id is not None else str(uuid.uuid4())
@@ -433,6 +496,12 @@ class Workflow(Generic[R]):
         )
 
 
+def _eager_passed(row: list[WorkflowStepInfo], stage: _Stage) -> Any:
+    """What a stage passes on as a JSON value (a group: a list, null for a failed member)."""
+    values = [None if s.state == "failed" or not s.result else json.loads(s.result) for s in row]
+    return values if stage.is_group else values[0]
+
+
 def _typed_client(workflow: Workflow[Any]) -> Client:
     for stage in workflow.stages:
         for step in stage.steps:
@@ -471,10 +540,10 @@ def _compatible(produced: Any, expected: Any) -> bool:
     if expected is None or expected is type(None):
         return produced in (None, type(None))
     e_origin, p_origin = typing.get_origin(expected), typing.get_origin(produced)
+    if p_origin in (typing.Union, types.UnionType):  # every value it may be must fit
+        return all(_compatible(arm, expected) for arm in typing.get_args(produced))
     if e_origin in (typing.Union, types.UnionType):
         return any(_compatible(produced, arm) for arm in typing.get_args(expected))
-    if p_origin in (typing.Union, types.UnionType):
-        return all(_compatible(arm, expected) for arm in typing.get_args(produced))
     if e_origin is typing.Annotated:
         return _compatible(produced, typing.get_args(expected)[0])
     if p_origin is typing.Annotated:

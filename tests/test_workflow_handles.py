@@ -92,7 +92,12 @@ def test_result_arg_typos_and_type_mismatches_are_refused_when_built() -> None:
         )
     with pytest.raises(TypeError, match="'text' takes str"):
         wf.incr.s(1).then(wf.label)  # type: ignore[arg-type]
-    # Compatible: int into float-free int, a group of ints into list[int].
+    from asyncq.workflow import _compatible
+
+    assert _compatible(int | None, int | None) and not _compatible(int | None, int)
+    assert _compatible(bool, int) and _compatible(int, float) and not _compatible(str, bytes)
+    assert _compatible(list[bool], list[int]) and not _compatible(list[str], list[int])
+    # Compatible: int into int, a group of ints into list[int].
     chord([wf.incr.to_task(1)], Step(wf.add_up.to_task([]), result_arg="prices"))
     typed_group(wf.incr.s(1), wf.incr.s(2)).then(wf.add_up, discount=1)
 
@@ -142,16 +147,33 @@ async def test_handle_of_gives_up_at_the_timeout(redis: Redis, app: None) -> Non
         await wf.incr.handle_of("never-enqueued").result(timeout=timedelta(milliseconds=300))
 
 
-async def test_eager_mode_refuses_workflows_and_handle_of_clearly(redis: Redis, app: None) -> None:
+async def test_eager_mode_runs_typed_workflows_in_process(redis: Redis, app: None) -> None:
     async with wf.app.eager():
-        assert await (await wf.incr.enqueue(1)).result() == 2  # tasks still run eagerly
-        with pytest.raises(RuntimeError, match="workflows do not run in eager mode"):
-            await wf.incr.s(1).then(wf.incr).enqueue()
-        with pytest.raises(RuntimeError, match="workflows do not run in eager mode"):
+        assert await (await wf.incr.enqueue(1)).result() == 2  # tasks run eagerly
+        handle = await wf.incr.s(1).then(wf.scale, factor=10).then(wf.incr).enqueue()
+        assert await handle.result() == 21
+        status = await handle.status()
+        assert status.state == "succeeded"
+        assert [s.result for stage in status.stages for s in stage] == [b"2", b"20", b"21"]
+        fan = typed_group(wf.incr.s(1), wf.incr.s(2)).then(wf.add_up, discount=1)
+        assert await (await fan.enqueue()).result() == 4
+        # A failure stops a "fail" workflow: the later steps never run.
+        failed = await wf.fail.s(1).then(wf.incr).enqueue()
+        with pytest.raises(WorkflowFailedError, match="refused 1") as err:
+            await failed.result()
+        assert [[s.state for s in stage] for stage in err.value.info.stages] == [
+            ["failed"],
+            ["waiting"],
+        ]
+        # "run": the callback runs, the failed member's entry is null.
+        mixed = typed_group(wf.incr.s(1), wf.fail.s(2), on_failure="run").then(wf.count_ok)
+        assert await (await mixed.enqueue()).result() == 1
+        # What eager mode cannot imitate is refused, naming the step.
+        with pytest.raises(RuntimeError, match="typed tasks only; step 'plain'"):
             await chain(wf.incr.to_task(1), Task("plain")).enqueue(wf.app.client)
         with pytest.raises(RuntimeError, match=r"handle_of.*not available in eager mode"):
             wf.incr.handle_of("some-id")
     assert await redis.dbsize() == 0  # nothing was written
-    # Outside the block the same workflow starts.
+    # Outside the block the same workflow goes to Redis.
     handle = await wf.incr.s(1).then(wf.incr).enqueue()
     assert (await handle.status()).state == "running"

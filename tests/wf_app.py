@@ -48,3 +48,8 @@ async def label(text: str, suffix: str = "") -> str:
 @app.task(name="wf:fail", max_retry=0)
 async def fail(n: int) -> int:
     raise RuntimeError(f"refused {n}")
+
+
+@app.task(name="wf:count_ok")
+async def count_ok(values: list[int | None]) -> int:
+    return sum(v is not None for v in values)
