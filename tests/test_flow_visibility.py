@@ -92,6 +92,13 @@ async def test_configured_flow_control_shows_everywhere(
         assert "Rate limit: 10/s burst 1    Tokens now: -" in res.output
         assert f"Configured by live servers: {info.configured_text}" in res.output
 
+        res = await asyncio.to_thread(CliRunner().invoke, main, ["-u", redis_url, "server", "ls"])
+        assert (
+            "queue flow control: limit partner=2, limit tenant:*=3, local limit partner=1, "
+            "rate partner=10/s burst 1, ordered ledger"
+        ) in res.output, res.output
+        servers_page = (await http.get("/servers")).text
+        assert "limit partner=4;" in servers_page and "ordered ledger;" in servers_page
         api = (await http.get("/api/queues/partner")).json()["queue"]
         assert api["concurrency_limit"] == 2
         assert api["configured_by"] == info.configured_by
