@@ -17,7 +17,7 @@ from asyncq._redis.options import (
 )
 from asyncq._serde import TaskArgumentError, TaskResultError
 from asyncq._worker.config import GroupAggregator
-from asyncq.app import App, TaskCall, TaskHandle, TypedTask, current_task
+from asyncq.app import App, CronEntry, TaskCall, TaskHandle, TypedTask, WorkerOptions, current_task
 from asyncq.client import Client
 from asyncq.errors import (
     AsyncqError,
@@ -66,10 +66,13 @@ from asyncq.sync import SyncClient, SyncTaskHandle
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
 from asyncq.workflow import (
     Group,
+    Pipe,
     Step,
     StepFailure,
     Workflow,
     WorkflowExistsError,
+    WorkflowFailedError,
+    WorkflowHandle,
     WorkflowInfo,
     WorkflowNotFoundError,
     WorkflowStepInfo,
@@ -77,6 +80,7 @@ from asyncq.workflow import (
     chord,
     group,
     group_results,
+    typed_group,
 )
 
 __version__ = "0.1.0"
@@ -88,6 +92,7 @@ __all__ = [
     "Client",
     "ClusterNode",
     "Connection",
+    "CronEntry",
     "DailyStats",
     "DeadlineExceededError",
     "DuplicateTaskError",
@@ -108,6 +113,7 @@ __all__ = [
     "Middleware",
     "PeriodicTaskConfig",
     "PeriodicTaskManager",
+    "Pipe",
     "QueueInfo",
     "QueueNotEmptyError",
     "QueueNotFoundError",
@@ -149,8 +155,11 @@ __all__ = [
     "TypedTask",
     "WorkerHooks",
     "WorkerInfo",
+    "WorkerOptions",
     "Workflow",
     "WorkflowExistsError",
+    "WorkflowFailedError",
+    "WorkflowHandle",
     "WorkflowInfo",
     "WorkflowNotFoundError",
     "WorkflowStepInfo",
@@ -162,6 +171,7 @@ __all__ = [
     "group_results",
     "lifespan_state",
     "parse_redis_uri",
+    "typed_group",
 ]
 
 # Names defined in private modules present themselves as ``asyncq.<name>`` (as httpx

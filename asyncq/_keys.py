@@ -39,7 +39,9 @@ __all__ = [
     "scheduler_claim_key",
     "scheduler_entries_key",
     "scheduler_history_key",
+    "scheduler_lister_key",
     "server_info_key",
+    "server_queue_flow_key",
     "server_type_rates_key",
     "task_key",
     "task_key_prefix",
@@ -258,6 +260,18 @@ def server_type_rates_key(host: str, pid: int, server_id: str) -> str:
     return f"asyncq:server_type_rates:{{{host}:{pid}:{server_id}}}"
 
 
+def server_queue_flow_key(host: str, pid: int, server_id: str) -> str:
+    """asyncq-only HASH of a live server's queue flow control, for the Inspector.
+
+    Fields ``limit:<queue>`` (``queue_concurrency``), ``local:<queue>``
+    (``local_queue_concurrency``), ``rate:<queue>`` (``rate_limits``, the rate
+    text) and ``ordered:<queue>`` (``ordered_queues``, value ``1``), where
+    ``<queue>`` is a name or a pattern as configured. Written with the server's
+    heartbeat and the same TTL, in the server's slot. Go asynq never reads it.
+    """
+    return f"asyncq:server_queue_flow:{{{host}:{pid}:{server_id}}}"
+
+
 def scheduler_entries_key(scheduler_id: str) -> str:
     """LIST of SchedulerEntry protobufs written by one scheduler's heartbeat."""
     return f"asynq:schedulers:{{{scheduler_id}}}"
@@ -275,6 +289,15 @@ def wakeup_channel(qname: str) -> str:
     on it changes nothing for Go servers, the asynq CLI or asynqmon.
     """
     return f"asyncq:wakeup:{{{qname}}}"
+
+
+def scheduler_lister_key(identity: str) -> str:
+    """``asyncq:scheduler_lister:{<identity>}``: which of the schedulers sharing an entry
+    lists it in its heartbeat record (``Scheduler(shared=True)``).
+
+    asyncq-only; a STRING holding the scheduler ID, with a TTL of two heartbeats.
+    """
+    return f"asyncq:scheduler_lister:{{{identity}}}"
 
 
 def scheduler_claim_key(identity: str, tick_unix: int) -> str:

@@ -195,6 +195,47 @@ class ArgumentsCodec:
         except PydanticSerializationError as exc:
             raise TaskArgumentError(f"{self._task}: arguments not serializable: {exc}") from None
 
+    def encode_without(self, hole: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bytes:
+        """Encode every argument but *hole* (a workflow fills it in with a result later).
+
+        *args* and *kwargs* are bound as if *hole*, the first parameter, were
+        given; the payload has no key for it. Checked strictly, as :meth:`encode`.
+        """
+        if not self._positional or self._positional[0] != hole:
+            raise TaskArgumentError(
+                f"{self._task}: the result goes to the first positional parameter, "
+                f"{hole!r} is not it"
+            )
+        bound = self.bind((None, *args), kwargs)
+        del bound[hole]
+        adapter = self._partial_adapter(hole)
+        try:
+            checked = adapter.validator.validate_python(bound, strict=True)
+        except ValidationError as exc:
+            raise TaskArgumentError(_describe(self._task, exc, "argument")) from None
+        try:
+            return adapter.serializer.to_json(checked)
+        except PydanticSerializationError as exc:
+            raise TaskArgumentError(f"{self._task}: arguments not serializable: {exc}") from None
+
+    def _partial_adapter(self, hole: str) -> TypeAdapter[dict[str, Any]]:
+        hints = _hints(self._fn)
+        fields: dict[str, Any] = {}
+        for name in self._names:
+            if name != hole:
+                hint = hints.get(name, Any)
+                fields[name] = NotRequired[hint] if name in self._defaults else Required[hint]
+        td = TypedDict(f"{self._task}_arguments_but_{hole}", fields)  # type: ignore[misc]
+        td.__pydantic_config__ = pydantic.ConfigDict(  # type: ignore[attr-defined]
+            extra="forbid", arbitrary_types_allowed=False
+        )
+        return cast(TypeAdapter[dict[str, Any]], TypeAdapter(td))
+
+    def hints(self) -> dict[str, Any]:
+        """The parameters' annotations by name (``Any`` for unannotated ones)."""
+        hints = _hints(self._fn)
+        return {name: hints.get(name, Any) for name in self._names}
+
     def decode(self, payload: bytes | None) -> dict[str, Any]:
         """The payload's arguments, converted to the annotated types (ValueError if not)."""
         try:
@@ -228,6 +269,14 @@ class ResultCodec:
                 hint = typing.get_args(hint)[-1]
             self._adapter = TypeAdapter(hint)
         return self._adapter
+
+    def hint(self) -> Any:
+        """The return annotation (awaited for a coroutine), ``Any`` when there is none."""
+        hint = _hints(self._fn).get("return", Any)
+        origin = typing.get_origin(hint)
+        if origin is not None and origin in (typing.Awaitable, typing.Coroutine):
+            hint = typing.get_args(hint)[-1]
+        return hint
 
     def encode(self, value: Any) -> bytes:
         try:

@@ -24,36 +24,49 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import fnmatch
 import functools
 import inspect
+import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, cast, overload
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio.to_thread
 from typing_extensions import Unpack
 
 from asyncq._compose import compose
+from asyncq._gofmt import go_duration
+from asyncq._logging import get_logger
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._serde import ArgumentsCodec, ResultCodec, TaskArgumentError, TaskResultError
+from asyncq._suggest import suggest
+from asyncq._worker.config import GroupAggregator
 from asyncq.client import Client
-from asyncq.errors import SkipRetry
-from asyncq.lifespan import lifespan_state, state_var
+from asyncq.cron import parse_cronspec
+from asyncq.errors import SkipRetry, TaskNotFoundError
+from asyncq.hooks import WorkerHooks
+from asyncq.lifespan import Lifespan, lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter
 from asyncq.results import DEFAULT_POLL_INTERVAL, TaskFailedError
-from asyncq.server import Server
+from asyncq.scheduler import Scheduler
+from asyncq.server import ErrorHandler, HealthCheck, IsFailure, RetryDelay, Server
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
+from asyncq.workflow import BoundTask, Pipe, TypedSignature
 
 __all__ = [
     "DEFAULT_RESULT_RETENTION",
     "App",
+    "CronEntry",
     "TaskCall",
     "TaskHandle",
     "TypedTask",
+    "WorkerOptions",
     "current_task",
 ]
 
@@ -63,6 +76,70 @@ S = TypeVar("S")
 
 DEFAULT_RESULT_RETENTION = timedelta(minutes=5)
 """How long a typed task's result stays readable after success, unless the task says otherwise."""
+
+
+class WorkerOptions(TypedDict, total=False):
+    """The :class:`~asyncq.Server` keyword options an App carries for its workers.
+
+    Given to ``App(...)`` (``App(redis, queues={"email": 3}, concurrency=20)``)
+    and, per call, to ``app.server(...)`` / ``app.run_worker(...)``, which
+    override them key by key. Each has the meaning and default of the
+    ``Server`` option of the same name; a key left out is not given at all
+    (so ``queues`` left out means "every queue the App's tasks use"). Being a
+    ``TypedDict`` unpacked into the signatures, a misspelled or mistyped
+    option is a mypy error, and an unknown name a ``TypeError`` at run time.
+    """
+
+    concurrency: int | None
+    queues: Mapping[str, int] | None
+    strict_priority: bool
+    queue_concurrency: Mapping[str, int] | None
+    local_queue_concurrency: Mapping[str, int] | None
+    rate_limits: Mapping[str, str] | None
+    type_rate_limits: Mapping[str, str] | None
+    ordered_queues: Sequence[str]
+    lease_duration: timedelta
+    heartbeat_interval: timedelta
+    recoverer_interval: timedelta
+    recoverer_cutoff: timedelta
+    shutdown_timeout: timedelta
+    retry_delay: RetryDelay | None
+    is_failure: IsFailure | None
+    error_handler: ErrorHandler | None
+    health_check: HealthCheck | None
+    health_check_interval: timedelta
+    task_check_interval: timedelta
+    delayed_task_check_interval: timedelta
+    janitor_interval: timedelta
+    janitor_batch_size: int
+    syncer_interval: timedelta
+    group_aggregator: GroupAggregator | None
+    group_grace_period: timedelta
+    group_max_delay: timedelta | None
+    group_max_size: int | None
+    group_check_interval: timedelta | None
+    burst: bool
+    sync_concurrency: int | None
+    max_inflight_bytes: int
+    queue_refresh_interval: timedelta
+    logger: Any
+    metrics: WorkerHooks | None
+    min_replicas: int
+    replica_timeout: timedelta
+
+
+WORKER_OPTION_NAMES = frozenset(WorkerOptions.__annotations__)
+
+
+def _check_worker_options(options: Mapping[str, object], where: str) -> None:
+    for name in options:
+        if name not in WORKER_OPTION_NAMES:
+            hint = suggest(name, WORKER_OPTION_NAMES)
+            raise TypeError(
+                f"{where} got an unknown worker option {name!r}"
+                + (f"; did you mean {hint!r}?" if hint else "")
+            )
+
 
 _current_task: contextvars.ContextVar[Task | None] = contextvars.ContextVar(
     "asyncq_current_task", default=None
@@ -81,6 +158,20 @@ def current_task() -> Task:
 
 
 @dataclass(frozen=True, slots=True)
+class CronEntry:
+    """A schedule declared with ``@app.cron``: what the App's workers enqueue on each tick."""
+
+    spec: str
+    """The cron spec the scheduler runs (``CRON_TZ=<zone>`` first when a timezone was
+    given; ``@every <duration>`` for the interval form), as ``asynq cron ls`` shows it."""
+    task: TypedTask[Any, Any]
+    call: Task
+    """The task enqueued on each tick: the encoded arguments and the task's options."""
+    jitter: timedelta | None
+    """Each tick's task runs a delay in ``[0, jitter)`` after the tick (None: at the tick)."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Eager:
     """An eager block: the lifespan state it opened."""
 
@@ -94,7 +185,7 @@ class TaskHandle(Generic[R]):
     from a task ID with ``task.handle_of(...)``).
     """
 
-    __slots__ = ("_client", "_codec", "_eager", "id", "info", "queue")
+    __slots__ = ("_appear", "_client", "_codec", "_eager", "id", "info", "queue")
 
     def __init__(
         self,
@@ -105,6 +196,7 @@ class TaskHandle(Generic[R]):
         *,
         info: TaskInfo | None = None,
         eager: tuple[Any, BaseException | None] | None = None,
+        appear: bool = False,
     ) -> None:
         self.id = task_id
         self.queue = queue
@@ -112,6 +204,7 @@ class TaskHandle(Generic[R]):
         self._codec = codec
         self._client = client
         self._eager = eager
+        self._appear = appear
 
     async def result(
         self,
@@ -124,7 +217,9 @@ class TaskHandle(Generic[R]):
         Raises TimeoutError after *timeout* (None: wait forever),
         :class:`~asyncq.TaskFailedError` (with ``last_error``) when the task
         was archived, :class:`~asyncq.TaskNotFoundError` when it is gone (its
-        retention ran out, or it was deleted).
+        retention ran out, or it was deleted). A handle made with
+        ``handle_of`` waits for a task that does not exist yet (a workflow's
+        later step) until *timeout*, then raises TaskNotFoundError.
         """
         if self._eager is not None:
             value, error = self._eager
@@ -133,10 +228,27 @@ class TaskHandle(Generic[R]):
                 raise TaskFailedError(_failed_info(self.info, error)) from error
             return cast(R, value)
         assert self._client is not None
-        info = await self._client.wait(
-            self.id, queue=self.queue, timeout=timeout, poll_interval=poll_interval
-        )
-        return cast(R, self._codec.decode(info.result))
+        if not self._appear:
+            info = await self._client.wait(
+                self.id, queue=self.queue, timeout=timeout, poll_interval=poll_interval
+            )
+            return cast(R, self._codec.decode(info.result))
+        limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        deadline = None if limit is None else time.monotonic() + limit
+        delay, cap = 0.01, max(0.01, poll_interval.total_seconds())
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                info = await self._client.wait(
+                    self.id, queue=self.queue, timeout=remaining, poll_interval=poll_interval
+                )
+            except TaskNotFoundError:
+                if remaining is not None and remaining <= 0:
+                    raise
+                await asyncio.sleep(delay if remaining is None else min(delay, remaining))
+                delay = min(cap, delay * 2)
+                continue
+            return cast(R, self._codec.decode(info.result))
 
     def __repr__(self) -> str:
         return f"<TaskHandle id={self.id!r} queue={self.queue!r}>"
@@ -180,6 +292,24 @@ class TaskCall(Generic[P, R]):
         """The plain asynq :class:`~asyncq.Task` this call enqueues (for ``enqueue_many``)."""
         return self._task._make(args, kwargs, self._options)
 
+    def s(self, *args: P.args, **kwargs: P.kwargs) -> Pipe[R]:
+        """This call as the first stage of a typed workflow: ``a.s(x).then(b).then(c)``.
+
+        See :class:`~asyncq.workflow.Pipe`; ``await pipe.enqueue()`` starts it.
+        """
+        return Pipe.of(self._task._make(args, kwargs, self._options))
+
+    def _bind_without_first(self, *args: Any, **kwargs: Any) -> BoundTask:
+        """The task for a workflow step whose first argument is the previous result."""
+        typed = self._task
+        first = typed._args.names[0] if typed._args.names else ""
+        payload = typed._args.encode_without(first, args, kwargs)
+        return typed._task_for(payload, self._options)
+
+    @property
+    def _result_type(self) -> R:
+        raise AttributeError("only for type checkers")
+
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Check and encode the arguments, enqueue, and return a handle to await the result.
 
@@ -214,6 +344,14 @@ class TypedTask(TaskCall[P, R]):
         self.defaults = defaults
         self._args = ArgumentsCodec(fn, name)
         self._results = ResultCodec(fn, name)
+        self._signature = TypedSignature(
+            name,
+            self._args,
+            self._results,
+            lambda: app.client,
+            lambda: app._eager is not None,
+            self._eager_step,
+        )
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -225,11 +363,13 @@ class TypedTask(TaskCall[P, R]):
 
     def _make(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], options: EnqueueOptions | None
-    ) -> Task:
+    ) -> BoundTask:
         """The asynq Task: the encoded arguments, the decorator's defaults, then *options*."""
-        payload = self._args.encode(args, kwargs)
+        return self._task_for(self._args.encode(args, kwargs), options)
+
+    def _task_for(self, payload: bytes, options: EnqueueOptions | None) -> BoundTask:
         if not options:
-            return Task(self.name, payload, **self.defaults)
+            return BoundTask(self._signature, self.name, payload, **self.defaults)
         given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
         headers = given.pop("headers", None)
         merged: dict[str, Any] = dict(self.defaults)
@@ -237,19 +377,27 @@ class TypedTask(TaskCall[P, R]):
             merged.pop("process_at", None)
             merged.pop("process_in", None)
         merged.update(given)
-        return Task(self.name, payload, headers=headers, **merged)
+        return BoundTask(self._signature, self.name, payload, headers=headers, **merged)
 
     def handle_of(
         self, task_id: str, *, queue: str | None = None, client: Client | None = None
     ) -> TaskHandle[R]:
-        """A handle on an already enqueued task of this type (e.g. an ID a web client sent back).
+        """A handle on a task of this type by its ID (e.g. one a web client sent back, or
+        a workflow step not enqueued yet).
 
-        *queue* defaults to the task's decorator queue (or ``"default"``).
+        *queue* defaults to the task's decorator queue (or ``"default"``). Its
+        ``result(timeout=...)`` waits for the task to appear (a workflow's later
+        step is enqueued when the stage before it finishes) and then to complete.
         """
         if not isinstance(task_id, str) or not task_id:
             raise ValueError("task ID cannot be empty")
         queue = queue or self.defaults.get("queue") or "default"
-        return TaskHandle(task_id, queue, self._results, client or self.app.client)
+        if self.app._eager is not None:
+            raise RuntimeError(
+                "handle_of() is not available in eager mode: eager tasks run at enqueue and "
+                "are not stored; keep the handle enqueue() returned"
+            )
+        return TaskHandle(task_id, queue, self._results, client or self.app.client, appear=True)
 
     async def serve(self, task: Task) -> None:
         """The ServeMux handler: decode, run, store the JSON result."""
@@ -322,6 +470,18 @@ class TypedTask(TaskCall[P, R]):
         value = self._results.decode(data)
         return TaskHandle(info.id, info.queue, self._results, None, info=info, eager=(value, None))
 
+    async def _eager_step(self, task: Task) -> tuple[bytes | None, str | None]:
+        """One workflow step in eager mode: its result bytes, or its error."""
+        eager = self.app._eager
+        if eager is None:
+            raise RuntimeError("not in eager mode")
+        handle = await self._run_eager(task, eager)
+        assert handle._eager is not None
+        value, error = handle._eager
+        if error is not None:
+            return None, f"{error.__class__.__name__}: {error}"
+        return self._results.encode(value), None
+
     def __repr__(self) -> str:
         return f"<TypedTask {self.name!r}>"
 
@@ -336,6 +496,12 @@ class App(Generic[S]):
       as ``app.state`` (typed: ``App[State]``).
     - *result_retention*: how long results stay readable after success for
       tasks that set no ``retention`` (default 5 minutes).
+    - the other keywords are worker settings (:class:`WorkerOptions`: queues,
+      concurrency, limits, rates, ordered queues, lease...), used by every
+      worker of the App (``asyncq worker module:app``, :meth:`run_worker`,
+      :meth:`server`); CLI flags and per-call options override them. Without
+      ``queues``, a worker serves ``default`` and every queue the App's tasks
+      declare.
 
     The App's :attr:`client` is opened on first use in the running event
     loop, or explicitly with ``async with app:`` (a web app's lifespan).
@@ -348,6 +514,7 @@ class App(Generic[S]):
         *,
         lifespan: None = None,
         result_retention: timedelta = DEFAULT_RESULT_RETENTION,
+        **worker: Unpack[WorkerOptions],
     ) -> None: ...
 
     @overload
@@ -357,6 +524,7 @@ class App(Generic[S]):
         *,
         lifespan: Callable[[], AbstractAsyncContextManager[S]],
         result_retention: timedelta = DEFAULT_RESULT_RETENTION,
+        **worker: Unpack[WorkerOptions],
     ) -> None: ...
 
     def __init__(
@@ -365,6 +533,7 @@ class App(Generic[S]):
         *,
         lifespan: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
         result_retention: timedelta = DEFAULT_RESULT_RETENTION,
+        **worker: Unpack[WorkerOptions],
     ) -> None:
         if lifespan is not None and not callable(lifespan):
             raise TypeError(f"lifespan must be callable, got {type(lifespan).__name__}")
@@ -373,11 +542,16 @@ class App(Generic[S]):
                 f"result_retention must be a datetime.timedelta, got "
                 f"{type(result_retention).__name__}"
             )
+        _check_worker_options(worker, "App()")
         self._redis = redis
         self.lifespan = lifespan
         self.result_retention = result_retention
+        self.worker_options: WorkerOptions = cast(WorkerOptions, dict(worker))
+        """The worker settings given to ``App(...)``; every worker of the App starts with them."""
         self.mux = ServeMux()
         self.tasks: dict[str, TypedTask[Any, Any]] = {}
+        self.crons: list[CronEntry] = []
+        """The schedules declared with ``@app.cron``; the App's workers run them."""
         self._client: Client | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._eager: _Eager | None = None
@@ -470,6 +644,95 @@ class App(Generic[S]):
             return register(fn)
         return _TaskDecorator(register)
 
+    def cron(
+        self,
+        spec: str | None = None,
+        /,
+        *,
+        every: timedelta | None = None,
+        timezone: str | tzinfo | None = None,
+        jitter: timedelta | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> _CronDecorator:
+        """Enqueue a typed task on a schedule, run by the App's workers themselves.
+
+        ::
+
+            @app.cron("*/5 * * * *", timezone="Europe/Paris", kwargs={"days": 30})
+            @app.task(queue="maintenance")
+            async def cleanup(days: int) -> int: ...
+
+            @app.cron(every=timedelta(minutes=10), jitter=timedelta(seconds=30))
+            async def refresh() -> None: ...   # a plain function is registered as a task
+
+        *spec* is a cron spec as asynq reads it (5 fields, ``@daily``, ``@every
+        1h``...); *every* the interval form (whole seconds, ticks aligned to the
+        Unix epoch). *timezone* (a zone name or tzinfo) is the zone the spec is
+        read in (default UTC). *args*/*kwargs* are the task's arguments, checked
+        now as an enqueue checks them. *jitter* spreads each tick's run over
+        ``[0, jitter)`` after the tick.
+
+        Every worker of the App (``asyncq worker module:app``, :meth:`run_worker`;
+        not burst runs) runs the schedules; each tick is enqueued once whatever
+        the number of workers, listed once by ``asyncq cron ls``, the web UI and
+        Go's ``asynq cron ls``, with one history (``Scheduler(shared=True)``).
+        """
+        if (spec is None) == (every is None):
+            raise TypeError("@app.cron needs a cron spec or every=..., not both")
+        if every is not None:
+            if not isinstance(every, timedelta):
+                raise TypeError(f"every must be a timedelta, got {every.__class__.__name__}")
+            if every < timedelta(seconds=1) or every % timedelta(seconds=1):
+                raise ValueError(f"every must be a whole number of seconds, at least 1s: {every}")
+            spec = f"@every {go_duration(every)}"
+        assert spec is not None
+        if not isinstance(spec, str):
+            raise TypeError(f"a cron spec is a str, got {spec.__class__.__name__}")
+        if timezone is not None:
+            if spec.lstrip().startswith(("CRON_TZ=", "TZ=")):
+                raise ValueError(f"cron spec {spec!r} names its zone; do not give timezone too")
+            zone = _zone_name(timezone)
+            spec = f"CRON_TZ={zone} {spec.strip()}"
+        parse_cronspec(spec)
+        if jitter is not None:
+            if not isinstance(jitter, timedelta):
+                raise TypeError(f"jitter must be a timedelta, got {jitter.__class__.__name__}")
+            if jitter <= timedelta(0):
+                raise ValueError(f"jitter must be positive, got {jitter}")
+        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+            raise TypeError(f"args must be a sequence of arguments, got {args!r}")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise TypeError(f"kwargs must be a mapping of argument names, got {kwargs!r}")
+        cron_spec = spec
+
+        def register(target: Callable[..., Any]) -> TypedTask[Any, Any]:
+            typed = target if isinstance(target, TypedTask) else self.task(target)
+            if typed.app is not self:
+                raise ValueError(f"{typed.name!r} is a task of another App")
+            call = typed._make(tuple(args), dict(kwargs or {}), None)
+            self.crons.append(CronEntry(cron_spec, typed, call, jitter))
+            return typed
+
+        return _CronDecorator(register)
+
+    def _cron_lifespan(self, redis: RedisTarget) -> Lifespan:
+        """The worker lifespan: the App's own, then a shared Scheduler running the crons."""
+        user = self.lifespan
+
+        @contextlib.asynccontextmanager
+        async def lifespan() -> AsyncIterator[Any]:
+            async with contextlib.AsyncExitStack() as stack:
+                state = None if user is None else await stack.enter_async_context(user())
+                scheduler = Scheduler(redis, shared=True)
+                for entry in self.crons:
+                    scheduler.register(entry.spec, entry.call, jitter=entry.jitter)
+                await scheduler.start()
+                stack.push_async_callback(scheduler.shutdown)
+                yield state
+
+        return lifespan
+
     # -- client ------------------------------------------------------------------------------
 
     @property
@@ -514,17 +777,66 @@ class App(Generic[S]):
         """What the App's lifespan yielded, inside a handler run by its worker (or eager block)."""
         return cast(S, lifespan_state())
 
-    def server(self, **options: Any) -> Server:
-        """A :class:`Server` for this App's Redis, with its lifespan; *options* as Server's."""
-        if self.lifespan is not None:
-            options.setdefault("lifespan", self.lifespan)
-        redis = self.redis
-        if isinstance(redis, Connection):
-            redis = redis.redis
-        return Server(redis, **options)
+    def task_queues(self) -> dict[str, list[str]]:
+        """Queue -> the registered task types that are enqueued there by default."""
+        out: dict[str, list[str]] = {}
+        for typed in self.tasks.values():
+            out.setdefault(typed.defaults.get("queue") or "default", []).append(typed.name)
+        return out
 
-    async def run_worker(self, **options: Any) -> None:
-        """Run a worker until SIGTERM/SIGINT (or, with ``burst=True``, until the queues empty)."""
+    def worker_settings(self, **overrides: Unpack[WorkerOptions]) -> WorkerOptions:
+        """The options a worker of this App gets: the App's, then *overrides*, key by key.
+
+        Without ``queues`` in either: ``default`` and every queue a registered
+        task declares, each with weight 1.
+        """
+        _check_worker_options(overrides, "worker_settings()")
+        merged = cast(WorkerOptions, {**self.worker_options, **overrides})
+        if merged.get("queues") is None:
+            queues = dict.fromkeys(["default", *sorted(self.task_queues())], 1)
+            merged["queues"] = queues
+        return merged
+
+    def server(
+        self, *, redis: RedisTarget | None = None, **options: Unpack[WorkerOptions]
+    ) -> Server:
+        """A :class:`Server` for this App (its Redis unless *redis*), lifespan and settings.
+
+        *options* override the App's worker settings key by key (see
+        :meth:`worker_settings`). Unless it is a burst run, the server also runs
+        the App's ``@app.cron`` schedules (started and stopped with its
+        lifespan). Logs a warning naming every registered task whose queue this
+        server does not serve.
+        """
+        settings = self.worker_settings(**options)
+        target: RedisTarget | Connection = self.redis if redis is None else redis
+        if isinstance(target, Connection):
+            target = target.redis
+        lifespan = self.lifespan
+        if self.crons and not settings.get("burst"):
+            lifespan = self._cron_lifespan(target)
+        server = Server(target, lifespan=lifespan, **settings)
+        self._warn_unserved(server)
+        return server
+
+    def _warn_unserved(self, server: Server) -> None:
+        served = list(server.config.queues)
+        for queue, types in sorted(self.task_queues().items()):
+            if queue in served or any(fnmatch.fnmatchcase(queue, q) for q in served):
+                continue
+            get_logger().warning(
+                "this worker does not serve a queue that registered tasks use; "
+                "their tasks wait for another worker",
+                queue=queue,
+                task_types=types,
+                served=served,
+            )
+
+    async def run_worker(self, **options: Unpack[WorkerOptions]) -> None:
+        """Run a worker until SIGTERM/SIGINT (or, with ``burst=True``, until the queues empty).
+
+        *options* override the App's worker settings (see :meth:`server`).
+        """
         await self.server(**options).run(self.mux)
 
     @contextlib.asynccontextmanager
@@ -555,6 +867,44 @@ class App(Generic[S]):
 
     def __repr__(self) -> str:
         return f"<App tasks={len(self.tasks)}>"
+
+
+def _zone_name(timezone: str | tzinfo) -> str:
+    """The IANA name of *timezone* (as ``CRON_TZ=`` takes it); ValueError naming a bad one."""
+    if isinstance(timezone, str):
+        try:
+            ZoneInfo(timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {timezone!r}") from None
+        return timezone
+    if isinstance(timezone, ZoneInfo):
+        return timezone.key
+    if timezone is UTC:
+        return "UTC"
+    raise TypeError(
+        f"timezone must be a zone name or a zoneinfo.ZoneInfo (Go reads the name), got {timezone!r}"
+    )
+
+
+class _CronDecorator:
+    """What ``@app.cron(...)`` returns: applied to a typed task or a function, schedules it."""
+
+    __slots__ = ("_register",)
+
+    def __init__(self, register: Callable[[Callable[..., Any]], TypedTask[Any, Any]]) -> None:
+        self._register = register
+
+    @overload
+    def __call__(self, fn: TypedTask[P, R], /) -> TypedTask[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> TypedTask[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> TypedTask[P, R]: ...
+
+    def __call__(self, fn: Callable[..., Any], /) -> TypedTask[Any, Any]:
+        return self._register(fn)
 
 
 class _TaskDecorator:

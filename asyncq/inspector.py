@@ -34,15 +34,17 @@ Deliberate differences from asynq:
 
 from __future__ import annotations
 
+import fnmatch
 import time
 import types
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from asyncq import _keys as keys
-from asyncq._broker.inspect import InspectBroker, StoredTask
+from asyncq._broker.inspect import InspectBroker, RateBucket, StoredTask
 from asyncq._broker.triage import FailedTask, TriageBroker
 from asyncq._broker.workflow import (
     WorkflowInfo,
@@ -120,19 +122,39 @@ class QueueInfo:
     timestamp: datetime
     """When the snapshot was taken."""
     concurrency_limit: int | None = None
-    """asyncq: the fleet-wide concurrency limit stored in Redis (:meth:`Inspector.set_limit`);
-    None when unset (servers may still apply their own ``queue_concurrency``)."""
+    """asyncq: the fleet-wide concurrency limit stored in Redis (:meth:`Inspector.set_limit`),
+    else the ``queue_concurrency`` live servers configure (the smallest when they differ;
+    see :attr:`configured_by`); None when neither."""
     running: int = 0
     """asyncq: active tasks holding a live lease, what a concurrency limit counts."""
     held_back: int = 0
     """asyncq: pending tasks the stored limit keeps waiting now (pending beyond the room)."""
     rate_limit: str | None = None
     """asyncq: the rate the workers' ``rate_limits`` bucket runs at (e.g. ``"50/s"``), as
-    last written by a worker that took a task (kept an hour); None when no bucket exists."""
+    last written by a worker that took a task (kept an hour), else the rate live servers
+    configure; None when neither."""
     rate_tokens: int | None = None
     """asyncq: tasks the rate bucket lets start now (Redis TIME); None without a bucket."""
     ordered: bool = False
-    """asyncq: the queue is ordered (:meth:`Inspector.set_ordered`)."""
+    """asyncq: the queue is ordered (:meth:`Inspector.set_ordered`, or a live server's
+    ``ordered_queues``)."""
+    configured_by: dict[str, dict[str, int]] = field(default_factory=dict)
+    """asyncq: what live servers configure for the queue by code or flag, and how many
+    of them: ``{"limit": {"2": 3}, "rate": {"10/s burst 1": 3}, "local": {"4": 1},
+    "ordered": {"yes": 3}}`` (settings nobody configures are absent; a pattern
+    such as ``tenant:*`` counts for each queue it matches)."""
+
+    @property
+    def configured_text(self) -> str:
+        """asyncq: :attr:`configured_by` in words (``"limit 2 (3 servers), rate 10/s (3
+        servers)"``; empty when no live server configures anything for the queue)."""
+        names = {"limit": "limit", "local": "local limit", "rate": "rate", "ordered": "ordered"}
+        parts = []
+        for setting, label in names.items():
+            for value, n in sorted(self.configured_by.get(setting, {}).items()):
+                shown = label if setting == "ordered" else f"{label} {value}"
+                parts.append(f"{shown} ({n} server{'s' if n != 1 else ''})")
+        return ", ".join(parts)
 
     @property
     def rate_per_second(self) -> float | None:
@@ -186,6 +208,14 @@ class ServerInfo:
     type_rate_limits: dict[str, str] = field(default_factory=dict)
     """asyncq: the server's ``type_rate_limits`` (``{task type: "600/min"}``); empty for
     Go asynq servers and asyncq servers without any."""
+    queue_concurrency: dict[str, int] = field(default_factory=dict)
+    """asyncq: the server's ``queue_concurrency`` (names or patterns, as configured)."""
+    local_queue_concurrency: dict[str, int] = field(default_factory=dict)
+    """asyncq: the server's ``local_queue_concurrency``."""
+    rate_limits: dict[str, str] = field(default_factory=dict)
+    """asyncq: the server's ``rate_limits`` (``{queue: "10/s burst 1"}``)."""
+    ordered_queues: list[str] = field(default_factory=list)
+    """asyncq: the server's ``ordered_queues``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,6 +479,7 @@ class Inspector:
             )
         self._clock = clock
         self._rdb = InspectBroker(self._conn.redis, clock=clock)
+        self._flow_cache: tuple[float, list[dict[str, str]]] | None = None
 
     @property
     def redis(self) -> Any:
@@ -492,6 +523,14 @@ class Inspector:
         running = await self._rdb.live_leases(queue)
         bucket = await self._rdb.queue_rate(queue)
         ordered = await self._rdb.queue_ordered(queue)
+        configured = _configured_for(queue, await self._fleet_flow())
+        if limit is None and "limit" in configured:
+            # Each server enforces its own; the smallest is what holds under load.
+            limit = min(int(v) for v in configured["limit"])
+        rate_text = None if bucket is None else _bucket_rate_text(bucket)
+        if rate_text is None and "rate" in configured:  # no task taken yet
+            rate_text = max(configured["rate"].items(), key=lambda kv: kv[1])[0]
+        ordered = ordered or "ordered" in configured
         now = self._now()
         latency = timedelta(0)
         if stats.oldest_pending_since_ns > 0:
@@ -529,10 +568,25 @@ class Inspector:
             concurrency_limit=limit,
             running=running,
             held_back=0 if limit is None else max(0, stats.pending - max(0, limit - running)),
-            rate_limit=None if bucket is None else _rate_text(bucket.burst, bucket.period_us),
+            rate_limit=rate_text,
             rate_tokens=None if bucket is None else bucket.tokens,
             ordered=ordered,
+            configured_by=configured,
         )
+
+    async def _fleet_flow(self) -> list[dict[str, str]]:
+        """Every live asyncq server's queue flow record, read at most once a second."""
+        now = time.monotonic()
+        cached = self._flow_cache
+        if cached is not None and now - cached[0] < 1.0:
+            return cached[1]
+        flows = []
+        for s in await self._rdb.list_servers():
+            record = await self._rdb.server_queue_flow(s.host, s.pid, s.server_id)
+            if record:
+                flows.append(record)
+        self._flow_cache = (now, flows)
+        return flows
 
     async def history(self, queue: str, days: int = 10) -> list[DailyStats]:
         """Processed/failed counts of the last *days* UTC days, today first."""
@@ -619,7 +673,7 @@ class Inspector:
         if bucket is not None:
             return TypeRateInfo(
                 task_type=task_type,
-                rate=_rate_text(bucket.burst, bucket.period_us),
+                rate=_bucket_rate_text(bucket),
                 per_second=bucket.burst * 1_000_000 / bucket.period_us,
                 tokens=bucket.tokens,
                 next_token=timedelta(microseconds=bucket.next_us),
@@ -1059,6 +1113,7 @@ class Inspector:
                 started=_proto_time(s.start_time),
                 status=s.status,
                 type_rate_limits=await self._rdb.server_type_rates(s.host, s.pid, s.server_id),
+                **_server_flow(await self._rdb.server_queue_flow(s.host, s.pid, s.server_id)),
             )
         for w in await self._rdb.list_workers():
             server = servers.get(w.server_id)
@@ -1128,6 +1183,7 @@ def _per_second(rate: str) -> float | None:
     """Tasks per second of a rate text a server wrote (``"600/min"`` is 10.0); None
     for text that is not a rate (a record written by something else)."""
     count, _, period = rate.partition("/")
+    period, _, _ = period.strip().partition(" burst ")  # "10/s burst 1": the burst is no rate
     try:
         n = int(count)
     except ValueError:
@@ -1139,6 +1195,74 @@ def _per_second(rate: str) -> float | None:
         except ValueError:
             return None
     return n / seconds if seconds > 0 else None
+
+
+_FLOW_SETTINGS = ("limit", "local", "rate", "ordered")
+
+
+def _configured_for(queue: str, flows: list[dict[str, str]]) -> dict[str, dict[str, int]]:
+    """What the servers' flow records configure for *queue*: setting -> value -> servers.
+
+    As a server resolves them: an explicit name wins over a pattern, else the
+    first pattern (in the server's order) that matches.
+    """
+    out: dict[str, Counter[str]] = {}
+    for record in flows:
+        for setting in _FLOW_SETTINGS:
+            value = record.get(f"{setting}:{queue}")
+            if value is None:
+                prefix = f"{setting}:"
+                for name, v in record.items():
+                    pattern = name[len(prefix) :]
+                    if (
+                        name.startswith(prefix)
+                        and any(c in pattern for c in "*?[")
+                        and fnmatch.fnmatchcase(queue, pattern)
+                    ):
+                        value = v
+                        break
+            if value is not None:
+                shown = "yes" if setting == "ordered" else value
+                out.setdefault(setting, Counter())[shown] += 1
+    return {setting: dict(values) for setting, values in out.items()}
+
+
+def _server_flow(record: dict[str, str]) -> dict[str, Any]:
+    """A server's flow record as ServerInfo fields."""
+    fields: dict[str, Any] = {
+        "queue_concurrency": {},
+        "local_queue_concurrency": {},
+        "rate_limits": {},
+        "ordered_queues": [],
+    }
+    for name, value in record.items():
+        setting, _, queue = name.partition(":")
+        try:
+            if setting == "limit":
+                fields["queue_concurrency"][queue] = int(value)
+            elif setting == "local":
+                fields["local_queue_concurrency"][queue] = int(value)
+            elif setting == "rate":
+                fields["rate_limits"][queue] = value
+            elif setting == "ordered":
+                fields["ordered_queues"].append(queue)
+        except ValueError:
+            continue  # a record written by something else: skipped, not fatal
+    return fields
+
+
+def _bucket_rate_text(bucket: RateBucket) -> str:
+    """The rate a bucket was written with: ``50/s``, or ``10/s burst 1`` when it holds
+    fewer tokens than one period's count (a bucket holding more reads ``3/3s``)."""
+    text = _rate_text(bucket.burst, bucket.period_us)
+    if text.endswith(("/s", "/min", "/h")):
+        return text
+    interval = max(1, bucket.period_us // max(1, bucket.burst))
+    for unit, size in (("s", 1_000_000), ("min", 60_000_000), ("h", 3_600_000_000)):
+        count = round(size / interval)
+        if count >= 1 and abs(count * interval - size) < count:
+            return f"{count}/{unit} burst {bucket.burst}" if count > bucket.burst else text
+    return text
 
 
 def _rate_text(count: int, period_us: int) -> str:

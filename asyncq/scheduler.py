@@ -39,6 +39,21 @@ the ``done`` write (one round trip), whose task is then processed and deleted
 (no ``retention``) before ``claim_lease`` runs out, lets a second scheduler
 enqueue that tick again. A ``retention`` longer than ``claim_lease`` closes it.
 
+Shared entries (``Scheduler(shared=True)``, what an App's workers run for
+``@app.cron``): every worker process runs the same entries, so besides the
+claims above
+
+* an entry's ID is derived from its identity (a UUIDv5), the same in every
+  process, and so is its history (``asynq:scheduler_history:<entry id>``),
+  which is kept when a scheduler stops (others still run the entry; asynq caps
+  it at 1,000 events);
+* only the scheduler holding the entry's listing lease
+  (:func:`asyncq._keys.scheduler_lister_key`, renewed with each heartbeat and
+  expiring after two) writes the entry in its heartbeat record, so ``asyncq
+  cron ls``, the web UI, asynqmon and Go's ``asynq cron ls`` list it once; when
+  that scheduler stops it hands the lease back, and another one lists the entry
+  from its next heartbeat.
+
 Other differences from asynq, on purpose:
 
 * the first heartbeat is written at :meth:`Scheduler.start` (asynq waits one
@@ -91,6 +106,7 @@ __all__ = [
     "PreEnqueueHook",
     "Scheduler",
     "entry_identity",
+    "tick_jitter",
     "tick_task_id",
     "validate_options",
 ]
@@ -111,6 +127,24 @@ _DONE_MARGIN = timedelta(minutes=10)
 # A fixed namespace, so every process derives the same task ID for a tick.
 _TICK_NAMESPACE = uuid.UUID("2f0b7c8e-59a4-4d6e-9f3b-6a1c2d3e4f50")
 _SHUTDOWN_TIMEOUT = 8.0
+# Shared entries: the entry ID every process derives from the identity.
+_ENTRY_NAMESPACE = uuid.UUID("8d7c1a52-3b0e-4f61-a9d4-0c5e2b7f9a13")
+# Take or renew a listing lease: KEYS[1] lease, ARGV[1] scheduler id, ARGV[2] ttl ms.
+_LIST_LEASE = """
+local holder = redis.call("GET", KEYS[1])
+if holder == ARGV[1] or not holder then
+    redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
+    return 1
+end
+return 0
+"""
+# Hand a listing lease back if this scheduler holds it.
+_RELEASE_LEASE = """
+if redis.call("GET", KEYS[1]) == ARGV[1] then
+    return redis.call("DEL", KEYS[1])
+end
+return 0
+"""
 
 
 class EntryNotFoundError(AsyncqError, KeyError):
@@ -127,6 +161,14 @@ class EntryNotFoundError(AsyncqError, KeyError):
 def tick_task_id(identity: str, tick_unix: int) -> str:
     """The task ID every scheduler uses for one tick of one entry (a UUIDv5)."""
     return str(uuid.uuid5(_TICK_NAMESPACE, f"{identity}:{tick_unix}"))
+
+
+def tick_jitter(identity: str, tick_unix: int, jitter: timedelta) -> timedelta:
+    """How long after its tick an entry with *jitter* runs: the same in every process,
+    spread evenly over ``[0, jitter)``."""
+    span = jitter // timedelta(microseconds=1)
+    digest = hashlib.sha256(f"{identity}:{tick_unix}".encode()).digest()
+    return timedelta(microseconds=int.from_bytes(digest[:8], "big") % span)
 
 
 def _merged_options(task: Task, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -195,6 +237,7 @@ class _Entry:
     options: dict[str, Any]
     option_strings: list[str]
     identity: str
+    jitter: timedelta | None = None
     next: datetime | None = None
     prev: datetime | None = None
     runner: asyncio.Task[None] | None = None
@@ -229,6 +272,10 @@ class Scheduler:
     ``claim_lease`` bounds how late a tick is when the scheduler that claimed it
     dies; ``misfire_grace`` is how long after its time a tick may still be
     enqueued (Redis outages, dead claimants) before it is reported as missed.
+
+    ``shared=True``: the same entries run in many processes (an App's
+    workers); entry IDs and histories are shared and each entry is listed by
+    one scheduler only (see the module docstring).
     """
 
     def __init__(
@@ -242,6 +289,7 @@ class Scheduler:
         error_handler: ErrorHandler | None = None,
         claim_lease: timedelta = timedelta(seconds=5),
         misfire_grace: timedelta = timedelta(seconds=60),
+        shared: bool = False,
     ) -> None:
         if not isinstance(location, tzinfo):
             raise TypeError(f"location must be a tzinfo, got {location.__class__.__name__}")
@@ -271,6 +319,7 @@ class Scheduler:
         self.pre_enqueue = pre_enqueue
         self.post_enqueue = post_enqueue
         self.error_handler = error_handler
+        self.shared = bool(shared)
         host = socket.gethostname() or "unknown-host"
         self.id = f"{host}:{os.getpid()}:{uuid.uuid4()}"
         """Scheduler ID as asynq spells it: ``<hostname>:<pid>:<uuid4>``."""
@@ -290,8 +339,14 @@ class Scheduler:
 
     # -- registration -----------------------------------------------------------------------
 
-    def register(self, cronspec: str, task: Task, **options: Any) -> str:
+    def register(
+        self, cronspec: str, task: Task, *, jitter: timedelta | None = None, **options: Any
+    ) -> str:
         """Enqueue *task* with *options* on every tick of *cronspec*; returns the entry ID.
+
+        *jitter*: each tick's task runs a spread-out delay in ``[0, jitter)``
+        after the tick (the same delay in every process; the task is enqueued
+        at the tick, scheduled for then).
 
         Raises ValueError (naming the spec or option) or TypeError for bad input.
         """
@@ -302,14 +357,30 @@ class Scheduler:
         schedule = parse_cronspec(cronspec, self.location)
         identity = entry_identity(cronspec, task, options)
         strings = validate_options(task, options)
+        if jitter is not None:
+            if not isinstance(jitter, timedelta):
+                raise TypeError(f"jitter must be a timedelta, got {jitter.__class__.__name__}")
+            if jitter <= timedelta(0):
+                raise ValueError(f"jitter must be positive, got {jitter}")
+            if any(k in _merged_options(task, options) for k in ("process_at", "process_in")):
+                raise ValueError("jitter cannot be combined with process_at or process_in")
+            identity = hashlib.sha256(f"{identity}:jitter:{jitter}".encode()).hexdigest()
+        entry_id = str(uuid.uuid4())
+        if self.shared:
+            entry_id = str(uuid.uuid5(_ENTRY_NAMESPACE, identity))
+            if entry_id in self._entries:
+                raise ValueError(
+                    f"an identical entry ({cronspec!r}, {task.type!r}) is already registered"
+                )
         entry = _Entry(
-            id=str(uuid.uuid4()),
+            id=entry_id,
             spec=cronspec,
             schedule=schedule,
             task=task,
             options=dict(options),
             option_strings=strings,
             identity=identity,
+            jitter=jitter,
         )
         entry.next = _next_tick(schedule, datetime.now(UTC))
         if any(e.identity == identity for e in self._entries.values()):
@@ -522,14 +593,38 @@ class Scheduler:
 
     async def _heartbeat(self) -> None:
         assert self._broker is not None
-        entries = [e.proto() for e in self._entries.values()]
+        listed = list(self._entries.values())
+        if self.shared:
+            listed = [e for e in listed if await self._hold_listing(e)]
+            if not listed:  # another scheduler lists them all: no empty record
+                await self._broker.clear_scheduler_entries(self.id)
+                return
+        entries = [e.proto() for e in listed]
         await self._broker.write_scheduler_entries(
             self.id, entries, 2 * self.heartbeat_interval.total_seconds()
         )
 
+    async def _hold_listing(self, entry: _Entry) -> bool:
+        """Take or renew the lease that makes this scheduler the one listing *entry*."""
+        assert self._conn is not None
+        ttl_ms = int(2 * self.heartbeat_interval.total_seconds() * 1000)
+        held = await self._conn.redis.eval(
+            _LIST_LEASE, 1, keys.scheduler_lister_key(entry.identity), self.id, ttl_ms
+        )
+        return bool(held)
+
+    async def _release_listings(self) -> None:
+        assert self._conn is not None
+        for entry in [*self._entries.values(), *self._retired.values()]:
+            await self._conn.redis.eval(
+                _RELEASE_LEASE, 1, keys.scheduler_lister_key(entry.identity), self.id
+            )
+
     async def _retire(self, entry: _Entry) -> None:
         if entry.fires:
             await asyncio.wait(set(entry.fires))
+        if self.shared:
+            return  # the history is every sharing scheduler's
         try:
             await self._clear_history(entry)
         except REDIS_ERRORS as exc:
@@ -545,11 +640,15 @@ class Scheduler:
         assert self._broker is not None
         try:
             await self._broker.clear_scheduler_entries(self.id)
+            if self.shared:
+                await self._release_listings()
         except REDIS_ERRORS as exc:
             self.log.error(
                 "could not remove scheduler entries; they expire with their TTL",
                 error=str(exc),
             )
+        if self.shared:
+            return  # the histories stay: other schedulers run the same entries
         for entry in [*self._entries.values(), *self._retired.values()]:
             try:
                 await self._clear_history(entry)
@@ -586,6 +685,8 @@ class Scheduler:
         explicit_id = "task_id" in _merged_options(entry.task, entry.options)
         if not explicit_id:
             options["task_id"] = tick_task_id(entry.identity, tick_unix)
+        if entry.jitter is not None:
+            options["process_at"] = tick + tick_jitter(entry.identity, tick_unix, entry.jitter)
         log = self.log.bind(
             entry_id=entry.id,
             task_type=entry.task.type,

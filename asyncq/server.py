@@ -216,7 +216,7 @@ class Server:
       leases; a limit stored with ``Inspector.set_limit`` overrides it);
       ``local_queue_concurrency``: ``{queue: N}`` for this server alone;
       ``rate_limits``: ``{queue: "100/s"}``, a token bucket in Redis shared by
-      every asyncq server (periods s, min, h; holds N tokens);
+      every asyncq server (periods s, min, h; holds N tokens, or B with "N/s burst B");
       ``type_rate_limits``: ``{task type: "600/min"}``, the same per task type,
       fleet-wide, taken by the worker after the dequeue (a task without a token
       goes back to the retry set unrun, without using a retry);

@@ -308,6 +308,7 @@ class FakeBroker:
         ttl: float,
         *,
         type_rates: Mapping[str, str] | None = None,
+        queue_flow: Mapping[str, str] | None = None,
     ) -> None:
         await self._enter("write_server_state", len(workers))
         self.servers[info.server_id] = (info, list(workers))

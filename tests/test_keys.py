@@ -40,6 +40,7 @@ PER_QUEUE: list[tuple[Callable[[], str], str]] = [
         lambda: keys.scheduler_claim_key("3f2a", 1_700_000_000),
         "asyncq:scheduler_claims:{3f2a}:1700000000",
     ),
+    (lambda: keys.scheduler_lister_key("3f2a"), "asyncq:scheduler_lister:{3f2a}"),
 ]
 
 GLOBAL: list[tuple[Callable[[], str], str]] = [
@@ -54,6 +55,10 @@ GLOBAL: list[tuple[Callable[[], str], str]] = [
     (
         lambda: keys.server_type_rates_key("host", 42, "sid"),
         "asyncq:server_type_rates:{host:42:sid}",
+    ),
+    (
+        lambda: keys.server_queue_flow_key("host", 42, "sid"),
+        "asyncq:server_queue_flow:{host:42:sid}",
     ),
     (lambda: keys.scheduler_entries_key("h:1:uuid"), "asynq:schedulers:{h:1:uuid}"),
     (lambda: keys.scheduler_history_key("entry-1"), "asynq:scheduler_history:entry-1"),
@@ -94,7 +99,9 @@ def test_every_exported_builder_is_covered() -> None:
         "scheduler_claim_key",
         "scheduler_entries_key",
         "scheduler_history_key",
+        "scheduler_lister_key",
         "server_info_key",
+        "server_queue_flow_key",
         "server_type_rates_key",
         "task_key",
         "task_key_prefix",

@@ -370,6 +370,12 @@ class InspectBroker:
         raw = await self._r.hgetall(keys.server_type_rates_key(host, pid, server_id))
         return {_str(k): _str(v) for k, v in raw.items()}
 
+    async def server_queue_flow(self, host: str, pid: int, server_id: str) -> dict[str, str]:
+        """A live asyncq server's queue flow control record (empty for others); see
+        :func:`asyncq._keys.server_queue_flow_key`."""
+        raw = await self._r.hgetall(keys.server_queue_flow_key(host, pid, server_id))
+        return {_str(k): _str(v) for k, v in raw.items()}
+
     async def live_leases(self, qname: str) -> int:
         """Active tasks of the queue whose lease has not expired (what a limit counts)."""
         return _int(await self._r.zcount(keys.lease_key(qname), int(self.clock()), "+inf"))

@@ -39,11 +39,13 @@ class ServerRecords(BrokerBase):
         ttl: float,
         *,
         type_rates: Mapping[str, str] | None = None,
+        queue_flow: Mapping[str, str] | None = None,
     ) -> None:
         """Heartbeat: ServerInfo and WorkerInfo records with *ttl* seconds to live.
 
-        *type_rates* (``{task type: "600/min"}``), when not empty, go to an
-        asyncq-only hash beside them with the same TTL, for the Inspector.
+        *type_rates* (``{task type: "600/min"}``) and *queue_flow* (see
+        :func:`asyncq._keys.server_queue_flow_key`), when not empty, go to
+        asyncq-only hashes beside them with the same TTL, for the Inspector.
         """
         secs = record_ttl(ttl)
         skey = keys.server_info_key(info.host, info.pid, info.server_id)
@@ -63,6 +65,13 @@ class ServerRecords(BrokerBase):
             for task_type, rate in type_rates.items():
                 targs += (task_type, rate)
             await self._run(_WRITE_SERVER_TYPE_RATES, (tkey,), targs, "", "")
+        if queue_flow:
+            # The same replace-whole-hash-with-TTL script as the type rates.
+            fkey = keys.server_queue_flow_key(info.host, info.pid, info.server_id)
+            fargs: list[Any] = [secs]
+            for name, value in queue_flow.items():
+                fargs += (name, value)
+            await self._run(_WRITE_SERVER_TYPE_RATES, (fkey,), fargs, "", "")
 
     async def clear_server_state(self, host: str, pid: int, server_id: str) -> None:
         """Remove a server's info and workers records."""
@@ -71,8 +80,14 @@ class ServerRecords(BrokerBase):
         pipe = self.redis.pipeline(transaction=False)
         pipe.execute_command("ZREM", keys.ALL_SERVERS, skey)
         pipe.execute_command("ZREM", keys.ALL_WORKERS, wkey)
-        # One DEL: the three keys share the server's hash tag (one slot).
-        pipe.execute_command("DEL", skey, wkey, keys.server_type_rates_key(host, pid, server_id))
+        # One DEL: the four keys share the server's hash tag (one slot).
+        pipe.execute_command(
+            "DEL",
+            skey,
+            wkey,
+            keys.server_type_rates_key(host, pid, server_id),
+            keys.server_queue_flow_key(host, pid, server_id),
+        )
         await pipe.execute()
 
     async def write_scheduler_entries(

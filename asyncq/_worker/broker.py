@@ -113,6 +113,7 @@ class WorkerBroker(Protocol):
         ttl: float,
         *,
         type_rates: Mapping[str, str] | None = None,
+        queue_flow: Mapping[str, str] | None = None,
     ) -> None: ...
 
     async def clear_server_state(self, host: str, pid: int, server_id: str) -> None: ...

@@ -13,7 +13,10 @@ The limits are enforced inside the dequeue script (``dequeue_queues.lua``):
 * ``rate_limits`` (fleet-wide): ``{queue: "N/period"}``, a GCRA token bucket in
   Redis (``asynq:{q}:asyncq:rate``) computed with Redis TIME inside the same
   dequeue script, so every worker shares it; one task every period/N, at most
-  N at once (the bucket holds N tokens).
+  B at once, where B (the burst: how many tokens the bucket holds) is N unless
+  the rate says ``"N/period burst B"``. In any window of one period at most
+  N + B - 1 tasks start: ``"10/s"`` allows up to 19 in one second (10 at once
+  from a full bucket, then one every 100 ms), ``"10/s burst 1"`` at most 10.
 
 Each option may name queue patterns (``{"tenant:*": 1}``): every served queue
 matching the pattern gets that limit (or rate, or the ordered flag) for itself,
@@ -43,6 +46,7 @@ _V = TypeVar("_V")
 __all__ = [
     "QueueLimits",
     "Rate",
+    "flow_record",
     "parse_rate",
     "validate_limits",
     "validate_ordered",
@@ -64,16 +68,22 @@ _PERIODS_US = {
     "h": 3_600_000_000,
     "hour": 3_600_000_000,
 }
-_RATE = re.compile(r"\s*(\d+)\s*/\s*([a-z]+)\s*")
+_RATE = re.compile(r"\s*(\d+)\s*/\s*([a-z]+)(?:\s+burst\s+(\d+))?\s*")
 
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """A rate limit: *count* tasks per *period_us* microseconds, at most *count* at once."""
+    """A rate limit: *count* tasks per *period_us* microseconds, at most *burst* at once."""
 
     count: int
     period_us: int
     text: str
+    burst: int = 0
+    """Tokens the bucket holds (tasks that may start at once); 0 means *count*."""
+
+    def __post_init__(self) -> None:
+        if self.burst == 0:
+            object.__setattr__(self, "burst", self.count)
 
     @property
     def interval_us(self) -> int:
@@ -85,18 +95,41 @@ class Rate:
 
 
 def parse_rate(text: str) -> Rate:
-    """``"100/s"``, ``"600/min"``, ``"10/h"`` as a :class:`Rate`; anything else raises."""
+    """``"100/s"``, ``"600/min"``, ``"10/h"``, ``"10/s burst 1"`` as a :class:`Rate`;
+    anything else raises."""
     if not isinstance(text, str):
         raise TypeError(f"a rate is a string like '100/s', got {text!r}")
     m = _RATE.fullmatch(text.lower())
     if m is None or m.group(2) not in _PERIODS_US:
         raise ValueError(
-            f"bad rate {text!r}: expected COUNT/PERIOD with PERIOD one of s, min, h (e.g. '100/s')"
+            f"bad rate {text!r}: expected COUNT/PERIOD with PERIOD one of s, min, h, "
+            "optionally followed by 'burst B' (e.g. '100/s', '10/s burst 1')"
         )
     count = int(m.group(1))
     if count < 1:
         raise ValueError(f"bad rate {text!r}: the count must be at least 1")
-    return Rate(count, _PERIODS_US[m.group(2)], f"{count}/{m.group(2)}")
+    if m.group(3) is None:
+        return Rate(count, _PERIODS_US[m.group(2)], f"{count}/{m.group(2)}")
+    burst = int(m.group(3))
+    if burst < 1:
+        raise ValueError(f"bad rate {text!r}: the burst must be at least 1")
+    text = f"{count}/{m.group(2)}" + ("" if burst == count else f" burst {burst}")
+    return Rate(count, _PERIODS_US[m.group(2)], text, burst)
+
+
+def flow_record(
+    fleet: Mapping[str, int],
+    local: Mapping[str, int],
+    rates: Mapping[str, Rate],
+    ordered: Sequence[str],
+) -> dict[str, str]:
+    """A server's queue flow control as its heartbeat publishes it
+    (:func:`asyncq._keys.server_queue_flow_key`)."""
+    out = {f"limit:{q}": str(n) for q, n in fleet.items()}
+    out |= {f"local:{q}": str(n) for q, n in local.items()}
+    out |= {f"rate:{q}": str(rate) for q, rate in rates.items()}
+    out |= {f"ordered:{q}": "1" for q in ordered}
+    return out
 
 
 def _check_name(option: str, qname: str) -> None:
@@ -244,7 +277,7 @@ class QueueLimits:
             entry: tuple[int, ...] = (self._fleet.get(qname, -1), room)
             rate = self._rates.get(qname)
             if rate is not None:
-                entry += (rate.interval_us, rate.count)
+                entry += (rate.interval_us, rate.burst)
             out[qname] = entry
         return out
 

@@ -22,6 +22,7 @@ from asyncq._logging import error_text
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._time import utc_from_timestamp
 from asyncq._worker.active import ActiveTasks
+from asyncq._worker.flow import flow_record
 from asyncq._worker.lease import Lease, extend_leases
 from asyncq._worker.roles import PeriodicRole, RoleDeps
 from asyncq.proto.asynq import ServerInfo, WorkerInfo
@@ -115,6 +116,12 @@ class Heartbeater(PeriodicRole):
             workers,
             ttl=max(2 * self.interval, 2.0),
             type_rates={t: str(rate) for t, rate in cfg.type_rate_limits.items()},
+            queue_flow=flow_record(
+                cfg.queue_concurrency,
+                cfg.local_queue_concurrency,
+                cfg.rate_limits,
+                cfg.ordered_queues,
+            ),
         )
 
     async def cleanup(self) -> None:

@@ -881,7 +881,7 @@ class _TypeTokens:
                 task_type,
                 len(futs),
                 interval_us=rate.interval_us,
-                burst=rate.count,
+                burst=rate.burst,
                 max_wait_us=TYPE_RATE_MAX_WAIT_US,
             )
         except Exception as exc:  # e.g. connection lost: every request of the batch gets it

@@ -25,7 +25,7 @@ from asyncq.cli._format import (
     to_json,
 )
 from asyncq.errors import AsyncqError
-from asyncq.inspector import Inspector, QueueInfo
+from asyncq.inspector import Inspector, QueueInfo, ServerInfo
 from asyncq.task import TaskInfo, TaskState
 
 __all__ = ["register"]
@@ -274,7 +274,10 @@ def _queue_text(q: QueueInfo) -> str:
     if q.ordered:
         lines.append("Ordered: yes (one task at a time fleet-wide, failed task first)")
     if q.rate_limit is not None:
-        lines.append(f"Rate limit: {q.rate_limit}    Tokens now: {q.rate_tokens}")
+        tokens = "-" if q.rate_tokens is None else q.rate_tokens
+        lines.append(f"Rate limit: {q.rate_limit}    Tokens now: {tokens}")
+    if q.configured_text:
+        lines.append(f"Configured by live servers: {q.configured_text}")
     return "\n".join(lines)
 
 
@@ -690,6 +693,18 @@ def server_ls(ctx: click.Context, as_json: bool) -> None:
         if s.type_rate_limits:
             rates = ", ".join(f"{t} {r}" for t, r in sorted(s.type_rate_limits.items()))
             click.echo(f"{s.host}:{s.pid} type rates: {rates}")
+        flow = _server_flow_text(s)
+        if flow:
+            click.echo(f"{s.host}:{s.pid} queue flow control: {flow}")
+
+
+def _server_flow_text(s: ServerInfo) -> str:
+    """A server's queue limits, rates and ordered queues, as configured (code or flags)."""
+    parts = [f"limit {q}={n}" for q, n in sorted(s.queue_concurrency.items())]
+    parts += [f"local limit {q}={n}" for q, n in sorted(s.local_queue_concurrency.items())]
+    parts += [f"rate {q}={r}" for q, r in sorted(s.rate_limits.items())]
+    parts += [f"ordered {q}" for q in sorted(s.ordered_queues)]
+    return ", ".join(parts)
 
 
 @click.group()

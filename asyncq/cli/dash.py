@@ -467,6 +467,11 @@ class QueueScreen(RefreshingScreen):
                 else ""
             )
             + ("  ordered" if info.ordered else "")
+            + (
+                f"  [dim]set by servers: {info.configured_text}[/dim]"
+                if info.configured_text
+                else ""
+            )
         )
         group = f"  group {self.group} (g: next of {len(self.groups)})" if self.group else ""
         empty = "  (no groups)" if self.state is TaskState.AGGREGATING and not self.group else ""

@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from asyncq._redis.options import redact_uri
 from asyncq._worker.queueset import is_pattern, validate_pattern
-from asyncq.app import App
+from asyncq.app import App, WorkerOptions
 from asyncq.cli._app import (
     ENV_URI,
     LOG_LEVELS,
@@ -197,7 +197,8 @@ class QueuesType(_QueuesParam):
     "-q",
     type=QueuesType(),
     metavar="NAME=PRIORITY,...",
-    help="Queues and their weights, e.g. critical=6,default=3 [default: default=1]. "
+    help="Queues and their weights, e.g. critical=6,default=3 [default: an App's queues "
+    "setting, else default and every queue its tasks declare; a ServeMux: default=1]. "
     "A NAME with * ? [..] is a pattern served for every matching queue, also ones "
     "created later, e.g. 'tenant:*=1,critical=5'.",
 )
@@ -220,6 +221,8 @@ class QueuesType(_QueuesParam):
     multiple=True,
     metavar="NAME=N/PERIOD",
     help="Fleet-wide rate limit of a queue (token bucket in Redis), e.g. email=100/s; "
+    "'partner=10/s burst 1' holds 1 token instead of 10 (at most 10 starts in any "
+    "second, instead of up to 19); "
     "NAME may be a pattern (tenant:*=10/s: each matching queue); repeatable.",
 )
 @click.option(
@@ -227,9 +230,14 @@ class QueuesType(_QueuesParam):
     "type_rate_limits",
     multiple=True,
     metavar="TYPE=N/PERIOD",
-    help="Fleet-wide rate limit of a task type, e.g. api:partner=600/min; repeatable.",
+    help="Fleet-wide rate limit of a task type, e.g. api:partner=600/min "
+    "(optionally 'burst B', as --rate-limit); repeatable.",
 )
-@click.option("--strict", is_flag=True, help="Strict priority: empty higher queues first.")
+@click.option(
+    "--strict/--no-strict",
+    default=None,
+    help="Strict priority: empty higher queues first [default: the App's setting, else no].",
+)
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
 @click.option("--uri", "-u", "worker_uri", metavar="URL", help="Redis URL (overrides the global).")
 @click.option(
@@ -319,7 +327,7 @@ def worker(
     local_queue_concurrency: dict[str, int] | None,
     rate_limits: tuple[str, ...],
     type_rate_limits: tuple[str, ...],
-    strict: bool,
+    strict: bool | None,
     burst: bool,
     worker_uri: str | None,
     log_level: str,
@@ -401,17 +409,34 @@ def worker(
     supervisor_pid = os.environ.get(SUPERVISOR_ENV, "")
     if supervisor_pid.isdigit():  # started by a supervisor: end when it is gone
         watch_supervisor(int(supervisor_pid))
-    options: dict[str, Any] = {
-        "concurrency": concurrency,
-        "queues": queues,
-        "strict_priority": strict,
-        "burst": burst,
-        "queue_concurrency": queue_concurrency,
-        "local_queue_concurrency": local_queue_concurrency,
-        "rate_limits": rates or None,
-        "type_rate_limits": type_rates or None,
-    }
-    options.update(timings)
+    # Only the flags given: they override an App's worker settings one by one.
+    options: WorkerOptions = {}
+    if concurrency is not None:
+        options["concurrency"] = concurrency
+    if queues is not None:
+        options["queues"] = queues
+    if strict is not None:
+        options["strict_priority"] = strict
+    if burst:
+        options["burst"] = True
+    if queue_concurrency:
+        options["queue_concurrency"] = queue_concurrency
+    if local_queue_concurrency:
+        options["local_queue_concurrency"] = local_queue_concurrency
+    if rates:
+        options["rate_limits"] = rates
+    if type_rates:
+        options["type_rate_limits"] = type_rates
+    if shutdown_timeout is not None:
+        options["shutdown_timeout"] = shutdown_timeout
+    if lease_duration is not None:
+        options["lease_duration"] = lease_duration
+    if heartbeat_interval is not None:
+        options["heartbeat_interval"] = heartbeat_interval
+    if recoverer_interval is not None:
+        options["recoverer_interval"] = recoverer_interval
+    if recoverer_cutoff is not None:
+        options["recoverer_cutoff"] = recoverer_cutoff
 
     def build(loaded: ServeMux | App[Any]) -> tuple[str, Server, ServeMux]:
         if isinstance(loaded, ServeMux):
@@ -422,7 +447,7 @@ def worker(
             # No --uri, $ASYNCQ_REDIS_URL or config file: the App's own Redis.
             return loaded.redis, loaded.server(**options), loaded.mux
         uri = cli.uri()
-        return uri, Server(uri, lifespan=loaded.lifespan, **options), loaded.mux
+        return uri, loaded.server(redis=uri, **options), loaded.mux
 
     async def serve(loaded: ServeMux | App[Any]) -> None:
         uri, server, mux = build(loaded)
@@ -493,7 +518,7 @@ def _supervise(
     limits: dict[str, dict[str, int] | None],
     rate_limits: tuple[str, ...],
     type_rate_limits: tuple[str, ...],
-    strict: bool,
+    strict: bool | None,
     burst: bool,
     log_level: str,
     loop: str,
@@ -522,8 +547,8 @@ def _supervise(
         argv += ["--type-rate-limit", rate]
     for name, value in timings.items():  # shutdown_timeout, lease_duration, ...
         argv += [f"--{name.replace('_', '-')}", f"{round(value.total_seconds() * 1000)}ms"]
-    if strict:
-        argv.append("--strict")
+    if strict is not None:
+        argv.append("--strict" if strict else "--no-strict")
     if burst:
         argv.append("--burst")
     # The URL goes by environment, not argv, so that `ps` does not show its password.

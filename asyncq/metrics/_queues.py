@@ -13,12 +13,15 @@ asynq_queue_memory_usage_approx_bytes   gauge    queue         sampled memory
 asynq_tasks_processed_total             counter  queue         all-time processed
 asynq_tasks_failed_total                counter  queue         all-time failed
 asynq_queue_paused_total                gauge    queue         1 if paused else 0
-asyncq_queue_concurrency_limit          gauge    queue         stored limit (queues with one)
+asyncq_queue_concurrency_limit          gauge    queue         stored, else configured limit
 asyncq_queue_running                    gauge    queue         tasks holding a live lease
 asyncq_queue_held_back                  gauge    queue         pending beyond the limit's room
 asyncq_queue_rate_limit_per_second      gauge    queue         the queue bucket's rate
 asyncq_queue_rate_tokens                gauge    queue         tasks that may start now
 asyncq_queue_ordered                    gauge    queue         1 if ordered else 0
+asyncq_queue_flow_servers               gauge    queue,        live servers configuring
+                                                 setting,      the setting (limit, local,
+                                                 value         rate, ordered) at the value
 asyncq_type_rate_limit_per_second       gauge    task_type     the type's rate
 asyncq_type_rate_tokens                 gauge    task_type     tasks that may start now
 asyncq_type_rate_limited_total          counter  task_type     tasks the rate put back
@@ -125,7 +128,8 @@ def queue_families(infos: Sequence[QueueInfo]) -> list[Metric]:
         paused.add_metric([q], 1 if info.paused else 0)
     limit = GaugeMetricFamily(
         "asyncq_queue_concurrency_limit",
-        "Fleet-wide concurrency limit stored for the queue (asyncq; only queues with one)",
+        "Fleet-wide concurrency limit of the queue: stored, else the smallest live servers "
+        "configure (asyncq; only queues with one)",
         labels=["queue"],
     )
     running = GaugeMetricFamily(
@@ -153,7 +157,16 @@ def queue_families(infos: Sequence[QueueInfo]) -> list[Metric]:
         "1 if the queue is ordered, one task at a time fleet-wide (asyncq)",
         labels=["queue"],
     )
+    configured = GaugeMetricFamily(
+        "asyncq_queue_flow_servers",
+        "Live servers configuring a flow-control setting of the queue (limit, local, rate, "
+        "ordered) by code or flag, by value (asyncq; several values mean they disagree)",
+        labels=["queue", "setting", "value"],
+    )
     for info in infos:
+        for setting, values in sorted(info.configured_by.items()):
+            for value, n in sorted(values.items()):
+                configured.add_metric([info.queue, setting, value], n)
         running.add_metric([info.queue], info.running)
         ordered.add_metric([info.queue], 1 if info.ordered else 0)
         if info.concurrency_limit is not None:
@@ -165,7 +178,7 @@ def queue_families(infos: Sequence[QueueInfo]) -> list[Metric]:
             tokens.add_metric([info.queue], info.rate_tokens)
     return [
         enqueued, size, latency, memory, processed, failed, paused, limit, running, held,
-        rate, tokens, ordered,
+        rate, tokens, ordered, configured,
     ]  # fmt: skip
 
 

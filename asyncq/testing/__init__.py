@@ -126,7 +126,8 @@ async def run_until_empty(
 ) -> ServerStats:
     """Run a worker until its queues are empty and nothing runs; return what it did.
 
-    *target* is an App (its lifespan runs) or a ServeMux. Tasks scheduled for
+    *target* is an App (its lifespan and worker settings apply; without
+    *queues*, the queues its tasks declare) or a ServeMux. Tasks scheduled for
     later, or waiting for a retry, are not waited for. Raises TimeoutError
     (after shutting the worker down) when the queues are not empty after *within*.
     """
@@ -134,14 +135,14 @@ async def run_until_empty(
     if queues is not None:
         options["queues"] = queues
     if isinstance(target, App):
+        # The App's worker settings (and queues) apply; the options given here win.
         mux = target.mux
-        if target.lifespan is not None:
-            options.setdefault("lifespan", target.lifespan)
+        server = target.server(redis=redis, **options)
     elif isinstance(target, ServeMux):
         mux = target
+        server = Server(redis, **options)
     else:
         raise TypeError(f"expected an asyncq App or ServeMux, got {type(target).__name__}")
-    server = Server(redis, **options)
     await server.start(mux)
     try:
         async with asyncio.timeout(within.total_seconds()):

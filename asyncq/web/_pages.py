@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,21 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def short_id(task_id: str) -> str:
+    """A task id as a table shows it: a uuid's first 8 characters, any other id whole.
+
+    Custom ids (``order-1071``) often share a prefix, so cutting them would make
+    rows read alike; uuids differ from the first character. The whole id is
+    always in the cell's ``title`` and its link.
+    """
+    return task_id[:8] if _UUID.fullmatch(task_id) else task_id
+
+
 templates.env.filters["bytes"] = _bytes
+templates.env.filters["shortid"] = short_id
 templates.env.filters["dur"] = r.duration_text
 templates.env.filters["iso"] = r.iso
 templates.env.globals["body"] = r.body

@@ -156,6 +156,7 @@ def queue_dict(info: QueueInfo) -> dict[str, Any]:
         "rate_limit": info.rate_limit,
         "rate_tokens": info.rate_tokens,
         "ordered": info.ordered,
+        "configured_by": info.configured_by,
     }
 
 
@@ -247,6 +248,10 @@ def server_dict(s: ServerInfo) -> dict[str, Any]:
         "status": s.status,
         "active_workers": [worker_dict(w) for w in s.active_workers],
         "type_rate_limits": dict(s.type_rate_limits),
+        "queue_concurrency": dict(s.queue_concurrency),
+        "local_queue_concurrency": dict(s.local_queue_concurrency),
+        "rate_limits": dict(s.rate_limits),
+        "ordered_queues": list(s.ordered_queues),
     }
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import assert_type
 
-from asyncq import App, SyncClient, TaskHandle
+from asyncq import App, SyncClient, TaskHandle, typed_group
 
 
 @dataclass
@@ -78,3 +78,34 @@ def sync_producer(client: SyncClient) -> None:
     assert_type(handle.result(timeout=5), Receipt)
     client.send(send_welcome, "1")  # E: arg-type
     client.send(add, 1, 2, 3)  # E: call-arg
+
+
+configured = App("redis://localhost:6379/0", queues={"email": 3}, rate_limits={"email": "5/s"})
+App("redis://localhost:6379/0", queue_concurency={"email": 1})  # E: call-overload
+App("redis://localhost:6379/0", concurrency="20")  # E: call-overload
+
+
+async def worker() -> None:
+    await configured.run_worker(burst=True, lease_duration=timedelta(seconds=60))
+    await configured.run_worker(concurency=4)  # E: call-arg
+    configured.server(rate_limits={"email": 5})  # E: dict-item
+
+
+@app.task
+async def shout(text: str, times: int = 1) -> str:
+    return text * times
+
+
+@app.task
+async def total(values: list[int], discount: int = 0) -> int:
+    return sum(values) - discount
+
+
+async def pipes() -> None:
+    pipe = add.s(1, 2).then(add, 5)
+    assert_type(await (await pipe.enqueue()).result(), int)
+    fan = typed_group(add.s(1, 2), add.s(3, 4)).then(total, discount=1)
+    assert_type(await (await fan.enqueue()).result(), int)
+    add.s(1, 2).then(shout)  # E: arg-type
+    add.s(1, 2).then(add, "5")  # E: arg-type
+    typed_group(add.s(1, 2)).then(add, 1)  # E: arg-type
