@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from asyncq import (
     TaskInfo,
     TaskNotFoundError,
 )
+from asyncq._http import SegmentPaths, host_is_loopback, is_loopback, route_segments
 from asyncq._redis.options import RedisTarget
 from asyncq.gateway._openapi import openapi_document
 from asyncq.gateway._schema import (
@@ -112,17 +112,6 @@ def _error_response(
     status: int, detail: ErrorDetail, headers: dict[str, str] | None = None
 ) -> Response:
     return JSONResponse({"error": detail.model_dump()}, status_code=status, headers=headers)
-
-
-def _is_loopback(host: str | None) -> bool:
-    if host is None:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False
 
 
 def _field_of(err: dict[str, Any], prefix: str = "") -> str | None:
@@ -198,12 +187,24 @@ def create_app(
     def authorize(request: Request) -> None:
         if expected is None:
             host = request.client.host if request.client else None
-            if not _is_loopback(host):
+            if not is_loopback(host):
                 raise ApiError(
                     401,
                     "unauthorized",
                     "this gateway has no token and serves loopback clients only; "
                     "start it with a token to serve other hosts",
+                )
+            # A page on another site whose DNS name now points at 127.0.0.1 connects from
+            # loopback too, but its requests carry its own name in Host.
+            named = request.headers.get("host")
+            if not host_is_loopback(named):
+                raise ApiError(
+                    400,
+                    "invalid_host",
+                    f"Host header {named!r} does not name this machine (localhost or a "
+                    "loopback address); a gateway without a token serves only those, "
+                    "so a DNS-rebinding page cannot reach it: start it with a token "
+                    "to serve other names",
                 )
             return
         given = request.headers.get("authorization", "").encode()
@@ -351,18 +352,21 @@ def create_app(
         log.error("gateway request failed", error=f"{type(exc).__name__}: {exc}")
         return _error_response(500, ErrorDetail(code="internal", message="internal error"))
 
+    routes = [
+        Route("/api/queues/{queue}/tasks", guard(enqueue), methods=["POST"]),
+        Route("/api/queues/{queue}/tasks/batch", guard(enqueue_batch), methods=["POST"]),
+        Route("/api/queues/{queue}/tasks/{task_id}", guard(get_task), methods=["GET"]),
+        Route("/api/health", guard(health), methods=["GET"]),
+        Route("/api/openapi.json", openapi, methods=["GET"]),
+    ]
+    route_segments(routes)
     app = Starlette(
-        routes=[
-            Route("/api/queues/{queue}/tasks", guard(enqueue), methods=["POST"]),
-            Route("/api/queues/{queue}/tasks/batch", guard(enqueue_batch), methods=["POST"]),
-            Route("/api/queues/{queue}/tasks/{task_id}", guard(get_task), methods=["GET"]),
-            Route("/api/health", guard(health), methods=["GET"]),
-            Route("/api/openapi.json", openapi, methods=["GET"]),
-        ],
+        routes=routes,
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_allowed, Exception: internal},
     )
     app.state.gateway = state
+    app.add_middleware(SegmentPaths)
     return app
 
 

@@ -13,6 +13,7 @@ from starlette.templating import Jinja2Templates
 
 import asyncq.web._render as r
 from asyncq import QueueNotFoundError, TaskState
+from asyncq._http import quote_segment
 from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, find_task, queue_infos, task_page
 from asyncq.web._state import state
 
@@ -62,6 +63,8 @@ def _bytes(n: int) -> str:
 templates.env.filters["bytes"] = _bytes
 templates.env.filters["dur"] = r.duration_text
 templates.env.filters["iso"] = r.iso
+# Every path segment a page builds (queue names and task ids may hold "/" or be "..").
+templates.env.filters["seg"] = quote_segment
 templates.env.globals["body"] = r.body
 templates.env.globals["fromts"] = lambda ts: datetime.fromtimestamp(int(ts), UTC)
 
@@ -216,7 +219,9 @@ async def search(request: Request) -> Response:
     base = request.scope.get("root_path", "").rstrip("/")
     if len(found) == 1:
         t = found[0]
-        return RedirectResponse(f"{base}/queues/{t.queue}/tasks/{t.id}", status_code=303)
+        return RedirectResponse(
+            f"{base}/queues/{quote_segment(t.queue)}/tasks/{quote_segment(t.id)}", status_code=303
+        )
     return render(
         request,
         "search.html",

@@ -63,7 +63,7 @@
         const bar = btn.closest(".toolbar");
         const ids = selected();
         if (!window.confirm(btn.dataset.batch + " " + ids.length + " selected task(s)?")) return;
-        const res = await api("POST", "queues/" + encodeURIComponent(bar.dataset.queue) + "/batch/" + btn.dataset.batch, { ids });
+        const res = await api("POST", "queues/" + bar.dataset.queuePath + "/batch/" + btn.dataset.batch, { ids });
         const failed = Object.keys(res.errors || {}).length;
         say(btn.dataset.batch + ": " + res.done.length + " done" + (failed ? ", " + failed + " refused: " + Object.values(res.errors)[0] : ""), failed > 0);
       } else {
