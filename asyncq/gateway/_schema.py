@@ -30,6 +30,7 @@ from asyncq import EnqueueOptions, Task, TaskInfo
 from asyncq._gofmt import parse_go_duration
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "BatchItemResult",
     "BatchRequest",
     "BatchResponse",
@@ -38,11 +39,52 @@ __all__ = [
     "ErrorDetail",
     "TaskInfoBody",
     "encode_bytes",
+    "load_json",
     "parse_duration",
     "task_info_body",
 ]
 
 _MAX_INT32 = 2**31 - 1
+
+MAX_JSON_DEPTH = 200
+"""Deepest nesting of arrays and objects the gateway reads: a request body (so a payload
+nests at most a few levels less) or a stored payload shown as JSON (deeper is shown as
+text). Python's parser and pydantic both give up a little further down."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is out of range (it has no JSON value)")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level)
+            stack.extend(
+                (v, level + 1) for v in (node.values() if isinstance(node, dict) else node)
+            )
+    return deepest
+
+
+def load_json(text: str) -> Any:
+    """Strict JSON: no NaN/Infinity (nor numbers that overflow to them), at most
+    MAX_JSON_DEPTH levels of nesting. ValueError names what is wrong."""
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise ValueError(f"it nests deeper than {MAX_JSON_DEPTH} levels") from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise ValueError(f"it nests deeper than {MAX_JSON_DEPTH} levels")
+    return value
 
 
 def parse_duration(value: Any) -> Any:
@@ -281,8 +323,8 @@ def encode_bytes(data: bytes) -> tuple[JsonValue, PayloadEncoding]:
     except UnicodeDecodeError:
         return base64.b64encode(data).decode(), "base64"
     try:
-        value: JsonValue = json.loads(text)
-    except ValueError:
+        value: JsonValue = load_json(text)
+    except ValueError:  # also NaN/Infinity and too deep: shown as the text it is
         return text, "text"
     return value, "json"
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +50,7 @@ from asyncq.gateway._schema import (
     BatchResponse,
     EnqueueRequest,
     ErrorDetail,
+    load_json,
     task_info_body,
 )
 
@@ -102,10 +102,6 @@ class GatewayState:
         self.client = self.inspector = None
         if conn is not None and conn is not self.target:
             await conn.aclose()
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _error_response(
@@ -230,8 +226,23 @@ def create_app(
                     413, "payload_too_large", f"request body is over {max_body_bytes} bytes"
                 )
             chunks.append(chunk)
+        body = b"".join(chunks)
+        if body.startswith(b"\xef\xbb\xbf"):
+            raise ApiError(
+                400,
+                "invalid_json",
+                "request body starts with a byte order mark: send UTF-8 without one",
+            )
         try:
-            return json.loads(b"".join(chunks), parse_constant=_reject_constant)
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ApiError(
+                400,
+                "invalid_json",
+                f"request body is not UTF-8 (byte {exc.start}); JSON must be sent as UTF-8",
+            ) from None
+        try:
+            return load_json(text)
         except ValueError as exc:
             raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
 

@@ -1,0 +1,104 @@
+"""The gateway under hostile bodies (issue 25 items 2 and 12): everything is validated before
+anything is written, so an error answer never follows a write."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from asyncq import Client, Task
+from asyncq.gateway import create_app
+
+TASKS = "/api/queues/default/tasks"
+
+
+@pytest.fixture
+async def gw(redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(redis_url)
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+        yield c
+    await app.state.gateway.aclose()
+
+
+async def _post_raw(gw: httpx.AsyncClient, body: bytes | str, path: str = TASKS) -> httpx.Response:
+    return await gw.post(
+        path,
+        content=body.encode() if isinstance(body, str) else body,
+        headers={"Content-Type": "application/json"},
+    )
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"type":"t","payload":1e999,"task_id":"bad"}',
+        '{"type":"t","payload":-1e400,"task_id":"bad"}',
+        '{"type":"t","payload":{"a":[1E999]},"task_id":"bad"}',
+        '{"type":"t","payload":' + _nested(300) + ',"task_id":"bad"}',
+        '{"type":"t","payload":' + _nested(3000) + ',"task_id":"bad"}',
+        '{"type":"t","payload":' + _nested(5000) + ',"task_id":"bad"}',
+        _nested(6000),
+    ],
+    ids=["1e999", "-1e400", "nested-inf", "depth300", "depth3000", "depth5000", "bare6000"],
+)
+async def test_a_refused_body_writes_nothing(
+    gw: httpx.AsyncClient, redis: Redis, body: str
+) -> None:
+    r = await _post_raw(gw, body)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert err["code"] in ("invalid_json", "invalid_request")
+    assert err["message"]
+    assert await redis.keys("asynq:{default}:t:*") == []
+    again = await _post_raw(gw, body)
+    assert again.status_code == 400  # not 409: nothing was written the first time
+
+
+async def test_a_batch_with_infinity_is_refused_whole(gw: httpx.AsyncClient, redis: Redis) -> None:
+    body = '{"tasks":[{"type":"t","payload":1e999,"task_id":"bad"},{"type":"t","task_id":"ok"}]}'
+    r = await _post_raw(gw, body, TASKS + "/batch")
+    # 1e999 has no JSON value here (it would be stored as the non-JSON `Infinity`): the
+    # body is refused as a whole, before anything is written.
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_json"
+    assert "1e999" in r.json()["error"]["message"]
+    assert await redis.keys("asynq:{default}:t:*") == []
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [b"Infinity", b"NaN", b"1e999", b"-Infinity", _nested(3000).encode(), _nested(300).encode()],
+    ids=["Infinity", "NaN", "1e999", "-Infinity", "depth3000", "depth300"],
+)
+async def test_any_stored_payload_reads_back(
+    gw: httpx.AsyncClient, redis: Redis, stored: bytes
+) -> None:
+    # Written by another producer (Go, or asyncq's Client): the gateway reads it as text.
+    async with Client(redis) as client:
+        await client.enqueue(Task("t", stored), task_id="x")
+    r = await gw.get(TASKS + "/x")
+    assert r.status_code == 200, r.text[:300]
+    body = r.json()
+    assert body["payload_encoding"] == "text"
+    assert body["payload"] == stored.decode()
+
+
+async def test_a_deep_base64_payload_is_stored_and_read_as_text(
+    gw: httpx.AsyncClient, redis: Redis
+) -> None:
+    raw = _nested(3000).encode()
+    item = {"type": "t", "payload": base64.b64encode(raw).decode(), "payload_encoding": "base64"}
+    r = await gw.post(TASKS, json={**item, "task_id": "deep"})
+    assert r.status_code == 201, r.text[:300]
+    assert r.json()["payload"] == raw.decode()
+    got = await gw.get(TASKS + "/deep")
+    assert got.status_code == 200 and got.json()["payload"] == raw.decode()
