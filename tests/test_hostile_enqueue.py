@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, Task
+from asyncq import Client, Inspector, Step, Task, chain
+from asyncq._broker import Broker
+from asyncq._broker.workflow import workflow_key
 
 Enqueue = Callable[[Client, str, int], Awaitable[Any]]
 
@@ -99,3 +101,29 @@ async def test_an_enqueue_after_queue_removal_registers_the_queue_again(
         async with Inspector(redis) as insp:
             info = await insp.queue_info(queue)
             assert info.size >= 1
+
+
+# Item 3: a workflow step finished by a Go worker (a plain acknowledgement) is resolved by
+# cancel whatever it left behind: a completed task (retention) or an archived one.
+@pytest.mark.parametrize("outcome", ["completed", "archived"])
+async def test_cancel_resolves_a_step_a_go_worker_finished(redis: Redis, outcome: str) -> None:
+    broker = Broker(redis)
+    async with Client(redis) as client:
+        first = Step(Task("a"), options={"retention": timedelta(hours=1)})
+        last = Step(Task("b"), options={"retention": timedelta(minutes=5)})
+        info = await chain(first, last).enqueue(client)
+    got = await broker.dequeue(["default"])
+    assert got is not None
+    if outcome == "completed":
+        await broker.mark_as_complete(got.message)
+    else:
+        await broker.archive(got.message, "boom")
+    async with Inspector(redis) as insp:
+        assert await insp.cancel_workflow("default", info.id) == "running"
+        seen = await insp.get_workflow("default", info.id)
+        step = seen.stages[0][0]
+        assert step.state == ("succeeded" if outcome == "completed" else "failed")
+        # The task the Go worker left is kept (its result and retention are the user's).
+        assert (await insp.get_task("default", step.id)).state.value == outcome
+    ttl = await redis.ttl(workflow_key("default", info.id))
+    assert 0 < ttl <= 300  # the workflow's own retention, not the 7-day hold of a live one
