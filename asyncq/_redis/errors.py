@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from asyncq.errors import BrokerError, ReplicationTimeoutError, TaskNotFoundError
 
-__all__ = ["REDIS_ERRORS", "TRANSIENT_ERRORS", "is_transient"]
+__all__ = ["REDIS_ERRORS", "TRANSIENT_ERRORS", "is_out_of_memory", "is_transient"]
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     redis_errors.ConnectionError,  # includes BusyLoadingError
@@ -42,3 +42,14 @@ REDIS_ERRORS: tuple[type[BaseException], ...] = (
 def is_transient(exc: BaseException) -> bool:
     """True for connection-level failures (worth retrying later), False for error replies."""
     return isinstance(exc, TRANSIENT_ERRORS)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Redis refused a write at ``maxmemory`` (noeviction): ``OOM command not allowed ...``
+    for a command or a flagged script, the same words without the prefix from inside a
+    script."""
+    if isinstance(exc, redis_errors.OutOfMemoryError):
+        return True
+    return isinstance(exc, redis_errors.ResponseError) and (
+        "command not allowed when used memory > 'maxmemory'" in str(exc)
+    )

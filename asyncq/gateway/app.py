@@ -37,6 +37,7 @@ from asyncq import (
     EnqueueRetryError,
     Inspector,
     QueueNotFoundError,
+    RedisOutOfMemoryError,
     TaskIdConflictError,
     TaskInfo,
     TaskNotFoundError,
@@ -143,6 +144,8 @@ def _validation_error(exc: ValidationError, prefix: str = "") -> ApiError:
 
 
 def _enqueue_error(exc: Exception) -> ApiError:
+    if isinstance(exc, RedisOutOfMemoryError):
+        return ApiError(503, "redis_out_of_memory", str(exc))
     if isinstance(exc, DuplicateTaskError):
         return ApiError(409, "duplicate_task", str(exc), "unique")
     if isinstance(exc, TaskIdConflictError):
@@ -265,7 +268,13 @@ def create_app(
         client, _ = state.handles()
         try:
             info = await client.enqueue(item.task(), **item.options(queue))
-        except (DuplicateTaskError, TaskIdConflictError, ValueError, TypeError) as exc:
+        except (
+            DuplicateTaskError,
+            TaskIdConflictError,
+            RedisOutOfMemoryError,
+            ValueError,
+            TypeError,
+        ) as exc:
             raise _enqueue_error(exc) from None
         log.info("task enqueued over HTTP", task_id=info.id, task_type=info.type, queue=queue)
         return _task_response(info, 201)
