@@ -49,6 +49,7 @@ from asyncq.inspector import (
     SchedulerEnqueueEvent,
     SchedulerEntry,
     ServerInfo,
+    SkippedQueue,
     TypeRateInfo,
     WorkerInfo,
 )
@@ -124,6 +125,7 @@ __all__ = [
     "ServerInfo",
     "ServerStats",
     "SkipRetry",
+    "SkippedQueue",
     "Step",
     "StepFailure",
     "SyncClient",

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+import structlog
+
 from asyncq import _keys as keys
 from asyncq._broker.inspect import InspectBroker, StoredTask
 from asyncq._broker.workflow import (
@@ -68,11 +70,14 @@ __all__ = [
     "SchedulerEnqueueEvent",
     "SchedulerEntry",
     "ServerInfo",
+    "SkippedQueue",
     "TypeRateInfo",
     "WorkerInfo",
 ]
 
 DEFAULT_PAGE_SIZE = 30
+
+_log = structlog.get_logger("asyncq.inspector")
 
 _RUNNABLE = (TaskState.SCHEDULED, TaskState.RETRY, TaskState.ARCHIVED, TaskState.AGGREGATING)
 _ARCHIVABLE = (TaskState.PENDING, TaskState.SCHEDULED, TaskState.RETRY, TaskState.AGGREGATING)
@@ -133,6 +138,37 @@ class QueueInfo:
     def rate_per_second(self) -> float | None:
         """asyncq: :attr:`rate_limit` in tasks per second (``"600/min"`` is 10.0)."""
         return None if self.rate_limit is None else _per_second(self.rate_limit)
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedQueue:
+    """A member of ``asynq:queues`` that is not a usable queue name, left out of every view.
+
+    *name* is the stored name as text (bytes that are not UTF-8 shown as ``\\xNN``),
+    *reason* why it is unusable, *message* a sentence naming the key, for logs and pages.
+    """
+
+    name: str
+    reason: str
+
+    @property
+    def message(self) -> str:
+        return (
+            f"asynq:queues holds {self.name!r}, which is not a usable queue name "
+            f"({self.reason}); it is left out (remove it with SREM asynq:queues)"
+        )
+
+
+def _classify_queue_name(raw: bytes) -> str | SkippedQueue:
+    try:
+        name = raw.decode()
+    except UnicodeDecodeError:
+        return SkippedQueue(raw.decode("utf-8", "backslashreplace"), "not UTF-8")
+    if not name.strip():
+        return SkippedQueue(name, "blank")
+    if "{" in name or "}" in name:
+        return SkippedQueue(name, "holds '{' or '}', which delimit the queue name in asynq's keys")
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +334,8 @@ class Inspector:
             )
         self._clock = clock
         self._rdb = InspectBroker(self._conn.redis, clock=clock)
+        self._skipped: tuple[SkippedQueue, ...] = ()
+        self._warned: set[str] = set()
 
     @property
     def redis(self) -> Any:
@@ -330,8 +368,35 @@ class Inspector:
     # -- queues ------------------------------------------------------------------------------
 
     async def queues(self) -> list[str]:
-        """Names of every known queue, sorted."""
-        return await self._rdb.all_queues()
+        """Names of every known queue, sorted.
+
+        A member of ``asynq:queues`` that is not a usable queue name (not UTF-8,
+        blank, or holding a brace; another client may have written it) is left out,
+        logged once per Inspector and listed in :attr:`skipped_queues`.
+        """
+        names: list[str] = []
+        skipped: list[SkippedQueue] = []
+        for raw in await self._rdb.raw_queue_names():
+            got = _classify_queue_name(raw)
+            if isinstance(got, str):
+                names.append(got)
+                continue
+            skipped.append(got)
+            if got.name not in self._warned:
+                self._warned.add(got.name)
+                _log.warning(
+                    "unusable queue name skipped",
+                    key=keys.ALL_QUEUES,
+                    name=got.name,
+                    reason=got.reason,
+                )
+        self._skipped = tuple(skipped)
+        return names
+
+    @property
+    def skipped_queues(self) -> tuple[SkippedQueue, ...]:
+        """The members of ``asynq:queues`` the last :meth:`queues` call left out, and why."""
+        return self._skipped
 
     async def queue_info(self, queue: str) -> QueueInfo:
         """Sizes by state, today's and all-time counters, latency, memory and paused flag."""

@@ -190,6 +190,11 @@ class InspectBroker:
         members = await self._r.smembers(keys.ALL_QUEUES)
         return sorted(_str(m) for m in members)
 
+    async def raw_queue_names(self) -> list[bytes]:
+        """The members of ``asynq:queues`` as stored (any bytes another client wrote)."""
+        members = await self._r.smembers(keys.ALL_QUEUES)
+        return sorted(m if isinstance(m, bytes) else m.encode() for m in members)
+
     async def queue_exists(self, qname: str) -> bool:
         """Whether *qname* is a member of ``asynq:queues``."""
         return bool(await self._r.sismember(keys.ALL_QUEUES, qname))

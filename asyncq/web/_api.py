@@ -170,7 +170,10 @@ def _inspector(request: Request) -> tuple[WebState, Inspector]:
 async def list_queues(request: Request) -> Response:
     _, insp = _inspector(request)
     infos = await queue_infos(insp)
-    return _json({"queues": [r.queue_dict(i) for i in infos]})
+    skipped = [
+        {"name": s.name, "reason": s.reason, "message": s.message} for s in insp.skipped_queues
+    ]
+    return _json({"queues": [r.queue_dict(i) for i in infos], "skipped": skipped})
 
 
 async def get_queue(request: Request) -> Response:

@@ -95,6 +95,7 @@ async def dashboard(request: Request) -> Response:
             "biggest": biggest,
             "totals": totals,
             "states": STATE_ORDER,
+            "skipped": insp.skipped_queues,
             "nav": "queues",
         },
     )

@@ -1,0 +1,99 @@
+"""Every summary view with hostile data in Redis (issue 25 items 7-11): one bad record is
+skipped and named, every healthy queue keeps working."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from redis.asyncio import Redis
+from textual.pilot import Pilot
+from textual.widgets import DataTable
+
+from asyncq import Client, Inspector, Task
+from asyncq.cli import main
+from asyncq.cli.dash import DashApp, QueuesScreen
+from asyncq.web import create_app
+
+BAD_NAMES = [b"x{y}", b"\xff\xfe", b" ", b"a}b"]
+
+
+@pytest.fixture
+async def web(redis_url: str, redis: Redis) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(redis_url)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as h,
+    ):
+        yield h
+
+
+async def _seed_bad_names(redis: Redis) -> None:
+    async with Client(redis) as client:
+        await client.enqueue(Task("t", b"x"), queue="healthy")
+    await redis.sadd("asynq:queues", *BAD_NAMES)
+
+
+async def test_bad_queue_names_are_skipped_and_named_by_the_inspector(redis: Redis) -> None:
+    await _seed_bad_names(redis)
+    async with Inspector(redis) as insp:
+        assert await insp.queues() == ["healthy"]
+        skipped = {s.name: s.reason for s in insp.skipped_queues}
+        assert set(skipped) == {"x{y}", "\\xff\\xfe", " ", "a}b"}
+        assert "not UTF-8" in skipped["\\xff\\xfe"]
+        assert "'{'" in skipped["x{y}"]
+        assert all("asynq:queues" in s.message for s in insp.skipped_queues)
+
+
+async def test_bad_queue_names_leave_the_web_ui_and_metrics_working(
+    web: httpx.AsyncClient, redis: Redis
+) -> None:
+    await _seed_bad_names(redis)
+    page = await web.get("/")
+    assert page.status_code == 200, page.text[:500]
+    assert "healthy" in page.text and "asynq:queues" in page.text
+    api = await web.get("/api/queues")
+    assert api.status_code == 200, api.text
+    assert [q["queue"] for q in api.json()["queues"]] == ["healthy"]
+    assert {s["name"] for s in api.json()["skipped"]} == {"x{y}", "\\xff\\xfe", " ", "a}b"}
+    assert all("asynq:queues" in s["message"] for s in api.json()["skipped"])
+    metrics = await web.get("/metrics")
+    assert metrics.status_code == 200, metrics.text
+    assert 'queue="healthy"' in metrics.text
+    stats = await web.get("/api/stats?days=2")
+    assert stats.status_code == 200, stats.text
+
+
+@pytest.mark.parametrize("args", [["stats"], ["queue", "ls"]])
+async def test_bad_queue_names_leave_the_cli_working(
+    redis: Redis, redis_url: str, args: list[str]
+) -> None:
+    await _seed_bad_names(redis)
+    result = await asyncio.to_thread(CliRunner().invoke, main, ["-u", redis_url, *args])
+    assert result.exit_code == 0, result.output
+    assert "healthy" in result.stdout
+    assert "asynq:queues" in result.stderr and "x{y}" in result.stderr
+
+
+async def _until(pilot: Pilot[None], cond: Callable[[], bool], what: str) -> None:
+    for _ in range(400):
+        if cond():
+            return
+        await pilot.pause(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_bad_queue_names_leave_the_dashboard_working(redis: Redis, redis_url: str) -> None:
+    await _seed_bad_names(redis)
+    app = DashApp(redis_url, refresh=60)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _until(pilot, lambda: isinstance(app.screen, QueuesScreen), "the queues screen")
+
+        def listed() -> list[str]:
+            return [str(k.value) for k in app.screen.query_one("#queues", DataTable).rows]
+
+        await _until(pilot, lambda: listed() == ["healthy"], "the healthy queue")
+    assert app.return_code in (None, 0)
