@@ -97,3 +97,37 @@ async def test_bad_queue_names_leave_the_dashboard_working(redis: Redis, redis_u
 
         await _until(pilot, lambda: listed() == ["healthy"], "the healthy queue")
     assert app.return_code in (None, 0)
+
+
+# Item 8: payloads nested ~1,000 deep render as text, and a deep batch body is a 400.
+@pytest.mark.parametrize("depth", [100, 1000, 5000])
+async def test_deeply_nested_payloads_render_as_text(
+    web: httpx.AsyncClient, redis: Redis, depth: int
+) -> None:
+    deep = b"[" * depth + b"]" * depth
+    async with Client(redis) as client:
+        await client.enqueue(Task("t", deep), queue="deep", task_id="d1")
+        await client.enqueue(Task("t", b'{"a": 1}'), queue="deep", task_id="ok")
+    for path in ["/queues/deep?state=pending", "/queues/deep/tasks/d1", "/api/queues/deep/tasks/d1"]:
+        r = await web.get(path)
+        assert r.status_code == 200, (path, r.text[:300])
+    listed = await web.get("/api/queues/deep/tasks?state=pending")
+    assert listed.status_code == 200
+    kinds = {t["id"]: t["payload"]["kind"] for t in listed.json()["tasks"]}
+    assert kinds == {"d1": "json" if depth <= 64 else "text", "ok": "json"}
+
+
+@pytest.mark.parametrize("depth", [1000, 5000])
+async def test_a_deeply_nested_batch_body_is_a_400(
+    web: httpx.AsyncClient, redis: Redis, depth: int
+) -> None:
+    async with Client(redis) as client:
+        await client.enqueue(Task("t", b"x"), queue="q", task_id="t1")
+    body = '{"ids": ' + "[" * depth + "]" * depth + "}"
+    r = await web.post(
+        "/api/queues/q/batch/delete",
+        content=body,
+        headers={"X-Asyncq-Request": "1", "Content-Type": "application/json"},
+    )
+    assert r.status_code == 400, r.text[:300]
+    assert "JSON" in r.json()["error"]

@@ -389,7 +389,7 @@ async def batch_action(request: Request) -> Response:
     action = request.path_params["action"]
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
         raise ValueError('the request body must be JSON: {"ids": [...]}') from None
     ids = body.get("ids") if isinstance(body, dict) else None
     if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
