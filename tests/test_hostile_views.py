@@ -17,6 +17,7 @@ from asyncq import Client, Inspector, Task
 from asyncq.cli import main
 from asyncq.cli.dash import DashApp, QueuesScreen
 from asyncq.web import create_app
+from tests.acl import temporary_acl_user
 
 BAD_NAMES = [b"x{y}", b"\xff\xfe", b" ", b"a}b"]
 
@@ -131,3 +132,19 @@ async def test_a_deeply_nested_batch_body_is_a_400(
     )
     assert r.status_code == 400, r.text[:300]
     assert "JSON" in r.json()["error"]
+
+
+# Item 9: an ACL user without INFO still gets the task counts, and is told what is missing.
+async def test_stats_without_the_info_command(redis: Redis, redis_url: str) -> None:
+    async with Client(redis) as client:
+        for _ in range(3):
+            await client.enqueue(Task("t", b"x"), queue="counted")
+    rules = ("~*", "&*", "+@all", "-info")
+    async with temporary_acl_user(redis, redis_url, "noinfo", *rules) as url:
+        for args in (["stats"], ["stats", "--json"]):
+            result = await asyncio.to_thread(CliRunner().invoke, main, ["-u", url, *args])
+            assert result.exit_code == 0, result.output
+            assert "counted" in result.stdout
+            assert "INFO" in result.stderr and "left out" in result.stderr
+        text = await asyncio.to_thread(CliRunner().invoke, main, ["-u", url, "stats"])
+        assert "3" in text.stdout

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from redis.exceptions import ResponseError
 
 from asyncq.cli._app import CliError, run_async, settings
 from asyncq.cli._extras import require_extra
@@ -165,21 +166,28 @@ def _redis_summary(info: dict[str, Any]) -> dict[str, Any]:
 def stats(ctx: click.Context, as_json: bool) -> None:
     """Task counts by state and queue, today's totals and Redis information."""
 
-    async def go(insp: Inspector) -> tuple[list[QueueInfo], dict[str, Any]]:
+    async def go(insp: Inspector) -> tuple[list[QueueInfo], dict[str, Any] | str]:
         infos: list[QueueInfo] = []
         for name in await insp.queues():
             try:
                 infos.append(await insp.queue_info(name))
             except AsyncqError:
                 continue  # removed between the two calls
-        return infos, await insp.redis_info()
+        try:
+            return infos, await insp.redis_info()
+        except ResponseError as exc:  # an ACL user without INFO: the counts still stand
+            return infos, str(exc)
 
     infos, info = with_inspector(ctx, go)
     states = ["active", "pending", "aggregating", "scheduled", "retry", "archived", "completed"]
     by_state = {s: sum(getattr(q, s) for q in infos) for s in states}
     processed = sum(q.processed for q in infos)
     failed = sum(q.failed for q in infos)
-    redis = _redis_summary(info)
+    redis = _redis_summary(info) if isinstance(info, dict) else None
+    if isinstance(info, str):
+        click.echo(
+            f"warning: Redis Info left out: Redis refused the INFO command ({info})", err=True
+        )
     today = datetime.now(UTC).strftime("%Y-%m-%d")
     if as_json:
         click.echo(
@@ -207,6 +215,8 @@ def stats(ctx: click.Context, as_json: bool) -> None:
             [[str(processed), str(failed), error_rate(processed, failed)]],
         )
     )
+    if redis is None:
+        return
     click.echo()
     click.echo("Redis Info")
     click.echo(
