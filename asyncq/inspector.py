@@ -291,11 +291,19 @@ def _state(state: TaskState | str) -> TaskState:
         raise ValueError(f"unknown task state {state!r} (expected one of: {valid})") from None
 
 
+_MAX_POSITION = 2**63 - 1  # Redis' index range (LRANGE, ZRANGE)
+
+
 def _check_paging(page: int, size: int) -> None:
     if page < 1:
         raise ValueError(f"page must be 1 or more, got {page}")
     if size < 1:
         raise ValueError(f"page size must be 1 or more, got {size}")
+    if page * size > _MAX_POSITION:
+        raise ValueError(
+            f"page {page} of {size} tasks is past the last position Redis can address "
+            f"({_MAX_POSITION}); ask for a smaller page number"
+        )
 
 
 def _check_group(state: TaskState, group: str | None) -> str | None:

@@ -148,3 +148,34 @@ async def test_stats_without_the_info_command(redis: Redis, redis_url: str) -> N
             assert "INFO" in result.stderr and "left out" in result.stderr
         text = await asyncio.to_thread(CliRunner().invoke, main, ["-u", url, "stats"])
         assert "3" in text.stdout
+
+
+# Item 10: a page past what Redis can address is a 400 naming the page, and an undecodable
+# task shows the same reason in a listing as in its detail.
+@pytest.mark.parametrize("page", [2**62, 10**30])
+async def test_a_huge_page_number_is_a_400(web: httpx.AsyncClient, redis: Redis, page: int) -> None:
+    async with Client(redis) as client:
+        await client.enqueue(Task("t", b"x"), queue="q")
+    far = await web.get("/api/queues/q/tasks?state=pending&page=1000000000000")
+    assert far.status_code == 200 and far.json()["tasks"] == []  # past the end, addressable
+    for state in ("pending", "archived"):
+        r = await web.get(f"/api/queues/q/tasks?state={state}&page={page}")
+        assert r.status_code == 400, r.text
+        assert "page" in r.json()["error"]
+        html_page = await web.get(f"/queues/q?state={state}&page={page}")
+        assert html_page.status_code == 400
+    async with Inspector(redis) as insp:
+        with pytest.raises(ValueError, match="page"):
+            await insp.list_tasks("q", "pending", page=page)
+
+
+async def test_an_undecodable_task_lists_with_its_reason(redis: Redis, redis_url: str) -> None:
+    await redis.sadd("asynq:queues", "q")
+    await redis.lpush("asynq:{q}:pending", "bad1")
+    await redis.hset("asynq:{q}:t:bad1", mapping={"msg": b"\xff\x00garbage", "state": "pending"})
+    async with Inspector(redis) as insp:
+        listed = (await insp.list_tasks("q", "pending"))[0]
+        detail = await insp.get_task("q", "bad1")
+    assert listed.last_error == detail.last_error
+    assert "NoneType" not in listed.last_error
+    assert "wire type" in listed.last_error

@@ -28,6 +28,7 @@ from asyncq import _keys as keys
 
 # One definition of the archive limits: the worker's and the inspector's trims must agree.
 from asyncq._broker._base import ARCHIVE_MAX_SIZE, ARCHIVED_EXPIRATION, LUA_PACKAGE
+from asyncq._codec import decode_task_message
 from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import Script, load_script
 from asyncq._time import from_unix
@@ -733,7 +734,9 @@ def _decode_checked(qname: str, task_id: str, data: bytes) -> tuple[TaskMessage,
     # asynq hides messages it cannot decode; asyncq shows them (the raw bytes as the
     # payload, the reason as the last error) so they can be seen, deleted or archived.
     try:
-        msg = TaskMessage.parse(data)
+        # asyncq's own decoder: its errors say what is wrong with the bytes (the
+        # generated parser's say "'NoneType' object has no attribute 'value'").
+        msg = decode_task_message(data)
     except Exception as exc:
         reason = str(exc) or exc.__class__.__name__
     else:
