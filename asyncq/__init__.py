@@ -41,6 +41,7 @@ from asyncq.errors import (
 )
 from asyncq.hooks import WorkerHooks
 from asyncq.inspector import (
+    ArchiveReport,
     ClusterNode,
     DailyStats,
     GroupInfo,
@@ -82,6 +83,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "App",
+    "ArchiveReport",
     "AsyncqError",
     "BrokerError",
     "Client",

@@ -44,6 +44,7 @@ from typing import Any
 import structlog
 
 from asyncq import _keys as keys
+from asyncq._broker._base import ARCHIVE_MAX_SIZE
 from asyncq._broker.inspect import InspectBroker, StoredTask
 from asyncq._broker.workflow import (
     WorkflowInfo,
@@ -62,6 +63,8 @@ from asyncq.proto.asynq import TaskMessage
 from asyncq.task import TaskInfo, TaskState
 
 __all__ = [
+    "ARCHIVE_LIMIT",
+    "ArchiveReport",
     "ClusterNode",
     "DailyStats",
     "GroupInfo",
@@ -138,6 +141,39 @@ class QueueInfo:
     def rate_per_second(self) -> float | None:
         """asyncq: :attr:`rate_limit` in tasks per second (``"600/min"`` is 10.0)."""
         return None if self.rate_limit is None else _per_second(self.rate_limit)
+
+
+ARCHIVE_LIMIT = ARCHIVE_MAX_SIZE - 1
+"""Tasks an archive keeps (asynq's cap): archiving more deletes the oldest archived ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveReport:
+    """What :meth:`Inspector.archive_all_report` did.
+
+    *moved*: tasks taken out of their state into the archive. *deleted*: archived
+    tasks (of this call or earlier, oldest first) that the archive's limits then
+    deleted: it keeps at most 9,999 tasks (asynq's cap) and none archived more
+    than 90 days ago.
+    """
+
+    moved: int
+    deleted: int
+
+    @property
+    def deleted_note(self) -> str:
+        """``"; the archive keeps ... deleted"`` when the limits deleted tasks, else ``""``."""
+        if not self.deleted:
+            return ""
+        return (
+            f"; the archive keeps at most {ARCHIVE_LIMIT:,} tasks (none older than 90 "
+            f"days), so {self.deleted} of the oldest archived tasks were deleted"
+        )
+
+    @property
+    def message(self) -> str:
+        """A sentence saying what happened, deletions included."""
+        return f"{self.moved} task{'' if self.moved == 1 else 's'} archived{self.deleted_note}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -751,11 +787,19 @@ class Inspector:
         self, queue: str, state: TaskState | str, *, group: str | None = None
     ) -> int:
         """Archive every pending, scheduled, retry (or one group's aggregating) task;
-        returns how many were archived.
+        returns how many were moved into the archive.
 
         As in asynq the archive keeps at most 9,999 tasks and none older than 90
-        days; tasks trimmed beyond that are deleted.
+        days; tasks trimmed beyond that are deleted, the oldest first. Use
+        :meth:`archive_all_report` to learn how many that deleted.
         """
+        return (await self.archive_all_report(queue, state, group=group)).moved
+
+    async def archive_all_report(
+        self, queue: str, state: TaskState | str, *, group: str | None = None
+    ) -> ArchiveReport:
+        """:meth:`archive_all`, reporting the tasks archived and those the archive's
+        limits deleted (see :class:`ArchiveReport`)."""
         st = _state(state)
         if st not in _ARCHIVABLE:
             raise ValueError(
@@ -764,7 +808,8 @@ class Inspector:
             )
         group = _check_group(st, group)
         await self._require_queue(queue)
-        return await self._rdb.archive_all(queue, st, group)
+        moved, deleted = await self._rdb.archive_all(queue, st, group)
+        return ArchiveReport(moved, deleted)
 
     async def update_task_payload(self, queue: str, task_id: str, payload: bytes) -> TaskInfo:
         """Replace the payload of a scheduled task; returns the updated task."""

@@ -109,7 +109,11 @@ async def test_deeply_nested_payloads_render_as_text(
     async with Client(redis) as client:
         await client.enqueue(Task("t", deep), queue="deep", task_id="d1")
         await client.enqueue(Task("t", b'{"a": 1}'), queue="deep", task_id="ok")
-    for path in ["/queues/deep?state=pending", "/queues/deep/tasks/d1", "/api/queues/deep/tasks/d1"]:
+    for path in [
+        "/queues/deep?state=pending",
+        "/queues/deep/tasks/d1",
+        "/api/queues/deep/tasks/d1",
+    ]:
         r = await web.get(path)
         assert r.status_code == 200, (path, r.text[:300])
     listed = await web.get("/api/queues/deep/tasks?state=pending")
@@ -179,3 +183,47 @@ async def test_an_undecodable_task_lists_with_its_reason(redis: Redis, redis_url
     assert listed.last_error == detail.last_error
     assert "NoneType" not in listed.last_error
     assert "wire type" in listed.last_error
+
+
+# Item 11: archiving all tasks past asynq's archive cap (9,999 kept) says so before and
+# reports the deletions after, in the API, the UI and the CLI.
+N_OVER = 10_050
+
+
+async def _many_pending(redis: Redis, queue: str, n: int) -> None:
+    async with Client(redis) as client:
+        out = await client.enqueue_many([Task("t", b"%d" % i) for i in range(n)], queue=queue)
+        assert not [o for o in out if isinstance(o, Exception)]
+
+
+async def test_archive_all_over_the_cap_reports_deletions_in_the_api(
+    web: httpx.AsyncClient, redis: Redis
+) -> None:
+    await _many_pending(redis, "big", N_OVER)
+    page = (await web.get("/queues/big?state=pending")).text
+    assert "would be deleted" in page and "9,999" in page  # said before, in the confirm
+    r = await web.post(
+        "/api/queues/big/states/pending/archive_all", headers={"X-Asyncq-Request": "1"}
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["count"] == N_OVER
+    assert body["deleted"] == N_OVER - 9_999
+    assert "9,999" in body["message"] and f"{N_OVER - 9_999}" in body["message"]
+    async with Inspector(redis) as insp:
+        assert (await insp.queue_info("big")).archived == 9_999
+
+
+async def test_archive_all_over_the_cap_reports_deletions_in_the_cli(
+    redis: Redis, redis_url: str
+) -> None:
+    await _many_pending(redis, "big", N_OVER)
+    args = ["-u", redis_url, "task", "archiveall", "-q", "big", "-s", "pending"]
+    result = await asyncio.to_thread(CliRunner().invoke, main, args)
+    assert result.exit_code == 0, result.output
+    assert f"{N_OVER} pending tasks archived" in result.stdout
+    assert f"{N_OVER - 9_999}" in result.stdout and "deleted" in result.stdout
+    assert "9,999" in result.stderr  # the warning before acting
+    async with Inspector(redis) as insp:
+        report = await insp.archive_all_report("big", "pending")
+    assert report.moved == 0 and report.deleted == 0

@@ -530,26 +530,29 @@ class InspectBroker:
                 "cannot archive task in active state. use CancelProcessing instead."
             )
 
-    async def archive_all(self, qname: str, state: TaskState, group: str | None = None) -> int:
-        """Archive every pending/scheduled/retry task (or one group's); returns the count."""
+    async def archive_all(
+        self, qname: str, state: TaskState, group: str | None = None
+    ) -> tuple[int, int]:
+        """Archive every pending/scheduled/retry task (or one group's); returns the tasks
+        archived and the archived tasks the archive's limits then deleted."""
         now = self.clock()
         args: list[str | int] = [int(now), _archive_cutoff(now), ARCHIVE_MAX_SIZE]
         prefix = keys.task_key_prefix(qname)
         archived = keys.archived_key(qname)
         if state is TaskState.PENDING:
-            return await self._call(
+            return await self._call_pair(
                 "inspect_archive_all_pending",
                 [keys.pending_key(qname), archived],
                 [*args, prefix],
             )
         if state is TaskState.AGGREGATING:
             assert group is not None
-            return await self._call(
+            return await self._call_pair(
                 "inspect_archive_all_aggregating",
                 [keys.group_key(qname, group), archived, keys.all_groups(qname)],
                 [*args, prefix, group],
             )
-        return await self._call(
+        return await self._call_pair(
             "inspect_archive_all",
             [_zset_key(qname, state, None), archived],
             [*args, prefix, qname],
@@ -717,6 +720,15 @@ class InspectBroker:
         """The parsed ``INFO`` reply."""
         info: dict[str, Any] = await self._r.info()
         return info
+
+    async def _call_pair(
+        self, name: str, script_keys: Sequence[str], args: Sequence[Any]
+    ) -> tuple[int, int]:
+        try:
+            first, second = await _lua(name)(self.redis, script_keys, args)
+        except ResponseError as exc:
+            raise BrokerError(f"{name}: {exc}") from exc
+        return _int(first), _int(second)
 
     async def _call(self, name: str, script_keys: Sequence[str], args: Sequence[Any]) -> int:
         try:

@@ -26,7 +26,7 @@ from asyncq.cli._format import (
     to_json,
 )
 from asyncq.errors import AsyncqError
-from asyncq.inspector import Inspector, QueueInfo
+from asyncq.inspector import ARCHIVE_LIMIT, ArchiveReport, Inspector, QueueInfo
 from asyncq.task import TaskInfo, TaskState
 
 __all__ = ["register"]
@@ -598,15 +598,32 @@ def _bulk(
 @group_option
 @click.pass_context
 def task_archiveall(ctx: click.Context, queue: str, state: str, group: str | None) -> None:
-    """Archive every task of a state."""
-    _bulk(
-        ctx,
-        queue=queue,
-        state=state,
-        group=group,
-        action=lambda i, s, g: i.archive_all(queue, s, group=g),
-        done="archived",
-    )
+    """Archive every task of a state.
+
+    The archive keeps at most 9,999 tasks (asynq's cap) and none older than 90
+    days: archiving past that deletes the oldest archived tasks; the command says
+    how many before and after.
+    """
+    st = TaskState(state.lower())
+    if st is TaskState.AGGREGATING and not group:
+        raise click.UsageError("--group is required with --state aggregating")
+    if st is not TaskState.AGGREGATING and group:
+        raise click.UsageError("--group only applies to --state aggregating")
+
+    async def go(insp: Inspector) -> ArchiveReport:
+        info = await insp.queue_info(queue)
+        over = info.archived + getattr(info, st.value) - ARCHIVE_LIMIT
+        if st is not TaskState.AGGREGATING and over > 0:
+            click.echo(
+                f"warning: the archive keeps at most {ARCHIVE_LIMIT:,} tasks: about {over} "
+                "of the oldest archived tasks will be deleted",
+                err=True,
+            )
+        return await insp.archive_all_report(queue, st, group=group)
+
+    report = with_inspector(ctx, go)
+    n = report.moved
+    click.echo(f"{n} {st.value} task{'s' if n != 1 else ''} archived{report.deleted_note}")
 
 
 @task.command("deleteall")

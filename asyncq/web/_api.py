@@ -365,6 +365,7 @@ async def bulk_action(request: Request) -> Response:
     st = _state_param(request.path_params["state"])
     action = request.path_params["action"]
     group = request.query_params.get("group") or None
+    extra: dict[str, Any] = {}
     if action == "cancel_all":
         if st is not TaskState.ACTIVE:
             raise ValueError("cancel_all applies to active tasks only")
@@ -372,7 +373,9 @@ async def bulk_action(request: Request) -> Response:
     elif action == "run_all":
         count = await insp.run_all(queue, st, group=group)
     elif action == "archive_all":
-        count = await insp.archive_all(queue, st, group=group)
+        report = await insp.archive_all_report(queue, st, group=group)
+        count = report.moved
+        extra = {"deleted": report.deleted, "message": report.message}
     elif action == "delete_all":
         count = await insp.delete_all(queue, st, group=group)
     else:
@@ -380,7 +383,7 @@ async def bulk_action(request: Request) -> Response:
             {"error": f"unknown action {action!r} (run_all, archive_all, delete_all, cancel_all)"},
             404,
         )
-    return _json({"ok": True, "count": count})
+    return _json({"ok": True, "count": count, **extra})
 
 
 async def batch_action(request: Request) -> Response:

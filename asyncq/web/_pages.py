@@ -14,6 +14,7 @@ from starlette.templating import Jinja2Templates
 import asyncq.web._render as r
 from asyncq import QueueNotFoundError, TaskState
 from asyncq._http import quote_segment
+from asyncq.inspector import ARCHIVE_LIMIT
 from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, find_task, queue_infos, task_page
 from asyncq.web._state import state
 
@@ -123,6 +124,7 @@ async def queue_page(request: Request) -> Response:
             "row_actions": ROW_ACTIONS[state_],
             "bulk_actions": BULK_ACTIONS[state_],
             "limit": st.max_payload_length,
+            "archive_limit": ARCHIVE_LIMIT,
             "nav": "queues",
             "page": page,
         },

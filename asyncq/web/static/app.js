@@ -69,7 +69,7 @@
       } else {
         const [method, path] = btn.dataset.api.split(" ");
         const res = await api(method, path);
-        say(btn.textContent.trim() + (res.count !== undefined ? ": " + res.count + " task(s)" : ": done"));
+        say(res.message || btn.textContent.trim() + (res.count !== undefined ? ": " + res.count + " task(s)" : ": done"), res.deleted > 0);
         if (btn.dataset.after) { location.href = btn.dataset.after; return; }
       }
       await refresh(true);
