@@ -102,3 +102,62 @@ async def test_a_deep_base64_payload_is_stored_and_read_as_text(
     assert r.json()["payload"] == raw.decode()
     got = await gw.get(TASKS + "/deep")
     assert got.status_code == 200 and got.json()["payload"] == raw.decode()
+
+
+# Item 12: loose input is refused, naming the field.
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"max_retry": "3"}, "max_retry"),
+        ({"max_retry": True}, "max_retry"),
+        ({"max_retry": 3.0}, "max_retry"),
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": "0s"}, "timeout"),
+        ({"timeout": 0.5}, "timeout"),
+        ({"deadline": "1900000000"}, "deadline"),
+        ({"process_at": "1900000000"}, "process_at"),
+    ],
+)
+async def test_loose_input_is_refused_naming_the_field(
+    gw: httpx.AsyncClient, redis: Redis, extra: dict[str, object], field: str
+) -> None:
+    r = await gw.post(TASKS, json={"type": "t", "task_id": "loose", **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["field"] == field, err
+    assert field in err["message"], err
+    assert await redis.keys("asynq:{default}:t:*") == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"type":"t"}'.encode("utf-16"),
+        '{"type":"t"}'.encode("utf-16-le"),
+        '{"type":"t"}'.encode("utf-32"),
+        b"\xef\xbb\xbf" + b'{"type":"t"}',
+        b'{"type":"t\xff"}',
+    ],
+    ids=["utf16-bom", "utf16-le", "utf32", "utf8-bom", "latin1"],
+)
+async def test_a_body_that_is_not_plain_utf8_is_refused(
+    gw: httpx.AsyncClient, redis: Redis, body: bytes
+) -> None:
+    r = await _post_raw(gw, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_json"
+    assert "UTF-8" in r.json()["error"]["message"]
+    assert await redis.keys("asynq:{default}:t:*") == []
+
+
+async def test_strict_input_still_takes_every_documented_form(gw: httpx.AsyncClient) -> None:
+    for extra in (
+        {"max_retry": 0},
+        {"timeout": 1},
+        {"timeout": "90s"},
+        {"deadline": 1900000000},
+        {"deadline": "2030-03-17T17:46:40Z"},
+        {"retention": 0},
+    ):
+        r = await gw.post(TASKS, json={"type": "t", **extra})
+        assert r.status_code == 201, (extra, r.text)

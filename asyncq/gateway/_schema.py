@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    Strict,
     WithJsonSchema,
     model_validator,
 )
@@ -132,7 +133,25 @@ Duration = Annotated[
     BeforeValidator(parse_duration),
     WithJsonSchema(_DURATION_SCHEMA),
 ]
-Instant = Annotated[AwareDatetime, WithJsonSchema(_INSTANT_SCHEMA)]
+
+
+def _instant(value: Any) -> Any:
+    """Unix seconds come as a JSON number: a string must be an RFC 3339 time."""
+    if isinstance(value, bool):
+        raise ValueError("expected an RFC 3339 time or unix seconds, not a boolean")
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return value
+        raise ValueError(
+            f"expected an RFC 3339 time such as '2030-01-01T00:00:00Z', got the string "
+            f"{value!r}: send unix seconds as a number"
+        )
+    return value
+
+
+Instant = Annotated[AwareDatetime, BeforeValidator(_instant), WithJsonSchema(_INSTANT_SCHEMA)]
 NonBlank = Annotated[str, Field(min_length=1, pattern=r"\S")]
 PayloadEncoding = Literal["json", "base64", "text"]
 
@@ -152,7 +171,7 @@ class EnqueueRequest(BaseModel):
     )
     payload_encoding: PayloadEncoding = Field(default="json")
     task_id: NonBlank | None = Field(default=None, description="Default: a random UUID4.")
-    max_retry: Annotated[int, Field(ge=0, le=_MAX_INT32)] | None = Field(
+    max_retry: Annotated[int, Strict(), Field(ge=0, le=_MAX_INT32)] | None = Field(
         default=None, description="Retries before the task is archived (default 25)."
     )
     timeout: Duration | None = Field(
@@ -176,8 +195,12 @@ class EnqueueRequest(BaseModel):
             value = getattr(self, name)
             if value is not None and value < timedelta(0):
                 raise _FieldError(name, f"{name} cannot be negative")
-        if self.timeout is not None and timedelta(0) < self.timeout < timedelta(seconds=1):
-            raise _FieldError("timeout", "timeout must be at least 1s (asynq stores whole seconds)")
+        if self.timeout is not None and self.timeout < timedelta(seconds=1):
+            raise _FieldError(
+                "timeout",
+                "timeout must be at least 1s (asynq stores whole seconds; "
+                "omit it for the 30-minute default)",
+            )
         if self.unique is not None and self.unique < timedelta(seconds=1):
             raise _FieldError("unique", "unique must be at least 1s")
         if self.process_at is not None and self.process_in is not None:

@@ -236,6 +236,12 @@ def create_app(
                 "invalid_json",
                 "request body starts with a byte order mark: send UTF-8 without one",
             )
+        if b"\x00" in body:  # JSON text never holds a raw NUL: UTF-16 or UTF-32
+            raise ApiError(
+                400,
+                "invalid_json",
+                "request body holds NUL bytes (UTF-16 or UTF-32?); JSON must be sent as UTF-8",
+            )
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:
