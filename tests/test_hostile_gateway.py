@@ -4,13 +4,17 @@ anything is written, so an error answer never follows a write."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from asyncq import Client, Task
+from asyncq._http import quote_segment
 from asyncq.gateway import create_app
 
 TASKS = "/api/queues/default/tasks"
@@ -161,3 +165,72 @@ async def test_strict_input_still_takes_every_documented_form(gw: httpx.AsyncCli
     ):
         r = await gw.post(TASKS, json={"type": "t", **extra})
         assert r.status_code == 201, (extra, r.text)
+
+
+# Beyond the list: whatever the gateway refuses, Redis is left exactly as it was.
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+    | st.sampled_from(["", " ", "90s", "-1s", "0s", "1h", "PT90S", "2030-01-01T00:00:00Z",
+                      "2030-01-01T00:00:00", "json", "base64", "text", "!!", "a{b}", "1e999"])
+)  # fmt: skip
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_FIELDS = st.sampled_from(
+    [
+        "type", "payload", "payload_encoding", "task_id", "max_retry", "timeout", "deadline",
+        "process_at", "process_in", "unique", "retention", "group", "headers", "queue", "bogus",
+    ]
+)  # fmt: skip
+_ITEMS = st.dictionaries(_FIELDS, _VALUES, max_size=6)
+_RAW_NUMBERS = st.sampled_from(["1e999", "-1e999", "NaN", "Infinity", "1" * 5000, "[" * 3000])
+
+
+async def _snapshot(redis: Redis) -> dict[bytes, bytes | None]:
+    return {key: await redis.dump(key) async for key in redis.scan_iter(count=1000)}
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    item=_ITEMS,
+    batch=st.booleans(),
+    splice=st.none() | _RAW_NUMBERS,
+    queue=st.sampled_from(["default", "a:b", " ", "x{y}"]),
+)
+async def test_any_refused_request_leaves_redis_unchanged(
+    gw: httpx.AsyncClient,
+    redis: Redis,
+    item: dict[str, object],
+    batch: bool,
+    splice: str | None,
+    queue: str,
+) -> None:
+    await redis.flushdb()
+    async with Client(redis) as client:  # something already there, to be left alone
+        await client.enqueue(Task("seed", b"s"), queue="default", task_id="seed")
+    before = await _snapshot(redis)
+    body = json.dumps({"tasks": [item]} if batch else item)
+    if splice is not None:
+        body = body.replace("null", splice, 1) if "null" in body else body[:-1] + f',"x":{splice}}}'
+    path = f"/api/queues/{quote_segment(queue)}/tasks" + ("/batch" if batch else "")
+    r = await _post_raw(gw, body, path)
+    refused = r.status_code >= 400 or (
+        batch and r.status_code == 200 and all(x["status"] >= 400 for x in r.json()["results"])
+    )
+    assert r.status_code < 500, r.text[:300]
+    if refused:
+        assert await _snapshot(redis) == before, (r.status_code, r.text[:300])
+    else:
+        assert r.status_code in (200, 201), r.text[:300]
