@@ -189,6 +189,8 @@ class SkippedQueue:
 
     @property
     def message(self) -> str:
+        if self.reason.startswith("Redis refused"):
+            return f"queue {self.name!r} is left out: {self.reason}"
         return (
             f"asynq:queues holds {self.name!r}, which is not a usable queue name "
             f"({self.reason}); it is left out (remove it with SREM asynq:queues)"

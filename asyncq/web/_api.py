@@ -8,16 +8,20 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+import structlog
+from redis.exceptions import ResponseError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import asyncq.web._render as r
 from asyncq import (
+    BrokerError,
     FailedPreconditionError,
     Inspector,
     QueueInfo,
     QueueNotFoundError,
+    SkippedQueue,
     TaskInfo,
     TaskNotFoundError,
     TaskState,
@@ -25,6 +29,8 @@ from asyncq import (
 from asyncq.web._state import WebState, state
 
 __all__ = ["api_routes", "find_task", "history_totals", "queue_infos", "task_page"]
+
+_log = structlog.get_logger("asyncq.web")
 
 _CONCURRENCY = 16
 MAX_PAGE_SIZE = 500
@@ -55,8 +61,15 @@ def _state_param(raw: str | None, default: TaskState = TaskState.PENDING) -> Tas
         raise ValueError(f"unknown task state {raw!r} (expected one of: {valid})") from None
 
 
-async def queue_infos(inspector: Inspector) -> list[QueueInfo]:
-    """Every queue's info, read concurrently (a queue removed meanwhile is skipped)."""
+async def queue_infos(
+    inspector: Inspector, unreadable: list[SkippedQueue] | None = None
+) -> list[QueueInfo]:
+    """Every queue's info, read concurrently (a queue removed meanwhile is skipped).
+
+    A queue whose keys Redis refuses to read (another type than asynq's, a broken
+    record) is skipped too, logged and added to *unreadable*, so one damaged queue
+    does not take down the summary of every other.
+    """
     names = await inspector.queues()
     limit = asyncio.Semaphore(_CONCURRENCY)
 
@@ -65,6 +78,11 @@ async def queue_infos(inspector: Inspector) -> list[QueueInfo]:
             try:
                 return await inspector.queue_info(name)
             except QueueNotFoundError:
+                return None
+            except (ResponseError, BrokerError) as exc:
+                _log.warning("queue skipped: Redis refused to read it", queue=name, error=str(exc))
+                if unreadable is not None:
+                    unreadable.append(SkippedQueue(name, f"Redis refused to read it: {exc}"))
                 return None
 
     return [i for i in await asyncio.gather(*(one(n) for n in names)) if i is not None]
@@ -169,9 +187,11 @@ def _inspector(request: Request) -> tuple[WebState, Inspector]:
 
 async def list_queues(request: Request) -> Response:
     _, insp = _inspector(request)
-    infos = await queue_infos(insp)
+    unreadable: list[SkippedQueue] = []
+    infos = await queue_infos(insp, unreadable)
     skipped = [
-        {"name": s.name, "reason": s.reason, "message": s.message} for s in insp.skipped_queues
+        {"name": s.name, "reason": s.reason, "message": s.message}
+        for s in (*insp.skipped_queues, *unreadable)
     ]
     return _json({"queues": [r.queue_dict(i) for i in infos], "skipped": skipped})
 

@@ -12,7 +12,7 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 import asyncq.web._render as r
-from asyncq import QueueNotFoundError, TaskState
+from asyncq import QueueNotFoundError, SkippedQueue, TaskState
 from asyncq._http import quote_segment
 from asyncq.inspector import ARCHIVE_LIMIT
 from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, find_task, queue_infos, task_page
@@ -85,7 +85,8 @@ def render(request: Request, name: str, context: dict[str, Any], status: int = 2
 
 async def dashboard(request: Request) -> Response:
     insp = state(request).inspector()
-    infos = sorted(await queue_infos(insp), key=lambda i: i.queue)
+    unreadable: list[SkippedQueue] = []
+    infos = sorted(await queue_infos(insp, unreadable), key=lambda i: i.queue)
     biggest = max((i.size for i in infos), default=0)
     totals = {s.value: sum(getattr(i, s.value) for i in infos) for s in STATE_ORDER}
     return render(
@@ -96,7 +97,7 @@ async def dashboard(request: Request) -> Response:
             "biggest": biggest,
             "totals": totals,
             "states": STATE_ORDER,
-            "skipped": insp.skipped_queues,
+            "skipped": (*insp.skipped_queues, *unreadable),
             "nav": "queues",
         },
     )
