@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from asyncq import Client, EnqueueRetryError, Inspector, Server, ServeMux, Task
+from asyncq import Client, EnqueueRetryError, Inspector, ServeMux, Server, Task
 from asyncq.retry import is_retryable
 from tests.redis_server import RedisServer, free_port
 
 
 def _self_signed(directory: Path) -> tuple[Path, Path]:
     cert, key = directory / "cert.pem", directory / "key.pem"
+    args = ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"]
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
-        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"],
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", *args],
         check=True,
         capture_output=True,
     )
@@ -32,10 +32,8 @@ def tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("openssl is needed to make a self-signed certificate")
     cert, key = _self_signed(tmp_path_factory.mktemp("tls"))
     port = free_port()
-    server = RedisServer(
-        extra_args=["--tls-port", str(port), "--tls-cert-file", str(cert)]
-        + ["--tls-key-file", str(key), "--tls-auth-clients", "no"]
-    )
+    tls = ["--tls-key-file", str(key), "--tls-auth-clients", "no"]
+    server = RedisServer(extra_args=["--tls-port", str(port), "--tls-cert-file", str(cert), *tls])
     try:
         server.start()
     except RuntimeError:
