@@ -282,3 +282,32 @@ async def test_without_script_flags_a_full_redis_still_acks_and_deletes(
         pending = await insp.list_tasks("q", TaskState.PENDING, size=1)
         await insp.delete_task("q", pending[0].id)
         assert (await insp.queue_info("q")).active == 0
+
+
+async def test_a_pattern_worker_serves_a_queue_recreated_under_a_long_lived_client(
+    redis: Redis,
+) -> None:
+    """Item 1 end to end: `queue rm` of an idle queue, then the same Client enqueues to it
+    again: a `tenant:*` worker must run that task (it only sees queues in asynq:queues)."""
+    seen: list[bytes] = []
+    mux = ServeMux()
+
+    async def handle(task: Task) -> None:
+        seen.append(task.payload or b"")
+
+    mux.handle("t", handle)
+    server = Server(redis, concurrency=2, queues={"tenant:*": 1}, **FAST)
+    async with Client(redis) as client:
+        await client.enqueue(Task("t", b"first"), queue="tenant:a")
+        await server.start(mux)
+        try:
+            await wait_until(lambda: seen == [b"first"], what="the first task", within=60)
+            assert server.served_queues == ["tenant:a"]
+            async with Inspector(redis) as insp:
+                await insp.delete_queue("tenant:a", force=True)
+            # The worker drops the removed queue at its next refresh of asynq:queues.
+            await wait_until(lambda: server.served_queues == [], what="the queue dropped")
+            await client.enqueue(Task("t", b"second"), queue="tenant:a")
+            await wait_until(lambda: b"second" in seen, what="the task after queue rm", within=60)
+        finally:
+            await server.shutdown()
