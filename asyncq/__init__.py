@@ -30,6 +30,7 @@ from asyncq.errors import (
     QueueNotEmptyError,
     QueueNotFoundError,
     RateLimited,
+    RedisOutOfMemoryError,
     ReplicationTimeoutError,
     RevokeTask,
     ServerClosedError,
@@ -40,6 +41,7 @@ from asyncq.errors import (
 )
 from asyncq.hooks import WorkerHooks
 from asyncq.inspector import (
+    ArchiveReport,
     ClusterNode,
     DailyStats,
     ErrorGroup,
@@ -51,6 +53,7 @@ from asyncq.inspector import (
     SchedulerEnqueueEvent,
     SchedulerEntry,
     ServerInfo,
+    SkippedQueue,
     TypeRateInfo,
     WorkerInfo,
 )
@@ -87,6 +90,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "App",
+    "ArchiveReport",
     "AsyncqError",
     "BrokerError",
     "Client",
@@ -120,6 +124,7 @@ __all__ = [
     "RateLimited",
     "RedisClientOpts",
     "RedisClusterOpts",
+    "RedisOutOfMemoryError",
     "RedisSentinelOpts",
     "ReplicationTimeoutError",
     "ResultWriteError",
@@ -134,6 +139,7 @@ __all__ = [
     "ServerInfo",
     "ServerStats",
     "SkipRetry",
+    "SkippedQueue",
     "Step",
     "StepFailure",
     "SyncClient",

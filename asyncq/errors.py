@@ -14,6 +14,7 @@ __all__ = [
     "LeaseExpiredError",
     "QueueNotEmptyError",
     "QueueNotFoundError",
+    "RedisOutOfMemoryError",
     "ReplicationTimeoutError",
     "RevokeTask",
     "ServerClosedError",
@@ -73,6 +74,21 @@ class FailedPreconditionError(AsyncqError):
 
 class BrokerError(AsyncqError):
     """Redis answered a broker script with an unexpected error."""
+
+
+class RedisOutOfMemoryError(BrokerError):
+    """Redis refused a write because it reached ``maxmemory`` (policy ``noeviction``).
+
+    Every enqueue path raises it, and nothing of the task was written. Workers keep
+    draining such a Redis where the server allows it (see the guarantees page).
+    """
+
+    def __init__(self, what: str = "the write") -> None:
+        super().__init__(
+            f"Redis is out of memory (used memory > 'maxmemory' with a noeviction policy): "
+            f"{what} was refused and nothing of it was written; free memory, raise maxmemory "
+            "or let workers drain the queues, then retry"
+        )
 
 
 class LeaseExpiredError(AsyncqError):

@@ -43,7 +43,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+import structlog
+
 from asyncq import _keys as keys
+from asyncq._broker._base import ARCHIVE_MAX_SIZE
 from asyncq._broker.inspect import InspectBroker, RateBucket, StoredTask
 from asyncq._broker.triage import FailedTask, TriageBroker
 from asyncq._broker.workflow import (
@@ -64,6 +67,8 @@ from asyncq.proto.asynq import TaskMessage
 from asyncq.task import TaskInfo, TaskState
 
 __all__ = [
+    "ARCHIVE_LIMIT",
+    "ArchiveReport",
     "ClusterNode",
     "DailyStats",
     "ErrorGroup",
@@ -75,11 +80,14 @@ __all__ = [
     "SchedulerEnqueueEvent",
     "SchedulerEntry",
     "ServerInfo",
+    "SkippedQueue",
     "TypeRateInfo",
     "WorkerInfo",
 ]
 
 DEFAULT_PAGE_SIZE = 30
+
+_log = structlog.get_logger("asyncq.inspector")
 
 _RUNNABLE = (TaskState.SCHEDULED, TaskState.RETRY, TaskState.ARCHIVED, TaskState.AGGREGATING)
 _ARCHIVABLE = (TaskState.PENDING, TaskState.SCHEDULED, TaskState.RETRY, TaskState.AGGREGATING)
@@ -160,6 +168,72 @@ class QueueInfo:
     def rate_per_second(self) -> float | None:
         """asyncq: :attr:`rate_limit` in tasks per second (``"600/min"`` is 10.0)."""
         return None if self.rate_limit is None else _per_second(self.rate_limit)
+
+
+ARCHIVE_LIMIT = ARCHIVE_MAX_SIZE - 1
+"""Tasks an archive keeps (asynq's cap): archiving more deletes the oldest archived ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveReport:
+    """What :meth:`Inspector.archive_all_report` did.
+
+    *moved*: tasks taken out of their state into the archive. *deleted*: archived
+    tasks (of this call or earlier, oldest first) that the archive's limits then
+    deleted: it keeps at most 9,999 tasks (asynq's cap) and none archived more
+    than 90 days ago.
+    """
+
+    moved: int
+    deleted: int
+
+    @property
+    def deleted_note(self) -> str:
+        """``"; the archive keeps ... deleted"`` when the limits deleted tasks, else ``""``."""
+        if not self.deleted:
+            return ""
+        return (
+            f"; the archive keeps at most {ARCHIVE_LIMIT:,} tasks (none older than 90 "
+            f"days), so {self.deleted} of the oldest archived tasks were deleted"
+        )
+
+    @property
+    def message(self) -> str:
+        """A sentence saying what happened, deletions included."""
+        return f"{self.moved} task{'' if self.moved == 1 else 's'} archived{self.deleted_note}"
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedQueue:
+    """A member of ``asynq:queues`` that is not a usable queue name, left out of every view.
+
+    *name* is the stored name as text (bytes that are not UTF-8 shown as ``\\xNN``),
+    *reason* why it is unusable, *message* a sentence naming the key, for logs and pages.
+    """
+
+    name: str
+    reason: str
+
+    @property
+    def message(self) -> str:
+        if self.reason.startswith("Redis refused"):
+            return f"queue {self.name!r} is left out: {self.reason}"
+        return (
+            f"asynq:queues holds {self.name!r}, which is not a usable queue name "
+            f"({self.reason}); it is left out (remove it with SREM asynq:queues)"
+        )
+
+
+def _classify_queue_name(raw: bytes) -> str | SkippedQueue:
+    try:
+        name = raw.decode()
+    except UnicodeDecodeError:
+        return SkippedQueue(raw.decode("utf-8", "backslashreplace"), "not UTF-8")
+    if not name.strip():
+        return SkippedQueue(name, "blank")
+    if "{" in name or "}" in name:
+        return SkippedQueue(name, "holds '{' or '}', which delimit the queue name in asynq's keys")
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,11 +510,19 @@ def _state(state: TaskState | str) -> TaskState:
         raise ValueError(f"unknown task state {state!r} (expected one of: {valid})") from None
 
 
+_MAX_POSITION = 2**63 - 1  # Redis' index range (LRANGE, ZRANGE)
+
+
 def _check_paging(page: int, size: int) -> None:
     if page < 1:
         raise ValueError(f"page must be 1 or more, got {page}")
     if size < 1:
         raise ValueError(f"page size must be 1 or more, got {size}")
+    if page * size > _MAX_POSITION:
+        raise ValueError(
+            f"page {page} of {size} tasks is past the last position Redis can address "
+            f"({_MAX_POSITION}); ask for a smaller page number"
+        )
 
 
 def _check_group(state: TaskState, group: str | None) -> str | None:
@@ -480,6 +562,8 @@ class Inspector:
         self._clock = clock
         self._rdb = InspectBroker(self._conn.redis, clock=clock)
         self._flow_cache: tuple[float, list[dict[str, str]]] | None = None
+        self._skipped: tuple[SkippedQueue, ...] = ()
+        self._warned: set[str] = set()
 
     @property
     def redis(self) -> Any:
@@ -512,8 +596,35 @@ class Inspector:
     # -- queues ------------------------------------------------------------------------------
 
     async def queues(self) -> list[str]:
-        """Names of every known queue, sorted."""
-        return await self._rdb.all_queues()
+        """Names of every known queue, sorted.
+
+        A member of ``asynq:queues`` that is not a usable queue name (not UTF-8,
+        blank, or holding a brace; another client may have written it) is left out,
+        logged once per Inspector and listed in :attr:`skipped_queues`.
+        """
+        names: list[str] = []
+        skipped: list[SkippedQueue] = []
+        for raw in await self._rdb.raw_queue_names():
+            got = _classify_queue_name(raw)
+            if isinstance(got, str):
+                names.append(got)
+                continue
+            skipped.append(got)
+            if got.name not in self._warned:
+                self._warned.add(got.name)
+                _log.warning(
+                    "unusable queue name skipped",
+                    key=keys.ALL_QUEUES,
+                    name=got.name,
+                    reason=got.reason,
+                )
+        self._skipped = tuple(skipped)
+        return names
+
+    @property
+    def skipped_queues(self) -> tuple[SkippedQueue, ...]:
+        """The members of ``asynq:queues`` the last :meth:`queues` call left out, and why."""
+        return self._skipped
 
     async def queue_info(self, queue: str) -> QueueInfo:
         """Sizes by state, today's and all-time counters, latency, memory and paused flag."""
@@ -883,11 +994,19 @@ class Inspector:
         self, queue: str, state: TaskState | str, *, group: str | None = None
     ) -> int:
         """Archive every pending, scheduled, retry (or one group's aggregating) task;
-        returns how many were archived.
+        returns how many were moved into the archive.
 
         As in asynq the archive keeps at most 9,999 tasks and none older than 90
-        days; tasks trimmed beyond that are deleted.
+        days; tasks trimmed beyond that are deleted, the oldest first. Use
+        :meth:`archive_all_report` to learn how many that deleted.
         """
+        return (await self.archive_all_report(queue, state, group=group)).moved
+
+    async def archive_all_report(
+        self, queue: str, state: TaskState | str, *, group: str | None = None
+    ) -> ArchiveReport:
+        """:meth:`archive_all`, reporting the tasks archived and those the archive's
+        limits deleted (see :class:`ArchiveReport`)."""
         st = _state(state)
         if st not in _ARCHIVABLE:
             raise ValueError(
@@ -896,7 +1015,8 @@ class Inspector:
             )
         group = _check_group(st, group)
         await self._require_queue(queue)
-        return await self._rdb.archive_all(queue, st, group)
+        moved, deleted = await self._rdb.archive_all(queue, st, group)
+        return ArchiveReport(moved, deleted)
 
     async def update_task_payload(self, queue: str, task_id: str, payload: bytes) -> TaskInfo:
         """Replace the payload of a scheduled task; returns the updated task."""

@@ -41,6 +41,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from asyncq import _keys as keys
 from asyncq._codec import encode_task_message
+from asyncq._redis.errors import is_tls_verification_failure
 from asyncq._redis.options import RedisClient
 from asyncq.errors import AsyncqError, DuplicateTaskError, TaskIdConflictError
 from asyncq.proto.asynq import TaskMessage
@@ -131,7 +132,13 @@ class EnqueueRetryError(AsyncqError):
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """A connection-level failure that another attempt may get past."""
+    """A connection-level failure that another attempt may get past.
+
+    A TLS certificate that cannot be verified is not one: it fails the same way
+    every time, so the caller gets its reason at once.
+    """
+    if is_tls_verification_failure(exc):
+        return False
     if isinstance(exc, _RETRYABLE):
         return True
     return isinstance(exc, ResponseError) and str(exc).upper().startswith(_RETRYABLE_REPLIES)

@@ -50,7 +50,7 @@ from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, Broker
 from asyncq._broker.replication import replica_wait_seconds
 from asyncq._logging import get_logger
-from asyncq._redis.connection import Connection, independent_target
+from asyncq._redis.connection import Connection, check_tls, independent_target
 from asyncq._redis.options import RedisClient, RedisTarget
 from asyncq._signals import signal_handlers
 from asyncq._worker.active import ActiveTasks
@@ -456,6 +456,7 @@ class Server:
         if handler is None:
             raise TypeError("server cannot start: the handler is None")
         fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
+        await check_tls(self.redis)  # an unverifiable certificate fails now, with its reason
         context = contextvars.copy_context()  # the roles' context: the lifespan state goes here
         if self._lifespan is not None:
             state = await self._lifespan_stack.enter_async_context(self._lifespan())

@@ -399,7 +399,7 @@ async def test_openapi_and_health(api: httpx.AsyncClient) -> None:
 async def test_redis_unreachable_is_503() -> None:
     app = create_app(f"redis://127.0.0.1:{free_port()}/0")
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
         for method, path, body in [
             ("POST", TASKS, BASE),
             ("POST", f"{TASKS}/batch", {"tasks": [BASE]}),
@@ -426,7 +426,7 @@ async def test_no_token_serves_loopback_only(redis: Redis, redis_url: str) -> No
     app = create_app(redis_url)
     for host, status in [("127.0.0.1", 201), ("::1", 201), ("10.0.0.7", 401), ("192.0.2.1", 401)]:
         transport = httpx.ASGITransport(app=app, client=(host, 50000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             r = await c.post(TASKS, json=BASE)
         assert r.status_code == status, (host, r.text)
     # With a token, a remote client that sends it is served.

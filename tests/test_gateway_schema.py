@@ -80,7 +80,7 @@ def test_shown_bytes_decode_back(data: bytes) -> None:
 async def gateway(redis: Redis, redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(redis_url)
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
         yield c
     await app.state.gateway.aclose()
 

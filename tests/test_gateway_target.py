@@ -373,7 +373,7 @@ async def test_worker_command_end_to_end(redis: Redis, redis_url: str, target: T
     """curl-style producer -> gateway -> ``asyncq worker --http-target`` -> the HTTP target."""
     app = create_app(redis_url)
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as gw:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as gw:
         r = await gw.post(
             "/api/queues/default/tasks",
             json={"type": "php:invoice", "payload": {"n": 3}, "retention": "1h"},

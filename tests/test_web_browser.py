@@ -343,3 +343,37 @@ async def test_live_update_and_redis_down_banner(browser: object) -> None:
         if w is not None:
             w.stop()
         server.cleanup()
+
+
+async def test_row_actions_on_hostile_ids_address_only_that_task(
+    web: WebProcess, browser: object, redis: Redis
+) -> None:
+    """A task id holding ``..`` and ``/`` (the Client and the gateway accept it) must not
+    make the browser's own URL resolution reach another queue's task (issue 25 item 5)."""
+    from asyncq import Client, Task
+
+    hostile = ["../../victimq/tasks/victim1", "..", "a/b"]
+    async with Client(redis) as client:
+        await client.enqueue(Task("t", b"victim"), queue="victimq", task_id="victim1")
+        for tid in hostile:
+            await client.enqueue(Task("t", b"h"), queue="ten/ant", task_id=tid)
+    page = await _page(browser)
+    await page.goto(web.url + "/")  # type: ignore[attr-defined]
+    await page.click('a:has-text("ten/ant")')  # type: ignore[attr-defined]
+    await page.wait_for_selector("table.tasks")  # type: ignore[attr-defined]
+    for tid in hostile:
+        await page.click(f'tr[data-id="{tid}"] button:has-text("Archive")')  # type: ignore[attr-defined]
+
+        async def archived(t: str = tid) -> bool:
+            return await redis.hget(f"asynq:{{ten/ant}}:t:{t}", "state") == b"archived"
+
+        await _wait_for(archived)
+    # The task page of an id with dots opens, and its Delete button deletes it alone.
+    await page.goto(web.url + "/queues/ten%2Fant?state=archived")  # type: ignore[attr-defined]
+    await page.click(f'a[title="{hostile[0]}"]')  # type: ignore[attr-defined]
+    await page.wait_for_selector(f'code:has-text("{hostile[0]}")')  # type: ignore[attr-defined]
+    await page.click('.actions button:has-text("Delete")')  # type: ignore[attr-defined]
+    await _wait_for(lambda: _not(_exists(redis, "asynq:{ten/ant}:t:" + hostile[0])))
+    assert await redis.exists("asynq:{victimq}:t:victim1") == 1
+    assert await redis.lrange("asynq:{victimq}:pending", 0, -1) == [b"victim1"]
+    assert page.js_errors == []  # type: ignore[attr-defined]

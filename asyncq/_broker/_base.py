@@ -18,13 +18,14 @@ from asyncq import _keys as keys
 from asyncq._broker.replication import Replication
 from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._logging import RateLimiter, error_text
-from asyncq._redis.errors import REDIS_ERRORS
+from asyncq._redis.errors import REDIS_ERRORS, is_out_of_memory
 from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import Script, load_script
 from asyncq._redis.transport import FastConnection
 from asyncq.errors import (
     BrokerError,
     DuplicateTaskError,
+    RedisOutOfMemoryError,
     TaskIdConflictError,
     TaskNotFoundError,
 )
@@ -252,7 +253,12 @@ class BrokerBase:
 
     async def _register_queue(self, qk: QueueKeys) -> None:
         # asynq:queues is what the Inspector, CLI and asynqmon list; SADD once per instance.
-        await self._cmd.execute_command("SADD", keys.ALL_QUEUES, qk.name)
+        try:
+            await self._cmd.execute_command("SADD", keys.ALL_QUEUES, qk.name)
+        except ResponseError as exc:
+            if is_out_of_memory(exc):
+                raise RedisOutOfMemoryError(f"registering queue {qk.name!r}") from exc
+            raise
         self._published.add(qk.name)
 
     async def _run(
@@ -397,6 +403,8 @@ def script_error(exc: ResponseError, script: Script, qname: str, tid: str) -> Ex
     text = str(exc)
     if text.startswith("NOT FOUND") and tid:
         return TaskNotFoundError(qname, tid)
+    if is_out_of_memory(exc):
+        return RedisOutOfMemoryError(f"Redis script {script.name}")
     return BrokerError(f"Redis script {script.name} failed: {text}")
 
 

@@ -28,6 +28,7 @@ from asyncq import _keys as keys
 
 # One definition of the archive limits: the worker's and the inspector's trims must agree.
 from asyncq._broker._base import ARCHIVE_MAX_SIZE, ARCHIVED_EXPIRATION, LUA_PACKAGE
+from asyncq._codec import decode_task_message
 from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import Script, load_script
 from asyncq._time import from_unix
@@ -189,6 +190,11 @@ class InspectBroker:
         """Every queue name in ``asynq:queues``, sorted."""
         members = await self._r.smembers(keys.ALL_QUEUES)
         return sorted(_str(m) for m in members)
+
+    async def raw_queue_names(self) -> list[bytes]:
+        """The members of ``asynq:queues`` as stored (any bytes another client wrote)."""
+        members = await self._r.smembers(keys.ALL_QUEUES)
+        return sorted(m if isinstance(m, bytes) else m.encode() for m in members)
 
     async def queue_exists(self, qname: str) -> bool:
         """Whether *qname* is a member of ``asynq:queues``."""
@@ -530,26 +536,29 @@ class InspectBroker:
                 "cannot archive task in active state. use CancelProcessing instead."
             )
 
-    async def archive_all(self, qname: str, state: TaskState, group: str | None = None) -> int:
-        """Archive every pending/scheduled/retry task (or one group's); returns the count."""
+    async def archive_all(
+        self, qname: str, state: TaskState, group: str | None = None
+    ) -> tuple[int, int]:
+        """Archive every pending/scheduled/retry task (or one group's); returns the tasks
+        archived and the archived tasks the archive's limits then deleted."""
         now = self.clock()
         args: list[str | int] = [int(now), _archive_cutoff(now), ARCHIVE_MAX_SIZE]
         prefix = keys.task_key_prefix(qname)
         archived = keys.archived_key(qname)
         if state is TaskState.PENDING:
-            return await self._call(
+            return await self._call_pair(
                 "inspect_archive_all_pending",
                 [keys.pending_key(qname), archived],
                 [*args, prefix],
             )
         if state is TaskState.AGGREGATING:
             assert group is not None
-            return await self._call(
+            return await self._call_pair(
                 "inspect_archive_all_aggregating",
                 [keys.group_key(qname, group), archived, keys.all_groups(qname)],
                 [*args, prefix, group],
             )
-        return await self._call(
+        return await self._call_pair(
             "inspect_archive_all",
             [_zset_key(qname, state, None), archived],
             [*args, prefix, qname],
@@ -718,6 +727,15 @@ class InspectBroker:
         info: dict[str, Any] = await self._r.info()
         return info
 
+    async def _call_pair(
+        self, name: str, script_keys: Sequence[str], args: Sequence[Any]
+    ) -> tuple[int, int]:
+        try:
+            first, second = await _lua(name)(self.redis, script_keys, args)
+        except ResponseError as exc:
+            raise BrokerError(f"{name}: {exc}") from exc
+        return _int(first), _int(second)
+
     async def _call(self, name: str, script_keys: Sequence[str], args: Sequence[Any]) -> int:
         try:
             return _int(await _lua(name)(self.redis, script_keys, args))
@@ -734,7 +752,9 @@ def _decode_checked(qname: str, task_id: str, data: bytes) -> tuple[TaskMessage,
     # asynq hides messages it cannot decode; asyncq shows them (the raw bytes as the
     # payload, the reason as the last error) so they can be seen, deleted or archived.
     try:
-        msg = TaskMessage.parse(data)
+        # asyncq's own decoder: its errors say what is wrong with the bytes (the
+        # generated parser's say "'NoneType' object has no attribute 'value'").
+        msg = decode_task_message(data)
     except Exception as exc:
         reason = str(exc) or exc.__class__.__name__
     else:

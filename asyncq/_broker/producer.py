@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from asyncq import _keys as keys
@@ -112,12 +113,24 @@ class _Call:
 
 
 class ProducerWrites(BrokerBase):
-    """Client-side writes; each enqueue-like method first registers its queue in asynq:queues."""
+    """Client-side writes; each registers its queue in asynq:queues with the task."""
 
     # -- client-side writes (asynq rdb.go, spec section 3.1) -------------------------------
-    # Each enqueue-like method also SADDs the queue into asynq:queues the first time
-    # this Broker sees the queue, and publishes on keys.wakeup_channel(queue) when the
-    # pending list went from empty to non-empty (asyncq's instant pickup).
+    # Each enqueue-like script also SADDs the queue into asynq:queues in the same call as
+    # the task write (Go asynq SADDs once per client and caches that, so a queue removed
+    # under a long-lived client stays unlisted and pattern workers never serve it). On
+    # Redis Cluster asynq:queues lives in another slot than the queue's keys, so there the
+    # queue is SADDed once per Broker, as Go does. Each also publishes on
+    # keys.wakeup_channel(queue) when the pending list went from empty to non-empty
+    # (asyncq's instant pickup).
+
+    def _registry(self) -> tuple[str, ...]:
+        """The extra KEY that registers the queue in the script call (none on a cluster)."""
+        return () if isinstance(self.redis, RedisCluster) else (keys.ALL_QUEUES,)
+
+    async def _register_once(self, qk: QueueKeys) -> None:
+        if qk.name not in self._published and isinstance(self.redis, RedisCluster):
+            await self._register_queue(qk)
 
     async def write(self, item: BatchItem) -> None:
         """Write one task as *item* describes it: the same plan as :meth:`enqueue_batch`.
@@ -127,8 +140,7 @@ class ProducerWrites(BrokerBase):
         """
         now = self.clock()
         script, keys_, args, qk = self._plan(item, int(now), int(now * 1_000_000_000))
-        if qk.name not in self._published:
-            await self._register_queue(qk)
+        await self._register_once(qk)
         tid = item.message.id
         res = await self._run(script, keys_, args, qk.name, tid)
         if res == 0:
@@ -144,14 +156,13 @@ class ProducerWrites(BrokerBase):
         ``t:<id>`` exists.
         """
         qk = self._queues.get(queue) or self._q(queue)
-        if queue not in self._published:
-            await self._register_queue(qk)
+        await self._register_once(qk)
         now_ns = int(self.clock() * 1_000_000_000)
-        keys_ = (qk.task_prefix + task_id, qk.pending)
-        args = (data, task_id, now_ns, qk.wakeup, queue)
+        keys_ = (qk.task_prefix + task_id, qk.pending, *self._registry())
+        args = (data, task_id, now_ns, qk.wakeup, queue, queue)
         if self.replication is None:
             try:
-                res = await self._cmd.evalsha(_ENQUEUE.sha, 2, *keys_, *args)
+                res = await self._cmd.evalsha(_ENQUEUE.sha, len(keys_), *keys_, *args)
             except NoScriptError:
                 res = await self._run(_ENQUEUE, keys_, args, queue, task_id)
             except ResponseError as exc:
@@ -241,7 +252,11 @@ class ProducerWrites(BrokerBase):
             return results
         for script in {c.script for c in calls}:
             await script.load(self._cmd)
-        new_queues = sorted({c.qk.name for c in calls} - self._published)
+        registry = self._registry()
+        for c in calls:
+            if c.script is _ENQUEUE_MANY:
+                c.keys += registry
+        new_queues = [] if registry else sorted({c.qk.name for c in calls} - self._published)
         commands: list[tuple[Any, ...]] = []
         if new_queues:
             commands.append(("SADD", keys.ALL_QUEUES, *new_queues))
@@ -310,6 +325,8 @@ class ProducerWrites(BrokerBase):
         """The one place that knows each enqueue-like script's KEYS and ARGV."""
         msg = item.message
         qk = self._msg_queue(msg)
+        reg = self._registry()
+        name = (qk.name,) if reg else ()
         tid = msg.id
         tkey = qk.task_prefix + tid
         unique = item.unique_ttl is not None
@@ -321,11 +338,16 @@ class ProducerWrites(BrokerBase):
             if unique:
                 return (
                     _SCHEDULE_UNIQUE,
-                    (ukey, tkey, qk.scheduled),
-                    (tid, secs, at_s, encode_task_message(msg)),
+                    (ukey, tkey, qk.scheduled, *reg),
+                    (tid, secs, at_s, encode_task_message(msg), *name),
                     qk,
                 )
-            return _SCHEDULE, (tkey, qk.scheduled), (encode_task_message(msg), at_s, tid), qk
+            return (
+                _SCHEDULE,
+                (tkey, qk.scheduled, *reg),
+                (encode_task_message(msg), at_s, tid, *name),
+                qk,
+            )
         if item.group is not None:
             group = item.group
             check_group(group)
@@ -333,26 +355,26 @@ class ProducerWrites(BrokerBase):
             if unique:
                 return (
                     _ADD_TO_GROUP_UNIQUE,
-                    (tkey, gkey, qk.groups, ukey),
-                    (encode_task_message(msg), tid, now_s, group, secs),
+                    (tkey, gkey, qk.groups, ukey, *reg),
+                    (encode_task_message(msg), tid, now_s, group, secs, *name),
                     qk,
                 )
             return (
                 _ADD_TO_GROUP,
-                (tkey, gkey, qk.groups),
-                (encode_task_message(msg), tid, now_s, group),
+                (tkey, gkey, qk.groups, *reg),
+                (encode_task_message(msg), tid, now_s, group, *name),
                 qk,
             )
         if unique:
             return (
                 _ENQUEUE_UNIQUE,
-                (ukey, tkey, qk.pending),
-                (tid, secs, encode_task_message(msg), now_ns, qk.wakeup, qk.name),
+                (ukey, tkey, qk.pending, *reg),
+                (tid, secs, encode_task_message(msg), now_ns, qk.wakeup, qk.name, *name),
                 qk,
             )
         return (
             _ENQUEUE,
-            (tkey, qk.pending),
-            (encode_task_message(msg), tid, now_ns, qk.wakeup, qk.name),
+            (tkey, qk.pending, *reg),
+            (encode_task_message(msg), tid, now_ns, qk.wakeup, qk.name, *name),
             qk,
         )

@@ -12,9 +12,10 @@ import types
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool
+from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool, SSLConnection
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
+from asyncq._redis.errors import is_tls_verification_failure
 from asyncq._redis.options import (
     RedisClient,
     RedisClientOpts,
@@ -29,6 +30,7 @@ from asyncq._redis.transport import FastConnection
 __all__ = [
     "Connection",
     "RedisClient",
+    "check_tls",
     "close_client",
     "connect",
     "independent_target",
@@ -177,3 +179,18 @@ class Connection:
     def __repr__(self) -> str:
         kind = "owned" if self.owned else "shared"
         return f"<Connection {kind} {self.redis!r}>"
+
+
+async def check_tls(redis: object) -> None:
+    """On a TLS connection, PING once and raise at once when the server's certificate
+    cannot be verified: that never heals, so a worker must not start and retry forever.
+    Any other failure (Redis down) is left to the usual reconnecting."""
+    pool = getattr(redis, "connection_pool", None)
+    connection_class = getattr(pool, "connection_class", None)
+    if not (isinstance(connection_class, type) and issubclass(connection_class, SSLConnection)):
+        return
+    try:
+        await redis.ping()  # type: ignore[attr-defined]
+    except Exception as exc:
+        if is_tls_verification_failure(exc):
+            raise

@@ -11,12 +11,20 @@
 
 from __future__ import annotations
 
+import ssl
+
 from redis import exceptions as redis_errors
 from redis.exceptions import RedisError
 
 from asyncq.errors import BrokerError, ReplicationTimeoutError, TaskNotFoundError
 
-__all__ = ["REDIS_ERRORS", "TRANSIENT_ERRORS", "is_transient"]
+__all__ = [
+    "REDIS_ERRORS",
+    "TRANSIENT_ERRORS",
+    "is_out_of_memory",
+    "is_tls_verification_failure",
+    "is_transient",
+]
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     redis_errors.ConnectionError,  # includes BusyLoadingError
@@ -42,3 +50,29 @@ REDIS_ERRORS: tuple[type[BaseException], ...] = (
 def is_transient(exc: BaseException) -> bool:
     """True for connection-level failures (worth retrying later), False for error replies."""
     return isinstance(exc, TRANSIENT_ERRORS)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Redis refused a write at ``maxmemory`` (noeviction): ``OOM command not allowed ...``
+    for a command or a flagged script, the same words without the prefix from inside a
+    script."""
+    if isinstance(exc, redis_errors.OutOfMemoryError):
+        return True
+    return isinstance(exc, redis_errors.ResponseError) and (
+        "command not allowed when used memory > 'maxmemory'" in str(exc)
+    )
+
+
+def is_tls_verification_failure(exc: BaseException) -> bool:
+    """The server's TLS certificate could not be verified (untrusted, expired, another
+    host's name). Not transient: another attempt meets the same certificate."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return True
+        if "CERTIFICATE_VERIFY_FAILED" in str(current):
+            return True  # redis-py's ConnectionError keeps only the text
+        current = current.__cause__ or current.__context__
+    return False

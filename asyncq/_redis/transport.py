@@ -353,6 +353,7 @@ class FastConnection:
     """
 
     __slots__ = (
+        "__weakref__",  # scripts remember per connection whether the server takes flags
         "_address",
         "_backoff",
         "_closed",

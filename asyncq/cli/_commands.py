@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from redis.exceptions import ResponseError
 
 from asyncq.cli._app import CliError, run_async, settings
 from asyncq.cli._extras import require_extra
@@ -25,7 +26,7 @@ from asyncq.cli._format import (
     to_json,
 )
 from asyncq.errors import AsyncqError
-from asyncq.inspector import Inspector, QueueInfo, ServerInfo
+from asyncq.inspector import ARCHIVE_LIMIT, ArchiveReport, Inspector, QueueInfo, ServerInfo
 from asyncq.task import TaskInfo, TaskState
 
 __all__ = ["register"]
@@ -165,21 +166,28 @@ def _redis_summary(info: dict[str, Any]) -> dict[str, Any]:
 def stats(ctx: click.Context, as_json: bool) -> None:
     """Task counts by state and queue, today's totals and Redis information."""
 
-    async def go(insp: Inspector) -> tuple[list[QueueInfo], dict[str, Any]]:
+    async def go(insp: Inspector) -> tuple[list[QueueInfo], dict[str, Any] | str]:
         infos: list[QueueInfo] = []
         for name in await insp.queues():
             try:
                 infos.append(await insp.queue_info(name))
             except AsyncqError:
                 continue  # removed between the two calls
-        return infos, await insp.redis_info()
+        try:
+            return infos, await insp.redis_info()
+        except ResponseError as exc:  # an ACL user without INFO: the counts still stand
+            return infos, str(exc)
 
     infos, info = with_inspector(ctx, go)
     states = ["active", "pending", "aggregating", "scheduled", "retry", "archived", "completed"]
     by_state = {s: sum(getattr(q, s) for q in infos) for s in states}
     processed = sum(q.processed for q in infos)
     failed = sum(q.failed for q in infos)
-    redis = _redis_summary(info)
+    redis = _redis_summary(info) if isinstance(info, dict) else None
+    if isinstance(info, str):
+        click.echo(
+            f"warning: Redis Info left out: Redis refused the INFO command ({info})", err=True
+        )
     today = datetime.now(UTC).strftime("%Y-%m-%d")
     if as_json:
         click.echo(
@@ -207,6 +215,8 @@ def stats(ctx: click.Context, as_json: bool) -> None:
             [[str(processed), str(failed), error_rate(processed, failed)]],
         )
     )
+    if redis is None:
+        return
     click.echo()
     click.echo("Redis Info")
     click.echo(
@@ -591,15 +601,32 @@ def _bulk(
 @group_option
 @click.pass_context
 def task_archiveall(ctx: click.Context, queue: str, state: str, group: str | None) -> None:
-    """Archive every task of a state."""
-    _bulk(
-        ctx,
-        queue=queue,
-        state=state,
-        group=group,
-        action=lambda i, s, g: i.archive_all(queue, s, group=g),
-        done="archived",
-    )
+    """Archive every task of a state.
+
+    The archive keeps at most 9,999 tasks (asynq's cap) and none older than 90
+    days: archiving past that deletes the oldest archived tasks; the command says
+    how many before and after.
+    """
+    st = TaskState(state.lower())
+    if st is TaskState.AGGREGATING and not group:
+        raise click.UsageError("--group is required with --state aggregating")
+    if st is not TaskState.AGGREGATING and group:
+        raise click.UsageError("--group only applies to --state aggregating")
+
+    async def go(insp: Inspector) -> ArchiveReport:
+        info = await insp.queue_info(queue)
+        over = info.archived + getattr(info, st.value) - ARCHIVE_LIMIT
+        if st is not TaskState.AGGREGATING and over > 0:
+            click.echo(
+                f"warning: the archive keeps at most {ARCHIVE_LIMIT:,} tasks: about {over} "
+                "of the oldest archived tasks will be deleted",
+                err=True,
+            )
+        return await insp.archive_all_report(queue, st, group=group)
+
+    report = with_inspector(ctx, go)
+    n = report.moved
+    click.echo(f"{n} {st.value} task{'s' if n != 1 else ''} archived{report.deleted_note}")
 
 
 @task.command("deleteall")

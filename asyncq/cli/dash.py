@@ -13,7 +13,7 @@ from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -286,7 +286,10 @@ class QueuesScreen(RefreshingScreen):
             try:
                 infos[name] = await self.dash.inspector.queue_info(name)
             except AsyncqError:
-                continue  # removed meanwhile
+                continue  # removed meanwhile (or unreadable: a broker error)
+            except ResponseError as exc:  # this queue's keys are damaged; the others show
+                self.dash.notify(f"Redis: queue {name!r} left out: {exc}", severity="error")
+                continue
             except (RedisError, OSError) as exc:
                 self.dash.notify(f"Redis: {exc}", severity="error")
                 return

@@ -13,8 +13,6 @@ from asyncq.cli._app import CliError, Settings, settings
 
 __all__ = ["metrics", "register", "web"]
 
-_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
-
 
 def _uri(ctx: click.Context, flag: str | None) -> str:
     opts = settings(ctx)
@@ -96,13 +94,17 @@ def web(
     _need("web", "uvicorn")
     import uvicorn
 
+    from asyncq._http import is_loopback
     from asyncq.web import create_app
 
     uri = _uri(ctx, uri_flag)
     hosts: list[str] | None = list(allowed_hosts) or None
-    if hosts is None and host in _LOCAL_HOSTS:
-        # A page on another site that rebinds its DNS name to 127.0.0.1 must not reach us.
+    if hosts is None and is_loopback(host):
+        # A page on another site that rebinds its DNS name to a loopback address must not
+        # reach us: only loopback names are accepted in Host, whichever loopback we bind.
         hosts = ["localhost", "127.0.0.1", "::1", "[::1]"]
+        if host not in hosts:
+            hosts.append(f"[{host}]" if ":" in host else host)
     try:
         app = create_app(
             uri,
@@ -115,7 +117,7 @@ def web(
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    if host not in _LOCAL_HOSTS and not (password or token):
+    if not is_loopback(host) and not (password or token):
         click.echo(
             f"warning: listening on {host} without --password or --token: anyone who can reach "
             "this port can change your queues (add --read-only or auth)",

@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    Strict,
     WithJsonSchema,
     model_validator,
 )
@@ -30,6 +31,7 @@ from asyncq import EnqueueOptions, Task, TaskInfo
 from asyncq._gofmt import parse_go_duration
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "BatchItemResult",
     "BatchRequest",
     "BatchResponse",
@@ -38,11 +40,52 @@ __all__ = [
     "ErrorDetail",
     "TaskInfoBody",
     "encode_bytes",
+    "load_json",
     "parse_duration",
     "task_info_body",
 ]
 
 _MAX_INT32 = 2**31 - 1
+
+MAX_JSON_DEPTH = 200
+"""Deepest nesting of arrays and objects the gateway reads: a request body (so a payload
+nests at most a few levels less) or a stored payload shown as JSON (deeper is shown as
+text). Python's parser and pydantic both give up a little further down."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is out of range (it has no JSON value)")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level)
+            stack.extend(
+                (v, level + 1) for v in (node.values() if isinstance(node, dict) else node)
+            )
+    return deepest
+
+
+def load_json(text: str) -> Any:
+    """Strict JSON: no NaN/Infinity (nor numbers that overflow to them), at most
+    MAX_JSON_DEPTH levels of nesting. ValueError names what is wrong."""
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise ValueError(f"it nests deeper than {MAX_JSON_DEPTH} levels") from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise ValueError(f"it nests deeper than {MAX_JSON_DEPTH} levels")
+    return value
 
 
 def parse_duration(value: Any) -> Any:
@@ -90,7 +133,25 @@ Duration = Annotated[
     BeforeValidator(parse_duration),
     WithJsonSchema(_DURATION_SCHEMA),
 ]
-Instant = Annotated[AwareDatetime, WithJsonSchema(_INSTANT_SCHEMA)]
+
+
+def _instant(value: Any) -> Any:
+    """Unix seconds come as a JSON number: a string must be an RFC 3339 time."""
+    if isinstance(value, bool):
+        raise ValueError("expected an RFC 3339 time or unix seconds, not a boolean")
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return value
+        raise ValueError(
+            f"expected an RFC 3339 time such as '2030-01-01T00:00:00Z', got the string "
+            f"{value!r}: send unix seconds as a number"
+        )
+    return value
+
+
+Instant = Annotated[AwareDatetime, BeforeValidator(_instant), WithJsonSchema(_INSTANT_SCHEMA)]
 NonBlank = Annotated[str, Field(min_length=1, pattern=r"\S")]
 PayloadEncoding = Literal["json", "base64", "text"]
 
@@ -110,7 +171,7 @@ class EnqueueRequest(BaseModel):
     )
     payload_encoding: PayloadEncoding = Field(default="json")
     task_id: NonBlank | None = Field(default=None, description="Default: a random UUID4.")
-    max_retry: Annotated[int, Field(ge=0, le=_MAX_INT32)] | None = Field(
+    max_retry: Annotated[int, Strict(), Field(ge=0, le=_MAX_INT32)] | None = Field(
         default=None, description="Retries before the task is archived (default 25)."
     )
     timeout: Duration | None = Field(
@@ -134,8 +195,12 @@ class EnqueueRequest(BaseModel):
             value = getattr(self, name)
             if value is not None and value < timedelta(0):
                 raise _FieldError(name, f"{name} cannot be negative")
-        if self.timeout is not None and timedelta(0) < self.timeout < timedelta(seconds=1):
-            raise _FieldError("timeout", "timeout must be at least 1s (asynq stores whole seconds)")
+        if self.timeout is not None and self.timeout < timedelta(seconds=1):
+            raise _FieldError(
+                "timeout",
+                "timeout must be at least 1s (asynq stores whole seconds; "
+                "omit it for the 30-minute default)",
+            )
         if self.unique is not None and self.unique < timedelta(seconds=1):
             raise _FieldError("unique", "unique must be at least 1s")
         if self.process_at is not None and self.process_in is not None:
@@ -281,8 +346,8 @@ def encode_bytes(data: bytes) -> tuple[JsonValue, PayloadEncoding]:
     except UnicodeDecodeError:
         return base64.b64encode(data).decode(), "base64"
     try:
-        value: JsonValue = json.loads(text)
-    except ValueError:
+        value: JsonValue = load_json(text)
+    except ValueError:  # also NaN/Infinity and too deep: shown as the text it is
         return text, "text"
     return value, "json"
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,10 +37,12 @@ from asyncq import (
     EnqueueRetryError,
     Inspector,
     QueueNotFoundError,
+    RedisOutOfMemoryError,
     TaskIdConflictError,
     TaskInfo,
     TaskNotFoundError,
 )
+from asyncq._http import SegmentPaths, host_is_loopback, is_loopback, route_segments
 from asyncq._redis.options import RedisTarget
 from asyncq.gateway._openapi import openapi_document
 from asyncq.gateway._schema import (
@@ -51,6 +51,7 @@ from asyncq.gateway._schema import (
     BatchResponse,
     EnqueueRequest,
     ErrorDetail,
+    load_json,
     task_info_body,
 )
 
@@ -104,25 +105,10 @@ class GatewayState:
             await conn.aclose()
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _error_response(
     status: int, detail: ErrorDetail, headers: dict[str, str] | None = None
 ) -> Response:
     return JSONResponse({"error": detail.model_dump()}, status_code=status, headers=headers)
-
-
-def _is_loopback(host: str | None) -> bool:
-    if host is None:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False
 
 
 def _field_of(err: dict[str, Any], prefix: str = "") -> str | None:
@@ -158,6 +144,8 @@ def _validation_error(exc: ValidationError, prefix: str = "") -> ApiError:
 
 
 def _enqueue_error(exc: Exception) -> ApiError:
+    if isinstance(exc, RedisOutOfMemoryError):
+        return ApiError(503, "redis_out_of_memory", str(exc))
     if isinstance(exc, DuplicateTaskError):
         return ApiError(409, "duplicate_task", str(exc), "unique")
     if isinstance(exc, TaskIdConflictError):
@@ -198,12 +186,24 @@ def create_app(
     def authorize(request: Request) -> None:
         if expected is None:
             host = request.client.host if request.client else None
-            if not _is_loopback(host):
+            if not is_loopback(host):
                 raise ApiError(
                     401,
                     "unauthorized",
                     "this gateway has no token and serves loopback clients only; "
                     "start it with a token to serve other hosts",
+                )
+            # A page on another site whose DNS name now points at 127.0.0.1 connects from
+            # loopback too, but its requests carry its own name in Host.
+            named = request.headers.get("host")
+            if not host_is_loopback(named):
+                raise ApiError(
+                    400,
+                    "invalid_host",
+                    f"Host header {named!r} does not name this machine (localhost or a "
+                    "loopback address); a gateway without a token serves only those, "
+                    "so a DNS-rebinding page cannot reach it: start it with a token "
+                    "to serve other names",
                 )
             return
         given = request.headers.get("authorization", "").encode()
@@ -229,8 +229,29 @@ def create_app(
                     413, "payload_too_large", f"request body is over {max_body_bytes} bytes"
                 )
             chunks.append(chunk)
+        body = b"".join(chunks)
+        if body.startswith(b"\xef\xbb\xbf"):
+            raise ApiError(
+                400,
+                "invalid_json",
+                "request body starts with a byte order mark: send UTF-8 without one",
+            )
+        if b"\x00" in body:  # JSON text never holds a raw NUL: UTF-16 or UTF-32
+            raise ApiError(
+                400,
+                "invalid_json",
+                "request body holds NUL bytes (UTF-16 or UTF-32?); JSON must be sent as UTF-8",
+            )
         try:
-            return json.loads(b"".join(chunks), parse_constant=_reject_constant)
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ApiError(
+                400,
+                "invalid_json",
+                f"request body is not UTF-8 (byte {exc.start}); JSON must be sent as UTF-8",
+            ) from None
+        try:
+            return load_json(text)
         except ValueError as exc:
             raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
 
@@ -253,7 +274,13 @@ def create_app(
         client, _ = state.handles()
         try:
             info = await client.enqueue(item.task(), **item.options(queue))
-        except (DuplicateTaskError, TaskIdConflictError, ValueError, TypeError) as exc:
+        except (
+            DuplicateTaskError,
+            TaskIdConflictError,
+            RedisOutOfMemoryError,
+            ValueError,
+            TypeError,
+        ) as exc:
             raise _enqueue_error(exc) from None
         log.info("task enqueued over HTTP", task_id=info.id, task_type=info.type, queue=queue)
         return _task_response(info, 201)
@@ -351,18 +378,21 @@ def create_app(
         log.error("gateway request failed", error=f"{type(exc).__name__}: {exc}")
         return _error_response(500, ErrorDetail(code="internal", message="internal error"))
 
+    routes = [
+        Route("/api/queues/{queue}/tasks", guard(enqueue), methods=["POST"]),
+        Route("/api/queues/{queue}/tasks/batch", guard(enqueue_batch), methods=["POST"]),
+        Route("/api/queues/{queue}/tasks/{task_id}", guard(get_task), methods=["GET"]),
+        Route("/api/health", guard(health), methods=["GET"]),
+        Route("/api/openapi.json", openapi, methods=["GET"]),
+    ]
+    route_segments(routes)
     app = Starlette(
-        routes=[
-            Route("/api/queues/{queue}/tasks", guard(enqueue), methods=["POST"]),
-            Route("/api/queues/{queue}/tasks/batch", guard(enqueue_batch), methods=["POST"]),
-            Route("/api/queues/{queue}/tasks/{task_id}", guard(get_task), methods=["GET"]),
-            Route("/api/health", guard(health), methods=["GET"]),
-            Route("/api/openapi.json", openapi, methods=["GET"]),
-        ],
+        routes=routes,
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_allowed, Exception: internal},
     )
     app.state.gateway = state
+    app.add_middleware(SegmentPaths)
     return app
 
 

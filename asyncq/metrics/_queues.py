@@ -47,11 +47,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Iterator, Sequence
 
+import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from redis.exceptions import ResponseError
 
-from asyncq import Inspector, QueueInfo, QueueNotFoundError, TypeRateInfo
+from asyncq import BrokerError, Inspector, QueueInfo, QueueNotFoundError, TypeRateInfo
 
 __all__ = [
     "ENQUEUED_STATES",
@@ -60,6 +62,8 @@ __all__ = [
     "render",
     "type_rate_families",
 ]
+
+_log = structlog.get_logger("asyncq.metrics")
 
 NAMESPACE = "asynq"
 ENQUEUED_STATES = ("active", "pending", "scheduled", "retry", "archived", "completed")
@@ -75,6 +79,8 @@ async def _infos(inspector: Inspector) -> list[QueueInfo]:
             try:
                 return await inspector.queue_info(name)
             except QueueNotFoundError:  # removed between the listing and the read
+                return None
+            except (ResponseError, BrokerError):  # a damaged queue: the others still count
                 return None
 
     results = await asyncio.gather(*(one(n) for n in names))
@@ -230,7 +236,13 @@ async def collect_queue_metrics(inspector: Inspector) -> list[Metric]:
     """Read every queue and type rate through *inspector*: the x/metrics families
     and asyncq's own."""
     families = queue_families(await _infos(inspector))
-    return families + type_rate_families(await inspector.type_rates())
+    try:
+        rates = await inspector.type_rates()
+    except (ResponseError, BrokerError, ValueError) as exc:
+        # Damaged server records: the queue metrics still stand, without the type rates.
+        _log.warning("type rate metrics left out", error=f"{type(exc).__name__}: {exc}")
+        return families
+    return families + type_rate_families(rates)
 
 
 def render(families: Iterable[Metric], *extra: Collector) -> bytes:

@@ -8,16 +8,20 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+import structlog
+from redis.exceptions import ResponseError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import asyncq.web._render as r
 from asyncq import (
+    BrokerError,
     FailedPreconditionError,
     Inspector,
     QueueInfo,
     QueueNotFoundError,
+    SkippedQueue,
     TaskInfo,
     TaskNotFoundError,
     TaskState,
@@ -25,6 +29,8 @@ from asyncq import (
 from asyncq.web._state import WebState, state
 
 __all__ = ["api_routes", "find_task", "history_totals", "queue_infos", "task_page"]
+
+_log = structlog.get_logger("asyncq.web")
 
 _CONCURRENCY = 16
 MAX_PAGE_SIZE = 500
@@ -55,8 +61,15 @@ def _state_param(raw: str | None, default: TaskState = TaskState.PENDING) -> Tas
         raise ValueError(f"unknown task state {raw!r} (expected one of: {valid})") from None
 
 
-async def queue_infos(inspector: Inspector) -> list[QueueInfo]:
-    """Every queue's info, read concurrently (a queue removed meanwhile is skipped)."""
+async def queue_infos(
+    inspector: Inspector, unreadable: list[SkippedQueue] | None = None
+) -> list[QueueInfo]:
+    """Every queue's info, read concurrently (a queue removed meanwhile is skipped).
+
+    A queue whose keys Redis refuses to read (another type than asynq's, a broken
+    record) is skipped too, logged and added to *unreadable*, so one damaged queue
+    does not take down the summary of every other.
+    """
     names = await inspector.queues()
     limit = asyncio.Semaphore(_CONCURRENCY)
 
@@ -65,6 +78,11 @@ async def queue_infos(inspector: Inspector) -> list[QueueInfo]:
             try:
                 return await inspector.queue_info(name)
             except QueueNotFoundError:
+                return None
+            except (ResponseError, BrokerError) as exc:
+                _log.warning("queue skipped: Redis refused to read it", queue=name, error=str(exc))
+                if unreadable is not None:
+                    unreadable.append(SkippedQueue(name, f"Redis refused to read it: {exc}"))
                 return None
 
     return [i for i in await asyncio.gather(*(one(n) for n in names)) if i is not None]
@@ -169,8 +187,13 @@ def _inspector(request: Request) -> tuple[WebState, Inspector]:
 
 async def list_queues(request: Request) -> Response:
     _, insp = _inspector(request)
-    infos = await queue_infos(insp)
-    return _json({"queues": [r.queue_dict(i) for i in infos]})
+    unreadable: list[SkippedQueue] = []
+    infos = await queue_infos(insp, unreadable)
+    skipped = [
+        {"name": s.name, "reason": s.reason, "message": s.message}
+        for s in (*insp.skipped_queues, *unreadable)
+    ]
+    return _json({"queues": [r.queue_dict(i) for i in infos], "skipped": skipped})
 
 
 async def get_queue(request: Request) -> Response:
@@ -362,6 +385,7 @@ async def bulk_action(request: Request) -> Response:
     st = _state_param(request.path_params["state"])
     action = request.path_params["action"]
     group = request.query_params.get("group") or None
+    extra: dict[str, Any] = {}
     if action == "cancel_all":
         if st is not TaskState.ACTIVE:
             raise ValueError("cancel_all applies to active tasks only")
@@ -369,7 +393,9 @@ async def bulk_action(request: Request) -> Response:
     elif action == "run_all":
         count = await insp.run_all(queue, st, group=group)
     elif action == "archive_all":
-        count = await insp.archive_all(queue, st, group=group)
+        report = await insp.archive_all_report(queue, st, group=group)
+        count = report.moved
+        extra = {"deleted": report.deleted, "message": report.message}
     elif action == "delete_all":
         count = await insp.delete_all(queue, st, group=group)
     else:
@@ -377,7 +403,7 @@ async def bulk_action(request: Request) -> Response:
             {"error": f"unknown action {action!r} (run_all, archive_all, delete_all, cancel_all)"},
             404,
         )
-    return _json({"ok": True, "count": count})
+    return _json({"ok": True, "count": count, **extra})
 
 
 async def batch_action(request: Request) -> Response:
@@ -386,7 +412,7 @@ async def batch_action(request: Request) -> Response:
     action = request.path_params["action"]
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
         raise ValueError('the request body must be JSON: {"ids": [...]}') from None
     ids = body.get("ids") if isinstance(body, dict) else None
     if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):

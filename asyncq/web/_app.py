@@ -28,6 +28,7 @@ from asyncq import (
     TaskNotFoundError,
     WorkflowNotFoundError,
 )
+from asyncq._http import SegmentPaths, route_segments
 from asyncq._redis.options import RedisTarget
 from asyncq.web._api import api_routes
 from asyncq.web._pages import page_routes, render
@@ -179,6 +180,7 @@ def create_app(
         Route("/metrics", metrics),
         Mount("/static", StaticFiles(directory=str(_STATIC)), name="static"),
     ]
+    route_segments(routes)
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -204,4 +206,5 @@ def create_app(
             raise TypeError("allowed_hosts must be a sequence of host names")
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     app.add_middleware(_Inject, web=web)
+    app.add_middleware(SegmentPaths)
     return app

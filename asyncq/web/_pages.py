@@ -13,7 +13,9 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 import asyncq.web._render as r
-from asyncq import QueueNotFoundError, TaskState
+from asyncq import QueueNotFoundError, SkippedQueue, TaskState
+from asyncq._http import quote_segment
+from asyncq.inspector import ARCHIVE_LIMIT
 from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, find_task, queue_infos, task_page
 from asyncq.web._state import state
 
@@ -77,6 +79,8 @@ templates.env.filters["bytes"] = _bytes
 templates.env.filters["shortid"] = short_id
 templates.env.filters["dur"] = r.duration_text
 templates.env.filters["iso"] = r.iso
+# Every path segment a page builds (queue names and task ids may hold "/" or be "..").
+templates.env.filters["seg"] = quote_segment
 templates.env.globals["body"] = r.body
 templates.env.globals["fromts"] = lambda ts: datetime.fromtimestamp(int(ts), UTC)
 
@@ -97,7 +101,8 @@ def render(request: Request, name: str, context: dict[str, Any], status: int = 2
 async def dashboard(request: Request) -> Response:
     st = state(request)
     insp = st.inspector()
-    infos = sorted(await queue_infos(insp), key=lambda i: i.queue)
+    unreadable: list[SkippedQueue] = []
+    infos = sorted(await queue_infos(insp, unreadable), key=lambda i: i.queue)
     st.live.record(infos)
     biggest = max((i.size for i in infos), default=0)
     totals = {s.value: sum(getattr(i, s.value) for i in infos) for s in STATE_ORDER}
@@ -109,6 +114,7 @@ async def dashboard(request: Request) -> Response:
             "biggest": biggest,
             "totals": totals,
             "states": STATE_ORDER,
+            "skipped": (*insp.skipped_queues, *unreadable),
             "nav": "queues",
             "live": st.live.as_json(),
         },
@@ -137,6 +143,7 @@ async def queue_page(request: Request) -> Response:
             "row_actions": ROW_ACTIONS[state_],
             "bulk_actions": BULK_ACTIONS[state_],
             "limit": st.max_payload_length,
+            "archive_limit": ARCHIVE_LIMIT,
             "nav": "queues",
             "page": page,
         },
@@ -234,7 +241,9 @@ async def search(request: Request) -> Response:
     base = request.scope.get("root_path", "").rstrip("/")
     if len(found) == 1:
         t = found[0]
-        return RedirectResponse(f"{base}/queues/{t.queue}/tasks/{t.id}", status_code=303)
+        return RedirectResponse(
+            f"{base}/queues/{quote_segment(t.queue)}/tasks/{quote_segment(t.id)}", status_code=303
+        )
     return render(
         request,
         "search.html",

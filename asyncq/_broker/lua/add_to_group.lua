@@ -9,6 +9,13 @@
 -- Returns 1 when written, 0 when the task id already exists.
 -- asyncq: nothing is written when a destination key holds another type, so a failed
 -- call never leaves a task hash without its list or set entry (nor a lock).
+-- KEYS[4] asyncq (optional, not on Redis Cluster): asynq:queues, and ARGV[5] the queue name:
+-- the queue is registered with the write, so a queue removed under a long-lived client
+-- (`queue rm`, FLUSHALL) is listed again by its next enqueue.
+local registry = KEYS[4]
+if registry and not ({none=true, set=true})[redis.call("TYPE", registry).ok] then
+    return redis.error_reply("WRONGTYPE " .. registry .. " is not a set")
+end
 if not ({none=true, zset=true})[redis.call("TYPE", KEYS[2]).ok] then
     return redis.error_reply("WRONGTYPE " .. KEYS[2] .. " is not a zset")
 end
@@ -21,4 +28,7 @@ end
 redis.call("HSET", KEYS[1], "msg", ARGV[1], "state", "aggregating", "group", ARGV[4])
 redis.call("ZADD", KEYS[2], ARGV[3], ARGV[2])
 redis.call("SADD", KEYS[3], ARGV[4])
+if registry then
+    redis.call("SADD", registry, ARGV[5])
+end
 return 1

@@ -4,16 +4,24 @@
 -- KEYS[1]      pending   asynq:{q}:pending
 -- KEYS[2..n+1] task keys asynq:{q}:t:<id>, one per task
 -- ARGV[1] now, unix nanoseconds (pending_since)
--- ARGV[2] asyncq: wake-up channel ("" for none), ARGV[3] message published on it
+-- ARGV[2] asyncq: wake-up channel ("" for none), ARGV[3] the queue name, also the message published on it
 -- ARGV[2+2i], ARGV[3+2i] (i = 1..n): task i's id and msg (TaskMessage bytes)
 -- Returns one integer per task, in order: 1 written, 0 its task id already exists
 -- (an earlier task of the same call with that id counts: the first one wins).
--- asyncq: nothing is written when the pending key holds another type.
+-- KEYS[n+2] asyncq (optional, not on Redis Cluster): asynq:queues, where the queue (ARGV[3])
+-- is registered with the writes, so a queue removed under a long-lived client (`queue rm`,
+-- FLUSHALL) is listed again by its next enqueue.
+-- asyncq: nothing is written when the pending key (or asynq:queues) holds another type.
 if not ({none=true, list=true})[redis.call("TYPE", KEYS[1]).ok] then
     return redis.error_reply("WRONGTYPE " .. KEYS[1] .. " is not a list")
 end
+local tasks = (#ARGV - 3) / 2
+local registry = KEYS[tasks + 2]
+if registry and not ({none=true, set=true})[redis.call("TYPE", registry).ok] then
+    return redis.error_reply("WRONGTYPE " .. registry .. " is not a set")
+end
 local out, ids, n = {}, {}, 0
-for i = 2, #KEYS do
+for i = 2, tasks + 1 do
     local a = 2 * i
     if redis.call("EXISTS", KEYS[i]) == 1 then
         out[i - 1] = 0
@@ -26,5 +34,8 @@ for i = 2, #KEYS do
 end
 if n > 0 and redis.call("LPUSH", KEYS[1], unpack(ids)) == n and ARGV[2] ~= "" then
     redis.pcall("PUBLISH", ARGV[2], ARGV[3])
+end
+if n > 0 and registry then
+    redis.call("SADD", registry, ARGV[3])
 end
 return out

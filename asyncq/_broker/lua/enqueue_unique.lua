@@ -13,6 +13,13 @@
 -- channel still gets the write (an error here would come after the write).
 -- asyncq: nothing is written when a destination key holds another type, so a failed
 -- call never leaves a task hash without its list or set entry (nor a lock).
+-- KEYS[4] asyncq (optional, not on Redis Cluster): asynq:queues, and ARGV[7] the queue name:
+-- the queue is registered with the write, so a queue removed under a long-lived client
+-- (`queue rm`, FLUSHALL) is listed again by its next enqueue.
+local registry = KEYS[4]
+if registry and not ({none=true, set=true})[redis.call("TYPE", registry).ok] then
+    return redis.error_reply("WRONGTYPE " .. registry .. " is not a set")
+end
 if not ({none=true, list=true})[redis.call("TYPE", KEYS[3]).ok] then
     return redis.error_reply("WRONGTYPE " .. KEYS[3] .. " is not a list")
 end
@@ -26,5 +33,8 @@ redis.call("HSET", KEYS[2], "msg", ARGV[3], "state", "pending", "pending_since",
     "unique_key", KEYS[1])
 if redis.call("LPUSH", KEYS[3], ARGV[1]) == 1 and ARGV[5] then
     redis.pcall("PUBLISH", ARGV[5], ARGV[6])
+end
+if registry then
+    redis.call("SADD", registry, ARGV[7])
 end
 return 1

@@ -4,7 +4,9 @@
 -- ARGV[1] now (unix s)  ARGV[2] cutoff (unix s)  ARGV[3] archive cap (10000)
 -- ARGV[4] task key prefix  ARGV[5] queue name (unused, as in asynq)
 -- Trimmed tasks are deleted together with their hashes (asynq leaves the hashes).
--- IDs whose task hash is gone are dropped. Returns the number of tasks archived.
+-- IDs whose task hash is gone are dropped.
+-- Returns {archived, deleted}: the tasks moved into the archive, and the archived
+-- tasks (of this call or earlier) its trimming deleted, oldest first.
 local n = 0
 for _, id in ipairs(redis.call("ZRANGE", KEYS[1], 0, -1)) do
     local key = ARGV[4] .. id
@@ -15,12 +17,15 @@ for _, id in ipairs(redis.call("ZRANGE", KEYS[1], 0, -1)) do
     end
 end
 redis.call("DEL", KEYS[1])
+local trimmed = 0
 for _, id in ipairs(redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", ARGV[2])) do
     redis.call("DEL", ARGV[4] .. id)
     redis.call("ZREM", KEYS[2], id)
+    trimmed = trimmed + 1
 end
 for _, id in ipairs(redis.call("ZRANGE", KEYS[2], 0, -tonumber(ARGV[3]))) do
     redis.call("DEL", ARGV[4] .. id)
     redis.call("ZREM", KEYS[2], id)
+    trimmed = trimmed + 1
 end
-return n
+return {n, trimmed}

@@ -9,6 +9,13 @@
 -- Returns 1 when written, -1 when the lock is held, 0 when the id exists.
 -- asyncq: nothing is written when a destination key holds another type, so a failed
 -- call never leaves a task hash without its list or set entry (nor a lock).
+-- KEYS[4] asyncq (optional, not on Redis Cluster): asynq:queues, and ARGV[5] the queue name:
+-- the queue is registered with the write, so a queue removed under a long-lived client
+-- (`queue rm`, FLUSHALL) is listed again by its next enqueue.
+local registry = KEYS[4]
+if registry and not ({none=true, set=true})[redis.call("TYPE", registry).ok] then
+    return redis.error_reply("WRONGTYPE " .. registry .. " is not a set")
+end
 if not ({none=true, zset=true})[redis.call("TYPE", KEYS[3]).ok] then
     return redis.error_reply("WRONGTYPE " .. KEYS[3] .. " is not a zset")
 end
@@ -20,4 +27,7 @@ if redis.call("EXISTS", KEYS[2]) == 1 then
 end
 redis.call("HSET", KEYS[2], "msg", ARGV[4], "state", "scheduled", "unique_key", KEYS[1])
 redis.call("ZADD", KEYS[3], ARGV[3], ARGV[1])
+if registry then
+    redis.call("SADD", registry, ARGV[5])
+end
 return 1

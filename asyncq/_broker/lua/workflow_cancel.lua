@@ -1,6 +1,8 @@
 -- asyncq workflows: cancel a running workflow. Its state becomes canceled (finishing
 -- steps no longer hand off) and the members of the current stage that have not
--- started (pending, scheduled or retry) are deleted.
+-- started (pending, scheduled or retry) are deleted. A member a plain asynq (Go) worker
+-- already finished, which left no hand-off, counts as resolved too: completed (with a
+-- retention) as succeeded, archived as failed; that task itself is kept.
 -- KEYS[1] workflow hash
 -- ARGV[1] now (unix s)
 -- Returns the workflow's state before the call, or false when it does not exist.
@@ -35,6 +37,9 @@ for j = 0, n - 1 do
         if removed > 0 then
             redis.call("DEL", tkey)
             redis.call("HSET", wf, "st:" .. m, "canceled")
+            left = redis.call("HINCRBY", wf, "left:" .. stage, -1)
+        elseif ts == "completed" or ts == "archived" then
+            redis.call("HSET", wf, "st:" .. m, ts == "completed" and "succeeded" or "failed")
             left = redis.call("HINCRBY", wf, "left:" .. stage, -1)
         end
     end

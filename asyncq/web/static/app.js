@@ -63,15 +63,15 @@
         const bar = btn.closest(".toolbar");
         const ids = selected();
         if (!window.confirm(btn.dataset.batch + " " + ids.length + " selected task(s)?")) return;
-        const res = await api("POST", "queues/" + encodeURIComponent(bar.dataset.queue) + "/batch/" + btn.dataset.batch, { ids });
+        const res = await api("POST", "queues/" + bar.dataset.queuePath + "/batch/" + btn.dataset.batch, { ids });
         const failed = Object.keys(res.errors || {}).length;
         say(btn.dataset.batch + ": " + res.done.length + " done" + (failed ? ", " + failed + " refused: " + Object.values(res.errors)[0] : ""), failed > 0);
       } else {
         const [method, path] = btn.dataset.api.split(" ");
         const res = await api(method, path);
-        let msg = btn.textContent.trim() + (res.count !== undefined ? ": " + res.count + " task(s)" : ": done");
+        let msg = res.message || btn.textContent.trim() + (res.count !== undefined ? ": " + res.count + " task(s)" : ": done");
         if (res.skipped) msg += ", " + res.skipped + " skipped (moved or failed again since)";
-        say(msg);
+        say(msg, res.deleted > 0);
         if (btn.dataset.after) { location.href = btn.dataset.after; return; }
       }
       await refresh(true);

@@ -1,0 +1,145 @@
+"""URL path segments and Host checks shared by the web UI and the HTTP gateway.
+
+Task ids and queue names are any strings (Go asynq accepts ``/`` and ``..`` in
+both), so a URL that names one must carry it as a single path segment that no
+browser or router can split or shorten:
+
+- :func:`quote_segment` percent-encodes everything but unreserved characters,
+  ``/`` and ``~`` included. A name that is exactly ``.`` or ``..`` cannot be
+  percent-encoded (browsers treat ``%2e%2e`` as ``..`` too), so it is written
+  ``~.`` / ``~..``; a literal ``~`` is always encoded, so the two never meet.
+- :class:`SegmentPaths` (ASGI middleware) rebuilds the routed path from the raw
+  request path, keeping an encoded ``/`` inside its segment, and
+  :func:`route_segments` makes every ``{name}`` parameter of the given routes
+  decode that form back.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+from urllib.parse import quote, unquote
+
+from starlette.convertors import Convertor, StringConvertor
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+__all__ = [
+    "SegmentPaths",
+    "host_is_loopback",
+    "is_loopback",
+    "quote_segment",
+    "route_segments",
+]
+
+_DOTS = {".", ".."}
+_ESCAPED = re.compile(r"%(25|2F)")
+
+
+def quote_segment(value: object) -> str:
+    """*value* as one URL path segment that addresses exactly it (see the module doc)."""
+    text = str(value)
+    if text in _DOTS:
+        return "~" + text
+    return quote(text, safe="").replace("~", "%7E")
+
+
+def _decode(raw: str) -> str:
+    if raw in ("~.", "~.."):
+        return raw[1:]
+    return unquote(raw)
+
+
+def _escape(segment: str) -> str:
+    return segment.replace("%", "%25").replace("/", "%2F")
+
+
+def _unescape(value: str) -> str:
+    return _ESCAPED.sub(lambda m: "%" if m.group(1) == "25" else "/", value)
+
+
+class _Segment(Convertor[str]):
+    regex = "[^/]+"
+
+    def convert(self, value: str) -> str:
+        return _unescape(value)
+
+    def to_string(self, value: str) -> str:
+        return _escape(value)
+
+
+_SEGMENT = _Segment()
+
+
+def route_segments(routes: Iterable[BaseRoute]) -> None:
+    """Make every plain ``{name}`` parameter of *routes* read one whole encoded segment."""
+    for route in routes:
+        if isinstance(route, Route):
+            for name, convertor in route.param_convertors.items():
+                if isinstance(convertor, StringConvertor):
+                    route.param_convertors[name] = _SEGMENT
+
+
+def _segment_path(raw_path: bytes, path: str) -> str:
+    raw_segments = raw_path.decode("latin-1").split("/")
+    decoded = [_decode(s) for s in raw_segments]
+    if not any("/" in d or "%" in d for d in decoded) and not any(
+        s in ("~.", "~..") for s in raw_segments
+    ):
+        return path
+    plain = "/".join(unquote(s) for s in raw_segments)
+    if not path.endswith(plain):
+        return path  # a server that rewrote the path itself: leave it be
+    return path[: len(path) - len(plain)] + "/".join(_escape(d) for d in decoded)
+
+
+class SegmentPaths:
+    """Routes on raw path segments, so ``%2F`` inside a segment stays in that segment."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path")
+        if scope["type"] in ("http", "websocket") and isinstance(raw, bytes):
+            path = _segment_path(raw, scope["path"])
+            if path != scope["path"]:
+                scope = {**scope, "path": path}
+        await self.app(scope, receive, send)
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether *host* (a name or an address, IPv6 with or without brackets) is this machine's
+    loopback: ``localhost`` or any address in 127.0.0.0/8 or ::1."""
+    if not host:
+        return False
+    host = host.strip().lower().rstrip(".")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def host_is_loopback(header: str | None) -> bool:
+    """Whether a ``Host`` header (with or without a port) names a loopback host, which a page
+    on another site cannot send: a DNS-rebinding page's requests carry its own name."""
+    if not header:
+        return False
+    header = header.strip()
+    if header.startswith("["):
+        end = header.find("]")
+        if end < 0:
+            return False
+        name, rest = header[: end + 1], header[end + 1 :]
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            return False
+        return is_loopback(name)
+    name, sep, port = header.partition(":")
+    if sep and not port.isdigit():
+        return False
+    return is_loopback(name)
