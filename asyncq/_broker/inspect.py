@@ -623,7 +623,13 @@ class InspectBroker:
 
     async def _live_keys(self, index: str) -> list[str]:
         reply = await _lua("inspect_list_server_keys")(self.redis, [index], [int(self.clock())])
-        return [_str(k) for k in reply]
+        live: list[str] = []
+        for key in reply:
+            try:
+                live.append(_str(key))
+            except UnicodeDecodeError as exc:  # not a key any asynq server writes
+                _skipped(index, exc)
+        return live
 
     async def list_servers(self) -> list[ServerInfo]:
         """ServerInfo records of live servers (undecodable or expired ones skipped)."""
