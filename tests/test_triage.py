@@ -178,8 +178,16 @@ DIAL = error_signature("dial tcp 10.1.2.3:5432: i/o timeout")
 VALUE = error_signature("ValueError: order 4711 not found")
 
 
-async def seed_mixed(redis: Redis) -> dict[str, list[GoTask]]:
-    """20 failed tasks in two queues, five signatures; tasks in other states beside them."""
+async def seed_mixed(redis: Redis, now: datetime = NOW) -> dict[str, list[GoTask]]:
+    """20 failed tasks in two queues, five signatures; tasks in other states beside them.
+
+    Times are relative to *now*: NOW for the Inspector's fixed clock, the wall clock for
+    the CLI (which reads the real time).
+    """
+
+    def _at(minutes: int) -> int:
+        return go.unix(now - timedelta(minutes=minutes))
+
     made: dict[str, list[GoTask]] = {"conn": [], "key": [], "dial": [], "value": [], "bad": []}
     for i in range(4):  # archived email tasks in default, failed 10..13 minutes ago
         t = GoTask(
@@ -188,7 +196,7 @@ async def seed_mixed(redis: Redis) -> dict[str, list[GoTask]]:
             error_msg=REFUSED.format(f"10.0.0.{i}:6379"),
             last_failed_at=_at(10 + i),
         )
-        await go.seed_archived(redis, t, NOW - timedelta(minutes=10 + i))
+        await go.seed_archived(redis, t, now - timedelta(minutes=10 + i))
         made["conn"].append(t)
     for i in range(3):  # the same cause on sms tasks waiting for a retry
         t = GoTask(
@@ -198,7 +206,7 @@ async def seed_mixed(redis: Redis) -> dict[str, list[GoTask]]:
             error_msg=REFUSED.format(f"10.9.{i}.7:6380"),
             last_failed_at=_at(2 + i),
         )
-        await go.seed_retry(redis, t, NOW + timedelta(minutes=5))
+        await go.seed_retry(redis, t, now + timedelta(minutes=5))
         made["conn"].append(t)
     for i in range(2):  # and in another queue
         t = GoTask(
@@ -207,11 +215,11 @@ async def seed_mixed(redis: Redis) -> dict[str, list[GoTask]]:
             error_msg=REFUSED.format(f"192.168.1.{i}:6379"),
             last_failed_at=_at(30 + i),
         )
-        await go.seed_archived(redis, t, NOW - timedelta(minutes=30))
+        await go.seed_archived(redis, t, now - timedelta(minutes=30))
         made["conn"].append(t)
     for i in range(5):
         t = GoTask("import", error_msg=f"KeyError: 'user_{i}'", last_failed_at=_at(40 + i))
-        await go.seed_archived(redis, t, NOW - timedelta(minutes=40))
+        await go.seed_archived(redis, t, now - timedelta(minutes=40))
         made["key"].append(t)
     for i in range(3):  # Go asynq's errors: no exception type
         t = GoTask(
@@ -220,7 +228,7 @@ async def seed_mixed(redis: Redis) -> dict[str, list[GoTask]]:
             error_msg=f"dial tcp 10.1.2.{i}:5432: i/o timeout",
             last_failed_at=_at(50 + i),
         )
-        await go.seed_archived(redis, t, NOW - timedelta(minutes=50))
+        await go.seed_archived(redis, t, now - timedelta(minutes=50))
         made["dial"].append(t)
     for i in range(2):
         t = GoTask(
@@ -230,18 +238,18 @@ async def seed_mixed(redis: Redis) -> dict[str, list[GoTask]]:
             last_failed_at=_at(1),
             unique_key=f"asynq:{{default}}:unique:order-{i}",
         )
-        await go.seed_retry(redis, t, NOW + timedelta(minutes=1))
+        await go.seed_retry(redis, t, now + timedelta(minutes=1))
         await redis.hset(t.key, "unique_key", t.unique_key)  # as asynq's unique enqueue
         await redis.set(t.unique_key, t.id)
         made["value"].append(t)
     bad = GoTask("junk")
     await redis.hset(bad.key, mapping={"msg": b"\xff\xfe not a protobuf", "state": "archived"})
-    await redis.zadd("asynq:{default}:archived", {bad.id: go.unix(NOW)})
+    await redis.zadd("asynq:{default}:archived", {bad.id: go.unix(now)})
     made["bad"].append(bad)
     # Not failed: never counted, never touched.
-    await go.enqueue(redis, GoTask("email", error_msg="ConnectionError: old"), NOW)
+    await go.enqueue(redis, GoTask("email", error_msg="ConnectionError: old"), now)
     await go.seed_completed(
-        redis, GoTask("email", completed_at=go.unix(NOW), retention=3600, error_msg="x")
+        redis, GoTask("email", completed_at=go.unix(now), retention=3600, error_msg="x")
     )
     return made
 
@@ -424,12 +432,16 @@ async def test_group_action_arguments_are_checked(redis: Redis, insp: Inspector)
 # -- asyncq task errors ---------------------------------------------------------------------------
 
 
-def _seeded_cli(redis_url: str, tmp_path: Path) -> Callable[..., Result]:
+def _seeded_cli(redis_url: str, tmp_path: Path) -> tuple[Callable[..., Result], datetime]:
+    # The CLI reads the wall clock: seed relative to it, not to the module's NOW (which a
+    # long suite leaves minutes behind).
+    now = datetime.now(UTC).replace(microsecond=0)
+
     async def seed() -> None:
         r = Redis.from_url(redis_url)
         try:
             await r.flushdb()
-            await seed_mixed(r)
+            await seed_mixed(r, now)
         finally:
             await r.aclose()
 
@@ -439,11 +451,11 @@ def _seeded_cli(redis_url: str, tmp_path: Path) -> Callable[..., Result]:
     def invoke(*args: str) -> Result:
         return runner.invoke(main, ["-u", redis_url, "task", "errors", *args])
 
-    return invoke
+    return invoke, now
 
 
 def test_cli_lists_groups(redis_url: str, tmp_path: Path) -> None:
-    cli = _seeded_cli(redis_url, tmp_path)
+    cli, _ = _seeded_cli(redis_url, tmp_path)
     result = cli()
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
@@ -459,17 +471,17 @@ def test_cli_lists_groups(redis_url: str, tmp_path: Path) -> None:
 
 
 def test_cli_json_and_filters(redis_url: str, tmp_path: Path) -> None:
-    cli = _seeded_cli(redis_url, tmp_path)
+    cli, now = _seeded_cli(redis_url, tmp_path)
     data = json.loads(cli("--json", "-q", "critical", "-s", "archived").output)
     assert (data["scanned"], data["total"], data["capped"]) == (5, 5, False)
     assert {g["key"]: g["count"] for g in data["groups"]} == {CONN.key: 2, DIAL.key: 3}
     dial = next(g for g in data["groups"] if g["key"] == DIAL.key)
     assert dial["task_types"] == {"report": 3}
-    assert dial["last_seen"] == (NOW - timedelta(minutes=50)).isoformat()
+    assert dial["last_seen"] == (now - timedelta(minutes=50)).isoformat()
 
 
 def test_cli_acts_on_a_group(redis_url: str, tmp_path: Path) -> None:
-    cli = _seeded_cli(redis_url, tmp_path)
+    cli, _ = _seeded_cli(redis_url, tmp_path)
     assert cli("--delete", CONN.key, "-q", "critical").output == "2 tasks deleted\n"
     assert cli("--archive", CONN.key).output == "3 tasks archived\n"
     assert cli("--run", CONN.key.upper()).output == "7 tasks moved to pending\n"
@@ -479,7 +491,7 @@ def test_cli_acts_on_a_group(redis_url: str, tmp_path: Path) -> None:
 
 
 def test_cli_errors_are_one_line(redis_url: str, tmp_path: Path) -> None:
-    cli = _seeded_cli(redis_url, tmp_path)
+    cli, _ = _seeded_cli(redis_url, tmp_path)
     both = cli("--run", CONN.key, "--delete", CONN.key)
     assert both.exit_code == 2 and "at most one of --run, --archive, --delete" in both.output
     for args, needle in [
