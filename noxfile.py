@@ -87,8 +87,14 @@ def mutation(session: nox.Session) -> None:
     """Mutation testing of the pure modules ([tool.mutmut] in pyproject); not in the default run.
 
     ``nox -s mutation`` runs every mutant and prints the survivors; ``nox -s mutation --
-    show <name>`` shows one mutant's diff.
+    show <name>`` shows one mutant's diff. ``nox -s mutation -- lua [SCRIPT ...]`` mutates
+    the broker's Lua scripts instead (tests/mutation/lua.py; the state-transition scripts
+    by default, ``--all`` for every one) and writes lua-mutation-report.md.
     """
+    if session.posargs[:1] == ["lua"]:
+        session.install("-e", ".[dev]")
+        session.run("python", "-m", "tests.mutation.lua", *session.posargs[1:])
+        return
     session.install("-e", ".[dev]", "mutmut>=3.3")
     if session.posargs:
         session.run("mutmut", *session.posargs)
