@@ -14,8 +14,9 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from asyncq import _keys as keys
-from asyncq._broker import Broker
+from asyncq._broker import Broker, PendingItem
 from asyncq._broker.multiqueue import MultiQueue
+from asyncq._codec import encode_task_message
 from tests.helpers import FakeClock, make_msg
 
 Q = "edge"
@@ -80,3 +81,20 @@ async def test_requeue_wakes_workers_only_when_pending_was_empty(
     await redis.delete(keys.pending_key(Q))
     await broker.requeue(taken[1].message)  # into an empty list: one wake-up
     assert await _published(redis, wakeups) == [Q.encode()]
+
+
+async def test_a_batch_of_pending_tasks_wakes_workers_only_when_pending_was_empty(
+    redis: Redis, clock: FakeClock, wakeups: PubSub
+) -> None:
+    # enqueue_many.lua (the Client's batch path) publishes once, when its LPUSH filled
+    # an empty list, and not for a batch added to waiting work.
+    broker = Broker(redis, clock=clock)
+
+    def batch(*ids: str) -> list[PendingItem]:
+        return [PendingItem(Q, tid, encode_task_message(make_msg(tid, queue=Q))) for tid in ids]
+
+    assert await broker.enqueue_batch(batch("a", "b")) == [None, None]
+    assert await _published(redis, wakeups) == [Q.encode()]
+    assert await broker.enqueue_batch(batch("c", "d")) == [None, None]
+    assert await _published(redis, wakeups) == []
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"d", b"c", b"b", b"a"]
