@@ -1,18 +1,18 @@
 """A model of asynq's task state machine, checked against the broker on a real Redis.
 
 A hypothesis ``RuleBasedStateMachine`` performs what producers, workers and the
-Inspector do (enqueue with every option, batches, task-id and unique conflicts,
-dequeue over several queues with pauses, limits and ordered queues, ack with and
-without retention, retry, archive, requeue, lease recovery, forwarding, group
-aggregation and its recovery, the janitor, Inspector delete/run/archive) through
-the real :class:`~asyncq._broker.Broker`, :class:`~asyncq._broker.multiqueue.MultiQueue`
-and :class:`~asyncq.Inspector`, and the same steps on a plain-Python model of
-asynq's state machine (docs: the Redis layout of asynq v0.26). After every step
-the WHOLE database must equal what the model predicts: every key, its type, list
-order, set and hash members, sorted-set scores, and TTLs (exact for the daily
-counters, present and bounded for unique locks, absent elsewhere). The replies
-(the tasks a dequeue hands out, the expired leases listed, the aggregation set
-read back, each error) are checked too.
+Inspector do (enqueue with every option, batches, task-id and unique conflicts, dequeue
+over several queues with pauses, limits and ordered queues, ack with and without
+retention, retry, archive, requeue, lease recovery, forwarding, group aggregation and
+its recovery, the janitor, Inspector delete/run/archive of one task or a whole state)
+through the real :class:`~asyncq._broker.Broker`,
+:class:`~asyncq._broker.multiqueue.MultiQueue` and :class:`~asyncq.Inspector`, and the
+same steps on a plain-Python model of asynq's state machine (asynq v0.26's Redis layout
+and transitions). After every step the WHOLE database must equal what the model
+predicts: every key, its type, list order, set and hash members, sorted-set scores, and
+TTLs (exact for the daily counters, present and bounded for unique locks, absent
+elsewhere). The replies (the tasks a dequeue hands out, the expired leases listed, the
+aggregation set read back, each error) are checked too.
 
 Time is the broker's injectable clock, moved by a rule, never by sleeping. The
 default suite runs a small derandomized search (the ``default`` profile in
@@ -899,6 +899,44 @@ class TaskStateMachine(RuleBasedStateMachine):
     def inspect(self, op: str, q: str, pick: int) -> None:
         """A user acts on one task from the Inspector (CLI, web UI)."""
         getattr(self, f"inspector_{op}")(q, pick)
+
+    @rule(
+        op=st.sampled_from(["run", "archive", "delete"]),
+        q=st.sampled_from(QUEUES),
+        pick=st.integers(0, 1 << 16),
+    )
+    def inspect_bulk(self, op: str, q: str, pick: int) -> None:
+        """run_all, archive_all or delete_all over one sorted-set state of a queue."""
+        states = {
+            "run": ("scheduled", "retry", "archived"),
+            "archive": ("scheduled", "retry"),
+            "delete": ("scheduled", "retry", "archived", "completed"),
+        }[op]
+        state = states[pick % len(states)]
+        call = getattr(self.inspector, f"{op}_all")
+        got, err = self.outcome(call(q, state))
+        m = self.model
+        if q not in m.registered:
+            self.check_error(err, QueueNotFoundError)
+            return
+        self.check_error(err, None)
+        zset = m.queues[q].z[state]
+        ids = _sorted_members(zset)
+        assert got == len(ids)
+        zset.clear()
+        now_s, now_ns = int(self.now), int(self.now * NS)
+        for tid in ids:
+            task = m.tasks[(q, tid)]
+            if op == "run":
+                m.queues[q].pending.insert(0, tid)
+                task.state = "pending"
+                task.fields["pending_since"] = str(now_ns).encode()
+            elif op == "archive":
+                m.queues[q].z["archived"][tid] = now_s
+                task.state = "archived"
+            else:
+                m.release(task.fields.get("unique_key", b"").decode(), tid)
+                del m.tasks[(q, tid)]
 
     @rule(
         q=st.sampled_from(QUEUES),
