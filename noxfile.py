@@ -60,12 +60,41 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def fuzz(session: nox.Session) -> None:
+    """The property tests with random examples, many more of them (not in the default run).
+
+    The default suite searches a fixed set of examples (hypothesis profile ``default`` in
+    tests/conftest.py, derandomized); this runs the ``fuzz`` profile: a new random search
+    each time, 500 examples per property and a longer model run of the task state machine
+    (tests/test_model_state_machine.py). Extra arguments go to pytest, for example
+    ``nox -s fuzz -- tests/test_model_state_machine.py``. A failure prints the
+    ``@reproduce_failure`` blob that replays it.
+    """
+    session.install("-e", ".[dev]")
+    targets = session.posargs or sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "tests").glob("test_*.py")
+        if "from hypothesis" in p.read_text(encoding="utf-8")
+    )
+    session.run(
+        "pytest", "-n", "2", "-p", "no:cacheprovider", "-m", "not slow", *targets,
+        env={"ASYNCQ_HYPOTHESIS_PROFILE": "fuzz"},
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHON)
 def mutation(session: nox.Session) -> None:
     """Mutation testing of the pure modules ([tool.mutmut] in pyproject); not in the default run.
 
     ``nox -s mutation`` runs every mutant and prints the survivors; ``nox -s mutation --
-    show <name>`` shows one mutant's diff.
+    show <name>`` shows one mutant's diff. ``nox -s mutation -- lua [SCRIPT ...]`` mutates
+    the broker's Lua scripts instead (tests/mutation/lua.py; the state-transition scripts
+    by default, ``--all`` for every one) and writes lua-mutation-report.md.
     """
+    if session.posargs[:1] == ["lua"]:
+        session.install("-e", ".[dev]")
+        session.run("python", "-m", "tests.mutation.lua", *session.posargs[1:])
+        return
     session.install("-e", ".[dev]", "mutmut>=3.3")
     if session.posargs:
         session.run("mutmut", *session.posargs)

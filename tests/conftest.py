@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import Phase, settings
 from redis.asyncio import Redis
 
 from asyncq import Server
@@ -17,6 +18,18 @@ from tests.redis_server import RedisServer
 from tests.workers.support import FAST
 
 _SLOW_TOO = ("subprocess", "cluster", "sentinel")
+
+# Property tests: the default suite searches the same examples on every run and machine
+# (a failure is reproducible and CI has no dice); `nox -s fuzz` runs the `fuzz` profile,
+# a longer randomized search. Tests that set max_examples keep it under both profiles.
+settings.register_profile("default", derandomize=True, print_blob=True)
+settings.register_profile("fuzz", derandomize=False, max_examples=500, print_blob=True)
+# The Lua mutation run (tests/mutation): the default examples, no shrinking (a kill is
+# all it needs to know, and shrinking a stateful failure costs minutes).
+settings.register_profile(
+    "mutation", derandomize=True, phases=(Phase.explicit, Phase.reuse, Phase.generate)
+)
+settings.load_profile(os.environ.get("ASYNCQ_HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

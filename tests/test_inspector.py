@@ -122,6 +122,22 @@ async def test_undecodable_messages_are_shown_not_hidden(redis: Redis, insp: Ins
     assert not await redis.exists("asynq:{default}:t:bad")
 
 
+async def test_undecodable_message_with_a_non_utf8_stored_reason(
+    redis: Redis, insp: Inspector
+) -> None:
+    # Found by the stored-data fuzz test: the reason beside an undecodable message is
+    # bytes from Redis like any other field, and was decoded strictly.
+    await go.register_queue(redis, "default")
+    await redis.hset(
+        "asynq:{default}:t:bad",
+        mapping={"msg": b"\xff\xff\xff", "state": "archived", "asyncq_error": b"bad \xff\xfe"},
+    )
+    await redis.zadd("asynq:{default}:archived", {"bad": go.unix(NOW)})
+    got = await insp.get_task("default", "bad")
+    assert got.state is TaskState.ARCHIVED and got.payload == b"\xff\xff\xff"
+    assert got.last_error == "bad \ufffd\ufffd"
+
+
 async def test_counters_near_int64_max_keep_precision(redis: Redis, insp: Inspector) -> None:
     await go.register_queue(redis, "default")
     await go.seed_totals(redis, "default", processed=2**63 - 1, failed=2**63 - 2)

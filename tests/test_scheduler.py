@@ -181,13 +181,16 @@ async def test_three_schedulers_enqueue_each_tick_exactly_once(
 ) -> None:
     attempts: list[str] = []
     enqueued: list[str] = []
+    refused: list[BaseException] = []
 
     def pre_hook(task: Task, options: dict[str, Any]) -> None:
         attempts.append(options["task_id"])
 
     def post_hook(info: TaskInfo | None, exc: BaseException | None) -> None:
-        assert exc is None and info is not None
-        enqueued.append(info.id)
+        if exc is None and info is not None:
+            enqueued.append(info.id)
+        else:
+            refused.append(exc or AssertionError("no TaskInfo and no error"))
 
     task = Task("heartbeat:ping", b"x")
     schedulers = [
@@ -212,8 +215,13 @@ async def test_three_schedulers_enqueue_each_tick_exactly_once(
             await s.shutdown()
     end = int(time.time())
 
-    assert Counter(attempts).most_common(1)[0][1] == 1, "a tick was attempted twice"
-    assert sorted(attempts) == sorted(enqueued)
+    # Exactly once is about ticks enqueued, not attempts: under load a claim can run out
+    # while its holder is slow, and the scheduler taking it over attempts the tick again
+    # (the pre-enqueue hook runs again); that attempt must find the task already there
+    # (TaskIdConflictError, handled inside the scheduler), never enqueue it a second time.
+    assert Counter(enqueued).most_common(1)[0][1] == 1, "a tick was enqueued twice"
+    assert set(attempts) == set(enqueued), "a tick was attempted but never enqueued"
+    assert refused == []
     # Every tick in the run was enqueued, by exactly one of the three.
     by_tick = {tick_task_id(identity, t): t for t in range(start, end + 1)}
     ticks = sorted(by_tick[i] for i in enqueued)

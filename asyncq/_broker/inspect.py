@@ -115,6 +115,11 @@ def _str(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _text(value: bytes | str) -> str:
+    """Stored text shown to a user: undecodable bytes become U+FFFD instead of raising."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def _int(value: Any) -> int:
     if isinstance(value, bytes):
         value = value.decode()
@@ -413,8 +418,9 @@ class InspectBroker:
             ) from None
         msg, decodable = _decode_checked(qname, _str(task_id), msg_bytes)
         if not decodable and stored_reason:
-            # The reason recorded when the message was archived as undecodable.
-            msg.error_msg = _str(stored_reason)
+            # The reason recorded when the message was archived as undecodable: bytes
+            # like any stored field, so not trusted to be UTF-8.
+            msg.error_msg = _text(stored_reason)
         next_process_at = None
         if task_state is TaskState.PENDING:
             next_process_at = datetime.fromtimestamp(now, UTC)

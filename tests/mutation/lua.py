@@ -1,0 +1,371 @@
+"""Mutation testing of the broker's Lua scripts (``nox -s mutation -- lua``).
+
+``python -m tests.mutation.lua [SCRIPT ...]`` runs it directly.
+
+No common mutation tool reads Lua, so this one makes single-line mutants of each
+script under ``asyncq/_broker/lua/`` itself:
+
+* ``drop``: a write command (HSET, LPUSH, ZADD, DEL, INCR, ...) that is a statement
+  of its own is removed;
+* ``swap``: LPUSH <-> RPUSH, ZADD <-> ZREM, SADD <-> SREM, INCR -> DECR;
+* ``cmp``: a comparison is changed (``==`` <-> ``~=``, ``<`` <-> ``<=``, ``>`` <-> ``>=``);
+* ``num``: an integer constant moves by one (not ``KEYS[i]``/``ARGV[i]`` indices,
+  unless ``--indices``: reading the wrong argument is a crash nearly every test sees);
+* ``guard``: an ``if``/``elseif`` condition is replaced by ``false`` (the guarded
+  block is skipped) and by ``true`` (it always runs);
+* ``logic``: ``and`` <-> ``or``, ``not`` removed.
+
+Each mutant is written over the script's file, the tests that exercise the script run
+in a subprocess (``pytest -x``, hypothesis profile ``mutation``: the default examples
+without shrinking), and the file is restored. The file itself is mutated, not a copy:
+the package is installed in editable mode and the scripts are read from it at import,
+by the test process and by every worker process it starts, so this is the one place
+every reader sees. The run refuses to start when a script differs from git's copy
+(a run killed with SIGKILL is the only way to leave one behind:
+``git checkout asyncq/_broker/lua`` undoes it), and restores the file on any other exit.
+
+The report (``--report``, Markdown) lists per script the mutants killed, survived and
+timed out, then every survivor with its line, so each can be judged: a test to add,
+or an equivalent mutant (its reason written beside it in the note).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+ROOT = Path(__file__).resolve().parents[2]
+LUA = ROOT / "asyncq" / "_broker" / "lua"
+
+WRITES = frozenset(
+    ("HSET", "HDEL", "HSETNX", "LPUSH", "RPUSH", "LREM", "LPOP", "RPOP", "RPOPLPUSH", "LMOVE",
+     "ZADD", "ZREM", "ZREMRANGEBYRANK", "ZREMRANGEBYSCORE", "SADD", "SREM", "DEL", "UNLINK",
+     "SET", "SETEX", "SETNX", "INCR", "INCRBY", "DECR", "EXPIRE", "EXPIREAT", "PEXPIRE",
+     "PEXPIREAT", "PUBLISH")
+)  # fmt: skip
+SWAPS = {"LPUSH": "RPUSH", "RPUSH": "LPUSH", "ZADD": "ZREM", "ZREM": "ZADD", "SADD": "SREM",
+         "SREM": "SADD", "INCR": "DECR"}  # fmt: skip
+CMP = {"==": "~=", "~=": "==", "<": "<=", "<=": "<", ">": ">=", ">=": ">"}
+
+# The state-transition scripts and the tests that exercise them: the broker's unit
+# tests (Redis state before and after, key by key), the no-partial-write checks and
+# the model of the state machine. Others fall back to DEFAULT_TESTS.
+BROKER_TESTS = (
+    "tests/test_broker.py",
+    "tests/test_broker_processing.py",
+    "tests/test_broker_batch.py",
+    "tests/test_dequeue_edges.py",
+    "tests/test_script_no_partial_write.py",
+    "tests/test_model_state_machine.py",
+)
+INSPECTOR_TESTS = (
+    "tests/test_inspector.py",
+    "tests/test_inspector_broker.py",
+    "tests/test_script_no_partial_write.py",
+    "tests/test_model_state_machine.py",
+)
+MULTI_TESTS = (*BROKER_TESTS, "tests/test_many_queues.py", "tests/test_flow_control.py")
+DEFAULT_TESTS = BROKER_TESTS
+TESTS: dict[str, tuple[str, ...]] = {
+    "dequeue_queues": MULTI_TESTS,
+    "forward_queues": MULTI_TESTS,
+    "list_lease_expired_queues": MULTI_TESTS,
+    "delete_expired_completed_queues": MULTI_TESTS,
+    "reclaim_stale_aggregation_sets_queues": MULTI_TESTS,
+    "aggregation_check": (
+        *BROKER_TESTS,
+        "tests/test_broker_records.py",
+        "tests/test_aggregator.py",
+    ),
+    "read_aggregation_set": (*BROKER_TESTS, "tests/test_broker_records.py"),
+    "delete_aggregation_set": (*BROKER_TESTS, "tests/test_broker_records.py"),
+}
+STATE_TRANSITIONS = (
+    "enqueue", "enqueue_unique", "enqueue_many", "schedule", "schedule_unique", "add_to_group",
+    "add_to_group_unique", "dequeue_many", "dequeue_queues", "done", "mark_as_complete",
+    "ack_many", "requeue", "retry", "archive", "forward", "forward_queues",
+    "list_lease_expired_queues", "delete_expired_completed_queues", "aggregation_check",
+    "reclaim_stale_aggregation_sets_queues", "delete_aggregation_set", "inspect_run_task",
+    "inspect_delete_task", "inspect_archive_task",
+)  # fmt: skip
+
+
+def tests_for(script: str) -> tuple[str, ...]:
+    if script.startswith("inspect_"):
+        return INSPECTOR_TESTS
+    if script.startswith("workflow_"):
+        return ("tests/test_workflow.py",)
+    return TESTS.get(script, DEFAULT_TESTS)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    script: str
+    line: int  # 1-based
+    kind: str
+    description: str
+    source: str  # the whole mutated script
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+_CALL = re.compile(r'redis\.p?call\(\s*"([A-Z]+)"')
+_CMP = re.compile(r"==|~=|<=|>=|<|>")
+_NUM = re.compile(r"(?<![\w.])\d+(?![\w.])")
+_INDEX = re.compile(r"(?:KEYS|ARGV)\[(\d+)\]")
+_IF = re.compile(r"^(\s*)(if|elseif)\s+(.*?)\s+then\b(.*)$")
+_WORD = re.compile(r"\b(and|or)\b|\bnot\s+")
+
+
+def _code_span(line: str) -> tuple[str, list[tuple[int, int]]]:
+    """The line without its ``--`` comment, and the spans of its string literals."""
+    strings: list[tuple[int, int]] = []
+    pos = 0
+    while pos < len(line):
+        m = _STRING.search(line, pos)
+        comment = line.find("--", pos)
+        if comment != -1 and (m is None or comment < m.start()):
+            return line[:comment], strings
+        if m is None:
+            break
+        strings.append(m.span())
+        pos = m.end()
+    return line, strings
+
+
+def _outside(spans: list[tuple[int, int]], start: int, end: int) -> bool:
+    return all(end <= a or start >= b for a, b in spans)
+
+
+def _balanced(code: str) -> bool:
+    return code.count("(") == code.count(")")
+
+
+def line_mutants(line: str, *, indices: bool = False) -> Iterator[tuple[str, str, str]]:
+    """(kind, description, new line) for each single change to one line of Lua."""
+    code, strings = _code_span(line)
+    stripped = code.strip()
+    if not stripped:
+        return
+    indent = line[: len(line) - len(line.lstrip())]
+    for m in _CALL.finditer(code):
+        cmd = m.group(1)
+        start, end = m.span(1)
+        if (
+            cmd in WRITES
+            and stripped.startswith(("redis.call(", "redis.pcall("))
+            and (_balanced(code) and m.start() == len(indent))
+        ):
+            yield "drop", f"drop {cmd}", f"{indent}-- mutant: dropped {cmd}"
+        if cmd in SWAPS:
+            swapped = line[:start] + SWAPS[cmd] + line[end:]
+            yield "swap", f"{cmd} -> {SWAPS[cmd]}", swapped
+    for m in _CMP.finditer(code):
+        if _outside(strings, *m.span()):
+            op = m.group(0)
+            yield "cmp", f"{op} -> {CMP[op]}", line[: m.start()] + CMP[op] + line[m.end() :]
+    index_spans = [m.span(1) for m in _INDEX.finditer(code)]
+    for m in _NUM.finditer(code):
+        if not _outside(strings, *m.span()):
+            continue
+        if m.span() in index_spans and not indices:
+            continue
+        n = int(m.group(0))
+        for new in (n + 1, n - 1):
+            if new >= 0:
+                yield "num", f"{n} -> {new}", line[: m.start()] + str(new) + line[m.end() :]
+    m_if = _IF.match(code)
+    if m_if and _outside(strings, m_if.start(3), m_if.end(3)):
+        pre, word, _cond, rest = m_if.groups()
+        for value in ("false", "true"):
+            yield "guard", f"{word} {value}", f"{pre}{word} {value} then{rest}"
+    for m in _WORD.finditer(code):
+        if not _outside(strings, *m.span()):
+            continue
+        if m.group(1):
+            new = "or" if m.group(1) == "and" else "and"
+            yield "logic", f"{m.group(1)} -> {new}", line[: m.start()] + new + line[m.end() :]
+        else:
+            yield "logic", "drop not", line[: m.start()] + line[m.end() :]
+
+
+def mutants(script: str, source: str, *, indices: bool = False) -> list[Mutant]:
+    lines = source.split("\n")
+    out: list[Mutant] = []
+    for n, line in enumerate(lines):
+        for kind, desc, new in line_mutants(line, indices=indices):
+            if new == line:
+                continue
+            text = "\n".join([*lines[:n], new, *lines[n + 1 :]])
+            out.append(Mutant(script, n + 1, kind, desc, text))
+    return out
+
+
+@dataclass
+class Result:
+    mutant: Mutant
+    outcome: str  # killed, survived, timeout
+    seconds: float
+
+
+def run_tests(tests: tuple[str, ...], timeout: float) -> str:
+    cmd = [
+        sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider",
+        "-m", "not slow", "--timeout", "120", *tests,
+    ]  # fmt: skip
+    env = {**os.environ, "ASYNCQ_HYPOTHESIS_PROFILE": "mutation"}
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    if proc.returncode == 0:
+        return "survived"
+    if proc.returncode == 1:
+        return "killed"
+    tail = (proc.stdout + proc.stderr).decode(errors="replace")[-2000:]
+    raise RuntimeError(f"pytest exited with {proc.returncode}:\n{tail}")
+
+
+def _check_clean(paths: list[Path]) -> None:
+    rel = [str(p.relative_to(ROOT)) for p in paths]
+    proc = subprocess.run(["git", "diff", "--quiet", "--", *rel], cwd=ROOT, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(
+            "a Lua script differs from git's copy (a mutant left by a killed run?); "
+            "commit it or run `git checkout asyncq/_broker/lua` first"
+        )
+
+
+class _Restore:
+    """Puts the script back on exit, SIGTERM and SIGINT included."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.original = path.read_text(encoding="utf-8")
+
+    def __enter__(self) -> _Restore:
+        self._old = {s: signal.signal(s, self._signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def _signal(self, signum: int, frame: FrameType | None) -> None:
+        self.restore()
+        raise SystemExit(128 + signum)
+
+    def restore(self) -> None:
+        self.path.write_text(self.original, encoding="utf-8")
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+
+def mutate_script(
+    script: str, *, indices: bool, timeout: float, only: set[str] | None, log: bool = True
+) -> list[Result]:
+    path = LUA / f"{script}.lua"
+    tests = tests_for(script)
+    results: list[Result] = []
+    with _Restore(path) as restore:
+        if run_tests(tests, timeout) != "survived":
+            raise SystemExit(f"the tests for {script} fail on the unmutated script: {tests}")
+        for mutant in mutants(script, restore.original, indices=indices):
+            if only and mutant.kind not in only:
+                continue
+            path.write_text(mutant.source, encoding="utf-8")
+            started = time.monotonic()
+            try:
+                outcome = run_tests(tests, timeout)
+            finally:
+                restore.restore()
+            result = Result(mutant, outcome, time.monotonic() - started)
+            results.append(result)
+            if log:
+                print(
+                    f"{script}:{mutant.line} {mutant.kind} {mutant.description}: "
+                    f"{outcome} ({result.seconds:.0f}s)",
+                    flush=True,
+                )
+    return results
+
+
+def report(results: list[Result], scripts: list[str]) -> str:
+    lines = [
+        "# Lua mutation report",
+        "",
+        "| script | mutants | killed | timeout | survived | killed % |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for script in scripts:
+        mine = [r for r in results if r.mutant.script == script]
+        if not mine:
+            continue
+        killed = sum(r.outcome == "killed" for r in mine)
+        timeouts = sum(r.outcome == "timeout" for r in mine)
+        survived = sum(r.outcome == "survived" for r in mine)
+        share = 100 * (killed + timeouts) / len(mine)
+        lines.append(
+            f"| {script} | {len(mine)} | {killed} | {timeouts} | {survived} | {share:.0f} |"
+        )
+    survivors = [r for r in results if r.outcome == "survived"]
+    if survivors:
+        lines += ["", "## Survivors", ""]
+        for r in survivors:
+            m = r.mutant
+            text = m.source.split("\n")[m.line - 1].strip()
+            lines.append(f"- `{m.script}.lua:{m.line}` {m.kind} ({m.description}): `{text}`")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.mutation.lua", description=__doc__)
+    parser.add_argument(
+        "scripts", nargs="*", help="script names (default: the state-transition scripts)"
+    )
+    parser.add_argument("--all", action="store_true", help="every script under asyncq/_broker/lua")
+    parser.add_argument("--kinds", help="comma-separated mutant kinds to run (default: all)")
+    parser.add_argument("--indices", action="store_true", help="mutate KEYS/ARGV indices too")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant run")
+    parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    parser.add_argument(
+        "--report", type=Path, default=ROOT / "lua-mutation-report.md", help="Markdown report"
+    )
+    args = parser.parse_args(argv)
+    if args.all:
+        scripts = sorted(p.stem for p in LUA.glob("*.lua"))
+    else:
+        scripts = args.scripts or list(STATE_TRANSITIONS)
+    for script in scripts:
+        if not (LUA / f"{script}.lua").is_file():
+            parser.error(f"no script {script!r} under {LUA}")
+    only = set(args.kinds.split(",")) if args.kinds else None
+    if args.list:
+        for script in scripts:
+            source = (LUA / f"{script}.lua").read_text(encoding="utf-8")
+            for m in mutants(script, source, indices=args.indices):
+                if not only or m.kind in only:
+                    print(f"{script}:{m.line} {m.kind} {m.description}")
+        return 0
+    _check_clean([LUA / f"{s}.lua" for s in scripts])
+    results: list[Result] = []
+    try:
+        for script in scripts:
+            results += mutate_script(script, indices=args.indices, timeout=args.timeout, only=only)
+    finally:
+        args.report.write_text(report(results, scripts), encoding="utf-8")
+        print(f"report: {args.report}")
+    return 1 if any(r.outcome == "survived" for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
