@@ -37,6 +37,7 @@ from asyncq.errors import (
     TaskCanceledError,
     TaskIdConflictError,
     TaskNotFoundError,
+    UnsupportedServerError,
 )
 from asyncq.hooks import WorkerHooks
 from asyncq.inspector import (
@@ -141,6 +142,7 @@ __all__ = [
     "TaskState",
     "TypeRateInfo",
     "TypedTask",
+    "UnsupportedServerError",
     "WorkerHooks",
     "WorkerInfo",
     "Workflow",

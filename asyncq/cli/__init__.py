@@ -7,7 +7,7 @@ on stderr with a non-zero exit status, never a traceback.
 
 from __future__ import annotations
 
-from asyncq.cli import flow, web, workflow
+from asyncq.cli import dev, flow, web, workflow
 from asyncq.cli._app import main
 from asyncq.cli._commands import register
 from asyncq.cli.gateway import gateway
@@ -21,3 +21,4 @@ main.add_command(gateway)
 web.register(main)
 flow.register(main)
 workflow.register(main)
+dev.register(main)
