@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,8 +42,40 @@ def redis_url() -> Iterator[str]:
     server = RedisServer().start()
     try:
         yield server.url
+        report = os.environ.get("ASYNCQ_SCRIPTS_REPORT")
+        if report:
+            _report_loaded_scripts(server.url, report)
     finally:
         server.cleanup()
+
+
+def _report_loaded_scripts(url: str, path: str) -> None:
+    """Append the names of the ``.lua`` files whose code this session's server has run
+    (``nox -s servers`` checks that its subset runs every script on every server).
+
+    A script is loaded on its first call and FLUSHDB keeps it. Some scripts are
+    composed of several files (a function defined before a body), so a file counts
+    when its source is part of a loaded script.
+    """
+    import gc
+
+    import redis as sync_redis
+
+    import asyncq._broker  # every module that defines a script
+    from asyncq._redis.scripts import Script
+
+    del asyncq
+    scripts = {o.sha: o for o in gc.get_objects() if isinstance(o, Script)}
+    client = sync_redis.Redis.from_url(url)
+    try:
+        loaded = client.script_exists(*scripts) if scripts else []
+    finally:
+        client.close()
+    ran = [s.source for s, ok in zip(scripts.values(), loaded, strict=True) if ok]
+    lua = Path(__file__).resolve().parent.parent / "asyncq" / "_broker" / "lua"
+    names = [f.stem for f in sorted(lua.glob("*.lua")) if any(f.read_text() in r for r in ran)]
+    with open(path, "a", encoding="utf-8") as out:
+        out.writelines(f"{name}\n" for name in names)
 
 
 @pytest.fixture(scope="session")

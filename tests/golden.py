@@ -40,7 +40,9 @@ def fixture_dir() -> Path:
     path = Path(__file__).resolve().parent / "fixtures" / FIXTURE_NAME
     missing = [n for n in ("state.json", "enqueue_bytes.json") if not (path / n).is_file()]
     if missing:
-        raise FileNotFoundError(f"the golden Go asynq fixtures are incomplete: {path} lacks {missing}")
+        raise FileNotFoundError(
+            f"the golden Go asynq fixtures are incomplete: {path} lacks {missing}"
+        )
     return path
 
 

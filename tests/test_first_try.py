@@ -1,0 +1,100 @@
+"""A newcomer's first try, from README and docs (issue 23's list): each fix has a check here."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import redis as sync_redis
+from click.testing import CliRunner
+
+from asyncq.cli import main
+from tests.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_no_page_installs_asyncq_from_an_index_it_is_not_on() -> None:
+    # asyncq is not on PyPI: `pip install asyncq` fails. Extras of an installed asyncq
+    # (`pip install 'asyncq[web]'`) work, so only the bare package name is refused.
+    bare = re.compile(r"pip install (?:-[-\w]+ )*['\"]?asyncq(?:==[\w.]+)?['\"]?(?:\s|$)")
+    found = [
+        f"{p.name}:{n}: {line.strip()}"
+        for p in DOCS
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if bare.search(line)
+    ]
+    assert found == []
+
+
+def _readme_block_after(heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(heading) :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```\n", start)]
+
+
+def test_the_typed_tasks_snippet_saved_as_tasks_py_imports_without_running(
+    tmp_path: Path,
+) -> None:
+    # `asyncq worker tasks:app` imports tasks.py: the demo must not run (nor connect).
+    code = _readme_block_after("## Typed tasks")
+    assert code.startswith("# tasks.py\n")
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    (tmp_path / "tasks.py").write_text(code.replace("redis://localhost:6379/0", unreachable))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", "import tasks; print(type(tasks.app).__name__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "App\n"
+
+
+def test_limit_and_ordered_are_stored_for_a_queue_with_no_task_yet(redis_url: str) -> None:
+    r = sync_redis.Redis.from_url(redis_url)
+    r.flushdb()
+    runner = CliRunner()
+    limited = runner.invoke(main, ["-u", redis_url, "queue", "limit", "fresh", "3"])
+    assert limited.exit_code == 0, limited.output
+    assert limited.output == 'Limited queue "fresh" to 3 running tasks fleet-wide\n'
+    shown = runner.invoke(main, ["-u", redis_url, "queue", "limit", "fresh"])
+    assert shown.output == 'Queue "fresh": at most 3 running tasks fleet-wide\n'
+    ordered = runner.invoke(main, ["-u", redis_url, "queue", "ordered", "fresh", "on"])
+    assert ordered.exit_code == 0, ordered.output
+    assert runner.invoke(main, ["-u", redis_url, "queue", "ordered", "fresh"]).output == (
+        'Queue "fresh" is ordered\n'
+    )
+    r.close()
+
+
+def test_pytest_examples_testing_runs_as_the_readme_says() -> None:
+    # The repository's own `-p no:asyncq` must not reach the example (its own pytest.ini).
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "examples/testing", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert re.search(r"^3 passed", result.stdout.splitlines()[-1]), result.stdout[-500:]
+
+
+def test_docs_index_lists_every_guide_and_quotes_readmes_speed() -> None:
+    index = (ROOT / "docs" / "index.md").read_text()
+    for page in ("typed-api", "workflows", "flow-control", "web", "gateway", "testing"):
+        assert f"({page}.md)" in index, page
+    speed = "10,000–20,000 no-op tasks per second"
+    assert speed in " ".join((ROOT / "README.md").read_text().split())
+    assert speed in " ".join(index.split())
