@@ -98,3 +98,64 @@ def test_docs_index_lists_every_guide_and_quotes_readmes_speed() -> None:
     speed = "10,000–20,000 no-op tasks per second"
     assert speed in " ".join((ROOT / "README.md").read_text().split())
     assert speed in " ".join(index.split())
+
+
+async def test_dash_lists_other_states_after_visiting_a_group(redis_url: str) -> None:
+    # The aggregation group picked on the aggregating tab was passed to every state:
+    # archived and completed then showed "0 shown".
+    from datetime import UTC, datetime, timedelta
+
+    from redis.asyncio import Redis
+    from textual.widgets import DataTable, Static
+
+    from asyncq.cli.dash import DashApp, QueueScreen, QueuesScreen
+    from tests import gofixtures as go
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    r = Redis.from_url(redis_url)
+    await r.flushdb()
+    await go.add_to_group(r, go.GoTask("notify", group_key="user-1"), now)
+    archived = [go.GoTask("old", b"1"), go.GoTask("old", b"2")]
+    for t in archived:
+        await go.seed_archived(r, t, now - timedelta(hours=1))
+    await r.aclose()
+
+    def rows(app: DashApp) -> list[str]:
+        return [str(k.value) for k in app.screen.query_one("#tasks", DataTable).rows]
+
+    def status(app: DashApp) -> str:
+        return str(app.screen.query_one("#status", Static).render())
+
+    app = DashApp(redis_url, refresh=60)
+    async with app.run_test(size=(160, 40)) as pilot:
+
+        async def until(cond: object, what: str) -> None:
+            assert callable(cond)
+            for _ in range(400):
+                if cond():
+                    return
+                await pilot.pause(0.02)
+            raise AssertionError(f"timed out waiting for {what}: {status(app)!r} {rows(app)}")
+
+        await until(lambda: isinstance(app.screen, QueuesScreen), "the queues screen")
+        await pilot.press("enter")
+        await until(lambda: isinstance(app.screen, QueueScreen), "the queue screen")
+
+        async def tab(state: str) -> None:
+            # The screen opens on the first state that has tasks; step right to *state*.
+            for _ in range(8):
+                if status(app).startswith(f"{state} tasks"):
+                    return
+                await pilot.press("right")
+                await pilot.pause(0.1)
+            raise AssertionError(f"no {state} tab: {status(app)!r}")
+
+        await until(lambda: status(app).endswith(")") or "group" in status(app), "a tab")
+        await tab("aggregating")
+        await until(lambda: "group user-1" in status(app), "the group")
+        assert len(rows(app)) == 1
+        await tab("archived")
+        await until(lambda: len(rows(app)) == 2, "the archived tasks")
+        assert sorted(rows(app)) == sorted(t.id for t in archived)
+        assert "group" not in status(app) and "(2 shown)" in status(app)
+        await pilot.press("q", "q")
