@@ -66,7 +66,10 @@ def test_limit_and_ordered_are_stored_for_a_queue_with_no_task_yet(redis_url: st
     runner = CliRunner()
     limited = runner.invoke(main, ["-u", redis_url, "queue", "limit", "fresh", "3"])
     assert limited.exit_code == 0, limited.output
-    assert limited.output == 'Limited queue "fresh" to 3 running tasks fleet-wide\n'
+    assert limited.output == (
+        'Limited queue "fresh" to 3 running tasks fleet-wide '
+        "(the queue has no task yet: the setting applies when its tasks come)\n"
+    )
     shown = runner.invoke(main, ["-u", redis_url, "queue", "limit", "fresh"])
     assert shown.output == 'Queue "fresh": at most 3 running tasks fleet-wide\n'
     ordered = runner.invoke(main, ["-u", redis_url, "queue", "ordered", "fresh", "on"])
