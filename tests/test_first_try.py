@@ -162,3 +162,36 @@ async def test_dash_lists_other_states_after_visiting_a_group(redis_url: str) ->
         assert sorted(rows(app)) == sorted(t.id for t in archived)
         assert "group" not in status(app) and "(2 shown)" in status(app)
         await pilot.press("q", "q")
+
+
+def test_web_and_gateway_on_a_busy_port_fail_in_one_line_without_claiming_to_serve(
+    redis_url: str,
+) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        for command in (["web"], ["gateway"]):
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "asyncq.cli",
+                    "-u",
+                    redis_url,
+                    *command,
+                    "--port",
+                    str(port),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert result.returncode == 1, (command, result.stderr)
+            lines = result.stderr.splitlines()
+            assert len(lines) == 1, (command, result.stderr)
+            assert lines[0].startswith(f"error: cannot listen on 127.0.0.1:{port}: "), lines
+            assert "choose one with --port N" in lines[0]
