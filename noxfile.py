@@ -30,10 +30,11 @@ def _select_pyenv_versions() -> None:
     """Let pyenv's shims run every installed 3.11+ (it exposes only the selected one).
 
     Without this, ``python3.12`` on a pyenv machine is a shim that fails with
-    "command not found" although 3.12 is installed. An explicit PYENV_VERSION wins.
+    "command not found" although 3.12 is installed. nox itself runs through a shim,
+    which sets PYENV_VERSION to the selected version: the others are added after it.
     """
     pyenv = shutil.which("pyenv")
-    if pyenv is None or os.environ.get("PYENV_VERSION"):
+    if pyenv is None:
         return
     try:
         out = subprocess.run(
@@ -43,9 +44,11 @@ def _select_pyenv_versions() -> None:
     except (OSError, subprocess.SubprocessError):
         return
     found = [v for v in out.split() if re.fullmatch(r"3\.(1[1-9])\.\d+", v)]
-    if found:
-        found.sort(key=lambda v: tuple(int(p) for p in v.split(".")))
-        os.environ["PYENV_VERSION"] = ":".join(found)
+    found.sort(key=lambda v: tuple(int(p) for p in v.split(".")))
+    selected = [v for v in os.environ.get("PYENV_VERSION", "").split(":") if v]
+    versions = selected + [v for v in found if v not in selected]
+    if versions:
+        os.environ["PYENV_VERSION"] = ":".join(versions)
 
 
 def _probe(version: str) -> str | None:
