@@ -195,3 +195,45 @@ def test_web_and_gateway_on_a_busy_port_fail_in_one_line_without_claiming_to_ser
             assert len(lines) == 1, (command, result.stderr)
             assert lines[0].startswith(f"error: cannot listen on 127.0.0.1:{port}: "), lines
             assert "choose one with --port N" in lines[0]
+
+
+FAILED_ENQUEUE = """
+import asyncio
+from asyncq import Client, Task, EnqueueRetryError
+async def main():
+    async with Client("redis://127.0.0.1:{port}/0") as client:
+        try:
+            await client.enqueue(Task("t", b"x"))
+        except EnqueueRetryError:
+            print("caught")
+asyncio.run(main())
+"""
+
+
+def test_an_application_that_configured_no_logging_gets_no_debug_lines() -> None:
+    script = FAILED_ENQUEUE.replace("{port}", str(free_port()))
+    env = {k: v for k, v in os.environ.items() if k != "ASYNCQ_LOG_LEVEL"}
+    quiet = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert (quiet.stdout, quiet.stderr) == ("caught\n", "")
+    # Asked for (ASYNCQ_LOG_LEVEL=debug): on stderr, UTC ISO stamps like the CLI, no colours
+    # in a file.
+    loud = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**env, "ASYNCQ_LOG_LEVEL": "debug"},
+        timeout=120,
+        check=False,
+    )
+    assert loud.stdout == "caught\n"
+    lines = loud.stderr.splitlines()
+    assert lines and all("enqueue failed; retrying" in line for line in lines), lines
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z ", line) for line in lines), lines
+    assert "\x1b[" not in loud.stderr
