@@ -237,3 +237,17 @@ def test_an_application_that_configured_no_logging_gets_no_debug_lines() -> None
     assert lines and all("enqueue failed; retrying" in line for line in lines), lines
     assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z ", line) for line in lines), lines
     assert "\x1b[" not in loud.stderr
+
+
+def test_a_bad_uri_is_named_once() -> None:
+    result = CliRunner().invoke(main, ["-u", "garbage", "stats"])
+    assert result.exit_code == 1
+    assert result.output == "error: invalid Redis URI 'garbage': expected <scheme>://...\n"
+
+
+def test_every_example_reads_asyncq_redis_url_and_nothing_else() -> None:
+    for path in sorted((ROOT / "examples").rglob("*.py")):
+        text = path.read_text()
+        # Neither read in code nor set in the docstring's commands.
+        assert not re.search(r"environ(?:\.get\(|\[)\s*['\"]REDIS_URL['\"]", text), path
+        assert not re.search(r"(?<![A-Z_])REDIS_URL=redis://", text), path
