@@ -251,3 +251,24 @@ def test_every_example_reads_asyncq_redis_url_and_nothing_else() -> None:
         # Neither read in code nor set in the docstring's commands.
         assert not re.search(r"environ(?:\.get\(|\[)\s*['\"]REDIS_URL['\"]", text), path
         assert not re.search(r"(?<![A-Z_])REDIS_URL=redis://", text), path
+
+
+def test_supervised_workers_that_cannot_reach_redis_are_not_restarted_forever(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "noopapp.py").write_text("from asyncq import ServeMux\nmux = ServeMux()\n")
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncq.cli", "-u", url, "worker", "noopapp:mux", "--processes=2"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        f"error: the worker processes cannot connect to Redis at {url} (log above)"
+    )
+    assert "restarting it" not in result.stderr
