@@ -44,13 +44,27 @@ def redis_url() -> Iterator[str]:
         yield server.url
         report = os.environ.get("ASYNCQ_SCRIPTS_REPORT")
         if report:
-            _report_loaded_scripts(server.url, report)
+            _RAN_LUA.update(_loaded_lua_files(server.url))
+            with open(report, "a", encoding="utf-8") as out:
+                out.writelines(f"{name}\n" for name in sorted(_RAN_LUA))
     finally:
         server.cleanup()
 
 
-def _report_loaded_scripts(url: str, path: str) -> None:
-    """Append the names of the ``.lua`` files whose code this session's server has run
+_RAN_LUA: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _record_lua_files(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With ASYNCQ_SCRIPTS_REPORT set, note after each test which scripts its server ran
+    (a test that flushes the scripts would otherwise hide the ones before it)."""
+    yield
+    if os.environ.get("ASYNCQ_SCRIPTS_REPORT") and "redis_url" in request.fixturenames:
+        _RAN_LUA.update(_loaded_lua_files(request.getfixturevalue("redis_url")))
+
+
+def _loaded_lua_files(url: str) -> set[str]:
+    """The names of the ``.lua`` files whose code the server at *url* has loaded
     (``nox -s servers`` checks that its subset runs every script on every server).
 
     A script is loaded on its first call and FLUSHDB keeps it. Some scripts are
@@ -65,6 +79,7 @@ def _report_loaded_scripts(url: str, path: str) -> None:
     from asyncq._redis.scripts import Script
 
     del asyncq
+    # Looked up each time: some composed scripts are made on first use.
     scripts = {o.sha: o for o in gc.get_objects() if isinstance(o, Script)}
     client = sync_redis.Redis.from_url(url)
     try:
@@ -73,9 +88,7 @@ def _report_loaded_scripts(url: str, path: str) -> None:
         client.close()
     ran = [s.source for s, ok in zip(scripts.values(), loaded, strict=True) if ok]
     lua = Path(__file__).resolve().parent.parent / "asyncq" / "_broker" / "lua"
-    names = [f.stem for f in sorted(lua.glob("*.lua")) if any(f.read_text() in r for r in ran)]
-    with open(path, "a", encoding="utf-8") as out:
-        out.writelines(f"{name}\n" for name in names)
+    return {f.stem for f in lua.glob("*.lua") if any(f.read_text() in r for r in ran)}
 
 
 @pytest.fixture(scope="session")
