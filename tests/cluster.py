@@ -86,6 +86,10 @@ class RedisClusterProcs:
         return "redis-cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
 
     def start(self) -> RedisClusterProcs:
+        name, version = server_binary().version().split()
+        if name == "Redis" and tuple(int(p) for p in version.split(".")[:2]) < (7, 0):
+            # The nodes get an explicit bus port (--cluster-port), a Redis 7.0 option.
+            pytest.skip(f"the test cluster needs Redis 7.0 or Valkey; this is Redis {version}")
         try:
             bus_ports = []
             for _ in range(self.size):
