@@ -272,3 +272,31 @@ def test_supervised_workers_that_cannot_reach_redis_are_not_restarted_forever(
         f"error: the worker processes cannot connect to Redis at {url} (log above)"
     )
     assert "restarting it" not in result.stderr
+
+
+def test_the_timeline_counts_the_failed_attempt() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from asyncq.task import TaskInfo, TaskState
+    from asyncq.web._render import task_timeline
+
+    now = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+
+    def info(state: TaskState, retried: int, max_retry: int) -> TaskInfo:
+        return TaskInfo(
+            id="t", queue="q", type="x", payload=b"", state=state, max_retry=max_retry,
+            retried=retried, last_error="boom", last_failed_at=now - timedelta(minutes=1),
+            timeout=None, deadline=None, group="", next_process_at=None, retention=None,
+            completed_at=None, result=None,
+        )  # fmt: skip
+
+    def failed(task: TaskInfo) -> str:
+        (label,) = [text for _, text in task_timeline(task, now) if text.startswith("failed")]
+        return label
+
+    # max_retry=0: the one attempt failed and archived the task (was "attempt 0 of 1").
+    assert failed(info(TaskState.ARCHIVED, 0, 0)) == "failed (attempt 1 of 1)"
+    # Every retry used, then the last attempt archived it.
+    assert failed(info(TaskState.ARCHIVED, 3, 3)) == "failed (attempt 4 of 4)"
+    # The first attempt failed and the task waits for its retry.
+    assert failed(info(TaskState.RETRY, 1, 3)) == "failed (attempt 1 of 4)"
