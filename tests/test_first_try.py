@@ -300,3 +300,53 @@ def test_the_timeline_counts_the_failed_attempt() -> None:
     assert failed(info(TaskState.ARCHIVED, 3, 3)) == "failed (attempt 4 of 4)"
     # The first attempt failed and the task waits for its retry.
     assert failed(info(TaskState.RETRY, 1, 3)) == "failed (attempt 1 of 4)"
+
+
+def test_a_workflow_without_retention_says_so(redis_url: str) -> None:
+    import asyncio
+    from datetime import timedelta
+
+    from asyncq import Client, Task, chain
+
+    async def start() -> tuple[str, str]:
+        async with Client(redis_url) as client:
+            plain = await chain(Task("a"), Task("b")).enqueue(client)
+            b = Task("b", retention=timedelta(hours=2))
+            kept = await chain(Task("a"), b).enqueue(client)
+        return plain.id, kept.id
+
+    plain_id, kept_id = asyncio.run(start())
+    runner = CliRunner()
+
+    def retention_line(workflow_id: str) -> str:
+        args = ["-u", redis_url, "workflow", "inspect", "-q", "default", "-i", workflow_id]
+        out = runner.invoke(main, args).output
+        (line,) = [x for x in out.splitlines() if x.startswith("Retention:")]
+        return line
+
+    assert retention_line(plain_id) == "Retention:  none (deleted when it finishes)"
+    assert retention_line(kept_id) == "Retention:  2h"
+
+
+async def test_the_workflow_page_says_when_there_is_no_retention(redis_url: str) -> None:
+    import httpx
+    from redis.asyncio import Redis
+
+    from asyncq import Client, Task, chain
+    from asyncq.web import create_app
+
+    r = Redis.from_url(redis_url)
+    await r.flushdb()
+    await r.aclose()
+    async with Client(redis_url) as client:
+        info = await chain(Task("a"), Task("b")).enqueue(client)
+    app = create_app(redis_url)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://localhost") as http,
+    ):
+        page = await http.get(f"/queues/default/workflows/{info.id}")
+    assert page.status_code == 200, page.text[:500]
+    assert "<th>Retention</th><td>none (deleted when it finishes)</td>" in page.text
+    assert "0:00:00" not in page.text
