@@ -350,3 +350,22 @@ async def test_the_workflow_page_says_when_there_is_no_retention(redis_url: str)
     assert page.status_code == 200, page.text[:500]
     assert "<th>Retention</th><td>none (deleted when it finishes)</td>" in page.text
     assert "0:00:00" not in page.text
+
+
+async def test_the_web_ui_has_a_favicon(redis_url: str) -> None:
+    import httpx
+
+    from asyncq.web import create_app
+
+    app = create_app(redis_url)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://localhost") as http,
+    ):
+        icon = await http.get("/favicon.ico", follow_redirects=True)
+        page = await http.get("/")
+    assert icon.status_code == 200
+    assert icon.headers["content-type"].startswith("image/svg+xml")
+    assert icon.text.startswith("<svg")
+    assert '<link rel="icon" href="/static/favicon.svg"' in page.text
