@@ -369,3 +369,24 @@ async def test_the_web_ui_has_a_favicon(redis_url: str) -> None:
     assert icon.headers["content-type"].startswith("image/svg+xml")
     assert icon.text.startswith("<svg")
     assert '<link rel="icon" href="/static/favicon.svg"' in page.text
+
+
+async def test_the_task_page_links_its_workflow(redis_url: str) -> None:
+    import httpx
+
+    from asyncq import Client, Task, chain
+    from asyncq.web import create_app
+
+    async with Client(redis_url) as client:
+        info = await chain(Task("a"), Task("b")).enqueue(client)
+    first = info.stages[0][0].id
+    app = create_app(redis_url)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://localhost") as http,
+    ):
+        page = await http.get(f"/queues/default/tasks/{first}")
+    assert page.status_code == 200, page.text[:300]
+    link = f'<a href="/queues/default/workflows/{info.id}"><code>{info.id}</code></a>'
+    assert link in page.text
