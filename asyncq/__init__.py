@@ -38,6 +38,7 @@ from asyncq.errors import (
     TaskCanceledError,
     TaskIdConflictError,
     TaskNotFoundError,
+    UnsupportedServerError,
 )
 from asyncq.hooks import WorkerHooks
 from asyncq.inspector import (
@@ -159,6 +160,7 @@ __all__ = [
     "TaskState",
     "TypeRateInfo",
     "TypedTask",
+    "UnsupportedServerError",
     "WorkerHooks",
     "WorkerInfo",
     "WorkerOptions",

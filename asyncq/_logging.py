@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from asyncq.proto.asynq import TaskMessage
 
 __all__ = [
     "Backoff",
+    "LazyLogger",
     "RateLimiter",
     "error_text",
     "get_logger",
@@ -45,14 +47,32 @@ def get_logger(**initial: Any) -> Any:
     if structlog.is_configured():
         log = structlog.get_logger(LOGGER_NAME)
     else:
+        # An application that configured nothing gets info and above on stderr (its
+        # stdout stays its own), as the CLI logs: UTC stamps, colours only on a terminal.
         log = structlog.wrap_logger(
-            structlog.PrintLogger(),
+            structlog.PrintLogger(file=sys.stderr),
             processors=safe_default_processors(),
-            wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),
+            wrapper_class=structlog.make_filtering_bound_logger(
+                logging.DEBUG if _DEBUG_BY_ENV else logging.INFO
+            ),
             context_class=dict,
             cache_logger_on_first_use=True,
         )
     return log.bind(**initial) if initial else log
+
+
+class LazyLogger:
+    """A module-level ``asyncq`` logger that resolves :func:`get_logger` at each use.
+
+    An application usually configures structlog after importing asyncq; resolving
+    at import time would miss that configuration (or, unconfigured, fall back to
+    structlog's defaults: every level, on stdout).
+    """
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(get_logger(), name)
 
 
 def safe_default_processors() -> list[Any]:
@@ -62,8 +82,10 @@ def safe_default_processors() -> list[Any]:
         structlog.processors.add_log_level,
         structlog.processors.StackInfoRenderer(),
         structlog.dev.set_exc_info,
-        structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
-        structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback),
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.dev.ConsoleRenderer(
+            colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback
+        ),
     ]
 
 

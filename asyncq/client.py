@@ -7,7 +7,6 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import structlog
 from typing_extensions import Unpack
 
 from asyncq._broker import BatchItem, Broker, PendingItem
@@ -23,7 +22,7 @@ from asyncq._compose import (
     compose,
     info_of,
 )
-from asyncq._logging import is_debug_enabled
+from asyncq._logging import LazyLogger, is_debug_enabled
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisClient, RedisTarget
 from asyncq.results import DEFAULT_POLL_INTERVAL, ResultWaiter, seconds
@@ -33,7 +32,7 @@ from asyncq.task import EnqueueOptions, Task, TaskInfo
 __all__ = ["DEFAULT_MAX_RETRY", "DEFAULT_QUEUE", "DEFAULT_TIMEOUT", "Client"]
 
 
-log = structlog.get_logger("asyncq")
+log: Any = LazyLogger()
 
 
 class Client:

@@ -22,6 +22,7 @@ __all__ = [
     "TaskCanceledError",
     "TaskIdConflictError",
     "TaskNotFoundError",
+    "UnsupportedServerError",
 ]
 
 
@@ -196,3 +197,14 @@ class ReplicationTimeoutError(AsyncqError):
             f"{required} required replicas acknowledged it within {timeout:g}s; "
             "a failover now could lose it"
         )
+
+
+class UnsupportedServerError(AsyncqError):
+    """The server is a version asyncq's scripts cannot run on (it needs Redis >= 6.2 or Valkey)."""
+
+    def __init__(
+        self, server: str, needed: str = "Redis 6.2 or later, or Valkey 7.2 or later"
+    ) -> None:
+        self.server = server
+        self.needed = needed
+        super().__init__(f"{server} is not supported: asyncq needs {needed}")

@@ -814,8 +814,11 @@ class Inspector:
         )
 
     async def limit(self, queue: str) -> int | None:
-        """The fleet-wide concurrency limit stored for *queue*, or None when unset."""
-        await self._require_queue(queue)
+        """The fleet-wide concurrency limit stored for *queue*, or None when unset.
+
+        A limit may be stored before the queue has any task (see :meth:`set_limit`).
+        """
+        keys.validate_queue_name(queue)
         return await self._rdb.queue_limit(queue)
 
     async def set_limit(self, queue: str, limit: int | None) -> None:
@@ -824,20 +827,21 @@ class Inspector:
         Every asyncq server serving the queue honours it from its next fetch,
         without a restart; it overrides the servers' ``queue_concurrency`` for
         that queue. 0 stops the queue's tasks from starting (like a pause that
-        only asyncq servers see). Go asynq servers ignore it.
+        only asyncq servers see). Go asynq servers ignore it. The queue need not
+        exist yet: a limit set before the first task is there when it comes.
         """
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise TypeError(f"limit must be an int or None, got {type(limit).__name__}")
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be 0 or more, got {limit}")
-        await self._require_queue(queue)
+        keys.validate_queue_name(queue)
         await self._rdb.set_queue_limit(queue, limit)
         if limit is None or limit > 0:
             await self._rdb.publish_wakeup(queue)
 
     async def ordered(self, queue: str) -> bool:
         """Whether *queue* is ordered (see :meth:`set_ordered`)."""
-        await self._require_queue(queue)
+        keys.validate_queue_name(queue)
         return await self._rdb.queue_ordered(queue)
 
     async def set_ordered(self, queue: str, ordered: bool) -> None:
@@ -845,11 +849,12 @@ class Inspector:
 
         An ordered queue runs one task at a time across the fleet, in enqueue
         order, and a failed task runs again before anything behind it (see
-        docs/flow-control.md). Go asynq servers ignore it.
+        docs/flow-control.md). Go asynq servers ignore it. The queue need not
+        exist yet: the flag is there when its first task comes.
         """
         if not isinstance(ordered, bool):
             raise TypeError(f"ordered must be a bool, got {type(ordered).__name__}")
-        await self._require_queue(queue)
+        keys.validate_queue_name(queue)
         await self._rdb.set_queue_ordered(queue, ordered)
         await self._rdb.publish_wakeup(queue)
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import structlog
 from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import (
     BusyLoadingError,
@@ -41,6 +40,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from asyncq import _keys as keys
 from asyncq._codec import encode_task_message
+from asyncq._logging import LazyLogger
 from asyncq._redis.errors import is_tls_verification_failure
 from asyncq._redis.options import RedisClient
 from asyncq.errors import AsyncqError, DuplicateTaskError, TaskIdConflictError
@@ -48,7 +48,7 @@ from asyncq.proto.asynq import TaskMessage
 
 __all__ = ["DEFAULT_RETRY", "EnqueueRetryError", "RetryPolicy", "Written"]
 
-_log = structlog.get_logger("asyncq")
+_log: Any = LazyLogger()
 
 # Refused before anything ran: the write surely did not happen.
 _NOT_WRITTEN: tuple[type[BaseException], ...] = (

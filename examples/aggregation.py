@@ -21,7 +21,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from asyncq import Client, ServeMux, Server, Task
 
@@ -31,8 +33,13 @@ digests: asyncio.Queue[tuple[str, list[str]]] = asyncio.Queue()
 
 
 def aggregate(group: str, tasks: Sequence[Task]) -> Task:
-    """Called with the group's tasks (oldest first); returns the one task to run instead."""
-    lines = [t.json()["text"] for t in tasks]
+    """Called with the group's tasks; returns the one task to run instead.
+
+    The tasks come in the order they joined the group to the second (within one
+    second, in task-id order: see docs/aggregation.md), so they are sorted here by
+    the sequence number the producer put in each payload.
+    """
+    lines = [t.json()["text"] for t in sorted(tasks, key=lambda t: t.json()["seq"])]
     return Task.from_json("email:digest", {"user": group, "lines": lines})
 
 
@@ -63,21 +70,27 @@ async def main() -> int:
             await server.start(mux)
             for i in range(5):
                 await client.enqueue(
-                    Task.from_json("notify", {"text": f"user-1 event {i}"}),
+                    Task.from_json("notify", {"text": f"user-1 event {i}", "seq": i}),
                     queue="notifications",
                     group="user-1",
                 )
             for i in range(2):
                 await client.enqueue(
-                    Task.from_json("notify", {"text": f"user-2 event {i}"}),
+                    Task.from_json("notify", {"text": f"user-2 event {i}", "seq": i}),
                     queue="notifications",
                     group="user-2",
                 )
             for _ in range(2):
                 user, lines = await asyncio.wait_for(digests.get(), 30)
                 print(f"digest for {user}: {len(lines)} notifications: {lines}")
-    except (RedisError, OSError) as exc:
-        print(f"error: {exc} (is Redis running at {REDIS_URL}?)", file=sys.stderr)
+    except (RedisConnectionError, ConnectionRefusedError) as exc:
+        print(f"error: cannot connect to Redis at {REDIS_URL}: {exc}", file=sys.stderr)
+        return 1
+    except RedisTimeoutError as exc:
+        print(f"error: Redis at {REDIS_URL} did not answer in time: {exc}", file=sys.stderr)
+        return 1
+    except RedisError as exc:
+        print(f"error: Redis at {REDIS_URL} failed: {exc}", file=sys.stderr)
         return 1
     except TimeoutError:
         print("error: the digests did not arrive in time", file=sys.stderr)

@@ -12,7 +12,7 @@ one, with the same shape as a Starlette/FastAPI app::
 
     @app.post("/signup")
     async def signup(email: str, request: Request):
-        info = await request.app.state.client.enqueue(Task.from_json("email:welcome", {...}))
+        info = await request.app.state.client.enqueue(Task.from_json("webapp:welcome_email", {...}))
         return {"task_id": info.id}
 
 Run it and post to it::
@@ -41,10 +41,13 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlsplit
 
 import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from asyncq import Client, ServeMux, Server, Task
 
+QUEUE = "webapp"
 REDIS_URL = os.environ.get("ASYNCQ_REDIS_URL", "redis://127.0.0.1:6379/0")
 HOST, PORT = "127.0.0.1", int(os.environ.get("PORT", "8000"))
 
@@ -52,7 +55,7 @@ mux = ServeMux()
 sent: asyncio.Queue[str] = asyncio.Queue()
 
 
-@mux.handler("email:welcome")
+@mux.handler("webapp:welcome_email")
 async def send_welcome(task: Task) -> None:
     email = task.json()["email"]
     print(f"worker: welcome email sent to {email}")
@@ -70,7 +73,9 @@ class App:
 @asynccontextmanager
 async def lifespan(app: App) -> AsyncIterator[None]:
     """Open the client and the embedded worker for the app's lifetime."""
-    async with Client(REDIS_URL) as client, Server(REDIS_URL, concurrency=4) as server:
+    # Its own queue: a Quickstart worker on the same Redis (serving "default") leaves it alone.
+    server = Server(REDIS_URL, concurrency=4, queues={QUEUE: 1})
+    async with Client(REDIS_URL) as client, server:
         await client.ping()
         await server.start(mux)
         app.client = client
@@ -88,7 +93,7 @@ async def signup(app: App, query: dict[str, list[str]]) -> tuple[int, dict[str, 
         return 400, {"error": "give exactly one email=... query parameter"}
     assert app.client is not None
     info = await app.client.enqueue(
-        Task.from_json("email:welcome", {"email": emails[0]}), queue="default"
+        Task.from_json("webapp:welcome_email", {"email": emails[0]}), queue=QUEUE
     )
     return 202, {"task_id": info.id, "queue": info.queue, "state": info.state.value}
 
@@ -161,8 +166,14 @@ async def main(self_test: bool) -> int:
             print("client:", await post("/signup?email=ada@example.com", port))
             email = await asyncio.wait_for(sent.get(), 30)
             assert email == "ada@example.com"
-    except (RedisError, OSError) as exc:
-        print(f"error: {exc} (is Redis running at {REDIS_URL}?)", file=sys.stderr)
+    except (RedisConnectionError, ConnectionRefusedError) as exc:
+        print(f"error: cannot connect to Redis at {REDIS_URL}: {exc}", file=sys.stderr)
+        return 1
+    except RedisTimeoutError as exc:
+        print(f"error: Redis at {REDIS_URL} did not answer in time: {exc}", file=sys.stderr)
+        return 1
+    except RedisError as exc:
+        print(f"error: Redis at {REDIS_URL} failed: {exc}", file=sys.stderr)
         return 1
     finally:
         http.close()

@@ -1,7 +1,8 @@
 """Throwaway Redis Cluster, Sentinel and TLS setups for the connection tests.
 
-Each helper starts real redis-server processes on free ports in temporary
-directories and removes everything in ``cleanup()``.
+Each helper starts real server processes (see tests/redis_server.py: redis-server
+from PATH or the embedded Valkey) on free ports in temporary directories and
+removes everything in ``cleanup()``. Nothing here needs redis-cli.
 """
 
 from __future__ import annotations
@@ -12,24 +13,51 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import BinaryIO
 
+import pytest
 from redis.cluster import RedisCluster as SyncRedisCluster
 
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisServer, free_port, server_binary
 
 __all__ = ["RedisClusterProcs", "SentinelSetup", "TLSServer", "redis_cli"]
 
 
+class RedisCliError(subprocess.SubprocessError):
+    """The server answered a command with an error."""
+
+
+def _read_reply(f: BinaryIO, out: list[str]) -> None:
+    line = f.readline()
+    if not line:
+        raise ConnectionError("the server closed the connection")
+    kind, rest = line[:1], line[1:-2].decode()
+    if kind == b"-":
+        raise RedisCliError(rest)
+    if kind in (b"+", b":"):
+        out.append(rest)
+    elif kind == b"$":
+        if int(rest) >= 0:
+            out.append(f.read(int(rest) + 2)[:-2].decode())
+    elif kind == b"*":
+        for _ in range(max(int(rest), 0)):
+            _read_reply(f, out)
+    else:
+        raise RedisCliError(f"unexpected reply {line!r}")
+
+
 def redis_cli(port: int, *args: str, timeout: float = 10.0) -> str:
-    """Run redis-cli against 127.0.0.1:<port> and return its stdout."""
-    proc = subprocess.run(
-        ["redis-cli", "-h", "127.0.0.1", "-p", str(port), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=True,
+    """Send one command to 127.0.0.1:<port>; the reply flat, one item a line (as redis-cli
+    prints it when piped). The tests run where no redis-cli is installed."""
+    command = b"*%d\r\n" % len(args) + b"".join(
+        b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args
     )
-    return proc.stdout
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(command)
+        out: list[str] = []
+        with s.makefile("rb") as f:
+            _read_reply(f, out)
+    return "\n".join(out) + "\n"
 
 
 def _wait(predicate: object, what: str, timeout: float = 20.0) -> None:
@@ -47,7 +75,7 @@ def _wait(predicate: object, what: str, timeout: float = 20.0) -> None:
 
 
 class RedisClusterProcs:
-    """Three (or *size*) cluster-enabled masters joined with ``redis-cli --cluster create``."""
+    """Three (or *size*) cluster-enabled masters, the slots split evenly between them."""
 
     def __init__(self, size: int = 3) -> None:
         self.nodes: list[RedisServer] = []
@@ -58,27 +86,34 @@ class RedisClusterProcs:
         return "redis-cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
 
     def start(self) -> RedisClusterProcs:
+        name, version = server_binary().version().split()
+        if name == "Redis" and tuple(int(p) for p in version.split(".")[:2]) < (7, 0):
+            # The nodes get an explicit bus port (--cluster-port), a Redis 7.0 option.
+            pytest.skip(f"the test cluster needs Redis 7.0 or Valkey; this is Redis {version}")
         try:
+            bus_ports = []
             for _ in range(self.size):
                 node = RedisServer()
+                bus_ports.append(free_port())
                 node.extra_args = [
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", str(node.dir / "nodes.conf"),
                     # An explicit bus port: the default (port + 10000) may not be free.
-                    "--cluster-port", str(free_port()),
+                    "--cluster-port", str(bus_ports[-1]),
                     "--cluster-node-timeout", "2000",
                 ]  # fmt: skip
                 self.nodes.append(node)
                 node.start()
-            addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
-            create = ["redis-cli", "--cluster", "create", *addrs, "--cluster-replicas", "0"]
-            subprocess.run(
-                [*create, "--cluster-yes"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=True,
-            )
+            # What `redis-cli --cluster create` does, without needing redis-cli.
+            for k, node in enumerate(self.nodes):
+                first, last = 16384 * k // self.size, 16384 * (k + 1) // self.size - 1
+                redis_cli(node.port, "CLUSTER", "ADDSLOTSRANGE", str(first), str(last))
+                redis_cli(node.port, "CLUSTER", "SET-CONFIG-EPOCH", str(k + 1))
+            first_port, first_bus = self.nodes[0].port, bus_ports[0]
+            for node in self.nodes[1:]:
+                redis_cli(
+                    node.port, "CLUSTER", "MEET", "127.0.0.1", str(first_port), str(first_bus)
+                )
             for node in self.nodes:
                 _wait(
                     lambda port=node.port: "cluster_state:ok" in redis_cli(port, "cluster", "info"),
@@ -146,8 +181,7 @@ class SentinelSetup:
                 f"sentinel down-after-milliseconds {self.master_name} 2000\n"
                 f"sentinel failover-timeout {self.master_name} 10000\n"
             )
-            binary = shutil.which("redis-sentinel")
-            args = [binary, str(conf)] if binary else ["redis-server", str(conf), "--sentinel"]
+            args = [str(server_binary().path), str(conf), "--sentinel"]
             self.sentinel = subprocess.Popen(
                 args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
@@ -235,7 +269,13 @@ class TLSServer:
                 "--tls-ca-cert-file", str(self.cert),
                 "--tls-auth-clients", "no",
             ]  # fmt: skip
-            self.server.start()
+            try:
+                self.server.start()
+            except RuntimeError as exc:
+                if "TLS support" not in str(exc):
+                    raise
+                # The embedded Valkey is built without TLS; redis-server from PATH has it.
+                pytest.skip(f"{self.server.binary.describe()} is built without TLS")
             _wait(self._tls_port_open, "the TLS port")
         except BaseException:
             self.cleanup()

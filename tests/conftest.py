@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,8 +55,53 @@ def redis_url() -> Iterator[str]:
     server = RedisServer().start()
     try:
         yield server.url
+        report = os.environ.get("ASYNCQ_SCRIPTS_REPORT")
+        if report:
+            _RAN_LUA.update(_loaded_lua_files(server.url))
+            with open(report, "a", encoding="utf-8") as out:
+                out.writelines(f"{name}\n" for name in sorted(_RAN_LUA))
     finally:
         server.cleanup()
+
+
+_RAN_LUA: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _record_lua_files(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With ASYNCQ_SCRIPTS_REPORT set, note after each test which scripts its server ran
+    (a test that flushes the scripts would otherwise hide the ones before it)."""
+    yield
+    if os.environ.get("ASYNCQ_SCRIPTS_REPORT") and "redis_url" in request.fixturenames:
+        _RAN_LUA.update(_loaded_lua_files(request.getfixturevalue("redis_url")))
+
+
+def _loaded_lua_files(url: str) -> set[str]:
+    """The names of the ``.lua`` files whose code the server at *url* has loaded
+    (``nox -s servers`` checks that its subset runs every script on every server).
+
+    A script is loaded on its first call and FLUSHDB keeps it. Some scripts are
+    composed of several files (a function defined before a body), so a file counts
+    when its source is part of a loaded script.
+    """
+    import gc
+
+    import redis as sync_redis
+
+    import asyncq._broker  # every module that defines a script
+    from asyncq._redis.scripts import Script
+
+    del asyncq
+    # Looked up each time: some composed scripts are made on first use.
+    scripts = {o.sha: o for o in gc.get_objects() if isinstance(o, Script)}
+    client = sync_redis.Redis.from_url(url)
+    try:
+        loaded = client.script_exists(*scripts) if scripts else []
+    finally:
+        client.close()
+    ran = [s.source for s, ok in zip(scripts.values(), loaded, strict=True) if ok]
+    lua = Path(__file__).resolve().parent.parent / "asyncq" / "_broker" / "lua"
+    return {f.stem for f in lua.glob("*.lua") if any(f.read_text() in r for r in ran)}
 
 
 @pytest.fixture(scope="session")

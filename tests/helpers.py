@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from asyncq import ServeMux
 from asyncq import _keys as keys
@@ -68,9 +69,29 @@ async def snapshot(r: Redis) -> dict[str, Any]:
     return out
 
 
-async def expiretime(r: Redis, key: str) -> int:
-    """Absolute expiry (unix s); -1 = no TTL, -2 = no key."""
-    return int(await r.execute_command("EXPIRETIME", key))
+async def pexpiretime(r: Redis, key: str | bytes) -> int:
+    """Absolute expiry (unix ms); -1 = no TTL, -2 = no key.
+
+    PEXPIRETIME on Redis 7.0 and later; on 6.2 (``nox -s servers``) the server's TIME
+    plus PTTL, read in one transaction.
+    """
+    try:
+        return int(await r.execute_command("PEXPIRETIME", key))
+    except ResponseError as exc:
+        if "unknown command" not in str(exc).lower():
+            raise
+    async with r.pipeline(transaction=True) as pipe:
+        pipe.time()
+        pipe.pttl(key)
+        (sec, usec), pttl = await pipe.execute()
+    return int(pttl) if pttl < 0 else sec * 1000 + usec // 1000 + int(pttl)
+
+
+async def expiretime(r: Redis, key: str | bytes) -> int:
+    """Absolute expiry (unix s); -1 = no TTL, -2 = no key (EXPIRETIME, or 6.2's TIME + PTTL)."""
+    ms = await pexpiretime(r, key)
+    # TIME + PTTL may be a millisecond off an expiry set in whole seconds (EXPIREAT).
+    return ms if ms < 0 else round(ms / 1000)
 
 
 async def assert_relative_ttl(r: Redis, key: str, clock: FakeClock, ttl: int) -> None:

@@ -3,8 +3,9 @@
 Run with the virtualenv's python from a directory outside the source tree, so
 that ``import asyncq`` finds the installed package. Checks the version, the
 CLI, the lean install (no optional packages pulled in, the dashboard naming
-its extra) and one task enqueued and processed against a throwaway
-redis-server started here. Exits non-zero with a message on any failure.
+its extra) and one task enqueued and processed against a throwaway server
+started here with the installed ``asyncq.devserver`` (redis-server from PATH,
+else the Valkey of the ``embedded`` extra). Exits non-zero with a message on any failure.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 EXPECTED_VERSION = sys.argv[1] if len(sys.argv) > 1 else None
@@ -33,23 +31,6 @@ def run(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(BIN / "asyncq"), *args], capture_output=True, text=True, check=False, **kwargs
     )  # type: ignore[call-overload]
-
-
-def start_redis(directory: str) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    args += ["--appendonly", "no", "--dir", directory]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc, f"redis://127.0.0.1:{port}/0"
-        except OSError:
-            check(time.monotonic() < deadline, "redis-server did not start")
-            time.sleep(0.05)
 
 
 APP = """
@@ -98,16 +79,17 @@ def main() -> None:
     check(dash.returncode == 1, "asyncq dash without textual did not fail")
     check("pip install 'asyncq[dash]'" in dash.stderr, f"dash error: {dash.stderr}")
 
-    if shutil.which("redis-server") is None:
-        sys.exit("smoke test failed: redis-server is not on PATH")
-    with tempfile.TemporaryDirectory() as work:
-        redis, url = start_redis(work)
-        try:
-            (Path(work) / "smokeapp.py").write_text(APP)
-            asyncio.run(enqueue_and_read(url, Path(work)))
-        finally:
-            redis.terminate()
-            redis.wait()
+    # The installed package's own dev server: redis-server from PATH, else the embedded
+    # extra's Valkey (nox installs the artifact with [embedded]).
+    from asyncq.devserver import LocalServer, ServerNotFoundError
+
+    try:
+        server = LocalServer()
+    except ServerNotFoundError as exc:
+        sys.exit(f"smoke test failed: {exc}")
+    with tempfile.TemporaryDirectory() as work, server:
+        (Path(work) / "smokeapp.py").write_text(APP)
+        asyncio.run(enqueue_and_read(server.url, Path(work)))
     print(f"smoke test passed: asyncq {asyncq.__version__} from {location.parent}")
 
 

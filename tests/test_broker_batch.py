@@ -23,7 +23,7 @@ from asyncq._broker import Broker, processing
 from asyncq._redis.scripts import load_script
 from asyncq.errors import BrokerError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
-from tests.helpers import FakeClock, assert_ids_have_hashes, make_msg
+from tests.helpers import FakeClock, assert_ids_have_hashes, expiretime, make_msg
 
 MAXI64 = 9223372036854775807
 DAY90 = 90 * 24 * 3600
@@ -53,7 +53,7 @@ class Spec:
 
 async def expiry(r: Redis, key: str | bytes) -> int:
     """Absolute expiry (unix s); -1 = no TTL, -2 = no key."""
-    return int(await r.execute_command("EXPIRETIME", key))  # type: ignore[no-untyped-call]
+    return await expiretime(r, key)
 
 
 async def get_int(r: Redis, key: str) -> int:

@@ -22,6 +22,7 @@ from asyncq.client import Client
 from asyncq.errors import DuplicateTaskError, TaskIdConflictError
 from asyncq.scheduler import Scheduler
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState
+from tests.helpers import pexpiretime
 
 Item = Task | tuple[Task, dict[str, Any]]
 
@@ -117,7 +118,7 @@ async def snapshot(redis: Redis) -> dict[bytes, KeyState]:
             value = await redis.smembers(key)
         else:
             raise AssertionError(f"unexpected {kind} key {key!r}")
-        out[key] = KeyState(kind, value, int(await redis.pexpiretime(key)))
+        out[key] = KeyState(kind, value, await pexpiretime(redis, key))
     return out
 
 

@@ -27,10 +27,9 @@ def worker(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     r = sync_redis.Redis.from_url(redis_url)
     r.flushdb()
     r.close()
-    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("ASYNCQ_REDIS_URL", redis_url)  # what every example reads
     monkeypatch.syspath_prepend(str(EXAMPLES))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("ASYNCQ_REDIS_URL", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "asyncq.cli", "worker", "tasks:app", "-q", "reports", "-c", "4"],
         cwd=EXAMPLES, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, bufsize=0,

@@ -41,7 +41,8 @@ async def _client_kinds(url: str) -> set[str]:
     for line in listing.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
         if fields.get("name") == "" and fields.get("cmd") in ("evalsha", "info", "echo"):
-            kinds.add("unix" if fields.get("laddr", "").startswith("/") else "tcp")
+            # Redis writes a unix socket's laddr as "/path:0", Valkey as "[/path:0]:0".
+            kinds.add("unix" if "/" in fields.get("laddr", "") else "tcp")
     return kinds
 
 

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from asyncq._redis.scripts import load_script
+from tests.helpers import expiretime
 
 Q = "asynq:{default}:"
 TP = Q + "t:"
@@ -158,7 +159,7 @@ async def dump(r: Redis) -> dict[bytes, tuple[bytes, Any, int]]:
         out[key] = (
             await r.type(key),
             await r.dump(key),
-            int(await r.execute_command("EXPIRETIME", key)),
+            await expiretime(r, key),
         )
     return out
 

@@ -32,7 +32,7 @@ def run_example(name: str, url: str, *args: str) -> subprocess.CompletedProcess[
 @pytest.mark.parametrize(
     ("name", "args", "expected"),
     [
-        ("main_job.py", (), "processed 20 tasks"),
+        ("main_job.py", (), "made 12 thumbnails"),
         ("webapp.py", ("--self-test",), "worker: welcome email sent to ada@example.com"),
         ("aggregation.py", (), "digest for user-2: 2 notifications"),
     ],

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+import redis as sync_redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
@@ -334,6 +335,15 @@ async def test_read_timeout_under_client_pause(redis_url: str, redis: Redis) -> 
 async def test_long_pipeline_with_replies_coming_does_not_time_out(redis_url: str) -> None:
     # Each reply comes 200 ms after the previous one, well inside the 1 s timeout
     # even when the machine is busy; 15 of them take 3 s, three times the timeout.
+    probe = sync_redis.Redis.from_url(redis_url)
+    try:
+        valkey = "valkey_version" in probe.info("server")
+    finally:
+        probe.close()
+    if valkey:
+        # Valkey freezes TIME inside a script: the busy-wait below would spin until the
+        # script time limit (5 s) instead of 200 ms. The transport is the same on any server.
+        pytest.skip("the busy-wait script needs TIME to advance inside a script (Redis)")
     fast = _fast(redis_url, read_timeout=1.0)
     busy = (
         "local t0 = redis.call('TIME') local t "

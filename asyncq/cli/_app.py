@@ -75,7 +75,9 @@ class Settings:
         try:
             parse_redis_uri(uri)
         except ValueError as exc:
-            raise CliError(f"invalid Redis URI {redact_uri(uri)!r}: {exc}") from None
+            # The parser's message may already name the URI (redacted); say it once.
+            reason = str(exc).removeprefix(f"invalid redis uri {redact_uri(uri)!r}: ")
+            raise CliError(f"invalid Redis URI {redact_uri(uri)!r}: {reason}") from None
         return str(uri)
 
 

@@ -438,11 +438,11 @@ class QueueScreen(RefreshingScreen):
             self.groups = [g.group for g in groups or []]
             if self.group not in self.groups:
                 self.group = self.groups[0] if self.groups else None
-        if self.state is not TaskState.AGGREGATING or self.group is not None:
+        # The group picks aggregating tasks only; the other states list the whole queue.
+        group = self.group if self.state is TaskState.AGGREGATING else None
+        if self.state is not TaskState.AGGREGATING or group is not None:
             ok, listed = await self.dash.attempt(
-                insp.list_tasks(
-                    self.queue, self.state, page=self.page, size=PAGE_SIZE, group=self.group
-                )
+                insp.list_tasks(self.queue, self.state, page=self.page, size=PAGE_SIZE, group=group)
             )
             tasks = listed or []
         self.tasks = {t.id: t for t in tasks}
@@ -476,10 +476,10 @@ class QueueScreen(RefreshingScreen):
                 else ""
             )
         )
-        group = f"  group {self.group} (g: next of {len(self.groups)})" if self.group else ""
-        empty = "  (no groups)" if self.state is TaskState.AGGREGATING and not self.group else ""
+        label = f"  group {group} (g: next of {len(self.groups)})" if group else ""
+        empty = "  (no groups)" if self.state is TaskState.AGGREGATING and not group else ""
         self.query_one("#status", Static).update(
-            f"{self.state.value} tasks, page {self.page} ({len(tasks)} shown){group}{empty}"
+            f"{self.state.value} tasks, page {self.page} ({len(tasks)} shown){label}{empty}"
         )
 
     async def on_tabs_tab_activated(self, event: Tabs.TabActivated) -> None:

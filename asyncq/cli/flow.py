@@ -86,13 +86,23 @@ def limit(ctx: click.Context, queue_name: str, value: int | None, clear: bool) -
             return f'Cleared the limit of queue "{queue_name}"'
         if value is not None:
             await insp.set_limit(queue_name, value)
-            return f'Limited queue "{queue_name}" to {value} running tasks fleet-wide'
+            return (
+                f'Limited queue "{queue_name}" to {value} running tasks fleet-wide'
+                + await _not_yet(insp, queue_name)
+            )
         current = await insp.limit(queue_name)
         if current is None:
             return f'Queue "{queue_name}" has no stored limit'
         return f'Queue "{queue_name}": at most {current} running tasks fleet-wide'
 
     click.echo(with_inspector(ctx, go))
+
+
+async def _not_yet(insp: Inspector, queue: str) -> str:
+    """A note when *queue* has no task yet: the setting waits for it (or names a typo)."""
+    if queue in await insp.queues():
+        return ""
+    return " (the queue has no task yet: the setting applies when its tasks come)"
 
 
 @click.command("ordered")
@@ -115,7 +125,9 @@ def ordered(ctx: click.Context, queue_name: str, value: str | None) -> None:
     async def go(insp: Inspector) -> str:
         if value is not None:
             await insp.set_ordered(queue_name, value == "on")
-            return f'Queue "{queue_name}" is {"now" if value == "on" else "no longer"} ordered'
+            return f'Queue "{queue_name}" is {"now" if value == "on" else "no longer"} ordered' + (
+                await _not_yet(insp, queue_name)
+            )
         flag = await insp.ordered(queue_name)
         return f'Queue "{queue_name}" is {"" if flag else "not "}ordered'
 

@@ -9,6 +9,7 @@ import click
 
 from asyncq._redis.options import redact_uri
 from asyncq.cli._app import LOG_LEVELS, CliError, configure_logging, settings
+from asyncq.cli._listen import bound_port, listen
 
 __all__ = ["ENV_TOKEN", "gateway", "require_extra"]
 
@@ -40,7 +41,8 @@ def _is_local(host: str) -> bool:
 @click.command(short_help="Serve the HTTP enqueue gateway (any language can enqueue).")
 @click.option("--uri", "-u", "gateway_uri", metavar="URL", help="Redis URL (overrides the global).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", "-p", type=click.IntRange(0, 65535), default=8080, show_default=True)
+# 8081: `asyncq web` has 8080, and both often run on one machine.
+@click.option("--port", "-p", type=click.IntRange(0, 65535), default=8081, show_default=True)
 @click.option(
     "--token",
     envvar=ENV_TOKEN,
@@ -88,10 +90,10 @@ def gateway(
 
     \b
     Example:
-      asyncq gateway --port 8080
+      asyncq gateway --port 8081
       curl -H 'Content-Type: application/json' \\
            -d '{"type":"email:send","payload":{"to":"a@example.com"}}' \\
-           http://127.0.0.1:8080/api/queues/default/tasks
+           http://127.0.0.1:8081/api/queues/default/tasks
     """
     require_extra("asyncq gateway")
     import uvicorn
@@ -116,15 +118,14 @@ def gateway(
         max_body_bytes=max_body or DEFAULT_MAX_BODY_BYTES,
         max_batch=max_batch or DEFAULT_MAX_BATCH,
     )
+    sock = listen(host, port)
     click.echo(
-        f"asyncq gateway on http://{host}:{port} for {redact_uri(uri)} "
+        f"asyncq gateway on http://{host}:{bound_port(sock)} for {redact_uri(uri)} "
         f"(OpenAPI: /api/openapi.json, token {'required' if token else 'off: local only'})",
         err=True,
     )
     config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
         log_level=level,
         access_log=level == "debug",
         server_header=False,
@@ -132,4 +133,4 @@ def gateway(
         lifespan="on",
     )
     os.environ.pop(ENV_TOKEN, None)  # not inherited by anything this process starts
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[sock])

@@ -39,6 +39,9 @@ import structlog
 __all__ = ["SUPERVISOR_ENV", "Supervisor", "watch_supervisor"]
 
 SUPERVISOR_ENV = "ASYNCQ_SUPERVISOR_PID"
+EXIT_CANNOT_CONNECT = 3
+"""A supervised worker's exit status when it cannot reach Redis at start: restarting it
+would fail the same way forever, so the supervisor stops the others and reports it."""
 """Set in the environment of every worker process to the supervisor's pid."""
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGTSTP, signal.SIGCONT)
@@ -93,6 +96,8 @@ class Supervisor:
         self._slots = [_Slot(i) for i in range(processes)]
         self._stopping = False
         self._failed = False
+        self.cannot_connect = False
+        """Whether a worker process exited with :data:`EXIT_CANNOT_CONNECT`."""
 
     @property
     def pids(self) -> list[int]:
@@ -183,6 +188,15 @@ class Supervisor:
                 else:
                     self.log.info("worker process exited", slot=slot.index, pid=slot.process.pid)
                 continue  # a reload restarts it at once; a shutdown ends the loop
+            if code == EXIT_CANNOT_CONNECT:
+                self.log.error(
+                    "a worker process could not connect to Redis at start; stopping",
+                    slot=slot.index,
+                    pid=slot.process.pid,
+                )
+                self.cannot_connect = self._failed = True
+                self._on_signal(signal.SIGTERM)
+                break
             if code == 0 and self.burst:
                 self.log.info("worker process done (burst)", slot=slot.index, pid=slot.process.pid)
                 slot.done = True

@@ -10,6 +10,7 @@ import click
 
 from asyncq._redis.options import redact_uri as redact
 from asyncq.cli._app import CliError, Settings, settings
+from asyncq.cli._listen import bound_port, listen
 
 __all__ = ["metrics", "register", "web"]
 
@@ -123,12 +124,14 @@ def web(
             "this port can change your queues (add --read-only or auth)",
             err=True,
         )
+    sock = listen(host, port)
     click.echo(
-        f"asyncq web on http://{host}:{port}{root_path}/ (Redis {redact(uri)})"
+        f"asyncq web on http://{host}:{bound_port(sock)}{root_path}/ (Redis {redact(uri)})"
         + (" read-only" if read_only else ""),
         err=True,
     )
-    uvicorn.run(app, host=host, port=port, root_path=root_path, log_level="warning")
+    config = uvicorn.Config(app, root_path=root_path, log_level="warning")
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 @click.command("metrics")

@@ -29,7 +29,12 @@ from asyncq.cli._app import (
 from asyncq.cli._commands import DURATION
 from asyncq.cli._extras import require_extra
 from asyncq.cli.flow import LimitsType
-from asyncq.cli.supervisor import SUPERVISOR_ENV, Supervisor, watch_supervisor
+from asyncq.cli.supervisor import (
+    EXIT_CANNOT_CONNECT,
+    SUPERVISOR_ENV,
+    Supervisor,
+    watch_supervisor,
+)
 from asyncq.mux import ServeMux
 
 __all__ = ["load_app", "parse_queues", "worker"]
@@ -458,7 +463,9 @@ def worker(
             except BaseException as exc:
                 await server.shutdown()
                 if isinstance(exc, RedisError | OSError):
-                    raise CliError(f"cannot connect to Redis at {redact_uri(uri)}: {exc}") from None
+                    supervised = os.environ.get(SUPERVISOR_ENV, "").isdigit()
+                    kind = _CannotConnectSupervised if supervised else CliError
+                    raise kind(f"cannot connect to Redis at {redact_uri(uri)}: {exc}") from None
                 raise
             await server.run(mux)
         finally:
@@ -470,6 +477,12 @@ def worker(
         await serve(target if isinstance(target, ServeMux | App) else await target)
 
     run_async(cli.uri(), go, loop_factory=loop_factory)
+
+
+class _CannotConnectSupervised(CliError):
+    """A supervised worker that cannot reach Redis at start: not restarted (supervisor)."""
+
+    exit_code = EXIT_CANNOT_CONNECT
 
 
 def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -561,5 +574,8 @@ def _supervise(
         argv, processes, env=env, burst=burst, reload_dir=Path.cwd() if reload else None
     )
     status = asyncio.run(supervisor.run())
+    if supervisor.cannot_connect:
+        where = redact_uri(uri) if uri is not None else "the App's Redis"
+        raise CliError(f"the worker processes cannot connect to Redis at {where} (log above)")
     if status:
         raise CliError("a worker process exited with an error; see the log above")

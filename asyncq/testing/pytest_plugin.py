@@ -2,14 +2,15 @@
 
 Fixtures:
 
-- ``asyncq_redis_server`` (session): a throwaway ``redis-server``; with
+- ``asyncq_redis_server`` (session): a throwaway server (``redis-server`` from
+  PATH, else the Valkey of ``asyncq[embedded]``); with
   ``ASYNCQ_PYTEST_REDIS_URL`` set, that Redis instead (it gets FLUSHDB!);
 - ``asyncq_redis_url``: its URL, the database flushed before each test;
 - ``asyncq_client``: an async :class:`~asyncq.Client` on it (needs pytest-asyncio);
 - ``asyncq_worker``: ``await asyncq_worker(app_or_mux)`` runs a worker until the
   queues are empty and returns its :class:`~asyncq.ServerStats` (needs pytest-asyncio).
 
-Nothing starts (no redis-server, no connection) unless a test asks for one
+Nothing starts (no server, no connection) unless a test asks for one
 of these fixtures.
 """
 
@@ -33,7 +34,7 @@ WorkerRunner: TypeAlias = "Callable[..., Awaitable[ServerStats]]"
 
 @pytest.fixture(scope="session")
 def asyncq_redis_server() -> Iterator[str]:
-    """URL of the session's Redis (a throwaway redis-server, or ASYNCQ_PYTEST_REDIS_URL)."""
+    """URL of the session's Redis (a throwaway server, or ASYNCQ_PYTEST_REDIS_URL)."""
     given = os.environ.get("ASYNCQ_PYTEST_REDIS_URL")
     if given:
         yield given

@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -110,6 +110,10 @@ class _Inject:
         await self.app(scope, receive, send)
 
 
+async def _favicon(request: Request) -> Response:
+    return RedirectResponse(request.url_for("static", path="favicon.svg"), status_code=301)
+
+
 def create_app(
     redis: RedisTarget | Inspector = "redis://127.0.0.1:6379/0",
     *,
@@ -178,6 +182,8 @@ def create_app(
         *workflow_routes(),
         *triage_routes(),
         Route("/metrics", metrics),
+        # Browsers ask for /favicon.ico whatever the page links; send them to the icon.
+        Route("/favicon.ico", _favicon),
         Mount("/static", StaticFiles(directory=str(_STATIC)), name="static"),
     ]
     route_segments(routes)

@@ -224,9 +224,11 @@ def task_timeline(task: TaskInfo, now: datetime) -> list[tuple[datetime, str]]:
     """The moments the stored task records, oldest first (Redis keeps no full history)."""
     events: list[tuple[datetime, str]] = []
     if task.last_failed_at is not None:
-        events.append(
-            (task.last_failed_at, f"failed (attempt {task.retried} of {task.max_retry + 1})")
-        )
+        # A failure that leads to a retry counts in `retried`; the one that archives the
+        # task does not (asynq), so an archived task's last failure is attempt retried + 1.
+        attempt = task.retried + 1 if task.state.value == "archived" else task.retried
+        attempts = task.max_retry + 1
+        events.append((task.last_failed_at, f"failed (attempt {attempt} of {attempts})"))
     if task.completed_at is not None:
         events.append((task.completed_at, "completed"))
         if task.retention is not None:

@@ -6,7 +6,7 @@ import os
 
 from asyncq import App
 
-app = App(os.environ.get("REDIS_URL", "redis://localhost:6379/0"))
+app = App(os.environ.get("ASYNCQ_REDIS_URL", "redis://localhost:6379/0"))
 
 
 @app.task(name="example:double")

@@ -1,6 +1,7 @@
 """Testing typed tasks with asyncq's pytest plugin (fixtures) and eager mode.
 
-Run with ``pytest examples/testing`` (needs pytest-asyncio and a redis-server on PATH).
+Run with ``pytest examples/testing`` (needs pytest-asyncio, and redis-server on PATH or
+``asyncq[embedded]``).
 """
 
 from __future__ import annotations

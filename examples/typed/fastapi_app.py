@@ -2,8 +2,8 @@
 
 Run::
 
-    REDIS_URL=redis://localhost:6379/0 asyncq worker tasks:app -q reports
-    REDIS_URL=redis://localhost:6379/0 uvicorn fastapi_app:api
+    ASYNCQ_REDIS_URL=redis://localhost:6379/0 asyncq worker tasks:app -q reports
+    ASYNCQ_REDIS_URL=redis://localhost:6379/0 uvicorn fastapi_app:api
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Run::
 
-    REDIS_URL=redis://localhost:6379/0 asyncq worker tasks:app -q reports
-    REDIS_URL=redis://localhost:6379/0 flask --app flask_app run
+    ASYNCQ_REDIS_URL=redis://localhost:6379/0 asyncq worker tasks:app -q reports
+    ASYNCQ_REDIS_URL=redis://localhost:6379/0 flask --app flask_app run
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from flask import Flask, request
 
 from asyncq import SyncClient, TaskArgumentError, TaskFailedError, TaskNotFoundError
 
-client = SyncClient(os.environ.get("REDIS_URL", "redis://localhost:6379/0"))  # thread-safe
+client = SyncClient(os.environ.get("ASYNCQ_REDIS_URL", "redis://localhost:6379/0"))  # thread-safe
 atexit.register(client.close)
 
 app = Flask(__name__)

@@ -2,7 +2,7 @@
 
 The worker::
 
-    REDIS_URL=redis://localhost:6379/0 asyncq worker tasks:app -q reports
+    ASYNCQ_REDIS_URL=redis://localhost:6379/0 asyncq worker tasks:app -q reports
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ async def lifespan() -> AsyncIterator[Resources]:
     yield Resources(rates=rates, worker_name=f"worker-{os.getpid()}")
 
 
-app = App(os.environ.get("REDIS_URL", "redis://localhost:6379/0"), lifespan=lifespan)
+app = App(os.environ.get("ASYNCQ_REDIS_URL", "redis://localhost:6379/0"), lifespan=lifespan)
 
 
 @app.task(name="reports:build", queue="reports", max_retry=3, timeout=timedelta(minutes=1))

