@@ -231,6 +231,10 @@ class _NoFlagsRedis:
         self.scripts[sha] = source
         return sha
 
+    async def execute_command(self, *args: Any) -> Any:
+        assert args == ("INFO", "server"), args  # the loader's version check
+        return b"# Server\r\nredis_version:6.2.14\r\n"
+
     async def evalsha(self, sha: str, numkeys: int, *args: Any) -> Any:
         if sha not in self.scripts:
             raise NoScriptError("NOSCRIPT No matching script.")

@@ -836,15 +836,17 @@ class TaskStateMachine(RuleBasedStateMachine):
         self.check_error(err, None if registered else QueueNotFoundError)
 
     def flow_control(self, q: str, limit: int | None, ordered: bool) -> None:
-        """A fleet-wide concurrency limit and the ordered flag, as the Inspector stores them."""
-        registered = q in self.model.registered
+        """A fleet-wide concurrency limit and the ordered flag, as the Inspector stores them.
+
+        The queue need not exist yet: the settings are stored before its first task, and
+        the queue is not registered by them.
+        """
         _, err = self.outcome(self.inspector.set_limit(q, limit))
-        self.check_error(err, None if registered else QueueNotFoundError)
+        self.check_error(err, None)
         _, err = self.outcome(self.inspector.set_ordered(q, ordered))
-        self.check_error(err, None if registered else QueueNotFoundError)
-        if registered:
-            self.model.queues[q].limit = limit
-            self.model.queues[q].ordered = ordered
+        self.check_error(err, None)
+        self.model.queues[q].limit = limit
+        self.model.queues[q].ordered = ordered
 
     # -- dispatch: one rule per actor, so the lifecycle is not drowned by rarer steps ------
 
