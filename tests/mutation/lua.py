@@ -271,11 +271,18 @@ class _Restore:
 
 
 def mutate_script(
-    script: str, *, indices: bool, timeout: float, only: set[str] | None, log: bool = True
-) -> list[Result]:
+    script: str,
+    results: list[Result],
+    *,
+    indices: bool,
+    timeout: float,
+    only: set[str] | None,
+    log: bool = True,
+) -> None:
+    """Run every mutant of *script*, appending each outcome to *results* as it comes
+    (so an interrupted run still reports what it finished)."""
     path = LUA / f"{script}.lua"
     tests = tests_for(script)
-    results: list[Result] = []
     with _Restore(path) as restore:
         if run_tests(tests, timeout) != "survived":
             raise SystemExit(f"the tests for {script} fail on the unmutated script: {tests}")
@@ -296,7 +303,6 @@ def mutate_script(
                     f"{outcome} ({result.seconds:.0f}s)",
                     flush=True,
                 )
-    return results
 
 
 def report(results: list[Result], scripts: list[str]) -> str:
@@ -360,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     try:
         for script in scripts:
-            results += mutate_script(script, indices=args.indices, timeout=args.timeout, only=only)
+            mutate_script(script, results, indices=args.indices, timeout=args.timeout, only=only)
     finally:
         args.report.write_text(report(results, scripts), encoding="utf-8")
         print(f"report: {args.report}")
