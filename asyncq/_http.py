@@ -1,4 +1,4 @@
-"""URL path segments and Host checks shared by the web UI and the HTTP gateway.
+"""URL path segments, Host checks and JSON depth shared by the web UI and the HTTP gateway.
 
 Task ids and queue names are any strings (Go asynq accepts ``/`` and ``..`` in
 both), so a URL that names one must carry it as a single path segment that no
@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable
+from typing import Any
 from urllib.parse import quote, unquote
 
 from starlette.convertors import Convertor, StringConvertor
@@ -29,6 +30,7 @@ __all__ = [
     "SegmentPaths",
     "host_is_loopback",
     "is_loopback",
+    "json_depth",
     "quote_segment",
     "route_segments",
 ]
@@ -143,3 +145,17 @@ def host_is_loopback(header: str | None) -> bool:
     if sep and not port.isdigit():
         return False
     return is_loopback(name)
+
+
+def json_depth(value: Any) -> int:
+    """How deep decoded JSON nests (a scalar is 0, ``[]`` is 1), without recursion, so a
+    hostile body thousands of levels deep is measured instead of overflowing the stack."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level)
+            stack.extend(
+                (v, level + 1) for v in (node.values() if isinstance(node, dict) else node)
+            )
+    return deepest

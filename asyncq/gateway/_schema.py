@@ -29,6 +29,7 @@ from pydantic import (
 
 from asyncq import EnqueueOptions, Task, TaskInfo
 from asyncq._gofmt import parse_go_duration
+from asyncq._http import json_depth
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -64,18 +65,6 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _depth(value: Any) -> int:
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, level = stack.pop()
-        if isinstance(node, dict | list):
-            deepest = max(deepest, level)
-            stack.extend(
-                (v, level + 1) for v in (node.values() if isinstance(node, dict) else node)
-            )
-    return deepest
-
-
 def load_json(text: str) -> Any:
     """Strict JSON: no NaN/Infinity (nor numbers that overflow to them), at most
     MAX_JSON_DEPTH levels of nesting. ValueError names what is wrong."""
@@ -83,7 +72,7 @@ def load_json(text: str) -> Any:
         value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
         raise ValueError(f"it nests deeper than {MAX_JSON_DEPTH} levels") from None
-    if _depth(value) > MAX_JSON_DEPTH:
+    if json_depth(value) > MAX_JSON_DEPTH:
         raise ValueError(f"it nests deeper than {MAX_JSON_DEPTH} levels")
     return value
 

@@ -19,6 +19,7 @@ from asyncq import (
     TypeRateInfo,
     WorkerInfo,
 )
+from asyncq._http import json_depth
 
 __all__ = [
     "Body",
@@ -42,18 +43,6 @@ _PRINTABLE = set(string.printable) - set("\x0b\x0c")
 MAX_JSON_DEPTH = 64
 """Deepest JSON shown pretty-printed; deeper payloads are shown as the text they are
 (indenting hundreds of levels helps nobody, and Python's parser gives up near 1,000)."""
-
-
-def _depth(value: Any) -> int:
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, level = stack.pop()
-        if isinstance(node, dict | list):
-            deepest = max(deepest, level)
-            stack.extend(
-                (v, level + 1) for v in (node.values() if isinstance(node, dict) else node)
-            )
-    return deepest
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +76,7 @@ def body(data: bytes | None, *, hex_limit: int = 4096) -> Body:
         except (ValueError, RecursionError):
             pass
         else:
-            if _depth(value) <= MAX_JSON_DEPTH:
+            if json_depth(value) <= MAX_JSON_DEPTH:
                 return Body("json", json.dumps(value, indent=2, ensure_ascii=False), len(data))
         if all(ch in _PRINTABLE or ch.isprintable() for ch in text):
             return Body("text", text, len(data))
