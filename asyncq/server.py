@@ -54,7 +54,7 @@ from asyncq._broker.replication import replica_wait_seconds
 from asyncq._logging import get_logger
 from asyncq._redis.connection import Connection, check_tls, independent_target
 from asyncq._redis.options import RedisClient, RedisTarget, describe_target
-from asyncq._signals import signal_handlers
+from asyncq._signals import log_signal_hints, signal_handlers
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.aggregator import GroupAggregatorRole
 from asyncq._worker.config import (
@@ -377,6 +377,7 @@ class Server:
                 janitor_batch_size=janitor_batch_size,
             )
         self._independent_target = independent_target(redis)
+        self._announce_signals = True
         self._where = describe_target(redis)
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
@@ -700,8 +701,10 @@ class Server:
             if stop_requested:
                 self.stop()
             if threading.current_thread() is threading.main_thread():
-                self.log.info("send signal TSTP to stop processing new tasks")
-                self.log.info("send signal TERM or INT to terminate the process")
+                # Not in burst mode (it ends by itself) nor under `asyncq worker
+                # --processes`, whose supervisor prints them once for all its workers.
+                if self._announce_signals and not self.config.burst:
+                    log_signal_hints(self.log)
             else:
                 self.log.warning("not in the main thread: no signal handlers installed")
             await signals.wait_or(self._closed.wait())

@@ -432,3 +432,27 @@ async def test_start_with_redis_unreachable_names_it_without_the_password() -> N
         f"cannot reach Redis at redis://app:***@127.0.0.1:{port}/2; retrying until it answers"
     ]
     assert "s3cret" not in repr(logs)
+
+
+async def test_run_prints_the_signal_hints_once_and_not_in_burst_mode(redis: Redis) -> None:
+    import structlog
+
+    def hints(logs: list[dict[str, Any]]) -> list[str]:
+        return [str(e["event"]) for e in logs if str(e["event"]).startswith("send signal")]
+
+    with structlog.testing.capture_logs() as logs:
+        server = Server(redis, burst=True, **FAST)
+        await asyncio.wait_for(server.run(ServeMux()), 20)
+    assert server.state == "closed" and hints(logs) == []
+
+    with structlog.testing.capture_logs() as logs:
+        server = Server(redis, **FAST)
+        running = asyncio.create_task(server.run(ServeMux()))
+        await wait_until(lambda: hints(logs), what="the hints")
+        server.stop()
+        await server.shutdown()
+        await asyncio.wait_for(running, 20)
+    assert hints(logs) == [
+        "send signal TSTP to stop processing new tasks",
+        "send signal TERM or INT to terminate the process",
+    ]
