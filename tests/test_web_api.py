@@ -443,3 +443,24 @@ async def test_errors_have_the_gateways_shape(redis_url: str, redis: Redis) -> N
         bad = await w.get("/api/queues/default/tasks?state=bogus", headers=auth)
         assert shape(bad) == (400, "invalid_request", None)
         assert "unknown task state" in bad.json()["error"]["message"]
+
+
+async def test_active_tab_shows_when_each_task_started_and_its_deadline(
+    http: httpx.AsyncClient, seeded: webdata.Seeded
+) -> None:
+    """The Active tab takes Started and Deadline from the worker that runs the task."""
+    import re
+
+    assert seeded.active is not None
+    servers = (await http.get("/api/servers")).json()["servers"]
+    worker = servers[0]["active_workers"][0]
+    assert worker["task_id"] == seeded.active.id and worker["started"] and worker["deadline"]
+    page = await http.get("/queues/default?state=active")
+    assert page.status_code == 200
+    head = re.search(r"<thead>.*?</thead>", page.text, re.S)
+    assert head is not None and "<th>Started</th><th>Deadline</th>" in head.group(0)
+    row = re.search(rf'<tr data-id="{seeded.active.id}">.*?</tr>', page.text, re.S)
+    assert row is not None
+    started = re.search(rf'<td title="{re.escape(worker["started"])}">([^<]*) ago</td>', row[0])
+    deadline = re.search(rf'<td title="{re.escape(worker["deadline"])}">in ([^<]*)</td>', row[0])
+    assert started and deadline, row[0]
