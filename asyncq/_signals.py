@@ -16,7 +16,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-__all__ = ["SignalWatch", "signal_handlers"]
+__all__ = ["SignalWatch", "log_signal_hints", "signal_handlers"]
 
 
 class SignalWatch:
@@ -44,6 +44,14 @@ class SignalWatch:
             if owned:
                 other.cancel()
         return self.signame
+
+
+def log_signal_hints(log: Any, *, tstp: bool = True) -> None:
+    """The two lines that tell an operator how to stop a worker (once per worker or
+    supervisor, never in burst mode)."""
+    if tstp:
+        log.info("send signal TSTP to stop processing new tasks")
+    log.info("send signal TERM or INT to terminate the process")
 
 
 @contextlib.asynccontextmanager
@@ -91,9 +99,7 @@ async def signal_handlers(
                 continue
             installed.append(signum)
         if announce:
-            if getattr(signal, "SIGTSTP", None) in installed:
-                log.info("send signal TSTP to stop processing new tasks")
-            log.info("send signal TERM or INT to terminate the process")
+            log_signal_hints(log, tstp=getattr(signal, "SIGTSTP", None) in installed)
     elif announce:
         log.warning("not in the main thread: no signal handlers installed")
     try:

@@ -44,6 +44,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import structlog
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from asyncq import _keys as keys
@@ -57,6 +58,7 @@ from asyncq._broker.workflow import (
     is_workflow_step,
     member_gone,
     read_workflow,
+    workflow_key,
 )
 from asyncq._codec import decode_task_message
 from asyncq._errsig import ErrorSignature, error_signature
@@ -89,9 +91,92 @@ __all__ = [
     "SkippedQueue",
     "TypeRateInfo",
     "WorkerInfo",
+    "WorkflowPage",
+    "WorkflowSummary",
 ]
 
 DEFAULT_PAGE_SIZE = 30
+
+_WORKFLOW_SCAN_COUNT = 1000
+"""Keys SCAN examines per call when listing workflows."""
+_WORKFLOW_SCAN_CALLS = 20
+"""SCAN calls one page of workflows may make per queue before it returns what it has
+(with a cursor to go on): a page never walks more than about 20,000 keys of a queue."""
+_FINISHED_STEPS = ("succeeded", "failed", "canceled")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSummary:
+    """One row of :meth:`Inspector.workflows`: a workflow without its steps' results.
+
+    *kind*: ``group`` (one stage of several tasks), ``chord`` (a group, then one
+    task), else ``chain``. *steps_done* counts the steps that succeeded, failed or
+    were canceled, out of *steps_total*.
+    """
+
+    id: str
+    queue: str
+    kind: str
+    state: str
+    steps_done: int
+    steps_total: int
+    created: datetime
+    finished: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowPage:
+    """A page of :meth:`Inspector.workflows`; *cursor* gets the next one (None: no more)."""
+
+    workflows: list[WorkflowSummary]
+    cursor: str | None
+
+
+def _glob_escape(text: str) -> str:
+    """*text* as a literal in a SCAN MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+async def _scan_node(redis: Any, cursor: int, match: str, key: str) -> tuple[int, list[Any]]:
+    """One SCAN call; on a cluster, on the node that holds *key*'s slot (a queue's keys
+    share its hash tag, so one node holds all of its workflows)."""
+    if isinstance(redis, RedisCluster):
+        node = redis.get_node_from_key(key)
+        reply = await redis.scan(cursor, match=match, count=_WORKFLOW_SCAN_COUNT, target_nodes=node)
+        cursors, data = reply
+        if isinstance(cursors, dict):
+            return int(next(iter(cursors.values()), 0)), list(data)
+        return int(cursors), list(data)
+    next_cursor, data = await redis.scan(cursor, match=match, count=_WORKFLOW_SCAN_COUNT)
+    return int(next_cursor), list(data)
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode(errors="surrogateescape") if isinstance(raw, bytes) else raw
+
+
+def _workflow_kind(info: WorkflowInfo) -> str:
+    sizes = [len(stage) for stage in info.stages]
+    if len(sizes) == 1 and sizes[0] > 1:
+        return "group"
+    if len(sizes) == 2 and sizes[0] > 1 and sizes[1] == 1:
+        return "chord"
+    return "chain"
+
+
+def _summary(info: WorkflowInfo) -> WorkflowSummary:
+    steps = [step for stage in info.stages for step in stage]
+    return WorkflowSummary(
+        id=info.id,
+        queue=info.queue,
+        kind=_workflow_kind(info),
+        state=info.state,
+        steps_done=sum(step.state in _FINISHED_STEPS for step in steps),
+        steps_total=len(steps),
+        created=utc_from_timestamp(info.created),
+        finished=None if info.finished is None else utc_from_timestamp(info.finished),
+    )
+
 
 _log = structlog.get_logger("asyncq.inspector")
 
@@ -1220,6 +1305,54 @@ class Inspector:
         if info is None:
             raise WorkflowNotFoundError(queue, workflow_id)
         return info
+
+    async def workflows(
+        self, queue: str | None = None, *, limit: int = 50, cursor: str | None = None
+    ) -> WorkflowPage:
+        """A page of at most *limit* workflows (of *queue*, or of every queue in name
+        order), in SCAN's order; pass the page's :attr:`~WorkflowPage.cursor` back for
+        the next one. There is no index of workflows: each page SCANs the queues'
+        keys in bounded chunks, so a page may hold fewer than *limit* rows and still
+        have a cursor. Raises ValueError for a bad *limit* or *cursor*.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise ValueError(f"limit must be an int from 1 to 1000, got {limit!r}")
+        names = [queue] if queue is not None else await self.queues()
+        start, scan_cursor, skip = 0, 0, 0
+        if cursor:
+            parts = cursor.split(":", 2)
+            if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+                raise ValueError(f"invalid workflow cursor {cursor!r}")
+            if parts[2] not in names:
+                raise ValueError(f"invalid workflow cursor {cursor!r}: no queue {parts[2]!r}")
+            start, scan_cursor, skip = names.index(parts[2]), int(parts[0]), int(parts[1])
+        redis = self._conn.redis
+        found: list[WorkflowSummary] = []
+        for index in range(start, len(names)):
+            qname = names[index]
+            prefix = workflow_key(qname, "_")[:-1]  # the key of a workflow id "", which none has
+            calls = 0
+            while True:
+                next_cursor, batch = await _scan_node(
+                    redis, scan_cursor, _glob_escape(prefix) + "*", prefix
+                )
+                calls += 1
+                # Sorted, so that a page that ends inside this chunk can name where:
+                # SCAN from the same cursor returns the same chunk while keys stay put.
+                ids = sorted({_text(raw)[len(prefix) :] for raw in batch})
+                for position in range(skip, len(ids)):
+                    if len(found) == limit:
+                        return WorkflowPage(found, f"{scan_cursor}:{position}:{qname}")
+                    info = await read_workflow(redis, qname, ids[position])
+                    if info is not None:  # None: expired since SCAN saw it
+                        found.append(_summary(info))
+                skip = 0
+                scan_cursor = int(next_cursor)
+                if scan_cursor == 0:
+                    break
+                if calls >= _WORKFLOW_SCAN_CALLS:
+                    return WorkflowPage(found, f"{scan_cursor}:0:{qname}")
+        return WorkflowPage(found, None)
 
     async def cancel_workflow(self, queue: str, workflow_id: str) -> str:
         """Cancel a running workflow: no further hand-off, not-started steps deleted.

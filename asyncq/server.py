@@ -46,13 +46,15 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, Broker
 from asyncq._broker.replication import replica_wait_seconds
 from asyncq._logging import get_logger
 from asyncq._redis.connection import Connection, check_tls, independent_target
-from asyncq._redis.options import RedisClient, RedisTarget
-from asyncq._signals import signal_handlers
+from asyncq._redis.options import RedisClient, RedisTarget, describe_target
+from asyncq._signals import log_signal_hints, signal_handlers
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.aggregator import GroupAggregatorRole
 from asyncq._worker.config import (
@@ -375,6 +377,8 @@ class Server:
                 janitor_batch_size=janitor_batch_size,
             )
         self._independent_target = independent_target(redis)
+        self._announce_signals = True
+        self._where = describe_target(redis)
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
         self.broker = Broker(
@@ -457,6 +461,7 @@ class Server:
             raise TypeError("server cannot start: the handler is None")
         fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
         await check_tls(self.redis)  # an unverifiable certificate fails now, with its reason
+        await self._say_if_unreachable()
         context = contextvars.copy_context()  # the roles' context: the lifespan state goes here
         if self._lifespan is not None:
             state = await self._lifespan_stack.enter_async_context(self._lifespan())
@@ -556,6 +561,22 @@ class Server:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(2.0):
                 await subscriber.attempted.wait()
+
+    async def _say_if_unreachable(self) -> None:
+        """Log once, at ERROR, when Redis does not answer at start.
+
+        start() does not fail for it: a worker outlives a Redis that comes up later
+        (the roles retry with backoff, each logging its own failures at a bounded
+        rate), but without this line nothing says plainly where it tried to connect.
+        """
+        try:
+            async with asyncio.timeout(5.0):
+                await self.redis.ping()
+        except (RedisError, OSError, TimeoutError) as exc:
+            self.log.error(
+                f"cannot reach Redis at {self._where}; retrying until it answers",
+                error=f"{type(exc).__name__}: {exc}",
+            )
 
     async def _run_roles(self, started: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -680,8 +701,10 @@ class Server:
             if stop_requested:
                 self.stop()
             if threading.current_thread() is threading.main_thread():
-                self.log.info("send signal TSTP to stop processing new tasks")
-                self.log.info("send signal TERM or INT to terminate the process")
+                # Not in burst mode (it ends by itself) nor under `asyncq worker
+                # --processes`, whose supervisor prints them once for all its workers.
+                if self._announce_signals and not self.config.burst:
+                    log_signal_hints(self.log)
             else:
                 self.log.warning("not in the main thread: no signal handlers installed")
             await signals.wait_or(self._closed.wait())

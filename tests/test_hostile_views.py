@@ -135,7 +135,7 @@ async def test_a_deeply_nested_batch_body_is_a_400(
         headers={"X-Asyncq-Request": "1", "Content-Type": "application/json"},
     )
     assert r.status_code == 400, r.text[:300]
-    assert "JSON" in r.json()["error"]
+    assert "JSON" in r.json()["error"]["message"]
 
 
 # Item 9: an ACL user without INFO still gets the task counts, and is told what is missing.
@@ -165,7 +165,7 @@ async def test_a_huge_page_number_is_a_400(web: httpx.AsyncClient, redis: Redis,
     for state in ("pending", "archived"):
         r = await web.get(f"/api/queues/q/tasks?state={state}&page={page}")
         assert r.status_code == 400, r.text
-        assert "page" in r.json()["error"]
+        assert "page" in r.json()["error"]["message"]
         html_page = await web.get(f"/queues/q?state={state}&page={page}")
         assert html_page.status_code == 400
     async with Inspector(redis) as insp:

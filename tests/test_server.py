@@ -382,3 +382,77 @@ async def test_stop_keeps_running_tasks_and_fetches_nothing_new(
 def test_server_repr(redis_url: str) -> None:
     server = Server(redis_url, queues={"a": 1})
     assert "state=new" in repr(server) and "'a': 1" in repr(server)
+
+
+async def test_start_with_redis_unreachable_says_so_once_and_serves_when_it_comes_up() -> None:
+    """A programmatic worker whose Redis is down at start says once, clearly, that it
+    cannot reach it, keeps retrying, and serves once Redis is up."""
+    import structlog
+
+    from tests.redis_server import RedisServer
+
+    port = free_port()
+    uri = f"redis://127.0.0.1:{port}/0"
+    seen: list[str] = []
+
+    async def handle(task: Task) -> None:
+        seen.append(task.type)
+
+    def unreachable(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [e for e in logs if str(e["event"]).startswith("cannot reach Redis")]
+
+    with structlog.testing.capture_logs() as logs:
+        async with Server(uri, **FAST) as server:
+            await server.start(mux_for("late", handle))
+            assert [(e["event"], e["log_level"]) for e in unreachable(logs)] == [
+                (f"cannot reach Redis at {uri}; retrying until it answers", "error")
+            ]
+            redis_server = RedisServer(port=port)
+            try:
+                redis_server.start()
+                async with Client(uri) as client:
+                    await client.enqueue(Task("late"))
+                await wait_until(lambda: seen == ["late"], what="served after Redis came up")
+            finally:
+                await server.shutdown()
+                redis_server.cleanup()
+    assert len(unreachable(logs)) == 1
+
+
+async def test_start_with_redis_unreachable_names_it_without_the_password() -> None:
+    import structlog
+
+    port = free_port()
+    with structlog.testing.capture_logs() as logs:
+        async with Server(f"redis://app:s3cret@127.0.0.1:{port}/2", **FAST) as server:
+            await server.start(ServeMux())
+            await server.shutdown()
+    events = [str(e["event"]) for e in logs if str(e["event"]).startswith("cannot reach")]
+    assert events == [
+        f"cannot reach Redis at redis://app:***@127.0.0.1:{port}/2; retrying until it answers"
+    ]
+    assert "s3cret" not in repr(logs)
+
+
+async def test_run_prints_the_signal_hints_once_and_not_in_burst_mode(redis: Redis) -> None:
+    import structlog
+
+    def hints(logs: list[dict[str, Any]]) -> list[str]:
+        return [str(e["event"]) for e in logs if str(e["event"]).startswith("send signal")]
+
+    with structlog.testing.capture_logs() as logs:
+        server = Server(redis, burst=True, **FAST)
+        await asyncio.wait_for(server.run(ServeMux()), 20)
+    assert server.state == "closed" and hints(logs) == []
+
+    with structlog.testing.capture_logs() as logs:
+        server = Server(redis, **FAST)
+        running = asyncio.create_task(server.run(ServeMux()))
+        await wait_until(lambda: hints(logs), what="the hints")
+        server.stop()
+        await server.shutdown()
+        await asyncio.wait_for(running, 20)
+    assert hints(logs) == [
+        "send signal TSTP to stop processing new tasks",
+        "send signal TERM or INT to terminate the process",
+    ]

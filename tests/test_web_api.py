@@ -90,7 +90,7 @@ async def test_list_tasks_paginates_and_renders_payloads(
     assert {t["id"] for t in agg["tasks"]} == {t.id for t in seeded.aggregating}
     bad = await http.get("/api/queues/default/tasks?state=bogus")
     assert bad.status_code == 400
-    assert "unknown task state" in bad.json()["error"]
+    assert "unknown task state" in bad.json()["error"]["message"]
     assert (await http.get("/api/queues/default/tasks?size=100000")).status_code == 400
 
 
@@ -318,7 +318,7 @@ async def test_redis_down_is_a_clear_503() -> None:
         assert "Traceback" not in page.text
         api = await h.get("/api/queues")
         assert api.status_code == 503
-        assert "unreachable" in api.json()["error"]
+        assert "unreachable" in api.json()["error"]["message"]
 
 
 async def test_cancel_only_applies_to_active_tasks(
@@ -334,7 +334,7 @@ async def test_cancel_only_applies_to_active_tasks(
         assert msg is not None and msg["data"] == seeded.active.id.encode()
     refused = await http.post(f"/api/queues/default/tasks/{seeded.scheduled.id}/cancel", headers=H)
     assert refused.status_code == 409
-    assert "only active tasks" in refused.json()["error"]
+    assert "only active tasks" in refused.json()["error"]["message"]
     resp = await http.post("/api/queues/default/states/active/cancel_all", headers=H)
     assert resp.json() == {"ok": True, "count": 1}
 
@@ -402,3 +402,65 @@ async def test_rate_limits_show_in_api_and_pages(
     assert "no bucket yet" in page and ">disagree<" not in page
     page = (await http.get("/queues/critical")).text
     assert "<dt>Rate limit</dt><dd>50/s</dd>" in page and "<dt>Ordered</dt>" in page
+
+
+async def test_errors_have_the_gateways_shape(redis_url: str, redis: Redis) -> None:
+    """The web API and the gateway answer errors alike: {"error": {"code", "message", "field"}}."""
+    from asyncq.gateway import create_app as create_gateway
+
+    def shape(resp: httpx.Response) -> tuple[int, str, str | None]:
+        body = resp.json()
+        assert list(body) == ["error"], body
+        err = body["error"]
+        assert sorted(err) == ["code", "field", "message"], body
+        assert isinstance(err["message"], str) and err["message"], body
+        return resp.status_code, err["code"], err["field"]
+
+    web = create_app(redis_url, token="sesame")
+    gateway = create_gateway(redis_url, token="sesame")
+    auth = {"Authorization": "Bearer sesame", **H}
+    async with (
+        web.router.lifespan_context(web),
+        gateway.router.lifespan_context(gateway),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=web), base_url="http://t") as w,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway), base_url="http://t") as g,
+    ):
+        assert shape(await w.get("/api/queues")) == shape(await g.get("/api/queues/q/tasks/x"))
+        assert shape(await w.get("/api/queues")) == (401, "unauthorized", None)
+        assert shape(await w.get("/api/queues/nosuch/tasks/nope", headers=auth)) == (
+            404,
+            "queue_not_found",
+            None,
+        )
+        async with Client(redis_url) as client:
+            await client.enqueue(Task("x"))
+        assert shape(await w.get("/api/queues/default/tasks/nope", headers=auth)) == (
+            404,
+            "task_not_found",
+            None,
+        )
+        assert shape(await w.get("/api/nowhere", headers=auth)) == (404, "not_found", None)
+        bad = await w.get("/api/queues/default/tasks?state=bogus", headers=auth)
+        assert shape(bad) == (400, "invalid_request", None)
+        assert "unknown task state" in bad.json()["error"]["message"]
+
+
+async def test_active_tab_shows_when_each_task_started_and_its_deadline(
+    http: httpx.AsyncClient, seeded: webdata.Seeded
+) -> None:
+    """The Active tab takes Started and Deadline from the worker that runs the task."""
+    import re
+
+    assert seeded.active is not None
+    servers = (await http.get("/api/servers")).json()["servers"]
+    worker = servers[0]["active_workers"][0]
+    assert worker["task_id"] == seeded.active.id and worker["started"] and worker["deadline"]
+    page = await http.get("/queues/default?state=active")
+    assert page.status_code == 200
+    head = re.search(r"<thead>.*?</thead>", page.text, re.S)
+    assert head is not None and "<th>Started</th><th>Deadline</th>" in head.group(0)
+    row = re.search(rf'<tr data-id="{seeded.active.id}">.*?</tr>', page.text, re.S)
+    assert row is not None
+    started = re.search(rf'<td title="{re.escape(worker["started"])}">([^<]*) ago</td>', row[0])
+    deadline = re.search(rf'<td title="{re.escape(worker["deadline"])}">in ([^<]*)</td>', row[0])
+    assert started and deadline, row[0]

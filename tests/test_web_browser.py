@@ -377,3 +377,40 @@ async def test_row_actions_on_hostile_ids_address_only_that_task(
     assert await redis.exists("asynq:{victimq}:t:victim1") == 1
     assert await redis.lrange("asynq:{victimq}:pending", 0, -1) == [b"victim1"]
     assert page.js_errors == []  # type: ignore[attr-defined]
+
+
+async def test_active_tab_and_workflow_list(
+    web: WebProcess, browser: object, redis: Redis, redis_url: str
+) -> None:
+    from asyncq import Client, Task, chain, chord
+
+    s = await webdata.seed(redis)
+    assert s.active is not None
+    async with Client(redis_url) as client:
+        for i in range(3):
+            await chain(Task("fetch"), Task("parse")).enqueue(client, workflow_id=f"import-{i}")
+        await chord([Task("m"), Task("m")], Task("sum")).enqueue(client, workflow_id="rep/Q4 x")
+    page = await _page(browser)
+    await page.goto(web.url + "/queues/default?state=active")  # type: ignore[attr-defined]
+    headers = await page.locator("table.tasks thead th").all_inner_texts()  # type: ignore[attr-defined]
+    assert headers[headers.index("Status") : headers.index("Status") + 3] == [
+        "Status",
+        "Started",
+        "Deadline",
+    ]
+    row = page.locator(f'tr[data-id="{s.active.id}"] td')  # type: ignore[attr-defined]
+    cells = await row.all_inner_texts()
+    at = headers.index("Started")
+    assert cells[at].endswith(" ago") and cells[at + 1].startswith("in "), cells
+    await _shot(page, "queue-active")
+
+    await page.click("nav >> text=Workflows")  # type: ignore[attr-defined]
+    await page.wait_for_url("**/workflows")  # type: ignore[attr-defined]
+    rows = page.locator("#workflows tbody tr")  # type: ignore[attr-defined]
+    assert await rows.count() == 4
+    assert "chord" in await page.locator("#workflows tr", has_text="rep/Q4 x").inner_text()  # type: ignore[attr-defined]
+    await _shot(page, "workflows")
+    await page.click("#workflows a:text-is('rep/Q4 x')")  # type: ignore[attr-defined]
+    await page.wait_for_url("**/queues/default/workflows/rep%2FQ4%20x")  # type: ignore[attr-defined]
+    assert "Workflow rep/Q4 x" in await page.locator("h1").inner_text()  # type: ignore[attr-defined]
+    assert page.js_errors == []  # type: ignore[attr-defined]

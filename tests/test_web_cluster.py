@@ -37,3 +37,24 @@ async def test_redis_api_maps_queues_to_nodes(cluster: RedisClusterProcs) -> Non
         assert {q["queue"]: q["pending"] for q in queues} == {"critical": 1, "default": 1}
         metrics = await h.get("/metrics")
         assert 'asynq_queue_size{queue="critical"} 1.0' in metrics.text
+
+
+async def test_workflows_list_on_a_cluster(cluster: RedisClusterProcs) -> None:
+    from asyncq import chain
+
+    async with Client(cluster.url) as client:
+        for i in range(3):
+            await chain(Task("a", queue="wfa"), Task("b", queue="wfa")).enqueue(
+                client, workflow_id=f"c{i}"
+            )
+        await chain(Task("a", queue="wfb")).enqueue(client, workflow_id="d0")
+    async with Inspector(cluster.url) as insp:
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = await insp.workflows(limit=2, cursor=cursor)
+            assert len(page.workflows) <= 2
+            seen += [w.id for w in page.workflows]
+            if (cursor := page.cursor) is None:
+                break
+    assert sorted(seen) == ["c0", "c1", "c2", "d0"]

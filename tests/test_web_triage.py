@@ -51,13 +51,15 @@ async def test_api_groups_with_exact_counts(http: httpx.AsyncClient) -> None:
 
 async def test_api_bad_requests(http: httpx.AsyncClient) -> None:
     bad_state = await http.get("/api/errors?state=pending")
-    assert bad_state.status_code == 400 and "retry or archived" in bad_state.json()["error"]
+    assert (
+        bad_state.status_code == 400 and "retry or archived" in bad_state.json()["error"]["message"]
+    )
     assert (await http.get("/api/errors?queue=nope")).status_code == 404
     assert (await http.get("/api/errors?limit=0")).status_code == 400
     assert (await http.post(f"/api/errors/{CONN.key}/explode", headers=H)).status_code == 404
     assert (await http.post(f"/api/errors/{CONN.key}/run")).status_code == 403  # no CSRF header
     bad_key = await http.post("/api/errors/not-a-key/run", headers=H)
-    assert bad_key.status_code == 400 and "12 hex digits" in bad_key.json()["error"]
+    assert bad_key.status_code == 400 and "12 hex digits" in bad_key.json()["error"]["message"]
 
 
 async def test_api_actions_per_group(http: httpx.AsyncClient, redis: Redis) -> None:

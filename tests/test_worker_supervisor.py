@@ -358,3 +358,57 @@ def test_a_signal_while_the_server_starts_is_handled(
     assert proc.returncode == 0, err
     assert "exited" in out
     assert r.zcard("asynq:servers") == 0
+
+
+HINTS = ("send signal TSTP to stop processing new tasks", "send signal TERM or INT to terminate")
+
+
+def test_the_signal_hints_print_once_with_a_supervisor(
+    redis_url: str, r: sync_redis.Redis, app_dir: Path
+) -> None:
+    import threading
+
+    proc = start_supervisor(redis_url, app_dir, "--processes", "2")
+    lines: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    try:
+        # Each worker logs "starting processing" inside start(); a worker that prints
+        # the hints does so right after, with its signal handlers already installed.
+        wait_for(
+            "both workers starting",
+            lambda: sum("starting processing" in line for line in list(lines)) == 2,
+            proc,
+        )
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        reader.join(timeout=30)
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+        raise
+    assert proc.returncode == 0, "".join(lines)
+    for hint in HINTS:
+        assert sum(hint in line for line in lines) == 1, (hint, "".join(lines))
+
+
+def test_burst_mode_prints_no_signal_hints(
+    redis_url: str, r: sync_redis.Redis, app_dir: Path
+) -> None:
+    enqueue(redis_url, "b1")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TEST_REDIS_URL": redis_url, "SLOW_SECONDS": "0"}
+    for extra in (["--processes", "2"], []):
+        args = ["worker", "slowapp:mux", "--burst", *extra]
+        result = subprocess.run(
+            [sys.executable, "-m", "asyncq.cli", "-u", redis_url, *args],
+            cwd=app_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "starting processing" in result.stderr
+        assert not any(hint in result.stderr for hint in HINTS), result.stderr

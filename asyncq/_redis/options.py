@@ -584,3 +584,27 @@ def _host_list(hostlist: str, default_port: int, uri: str) -> tuple[tuple[str, i
     if not hostlist.strip():
         raise ValueError(f"redis uri is missing a host: {redact_uri(uri)!r}")
     return tuple(_split_host_port(item, default_port, uri) for item in hostlist.split(","))
+
+
+def describe_target(target: object) -> str:
+    """Where *target* points, for a log line or an error message: the URI without its
+    password, the options' address, or a ready client's host, port and database."""
+    if isinstance(target, str):
+        return redact_uri(target)
+    if isinstance(target, RedisClientOpts):
+        if target.unix_socket_path:
+            return f"redis-socket://{target.unix_socket_path}?db={target.db}"
+        return f"redis://{target.host}:{target.port}/{target.db}"
+    if isinstance(target, RedisSentinelOpts):
+        addrs = ",".join(f"{host}:{port}" for host, port in target.sentinel_addrs)
+        return f"redis-sentinel://{addrs}/{target.db}?master={target.master_name}"
+    if isinstance(target, RedisClusterOpts):
+        return "redis-cluster://" + ",".join(f"{host}:{port}" for host, port in target.addrs)
+    pool = getattr(target, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if isinstance(kwargs, dict):
+        if kwargs.get("path"):
+            return f"redis-socket://{kwargs['path']}?db={kwargs.get('db', 0)}"
+        host, port = kwargs.get("host", "localhost"), kwargs.get("port", DEFAULT_PORT)
+        return f"redis://{host}:{port}/{kwargs.get('db', 0)}"
+    return type(target).__name__

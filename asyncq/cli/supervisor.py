@@ -36,6 +36,8 @@ from typing import Any
 
 import structlog
 
+from asyncq._signals import log_signal_hints
+
 __all__ = ["SUPERVISOR_ENV", "Supervisor", "watch_supervisor"]
 
 SUPERVISOR_ENV = "ASYNCQ_SUPERVISOR_PID"
@@ -123,6 +125,8 @@ class Supervisor:
                 pid=os.getpid(),
                 reload=bool(watcher),
             )
+            if not self.burst:  # once here, for all the workers (they print none)
+                log_signal_hints(self.log)
             await asyncio.gather(*(self._keep_running(s) for s in self._slots))
         finally:
             if watcher is not None:

@@ -467,6 +467,8 @@ def worker(
                     kind = _CannotConnectSupervised if supervised else CliError
                     raise kind(f"cannot connect to Redis at {redact_uri(uri)}: {exc}") from None
                 raise
+            if supervisor_pid.isdigit():  # the supervisor prints the signal hints once
+                server._announce_signals = False
             await server.run(mux)
         finally:
             for closer in closers:

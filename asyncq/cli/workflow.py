@@ -1,8 +1,10 @@
-"""``asyncq workflow inspect|cancel``: a workflow's steps and states, and cancelling it."""
+"""``asyncq workflow ls|inspect|cancel``: the workflows, a workflow's steps and states,
+and cancelling it."""
 
 from __future__ import annotations
 
 import json
+import shlex
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,7 +12,8 @@ import click
 
 from asyncq import Inspector, WorkflowInfo
 from asyncq.cli._app import run_async, settings
-from asyncq.cli._format import format_duration
+from asyncq.cli._format import format_duration, format_time, table
+from asyncq.inspector import WorkflowPage
 
 __all__ = ["register", "workflow"]
 
@@ -87,6 +90,78 @@ def _text(info: WorkflowInfo) -> str:
 @click.group("workflow", short_help="Inspect and cancel workflows.")
 def workflow() -> None:
     """Inspect and cancel workflows (chains, groups, chords)."""
+
+
+@workflow.command("ls")
+@click.option("--queue", "-q", default=None, help="Only this queue's workflows [default: all].")
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(1, 1000),
+    default=50,
+    show_default=True,
+    help="At most this many workflows (a page).",
+)
+@click.option("--cursor", default=None, help="Where the previous page ended (printed with it).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def workflow_ls(
+    ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as_json: bool
+) -> None:
+    """List workflows: id, kind, state, steps done/total, created.
+
+    There is no index of workflows: each page SCANs the queues in bounded chunks,
+    so a page comes in no particular order and may hold fewer rows than --limit
+    while more follow (run again with the --cursor it prints).
+    """
+    try:
+        page: WorkflowPage = _with_inspector(
+            ctx, lambda i: i.workflows(queue, limit=limit, cursor=cursor)
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--cursor/--limit") from None
+    if as_json:
+        rows = [
+            {
+                "id": w.id,
+                "queue": w.queue,
+                "kind": w.kind,
+                "state": w.state,
+                "steps_done": w.steps_done,
+                "steps_total": w.steps_total,
+                "created": w.created.isoformat(),
+                "finished": None if w.finished is None else w.finished.isoformat(),
+            }
+            for w in page.workflows
+        ]
+        click.echo(json.dumps({"workflows": rows, "cursor": page.cursor}, indent=2))
+        return
+    if page.workflows:
+        click.echo(
+            table(
+                ["ID", "Queue", "Kind", "State", "Steps", "Created"],
+                [
+                    [
+                        w.id,
+                        w.queue,
+                        w.kind,
+                        w.state,
+                        f"{w.steps_done}/{w.steps_total}",
+                        format_time(w.created),
+                    ]
+                    for w in page.workflows
+                ],
+                keep=(0,),
+            )
+        )
+    else:
+        click.echo("No workflows." if page.cursor is None else "No workflows in this chunk.")
+    if page.cursor is not None:
+        more = ["asyncq workflow ls"]
+        if queue is not None:
+            more.append(f"-q {shlex.quote(queue)}")
+        more += [f"-n {limit}", f"--cursor {shlex.quote(page.cursor)}"]
+        click.echo(f"More: {' '.join(more)}")
 
 
 @workflow.command("inspect")

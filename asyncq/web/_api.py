@@ -26,6 +26,7 @@ from asyncq import (
     TaskNotFoundError,
     TaskState,
 )
+from asyncq.web._errors import error_body
 from asyncq.web._state import WebState, state
 
 __all__ = ["api_routes", "find_task", "history_totals", "queue_infos", "task_page"]
@@ -257,7 +258,8 @@ async def search_task(request: Request) -> Response:
     _, insp = _inspector(request)
     found = await find_task(insp, request.path_params["task_id"])
     if not found:
-        return _json({"error": f"no task with ID {request.path_params['task_id']!r}"}, 404)
+        message = f"no task with ID {request.path_params['task_id']!r}"
+        return _json(error_body(404, message, code="task_not_found"), 404)
     return _json({"tasks": [r.task_dict(t) for t in found]})
 
 
@@ -346,7 +348,8 @@ async def task_action(request: Request) -> Response:
     elif action == "cancel":
         await _cancel(insp, queue, task_id)
     else:
-        return _json({"error": f"unknown action {action!r} (run, archive, delete, cancel)"}, 404)
+        message = f"unknown action {action!r} (run, archive, delete, cancel)"
+        return _json(error_body(404, message), 404)
     return _json({"ok": True})
 
 
@@ -399,10 +402,8 @@ async def bulk_action(request: Request) -> Response:
     elif action == "delete_all":
         count = await insp.delete_all(queue, st, group=group)
     else:
-        return _json(
-            {"error": f"unknown action {action!r} (run_all, archive_all, delete_all, cancel_all)"},
-            404,
-        )
+        message = f"unknown action {action!r} (run_all, archive_all, delete_all, cancel_all)"
+        return _json(error_body(404, message), 404)
     return _json({"ok": True, "count": count, **extra})
 
 
@@ -431,9 +432,8 @@ async def batch_action(request: Request) -> Response:
     ops["cancel"] = cancel
     op = ops.get(action)
     if op is None:
-        return _json(
-            {"error": f"unknown batch action {action!r} (run, archive, delete, cancel)"}, 404
-        )
+        message = f"unknown batch action {action!r} (run, archive, delete, cancel)"
+        return _json(error_body(404, message), 404)
     done: list[str] = []
     errors: dict[str, str] = {}
     for task_id in ids:

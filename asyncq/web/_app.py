@@ -31,6 +31,7 @@ from asyncq import (
 from asyncq._http import SegmentPaths, route_segments
 from asyncq._redis.options import RedisTarget
 from asyncq.web._api import api_routes
+from asyncq.web._errors import error_body
 from asyncq.web._pages import page_routes, render
 from asyncq.web._security import Auth, SecurityMiddleware
 from asyncq.web._state import WebState, state
@@ -54,20 +55,27 @@ async def metrics(request: Request) -> Response:
     try:
         from asyncq.metrics import collect_queue_metrics, render
     except ImportError as exc:
-        return JSONResponse({"error": str(exc)}, status_code=501)
+        return JSONResponse(error_body(501, str(exc)), status_code=501)
     families = await collect_queue_metrics(state(request).inspector())
     return Response(render(families), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def _error(request: Request, status: int, message: str) -> Response:
+def _error(request: Request, status: int, message: str, code: str | None = None) -> Response:
     path = request.url.path[len(request.scope.get("root_path", "")) :]
     if path.startswith("/api/") or path == "/metrics":
-        return JSONResponse({"error": message}, status_code=status)
+        return JSONResponse(error_body(status, message, code=code), status_code=status)
     return render(request, "error.html", {"status": status, "message": message}, status)
 
 
+_NOT_FOUND_CODES: dict[type[Exception], str] = {
+    QueueNotFoundError: "queue_not_found",
+    TaskNotFoundError: "task_not_found",
+    WorkflowNotFoundError: "workflow_not_found",
+}
+
+
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return _error(request, 404, str(exc))
+    return _error(request, 404, str(exc), _NOT_FOUND_CODES.get(type(exc), "not_found"))
 
 
 async def _conflict(request: Request, exc: Exception) -> Response:

@@ -15,7 +15,7 @@ from starlette.templating import Jinja2Templates
 import asyncq.web._render as r
 from asyncq import QueueNotFoundError, SkippedQueue, TaskState
 from asyncq._http import quote_segment
-from asyncq.inspector import ARCHIVE_LIMIT
+from asyncq.inspector import ARCHIVE_LIMIT, WorkerInfo
 from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, find_task, queue_infos, task_page
 from asyncq.web._state import state
 
@@ -131,11 +131,19 @@ async def queue_page(request: Request) -> Response:
     group = request.query_params.get("group") or None
     data = await task_page(insp, queue, state_, page=page, size=size, group=group)
     rows = [(t, r.body(t.payload), r.body(t.result) if t.result else None) for t in data["tasks"]]
+    # An active task's start and deadline live in the record of the worker running it
+    # (asynq's ListActiveTasks reads them there too); one read of the live servers.
+    workers: dict[str, WorkerInfo] = {}
+    if state_.value == "active" and rows:
+        workers = {
+            w.task_id: w for s in await insp.servers() for w in s.active_workers if w.queue == queue
+        }
     return render(
         request,
         "queue.html",
         {
             **data,
+            "workers": workers,
             "queue": queue,
             "queues": await insp.queues(),
             "rows": rows,

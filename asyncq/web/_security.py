@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from asyncq.web._errors import error_body
+
 __all__ = ["CSRF_HEADER", "Auth", "SecurityMiddleware"]
 
 CSRF_HEADER = "x-asyncq-request"
@@ -81,8 +83,14 @@ class Auth:
         return False
 
 
-async def _reply(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]]) -> None:
-    payload = json.dumps({"error": message}).encode()
+async def _reply(
+    send: Send,
+    status: int,
+    message: str,
+    headers: list[tuple[bytes, bytes]],
+    code: str | None = None,
+) -> None:
+    payload = json.dumps(error_body(status, message, code=code)).encode()
     await send(
         {
             "type": "http.response.start",
@@ -135,7 +143,11 @@ class SecurityMiddleware:
         if method not in _SAFE_METHODS:
             if self.read_only:
                 await _reply(
-                    send, 405, "read-only mode: changes are disabled", [(b"allow", b"GET, HEAD")]
+                    send,
+                    405,
+                    "read-only mode: changes are disabled",
+                    [(b"allow", b"GET, HEAD")],
+                    code="read_only",
                 )
                 return
             if headers.get(CSRF_HEADER) != "1":

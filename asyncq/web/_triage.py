@@ -13,6 +13,7 @@ from starlette.routing import Route
 import asyncq.web._render as r
 from asyncq import ErrorGroup, ErrorReport, Inspector
 from asyncq.web._api import _inspector, _int, _json
+from asyncq.web._errors import error_body
 from asyncq.web._pages import render
 
 __all__ = ["PAGE_LIMIT", "triage_routes"]
@@ -86,7 +87,7 @@ async def api_error_action(request: Request) -> Response:
     key = request.path_params["key"]
     action = request.path_params["action"]
     if action not in _ACTIONS:
-        return _json({"error": f"unknown action {action!r} (run, archive, delete)"}, 404)
+        return _json(error_body(404, f"unknown action {action!r} (run, archive, delete)"), 404)
     queues, states = _filters(request)
     if action == "run":
         result = await insp.run_error_group(key, queues=queues, states=states)

@@ -1,4 +1,5 @@
-"""The workflow page and its JSON API: a workflow's stages and steps, and cancelling it."""
+"""The workflow pages and their JSON API: the list of workflows (a page at a time), a
+workflow's stages and steps, and cancelling it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from starlette.routing import Route
 
 import asyncq.web._render as r
 from asyncq import WorkflowInfo
-from asyncq.web._api import _inspector, _json
+from asyncq.inspector import WorkflowPage, WorkflowSummary
+from asyncq.web._api import MAX_PAGE_SIZE, _inspector, _int, _json
 from asyncq.web._pages import render
+from asyncq.web._state import state
 
 __all__ = ["workflow_routes"]
 
@@ -82,8 +85,54 @@ async def workflow_page(request: Request) -> Response:
     )
 
 
+def summary_json(w: WorkflowSummary) -> dict[str, Any]:
+    return {
+        "id": w.id,
+        "queue": w.queue,
+        "kind": w.kind,
+        "state": w.state,
+        "steps_done": w.steps_done,
+        "steps_total": w.steps_total,
+        "created": w.created.isoformat(),
+        "finished": None if w.finished is None else w.finished.isoformat(),
+    }
+
+
+async def _page(request: Request, size: int) -> tuple[str | None, WorkflowPage]:
+    _, insp = _inspector(request)
+    queue = request.query_params.get("queue") or None
+    cursor = request.query_params.get("cursor") or None
+    return queue, await insp.workflows(queue, limit=size, cursor=cursor)
+
+
+async def list_workflows(request: Request) -> Response:
+    size = _int(request, "size", state(request).page_size, hi=MAX_PAGE_SIZE)
+    _, page = await _page(request, size)
+    return _json({"workflows": [summary_json(w) for w in page.workflows], "cursor": page.cursor})
+
+
+async def workflows_page(request: Request) -> Response:
+    size = _int(request, "size", state(request).page_size, hi=MAX_PAGE_SIZE)
+    queue, page = await _page(request, size)
+    _, insp = _inspector(request)
+    return render(
+        request,
+        "workflows.html",
+        {
+            "page": page,
+            "queue": queue,
+            "size": size,
+            "queues": await insp.queues(),
+            "first": not request.query_params.get("cursor"),
+            "nav": "workflows",
+        },
+    )
+
+
 def workflow_routes() -> list[Route]:
     return [
+        Route("/workflows", workflows_page),
+        Route("/api/workflows", list_workflows),
         Route("/queues/{queue}/workflows/{workflow_id}", workflow_page),
         Route("/api/queues/{queue}/workflows/{workflow_id}", get_workflow),
         Route(

@@ -26,7 +26,7 @@
     const resp = await fetch(base + "/api/" + path, opts);
     let data = {};
     try { data = await resp.json(); } catch (e) { data = {}; }
-    if (!resp.ok) throw new Error(data.error || resp.status + " " + resp.statusText);
+    if (!resp.ok) throw new Error((data.error && data.error.message) || resp.status + " " + resp.statusText);
     return data;
   }
   window.asyncqApi = api;
