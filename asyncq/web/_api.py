@@ -413,11 +413,11 @@ async def batch_action(request: Request) -> Response:
     action = request.path_params["action"]
     try:
         body = await request.json()
-    except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
+    except (ValueError, RecursionError):  # 3.11 cannot parse ~1,000 levels; 3.12+ can
         raise ValueError('the request body must be JSON: {"ids": [...]}') from None
     ids = body.get("ids") if isinstance(body, dict) else None
     if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
-        raise ValueError('the request body must be {"ids": ["<task id>", ...]}')
+        raise ValueError('the request body must be the JSON object {"ids": ["<task id>", ...]}')
     if len(ids) > BATCH_LIMIT:
         raise ValueError(f"at most {BATCH_LIMIT} task IDs per batch, got {len(ids)}")
     ops: dict[str, Callable[[str, str], Awaitable[None]]] = {
