@@ -133,10 +133,12 @@ class FakeBroker:
         stored = self.tasks.get(task_id)
         return None if stored is None else stored.state
 
-    def _active(self, msg: TaskMessage) -> StoredTask:
+    def _active(self, msg: TaskMessage, lease_expired_by: float | None = None) -> StoredTask:
         stored = self.tasks.get(msg.id)
         if stored is None or stored.state != "active" or msg.id not in self.leases:
             raise TaskNotFoundError(msg.queue, msg.id)
+        if lease_expired_by is not None and self.leases[msg.id] > lease_expired_by:
+            raise TaskNotFoundError(msg.queue, msg.id)  # leased again since the scan
         del self.leases[msg.id]
         return stored
 
@@ -205,19 +207,27 @@ class FakeBroker:
         self.pending[msg.queue].insert(0, msg.id)
 
     async def retry(
-        self, msg: TaskMessage, process_at: datetime, err_msg: str, *, is_failure: bool
+        self,
+        msg: TaskMessage,
+        process_at: datetime,
+        err_msg: str,
+        *,
+        is_failure: bool,
+        lease_expired_by: float | None = None,
     ) -> None:
         await self._enter("retry", (msg.id, process_at.timestamp(), err_msg, is_failure))
-        stored = self._active(msg)
+        stored = self._active(msg, lease_expired_by)
         if is_failure:
             stored.msg.retried += 1
             self.processed += 1
             self.failed += 1
         stored.state, stored.score, stored.error = "retry", process_at.timestamp(), err_msg
 
-    async def archive(self, msg: TaskMessage, err_msg: str) -> None:
+    async def archive(
+        self, msg: TaskMessage, err_msg: str, *, lease_expired_by: float | None = None
+    ) -> None:
         await self._enter("archive", (msg.id, err_msg))
-        stored = self._active(msg)
+        stored = self._active(msg, lease_expired_by)
         self.processed += 1
         self.failed += 1
         stored.state, stored.score, stored.error = "archived", self.now, err_msg

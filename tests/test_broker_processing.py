@@ -539,3 +539,44 @@ async def test_lease_duration_is_configurable(redis: Redis) -> None:
     assert await broker.extend_lease("default", ["lease-id"]) == 1_002.0
     with pytest.raises(ValueError, match="lease_duration"):
         Broker(redis, lease_duration=0)
+
+
+# -- the recoverer's conditional writes ---------------------------------------------------
+# Recoverers of several workers wake at the same lease expiry. The first one's retry can be
+# forwarded and leased again by a worker before a second recoverer's write for the same
+# (stale) scan lands: that write must not take the task from its new run. The chaos crash
+# storm ran such a task twice at once before the writes became conditional.
+
+
+@pytest.mark.parametrize("how", ["retry", "archive"])
+async def test_a_recoverer_write_leaves_a_task_leased_again(
+    broker: Broker, redis: Redis, clock: FakeClock, how: str
+) -> None:
+    msg = await active_task(broker, make_msg())
+    lease_end = await redis.zscore(LEASE, "t1")
+    assert lease_end is not None
+    cutoff = lease_end - 1  # the scan's cutoff was before this (fresh) lease ends
+    before = await snapshot(redis)
+    with pytest.raises(TaskNotFoundError):
+        if how == "retry":
+            await broker.retry(msg, clock.dt, "lease", is_failure=True, lease_expired_by=cutoff)
+        else:
+            await broker.archive(msg, "lease", lease_expired_by=cutoff)
+    assert await snapshot(redis) == before  # still active, its lease untouched
+
+
+@pytest.mark.parametrize("how", ["retry", "archive"])
+async def test_a_recoverer_write_takes_a_task_whose_lease_ended(
+    broker: Broker, redis: Redis, clock: FakeClock, how: str
+) -> None:
+    msg = await active_task(broker, make_msg())
+    lease_end = await redis.zscore(LEASE, "t1")
+    assert lease_end is not None
+    if how == "retry":
+        await broker.retry(msg, clock.dt, "lease", is_failure=True, lease_expired_by=lease_end)
+        assert await redis.zscore(RETRY, "t1") is not None
+    else:
+        await broker.archive(msg, "lease", lease_expired_by=lease_end)
+        assert await redis.zscore(ARCHIVED, "t1") is not None
+    assert await redis.llen(ACTIVE) == 0
+    assert await redis.zcard(LEASE) == 0

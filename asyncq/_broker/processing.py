@@ -304,12 +304,20 @@ class ProcessingTransitions(BrokerBase):
         )
 
     async def retry(
-        self, msg: TaskMessage, process_at: datetime, err_msg: str, *, is_failure: bool
+        self,
+        msg: TaskMessage,
+        process_at: datetime,
+        err_msg: str,
+        *,
+        is_failure: bool,
+        lease_expired_by: float | None = None,
     ) -> None:
         """Move an active task to ``retry`` at *process_at*, recording the error.
 
         The stored message gets ``error_msg``, ``last_failed_at`` = now and,
-        when *is_failure*, ``retried`` + 1; *msg* itself is unchanged.
+        when *is_failure*, ``retried`` + 1; *msg* itself is unchanged. With
+        *lease_expired_by* (the recoverer's cutoff, unix seconds) the task is
+        taken only while its lease still ends by then, else TaskNotFoundError.
         """
         qk = self._msg_queue(msg)
         at = to_unix(process_at)
@@ -333,11 +341,19 @@ class ProcessingTransitions(BrokerBase):
             qk.processed,
             qk.failed,
         )
-        args = (tid, data, at, now_s + STATS_TTL, "1" if is_failure else "0", MAX_INT64)
+        args: tuple[str | bytes | int | float, ...] = (
+            tid, data, at, now_s + STATS_TTL, "1" if is_failure else "0", MAX_INT64,
+        )  # fmt: skip
+        if lease_expired_by is not None:
+            args += (lease_expired_by,)
         await self._run(_RETRY, keys_, args, qk.name, tid)
 
-    async def archive(self, msg: TaskMessage, err_msg: str) -> None:
+    async def archive(
+        self, msg: TaskMessage, err_msg: str, *, lease_expired_by: float | None = None
+    ) -> None:
         """Move an active task to ``archived``, trimming old/excess archived tasks.
+
+        *lease_expired_by* as for :meth:`retry`.
 
         The stored message gets ``error_msg`` and ``last_failed_at`` = now.
         Archived tasks older than 90 days and all but the newest 9,999 are
@@ -360,7 +376,7 @@ class ProcessingTransitions(BrokerBase):
             qk.failed,
             qk.task_prefix,
         )
-        args = (
+        args: tuple[str | bytes | int | float, ...] = (
             tid,
             data,
             now_s,
@@ -369,6 +385,8 @@ class ProcessingTransitions(BrokerBase):
             now_s + STATS_TTL,
             MAX_INT64,
         )
+        if lease_expired_by is not None:
+            args += (lease_expired_by,)
         await self._run(_ARCHIVE, keys_, args, qk.name, tid)
 
     async def forward_if_ready(self, qnames: Sequence[str]) -> int:

@@ -64,10 +64,18 @@ class WorkerBroker(Protocol):
     async def requeue(self, msg: TaskMessage) -> None: ...
 
     async def retry(
-        self, msg: TaskMessage, process_at: datetime, err_msg: str, *, is_failure: bool
+        self,
+        msg: TaskMessage,
+        process_at: datetime,
+        err_msg: str,
+        *,
+        is_failure: bool,
+        lease_expired_by: float | None = None,
     ) -> None: ...
 
-    async def archive(self, msg: TaskMessage, err_msg: str) -> None: ...
+    async def archive(
+        self, msg: TaskMessage, err_msg: str, *, lease_expired_by: float | None = None
+    ) -> None: ...
 
     async def ack_workflow_step(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> str:
         """Acknowledge a workflow step with its hand-off; the workflow's state after."""

@@ -35,7 +35,7 @@ from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.outcome import Outcome, decide
 from asyncq._worker.roles import PeriodicRole, RoleDeps
-from asyncq.errors import LeaseExpiredError
+from asyncq.errors import LeaseExpiredError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 
 __all__ = ["Recoverer"]
@@ -99,7 +99,7 @@ class Recoverer(PeriodicRole):
         for qname, msg in expired:
             if self.stopping:
                 return
-            if await self._recover(qname, msg, now):
+            if await self._recover(qname, msg, now, cutoff.timestamp()):
                 recovered += 1
             else:
                 left += 1
@@ -115,8 +115,13 @@ class Recoverer(PeriodicRole):
                 if self._wakeup is not None:
                     self._wakeup.set()
 
-    async def _recover(self, qname: str, msg: TaskMessage, now: datetime) -> bool:
-        """Retry or archive one task; False when it was left because it runs here."""
+    async def _recover(self, qname: str, msg: TaskMessage, now: datetime, cutoff: float) -> bool:
+        """Retry or archive one task; False when it was left because it runs here.
+
+        Every write is conditional on the lease still ending by *cutoff*: recoverers
+        of several workers wake at the same expiry, and the first one's retry can be
+        leased again by a worker before another's write lands.
+        """
         broker = self.broker
         fields = task_fields(msg)
         local = self.active.get(msg.id)
@@ -135,15 +140,21 @@ class Recoverer(PeriodicRole):
                 self.log.error("archiving task whose message names another queue", **fields)
                 fixed = TaskMessage.parse(bytes(msg))
                 fixed.queue = qname
-                await broker.archive(fixed, err_msg)
+                await broker.archive(fixed, err_msg, lease_expired_by=cutoff)
             else:
                 # The same decision as the processor's for a lease that ran out there.
                 outcome = decide(
                     msg, LeaseExpiredError(), lease="recovering", config=self.config,
                     now=now.timestamp(), log=self.log,
                 )  # fmt: skip
-                await self._write(msg, outcome, now, fields)
+                await self._write(msg, outcome, now, cutoff, fields)
             self.stats.recovered += 1
+            return True
+        except TaskNotFoundError:
+            # Another recoverer got there first (asynq #717), and maybe a worker holds
+            # it again under a fresh lease: either way it is not ours to move.
+            if is_debug_enabled(self.log):
+                self.log.debug("task already recovered elsewhere", **fields)
             return True
         except REDIS_ERRORS as err:
             if is_transient(err):
@@ -161,7 +172,12 @@ class Recoverer(PeriodicRole):
             return True  # tried again at the next regular check, not every second
 
     async def _write(
-        self, msg: TaskMessage, outcome: Outcome, now: datetime, fields: dict[str, Any]
+        self,
+        msg: TaskMessage,
+        outcome: Outcome,
+        now: datetime,
+        cutoff: float,
+        fields: dict[str, Any],
     ) -> None:
         broker = self.broker
         if outcome.kind == "archive":
@@ -169,12 +185,16 @@ class Recoverer(PeriodicRole):
             if outcome.workflow:  # the workflow learns of it in the same script call
                 await broker.ack_workflow_step(msg, "archive", outcome.err_msg)
             else:
-                await broker.archive(msg, outcome.err_msg)
+                await broker.archive(msg, outcome.err_msg, lease_expired_by=cutoff)
         elif outcome.kind == "retry" and outcome.retry_at is not None:
             retry_in = (outcome.retry_at - now).total_seconds()
             self.log.warning("retrying task whose lease expired", retry_in=retry_in, **fields)
             await broker.retry(
-                msg, outcome.retry_at, outcome.err_msg, is_failure=outcome.is_failure
+                msg,
+                outcome.retry_at,
+                outcome.err_msg,
+                is_failure=outcome.is_failure,
+                lease_expired_by=cutoff,
             )
         else:  # an expired lease is only ever retried or archived
             raise AssertionError(f"unexpected outcome for an expired lease: {outcome}")

@@ -15,6 +15,10 @@
 -- ARGV[5] archive size limit (10000)
 -- ARGV[6] expiry of the daily counters, unix seconds
 -- ARGV[7] max int64
+-- ARGV[8] (optional, the recoverer's) the cutoff, unix seconds: the task is taken
+--         only while its lease still ends at or before it. Another worker's recoverer
+--         may have retried it meanwhile and a worker taken it again with a fresh lease;
+--         that run must not be taken from it (two recoverers wake at the same expiry).
 -- Trimmed tasks lose their hash too, so no hash outlives its archive entry.
 -- The task being archived is never trimmed (asynq could trim it when more
 -- than 10,000 tasks share its archive second, leaving its hash unindexed).
@@ -44,6 +48,12 @@ local problem = bad(KEYS[3], "zset") or bad(KEYS[4], "zset") or bad(KEYS[1], "ha
     or bad(KEYS[8], "counter")
 if problem then
     return redis.error_reply(problem)
+end
+if ARGV[8] then
+    local lease = redis.call("ZSCORE", KEYS[3], ARGV[1])
+    if not lease or tonumber(lease) > tonumber(ARGV[8]) then
+        return redis.error_reply("NOT FOUND")
+    end
 end
 if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
     return redis.error_reply("NOT FOUND")

@@ -13,6 +13,10 @@
 -- ARGV[4] expiry of the daily counters, unix seconds
 -- ARGV[5] "1" when the failure counts (is_failure), else "0"
 -- ARGV[6] max int64
+-- ARGV[7] (optional, the recoverer's) the cutoff, unix seconds: the task is taken
+--         only while its lease still ends at or before it. Another worker's recoverer
+--         may have retried it meanwhile and a worker taken it again with a fresh lease;
+--         that run must not be taken from it (two recoverers wake at the same expiry).
 -- asyncq: every key written below is checked before the first write (a key of
 -- another type, a counter that is not an integer), so a failed call changes nothing.
 local function bad(key, kind)
@@ -41,6 +45,12 @@ if not problem and tonumber(ARGV[5]) == 1 then
 end
 if problem then
     return redis.error_reply(problem)
+end
+if ARGV[7] then
+    local lease = redis.call("ZSCORE", KEYS[3], ARGV[1])
+    if not lease or tonumber(lease) > tonumber(ARGV[7]) then
+        return redis.error_reply("NOT FOUND")
+    end
 end
 if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
     return redis.error_reply("NOT FOUND")
