@@ -48,8 +48,10 @@ SUBSET = [
     "tests/test_workflow.py",
     "tests/test_flow_control.py",
     "tests/test_type_rate_limits.py",
-    # the Inspector, the scheduler, Pub/Sub wake-ups, the golden Go fixtures
+    # the Inspector and its failure triage, the scheduler, Pub/Sub wake-ups, the golden
+    # Go fixtures
     "tests/test_inspector.py",
+    "tests/test_triage.py",
     "tests/test_scheduler.py",
     "tests/test_fast_pubsub.py",
     "tests/test_go_golden.py",
