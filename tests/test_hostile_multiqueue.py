@@ -10,7 +10,7 @@ and one warning names the damaged key.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -176,41 +176,3 @@ async def test_a_script_refused_for_a_wrong_type_names_the_key(redis: Redis) -> 
             await inspector.queue_info("q")
         with pytest.raises(ResponseError, match=r"WRONGTYPE asynq:\{q\}:scheduled is not a zset"):
             await inspector.list_tasks("q", TaskState.SCHEDULED)
-
-
-def test_every_asynq_key_has_its_expected_type() -> None:
-    day = datetime(2026, 1, 2, tzinfo=UTC)
-    cases = {
-        keys.task_key("q", "a:b"): "hash",
-        keys.pending_key("q"): "list",
-        keys.active_key("q"): "list",
-        keys.scheduled_key("q"): "zset",
-        keys.retry_key("q"): "zset",
-        keys.archived_key("q"): "zset",
-        keys.completed_key("q"): "zset",
-        keys.lease_key("q"): "zset",
-        keys.paused_key("q"): "string",
-        keys.limit_key("q"): "string",
-        keys.ordered_key("q"): "string",
-        keys.rate_key("q"): "hash",
-        keys.processed_key("q", day): "string",
-        keys.failed_key("q", day): "string",
-        keys.processed_total_key("q"): "string",
-        keys.failed_total_key("q"): "string",
-        keys.unique_key("q", "t", b"p"): "string",
-        keys.all_groups("q"): "set",
-        keys.group_key("q", "g:1"): "zset",
-        keys.aggregation_set_key("q", "g", "s"): "zset",
-        keys.all_aggregation_sets("q"): "zset",
-        keys.ALL_QUEUES: "set",
-        keys.ALL_SERVERS: "zset",
-        keys.ALL_WORKERS: "zset",
-        keys.ALL_SCHEDULERS: "zset",
-        keys.server_info_key("h", 1, "s"): "string",
-        keys.workers_key("h", 1, "s"): "hash",
-        keys.scheduler_entries_key("s"): "list",
-        keys.scheduler_history_key("e"): "zset",
-    }
-    assert {k: keys.expected_type(k) for k in cases} == cases
-    assert keys.expected_type("unrelated") is None
-    assert keys.expected_type("asynq:{q}:t:") is None
