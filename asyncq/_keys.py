@@ -23,6 +23,7 @@ __all__ = [
     "all_groups",
     "archived_key",
     "completed_key",
+    "expected_type",
     "failed_key",
     "failed_total_key",
     "group_key",
@@ -307,3 +308,44 @@ def scheduler_claim_key(identity: str, tick_unix: int) -> str:
     ID and entry ID, then ``done:<scheduler id>:<task id>``; always with a TTL.
     """
     return f"asyncq:scheduler_claims:{{{identity}}}:{tick_unix}"
+
+
+_QUEUE_KEY_TYPES = {
+    "pending": "list", "active": "list",
+    "scheduled": "zset", "retry": "zset", "archived": "zset", "completed": "zset",
+    "lease": "zset", "aggregation_sets": "zset", "g": "zset", "groups": "set",
+    "t": "hash", "paused": "string", "processed": "string", "failed": "string",
+    "unique": "string",
+}  # fmt: skip
+_QUEUE_ASYNCQ_KEY_TYPES = {"limit": "string", "ordered": "string", "rate": "hash"}
+_RECORD_KEY_TYPES = {
+    ALL_QUEUES: "set", ALL_SERVERS: "zset", ALL_WORKERS: "zset", ALL_SCHEDULERS: "zset",
+}  # fmt: skip
+_RECORD_PREFIX_TYPES = (
+    ("asynq:servers:", "string"),
+    ("asynq:workers:", "hash"),
+    ("asynq:schedulers:", "list"),
+    ("asynq:scheduler_history:", "zset"),
+)
+
+
+def expected_type(key: str) -> str | None:
+    """The Redis type (``TYPE``'s answer) asynq stores at *key*; None for a key it does
+    not know. Used to name the damaged key when Redis answers WRONGTYPE."""
+    known = _RECORD_KEY_TYPES.get(key)
+    if known is not None:
+        return known
+    if key.startswith("asynq:{"):
+        _, sep, rest = key.partition("}:")
+        if not sep:
+            return None
+        part, _, tail = rest.partition(":")
+        if part == "asyncq":
+            return _QUEUE_ASYNCQ_KEY_TYPES.get(tail)
+        if part in ("t", "g", "unique") and not tail:
+            return None
+        return _QUEUE_KEY_TYPES.get(part)
+    for prefix, kind in _RECORD_PREFIX_TYPES:
+        if key.startswith(prefix):
+            return kind
+    return None

@@ -83,6 +83,7 @@ def test_every_exported_builder_is_covered() -> None:
         "all_groups",
         "archived_key",
         "completed_key",
+        "expected_type",
         "failed_key",
         "failed_total_key",
         "group_key",
@@ -111,6 +112,45 @@ def test_every_exported_builder_is_covered() -> None:
         "workers_key",
     }
     assert set(keys.__all__) == covered
+
+
+def test_every_asynq_key_has_its_expected_type() -> None:
+    """The type named when Redis answers WRONGTYPE (asyncq._redis.scripts)."""
+    day = D
+    cases = {
+        keys.task_key("q", "a:b"): "hash",
+        keys.pending_key("q"): "list",
+        keys.active_key("q"): "list",
+        keys.scheduled_key("q"): "zset",
+        keys.retry_key("q"): "zset",
+        keys.archived_key("q"): "zset",
+        keys.completed_key("q"): "zset",
+        keys.lease_key("q"): "zset",
+        keys.paused_key("q"): "string",
+        keys.limit_key("q"): "string",
+        keys.ordered_key("q"): "string",
+        keys.rate_key("q"): "hash",
+        keys.processed_key("q", day): "string",
+        keys.failed_key("q", day): "string",
+        keys.processed_total_key("q"): "string",
+        keys.failed_total_key("q"): "string",
+        keys.unique_key("q", "t", b"p"): "string",
+        keys.all_groups("q"): "set",
+        keys.group_key("q", "g:1"): "zset",
+        keys.aggregation_set_key("q", "g", "s"): "zset",
+        keys.all_aggregation_sets("q"): "zset",
+        keys.ALL_QUEUES: "set",
+        keys.ALL_SERVERS: "zset",
+        keys.ALL_WORKERS: "zset",
+        keys.ALL_SCHEDULERS: "zset",
+        keys.server_info_key("h", 1, "s"): "string",
+        keys.workers_key("h", 1, "s"): "hash",
+        keys.scheduler_entries_key("s"): "list",
+        keys.scheduler_history_key("e"): "zset",
+    }
+    assert {k: keys.expected_type(k) for k in cases} == cases
+    assert keys.expected_type("unrelated") is None
+    assert keys.expected_type("asynq:{q}:t:") is None
 
 
 def test_unique_key_nil_and_empty_payloads_differ() -> None:

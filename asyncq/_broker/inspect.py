@@ -57,6 +57,10 @@ GROUP_SAMPLE_SIZE = 5
 """Groups sampled for the memory estimate."""
 
 
+_COUNTERS = ("processed", "failed", "processed_total", "failed_total")
+"""The counters inspect_current_stats reads from KEYS[7..10], in that order."""
+
+
 def _lua(name: str) -> Script:
     """The script ``lua/<name>.lua`` of the broker package."""
     return load_script(LUA_PACKAGE, name)
@@ -226,7 +230,10 @@ class InspectBroker:
         reply = await _lua("inspect_current_stats")(self.redis, script_keys, args)
         raw = {_str(reply[i]): reply[i + 1] for i in range(0, len(reply), 2)}
         # Counters and pending_since are stored data: garbage in them reads as 0 (logged).
-        values = {name: _stored_int(v, name, f"queue {qname}") for name, v in raw.items()}
+        where = dict(zip(_COUNTERS, script_keys[6:10], strict=True))
+        values = {
+            name: _stored_int(v, name, where.get(name, f"queue {qname}")) for name, v in raw.items()
+        }
         memory = await self.memory_usage(qname)
         return QueueStats(
             pending=values["pending"],
@@ -273,12 +280,11 @@ class InspectBroker:
         for day in dates:
             script_keys += [keys.processed_key(qname, day), keys.failed_key(qname, day)]
         reply = await _lua("inspect_historical_stats")(self.redis, script_keys)
-        where = f"queue {qname} daily stats"
         return [
             (
                 day,
-                _stored_int(reply[2 * i], "processed", where),
-                _stored_int(reply[2 * i + 1], "failed", where),
+                _stored_int(reply[2 * i], "processed", script_keys[2 * i]),
+                _stored_int(reply[2 * i + 1], "failed", script_keys[2 * i + 1]),
             )
             for i, day in enumerate(dates)
         ]

@@ -103,7 +103,7 @@ class MultiQueue:
     ``Broker`` methods (``fetch``, ``forward_queues``, ``scan_leases``, ...).
     """
 
-    __slots__ = ("_broker", "_checked", "_cluster", "_errors", "_slots")
+    __slots__ = ("_broker", "_checked", "_cluster", "_damaged", "_errors", "_slots")
 
     def __init__(self, broker: BrokerBase) -> None:
         self._broker = broker
@@ -112,6 +112,24 @@ class MultiQueue:
         self._slots: dict[str, int] = {}
         self._checked: set[str] = set()
         self._errors = RateLimiter(3.0)
+        self._damaged: dict[str, RateLimiter] = {}
+
+    def _skipped(self, operation: str, problems: Sequence[Any]) -> None:
+        """Log the damaged keys a multi-queue script skipped, at most once per 3 s per
+        *operation*: the other queues of the call were handled."""
+        if not problems:
+            return
+        limiter = self._damaged.get(operation)
+        if limiter is None:
+            limiter = self._damaged[operation] = RateLimiter(3.0)
+        if limiter.allow():
+            texts = [as_text(p) for p in problems]
+            _log.warning(
+                f"{operation}: skipped damaged keys; the other queues were handled",
+                key=texts[0].removeprefix("WRONGTYPE ").split(" is not a ")[0].split(" holds ")[0],
+                problems=texts,
+                suppressed_since_last=limiter.take_suppressed(),
+            )
 
     # -- routing ------------------------------------------------------------------------
 
@@ -273,7 +291,8 @@ class MultiQueue:
             while True:
                 now = broker.clock()
                 args = (int(now), int(now * 1_000_000_000), FORWARD_BATCH)
-                moved, more = await self._call(_FORWARD, node, names, args)
+                moved, more, *damaged = await self._call(_FORWARD, node, names, args)
+                self._skipped("forward", damaged[0] if damaged else ())
                 total += int(moved)
                 if not more:
                     break
@@ -304,7 +323,11 @@ class MultiQueue:
             first = as_text(res[0])
             if first and (earliest is None or float(first) < earliest):
                 earliest = float(first)
+            damaged = [res[i + 1] for i in range(1, len(res), 3) if res[i] == 0]
+            self._skipped("lease scan", damaged)
             for i in range(1, len(res), 3):
+                if res[i] == 0:
+                    continue
                 qk = broker._q(names[res[i] - 1])
                 msg = await broker._decode_or_archive(
                     qk, as_text(res[i + 1]), res[i + 2], broker.clock(), qk.active
@@ -322,7 +345,10 @@ class MultiQueue:
         for node, names in await self._groups(qnames, runs=False):
             while True:
                 args = (int(broker.clock()), batch_size)
-                deleted, more = await self._call(_DELETE_EXPIRED_COMPLETED, node, names, args)
+                deleted, more, *damaged = await self._call(
+                    _DELETE_EXPIRED_COMPLETED, node, names, args
+                )
+                self._skipped("completed task cleanup", damaged[0] if damaged else ())
                 total += int(deleted)
                 if not more:
                     break
@@ -332,4 +358,6 @@ class MultiQueue:
         """Put members of aggregation sets past their deadline back into their group."""
         broker = self._broker
         for node, names in await self._groups(qnames, runs=False):
-            await self._call(_RECLAIM, node, names, (int(broker.clock()),))
+            reply = await self._call(_RECLAIM, node, names, (int(broker.clock()),))
+            if isinstance(reply, list):
+                self._skipped("aggregation set reclaim", reply)

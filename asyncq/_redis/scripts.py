@@ -31,6 +31,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
+from asyncq._keys import expected_type
 from asyncq._redis.options import RedisClient
 from asyncq._redis.transport import FastConnection
 from asyncq.errors import UnsupportedServerError
@@ -90,6 +91,21 @@ def _with_allow_oom(source: str) -> str:
 _NO_FLAGS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
+async def _wrong_types(redis: RedisClient | FastConnection, keys: Sequence[str]) -> list[str]:
+    """``WRONGTYPE <key> is not a <kind>`` for each of *keys* holding another type than
+    asynq stores there: Redis' own WRONGTYPE error names no key."""
+    out = []
+    for key in keys:
+        kind = expected_type(key)
+        if kind is None:
+            continue
+        found = await redis.execute_command("TYPE", key)
+        found = found.decode() if isinstance(found, bytes) else str(found)
+        if found not in ("none", kind):
+            out.append(f"WRONGTYPE {key} is not a {kind}")
+    return out
+
+
 class Script:
     """A Lua script identified by its SHA1, run with EVALSHA and reloaded on NOSCRIPT."""
 
@@ -117,13 +133,20 @@ class Script:
         args: Sequence[KeyOrArg] = (),
     ) -> Any:
         try:
-            return await redis.evalsha(self._sha_for(redis), len(keys), *keys, *args)
+            try:
+                return await redis.evalsha(self._sha_for(redis), len(keys), *keys, *args)
+            except NoScriptError:
+                await self.load(redis)
+                return await redis.evalsha(self._sha_for(redis), len(keys), *keys, *args)
         except NoScriptError:
-            await self.load(redis)
-            return await redis.evalsha(self._sha_for(redis), len(keys), *keys, *args)
+            raise
         except ResponseError as exc:
             if any(s in str(exc).lower() for s in _UNKNOWN_COMMAND):
                 await check_server_version(redis)
+            if str(exc).startswith("WRONGTYPE") and keys:
+                named = await _wrong_types(redis, keys)
+                if named:
+                    raise ResponseError(f"{'; '.join(named)} (script {self.name}: {exc})") from exc
             raise
 
     async def load(self, redis: RedisClient | FastConnection) -> None:

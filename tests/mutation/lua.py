@@ -73,7 +73,12 @@ INSPECTOR_TESTS = (
     "tests/test_script_no_partial_write.py",
     "tests/test_model_state_machine.py",
 )
-MULTI_TESTS = (*BROKER_TESTS, "tests/test_many_queues.py", "tests/test_flow_control.py")
+MULTI_TESTS = (
+    *BROKER_TESTS,
+    "tests/test_many_queues.py",
+    "tests/test_flow_control.py",
+    "tests/test_hostile_multiqueue.py",
+)
 DEFAULT_TESTS = BROKER_TESTS
 TESTS: dict[str, tuple[str, ...]] = {
     "dequeue_queues": MULTI_TESTS,

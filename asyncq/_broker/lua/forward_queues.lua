@@ -9,48 +9,102 @@
 -- failed task runs again before the tasks enqueued after it.
 -- Returns {moved, more}: the number of ids handled, and 1 when a set still had
 -- ARGV[3] due ids (call again), else 0.
+-- A queue with a key of another type (its scheduled or retry set, pending list,
+-- groups set, a due task's hash or group) is skipped whole before anything of it
+-- is written, so one damaged queue does not stop the others of the call; the
+-- reply then has a third element listing "WRONGTYPE <key> is not a <kind>".
 local limit = tonumber(ARGV[3])
 local moved = 0
 local more = 0
+local problems = {}
+local function bad(key, kind)
+    local t = redis.call("TYPE", key).ok
+    if t ~= "none" and t ~= kind then
+        return "WRONGTYPE " .. key .. " is not a " .. kind
+    end
+    return nil
+end
 for q = 4, #ARGV do
     local name = ARGV[q]
     local base = "asynq:{" .. name .. "}:"
     local prefix, gprefix = base .. "t:", base .. "g:"
     local pending, groups = base .. "pending", base .. "groups"
     local wake = false
-    local ordered = redis.pcall("GET", base .. "asyncq:ordered") == "1"
+    local problem = nil
+    -- Every key of the queue is checked before its first write: {source, ids, groups}.
+    local work = {}
     for _, source in ipairs({base .. "scheduled", base .. "retry"}) do
-        local ids = redis.call("ZRANGEBYSCORE", source, "-inf", ARGV[1], "LIMIT", 0, limit)
-        if #ids == limit then
-            more = 1
-        end
-        for _, id in ipairs(ids) do
-            local key = prefix .. id
-            local group = redis.call("HGET", key, "group")
-            if group and group ~= "" then
-                redis.call("ZADD", gprefix .. group, ARGV[1], id)
-                redis.call("ZREM", source, id)
-                redis.call("HSET", key, "state", "aggregating")
-                redis.call("SADD", groups, group)
-            elseif redis.call("EXISTS", key) == 0 then
-                redis.call("ZREM", source, id)
-                redis.log(redis.LOG_WARNING, "asyncq: dropped id without task hash from " .. source .. ": " .. id)
+        if not problem then
+            local ids = redis.pcall("ZRANGEBYSCORE", source, "-inf", ARGV[1], "LIMIT", 0, limit)
+            if ids.err then
+                problem = bad(source, "zset") or (source .. ": " .. ids.err)
             else
-                local push = "LPUSH"
-                if ordered and source == base .. "retry" then
-                    push = "RPUSH"
-                end
-                if redis.call(push, pending, id) == 1 then
-                    wake = true
-                end
-                redis.call("ZREM", source, id)
-                redis.call("HSET", key, "state", "pending", "pending_since", ARGV[2])
+                work[#work + 1] = {source, ids, {}}
             end
         end
-        moved = moved + #ids
+    end
+    for _, w in ipairs(work) do
+        if problem then
+            break
+        end
+        if #w[2] > 0 then
+            problem = bad(pending, "list") or bad(groups, "set")
+        end
+        for i, id in ipairs(w[2]) do
+            if problem then
+                break
+            end
+            local key = prefix .. id
+            problem = bad(key, "hash")
+            if not problem then
+                local group = redis.call("HGET", key, "group")
+                w[3][i] = group
+                if group and group ~= "" then
+                    problem = bad(gprefix .. group, "zset")
+                end
+            end
+        end
+    end
+    if problem then
+        problems[#problems + 1] = problem
+    else
+        local ordered = redis.pcall("GET", base .. "asyncq:ordered") == "1"
+        for _, w in ipairs(work) do
+            local source, ids = w[1], w[2]
+            if #ids == limit then
+                more = 1
+            end
+            for i, id in ipairs(ids) do
+                local key = prefix .. id
+                local group = w[3][i]
+                if group and group ~= "" then
+                    redis.call("ZADD", gprefix .. group, ARGV[1], id)
+                    redis.call("ZREM", source, id)
+                    redis.call("HSET", key, "state", "aggregating")
+                    redis.call("SADD", groups, group)
+                elseif redis.call("EXISTS", key) == 0 then
+                    redis.call("ZREM", source, id)
+                    redis.log(redis.LOG_WARNING, "asyncq: dropped id without task hash from " .. source .. ": " .. id)
+                else
+                    local push = "LPUSH"
+                    if ordered and source == base .. "retry" then
+                        push = "RPUSH"
+                    end
+                    if redis.call(push, pending, id) == 1 then
+                        wake = true
+                    end
+                    redis.call("ZREM", source, id)
+                    redis.call("HSET", key, "state", "pending", "pending_since", ARGV[2])
+                end
+            end
+            moved = moved + #ids
+        end
     end
     if wake then
         redis.pcall("PUBLISH", "asyncq:wakeup:{" .. name .. "}", name)
     end
+end
+if #problems > 0 then
+    return {moved, more, problems}
 end
 return {moved, more}

@@ -7,20 +7,39 @@
 -- Returns {next, position (1 = ARGV[2]), id, msg, ...}: next is the smallest
 -- lease score above the cutoff in any of the queues ("" when none); ids without
 -- a hash are skipped.
+-- A lease set of another type skips its queue, a task key of another type its
+-- task, so one damaged queue does not hide the others' expired leases: each
+-- adds the triple {0, "WRONGTYPE <key> is not a <kind>", ""}.
 local out = {""}
 local next_expiry = nil
+local function damaged(key, kind)
+    out[#out + 1] = 0
+    out[#out + 1] = "WRONGTYPE " .. key .. " is not a " .. kind
+    out[#out + 1] = ""
+end
 for q = 2, #ARGV do
     local lease = "asynq:{" .. ARGV[q] .. "}:lease"
     local prefix = "asynq:{" .. ARGV[q] .. "}:t:"
-    for _, id in ipairs(redis.call("ZRANGEBYSCORE", lease, "-inf", ARGV[1])) do
-        local msg = redis.call("HGET", prefix .. id, "msg")
-        if msg then
+    local expired = redis.pcall("ZRANGEBYSCORE", lease, "-inf", ARGV[1])
+    local readable = not expired.err
+    if not readable then
+        damaged(lease, "zset")
+        expired = {}
+    end
+    for _, id in ipairs(expired) do
+        local msg = redis.pcall("HGET", prefix .. id, "msg")
+        if type(msg) == "table" and msg.err then
+            damaged(prefix .. id, "hash")
+        elseif msg then
             out[#out + 1] = q - 1
             out[#out + 1] = id
             out[#out + 1] = msg
         end
     end
-    local later = redis.call("ZRANGEBYSCORE", lease, "(" .. ARGV[1], "+inf", "WITHSCORES", "LIMIT", 0, 1)
+    local later = {}
+    if readable then
+        later = redis.call("ZRANGEBYSCORE", lease, "(" .. ARGV[1], "+inf", "WITHSCORES", "LIMIT", 0, 1)
+    end
     if later[2] then
         local score = tonumber(later[2])
         if next_expiry == nil or score < next_expiry then
