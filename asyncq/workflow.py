@@ -471,7 +471,7 @@ class Workflow(Generic[R]):
                         )
                 fields[f"m:{m}"] = encode_task_message(msg)
         for q in {msg.queue for row in msgs for msg in row}:
-            await broker._register_queue(broker._q(q))
+            await broker.register_queue(q)
         await start_workflow(
             broker, qname, wid, fields=fields, first=msgs[0], now_ns=time.time_ns()
         )

@@ -82,14 +82,14 @@ def _loaded_lua_files(url: str) -> set[str]:
 
     A script is loaded on its first call and FLUSHDB keeps it. Some scripts are
     composed of several files (a function defined before a body), so a file counts
-    when its source is part of a loaded script.
+    when its source, includes expanded, is part of a loaded script.
     """
     import gc
 
     import redis as sync_redis
 
     import asyncq._broker  # every module that defines a script
-    from asyncq._redis.scripts import Script
+    from asyncq._redis.scripts import Script, read_script
 
     del asyncq
     # Looked up each time: some composed scripts are made on first use.
@@ -101,7 +101,11 @@ def _loaded_lua_files(url: str) -> set[str]:
         client.close()
     ran = [s.source for s, ok in zip(scripts.values(), loaded, strict=True) if ok]
     lua = Path(__file__).resolve().parent.parent / "asyncq" / "_broker" / "lua"
-    return {f.stem for f in lua.glob("*.lua") if any(f.read_text() in r for r in ran)}
+    return {
+        f.stem
+        for f in lua.glob("*.lua")
+        if any(read_script("asyncq._broker", f.stem) in r for r in ran)
+    }
 
 
 @pytest.fixture(scope="session")

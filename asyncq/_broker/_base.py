@@ -251,6 +251,11 @@ class BrokerBase:
                 raise ValueError(f"task message {msg.id!r}: {exc}") from None
             raise ValueError(f"task message {msg.id!r} has a blank queue name") from None
 
+    async def register_queue(self, qname: str) -> None:
+        """Add *qname* to ``asynq:queues`` (the list the Inspector, CLI and asynqmon
+        show), as enqueueing a task there would; raises ValueError for a bad name."""
+        await self._register_queue(self._q(qname))
+
     async def _register_queue(self, qk: QueueKeys) -> None:
         # asynq:queues is what the Inspector, CLI and asynqmon list; SADD once per instance.
         try:

@@ -43,6 +43,7 @@ __all__ = [
     "check_server_version",
     "load_script",
     "parse_server_version",
+    "read_script",
 ]
 
 MIN_REDIS = (6, 2)
@@ -74,6 +75,7 @@ ALLOW_OOM = frozenset(
 Redis or frees memory, and grows it by at most a few small fields per task."""
 
 _SHEBANG = "#!lua flags="
+_INCLUDE = "-- include: "
 
 
 def _with_allow_oom(source: str) -> str:
@@ -171,9 +173,37 @@ class Script:
 
 @cache
 def load_script(package: str, name: str) -> Script:
-    """The script ``lua/<name>.lua`` beside the modules of *package*, read once per process."""
-    source = resources.files(package).joinpath("lua", f"{name}.lua").read_text("utf-8")
-    return Script(name, source)
+    """The script ``lua/<name>.lua`` beside the modules of *package*, read once per process,
+    with its includes expanded (see :func:`read_script`)."""
+    return Script(name, read_script(package, name))
+
+
+def read_script(package: str, name: str) -> str:
+    """The source of ``lua/<name>.lua`` beside the modules of *package*, as Redis runs it.
+
+    Code several scripts share (the key-type guard, the counter updates) is written once,
+    in ``lua/_lib/<part>.lua``; a script names what it uses on a line of its own,
+    ``-- include: guard, counters``, and that line is replaced by those files' text, in
+    that order. Each script thus stays one file to read, and the text Redis runs is the
+    one it ran when the code was copied into each script. A part that does not exist
+    raises FileNotFoundError naming the script and the missing file.
+    """
+    folder = resources.files(package).joinpath("lua")
+    source = folder.joinpath(f"{name}.lua").read_text("utf-8")
+    lines = []
+    for line in source.split("\n"):
+        if not line.startswith(_INCLUDE):
+            lines.append(line)
+            continue
+        for part in (p.strip() for p in line.removeprefix(_INCLUDE).split(",")):
+            lib = folder.joinpath("_lib", f"{part}.lua")
+            if not part or not lib.is_file():
+                raise FileNotFoundError(
+                    f"lua/{name}.lua includes {part!r}, but there is no lua/_lib/{part}.lua "
+                    f"in {package}"
+                )
+            lines.append(lib.read_text("utf-8").removesuffix("\n"))
+    return "\n".join(lines)
 
 
 def parse_server_version(info: Any) -> tuple[str, str]:

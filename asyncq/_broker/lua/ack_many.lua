@@ -1,3 +1,4 @@
+-- include: guard
 -- Acknowledge many finished tasks of ONE queue in one call (asyncq's batched
 -- asynq Done and MarkAsComplete): each task gets exactly the effect that
 -- done.lua or mark_as_complete.lua would have, in the order given.
@@ -40,25 +41,6 @@ if need ~= #ARGV then
 end
 -- asyncq: every key written below is checked before the first write (a key of
 -- another type, a counter that is not an integer), so a failed call changes nothing.
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t == "none" then
-        return nil
-    end
-    if kind == "counter" then
-        if t ~= "string" then
-            return "WRONGTYPE " .. key .. " is not an integer counter"
-        end
-        if not string.match(redis.call("GET", key), "^%-?%d+$") then
-            return "ERR " .. key .. " is not an integer counter"
-        end
-        return nil
-    end
-    if t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 local problem = bad(KEYS[2], "zset") or bad(KEYS[3], "zset") or bad(KEYS[4], "counter")
     or bad(KEYS[5], "counter")
 local b = 6

@@ -1,3 +1,4 @@
+-- include: guard, counters
 -- Move an active task to the archive (asynq Archive), trimming old archived tasks.
 -- KEYS[1] task key
 -- KEYS[2] active
@@ -24,25 +25,6 @@
 -- than 10,000 tasks share its archive second, leaving its hash unindexed).
 -- asyncq: every key written below is checked before the first write (a key of
 -- another type, a counter that is not an integer), so a failed call changes nothing.
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t == "none" then
-        return nil
-    end
-    if kind == "counter" then
-        if t ~= "string" then
-            return "WRONGTYPE " .. key .. " is not an integer counter"
-        end
-        if not string.match(redis.call("GET", key), "^%-?%d+$") then
-            return "ERR " .. key .. " is not an integer counter"
-        end
-        return nil
-    end
-    if t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 local problem = bad(KEYS[3], "zset") or bad(KEYS[4], "zset") or bad(KEYS[1], "hash")
     or bad(KEYS[5], "counter") or bad(KEYS[6], "counter") or bad(KEYS[7], "counter")
     or bad(KEYS[8], "counter")
@@ -77,17 +59,7 @@ for _, id in ipairs(excess) do
     end
 end
 redis.call("HSET", KEYS[1], "msg", ARGV[2], "state", "archived")
-if redis.call("INCR", KEYS[5]) == 1 then
-    redis.call("EXPIREAT", KEYS[5], ARGV[6])
-end
-if redis.call("INCR", KEYS[6]) == 1 then
-    redis.call("EXPIREAT", KEYS[6], ARGV[6])
-end
-if redis.call("GET", KEYS[7]) == ARGV[7] then
-    redis.call("SET", KEYS[7], 1)
-    redis.call("SET", KEYS[8], 1)
-else
-    redis.call("INCR", KEYS[7])
-    redis.call("INCR", KEYS[8])
-end
+count_day(KEYS[5], ARGV[6])
+count_day(KEYS[6], ARGV[6])
+count_total(KEYS[7], KEYS[8], ARGV[7])
 return redis.status_reply("OK")

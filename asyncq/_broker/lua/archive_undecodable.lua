@@ -1,3 +1,4 @@
+-- include: guard, counters
 -- asyncq: archive a task whose msg cannot be decoded, keeping its bytes as they are.
 -- Same transition as archive.lua (and the same trimming), but the protobuf is
 -- not rewritten -- it cannot be -- and the reason goes into the hash field
@@ -18,25 +19,6 @@
 -- ARGV[8] max int64
 -- asyncq: every key written below is checked before the first write (a key of
 -- another type, a counter that is not an integer), so a failed call changes nothing.
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t == "none" then
-        return nil
-    end
-    if kind == "counter" then
-        if t ~= "string" then
-            return "WRONGTYPE " .. key .. " is not an integer counter"
-        end
-        if not string.match(redis.call("GET", key), "^%-?%d+$") then
-            return "ERR " .. key .. " is not an integer counter"
-        end
-        return nil
-    end
-    if t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 local problem = bad(KEYS[2], "zset") or bad(KEYS[1], "hash")
 if not problem and KEYS[4] then
     problem = bad(KEYS[4], "zset") or bad(KEYS[5], "counter") or bad(KEYS[6], "counter")
@@ -70,18 +52,8 @@ for _, id in ipairs(excess) do
 end
 redis.call("HSET", KEYS[1], "state", "archived", "asyncq_error", ARGV[6])
 if KEYS[4] then
-    if redis.call("INCR", KEYS[5]) == 1 then
-        redis.call("EXPIREAT", KEYS[5], ARGV[7])
-    end
-    if redis.call("INCR", KEYS[6]) == 1 then
-        redis.call("EXPIREAT", KEYS[6], ARGV[7])
-    end
-    if redis.call("GET", KEYS[7]) == ARGV[8] then
-        redis.call("SET", KEYS[7], 1)
-        redis.call("SET", KEYS[8], 1)
-    else
-        redis.call("INCR", KEYS[7])
-        redis.call("INCR", KEYS[8])
-    end
+    count_day(KEYS[5], ARGV[7])
+    count_day(KEYS[6], ARGV[7])
+    count_total(KEYS[7], KEYS[8], ARGV[8])
 end
 return redis.status_reply("OK")

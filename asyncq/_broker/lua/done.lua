@@ -1,3 +1,4 @@
+-- include: guard, counters
 -- Finish a task that keeps no retention (asynq Done; also RevokeTask).
 -- KEYS[1] active
 -- KEYS[2] lease
@@ -10,25 +11,6 @@
 -- ARGV[3] max int64, where the all-time counter wraps to 1
 -- asyncq: every key written below is checked before the first write (a key of
 -- another type, a counter that is not an integer), so a failed call changes nothing.
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t == "none" then
-        return nil
-    end
-    if kind == "counter" then
-        if t ~= "string" then
-            return "WRONGTYPE " .. key .. " is not an integer counter"
-        end
-        if not string.match(redis.call("GET", key), "^%-?%d+$") then
-            return "ERR " .. key .. " is not an integer counter"
-        end
-        return nil
-    end
-    if t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 local problem = bad(KEYS[2], "zset") or bad(KEYS[4], "counter") or bad(KEYS[5], "counter")
     or (KEYS[6] and bad(KEYS[6], "string"))
 if problem then
@@ -43,14 +25,8 @@ end
 if redis.call("DEL", KEYS[3]) == 0 then
     return redis.error_reply("NOT FOUND")
 end
-if redis.call("INCR", KEYS[4]) == 1 then
-    redis.call("EXPIREAT", KEYS[4], ARGV[2])
-end
-if redis.call("GET", KEYS[5]) == ARGV[3] then
-    redis.call("SET", KEYS[5], 1)
-else
-    redis.call("INCR", KEYS[5])
-end
+count_day(KEYS[4], ARGV[2])
+count_total(KEYS[5], nil, ARGV[3])
 if KEYS[6] and redis.call("GET", KEYS[6]) == ARGV[1] then
     redis.call("DEL", KEYS[6])
 end

@@ -1,3 +1,4 @@
+-- include: guard
 -- Move due scheduled or retry tasks on (asynq ForwardIfReady, one batch of 100).
 -- KEYS[1] scheduled or retry
 -- KEYS[2] pending
@@ -19,13 +20,6 @@ local ids = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1], "LIMIT", 0, 10
 -- asyncq: every key written below is checked before the first write (a task hash
 -- or a group of another type, a pending list or group set of another type), so a
 -- failed call changes nothing.
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t ~= "none" and t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 local groups = {}
 if #ids > 0 then
     local problem = bad(KEYS[2], "list") or (KEYS[3] and bad(KEYS[3], "set"))

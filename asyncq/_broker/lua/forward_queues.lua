@@ -1,3 +1,4 @@
+-- include: guard
 -- Move due scheduled and retry tasks on for many queues in one call (asyncq;
 -- per queue exactly what forward.lua does, asynq's ForwardIfReady).
 -- ARGV[1] now, unix seconds
@@ -17,13 +18,6 @@ local limit = tonumber(ARGV[3])
 local moved = 0
 local more = 0
 local problems = {}
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t ~= "none" and t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 for q = 4, #ARGV do
     local name = ARGV[q]
     local base = "asynq:{" .. name .. "}:"

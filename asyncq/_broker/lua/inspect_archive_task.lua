@@ -1,3 +1,4 @@
+-- include: guard
 -- Inspector: archive one task (asynq ArchiveTask).
 -- KEYS[1] task key  KEYS[2] archived  KEYS[3] groups
 -- ARGV[1] task ID  ARGV[2] now (unix s)  ARGV[3] cutoff = now - 90 days (unix s)
@@ -14,13 +15,6 @@ if not state then
 end
 -- asyncq: every key written below is checked before the first write, so a
 -- failed call changes nothing.
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t ~= "none" and t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 local problem = bad(KEYS[2], "zset")
     or (state == "aggregating" and group and bad(KEYS[3], "set")) or nil
 if problem then

@@ -1,3 +1,4 @@
+-- include: guard
 -- Inspector: delete one task (asynq DeleteTask).
 -- KEYS[1] task key  KEYS[2] groups
 -- ARGV[1] task ID  ARGV[2] queue key prefix  ARGV[3] group key prefix
@@ -12,13 +13,6 @@ if not state then
 end
 -- asyncq: every key written below is checked before the first write, so a
 -- failed call changes nothing.
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t ~= "none" and t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 local ukey = redis.call("HGET", KEYS[1], "unique_key")
 local problem = (state == "aggregating" and group and bad(KEYS[2], "set"))
     or (ukey and ukey ~= "" and bad(ukey, "string")) or nil

@@ -1,3 +1,4 @@
+-- include: guard
 -- Inspector (asyncq failure triage): run, archive or delete the tasks of one error group.
 -- KEYS[1] the state's sorted set (retry or archived)  KEYS[2] pending  KEYS[3] archived
 -- ARGV[1] action: "run", "archive" (retry tasks only) or "delete"
@@ -8,13 +9,6 @@
 -- A task acts only when it is still in that state, still in that sorted set and its
 -- message is byte for byte the one read (so it has not failed again with another
 -- error meanwhile); any other task is skipped. Returns the IDs acted on.
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t ~= "none" and t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 local action, state = ARGV[1], ARGV[2]
 local problem = bad(KEYS[1], "zset") or bad(KEYS[2], "list") or bad(KEYS[3], "zset")
 if problem then

@@ -1,3 +1,4 @@
+-- include: guard
 -- Inspector: move one task to pending (asynq RunTask).
 -- KEYS[1] task key  KEYS[2] pending  KEYS[3] groups
 -- ARGV[1] task ID  ARGV[2] queue key prefix  ARGV[3] group key prefix
@@ -13,13 +14,6 @@ if not state then
 end
 -- asyncq: every key written below is checked before the first write, so a
 -- failed call changes nothing.
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t ~= "none" and t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 local problem = bad(KEYS[2], "list")
     or (state == "aggregating" and group and bad(KEYS[3], "set")) or nil
 if problem then

@@ -1,3 +1,4 @@
+-- include: guard, counters
 -- Finish a task kept for its retention (asynq MarkAsComplete).
 -- KEYS[1] active
 -- KEYS[2] lease
@@ -13,25 +14,6 @@
 -- ARGV[5] max int64
 -- asyncq: every key written below is checked before the first write (a key of
 -- another type, a counter that is not an integer), so a failed call changes nothing.
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t == "none" then
-        return nil
-    end
-    if kind == "counter" then
-        if t ~= "string" then
-            return "WRONGTYPE " .. key .. " is not an integer counter"
-        end
-        if not string.match(redis.call("GET", key), "^%-?%d+$") then
-            return "ERR " .. key .. " is not an integer counter"
-        end
-        return nil
-    end
-    if t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 local problem = bad(KEYS[2], "zset") or bad(KEYS[3], "zset") or bad(KEYS[4], "hash")
     or bad(KEYS[5], "counter") or bad(KEYS[6], "counter") or (KEYS[7] and bad(KEYS[7], "string"))
 if problem then
@@ -47,14 +29,8 @@ if redis.call("ZADD", KEYS[3], ARGV[3], ARGV[1]) ~= 1 then
     return redis.error_reply("INTERNAL")
 end
 redis.call("HSET", KEYS[4], "msg", ARGV[4], "state", "completed")
-if redis.call("INCR", KEYS[5]) == 1 then
-    redis.call("EXPIREAT", KEYS[5], ARGV[2])
-end
-if redis.call("GET", KEYS[6]) == ARGV[5] then
-    redis.call("SET", KEYS[6], 1)
-else
-    redis.call("INCR", KEYS[6])
-end
+count_day(KEYS[5], ARGV[2])
+count_total(KEYS[6], nil, ARGV[5])
 if KEYS[7] and redis.call("GET", KEYS[7]) == ARGV[1] then
     redis.call("DEL", KEYS[7])
 end

@@ -1,3 +1,4 @@
+-- include: guard
 -- Put members of aggregation sets past their deadline back into their group, over
 -- many queues (asyncq; per queue what reclaim_stale_aggregation_sets.lua does).
 -- ARGV[1] now, unix seconds
@@ -8,13 +9,6 @@
 -- anything of it is written, so one damaged queue does not stop the others.
 -- Returns OK, or the list of "WRONGTYPE <key> is not a <kind>" problems.
 local problems = {}
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t ~= "none" and t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 for q = 2, #ARGV do
     local base = "asynq:{" .. ARGV[q] .. "}:"
     local sets, groups, gprefix = base .. "aggregation_sets", base .. "groups", base .. "g:"

@@ -1,3 +1,4 @@
+-- include: guard
 -- Put an active task back at the front of pending (asynq Requeue, on shutdown).
 -- KEYS[1] active
 -- KEYS[2] lease
@@ -10,25 +11,6 @@
 -- channel still gets the write (an error here would come after the write).
 -- asyncq: every key written below is checked before the first write (a key of
 -- another type, a counter that is not an integer), so a failed call changes nothing.
-local function bad(key, kind)
-    local t = redis.call("TYPE", key).ok
-    if t == "none" then
-        return nil
-    end
-    if kind == "counter" then
-        if t ~= "string" then
-            return "WRONGTYPE " .. key .. " is not an integer counter"
-        end
-        if not string.match(redis.call("GET", key), "^%-?%d+$") then
-            return "ERR " .. key .. " is not an integer counter"
-        end
-        return nil
-    end
-    if t ~= kind then
-        return "WRONGTYPE " .. key .. " is not a " .. kind
-    end
-    return nil
-end
 local problem = bad(KEYS[2], "zset") or bad(KEYS[3], "list") or bad(KEYS[4], "hash")
 if problem then
     return redis.error_reply(problem)

@@ -1,3 +1,4 @@
+-- include: counters
 -- asyncq workflows: acknowledge a step of a workflow and, in the same script, record
 -- its outcome in the workflow hash and enqueue the next stage when this was the
 -- stage's last member. Used only for tasks carrying the asyncq-workflow header.
@@ -43,20 +44,10 @@ else
         end
     end
     redis.call("HSET", KEYS[3], "msg", ARGV[6], "state", "archived")
-    if redis.call("INCR", KEYS[8]) == 1 then
-        redis.call("EXPIREAT", KEYS[8], ARGV[3])
-    end
+    count_day(KEYS[8], ARGV[3])
 end
-if redis.call("INCR", KEYS[4]) == 1 then
-    redis.call("EXPIREAT", KEYS[4], ARGV[3])
-end
-if redis.call("GET", KEYS[5]) == ARGV[4] then
-    redis.call("SET", KEYS[5], 1)
-    if mode == "archive" then redis.call("SET", KEYS[9], 1) end
-else
-    redis.call("INCR", KEYS[5])
-    if mode == "archive" then redis.call("INCR", KEYS[9]) end
-end
+count_day(KEYS[4], ARGV[3])
+count_total(KEYS[5], mode == "archive" and KEYS[9] or nil, ARGV[4])
 
 local ok = mode == "done" or mode == "complete"
 return advance(KEYS[11], ARGV[8], ARGV[9], ok, result, ARGV[10], ARGV[5], ARGV[13])
