@@ -16,7 +16,7 @@ from asyncq._redis.options import (
     parse_redis_uri,
 )
 from asyncq._serde import TaskArgumentError, TaskResultError
-from asyncq._worker.config import GroupAggregator
+from asyncq._worker.config import Aggregation, GroupAggregator, Intervals, Limits
 from asyncq.app import App, CronEntry, TaskCall, TaskHandle, TypedTask, WorkerOptions, current_task
 from asyncq.client import Client
 from asyncq.errors import (
@@ -90,6 +90,7 @@ from asyncq.workflow import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Aggregation",
     "App",
     "ArchiveReport",
     "AsyncqError",
@@ -114,7 +115,9 @@ __all__ = [
     "Handler",
     "HandlerNotFoundError",
     "Inspector",
+    "Intervals",
     "LeaseExpiredError",
+    "Limits",
     "Middleware",
     "PeriodicTaskConfig",
     "PeriodicTaskManager",

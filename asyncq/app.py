@@ -46,7 +46,7 @@ from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._serde import ArgumentsCodec, ResultCodec, TaskArgumentError, TaskResultError
 from asyncq._suggest import suggest
-from asyncq._worker.config import GroupAggregator
+from asyncq._worker.config import Aggregation, GroupAggregator, Intervals, Limits
 from asyncq.client import Client
 from asyncq.cron import parse_cronspec
 from asyncq.errors import SkipRetry, TaskNotFoundError
@@ -112,7 +112,6 @@ class WorkerOptions(TypedDict, total=False):
     delayed_task_check_interval: timedelta
     janitor_interval: timedelta
     janitor_batch_size: int
-    syncer_interval: timedelta
     group_aggregator: GroupAggregator | None
     group_grace_period: timedelta
     group_max_delay: timedelta | None
@@ -126,6 +125,9 @@ class WorkerOptions(TypedDict, total=False):
     metrics: WorkerHooks | None
     min_replicas: int
     replica_timeout: timedelta
+    intervals: Intervals | None
+    limits: Limits | None
+    aggregation: Aggregation | None
 
 
 WORKER_OPTION_NAMES = frozenset(WorkerOptions.__annotations__)

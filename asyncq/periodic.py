@@ -26,7 +26,7 @@ from typing import Any, TypeAlias
 
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisTarget
-from asyncq._signals import signal_handlers
+from asyncq._service import Service
 from asyncq.cron import parse_cronspec
 from asyncq.scheduler import Scheduler, entry_identity
 from asyncq.task import Task
@@ -57,7 +57,7 @@ class SyncResult:
     removed: list[str]
 
 
-class PeriodicTaskManager:
+class PeriodicTaskManager(Service):
     """Registers and unregisters a Scheduler's entries from a provider, every ``sync_interval``.
 
     ``redis`` and the keyword options after ``sync_interval`` are the
@@ -81,15 +81,14 @@ class PeriodicTaskManager:
             )
         if sync_interval <= timedelta(0):
             raise ValueError(f"sync_interval must be positive, got {sync_interval}")
+        super().__init__()
         self.provider = provider
         self.sync_interval = sync_interval
         self.scheduler = Scheduler(redis, **scheduler_options)
         self.log: Any = get_logger(scheduler_id=self.scheduler.id)
         self._by_hash: dict[str, str] = {}  # config hash -> entry ID
         self._lock = asyncio.Lock()
-        self._main: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
-        self._started = False
 
     @property
     def entries(self) -> dict[str, str]:
@@ -166,37 +165,39 @@ class PeriodicTaskManager:
             wanted[config_hash] = config
         return wanted
 
+    kind = "periodic task manager"
+
     async def start(self) -> None:
         """Run the first sync (raising if it fails), start the scheduler and the sync loop."""
-        if self._started:
-            raise RuntimeError("the periodic task manager was already started")
-        self._started = True
+        await self._start_service()
+
+    async def _open(self) -> None:
         await self.sync()
         await self.scheduler.start()
-        self._main = asyncio.create_task(self._supervise(), name="asyncq-periodic-sync")
 
-    async def shutdown(self) -> None:
-        """Stop syncing and shut the scheduler down."""
+    async def _main_loop(self) -> None:
+        """The manager's main task: the sync loop (the scheduler runs its own)."""
+        await self._sync_loop()
+
+    async def _close(self) -> None:
         self._stop.set()
         if self._main is not None:
             self._main.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._main
-            self._main = None
         await self.scheduler.shutdown()
 
-    async def run(self) -> None:
-        """Start, run until SIGTERM or SIGINT, then shut down."""
-        await self.start()
-        try:
-            async with signal_handlers(self.log) as signals:
-                await signals.wait_or(self._stop.wait())
-        finally:
-            await self.shutdown()  # handlers removed: a second signal ends the process
+    async def _release(self) -> None:
+        await self.scheduler.shutdown()
 
-    async def _supervise(self) -> None:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._sync_loop(), name="asyncq-periodic-sync-loop")
+    async def shutdown(self) -> None:
+        """Stop syncing and shut the scheduler down."""
+        await super().shutdown()
+
+    async def run(self) -> None:
+        """Start, run until SIGTERM or SIGINT, then shut down (a second signal ends the
+        process)."""
+        await self._run_until_signal(self.start)
 
     async def _sync_loop(self) -> None:
         interval = self.sync_interval.total_seconds()

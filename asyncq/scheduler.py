@@ -81,7 +81,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 from asyncq import _keys as keys
 from asyncq._broker import Broker
@@ -91,7 +91,7 @@ from asyncq._logging import Backoff, RateLimiter, get_logger, is_debug_enabled
 from asyncq._redis.connection import Connection
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.options import RedisTarget
-from asyncq._signals import signal_handlers
+from asyncq._service import Service
 from asyncq._time import GO_ZERO_TIME
 from asyncq.client import Client
 from asyncq.cron import Schedule, normalize_spec, parse_cronspec
@@ -259,10 +259,7 @@ class _Entry:
         )
 
 
-_State = Literal["new", "running", "stopping", "closed"]
-
-
-class Scheduler:
+class Scheduler(Service):
     """Enqueues registered tasks on cron ticks (asynq's Scheduler, exactly once across processes).
 
     ``redis`` is a URI (``redis://host:6379/0``), connection options or a
@@ -311,6 +308,7 @@ class Scheduler:
         ):
             if hook is not None and not callable(hook):
                 raise TypeError(f"{name} must be callable")
+        super().__init__()
         self._target = redis
         self.location = location
         self.heartbeat_interval = heartbeat_interval
@@ -326,12 +324,10 @@ class Scheduler:
         self.log: Any = get_logger(scheduler_id=self.id)
         self._entries: dict[str, _Entry] = {}
         self._retired: dict[str, _Entry] = {}
-        self._state: _State = "new"
         self._conn: Connection | None = None
         self._broker: Broker | None = None
         self._client: Client | None = None
         self._tg: asyncio.TaskGroup | None = None
-        self._main: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._beat_now = asyncio.Event()
         self._enqueuing: set[asyncio.Task[None]] = set()
@@ -426,37 +422,30 @@ class Scheduler:
 
     # -- lifecycle --------------------------------------------------------------------------
 
+    kind = "scheduler"
+
     async def start(self) -> None:
         """Connect, write the first heartbeat and start ticking (raises if Redis is unreachable)."""
-        if self._state != "new":
-            raise RuntimeError(f"the scheduler cannot start: it is {self._state}")
+        await self._start_service()
+        self.log.info("scheduler started", entries=len(self._entries))
+
+    async def _open(self) -> None:
         self._conn = Connection(self._target)
         self._broker = Broker(self._conn.redis, fast=self._conn.fast)
         self._client = Client(self._conn)
         now = datetime.now(UTC)
         for entry in self._entries.values():
             entry.next = _next_tick(entry.schedule, now)
-        try:
-            await self._heartbeat()
-        except BaseException:
-            await self._close_connection()
-            self._state = "closed"
-            raise
-        self._state = "running"
-        self._main = asyncio.create_task(self._supervise(), name="asyncq-scheduler")
-        self.log.info("scheduler started", entries=len(self._entries))
+        await self._heartbeat()
+
+    async def _release(self) -> None:
+        await self._close_connection()
 
     async def shutdown(self) -> None:
         """Stop ticking, let running enqueues finish, remove entries and histories, close."""
-        if self._state in ("new", "closed"):
-            self._state = "closed"
-            return
-        if self._state == "stopping":
-            if self._main is not None:
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(self._main)
-            return
-        self._state = "stopping"
+        await super().shutdown()
+
+    async def _close(self) -> None:
         self._stop.set()
         main = self._main
         if main is not None:
@@ -473,21 +462,12 @@ class Scheduler:
             await self._cleanup()
         finally:
             await self._close_connection()
-            self._state = "closed"
             self.log.info("scheduler stopped")
 
     async def run(self) -> None:
-        """Start, run until SIGTERM or SIGINT, then shut down."""
-        await self.start()
-        main = self._main
-        assert main is not None
-        try:
-            async with signal_handlers(self.log) as signals:
-                await signals.wait_or(main)
-        finally:
-            await self.shutdown()  # handlers removed: a second signal ends the process
-        if main.done() and not main.cancelled() and main.exception() is not None:
-            raise RuntimeError("the scheduler's roles failed") from main.exception()
+        """Start, run until SIGTERM or SIGINT, then shut down (a second signal ends the
+        process); raises RuntimeError when the scheduler's roles failed."""
+        await self._run_until_signal(self.start)
 
     async def __aenter__(self) -> Scheduler:
         await self.start()
@@ -509,7 +489,8 @@ class Scheduler:
 
     # -- roles ------------------------------------------------------------------------------
 
-    async def _supervise(self) -> None:
+    async def _main_loop(self) -> None:
+        """The scheduler's main task: the heartbeat and one runner per entry, in a TaskGroup."""
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             heartbeat = tg.create_task(self._heartbeat_loop(), name="asyncq-scheduler-heartbeat")

@@ -24,10 +24,13 @@ requeueing and their tasks come back through lease recovery. (Python cannot
 stop a thread: a plain ``def`` handler still blocking in its worker thread
 keeps the interpreter alive until it returns; a third signal ends the process.)
 
-Every background role (processor, heartbeater, watchdog, forwarder,
-recoverer, janitor, syncer, subscriber, and when configured the health
-checker, the queue watcher and the aggregator) is an asyncio task in one
-TaskGroup; shutdown stops them in :data:`SHUTDOWN_ORDER`; a role that
+A Server is validated settings (:func:`asyncq._worker.config.build_config`) plus
+wiring: ``__init__`` builds every background role (processor, heartbeater, watchdog,
+forwarder, recoverer, janitor, syncer, subscriber, and when configured the health
+checker, the queue watcher and the aggregator), each from exactly what it uses.
+``start()`` runs them, each an asyncio task in one TaskGroup, the server's main task
+(see :mod:`asyncq._service` for the lifecycle it shares with the Scheduler and the
+PeriodicTaskManager); shutdown stops them in :data:`SHUTDOWN_ORDER`; a role that
 crashes is logged and restarted with backoff (see :mod:`asyncq._worker.roles`).
 """
 
@@ -42,11 +45,12 @@ import socket
 import threading
 import types
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from redis.exceptions import RedisError
+from typing_extensions import Unpack
 
 from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, Broker
@@ -54,31 +58,31 @@ from asyncq._broker.replication import replica_wait_seconds
 from asyncq._logging import get_logger
 from asyncq._redis.connection import Connection, check_tls, independent_target
 from asyncq._redis.options import RedisClient, RedisTarget, describe_target
-from asyncq._signals import log_signal_hints, signal_handlers
+from asyncq._service import Service
+from asyncq._signals import log_signal_hints
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.aggregator import GroupAggregatorRole
 from asyncq._worker.config import (
+    DEFAULT_MAX_INFLIGHT_BYTES,
+    DEFAULT_QUEUES,
+    Aggregation,
     ErrorHandler,
-    GroupAggregator,
+    GroupedOptions,
     HealthCheck,
+    Intervals,
     IsFailure,
+    Limits,
     RetryDelay,
     ServerConfig,
     ServerStats,
-)
-from asyncq._worker.flow import (
-    validate_limits,
-    validate_ordered,
-    validate_rates,
-    validate_type_rates,
+    build_config,
 )
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.healthchecker import HealthChecker
 from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
 from asyncq._worker.janitor import Janitor
-from asyncq._worker.policy import default_retry_delay
 from asyncq._worker.processor import Processor, write_limit
-from asyncq._worker.queueset import QueueSet, is_pattern, validate_pattern
+from asyncq._worker.queueset import QueueSet, is_pattern
 from asyncq._worker.queuewatcher import QueueWatcher, refresh_once
 from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import Role, RoleDeps, supervise
@@ -96,19 +100,17 @@ from asyncq.task import Task, TaskInfo
 __all__ = [
     "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_QUEUES",
+    "Aggregation",
     "ErrorHandler",
     "HealthCheck",
+    "Intervals",
     "IsFailure",
+    "Limits",
     "RetryDelay",
     "Server",
     "ServerConfig",
     "ServerStats",
 ]
-
-DEFAULT_QUEUES: Mapping[str, int] = types.MappingProxyType({"default": 1})
-"""Queues served when none are given (asynq's default)."""
-DEFAULT_MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
-"""Default bound on the task bytes a server holds in running handlers (64 MiB)."""
 
 SHUTDOWN_ORDER: tuple[str, ...] = (
     "forwarder",
@@ -138,39 +140,20 @@ _STATUS_ACTIVE = "active"
 _STATUS_STOPPED = "stopped"
 
 
-def _default_is_failure(exc: BaseException) -> bool:
-    return True
+async def _no_handler(task: Task) -> None:
+    raise RuntimeError("the server runs no handler before start(handler)")
 
 
-def _duration(name: str, value: object, *, minimum: timedelta = timedelta(0)) -> float:
-    if not isinstance(value, timedelta):
-        raise TypeError(f"{name} must be a datetime.timedelta, got {value.__class__.__name__}")
-    if value <= minimum and minimum == timedelta(0):
-        raise ValueError(f"{name} must be positive, got {value}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return value.total_seconds()
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value.__class__.__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
-
-
-def _callable(name: str, value: object) -> None:
-    if value is not None and not callable(value):
-        raise TypeError(f"{name} must be callable, got {value.__class__.__name__}")
-
-
-class Server:
+class Server(Service):
     """Runs task handlers from Redis queues; see the module docstring.
 
     *redis* is a URI, connection options or a ``redis.asyncio`` client (a
     client is shared: the server leaves it open). All durations are
-    ``timedelta``s; defaults are asynq's.
+    ``timedelta``s; defaults are asynq's. The rarely changed settings come in
+    groups, :class:`~asyncq.Intervals` (``intervals=``), :class:`~asyncq.Limits`
+    (``limits=``) and :class:`~asyncq.Aggregation` (``aggregation=``); each of
+    their fields is also accepted as the keyword of its own named below
+    (``heartbeat_interval=`` is ``intervals=Intervals(heartbeat=...)``).
 
     - ``concurrency``: handlers running at once (default: the number of CPUs).
     - ``queues``: queue name -> priority (default ``{"default": 1}``).
@@ -192,9 +175,9 @@ class Server:
       checks; it also checks at the earliest lease expiry it saw and at least
       once per lease duration), ``recoverer_cutoff`` (2 s: how long after
       expiry a lease is recovered, the allowance for clock skew between
-      hosts; asynq's is 30 s), ``syncer_interval`` (5 s): asynq hard-codes
-      these. A killed worker's tasks run again on another worker about
-      ``lease_duration`` + ``recoverer_cutoff`` after the kill.
+      hosts; asynq's is 30 s): asynq hard-codes these. A killed worker's
+      tasks run again on another worker about ``lease_duration`` +
+      ``recoverer_cutoff`` after the kill.
     - ``group_aggregator(group, tasks) -> Task`` enables aggregation (*tasks*
       in joining order to the second; within one second in task-id order), with
       ``group_grace_period`` (1 min, at least 1 s), ``group_max_delay`` and
@@ -250,131 +233,46 @@ class Server:
         error_handler: ErrorHandler | None = None,
         shutdown_timeout: timedelta = timedelta(seconds=8),
         health_check: HealthCheck | None = None,
-        health_check_interval: timedelta = timedelta(seconds=15),
-        task_check_interval: timedelta = timedelta(milliseconds=80),
-        delayed_task_check_interval: timedelta = timedelta(seconds=5),
-        janitor_interval: timedelta = timedelta(seconds=8),
-        janitor_batch_size: int = 100,
-        heartbeat_interval: timedelta = timedelta(seconds=5),
         lease_duration: timedelta = timedelta(seconds=LEASE_DURATION),
-        recoverer_interval: timedelta = timedelta(minutes=1),
-        recoverer_cutoff: timedelta = timedelta(seconds=2),
-        syncer_interval: timedelta = timedelta(seconds=5),
-        group_aggregator: GroupAggregator | None = None,
-        group_grace_period: timedelta = timedelta(minutes=1),
-        group_max_delay: timedelta | None = None,
-        group_max_size: int | None = None,
-        group_check_interval: timedelta | None = None,
         burst: bool = False,
-        sync_concurrency: int | None = None,
-        max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
-        queue_concurrency: Mapping[str, int] | None = None,
-        local_queue_concurrency: Mapping[str, int] | None = None,
-        rate_limits: Mapping[str, str] | None = None,
-        type_rate_limits: Mapping[str, str] | None = None,
-        ordered_queues: Sequence[str] = (),
-        queue_refresh_interval: timedelta = timedelta(seconds=1),
+        intervals: Intervals | None = None,
+        limits: Limits | None = None,
+        aggregation: Aggregation | None = None,
         logger: Any = None,
         metrics: WorkerHooks | None = None,
         min_replicas: int = 0,
         replica_timeout: timedelta = timedelta(seconds=1),
         lifespan: Lifespan | None = None,
+        **options: Unpack[GroupedOptions],
     ) -> None:
-        replica_wait = replica_wait_seconds(min_replicas, replica_timeout)
-        concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
-        concurrency = _positive_int("concurrency", concurrency)
-        queues = DEFAULT_QUEUES if queues is None else queues
-        if not isinstance(queues, Mapping):
-            raise TypeError(f"queues must be a mapping of name to priority, got {queues!r}")
-        if not queues:
-            raise ValueError("queues cannot be empty (omit it to serve {'default': 1})")
-        for qname, prio in queues.items():
-            if not isinstance(qname, str) or not qname.strip():
-                raise ValueError(f"queue names must be non-blank strings, got {qname!r}")
-            keys.refuse_braces("queue name", qname)
-            if is_pattern(qname):
-                validate_pattern("queues", qname)
-            if isinstance(prio, bool) or not isinstance(prio, int) or prio < 1:
-                raise ValueError(f"queue {qname!r} needs an integer priority >= 1, got {prio!r}")
-        for name, fn in (
-            ("retry_delay", retry_delay),
-            ("is_failure", is_failure),
-            ("error_handler", error_handler),
-            ("health_check", health_check),
-            ("group_aggregator", group_aggregator),
-        ):
-            _callable(name, fn)
-        grace = _duration("group_grace_period", group_grace_period, minimum=timedelta(seconds=1))
-        max_delay = 0.0
-        if group_max_delay is not None and group_max_delay != timedelta(0):
-            max_delay = _duration("group_max_delay", group_max_delay, minimum=timedelta(seconds=1))
-        max_size = 0
-        if group_max_size is not None and group_max_size != 0:
-            max_size = _positive_int("group_max_size", group_max_size)
-        check_interval = min(7.0, grace)
-        if group_check_interval is not None:
-            check_interval = _duration("group_check_interval", group_check_interval)
-        heartbeat = _duration("heartbeat_interval", heartbeat_interval)
-        lease = _duration("lease_duration", lease_duration, minimum=timedelta(seconds=2))
-        if lease <= heartbeat:
-            raise ValueError(
-                f"lease_duration ({lease_duration}) must be longer than heartbeat_interval "
-                f"({heartbeat_interval}): the heartbeat extends the leases"
-            )
-        cutoff = recoverer_cutoff
-        if not isinstance(cutoff, timedelta):
-            raise TypeError(
-                f"recoverer_cutoff must be a datetime.timedelta, got {cutoff.__class__.__name__}"
-            )
-        if cutoff < timedelta(0):
-            raise ValueError(f"recoverer_cutoff cannot be negative, got {cutoff}")
-        self.config = ServerConfig(
+        super().__init__()
+        self.config: ServerConfig = build_config(
             concurrency=concurrency,
-            queues=types.MappingProxyType(dict(queues)),
-            strict_priority=bool(strict_priority),
-            retry_delay=retry_delay or default_retry_delay,
-            is_failure=is_failure or _default_is_failure,
+            queues=queues,
+            strict_priority=strict_priority,
+            retry_delay=retry_delay,
+            is_failure=is_failure,
             error_handler=error_handler,
-            shutdown_timeout=_duration("shutdown_timeout", shutdown_timeout),
+            shutdown_timeout=shutdown_timeout,
             health_check=health_check,
-            health_check_interval=_duration("health_check_interval", health_check_interval),
-            task_check_interval=_duration("task_check_interval", task_check_interval),
-            delayed_task_check_interval=_duration(
-                "delayed_task_check_interval", delayed_task_check_interval
-            ),
-            janitor_interval=_duration("janitor_interval", janitor_interval),
-            janitor_batch_size=_positive_int("janitor_batch_size", janitor_batch_size),
-            heartbeat_interval=heartbeat,
-            lease_duration=lease,
-            recoverer_interval=_duration("recoverer_interval", recoverer_interval),
-            recoverer_cutoff=cutoff.total_seconds(),
-            syncer_interval=_duration("syncer_interval", syncer_interval),
-            group_aggregator=group_aggregator,
-            group_grace_period=grace,
-            group_max_delay=max_delay,
-            group_max_size=max_size,
-            group_check_interval=check_interval,
-            burst=bool(burst),
-            sync_concurrency=_positive_int(
-                "sync_concurrency", concurrency if sync_concurrency is None else sync_concurrency
-            ),
-            max_inflight_bytes=_positive_int("max_inflight_bytes", max_inflight_bytes),
-            queue_concurrency=validate_limits("queue_concurrency", queue_concurrency),
-            local_queue_concurrency=validate_limits(
-                "local_queue_concurrency", local_queue_concurrency
-            ),
-            rate_limits=validate_rates("rate_limits", rate_limits),
-            ordered_queues=validate_ordered(ordered_queues),
-            type_rate_limits=validate_type_rates("type_rate_limits", type_rate_limits),
-            queue_refresh_interval=_duration("queue_refresh_interval", queue_refresh_interval),
+            lease_duration=lease_duration,
+            burst=burst,
+            intervals=intervals,
+            limits=limits,
+            aggregation=aggregation,
+            options=options,
         )
+        replica_wait = replica_wait_seconds(min_replicas, replica_timeout)
+        if lifespan is not None and not callable(lifespan):
+            raise TypeError(f"lifespan must be callable, got {lifespan.__class__.__name__}")
+        cfg = self.config
         self.log: Any = logger if logger is not None else get_logger()
         self.metrics = metrics
         self._hooks = NO_HOOKS if metrics is None else metrics
-        if janitor_batch_size > 100:
+        if cfg.janitor_batch_size > 100:
             self.log.warning(
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
-                janitor_batch_size=janitor_batch_size,
+                janitor_batch_size=cfg.janitor_batch_size,
             )
         self._independent_target = independent_target(redis)
         self._announce_signals = True
@@ -383,7 +281,7 @@ class Server:
         self.redis: RedisClient = self.connection.redis
         self.broker = Broker(
             self.redis,
-            lease_duration=lease,
+            lease_duration=cfg.lease_duration,
             fast=self.connection.fast,
             min_replicas=min_replicas,
             replica_timeout=replica_wait,
@@ -395,42 +293,99 @@ class Server:
         self.stats = ServerStats()
         self.active = ActiveTasks()
         """The tasks this server runs (the registry the roles read and cancel through)."""
-        self.queue_set = QueueSet(self.config.queues)
+        self.queue_set = QueueSet(cfg.queues)
         """The queues served now: the names of ``queues`` and the current matches of its
         patterns (re-read from ``asynq:queues`` every ``queue_refresh_interval``)."""
-        self._deps = RoleDeps(
-            broker=self.broker,
-            config=self.config,
-            log=self.log,
-            stats=self.stats,
-            queues=self.queue_set,
-        )
-        self._wakeup = asyncio.Event()
+        self._fetching = True
         self._enqueuer: Client | None = None
-        self.processor: Processor | None = None
-        self.syncer: Syncer = Syncer(self._deps, self.config.syncer_interval)
-        self._state = "new"
-        self._roles: list[Role] = []
-        self._role_tasks: dict[str, asyncio.Task[None]] = {}
-        self._main: asyncio.Task[None] | None = None
-        self._shutdown_task: asyncio.Task[None] | None = None
-        self._closed = asyncio.Event()
         self._force = asyncio.Event()
-        _callable("lifespan", lifespan)
         self._lifespan = lifespan
         self._lifespan_stack = contextlib.AsyncExitStack()
+        self._context = contextvars.copy_context()
+        """The roles' context, copied here; start() sets the lifespan state in it."""
+        self._roles_started = asyncio.Event()
+        self._role_tasks: dict[str, asyncio.Task[None]] = {}
+        self._build_roles()
+
+    def _build_roles(self) -> None:
+        """Every role, each given exactly what it uses (see :class:`RoleDeps`)."""
+        cfg = self.config
+        deps = RoleDeps(
+            broker=self.broker, config=cfg, log=self.log, stats=self.stats, queues=self.queue_set
+        )
+        wakeup = asyncio.Event()  # set when a fetch may find work: the processor waits on it
+        self.syncer: Syncer = Syncer(deps, cfg.syncer_interval)
+        self.processor: Processor = Processor(
+            deps,
+            handler=_no_handler,  # start(handler) sets the handler
+            active=self.active,
+            wakeup=wakeup,
+            defer_write=self.syncer.add,
+            on_burst_done=self._begin_shutdown,
+            notifier=CompletionNotifier(self.redis),
+            write_limit=write_limit(self.redis),
+            hooks=self._hooks,
+        )
+        self._subscriber = Subscriber(
+            deps, active=self.active, wakeup=wakeup, pubsub=self.connection.pubsub
+        )
+        independent = self._independent_target
+        roles: list[Role] = [
+            Heartbeater(
+                deps,
+                cfg.heartbeat_interval,
+                active=self.active,
+                identity=ServerIdentity(host=self.host, pid=self.pid, server_id=self.server_id),
+                status=lambda: self.status,
+                started_at=lambda: self.started_at,
+            ),
+            Watchdog(
+                deps,
+                active=self.active,
+                threshold=max(0.5, min(1.0, cfg.heartbeat_interval)),
+                keep_leases_with=None if independent is None else (lambda: independent),
+                on_stall=self._hooks.loop_stalled,
+            ),
+        ]
+        if cfg.health_check is not None:
+            roles.append(HealthChecker(deps, cfg.health_check_interval, ping=self.redis.ping))
+        roles += [
+            self._subscriber,
+            self.syncer,
+            Recoverer(deps, cfg.recoverer_interval, active=self.active, wakeup=wakeup),
+            Forwarder(deps, cfg.delayed_task_check_interval, wakeup=wakeup),
+            self.processor,
+            Janitor(deps, cfg.janitor_interval),
+        ]
+        self._watcher: QueueWatcher | None = None
+        if self.queue_set.dynamic:
+            self._watcher = QueueWatcher(
+                deps, cfg.queue_refresh_interval, wakeup=wakeup, ordered=cfg.ordered_queues
+            )
+            roles.append(self._watcher)
+        if cfg.group_aggregator is not None:
+            roles.append(
+                GroupAggregatorRole(
+                    deps, cfg.group_check_interval, enqueue=self._enqueue_aggregated
+                )
+            )
+        self.roles: tuple[Role, ...] = tuple(roles)
+        """Every role of this server, in the order they start."""
 
     # -- state ------------------------------------------------------------------------------
 
     @property
     def state(self) -> str:
-        """``"new"``, ``"active"``, ``"stopped"`` (not fetching) or ``"closed"``."""
-        return self._state
+        """``"new"``, ``"active"``, ``"stopped"`` (not fetching) or ``"closed"`` (shutting
+        down or shut down)."""
+        if self._state == "running":
+            return "active" if self._fetching else "stopped"
+        return "closed" if self._state == "stopping" else self._state
 
     @property
     def status(self) -> str:
         """The status written in the heartbeat: ``"active"`` or ``"stopped"``."""
-        return _STATUS_ACTIVE if self._state == "active" else _STATUS_STOPPED
+        return _STATUS_ACTIVE if self.state == "active" else _STATUS_STOPPED
 
     @property
     def served_queues(self) -> list[str]:
@@ -443,7 +398,9 @@ class Server:
         """Handlers running now."""
         return len(self.active)
 
-    # -- lifecycle ----------------------------------------------------------------------------
+    # -- lifecycle (see asyncq._service) ---------------------------------------------------
+
+    kind = "server"
 
     async def start(self, handler: ServeMux | Callable[[Task], Any]) -> None:
         """Start the roles and begin processing with *handler* (a ServeMux or a handler).
@@ -451,33 +408,35 @@ class Server:
         Returns once the roles run. Raises RuntimeError when already started
         or stopped, ServerClosedError after shutdown.
         """
-        if self._state == "active":
+        if self.state == "active":
             raise RuntimeError("the server is already running")
-        if self._state == "stopped":
+        if self.state == "stopped":
             raise RuntimeError("the server is in the stopped state; waiting for shutdown")
-        if self._state == "closed":
+        if self.state == "closed":
             raise ServerClosedError()
         if handler is None:
             raise TypeError("server cannot start: the handler is None")
         fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
+        self.processor.handler = self._hooks.instrument(fn)
+        await self._start_service(self._context)
+        await self._roles_started.wait()
+        # Subscribed before returning, so a task enqueued right after start() wakes us;
+        # if Redis is down this returns after the first failed attempt and the
+        # subscriber keeps retrying in the background.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                await self._subscriber.attempted.wait()
+
+    async def _open(self) -> None:
         await check_tls(self.redis)  # an unverifiable certificate fails now, with its reason
         await self._say_if_unreachable()
-        context = contextvars.copy_context()  # the roles' context: the lifespan state goes here
         if self._lifespan is not None:
             state = await self._lifespan_stack.enter_async_context(self._lifespan())
-            context.run(state_var.set, state)
-        fn = self._hooks.instrument(fn)
+            self._context.run(state_var.set, state)
         self._hooks.attach()
         cfg = self.config
-        watcher: QueueWatcher | None = None
-        if self.queue_set.dynamic:
-            watcher = QueueWatcher(
-                self._deps,
-                cfg.queue_refresh_interval,
-                wakeup=self._wakeup,
-                ordered=cfg.ordered_queues,
-            )
-            await refresh_once(watcher)  # the patterns' current matches before any fetch
+        if self._watcher is not None:
+            await refresh_once(self._watcher)  # the patterns' current matches before any fetch
         served = self.queue_set.names()
         for qname in cfg.ordered_queues:  # asyncq flow control, read by the scripts
             if not is_pattern(qname):
@@ -485,7 +444,6 @@ class Server:
             else:  # the served queues matching it now; the watcher marks later ones
                 for match in fnmatch.filter(served, qname):
                     await self.redis.set(keys.ordered_key(match), "1")
-        self._state = "active"
         self.started_at = datetime.now(UTC)
         self.log.info(
             "starting processing",
@@ -495,72 +453,6 @@ class Server:
             served=len(served),
             strict_priority=cfg.strict_priority,
         )
-        deps = self._deps
-        self.processor = Processor(
-            deps,
-            handler=fn,
-            active=self.active,
-            wakeup=self._wakeup,
-            defer_write=self.syncer.add,
-            on_burst_done=self._begin_shutdown,
-            notifier=CompletionNotifier(self.redis),
-            write_limit=write_limit(self.redis),
-            hooks=self._hooks,
-        )
-        subscriber = Subscriber(
-            deps, active=self.active, wakeup=self._wakeup, pubsub=self.connection.pubsub
-        )
-        identity = ServerIdentity(host=self.host, pid=self.pid, server_id=self.server_id)
-        roles: list[Role] = [
-            Heartbeater(
-                deps,
-                cfg.heartbeat_interval,
-                active=self.active,
-                identity=identity,
-                status=lambda: self.status,
-                started_at=lambda: self.started_at,
-            )
-        ]
-        independent = self._independent_target
-        roles.append(
-            Watchdog(
-                deps,
-                active=self.active,
-                threshold=max(0.5, min(1.0, cfg.heartbeat_interval)),
-                keep_leases_with=None if independent is None else (lambda: independent),
-                on_stall=self._hooks.loop_stalled,
-            )
-        )
-        if cfg.health_check is not None:
-            roles.append(HealthChecker(deps, cfg.health_check_interval, ping=self.redis.ping))
-        roles += [
-            subscriber,
-            self.syncer,
-            Recoverer(deps, cfg.recoverer_interval, active=self.active, wakeup=self._wakeup),
-            Forwarder(deps, cfg.delayed_task_check_interval, wakeup=self._wakeup),
-            self.processor,
-            Janitor(deps, cfg.janitor_interval),
-        ]
-        if watcher is not None:
-            roles.append(watcher)
-        if cfg.group_aggregator is not None:
-            roles.append(
-                GroupAggregatorRole(
-                    deps, cfg.group_check_interval, enqueue=self._enqueue_aggregated
-                )
-            )
-        self._roles = roles
-        started = asyncio.Event()
-        self._main = asyncio.create_task(
-            self._run_roles(started), name="asyncq-server", context=context
-        )
-        await started.wait()
-        # Subscribed before returning, so a task enqueued right after start() wakes us;
-        # if Redis is down this returns after the first failed attempt and the
-        # subscriber keeps retrying in the background.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(2.0):
-                await subscriber.attempted.wait()
 
     async def _say_if_unreachable(self) -> None:
         """Log once, at ERROR, when Redis does not answer at start.
@@ -578,47 +470,40 @@ class Server:
                 error=f"{type(exc).__name__}: {exc}",
             )
 
-    async def _run_roles(self, started: asyncio.Event) -> None:
+    async def _main_loop(self) -> None:
+        """The server's main task: every role, supervised, in one TaskGroup."""
         async with asyncio.TaskGroup() as tg:
-            for role in self._roles:
+            for role in self.roles:
                 self._role_tasks[role.name] = tg.create_task(
                     supervise(role), name=f"asyncq-{role.name}"
                 )
-            started.set()
+            self._roles_started.set()
 
     def stop(self) -> None:
         """Stop fetching new tasks; running handlers finish (asynq's Stop, SIGTSTP)."""
-        if self._state != "active":
+        if self.state != "active":
             return
-        self._state = "stopped"
+        self._fetching = False
         self.log.info("stopping processor: no new tasks will be fetched")
-        if self.processor is not None:
-            self.processor.stop_fetching()
+        self.processor.stop_fetching()
 
     async def shutdown(self) -> None:
         """Stop, wait for running handlers up to ``shutdown_timeout``, requeue the rest, exit.
 
         Safe to call more than once and from several tasks.
         """
-        if self._state == "new":
-            self._state = "closed"
-            await self.connection.aclose()
-            self._closed.set()
-            return
-        if self._shutdown_task is None and self._state == "closed":
-            return  # closed without ever starting
-        await asyncio.shield(self._begin_shutdown())
+        await super().shutdown()
 
     def force_shutdown(self) -> None:
         """Make a running or upcoming shutdown skip waiting: handlers are cancelled without
         requeueing (their tasks come back through lease recovery)."""
         self._force.set()
-        if self._state in ("active", "stopped"):
+        if self._state == "running":
             self._begin_shutdown()
 
     async def wait_closed(self) -> None:
         """Wait until the server has shut down (e.g. a burst run finished)."""
-        await self._closed.wait()
+        await super().wait_closed()
 
     async def _enqueue_aggregated(self, task: Task, queue: str) -> TaskInfo:
         if self._enqueuer is None:
@@ -626,19 +511,17 @@ class Server:
             self._enqueuer = Client(self.connection)
         return await self._enqueuer.enqueue(task, queue=queue)
 
-    def _begin_shutdown(self) -> asyncio.Task[None]:
-        if self._shutdown_task is None:
-            self._shutdown_task = asyncio.get_running_loop().create_task(
-                self._shutdown(), name="asyncq-shutdown"
-            )
-        return self._shutdown_task
+    async def _release(self) -> None:
+        try:
+            await self._lifespan_stack.aclose()
+        finally:
+            await self.connection.aclose()
 
-    async def _shutdown(self) -> None:
-        self._state = "closed"
+    async def _close(self) -> None:
         self.log.info("starting graceful shutdown")
         rank = {name: i for i, name in enumerate(SHUTDOWN_ORDER)}
         try:
-            for role in sorted(self._roles, key=lambda r: rank.get(r.name, len(rank))):
+            for role in sorted(self.roles, key=lambda r: rank.get(r.name, len(rank))):
                 await self._stop_role(role)
             if self._main is not None:
                 with contextlib.suppress(asyncio.CancelledError):
@@ -652,7 +535,6 @@ class Server:
             except Exception as exc:
                 self.log.error("lifespan exit failed", exc_info=exc)
             await self.connection.aclose()
-            self._closed.set()
             self.log.info("exiting", processed=self.stats.succeeded + self.stats.failed)
 
     async def _stop_role(self, role: Role) -> None:
@@ -693,11 +575,7 @@ class Server:
             else:  # still starting: stop once started
                 stop_requested = True
 
-        # The handlers go in before start(): a signal that arrives while the server
-        # starts (a supervisor, systemd or Kubernetes stopping it at once) must not
-        # meet the default action, which kills (SIGTERM) or suspends (SIGTSTP) the process.
-        async with signal_handlers(self.log, on_repeat=on_repeat, on_stop=on_stop) as signals:
-            await self.start(handler)
+        def started() -> None:
             if stop_requested:
                 self.stop()
             if threading.current_thread() is threading.main_thread():
@@ -707,8 +585,10 @@ class Server:
                     log_signal_hints(self.log)
             else:
                 self.log.warning("not in the main thread: no signal handlers installed")
-            await signals.wait_or(self._closed.wait())
-            await self.shutdown()
+
+        await self._run_until_signal(
+            lambda: self.start(handler), on_repeat=on_repeat, on_stop=on_stop, started=started
+        )
 
     async def ping(self) -> None:
         """Check that Redis answers; raises a redis-py error when it does not."""
@@ -727,6 +607,6 @@ class Server:
 
     def __repr__(self) -> str:
         return (
-            f"<Server id={self.server_id} state={self._state} "
+            f"<Server id={self.server_id} state={self.state} "
             f"queues={dict(self.config.queues)} concurrency={self.config.concurrency}>"
         )

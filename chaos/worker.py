@@ -140,12 +140,12 @@ async def _serve(args: argparse.Namespace) -> None:
         recoverer_cutoff=timedelta(seconds=args.cutoff),
         task_check_interval=timedelta(milliseconds=200),
         delayed_task_check_interval=timedelta(milliseconds=200),
-        syncer_interval=timedelta(milliseconds=200),
         shutdown_timeout=timedelta(seconds=3),
         retry_delay=lambda n, exc, task: timedelta(0),
         min_replicas=args.min_replicas,
         replica_timeout=timedelta(seconds=args.replica_timeout),
     )
+    server.syncer.interval = 0.2  # writes refused during a fault are retried soon
 
     async def announce() -> None:
         while server.state != "active":  # noqa: ASYNC110 - the server has no "started" event

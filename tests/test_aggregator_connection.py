@@ -43,7 +43,7 @@ async def test_aggregated_tasks_use_the_servers_connection(
         for payload in (b"a", b"b"):
             await client.enqueue(Task("item", payload), group="g")
         await wait_until(lambda: processed == [b"a,b"], what="aggregated task processed")
-        assert any(isinstance(r, GroupAggregatorRole) for r in server._roles)
+        assert any(isinstance(r, GroupAggregatorRole) for r in server.roles)
         enqueuer = server._enqueuer
         assert enqueuer is not None
         assert server.connection.fast is not None  # a URL-built server has the fast transport

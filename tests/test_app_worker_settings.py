@@ -16,7 +16,8 @@ import redis as sync_redis
 from structlog.testing import capture_logs
 
 import asyncq.app as app_module
-from asyncq import App, Server
+from asyncq import Aggregation, App, Intervals, Limits, Server
+from asyncq._worker.config import GROUPED_OPTION_NAMES
 from asyncq.app import WORKER_OPTION_NAMES, WorkerOptions
 from asyncq.hooks import WorkerHooks
 
@@ -67,7 +68,6 @@ EVERY_OPTION: WorkerOptions = {
     "delayed_task_check_interval": timedelta(seconds=2),
     "janitor_interval": timedelta(seconds=4),
     "janitor_batch_size": 50,
-    "syncer_interval": timedelta(seconds=6),
     "group_aggregator": _aggregate,
     "group_grace_period": timedelta(seconds=5),
     "group_max_delay": timedelta(seconds=50),
@@ -81,12 +81,17 @@ EVERY_OPTION: WorkerOptions = {
     "metrics": cast(WorkerHooks, object()),
     "min_replicas": 1,
     "replica_timeout": timedelta(seconds=2),
+    "intervals": Intervals(),
+    "limits": Limits(),
+    "aggregation": Aggregation(),
 }
 
 
 def test_worker_options_name_every_server_option_but_the_target_and_lifespan() -> None:
     params = inspect.signature(Server.__init__).parameters
+    # The named keywords, and the flat keywords of the grouped settings (**options).
     server_options = {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    server_options |= GROUPED_OPTION_NAMES
     assert server_options - {"lifespan"} == set(WORKER_OPTION_NAMES)
     assert set(EVERY_OPTION) == set(WORKER_OPTION_NAMES)  # the table below covers them all
 

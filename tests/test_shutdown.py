@@ -116,11 +116,11 @@ async def test_idle_shutdown_returns_promptly(redis: Redis) -> None:
         recoverer_interval=timedelta(hours=1),
         heartbeat_interval=timedelta(hours=1),
         lease_duration=timedelta(hours=2),
-        syncer_interval=timedelta(hours=1),
         health_check=lambda exc: None,
         health_check_interval=timedelta(hours=1),
         group_aggregator=lambda g, ts: Task("x"),
     )
+    server.syncer.interval = 3600.0
     await server.start(ServeMux())
     await asyncio.wait_for(server.shutdown(), 5)
     assert server.state == "closed"

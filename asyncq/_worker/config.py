@@ -1,25 +1,57 @@
-"""A server's validated settings and its in-process counters, shared by every role."""
+"""A server's settings, validated, and its in-process counters, shared by every role.
+
+The user gives the settings as ``Server`` keywords: the common ones by name, the rarely
+changed ones grouped in :class:`Intervals`, :class:`Limits` and :class:`Aggregation`
+(each also accepted as the flat keyword it replaces, e.g. ``heartbeat_interval=``, see
+:class:`GroupedOptions`). :func:`build_config` checks every value, naming the option
+of a bad one, and returns the :class:`ServerConfig` the roles read (durations in
+seconds).
+"""
 
 from __future__ import annotations
 
+import os
+import types
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
-from typing import TypeAlias
+from typing import Any, Final, TypeAlias, TypedDict
 
-from asyncq._worker.flow import Rate
+from asyncq import _keys as keys
+from asyncq._broker import LEASE_DURATION
+from asyncq._worker.flow import (
+    Rate,
+    validate_limits,
+    validate_ordered,
+    validate_rates,
+    validate_type_rates,
+)
+from asyncq._worker.queueset import is_pattern, validate_pattern
 from asyncq.task import Task
 
 __all__ = [
+    "DEFAULT_MAX_INFLIGHT_BYTES",
+    "DEFAULT_QUEUES",
+    "GROUPED_OPTION_NAMES",
+    "Aggregation",
     "ErrorHandler",
     "GroupAggregator",
+    "GroupedOptions",
     "HealthCheck",
+    "Intervals",
     "IsFailure",
+    "Limits",
     "RetryDelay",
     "ServerConfig",
     "ServerStats",
+    "build_config",
 ]
+
+DEFAULT_QUEUES: Mapping[str, int] = types.MappingProxyType({"default": 1})
+"""Queues served when none are given (asynq's default)."""
+DEFAULT_MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
+"""Default bound on the task bytes a server holds in running handlers (64 MiB)."""
 
 RetryDelay: TypeAlias = Callable[[int, BaseException, Task], timedelta]
 """``retry_delay(n, exc, task) -> timedelta``; *n* = retries so far (0 on the first failure)."""
@@ -46,8 +78,10 @@ class ServerConfig:
     concurrency: int
     queues: Mapping[str, int]
     strict_priority: bool
-    retry_delay: RetryDelay
-    is_failure: IsFailure
+    retry_delay: RetryDelay | None
+    """None: asynq's delay (:func:`asyncq._worker.policy.default_retry_delay`)."""
+    is_failure: IsFailure | None
+    """None: every error is a failure."""
     error_handler: ErrorHandler | None
     shutdown_timeout: float
     health_check: HealthCheck | None
@@ -60,7 +94,6 @@ class ServerConfig:
     lease_duration: float
     recoverer_interval: float
     recoverer_cutoff: float
-    syncer_interval: float
     group_aggregator: GroupAggregator | None
     group_grace_period: float
     group_max_delay: float
@@ -82,6 +115,9 @@ class ServerConfig:
     :mod:`asyncq._broker.typerate`."""
     queue_refresh_interval: float = 1.0
     """How often a server with queue patterns re-reads ``asynq:queues``."""
+    syncer_interval: float = 5.0
+    """How often the syncer retries the writes Redis refused (asynq hard-codes 5 s). Not
+    a ``Server`` option: a test that needs it shorter sets ``server.syncer.interval``."""
 
 
 @dataclass(slots=True)
@@ -123,3 +159,301 @@ class ServerStats:
     """Total seconds the event loop was blocked in those stalls."""
     role_restarts: Counter[str] = field(default_factory=Counter)
     """Crashes per role (each followed by a restart)."""
+
+
+def _duration(name: str, value: object, *, minimum: timedelta = timedelta(0)) -> float:
+    """*value* in seconds: a timedelta above zero and at least *minimum*."""
+    if not isinstance(value, timedelta):
+        raise TypeError(f"{name} must be a datetime.timedelta, got {value.__class__.__name__}")
+    if value <= minimum and minimum == timedelta(0):
+        raise ValueError(f"{name} must be positive, got {value}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value.total_seconds()
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value.__class__.__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+def _callable(name: str, value: object) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable, got {value.__class__.__name__}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Intervals:
+    """How often the server's background roles act (asynq's defaults, which asynq
+    hard-codes). Each field is also a ``Server`` keyword of its own (the name in
+    brackets)."""
+
+    task_check: timedelta = timedelta(milliseconds=80)
+    """[task_check_interval] Longest idle wait between fetches (asynq: 1 s). asyncq
+    clients wake idle workers at once; this bounds the pickup of tasks enqueued by Go
+    asynq or redis-cli. A fetch is one script call whatever the number of queues."""
+    delayed_task_check: timedelta = timedelta(seconds=5)
+    """[delayed_task_check_interval] The forwarder's period (scheduled and retry tasks)."""
+    heartbeat: timedelta = timedelta(seconds=5)
+    """[heartbeat_interval] Server records and lease extension; shorter than the lease."""
+    recoverer: timedelta = timedelta(minutes=1)
+    """[recoverer_interval] Longest time between two recoverer checks; it also checks
+    at the earliest lease expiry it saw and at least once per lease duration."""
+    recoverer_cutoff: timedelta = timedelta(seconds=2)
+    """[recoverer_cutoff] How long after expiry a lease is recovered: the allowance for
+    clock skew between hosts (asynq: 30 s). Zero is allowed."""
+    janitor: timedelta = timedelta(seconds=8)
+    """[janitor_interval] Deletion of completed tasks past their retention."""
+    health_check: timedelta = timedelta(seconds=15)
+    """[health_check_interval] How often ``health_check`` is called."""
+    queue_refresh: timedelta = timedelta(seconds=1)
+    """[queue_refresh_interval] How often a server with queue patterns re-reads
+    ``asynq:queues``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """Bounds on what runs, beyond ``concurrency`` (see docs/flow-control.md). Each
+    field is also a ``Server`` keyword of its own, of the same name."""
+
+    queue_concurrency: Mapping[str, int] | None = None
+    """``{queue: N}``: at most N tasks of the queue at once across every asyncq server."""
+    local_queue_concurrency: Mapping[str, int] | None = None
+    """``{queue: N}``: the same for this server alone."""
+    rate_limits: Mapping[str, str] | None = None
+    """``{queue: "100/s"}``: a token bucket in Redis shared by every asyncq server."""
+    type_rate_limits: Mapping[str, str] | None = None
+    """``{task type: "600/min"}``: the same per task type, taken after the dequeue."""
+    ordered_queues: Sequence[str] = ()
+    """Queues this server marks ordered in Redis when it starts."""
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+    """Bound on the payload bytes of the running handlers (a larger task runs alone)."""
+    sync_concurrency: int | None = None
+    """Worker threads for plain ``def`` handlers (None: ``concurrency``)."""
+    janitor_batch_size: int = 100
+    """Completed tasks deleted per janitor script call."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Aggregation:
+    """Group aggregation: on when *aggregator* is set. Each field is also a ``Server``
+    keyword of its own (the name in brackets)."""
+
+    aggregator: GroupAggregator | None = None
+    """[group_aggregator] Turns a group's tasks into one task."""
+    grace_period: timedelta = timedelta(minutes=1)
+    """[group_grace_period] A group is aggregated once no task joined it for this long
+    (at least 1 s)."""
+    max_delay: timedelta | None = None
+    """[group_max_delay] ... or once its oldest task waited this long (None: no limit)."""
+    max_size: int | None = None
+    """[group_max_size] ... or once it holds this many tasks (None: no limit)."""
+    check_interval: timedelta | None = None
+    """[group_check_interval] How often groups are checked (None: min(7 s, grace))."""
+
+
+class GroupedOptions(TypedDict, total=False):
+    """The flat ``Server`` keywords of the grouped settings, each one field of a group."""
+
+    task_check_interval: timedelta
+    delayed_task_check_interval: timedelta
+    heartbeat_interval: timedelta
+    recoverer_interval: timedelta
+    recoverer_cutoff: timedelta
+    janitor_interval: timedelta
+    health_check_interval: timedelta
+    queue_refresh_interval: timedelta
+    queue_concurrency: Mapping[str, int] | None
+    local_queue_concurrency: Mapping[str, int] | None
+    rate_limits: Mapping[str, str] | None
+    type_rate_limits: Mapping[str, str] | None
+    ordered_queues: Sequence[str]
+    max_inflight_bytes: int
+    sync_concurrency: int | None
+    janitor_batch_size: int
+    group_aggregator: GroupAggregator | None
+    group_grace_period: timedelta
+    group_max_delay: timedelta | None
+    group_max_size: int | None
+    group_check_interval: timedelta | None
+
+
+_GROUPS: Final[dict[str, tuple[str, type[Any]]]] = {
+    # flat keyword: (group field, group)
+    **{
+        f"{f.name}_interval" if f.name != "recoverer_cutoff" else f.name: (f.name, Intervals)
+        for f in fields(Intervals)
+    },
+    **{f.name: (f.name, Limits) for f in fields(Limits)},
+    **{
+        "group_aggregator": ("aggregator", Aggregation),
+        "group_grace_period": ("grace_period", Aggregation),
+        "group_max_delay": ("max_delay", Aggregation),
+        "group_max_size": ("max_size", Aggregation),
+        "group_check_interval": ("check_interval", Aggregation),
+    },
+}
+GROUPED_OPTION_NAMES: Final = frozenset(GroupedOptions.__annotations__)
+assert frozenset(_GROUPS) == GROUPED_OPTION_NAMES
+
+
+_GROUP_KEYWORD: Final[dict[type[Any], str]] = {
+    Intervals: "intervals",
+    Limits: "limits",
+    Aggregation: "aggregation",
+}
+
+
+def _grouped(
+    options: Mapping[str, object], given: Mapping[str, object]
+) -> tuple[dict[type[Any], Any], dict[str, str]]:
+    """The three groups (*given* as ``intervals=``... or the defaults) with the flat
+    keywords in *options* applied, and for each flat name the name the user gave that
+    setting by (``heartbeat_interval`` or ``intervals.heartbeat``), so that an error
+    names what the user wrote. A setting given both ways is refused."""
+    for name in options:
+        if name not in _GROUPS:
+            raise TypeError(f"Server() got an unexpected keyword argument {name!r}")
+    groups: dict[type[Any], Any] = {}
+    for cls, keyword in _GROUP_KEYWORD.items():
+        value = given[keyword]
+        if value is not None and not isinstance(value, cls):
+            raise TypeError(
+                f"{keyword} must be an asyncq.{cls.__name__}, got {value.__class__.__name__}"
+            )
+        groups[cls] = cls() if value is None else value
+    changes: dict[type[Any], dict[str, Any]] = {cls: {} for cls in groups}
+    names: dict[str, str] = {}
+    for name, (attr, cls) in _GROUPS.items():
+        names[name] = f"{_GROUP_KEYWORD[cls]}.{attr}"
+        if name not in options:
+            continue
+        if getattr(groups[cls], attr) != getattr(cls(), attr):
+            raise ValueError(f"{name} and {names[name]} are both given; give one of them")
+        changes[cls][attr] = options[name]
+        names[name] = name
+    return {cls: replace(groups[cls], **changes[cls]) for cls in groups}, names
+
+
+def _queues(queues: object) -> Mapping[str, int]:
+    queues = DEFAULT_QUEUES if queues is None else queues
+    if not isinstance(queues, Mapping):
+        raise TypeError(f"queues must be a mapping of name to priority, got {queues!r}")
+    if not queues:
+        raise ValueError("queues cannot be empty (omit it to serve {'default': 1})")
+    for qname, prio in queues.items():
+        if not isinstance(qname, str) or not qname.strip():
+            raise ValueError(f"queue names must be non-blank strings, got {qname!r}")
+        keys.refuse_braces("queue name", qname)
+        if is_pattern(qname):
+            validate_pattern("queues", qname)
+        if isinstance(prio, bool) or not isinstance(prio, int) or prio < 1:
+            raise ValueError(f"queue {qname!r} needs an integer priority >= 1, got {prio!r}")
+    return types.MappingProxyType(dict(queues))
+
+
+def build_config(
+    *,
+    concurrency: int | None = None,
+    queues: Mapping[str, int] | None = None,
+    strict_priority: bool = False,
+    retry_delay: RetryDelay | None = None,
+    is_failure: IsFailure | None = None,
+    error_handler: ErrorHandler | None = None,
+    shutdown_timeout: timedelta = timedelta(seconds=8),
+    health_check: HealthCheck | None = None,
+    lease_duration: timedelta = timedelta(seconds=LEASE_DURATION),
+    burst: bool = False,
+    intervals: Intervals | None = None,
+    limits: Limits | None = None,
+    aggregation: Aggregation | None = None,
+    options: Mapping[str, object] | None = None,
+) -> ServerConfig:
+    """The ``Server`` keywords, checked, as the config its roles read.
+
+    *options* are the flat keywords of the grouped settings (:class:`GroupedOptions`).
+    A bad value raises TypeError or ValueError naming the option as the user wrote it.
+    """
+    groups, name = _grouped(
+        options or {}, {"intervals": intervals, "limits": limits, "aggregation": aggregation}
+    )
+    every: Intervals = groups[Intervals]
+    bound: Limits = groups[Limits]
+    agg: Aggregation = groups[Aggregation]
+    concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
+    concurrency = _positive_int("concurrency", concurrency)
+    for label, fn in (
+        ("retry_delay", retry_delay),
+        ("is_failure", is_failure),
+        ("error_handler", error_handler),
+        ("health_check", health_check),
+        (name["group_aggregator"], agg.aggregator),
+    ):
+        _callable(label, fn)
+    second = timedelta(seconds=1)
+    grace = _duration(name["group_grace_period"], agg.grace_period, minimum=second)
+    max_delay = 0.0
+    if agg.max_delay is not None and agg.max_delay != timedelta(0):
+        max_delay = _duration(name["group_max_delay"], agg.max_delay, minimum=second)
+    max_size = 0
+    if agg.max_size is not None and agg.max_size != 0:
+        max_size = _positive_int(name["group_max_size"], agg.max_size)
+    check_interval = min(7.0, grace)
+    if agg.check_interval is not None:
+        check_interval = _duration(name["group_check_interval"], agg.check_interval)
+    heartbeat = _duration(name["heartbeat_interval"], every.heartbeat)
+    lease = _duration("lease_duration", lease_duration, minimum=timedelta(seconds=2))
+    if lease <= heartbeat:
+        raise ValueError(
+            f"lease_duration ({lease_duration}) must be longer than "
+            f"{name['heartbeat_interval']} ({every.heartbeat}): the heartbeat extends the leases"
+        )
+    cutoff = every.recoverer_cutoff
+    if not isinstance(cutoff, timedelta):
+        raise TypeError(
+            f"{name['recoverer_cutoff']} must be a datetime.timedelta, "
+            f"got {cutoff.__class__.__name__}"
+        )
+    if cutoff < timedelta(0):
+        raise ValueError(f"{name['recoverer_cutoff']} cannot be negative, got {cutoff}")
+    sync_concurrency = concurrency if bound.sync_concurrency is None else bound.sync_concurrency
+    return ServerConfig(
+        concurrency=concurrency,
+        queues=_queues(queues),
+        strict_priority=bool(strict_priority),
+        retry_delay=retry_delay,
+        is_failure=is_failure,
+        error_handler=error_handler,
+        shutdown_timeout=_duration("shutdown_timeout", shutdown_timeout),
+        health_check=health_check,
+        health_check_interval=_duration(name["health_check_interval"], every.health_check),
+        task_check_interval=_duration(name["task_check_interval"], every.task_check),
+        delayed_task_check_interval=_duration(
+            name["delayed_task_check_interval"], every.delayed_task_check
+        ),
+        janitor_interval=_duration(name["janitor_interval"], every.janitor),
+        janitor_batch_size=_positive_int(name["janitor_batch_size"], bound.janitor_batch_size),
+        heartbeat_interval=heartbeat,
+        lease_duration=lease,
+        recoverer_interval=_duration(name["recoverer_interval"], every.recoverer),
+        recoverer_cutoff=cutoff.total_seconds(),
+        group_aggregator=agg.aggregator,
+        group_grace_period=grace,
+        group_max_delay=max_delay,
+        group_max_size=max_size,
+        group_check_interval=check_interval,
+        burst=bool(burst),
+        sync_concurrency=_positive_int(name["sync_concurrency"], sync_concurrency),
+        max_inflight_bytes=_positive_int(name["max_inflight_bytes"], bound.max_inflight_bytes),
+        queue_concurrency=validate_limits(name["queue_concurrency"], bound.queue_concurrency),
+        local_queue_concurrency=validate_limits(
+            name["local_queue_concurrency"], bound.local_queue_concurrency
+        ),
+        rate_limits=validate_rates(name["rate_limits"], bound.rate_limits),
+        ordered_queues=validate_ordered(bound.ordered_queues),
+        type_rate_limits=validate_type_rates(name["type_rate_limits"], bound.type_rate_limits),
+        queue_refresh_interval=_duration(name["queue_refresh_interval"], every.queue_refresh),
+    )

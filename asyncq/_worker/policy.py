@@ -48,6 +48,8 @@ def retry_delay_for(
 ) -> timedelta:
     """The configured retry delay; asynq's default when the function raises or misbehaves."""
     try:
+        if cfg.retry_delay is None:
+            return default_retry_delay(n, exc, task)
         delay = cfg.retry_delay(n, exc, task)
         if not isinstance(delay, timedelta):
             raise TypeError(f"retry_delay must return a timedelta, got {delay.__class__.__name__}")
@@ -60,7 +62,7 @@ def retry_delay_for(
 def is_failure_for(cfg: ServerConfig, log: Any, exc: BaseException, **fields: Any) -> bool:
     """The configured ``is_failure`` verdict; True (a failure) when the function raises."""
     try:
-        return bool(cfg.is_failure(exc))
+        return cfg.is_failure is None or bool(cfg.is_failure(exc))
     except BaseException as err:  # user code: even SystemExit must not lose the task
         log.error("is_failure raised; counting a failure", exc_info=err, **fields)
         return True

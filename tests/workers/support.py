@@ -33,7 +33,6 @@ FAST: dict[str, Any] = {
     "heartbeat_interval": timedelta(milliseconds=200),
     "recoverer_interval": timedelta(milliseconds=200),
     "janitor_interval": timedelta(milliseconds=200),
-    "syncer_interval": timedelta(milliseconds=200),
     "shutdown_timeout": timedelta(seconds=2),
 }
 """Server timings that keep the tests fast."""
