@@ -20,6 +20,7 @@ from asyncq import _keys as keys
 from asyncq._broker import BatchItem, Broker
 from asyncq._redis.scripts import Script
 from asyncq.errors import BrokerError, DuplicateTaskError, TaskIdConflictError
+from tests import transitions
 from tests.helpers import (
     NS,
     PENDING,
@@ -390,14 +391,14 @@ async def test_wakeup_from_unique_requeue_and_forward(
     ukey = keys.unique_key(Q, "t", b"")
     await broker.enqueue_unique(make_msg("a", unique_key=ukey), 10)
     assert await next_wakeup(wakeups) == b"default"
-    task = await broker.dequeue([Q])
+    task = await transitions.dequeue(broker, [Q])
     assert task is not None
     await broker.requeue(task.message)
     assert await next_wakeup(wakeups) == b"default"
     await redis.delete(PENDING)
     await broker.schedule(make_msg("s1"), clock.dt)
     await broker.schedule(make_msg("s2"), clock.dt)
-    assert await broker.forward_if_ready([Q]) == 2
+    assert await transitions.forward_if_ready(broker, [Q]) == 2
     assert await next_wakeup(wakeups) == b"default"
     await broker.redis.publish(keys.wakeup_channel(Q), "marker")
     assert await next_wakeup(wakeups) == b"marker"

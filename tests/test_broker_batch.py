@@ -23,6 +23,7 @@ from asyncq._broker import Broker, processing
 from asyncq._redis.scripts import load_script
 from asyncq.errors import BrokerError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
+from tests import transitions
 from tests.helpers import FakeClock, assert_ids_have_hashes, expiretime, make_msg
 
 MAXI64 = 9223372036854775807
@@ -399,7 +400,7 @@ async def test_round_trip_with_dequeue_many(broker: Broker, redis: Redis) -> Non
     for i in range(250):
         await broker.enqueue(task(f"t{i}", queue=QUEUES[i % 3], retention=i % 2 * 60))
     done = 0
-    while got := await broker.dequeue_many(list(QUEUES), 100):
+    while got := await transitions.dequeue_many(broker, list(QUEUES), 100):
         results = await broker.ack_many([(t.message, t.message.retention > 0) for t in got])
         assert results == [None] * len(got)
         done += len(got)

@@ -14,6 +14,7 @@ from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, Broker
 from asyncq.errors import TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
+from tests import transitions
 from tests.helpers import (
     NS,
     PENDING,
@@ -45,7 +46,7 @@ def daily(clock: FakeClock) -> tuple[str, str]:
 async def active_task(broker: Broker, msg: TaskMessage) -> TaskMessage:
     """Enqueue *msg* and dequeue it, so it is active with a lease."""
     await broker.enqueue(msg)
-    got = await broker.dequeue([msg.queue])
+    got = await transitions.dequeue(broker, [msg.queue])
     assert got is not None
     assert got.message == msg
     return got.message
@@ -61,7 +62,7 @@ async def test_dequeue_moves_oldest_to_active_with_lease(
     await broker.enqueue(first)
     await broker.enqueue(second)
     clock.now += 7
-    got = await broker.dequeue([Q])
+    got = await transitions.dequeue(broker, [Q])
     assert got is not None
     assert got.message == first
     assert got.lease_expiry == clock.now + LEASE_DURATION
@@ -74,8 +75,8 @@ async def test_dequeue_moves_oldest_to_active_with_lease(
 
 
 async def test_dequeue_empty_and_unknown_queues(broker: Broker, redis: Redis) -> None:
-    assert await broker.dequeue([Q, "nothing"]) is None
-    assert await broker.dequeue([]) is None
+    assert await transitions.dequeue(broker, [Q, "nothing"]) is None
+    assert await transitions.dequeue(broker, []) is None
     assert await redis.dbsize() == 0
 
 
@@ -84,12 +85,12 @@ async def test_dequeue_skips_paused_queue(broker: Broker, redis: Redis) -> None:
     await broker.enqueue(make_msg("o", queue="open"))
     await redis.set(keys.paused_key("paused"), "1700000000")
     before = await redis.hgetall(keys.task_key("paused", "p"))
-    got = await broker.dequeue(["paused", "open"])
+    got = await transitions.dequeue(broker, ["paused", "open"])
     assert got is not None
     assert got.message.id == "o"
     assert await redis.lrange(keys.pending_key("paused"), 0, -1) == [b"p"]
     assert await redis.hgetall(keys.task_key("paused", "p")) == before
-    assert await broker.dequeue(["paused"]) is None
+    assert await transitions.dequeue(broker, ["paused"]) is None
 
 
 async def test_dequeue_many_fills_across_queues_in_order(broker: Broker, redis: Redis) -> None:
@@ -97,14 +98,14 @@ async def test_dequeue_many_fills_across_queues_in_order(broker: Broker, redis: 
         await broker.enqueue(make_msg(f"h{i}", queue="high"))
     for i in range(4):
         await broker.enqueue(make_msg(f"l{i}", queue="low"))
-    got = await broker.dequeue_many(["high", "low"], 5)
+    got = await transitions.dequeue_many(broker, ["high", "low"], 5)
     assert [t.message.id for t in got] == ["h0", "h1", "h2", "l0", "l1"]
     assert await redis.llen(keys.pending_key("low")) == 2
     assert await redis.zcard(keys.lease_key("low")) == 2
-    rest = await broker.dequeue_many(["high", "low"], 10)
+    rest = await transitions.dequeue_many(broker, ["high", "low"], 10)
     assert [t.message.id for t in rest] == ["l2", "l3"]
     with pytest.raises(ValueError, match="at least 1"):
-        await broker.dequeue_many([Q], 0)
+        await transitions.dequeue_many(broker, [Q], 0)
 
 
 async def test_dequeue_archives_malformed_message_and_returns_next(
@@ -117,7 +118,7 @@ async def test_dequeue_archives_malformed_message_and_returns_next(
     await redis.hset(T_PREFIX + "bad", mapping={"msg": garbage, "state": "pending"})
     await redis.hset(T_PREFIX + "alien", mapping={"msg": bytes(make_msg("x")), "state": "pending"})
     await redis.rpush(PENDING, "alien", "bad")
-    got = await broker.dequeue([Q])
+    got = await transitions.dequeue(broker, [Q])
     assert got is not None
     assert got.message == good
     snap = await snapshot(redis)
@@ -138,7 +139,7 @@ async def test_dequeue_archives_malformed_message_and_returns_next(
 async def test_dequeue_drops_id_without_hash(broker: Broker, redis: Redis) -> None:
     await broker.enqueue(make_msg("good"))
     await redis.rpush(PENDING, "ghost")
-    got = await broker.dequeue([Q])
+    got = await transitions.dequeue(broker, [Q])
     assert got is not None
     assert got.message.id == "good"
     assert await redis.lrange(ACTIVE, 0, -1) == [b"good"]
@@ -153,7 +154,7 @@ async def test_done_deletes_task_counts_and_releases_lock(
 ) -> None:
     ukey = keys.unique_key(Q, "email:send", b"x")
     await broker.enqueue_unique(make_msg(payload=b"x", unique_key=ukey), 100)
-    msg = (await broker.dequeue([Q])).message  # type: ignore[union-attr]
+    msg = (await transitions.dequeue(broker, [Q])).message  # type: ignore[union-attr]
     await broker.done(msg)
     pday, _ = daily(clock)
     assert await snapshot(redis) == {"asynq:queues": {b"default"}, pday: b"1", PROCESSED: b"1"}
@@ -164,7 +165,7 @@ async def test_done_deletes_task_counts_and_releases_lock(
 async def test_done_keeps_lock_owned_by_another_task(broker: Broker, redis: Redis) -> None:
     ukey = keys.unique_key(Q, "email:send", b"x")
     await broker.enqueue_unique(make_msg(payload=b"x", unique_key=ukey), 100)
-    msg = (await broker.dequeue([Q])).message  # type: ignore[union-attr]
+    msg = (await transitions.dequeue(broker, [Q])).message  # type: ignore[union-attr]
     await redis.set(ukey, "someone-else")
     await broker.done(msg)
     assert await redis.get(ukey) == b"someone-else"
@@ -197,7 +198,7 @@ async def test_mark_as_complete(broker: Broker, redis: Redis, clock: FakeClock) 
     ukey = keys.unique_key(Q, "email:send", None)
     msg = make_msg(retention=3600, unique_key=ukey)
     await broker.enqueue_unique(msg, 100)
-    msg = (await broker.dequeue([Q])).message  # type: ignore[union-attr]
+    msg = (await transitions.dequeue(broker, [Q])).message  # type: ignore[union-attr]
     clock.now += 2
     await broker.mark_as_complete(msg)
     assert msg.completed_at == 0  # the caller's message is left alone
@@ -236,7 +237,7 @@ async def test_requeue_puts_task_first_in_line(
     assert ACTIVE not in snap
     assert LEASE not in snap
     assert PROCESSED not in snap
-    got = await broker.dequeue([Q])
+    got = await transitions.dequeue(broker, [Q])
     assert got is not None
     assert got.message.id == "a"
     before = await snapshot(redis)
@@ -367,7 +368,7 @@ async def test_forward_moves_due_tasks(broker: Broker, redis: Redis, clock: Fake
     retry_msg = await active_task(broker, make_msg("r"))
     await broker.retry(retry_msg, clock.dt - timedelta(seconds=5), "e", is_failure=False)
     clock.now += 0.5
-    assert await broker.forward_if_ready([Q, "empty"]) == 2
+    assert await transitions.forward_if_ready(broker, [Q, "empty"]) == 2
     snap = await snapshot(redis)
     assert snap[PENDING] == [b"r", b"due"]
     assert snap[SCHEDULED] == [(b"later", clock.now - 0.5 + 1)]
@@ -378,7 +379,7 @@ async def test_forward_moves_due_tasks(broker: Broker, redis: Redis, clock: Fake
         b"pending_since": str(int(clock.now * NS)).encode(),
     }
     assert snap[T_PREFIX + "r"][b"state"] == b"pending"
-    assert await broker.forward_if_ready([Q]) == 0
+    assert await transitions.forward_if_ready(broker, [Q]) == 0
 
 
 async def test_forward_loops_over_batches_of_100(
@@ -386,7 +387,7 @@ async def test_forward_loops_over_batches_of_100(
 ) -> None:
     for i in range(250):
         await broker.schedule(make_msg(f"s{i}"), clock.dt)
-    assert await broker.forward_if_ready([Q]) == 250
+    assert await transitions.forward_if_ready(broker, [Q]) == 250
     assert await redis.llen(PENDING) == 250
     assert not await redis.exists(SCHEDULED)
 
@@ -400,7 +401,7 @@ async def test_forward_returns_grouped_task_to_its_group(
     await redis.zrem("asynq:{default}:g:grp", "g1")
     await redis.zadd(RETRY, {"g1": clock.now - 1})
     await redis.hset(T_PREFIX + "g1", "state", "retry")
-    assert await broker.forward_if_ready([Q]) == 1
+    assert await transitions.forward_if_ready(broker, [Q]) == 1
     snap = await snapshot(redis)
     assert snap["asynq:{default}:g:grp"] == [(b"g1", clock.now)]
     assert snap[T_PREFIX + "g1"][b"state"] == b"aggregating"
@@ -413,7 +414,7 @@ async def test_forward_drops_ids_without_hash(
 ) -> None:
     await redis.zadd(SCHEDULED, {"ghost": clock.now})
     await broker.schedule(make_msg("real"), clock.dt)
-    assert await broker.forward_if_ready([Q]) == 2
+    assert await transitions.forward_if_ready(broker, [Q]) == 2
     assert await redis.lrange(PENDING, 0, -1) == [b"real"]
     assert not await redis.exists(T_PREFIX + "ghost")
     assert not await redis.exists(SCHEDULED)
@@ -427,9 +428,11 @@ async def test_list_lease_expired(broker: Broker, redis: Redis, clock: FakeClock
     clock.now += 10
     await active_task(broker, make_msg("late"))
     cutoff = clock.dt - timedelta(seconds=10) + timedelta(seconds=LEASE_DURATION)
-    assert await broker.list_lease_expired(cutoff, [Q, "other"]) == [early]
-    assert len(await broker.list_lease_expired(clock.dt + timedelta(minutes=1), [Q])) == 2
-    assert await broker.list_lease_expired(clock.dt, [Q]) == []
+    assert await transitions.list_lease_expired(broker, cutoff, [Q, "other"]) == [early]
+    assert (
+        len(await transitions.list_lease_expired(broker, clock.dt + timedelta(minutes=1), [Q])) == 2
+    )
+    assert await transitions.list_lease_expired(broker, clock.dt, [Q]) == []
     assert await redis.zcard(LEASE) == 2
 
 
@@ -440,7 +443,7 @@ async def test_list_lease_expired_archives_undecodable(
     await redis.hset(T_PREFIX + "bad", mapping={"msg": b"\xff\x01", "state": "active"})
     await redis.lpush(ACTIVE, "bad")
     await redis.zadd(LEASE, {"bad": clock.now})
-    got = await broker.list_lease_expired(clock.dt + timedelta(minutes=1), [Q])
+    got = await transitions.list_lease_expired(broker, clock.dt + timedelta(minutes=1), [Q])
     assert got == [good]
     assert await redis.zrange(ARCHIVED, 0, -1) == [b"bad"]
     assert await redis.lrange(ACTIVE, 0, -1) == [b"good"]
@@ -471,12 +474,12 @@ async def test_delete_expired_completed_tasks(
     keep = await active_task(broker, make_msg("keep", retention=100))
     await broker.mark_as_complete(keep)
     clock.now += 10
-    assert await broker.delete_expired_completed_tasks(Q, batch_size=2) == 5
+    assert await transitions.delete_expired_completed_tasks(broker, Q, batch_size=2) == 5
     assert await redis.zrange(COMPLETED, 0, -1) == [b"keep"]
     assert [k for k in await redis.keys(T_PREFIX + "*")] == [(T_PREFIX + "keep").encode()]
-    assert await broker.delete_expired_completed_tasks(Q) == 0
+    assert await transitions.delete_expired_completed_tasks(broker, Q) == 0
     with pytest.raises(ValueError, match="batch_size"):
-        await broker.delete_expired_completed_tasks(Q, 0)
+        await transitions.delete_expired_completed_tasks(broker, Q, 0)
 
 
 async def test_write_result(broker: Broker, redis: Redis) -> None:
@@ -522,7 +525,7 @@ async def test_enqueue_dequeue_round_trip_is_byte_identical(
     encoded = bytes(msg)
     await broker.enqueue(msg)
     assert await redis.hget(keys.task_key(msg.queue, msg.id), "msg") == encoded
-    got = await broker.dequeue([msg.queue])
+    got = await transitions.dequeue(broker, [msg.queue])
     assert got is not None
     assert got.message == msg
     assert bytes(got.message) == encoded
@@ -533,7 +536,7 @@ async def test_lease_duration_is_configurable(redis: Redis) -> None:
     broker = Broker(redis, clock=lambda: 1_000.0, lease_duration=2.0)
     msg = TaskMessage(type="t", id="lease-id", queue="default", retry=1)
     await broker.enqueue(msg)
-    [task] = await broker.dequeue_many(["default"], 1)
+    [task] = await transitions.dequeue_many(broker, ["default"], 1)
     assert task.lease_expiry == 1_002.0
     assert await redis.zscore(keys.lease_key("default"), "lease-id") == 1_002.0
     assert await broker.extend_lease("default", ["lease-id"]) == 1_002.0

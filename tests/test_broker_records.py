@@ -18,6 +18,7 @@ from asyncq.proto.asynq import (
     TaskMessage,
     WorkerInfo,
 )
+from tests import transitions
 from tests.helpers import (
     T_PREFIX,
     FakeClock,
@@ -266,7 +267,7 @@ async def test_reclaim_stale_aggregation_sets(
     assert not await redis.exists(GROUPS)
     before = await snapshot(redis)
     clock.now += 60  # the first set's deadline
-    await broker.reclaim_stale_aggregation_sets(Q)
+    await transitions.reclaim_stale_aggregation_sets(broker, Q)
     snap = await snapshot(redis)
     assert snap["asynq:{default}:g:a:b"] == before[f"asynq:{{default}}:g:a:b:{stale}"]
     assert f"asynq:{{default}}:g:a:b:{stale}" not in snap

@@ -14,6 +14,7 @@ from asyncq._broker import Broker
 from asyncq._redis.connection import Connection
 from asyncq.client import Client
 from asyncq.task import Task, TaskState
+from tests import transitions
 from tests.cluster import RedisClusterProcs
 
 pytestmark = pytest.mark.cluster
@@ -68,7 +69,7 @@ async def test_enqueue_and_dequeue_on_a_cluster(client: Client) -> None:
     broker = Broker(client.redis)
     seen: dict[str, list[str]] = {q: [] for q in QUEUES}
     for q in QUEUES:
-        while (got := await broker.dequeue([q])) is not None:
+        while (got := await transitions.dequeue(broker, [q])) is not None:
             assert got.message.queue == q
             seen[q].append(got.message.id)
             await broker.done(got.message)

@@ -15,6 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq.proto.asynq import TaskMessage
+from tests import transitions
 from tests.helpers import assert_ids_have_hashes
 from tests.workers.support import task_hash
 
@@ -47,7 +48,7 @@ async def test_dequeue_archives_messages_of_another_or_blank_queue(
     blank_raw = await seed_pending(redis, Q, blank)
     foreign_raw = await seed_pending(redis, Q, foreign)
 
-    got = await broker.dequeue_many([Q], 1)
+    got = await transitions.dequeue_many(broker, [Q], 1)
 
     assert [d.message.id for d in got] == [good.id]
     archived = {m.decode() for m in await redis.zrange(keys.archived_key(Q), 0, -1)}
@@ -105,7 +106,7 @@ async def test_dequeue_many_returns_earlier_queues_tasks_when_a_later_call_fails
     faulty.fail_keys.add(keys.pending_key("low"))
 
     with structlog.testing.capture_logs() as logs:
-        got = await flaky_broker.dequeue_many(["high", "low"], 5)
+        got = await transitions.dequeue_many(flaky_broker, ["high", "low"], 5)
 
     assert [d.message.id for d in got] == [m.id for m in high]
     assert any(
@@ -115,9 +116,9 @@ async def test_dequeue_many_returns_earlier_queues_tasks_when_a_later_call_fails
     # The failed queue is untouched; nothing taken so far: the error is the caller's.
     assert await redis.llen(keys.pending_key("low")) == 2
     with pytest.raises(RedisConnectionError):
-        await flaky_broker.dequeue_many(["low", "high"], 5)
+        await transitions.dequeue_many(flaky_broker, ["low", "high"], 5)
     faulty.fail_keys.clear()
-    assert [d.message.id for d in await flaky_broker.dequeue_many(["low"], 5)] == [
+    assert [d.message.id for d in await transitions.dequeue_many(flaky_broker, ["low"], 5)] == [
         m.id for m in low
     ]
 
@@ -134,7 +135,7 @@ async def test_a_failed_archive_of_one_message_keeps_the_others_of_the_same_call
     faulty.fail_keys.add(keys.task_key(Q, bad.id))
 
     with structlog.testing.capture_logs() as logs:
-        got = await flaky_broker.dequeue_many([Q], 3)
+        got = await transitions.dequeue_many(flaky_broker, [Q], 3)
 
     assert [d.message.id for d in got] == [first.id, last.id]
     assert any(e["log_level"] == "warning" and e.get("task_id") == bad.id for e in logs), logs
@@ -143,6 +144,6 @@ async def test_a_failed_archive_of_one_message_keeps_the_others_of_the_same_call
     assert await redis.zscore(keys.lease_key(Q), bad.id) is not None
     faulty.fail_keys.clear()
     await redis.zadd(keys.lease_key(Q), {bad.id: 1})
-    expired = await flaky_broker.list_lease_expired(datetime.now(UTC), [Q])
+    expired = await transitions.list_lease_expired(flaky_broker, datetime.now(UTC), [Q])
     assert [m.id for m in expired] == [bad.id]
     await assert_ids_have_hashes(redis, Q)

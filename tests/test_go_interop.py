@@ -27,6 +27,7 @@ from asyncq.mux import ServeMux
 from asyncq.server import Server
 from asyncq.task import Task, TaskState
 from tests import gofixtures as go
+from tests import transitions
 from tests.acl import temporary_acl_user
 from tests.gofixtures import GoTask
 from tests.workers.support import FAST, wait_until
@@ -476,7 +477,7 @@ async def test_go_memory_usage_never_breaks_on_what_asyncq_leaves(
     await redis.lpush(q + "pending", "bad")
 
     good = await client.enqueue(Task("work", b"w"))
-    got = await broker.dequeue_many(["default"], 5)
+    got = await transitions.dequeue_many(broker, ["default"], 5)
     assert [d.message.id for d in got] == [good.id]
     assert await redis.hget(q + "t:bad", "state") == b"archived"
     await assert_go_readable(redis, "default")
@@ -485,7 +486,7 @@ async def test_go_memory_usage_never_breaks_on_what_asyncq_leaves(
     for t in old:
         assert not await redis.exists(t.key)
     await redis.zadd(q + "retry", {"ghost-retry": 1})
-    await broker.forward_if_ready(["default"])
+    await transitions.forward_if_ready(broker, ["default"])
     assert await redis.zcard(q + "retry") == 0
     assert await redis.llen(q + "pending") == 0
     await assert_go_readable(redis, "default")
@@ -531,14 +532,14 @@ async def test_unique_lock_kept_by_retry_archive_requeue_released_by_done(
     broker = Broker(redis)
 
     async def take() -> Any:
-        got = await broker.dequeue(["default"])
+        got = await transitions.dequeue(broker, ["default"])
         assert got is not None and got.message.id == t.id
         return got.message
 
     msg = await take()
     await broker.retry(msg, datetime.now(UTC) - timedelta(seconds=1), "e", is_failure=True)
     assert await redis.get(ukey) == t.id.encode(), "Retry keeps the lock"
-    await broker.forward_if_ready(["default"])
+    await transitions.forward_if_ready(broker, ["default"])
     msg = await take()
     await broker.requeue(msg)
     assert await redis.get(ukey) == t.id.encode(), "Requeue keeps the lock"
@@ -663,14 +664,14 @@ async def test_wakeup_publish_denied_by_acl_does_not_fail_writes(
         later = await c.enqueue(Task("t", b"3"), process_in=timedelta(hours=1))
         assert await redis.llen(q + "pending") == 2
         broker = c.broker
-        got = await broker.dequeue(["default"])
+        got = await transitions.dequeue(broker, ["default"])
         assert got is not None and got.message.id == info.id
         await redis.delete(q + "pending")
         await broker.requeue(got.message)  # pending was empty: it publishes
         assert await redis.lrange(q + "pending", 0, -1) == [info.id.encode()]
         await redis.delete(q + "pending")
         await redis.zadd(q + "scheduled", {later.id: 1})
-        assert await broker.forward_if_ready(["default"]) == 1
+        assert await transitions.forward_if_ready(broker, ["default"]) == 1
     async with Inspector(acl_user) as i:
         await redis.zadd(q + "scheduled", {later.id: 1})
         await redis.hset(q + "t:" + later.id, "state", "scheduled")

@@ -20,6 +20,7 @@ from asyncq._broker.workflow import workflow_key
 from asyncq._redis.scripts import _NO_FLAGS, Script
 from asyncq.errors import RedisOutOfMemoryError
 from asyncq.gateway import create_app as create_gateway
+from tests import transitions
 from tests.redis_server import RedisServer
 from tests.workers.support import FAST, wait_until
 
@@ -121,7 +122,7 @@ async def test_cancel_resolves_a_step_a_go_worker_finished(redis: Redis, outcome
         first = Step(Task("a"), options={"retention": timedelta(hours=1)})
         last = Step(Task("b"), options={"retention": timedelta(minutes=5)})
         info = await chain(first, last).enqueue(client)
-    got = await broker.dequeue(["default"])
+    got = await transitions.dequeue(broker, ["default"])
     assert got is not None
     if outcome == "completed":
         await broker.mark_as_complete(got.message)
@@ -242,7 +243,7 @@ class _NoFlagsRedis:
 
 
 async def test_a_server_without_script_flags_runs_the_plain_script() -> None:
-    script = Script("dequeue_many", "return 1")
+    script = Script("dequeue_queues", "return 1")
     assert script.flagged_source == "#!lua flags=allow-oom\nreturn 1"
     old = _NoFlagsRedis()
     for _ in range(3):
@@ -276,11 +277,11 @@ async def test_without_script_flags_a_full_redis_still_acks_and_deletes(
     _NO_FLAGS[full_redis] = True
     await _fill(full_redis, "q")
     await full_redis.config_set("maxmemory", "0")  # room for one dequeue
-    got = await broker.dequeue(["q"])
+    got = await transitions.dequeue(broker, ["q"])
     assert got is not None
     await full_redis.config_set("maxmemory", "1mb")
     with pytest.raises(RedisOutOfMemoryError):
-        await broker.dequeue(["q"])
+        await transitions.dequeue(broker, ["q"])
     await broker.done(got.message)
     async with Inspector(full_redis) as insp:
         pending = await insp.list_tasks("q", TaskState.PENDING, size=1)

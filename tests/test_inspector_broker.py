@@ -24,6 +24,7 @@ from asyncq.proto.asynq import (
 )
 from asyncq.server import Server
 from asyncq.task import Task, TaskState
+from tests import transitions
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 
@@ -56,7 +57,7 @@ async def test_every_state_through_the_broker(
         await broker.add_to_group(m, "grp")
 
     # Take three: two fail (retry, archive), one succeeds with retention.
-    got = await broker.dequeue_many(["default"], 3)
+    got = await transitions.dequeue_many(broker, ["default"], 3)
     assert [d.message.id for d in got] == [m.id for m in pending]
     info = await insp.queue_info("default")
     assert (info.pending, info.active, info.scheduled, info.aggregating) == (0, 3, 1, 2)
@@ -90,7 +91,7 @@ async def test_every_state_through_the_broker(
     # What the Inspector moves, the broker processes.
     await insp.run_task("default", archived.id)
     await insp.run_all("default", "aggregating", group="grp")
-    again = await broker.dequeue_many(["default"], 10)
+    again = await transitions.dequeue_many(broker, ["default"], 10)
     assert [d.message.id for d in again] == [archived.id, *(t.id for t in agg)]
 
 
@@ -102,7 +103,7 @@ async def test_latency_and_orphans_with_a_moving_clock(redis: Redis, broker: Bro
     async with Inspector(redis, clock=lambda: now + 42) as insp:
         info = await insp.queue_info("default")
         assert abs(info.latency.total_seconds() - 42) < 0.01
-    await broker.dequeue(["default"])
+    await transitions.dequeue(broker, ["default"])
     async with Inspector(redis, clock=lambda: now + 31) as insp:
         (t,) = await insp.list_active("default")
         assert t.is_orphaned  # the 30 s lease ran out without an extension

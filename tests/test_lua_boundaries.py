@@ -17,6 +17,7 @@ from asyncq import _keys as keys
 from asyncq._broker import Broker, PendingItem
 from asyncq._broker.multiqueue import MultiQueue
 from asyncq._codec import encode_task_message
+from tests import transitions
 from tests.helpers import FakeClock, make_msg
 
 Q = "edge"
@@ -75,7 +76,7 @@ async def test_requeue_wakes_workers_only_when_pending_was_empty(
     for tid in ("a", "b", "c"):
         await broker.enqueue(make_msg(tid, queue=Q))
     assert await _published(redis, wakeups) == [Q.encode()]
-    taken = await broker.dequeue_many([Q], 2)
+    taken = await transitions.dequeue_many(broker, [Q], 2)
     await broker.requeue(taken[0].message)  # "c" is still pending: no wake-up
     assert await _published(redis, wakeups) == []
     await redis.delete(keys.pending_key(Q))

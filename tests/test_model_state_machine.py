@@ -54,6 +54,7 @@ from asyncq.errors import (
     TaskNotFoundError,
 )
 from asyncq.proto.asynq import TaskMessage
+from tests import transitions
 from tests.helpers import FakeClock
 
 QUEUES = ("qa", "qb", "qc")
@@ -465,7 +466,7 @@ class TaskStateMachine(RuleBasedStateMachine):
         if multi:
             got = self.run(self.multi.dequeue(order, count)).tasks
         else:
-            got = self.run(self.broker.dequeue_many(order, count))
+            got = self.run(transitions.dequeue_many(self.broker, order, count))
         m = self.model
         now_s = int(self.now)
         want: list[Key] = []
@@ -614,7 +615,10 @@ class TaskStateMachine(RuleBasedStateMachine):
         if multi:
             found = self.run(self.multi.list_lease_expired(cutoff, QUEUES))
         else:
-            found = [(m.queue, m) for m in self.run(self.broker.list_lease_expired(cutoff, QUEUES))]
+            found = [
+                (m.queue, m)
+                for m in self.run(transitions.list_lease_expired(self.broker, cutoff, QUEUES))
+            ]
         now_s = int(self.now)
         want = [
             (q, tid)
@@ -640,7 +644,7 @@ class TaskStateMachine(RuleBasedStateMachine):
         if multi:
             moved = self.run(self.multi.forward(QUEUES))
         else:
-            moved = self.run(self.broker.forward_if_ready(QUEUES))
+            moved = self.run(transitions.forward_if_ready(self.broker, QUEUES))
         m = self.model
         now_s, now_ns = int(self.now), int(self.now * NS)
         want = 0
@@ -752,7 +756,7 @@ class TaskStateMachine(RuleBasedStateMachine):
             self.run(self.multi.reclaim_stale_aggregation_sets(QUEUES))
         else:
             for q in QUEUES:
-                self.run(self.broker.reclaim_stale_aggregation_sets(q))
+                self.run(transitions.reclaim_stale_aggregation_sets(self.broker, q))
         now_s = int(self.now)
         for q in QUEUES:
             mq = self.model.queues[q]

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from asyncq._redis.scripts import load_script
+from tests import transitions
 from tests.helpers import expiretime
 
 Q = "asynq:{default}:"
@@ -171,7 +172,7 @@ def case_id(case: tuple[Call, Plant]) -> str:
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 async def test_script_fails_with_nothing_written(redis: Redis, case: tuple[Call, Plant]) -> None:
     call, plant = case
-    script = load_script("asyncq._broker", call.script)
+    script = transitions.script(call.script)
     await base_state(redis)
     await script(redis, call.keys, call.args)  # the call itself is right: it succeeds
     await redis.flushdb()
@@ -185,7 +186,7 @@ async def test_script_fails_with_nothing_written(redis: Redis, case: tuple[Call,
 
 async def test_dequeue_stops_before_a_later_wrong_typed_hash(redis: Redis) -> None:
     """The ids before the bad one are taken whole; the bad one stays pending, untouched."""
-    script = load_script("asyncq._broker", "dequeue_many")
+    script = transitions.script("dequeue_many")
     await redis.rpush(PENDING, "bad", "ok")  # the tail ("ok") is taken first
     await redis.hset(TP + "ok", mapping={"msg": b"m", "state": "pending", "pending_since": "1"})
     await redis.set(TP + "bad", "not a hash")

@@ -13,6 +13,7 @@ from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq.client import Client
 from asyncq.task import Task
+from tests import transitions
 from tests.cluster import SentinelSetup, redis_cli
 from tests.helpers import wait_until
 
@@ -49,7 +50,7 @@ async def test_enqueue_and_dequeue_through_sentinel(sentinel: SentinelSetup) -> 
             await replica.aclose()
 
         broker = Broker(client.redis)
-        got = await broker.dequeue(["s1"])
+        got = await transitions.dequeue(broker, ["s1"])
         assert got is not None
         assert got.message.id == info.id
         assert got.message.payload == b"payload"

@@ -18,6 +18,7 @@ from asyncq.mux import ServeMux
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 from asyncq.server import Server
 from asyncq.task import Task
+from tests import transitions
 from tests.redis_server import free_port
 from tests.workers.support import FAST, stored_message, task_hash, wait_until, zset_ids
 
@@ -272,7 +273,7 @@ async def test_recoverer_retries_or_archives_tasks_with_expired_leases(
     # Two orphaned active tasks, as left by a crashed worker; one has no retries left.
     a = await client.enqueue(Task("orphan"), task_id="a")
     b = await client.enqueue(Task("orphan"), task_id="b", max_retry=0)
-    got = await client.broker.dequeue_many([Q], 2)
+    got = await transitions.dequeue_many(client.broker, [Q], 2)
     assert {d.message.id for d in got} == {a.id, b.id}
     stale = int(time.time()) - 100
     await redis.zadd(keys.lease_key(Q), {"a": stale, "b": stale})
@@ -294,7 +295,7 @@ async def test_recoverer_retries_or_archives_tasks_with_expired_leases(
 
 async def test_recoverer_leaves_live_leases_alone(redis: Redis, client: Client) -> None:
     await client.enqueue(Task("busy"), task_id="live")
-    assert await client.broker.dequeue_many([Q], 1)
+    assert await transitions.dequeue_many(client.broker, [Q], 1)
     server = Server(redis, **{**FAST, "recoverer_cutoff": timedelta(0)})
     async with server:
         await server.start(ServeMux())

@@ -41,6 +41,7 @@ from asyncq.client import Client
 from asyncq.errors import TaskIdConflictError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task
+from tests import transitions
 from tests.cluster import TLSServer, redis_cli
 from tests.redis_server import RedisServer, free_port
 
@@ -563,7 +564,7 @@ async def test_broker_hot_path_through_fast(
     assert isinstance((await broker.enqueue_batch([BatchItem(msgs[0])]))[0], TaskIdConflictError)
     got = []
     for q in ("q0", "q1", "q2"):
-        got += await broker.dequeue_many([q], 10)
+        got += await transitions.dequeue_many(broker, [q], 10)
     assert sorted(d.message.id for d in got) == sorted(m.id for m in msgs)
     await broker.extend_lease("q0", ["id0", "id3"])
     assert await broker.write_result("q0", "id0", b"res") == 3

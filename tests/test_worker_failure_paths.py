@@ -40,6 +40,7 @@ from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.server import Server
 from asyncq.task import Task
+from tests import transitions
 from tests.helpers import one_handler, wait_gone, wait_state
 from tests.redis_server import RedisServer
 from tests.workers.support import FAST, list_ids, stored_message, wait_until
@@ -346,7 +347,7 @@ async def test_recoverer_archives_a_message_naming_another_queue_and_goes_on(
     await redis.zadd(keys.lease_key(Q), {bad.id: 1})
     good = message("x")
     await broker.enqueue(good)
-    assert await broker.dequeue([Q]) is not None
+    assert await transitions.dequeue(broker, [Q]) is not None
     await redis.zadd(keys.lease_key(Q), {good.id: 2})  # expired after the bad one
 
     async def handle(task: Task) -> None:

@@ -35,6 +35,7 @@ from asyncq._broker import Broker
 from asyncq._broker.workflow import ack_step, is_workflow_step, workflow_key
 from asyncq.cli import main
 from asyncq.proto.asynq import TaskMessage
+from tests import transitions
 from tests.workers.support import FAST, wait_until
 
 Q = "default"
@@ -262,7 +263,7 @@ async def test_a_plain_acknowledgement_leaves_the_workflow_intact(
     """What a Go asynq worker does: it runs the step and acks it as a plain task."""
     broker = Broker(redis)
     info = await chain(Task("a"), Task("b")).enqueue(client)
-    got = await broker.dequeue([Q])
+    got = await transitions.dequeue(broker, [Q])
     assert got is not None
     await broker.done(got.message)
     assert await redis.llen(keys.pending_key(Q)) == 0  # no hand-off
@@ -374,7 +375,7 @@ async def test_a_member_deleted_or_archived_by_hand_fails(
         on_failure=policy,  # type: ignore[arg-type]
     ).enqueue(client)
     broker = Broker(redis)
-    got = await broker.dequeue([Q])
+    got = await transitions.dequeue(broker, [Q])
     assert got is not None
     first = got.message
     other = next(s.id for s in info.stages[0] if s.id != first.id)
@@ -390,7 +391,7 @@ async def test_a_member_deleted_or_archived_by_hand_fails(
             assert await redis.llen(keys.pending_key(Q)) == 0
         else:
             assert await redis.llen(keys.pending_key(Q)) == 1  # the callback, with the failure
-            cb = await broker.dequeue([Q])
+            cb = await transitions.dequeue(broker, [Q])
             assert cb is not None and cb.message.type == "cb"
             results = group_results(cb.message.payload)
             assert isinstance(results[[s.id for s in info.stages[0]].index(other)], StepFailure)
@@ -403,7 +404,7 @@ async def test_recoverer_archiving_a_lost_step_fails_the_workflow(
         Step(Task("a"), options={"max_retry": 0}), Task("b", retention=timedelta(minutes=1))
     ).enqueue(client)
     broker = Broker(redis)
-    got = await broker.dequeue([Q])  # a worker takes it, then dies
+    got = await transitions.dequeue(broker, [Q])  # a worker takes it, then dies
     assert got is not None
     await redis.zadd(keys.lease_key(Q), {got.message.id: 1})  # its lease long expired
     server = await serve(redis, ServeMux())
@@ -453,7 +454,7 @@ async def test_any_results_reach_the_callback_in_group_order(
         on_failure="run",
     ).enqueue(client)
     members = [s.id for s in info.stages[0]]
-    got = [await broker.dequeue([Q]) for _ in results]
+    got = [await transitions.dequeue(broker, [Q]) for _ in results]
     for d in reversed(got):  # finish in another order than the group's
         assert d is not None
         want = results[members.index(d.message.id)]
@@ -462,7 +463,7 @@ async def test_any_results_reach_the_callback_in_group_order(
         else:
             await broker.write_result(Q, d.message.id, want)
             await ack_step(broker, d.message, "done")
-    cb = await broker.dequeue([Q])
+    cb = await transitions.dequeue(broker, [Q])
     assert cb is not None and cb.message.type == "cb"
     expected = [StepFailure(w) if isinstance(w, str) else w for w in results]
     assert group_results(cb.message.payload) == expected

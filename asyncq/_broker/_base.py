@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 from asyncq import _keys as keys
 from asyncq._broker.replication import Replication
 from asyncq._codec import decode_task_message, encode_task_message
-from asyncq._logging import RateLimiter, error_text
+from asyncq._logging import error_text
 from asyncq._redis.errors import REDIS_ERRORS, is_out_of_memory
 from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import Script, load_script
@@ -220,7 +220,6 @@ class BrokerBase:
         self.lease_duration = lease_duration
         self._queues: dict[str, QueueKeys] = {}
         self._published: set[str] = set()
-        self._dequeue_errors = RateLimiter(3.0)
         self.replication: Replication | None = None
         if min_replicas:
             if fast is None and isinstance(redis, RedisCluster):

@@ -28,7 +28,6 @@ __all__ = ["Aggregation"]
 _AGGREGATION_CHECK = load_script(LUA_PACKAGE, "aggregation_check")
 _READ_AGGREGATION_SET = load_script(LUA_PACKAGE, "read_aggregation_set")
 _DELETE_AGGREGATION_SET = load_script(LUA_PACKAGE, "delete_aggregation_set")
-_RECLAIM_STALE_AGGREGATION_SETS = load_script(LUA_PACKAGE, "reclaim_stale_aggregation_sets")
 
 
 class Aggregation(BrokerBase):
@@ -103,17 +102,6 @@ class Aggregation(BrokerBase):
             _DELETE_AGGREGATION_SET,
             (keys.aggregation_set_key(qname, group, set_id), qk.aggregation_sets),
             (qk.task_prefix,),
-            qname,
-            "",
-        )
-
-    async def reclaim_stale_aggregation_sets(self, qname: str) -> None:
-        """Move members of sets past their deadline back into their group."""
-        qk = self._q(qname)
-        await self._run(
-            _RECLAIM_STALE_AGGREGATION_SETS,
-            (qk.aggregation_sets, qk.groups),
-            (int(self.clock()), qk.group_prefix),
             qname,
             "",
         )

@@ -23,21 +23,19 @@ asyncq extensions (Go asynq is unaffected by all of them):
   ARGV are unchanged; a channel is not a key, so cluster slots are unaffected.
   The PUBLISH is best effort (``redis.pcall``): a user whose ACL denies the
   channel, which Go asynq never needs, still gets the write and no error.
-* **Batched dequeue.** ``dequeue_many.lua`` takes asynq's dequeue KEYS/ARGV
-  plus ARGV[3] = count and moves up to that many tasks (each exactly as
-  asynq's dequeue does) in one call; it returns ``id, msg`` pairs. The Python
-  side tries queues in the given order, one call per queue (queues live in
-  different cluster slots); when a later call fails, the tasks already taken
-  are returned. ``dequeue`` is ``dequeue_many`` with count 1. The server's
-  fetch uses :mod:`asyncq._broker.multiqueue` instead: one call for all
-  queues (per node on a cluster), same transitions.
+* **Batched dequeue.** :meth:`Broker.fetch` (``dequeue_queues.lua``, see
+  :mod:`asyncq._broker.multiqueue`) moves up to a count of tasks, each exactly
+  as asynq's dequeue does, from queues tried in the given order, in one call
+  for all queues (per node on a cluster). The forwarder, recoverer and janitor
+  passes are batched over the queues the same way; asynq's per-queue scripts
+  are kept in the tests only, as the reference these are checked against.
 * **Undecodable messages are archived, never dropped.** A ``msg`` that fails
   to decode (or whose id is not the task's id, or, at dequeue, whose queue
   is not the queue it is stored in) is moved to ``archived`` of that queue by
   ``archive_undecodable.lua``: the same transition and counters as asynq's
   Archive, but the raw bytes are kept as they are and the reason goes into
   the extra hash field ``asyncq_error`` (the protobuf cannot be rewritten).
-  This happens in dequeue, list_lease_expired and read_aggregation_set.
+  This happens in fetch, scan_leases and read_aggregation_set.
 * **Batch enqueue** (asynq HEAD's BatchEnqueue): SCRIPT LOAD, then one
   non-transactional pipeline of SADD + one EVALSHA per item. Unlike asynq,
   an item whose ID already exists is reported as TaskIdConflictError (asynq
@@ -53,7 +51,7 @@ asyncq extensions (Go asynq is unaffected by all of them):
   queue it SADDs it to ``asynq:queues`` before the write (a per-instance
   cache, like asynq's per-process one). It is a separate command, not part
   of the scripts, because the global key is not in the queue's cluster slot.
-* **Stranded groups.** forward and reclaim_stale_aggregation_sets re-add the
+* **Stranded groups.** The forward and reclaim scripts re-add the
   group name to ``groups`` (an extra trailing KEYS entry) when they put tasks
   back into a group; asynq does not, so such a group is not aggregated until
   another task joins it.

@@ -21,11 +21,8 @@ from asyncq._broker._base import (
     AckCall,
     BrokerBase,
     ack_results,
-    as_text,
     encode_with,
 )
-from asyncq._logging import error_text
-from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.scripts import Script, load_script
 from asyncq._time import to_unix
 from asyncq.errors import (
@@ -40,7 +37,6 @@ _log = structlog.get_logger("asyncq")
 
 __all__ = ["DequeuedTask", "ProcessingTransitions"]
 
-_DEQUEUE_MANY = load_script(LUA_PACKAGE, "dequeue_many")
 _DONE = load_script(LUA_PACKAGE, "done")
 _MARK_AS_COMPLETE = load_script(LUA_PACKAGE, "mark_as_complete")
 _ACK_MANY = load_script(LUA_PACKAGE, "ack_many")
@@ -55,9 +51,6 @@ _ACK_QUEUES = Script(
 _REQUEUE = load_script(LUA_PACKAGE, "requeue")
 _RETRY = load_script(LUA_PACKAGE, "retry")
 _ARCHIVE = load_script(LUA_PACKAGE, "archive")
-_FORWARD = load_script(LUA_PACKAGE, "forward")
-_LIST_LEASE_EXPIRED = load_script(LUA_PACKAGE, "list_lease_expired")
-_DELETE_EXPIRED_COMPLETED = load_script(LUA_PACKAGE, "delete_expired_completed")
 
 
 @dataclass(slots=True)
@@ -72,63 +65,6 @@ class ProcessingTransitions(BrokerBase):
     """Server-side transitions of a task: pending, active, retry, archived, completed."""
 
     # -- server-side processing (spec section 3.2) ------------------------------------------
-
-    async def dequeue(self, qnames: Sequence[str]) -> DequeuedTask | None:
-        """Take one task from the first non-paused, non-empty queue in *qnames* order."""
-        got = await self.dequeue_many(qnames, 1)
-        return got[0] if got else None
-
-    async def dequeue_many(self, qnames: Sequence[str], count: int) -> list[DequeuedTask]:
-        """Take up to *count* tasks, trying the queues in *qnames* order, each with its own lease.
-
-        One script call per queue tried. A message that cannot be decoded, or
-        that names another queue, is archived (and logged) instead of returned,
-        and its slot is refilled. When a call fails after tasks were taken from
-        earlier queues, those tasks are returned (and the failure logged)
-        rather than left to lease recovery; with nothing taken it is raised.
-        """
-        if count < 1:
-            raise ValueError(f"dequeue count must be at least 1, got {count}")
-        out: list[DequeuedTask] = []
-        for qname in qnames:
-            qk = self._q(qname)
-            keys_ = (qk.pending, qk.paused, qk.active, qk.lease)
-            while True:
-                want = count - len(out)
-                now = self.clock()
-                expiry = now + self.lease_duration
-                try:
-                    res = await self._run(
-                        _DEQUEUE_MANY, keys_, (int(expiry), qk.task_prefix, want), qname, ""
-                    )
-                except REDIS_ERRORS as exc:  # must not cost the tasks already in hand
-                    if not out:
-                        raise
-                    if self._dequeue_errors.allow():
-                        _log.warning(
-                            "dequeue failed after tasks were taken; returning those",
-                            queue=qname,
-                            taken=len(out),
-                            error=error_text(exc),
-                            suppressed_since_last=self._dequeue_errors.take_suppressed(),
-                        )
-                    return out
-                for i in range(0, len(res), 2):
-                    tid = as_text(res[i])
-                    data = res[i + 1]
-                    if data is None:
-                        _log.error("dropped pending id without task hash", task_id=tid, queue=qname)
-                        continue
-                    msg = await self._decode_or_archive(
-                        qk, tid, data, now, qk.active, check_queue=True
-                    )
-                    if msg is not None:
-                        out.append(DequeuedTask(msg, expiry))
-                if len(out) >= count or len(res) < 2 * want:
-                    break
-            if len(out) >= count:
-                break
-        return out
 
     async def done(self, msg: TaskMessage) -> None:
         """Success without retention: delete the task, count it processed, release its lock."""
@@ -389,55 +325,6 @@ class ProcessingTransitions(BrokerBase):
             args += (lease_expired_by,)
         await self._run(_ARCHIVE, keys_, args, qk.name, tid)
 
-    async def forward_if_ready(self, qnames: Sequence[str]) -> int:
-        """Move due scheduled/retry tasks to pending (or back to their group); returns count."""
-        total = 0
-        for qname in qnames:
-            qk = self._q(qname)
-            for source in (qk.scheduled, qk.retry):
-                while True:
-                    now = self.clock()
-                    n: int = await self._run(
-                        _FORWARD,
-                        (source, qk.pending, qk.groups),
-                        (
-                            int(now),
-                            qk.task_prefix,
-                            int(now * 1_000_000_000),
-                            qk.group_prefix,
-                            qk.wakeup,
-                            qname,
-                        ),
-                        qname,
-                        "",
-                    )
-                    total += n
-                    if n == 0:
-                        break
-        return total
-
-    async def list_lease_expired(
-        self, cutoff: datetime, qnames: Sequence[str]
-    ) -> list[TaskMessage]:
-        """Messages of active tasks whose lease expired at or before *cutoff*.
-
-        A message that cannot be decoded is archived (and logged) instead.
-        """
-        cut = to_unix(cutoff)
-        out: list[TaskMessage] = []
-        for qname in qnames:
-            qk = self._q(qname)
-            res = await self._run(
-                _LIST_LEASE_EXPIRED, (qk.lease,), (cut, qk.task_prefix), qname, ""
-            )
-            for i in range(0, len(res), 2):
-                msg = await self._decode_or_archive(
-                    qk, as_text(res[i]), res[i + 1], self.clock(), qk.active
-                )
-                if msg is not None:
-                    out.append(msg)
-        return out
-
     async def extend_lease(self, qname: str, task_ids: Sequence[str]) -> float:
         """Push the leases of *task_ids* to now + ``lease_duration``; returns the new expiry.
 
@@ -452,27 +339,6 @@ class ProcessingTransitions(BrokerBase):
                 args += (score, tid)
             await self._cmd.execute_command("ZADD", qk.lease, "XX", *args)
         return expiry
-
-    async def delete_expired_completed_tasks(self, qname: str, batch_size: int = 100) -> int:
-        """Delete completed tasks whose retention expired, *batch_size* per script call.
-
-        Loops until none are left; returns how many were deleted.
-        """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        qk = self._q(qname)
-        total = 0
-        while True:
-            n: int = await self._run(
-                _DELETE_EXPIRED_COMPLETED,
-                (qk.completed,),
-                (int(self.clock()), qk.task_prefix, batch_size),
-                qname,
-                "",
-            )
-            total += n
-            if n == 0:
-                return total
 
     async def write_result(self, qname: str, task_id: str, data: bytes) -> int:
         """HSET the task's ``result`` field; returns len(data)."""

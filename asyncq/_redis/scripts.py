@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
@@ -41,6 +42,7 @@ __all__ = [
     "MIN_REDIS",
     "Script",
     "check_server_version",
+    "expand_includes",
     "load_script",
     "parse_server_version",
     "read_script",
@@ -55,7 +57,6 @@ KeyOrArg = str | bytes | int | float
 
 ALLOW_OOM = frozenset(
     {
-        "dequeue_many",
         "dequeue_queues",
         "done",
         "ack_many",
@@ -67,7 +68,6 @@ ALLOW_OOM = frozenset(
         "inspect_delete_all_pending",
         "inspect_delete_all_aggregating",
         "inspect_remove_queue",
-        "delete_expired_completed",
         "delete_expired_completed_queues",
     }
 )
@@ -179,30 +179,34 @@ def load_script(package: str, name: str) -> Script:
 
 
 def read_script(package: str, name: str) -> str:
-    """The source of ``lua/<name>.lua`` beside the modules of *package*, as Redis runs it.
-
-    Code several scripts share (the key-type guard, the counter updates) is written once,
-    in ``lua/_lib/<part>.lua``; a script names what it uses on a line of its own,
-    ``-- include: guard, counters``, and that line is replaced by those files' text, in
-    that order. Each script thus stays one file to read, and the text Redis runs is the
-    one it ran when the code was copied into each script. A part that does not exist
-    raises FileNotFoundError naming the script and the missing file.
-    """
+    """The source of ``lua/<name>.lua`` beside the modules of *package*, as Redis runs it:
+    its includes expanded from ``lua/_lib`` (see :func:`expand_includes`)."""
     folder = resources.files(package).joinpath("lua")
     source = folder.joinpath(f"{name}.lua").read_text("utf-8")
+    return expand_includes(source, f"lua/{name}.lua", folder.joinpath("_lib"))
+
+
+def expand_includes(source: str, name: str, lib: Traversable) -> str:
+    """*source* (the script *name*) with each ``-- include: a, b`` line replaced by the
+    text of ``a.lua`` then ``b.lua`` from the folder *lib*.
+
+    Code several scripts share (the key-type guard, the counter updates) is written once,
+    in ``lua/_lib/<part>.lua``; a script names what it uses on a line of its own, and
+    that line is replaced by those files' text, in that order. Each script thus stays
+    one file to read, and the text Redis runs is the one it ran when the code was
+    copied into each script. A part that does not exist raises FileNotFoundError
+    naming the script and the missing file.
+    """
     lines = []
     for line in source.split("\n"):
         if not line.startswith(_INCLUDE):
             lines.append(line)
             continue
         for part in (p.strip() for p in line.removeprefix(_INCLUDE).split(",")):
-            lib = folder.joinpath("_lib", f"{part}.lua")
-            if not part or not lib.is_file():
-                raise FileNotFoundError(
-                    f"lua/{name}.lua includes {part!r}, but there is no lua/_lib/{part}.lua "
-                    f"in {package}"
-                )
-            lines.append(lib.read_text("utf-8").removesuffix("\n"))
+            path = lib.joinpath(f"{part}.lua")
+            if not part or not path.is_file():
+                raise FileNotFoundError(f"{name} includes {part!r}, but there is no file {path}")
+            lines.append(path.read_text("utf-8").removesuffix("\n"))
     return "\n".join(lines)
 
 

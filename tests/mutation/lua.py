@@ -96,8 +96,8 @@ TESTS: dict[str, tuple[str, ...]] = {
 }
 STATE_TRANSITIONS = (
     "enqueue", "enqueue_unique", "enqueue_many", "schedule", "schedule_unique", "add_to_group",
-    "add_to_group_unique", "dequeue_many", "dequeue_queues", "done", "mark_as_complete",
-    "ack_many", "requeue", "retry", "archive", "forward", "forward_queues",
+    "add_to_group_unique", "dequeue_queues", "done", "mark_as_complete",
+    "ack_many", "requeue", "retry", "archive", "forward_queues",
     "list_lease_expired_queues", "delete_expired_completed_queues", "aggregation_check",
     "reclaim_stale_aggregation_sets_queues", "delete_aggregation_set", "inspect_run_task",
     "inspect_delete_task", "inspect_archive_task",
