@@ -433,7 +433,6 @@ class Server(Service):
         if self._lifespan is not None:
             state = await self._lifespan_stack.enter_async_context(self._lifespan())
             self._context.run(state_var.set, state)
-        self._hooks.attach()
         cfg = self.config
         if self._watcher is not None:
             await refresh_once(self._watcher)  # the patterns' current matches before any fetch
@@ -444,6 +443,7 @@ class Server(Service):
             else:  # the served queues matching it now; the watcher marks later ones
                 for match in fnmatch.filter(served, qname):
                     await self.redis.set(keys.ordered_key(match), "1")
+        self._hooks.attach()  # last: a set-up that fails before leaves nothing to detach
         self.started_at = datetime.now(UTC)
         self.log.info(
             "starting processing",

@@ -1,8 +1,9 @@
 """Broker operations over many queues at once: one script call per Redis node.
 
 asynq's per-queue scripts cost one round trip per queue (asyncq keeps them in
-its tests only, as the reference these are checked against), so a worker serving a thousand queues paid a thousand calls per fetch
-and per forwarder, recoverer and janitor pass, even with every queue empty.
+its tests only, as the reference these are checked against), so a worker
+serving a thousand queues paid a thousand calls per fetch and per forwarder,
+recoverer and janitor pass, even with every queue empty.
 :class:`MultiQueue` runs the same transitions (same keys, same fields, same
 scores as asynq's scripts, so Go servers sharing the Redis see nothing new)
 for a whole list of queues in one script call:
