@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from asyncq import Aggregation, Intervals, Limits, ServeMux, Server
-from asyncq._worker.config import build_config
+from asyncq._worker.config import _GROUPS, GROUPED_OPTION_NAMES, build_config
 from asyncq._worker.processor import Processor
 
 NOWHERE = "redis://127.0.0.1:1/0"  # never connected: these tests build servers only
@@ -154,3 +154,7 @@ async def test_the_processor_runs_no_handler_before_start() -> None:
     await server.shutdown()
     with pytest.raises(Exception, match="closed"):
         await asyncio.wait_for(server.start(ServeMux()), 5)
+
+
+def test_every_flat_keyword_of_a_group_is_typed_and_mapped() -> None:
+    assert frozenset(_GROUPS) == GROUPED_OPTION_NAMES
