@@ -14,14 +14,30 @@ for i = first, #ARGV, 3 do
         return redis.error_reply("TASK EXISTS " .. ARGV[i + 1])
     end
 end
-for i = 3, 2 + 2 * f, 2 do
-    redis.call("HSET", KEYS[1], ARGV[i], ARGV[i + 1])
+-- Commands take their arguments on the Lua stack: long lists go in slices (of
+-- whole field/value pairs).
+local SLICE = 1000
+for i = 3, 2 + 2 * f, SLICE do
+    redis.call("HSET", KEYS[1], unpack(ARGV, i, math.min(i + SLICE - 1, 2 + 2 * f)))
 end
+local pushed, queues = {}, {}
 for i = first, #ARGV, 3 do
     local q, id = ARGV[i], ARGV[i + 1]
     redis.call("HSET", "asynq:{" .. q .. "}:t:" .. id, "msg", ARGV[i + 2], "state", "pending",
         "pending_since", ARGV[1])
-    redis.call("LPUSH", "asynq:{" .. q .. "}:pending", id)
+    if not pushed[q] then
+        pushed[q] = {}
+        queues[#queues + 1] = q
+    end
+    local ids = pushed[q]
+    ids[#ids + 1] = id
+end
+-- one LPUSH of many ids is those LPUSHes one by one, in the same order
+for _, q in ipairs(queues) do
+    local ids = pushed[q]
+    for i = 1, #ids, SLICE do
+        redis.call("LPUSH", "asynq:{" .. q .. "}:pending", unpack(ids, i, math.min(i + SLICE - 1, #ids)))
+    end
     redis.pcall("PUBLISH", "asyncq:wakeup:{" .. q .. "}", q)
 end
 return "OK"
