@@ -125,7 +125,8 @@ def is_workflow_step(msg: TaskMessage) -> bool:
 def step_place(msg: TaskMessage) -> tuple[str, str]:
     """The workflow hash and ``"<stage>.<member>"`` place of a step (:func:`is_workflow_step`)."""
     headers = msg.headers
-    wkey = workflow_key(headers[WORKFLOW_QUEUE_HEADER], headers[WORKFLOW_HEADER])
+    # is_workflow_step checked the queue name and the id: workflow_key's checks, done
+    wkey = f"{keys.queue_key_prefix(headers[WORKFLOW_QUEUE_HEADER])}wf:{headers[WORKFLOW_HEADER]}"
     return wkey, headers[WORKFLOW_STEP_HEADER]
 
 
@@ -149,12 +150,16 @@ async def start_workflow(
     first: Sequence[TaskMessage],
     now_ns: int,
 ) -> None:
-    """Write the workflow hash and enqueue *first* (the first stage) in one script."""
+    """Write the workflow hash and enqueue *first* (the first stage) in one script.
+
+    *fields* are the hash's fields but those of the first stage's members (``id:``,
+    ``q:``, ``t:``, ``st:`` of ``0:<j>``), which the script writes from *first*.
+    """
     args: list[Any] = [now_ns, len(fields)]
     for name, value in fields.items():
         args += (name, value)
     for msg in first:
-        args += (msg.queue, msg.id, encode_task_message(msg))
+        args += (msg.queue, msg.id, msg.type, encode_task_message(msg))
     try:
         await _START(broker._cmd, (workflow_key(qname, workflow_id),), args)
     except ResponseError as exc:
