@@ -114,8 +114,7 @@ async def main(url: str, n: int, rounds: int, breakdown: bool) -> None:
         med = statistics.median(times[name])
         per_member = statistics.median(sum(c.values()) / n for c in cmds[name])
         print(
-            f"{name:<15} {med:>9.3f} {min(times[name]):>8.3f} {n / med:>8.0f} "
-            f"{per_member:>12.2f}"
+            f"{name:<15} {med:>9.3f} {min(times[name]):>8.3f} {n / med:>8.0f} {per_member:>12.2f}"
         )
     if breakdown:
         print("commands per member, per command (the round of median total)")
