@@ -52,6 +52,9 @@ async def main(url: str, n: int, rounds: int, breakdown: bool) -> None:
     await redis.flushdb()
     done = asyncio.Event()
     count = 0
+    # A chord is done when its callback ran, plain fan-out when its N handlers did
+    # (a chord's members reaching N must not end a run before its callback).
+    counting = False
 
     async def member(task: Task) -> None:
         nonlocal count
@@ -59,7 +62,7 @@ async def main(url: str, n: int, rounds: int, breakdown: bool) -> None:
             assert task.result_writer is not None
             await task.result_writer.write(b"12345678")
         count += 1
-        if count == n:
+        if counting and count == n:
             done.set()
 
     async def callback(task: Task) -> None:
@@ -97,6 +100,7 @@ async def main(url: str, n: int, rounds: int, breakdown: bool) -> None:
         for _ in range(rounds):
             for name, run in variants.items():
                 count = 0
+                counting = name == "plain"
                 done.clear()
                 before = await commands(redis)
                 t0 = time.perf_counter()
