@@ -235,6 +235,10 @@ def encode_task_headers(headers: Mapping[str, str]) -> bytes:
     parts = []
     for key, value in headers.items():
         # Map entries always carry both key and value, as protobuf-go writes them.
-        entry = _len_field(0x0A, key.encode()) + _len_field(0x12, value.encode())
-        parts.append(_len_field(0x7A, entry))
+        kb, vb = key.encode(), value.encode()
+        size = len(kb) + len(vb) + 4
+        if size < 0x80:  # every length one byte: the usual header, written inline
+            parts.append(bytes((0x7A, size, 0x0A, len(kb))) + kb + bytes((0x12, len(vb))) + vb)
+        else:
+            parts.append(_len_field(0x7A, _len_field(0x0A, kb) + _len_field(0x12, vb)))
     return b"".join(parts)

@@ -437,12 +437,12 @@ class Workflow(Generic[R]):
                 msg.headers[WORKFLOW_HEADER] = wid
                 msg.headers[WORKFLOW_QUEUE_HEADER] = qname
                 msg.headers[WORKFLOW_STEP_HEADER] = f"{k}.{j}"
+                if k == 0:
+                    continue  # its fields id:, q:, t:, st: are the start script's to write
                 fields[f"id:{m}"] = msg.id
                 fields[f"q:{m}"] = msg.queue
                 fields[f"t:{m}"] = msg.type
-                fields[f"st:{m}"] = "pending" if k == 0 else "waiting"
-                if k == 0:
-                    continue
+                fields[f"st:{m}"] = "waiting"
                 if self.pass_results:
                     shape = "l" if prev_group else "s"
                     if step.result_arg is not None:

@@ -9,14 +9,15 @@ interleaved rounds (the median and fastest round are printed):
 - ``plain``: ``client.enqueue_many`` of N tasks; done when all N handlers ran
   and were acknowledged (the queue is empty).
 - ``chord``: ``chord([N tasks], callback).enqueue(client)``; done when the
-  callback ran. Members are acknowledged by ``workflow_done.lua`` one at a time
-  (the hand-off's script), not by the batched ``ack_many.lua``.
+  callback ran. Members are acknowledged in the batches of plain successes
+  (``ack_many.lua``), which record them in the workflow and hand off.
 - ``chord+results``: the same with each member writing an 8-byte result, which
   the callback receives (``group_results``).
 
-Redis commands per member: ``total_commands_processed`` before and after the
-run (the worker's own background commands, heartbeats and polls, included),
-divided by N.
+Redis commands per member: the calls of ``INFO commandstats`` before and after
+the run (so the commands scripts run count, and the worker's own background
+commands, heartbeats and polls, are included), divided by N. ``--breakdown``
+prints them per command (median round).
 """
 
 from __future__ import annotations
@@ -34,16 +35,26 @@ from asyncq import Client, ServeMux, Server, Task, chord
 from asyncq.testing import RedisServerProcess
 
 
-async def commands(redis: Redis) -> int:
-    info = await redis.info("stats")
-    return int(info["total_commands_processed"])
+async def commands(redis: Redis) -> dict[str, int]:
+    """Calls per command so far, those run by scripts included."""
+    info = await redis.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in info.items()}
 
 
-async def main(url: str, n: int, rounds: int) -> None:
+def used(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    out = {name: calls - before.get(name, 0) for name, calls in after.items()}
+    out["info"] -= 1  # the reading of *after*
+    return {name: calls for name, calls in out.items() if calls}
+
+
+async def main(url: str, n: int, rounds: int, breakdown: bool) -> None:
     redis = Redis.from_url(url)
     await redis.flushdb()
     done = asyncio.Event()
     count = 0
+    # A chord is done when its callback ran, plain fan-out when its N handlers did
+    # (a chord's members reaching N must not end a run before its callback).
+    counting = False
 
     async def member(task: Task) -> None:
         nonlocal count
@@ -51,7 +62,7 @@ async def main(url: str, n: int, rounds: int) -> None:
             assert task.result_writer is not None
             await task.result_writer.write(b"12345678")
         count += 1
-        if count == n:
+        if counting and count == n:
             done.set()
 
     async def callback(task: Task) -> None:
@@ -84,11 +95,12 @@ async def main(url: str, n: int, rounds: int) -> None:
         "chord+results": chord_of(b"r"),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
-    cmds: dict[str, list[float]] = {name: [] for name in variants}
+    cmds: dict[str, list[dict[str, int]]] = {name: [] for name in variants}
     async with Client(redis) as client:
         for _ in range(rounds):
             for name, run in variants.items():
                 count = 0
+                counting = name == "plain"
                 done.clear()
                 before = await commands(redis)
                 t0 = time.perf_counter()
@@ -97,17 +109,24 @@ async def main(url: str, n: int, rounds: int) -> None:
                 while await redis.llen("asynq:{default}:active"):  # noqa: ASYNC110
                     await asyncio.sleep(0.001)  # the last acknowledgements
                 times[name].append(time.perf_counter() - t0)
-                cmds[name].append((await commands(redis) - before) / n)
+                cmds[name].append(used(before, await commands(redis)))
     await server.shutdown()
     await redis.aclose()
     print(f"N = {n}, {rounds} rounds, one worker (concurrency 100)")
     print(f"{'variant':<15} {'median s':>9} {'best s':>8} {'tasks/s':>8} {'cmds/member':>12}")
     for name in variants:
         med = statistics.median(times[name])
+        per_member = statistics.median(sum(c.values()) / n for c in cmds[name])
         print(
-            f"{name:<15} {med:>9.3f} {min(times[name]):>8.3f} {n / med:>8.0f} "
-            f"{statistics.median(cmds[name]):>12.2f}"
+            f"{name:<15} {med:>9.3f} {min(times[name]):>8.3f} {n / med:>8.0f} {per_member:>12.2f}"
         )
+    if breakdown:
+        print("commands per member, per command (the round of median total)")
+        for name in variants:
+            runs = sorted(cmds[name], key=lambda c: sum(c.values()))
+            mid = runs[len(runs) // 2]
+            top = sorted(mid.items(), key=lambda kv: -kv[1])
+            print(f"{name:<15} " + " ".join(f"{cmd}={calls / n:.2f}" for cmd, calls in top))
 
 
 if __name__ == "__main__":
@@ -115,9 +134,10 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--url", help="Redis URL whose database is FLUSHED")
+    parser.add_argument("--breakdown", action="store_true", help="commands per member by name")
     args = parser.parse_args()
     if args.url:
-        asyncio.run(main(args.url, args.n, args.rounds))
+        asyncio.run(main(args.url, args.n, args.rounds, args.breakdown))
     else:
         with RedisServerProcess() as server:
-            asyncio.run(main(server.url, args.n, args.rounds))
+            asyncio.run(main(server.url, args.n, args.rounds, args.breakdown))

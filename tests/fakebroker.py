@@ -30,7 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncq._broker import DequeuedTask
 from asyncq._broker.multiqueue import FetchResult
-from asyncq._broker.workflow import AckMode
+from asyncq._broker.workflow import AckMode, is_workflow_step
 from asyncq.errors import TaskNotFoundError
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 
@@ -73,6 +73,8 @@ class FakeBroker:
         self.queues: set[str] = set()
         self.ordered: set[str] = set()
         self.calls: list[tuple[str, Any]] = []
+        self.workflow_steps: list[tuple[str, AckMode]] = []
+        """Workflow steps acknowledged with their hand-off, by either method, in order."""
         self._failures: dict[str, list[BaseException]] = defaultdict(list)
         self._down = False
         self._holds: dict[str, _Hold] = {}
@@ -182,6 +184,8 @@ class FakeBroker:
                 out.append(exc)
             else:
                 out.append(None)
+                if is_workflow_step(msg):  # with its hand-off, as Broker.ack_many
+                    self.workflow_steps.append((msg.id, "complete" if complete else "done"))
         return out
 
     def _finish(self, msg: TaskMessage, complete: bool) -> None:
@@ -239,6 +243,7 @@ class FakeBroker:
             stored.state, stored.error = "archived", err_msg
         else:
             self._finish(msg, mode == "complete")
+        self.workflow_steps.append((msg.id, mode))
         return "running"
 
     async def take_type_tokens(

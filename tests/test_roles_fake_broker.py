@@ -538,25 +538,57 @@ async def test_a_failed_type_rate_token_call_puts_the_task_back_unrun() -> None:
     assert run.processor.stats.type_rate_limited == 1
 
 
-async def test_a_workflow_step_is_acknowledged_with_its_hand_off() -> None:
+def step_headers(member: int) -> dict[str, str]:
     from asyncq._broker.workflow import (
         WORKFLOW_HEADER,
         WORKFLOW_QUEUE_HEADER,
         WORKFLOW_STEP_HEADER,
     )
 
+    return {WORKFLOW_HEADER: "wf", WORKFLOW_QUEUE_HEADER: Q, WORKFLOW_STEP_HEADER: f"0.{member}"}
+
+
+async def test_a_workflow_step_is_acknowledged_with_its_hand_off() -> None:
     fake = FakeBroker()
-    headers = {WORKFLOW_HEADER: "wf", WORKFLOW_QUEUE_HEADER: Q, WORKFLOW_STEP_HEADER: "0.0"}
-    ok = fake.enqueue(message(headers=headers))
-    bad = fake.enqueue(message("bad", headers=headers, retried=3))
+    ok = [fake.enqueue(message(headers=step_headers(j))) for j in range(3)]
+    kept = fake.enqueue(message(headers=step_headers(3), retention=60))
+    plain = fake.enqueue(message())
+    bad = fake.enqueue(message("bad", headers=step_headers(4), retried=3))
 
     async def handler(task: Task) -> None:
         if task.type == "bad":
             raise ValueError("no")
 
     async with Running(fake, handler):
-        await wait_until(lambda: len(fake.called("ack_workflow_step")) == 2, what="acked")
-    assert sorted(fake.called("ack_workflow_step")) == sorted(
-        [(ok.id, "done"), (bad.id, "archive")]
-    )
-    assert not fake.called("ack_many") and not fake.called("archive")
+        await wait_until(lambda: not fake.tasks.keys() - {kept.id, bad.id}, what="acked")
+        await wait_until(lambda: fake.called("ack_workflow_step"), what="archived")
+    # Successes, the steps' among them, share the batched acknowledgement (the
+    # broker records each step in its workflow there); a failed step alone.
+    acked = sorted(i for batch in fake.called("ack_many") for i in batch)
+    want = [(m.id, False) for m in (*ok, plain)] + [(kept.id, True)]
+    assert acked == sorted(want)
+    steps = [(m.id, "done") for m in ok] + [(kept.id, "complete"), (bad.id, "archive")]
+    assert sorted(fake.workflow_steps) == sorted(steps)
+    assert len(fake.called("ack_many")) < len(want)  # several in one call
+    assert fake.called("ack_workflow_step") == [(bad.id, "archive")]
+    assert not fake.called("archive") and not fake.called("done")
+
+
+async def test_a_failed_batched_step_acknowledgement_is_retried_as_the_steps_own() -> None:
+    fake = FakeBroker()
+    step = fake.enqueue(message(headers=step_headers(0)))
+    plain = fake.enqueue(message())
+    fake.fail("ack_many")  # the connection drops with the batch: nothing was written
+
+    async def handler(task: Task) -> None:
+        return None
+
+    async with Running(fake, handler) as run:
+        await wait_until(lambda: len(run.deferred.writes) == 2, what="writes deferred")
+        for what, write in run.deferred.writes:
+            assert what == "done"
+            await write()  # what the syncer does once Redis answers again
+    assert fake.called("ack_workflow_step") == [(step.id, "done")]
+    assert fake.called("done") == [plain.id]
+    assert fake.workflow_steps == [(step.id, "done")]  # recorded once, with its hand-off
+    assert not fake.tasks and fake.processed == 2

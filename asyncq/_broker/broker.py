@@ -46,7 +46,9 @@ asyncq extensions (Go asynq is unaffected by all of them):
   from the queue's prefix (same hash tag, so the same cluster slot); the
   processed counters take one INCRBY per call unless the all-time counter is
   near its max-int64 wrap. Several queues go in one call (ack_queues.lua; a
-  cluster pipelines one call per queue).
+  cluster pipelines one call per queue). A workflow step's success goes in the
+  same call, which records it in its workflow and hands off (the batch's steps
+  of one workflow and stage together; workflow_advance.lua).
 * **asynq:queues registration.** The first time a Broker instance sees a
   queue it SADDs it to ``asynq:queues`` before the write (a per-instance
   cache, like asynq's per-process one). It is a separate command, not part

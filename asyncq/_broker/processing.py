@@ -23,6 +23,7 @@ from asyncq._broker._base import (
     ack_results,
     encode_with,
 )
+from asyncq._broker.workflow import ADVANCE_LUA, is_workflow_step, step_place
 from asyncq._redis.scripts import Script, load_script
 from asyncq._time import to_unix
 from asyncq.errors import (
@@ -39,12 +40,14 @@ __all__ = ["DequeuedTask", "ProcessingTransitions"]
 
 _DONE = load_script(LUA_PACKAGE, "done")
 _MARK_AS_COMPLETE = load_script(LUA_PACKAGE, "mark_as_complete")
-_ACK_MANY = load_script(LUA_PACKAGE, "ack_many")
+# advance_ok() of workflow_advance.lua records the workflow steps among the tasks.
+_ACK_MANY = Script("ack_many", ADVANCE_LUA + "\n" + load_script(LUA_PACKAGE, "ack_many").source)
 # ack_many.lua as a function, called once per queue by ack_queues.lua (one round trip).
 _ACK_QUEUES = Script(
     "ack_queues",
-    "local function ack_one(KEYS, ARGV)\n"
-    + _ACK_MANY.source
+    ADVANCE_LUA
+    + "\nlocal function ack_one(KEYS, ARGV)\n"
+    + load_script(LUA_PACKAGE, "ack_many").source
     + "\nend\n"
     + load_script(LUA_PACKAGE, "ack_queues").source,
 )
@@ -119,9 +122,13 @@ class ProcessingTransitions(BrokerBase):
 
         ``complete=True`` is :meth:`mark_as_complete` (kept for ``msg.retention``),
         ``False`` is :meth:`done`; each task gets exactly that method's effect, in
-        the given order, with one "now" for the whole batch. All tasks of a queue
-        take one script call; on one server all queues share it
-        (``ack_queues.lua``), on a cluster one call per queue in a pipeline.
+        the given order, with one "now" for the whole batch. A workflow step
+        (:func:`~asyncq._broker.workflow.is_workflow_step`) gets the effect of
+        ``ack_step`` with mode ``complete`` or ``done`` instead: its workflow
+        records it and hands off to the next stage in the same call, so a step's
+        success is never acknowledged without it. All tasks of a queue take one
+        script call; on one server all queues share it (``ack_queues.lua``), on a
+        cluster one call per queue in a pipeline.
 
         One result per item: None when acknowledged, TaskNotFoundError when the
         task is not active (any more), ValueError for a message without id or
@@ -146,6 +153,17 @@ class ProcessingTransitions(BrokerBase):
             call = calls.get(qk.name)
             if call is None:
                 call = calls[qk.name] = AckCall(qk, stats_exp)
+            if is_workflow_step(msg):
+                # A step has no unique key (refused when the workflow starts), as ack_step.
+                wkey, place = step_place(msg)
+                call.indices.append(i)
+                call.args += (msg.id, wkey, place)
+                if complete:
+                    call.kinds.append("W")
+                    call.args += (now_s + msg.retention, encode_with(msg, completed_at=now_s))
+                else:
+                    call.kinds.append("w")
+                continue
             ukey = msg.unique_key
             # The script builds no key it was not told the hash tag of (cluster slots).
             if ukey and not ukey.startswith(call.prefix):
@@ -181,7 +199,9 @@ class ProcessingTransitions(BrokerBase):
         calls: list[tuple[tuple[str, ...], list[Any]]] = []
         for call in planned:
             qk = call.qk
-            call.args[4] = "".join(call.kinds)
+            kinds = call.args[4] = "".join(call.kinds)
+            if "w" in kinds or "W" in kinds:
+                call.args += (int(now), int(now * 1e9))  # the hand-off's "now"
             pday = qk.daily(now)[0]
             calls.append(((qk.active, qk.lease, qk.completed, pday, qk.processed), call.args))
         rep = self.replication

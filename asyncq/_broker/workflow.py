@@ -5,7 +5,10 @@ a stage of one, a group is a stage of many). Its state lives in one hash,
 ``asynq:{<queue>}:wf:<id>``, under the hash tag of its first step's queue. The
 messages of later stages are encoded when the workflow starts and kept in that
 hash, so the hand-off reads them from Redis: the script that acknowledges a
-stage's last member enqueues the next stage (see ``lua/workflow_done.lua``).
+stage's last member enqueues the next stage. A worker acknowledges a step's
+success in its batch of successes (``lua/ack_many.lua``, see
+:meth:`~asyncq._broker.processing.ProcessingTransitions.ack_many`), every other
+outcome with :func:`ack_step` (``lua/workflow_done.lua``).
 
 Tasks of a workflow carry the headers :data:`WORKFLOW_HEADER` (the workflow id),
 :data:`WORKFLOW_QUEUE_HEADER` (the queue of its hash) and :data:`WORKFLOW_STEP_HEADER`
@@ -39,6 +42,7 @@ from asyncq.errors import AsyncqError, BrokerError
 from asyncq.proto.asynq import TaskMessage
 
 __all__ = [
+    "ADVANCE_LUA",
     "WORKFLOW_HEADER",
     "WORKFLOW_QUEUE_HEADER",
     "WORKFLOW_STEP_HEADER",
@@ -53,6 +57,7 @@ __all__ = [
     "member_gone",
     "read_workflow",
     "start_workflow",
+    "step_place",
     "workflow_key",
 ]
 
@@ -63,10 +68,14 @@ WORKFLOW_STEP_HEADER = "asyncq-workflow-step"
 _START = load_script(LUA_PACKAGE, "workflow_start")
 
 
+ADVANCE_LUA = load_script(LUA_PACKAGE, "workflow_advance").source
+"""``advance()`` and ``advance_ok()`` (lua/workflow_advance.lua), for the scripts that
+acknowledge workflow steps to define before their body."""
+
+
 def _with_advance(name: str) -> Script:
     """A script with ``advance()`` (lua/workflow_advance.lua) defined before its body."""
-    base = load_script(LUA_PACKAGE, "workflow_advance").source
-    return Script(name, base + "\n" + load_script(LUA_PACKAGE, name).source)
+    return Script(name, ADVANCE_LUA + "\n" + load_script(LUA_PACKAGE, name).source)
 
 
 _DONE = _with_advance("workflow_done")
@@ -113,6 +122,14 @@ def is_workflow_step(msg: TaskMessage) -> bool:
     return True
 
 
+def step_place(msg: TaskMessage) -> tuple[str, str]:
+    """The workflow hash and ``"<stage>.<member>"`` place of a step (:func:`is_workflow_step`)."""
+    headers = msg.headers
+    # is_workflow_step checked the queue name and the id: workflow_key's checks, done
+    wkey = f"{keys.queue_key_prefix(headers[WORKFLOW_QUEUE_HEADER])}wf:{headers[WORKFLOW_HEADER]}"
+    return wkey, headers[WORKFLOW_STEP_HEADER]
+
+
 def _step_of(msg: TaskMessage) -> tuple[str, str, str]:
     stage, _, member = msg.headers[WORKFLOW_STEP_HEADER].partition(".")
     if not (stage.isdigit() and member.isdigit()):
@@ -133,12 +150,16 @@ async def start_workflow(
     first: Sequence[TaskMessage],
     now_ns: int,
 ) -> None:
-    """Write the workflow hash and enqueue *first* (the first stage) in one script."""
+    """Write the workflow hash and enqueue *first* (the first stage) in one script.
+
+    *fields* are the hash's fields but those of the first stage's members (``id:``,
+    ``q:``, ``t:``, ``st:`` of ``0:<j>``), which the script writes from *first*.
+    """
     args: list[Any] = [now_ns, len(fields)]
     for name, value in fields.items():
         args += (name, value)
     for msg in first:
-        args += (msg.queue, msg.id, encode_task_message(msg))
+        args += (msg.queue, msg.id, msg.type, encode_task_message(msg))
     try:
         await _START(broker._cmd, (workflow_key(qname, workflow_id),), args)
     except ResponseError as exc:

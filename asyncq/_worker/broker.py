@@ -54,7 +54,10 @@ class WorkerBroker(Protocol):
     async def ack_many(
         self, items: Sequence[tuple[TaskMessage, bool]]
     ) -> Sequence[Exception | None]:
-        """Done (False) or MarkAsComplete (True) for many tasks; one result per item."""
+        """Done (False) or MarkAsComplete (True) for many tasks; one result per item.
+
+        A workflow step's is its :meth:`ack_workflow_step` (``done`` or ``complete``):
+        the workflow records it and hands off in the same write."""
         ...
 
     async def done(self, msg: TaskMessage) -> None: ...
@@ -78,7 +81,10 @@ class WorkerBroker(Protocol):
     ) -> None: ...
 
     async def ack_workflow_step(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> str:
-        """Acknowledge a workflow step with its hand-off; the workflow's state after."""
+        """Acknowledge a workflow step with its hand-off; the workflow's state after.
+
+        The processor writes a step's archive or revoke with it, and a step's success
+        with it only when its batched acknowledgement (:meth:`ack_many`) failed."""
         ...
 
     async def take_type_tokens(

@@ -35,9 +35,9 @@
   A handler that swallows its cancellation and has not returned 5 s later is
   left running in the background: its failure is written and its slot freed
   then (asynq does not wait for a handler that ignores its context either).
-  Successes finished in the same event-loop turn are acknowledged together
-  (one ``ack_many`` script call per queue); each worker still waits for its
-  own acknowledgement. Writes that fail because Redis is unreachable are
+  Successes finished in the same event-loop turn, workflow steps' included,
+  are acknowledged together (one ``ack_many`` script call per queue); each
+  worker still waits for its own acknowledgement. Writes that fail because Redis is unreachable are
   handed to the syncer.
 """
 
@@ -644,22 +644,24 @@ class Processor(Role):
         broker = self.broker
         kind = outcome.kind
         write: Callable[[], Awaitable[None]]
-        if outcome.workflow:  # acknowledged together with the workflow's hand-off
-            write = self._workflow_ack(msg, outcome.ack_mode, outcome.err_msg)
-            await self._write(active, write, "archive" if kind == "archive" else "done")
-        elif kind in ("done", "complete"):
+        if kind in ("done", "complete"):
             complete = kind == "complete"
+            # A workflow step's batched acknowledgement includes its workflow's hand-off.
             error = await self._acks.ack(msg, complete)
             if error is not None:
-                # Handled as a failed single write: the syncer retries it with done() or
-                # mark_as_complete() when Redis was unreachable.
+                # Handled as a failed single write: the syncer retries it with done(),
+                # mark_as_complete() or the step's acknowledgement when Redis was unreachable.
                 def ack() -> Awaitable[None]:
                     return broker.mark_as_complete(msg) if complete else broker.done(msg)
 
-                self._write_failed(active, ack, "done", error)
+                write = self._workflow_ack(msg, outcome.ack_mode) if outcome.workflow else ack
+                self._write_failed(active, write, "done", error)
                 return
             if self._debug:
                 self.log.debug("task done", **task_fields(msg))
+        elif outcome.workflow:  # acknowledged together with the workflow's hand-off
+            write = self._workflow_ack(msg, outcome.ack_mode, outcome.err_msg)
+            await self._write(active, write, "archive" if kind == "archive" else "done")
         elif kind == "revoke":
             await self._write(active, partial(broker.done, msg), "done")
         elif kind == "archive":
@@ -787,6 +789,9 @@ class Processor(Role):
 
 class _AckBatcher:
     """Coalesces the successes finished in one event-loop turn into one ``ack_many`` call.
+
+    Workflow steps' successes included: the broker acknowledges each with its
+    workflow's bookkeeping and hand-off in the same script call.
 
     Each worker still waits for its own acknowledgement (its slot and lease are
     held until the task is written), so the semantics are those of one

@@ -12,10 +12,19 @@
 -- ARGV[3] expiry of the daily counter, unix seconds (now + 90 days)
 -- ARGV[4] max int64, where the all-time counter wraps to 1
 -- ARGV[5] one letter per task: d = Done, c = MarkAsComplete; upper case (D, C)
---         when the task has a unique key
--- ARGV[6..] per task, in order: id; the unique key (D, C); the completed score
---           (now + retention) and the msg with completed_at set (c, C). Done
---           without a lock, the common case, costs one argument.
+--         when the task has a unique key; w = Done, W = MarkAsComplete of a
+--         workflow step (which has no unique key)
+-- ARGV[6..] per task, in order: id; the unique key (D, C); the workflow hash and
+--           the "<stage>.<member>" place (w, W); the completed score (now +
+--           retention) and the msg with completed_at set (c, C, W). Done without
+--           a lock, the common case, costs one argument.
+-- ARGV[n-1], ARGV[n] (only when a workflow step is among the tasks): now, unix
+--           seconds and nanoseconds.
+-- A workflow step is acknowledged as workflow_done.lua does it: its result (the
+-- task hash's) is recorded in the workflow hash, and when it was its stage's last
+-- member the next stage is enqueued (advance_ok(), workflow_advance.lua, prepended
+-- when loaded). The steps of one workflow and stage in the batch are recorded
+-- together, after the acknowledgements.
 -- Task hashes and unique locks are not in KEYS: they are built from (or checked
 -- against) the queue's prefix, so they carry the queue's hash tag and live in
 -- the same cluster slot as KEYS.
@@ -27,7 +36,7 @@ local plen = #qprefix
 local out = {}
 local n = 0
 local kinds = ARGV[5]
-local width = {d = 1, D = 2, c = 3, C = 4}
+local width = {d = 1, D = 2, c = 3, C = 4, w = 3, W = 5}
 local need = 5
 for k = 1, #kinds do
     local w = width[string.sub(kinds, k, k)]
@@ -35,6 +44,9 @@ for k = 1, #kinds do
         return redis.error_reply("ERR ack_many: unknown task kind in " .. kinds)
     end
     need = need + w
+end
+if string.find(kinds, "[wW]") then
+    need = need + 2
 end
 if need ~= #ARGV then
     return redis.error_reply("ERR ack_many: task kinds do not match the arguments")
@@ -44,6 +56,7 @@ end
 local problem = bad(KEYS[2], "zset") or bad(KEYS[3], "zset") or bad(KEYS[4], "counter")
     or bad(KEYS[5], "counter")
 local b = 6
+local checked = {}
 for k = 1, #kinds do
     if problem then
         break
@@ -57,8 +70,16 @@ for k = 1, #kinds do
             problem = bad(ARGV[b], "string")
         end
         b = b + 1
+    elseif kind == "w" or kind == "W" then
+        if not string.match(ARGV[b + 1], "^%d+%.%d+$") then
+            problem = "ERR ack_many: bad workflow step place " .. ARGV[b + 1]
+        elseif not checked[ARGV[b]] then
+            checked[ARGV[b]] = true
+            problem = bad(ARGV[b], "hash")
+        end
+        b = b + 2
     end
-    if kind == "c" or kind == "C" then
+    if kind == "c" or kind == "C" or kind == "W" then
         problem = problem or bad(tprefix .. id, "hash")
         b = b + 2
     end
@@ -67,16 +88,21 @@ if problem then
     return redis.error_reply(problem)
 end
 local a = 6
+-- the workflow steps acknowledged, by workflow hash and stage, in first-seen order
+local stages, order = {}, {}
 for k = 1, #kinds do
     local kind = string.sub(kinds, k, k)
     local id = ARGV[a]
     a = a + 1
-    local ukey, score, msg = "", nil, nil
+    local ukey, score, msg, wf, place = "", nil, nil, nil, nil
     if kind == "D" or kind == "C" then
         ukey = ARGV[a]
         a = a + 1
+    elseif kind == "w" or kind == "W" then
+        wf, place = ARGV[a], ARGV[a + 1]
+        a = a + 2
     end
-    local complete = kind == "c" or kind == "C"
+    local complete = kind == "c" or kind == "C" or kind == "W"
     if complete then
         score, msg = ARGV[a], ARGV[a + 1]
         a = a + 2
@@ -88,6 +114,32 @@ for k = 1, #kinds do
         res = 0
     elseif redis.call("ZREM", KEYS[2], id) == 0 then
         res = 0
+    elseif wf then
+        -- as workflow_done.lua: the result is read before the task hash goes (a key of
+        -- another type has none), and a completed step is recorded whatever ZADD says
+        local result = redis.pcall("HGET", tprefix .. id, "result")
+        if type(result) == "table" then
+            result = false
+        end
+        res = 1
+        if complete then
+            redis.call("ZADD", KEYS[3], score, id)
+            redis.call("HSET", tprefix .. id, "msg", msg, "state", "completed")
+        elseif redis.call("DEL", tprefix .. id) == 0 then
+            res = 0
+        end
+        if res == 1 then
+            local stage, _, member = string.match(place, "^(%d+)(%.)(%d+)$")
+            local at = wf .. " " .. stage
+            local group = stages[at]
+            if not group then
+                group = {wf = wf, stage = stage, members = {}, results = {}}
+                stages[at] = group
+                order[#order + 1] = group
+            end
+            group.members[#group.members + 1] = member
+            group.results[#group.members] = result
+        end
     elseif not complete then
         if redis.call("DEL", tprefix .. id) == 0 then
             res = 0
@@ -129,5 +181,8 @@ if n > 0 then
     else
         redis.call("INCRBY", KEYS[5], n)
     end
+end
+for _, group in ipairs(order) do
+    advance_ok(group.wf, group.stage, group.members, group.results, ARGV[#ARGV - 1], ARGV[#ARGV])
 end
 return out
