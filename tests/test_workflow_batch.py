@@ -22,6 +22,7 @@ from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.workflow import read_workflow, workflow_key
 from asyncq.errors import TaskNotFoundError
+from tests import transitions
 from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
 from tests.workers.workflow_worker import CALLBACKS, STARTS
 
@@ -51,7 +52,7 @@ async def test_one_ack_call_acknowledges_steps_and_plain_tasks_and_hands_off(
     info = await chord([Task("m") for _ in range(n)], Task("cb")).enqueue(client)
     await client.enqueue(Task("plain"))
     kept = await client.enqueue(Task("kept", retention=timedelta(minutes=1)))
-    got = await broker.dequeue_many([Q], n + 2)
+    got = await transitions.dequeue_many(broker, [Q], n + 2)
     assert len(got) == n + 2
     for d in got:
         place = d.message.headers.get("asyncq-workflow-step", "")
@@ -76,7 +77,7 @@ async def test_one_ack_call_acknowledges_steps_and_plain_tasks_and_hands_off(
     assert [s.state for s in wf.stages[1]] == ["pending"]
     # the callback, enqueued by the same call, gets the group's results in member order
     (cb_id,) = await redis.lrange(keys.pending_key(Q), 0, -1)
-    callback = await broker.dequeue([Q])
+    callback = await transitions.dequeue(broker, [Q])
     assert callback is not None and callback.message.id == cb_id.decode()
     results = group_results(callback.message.payload)
     assert results == [f"r0.{j}".encode() if j % 2 == 0 else b"" for j in range(n)]
@@ -101,7 +102,7 @@ async def test_steps_of_two_workflows_and_a_completed_step_in_one_batch(
     b = await chord(
         [Task("b", queue=other, retention=timedelta(minutes=1)) for _ in range(2)], Task("cb")
     ).enqueue(client)
-    got = await broker.dequeue_many([Q, other], 5)
+    got = await transitions.dequeue_many(broker, [Q, other], 5)
     # one of a's members stays out: a's stage is not finished by this batch
     out = next(d.message for d in got if d.message.type == "a")
     items = [(d.message, d.message.type == "b") for d in got if d.message is not out]
