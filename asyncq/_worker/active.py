@@ -4,71 +4,59 @@
 processor adds and removes tasks; the heartbeater reads their leases, the
 recoverer asks whether a task still runs here, and the subscriber cancels a
 task by ID through it.
+
+An :class:`ActiveTask`'s :attr:`~ActiveTask.stopped` future is what the
+processor's per-task coroutine waits on: it resolves at the first of the
+handler finishing, a cancel request (:meth:`ActiveTask.cancel`: a cancel
+message, the loss of the lease) and shutdown abandoning the task. Whatever
+resolves it first decides the attempt; later requests change nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from typing import Literal
 
 from asyncq._worker.lease import Lease
 from asyncq.errors import DeadlineExceededError, LeaseExpiredError
 from asyncq.proto.asynq import TaskMessage
-from asyncq.task import Task
 
-__all__ = ["CANCEL_GRACE", "FINISHED", "RUNNING", "WRITING", "ActiveTask", "ActiveTasks"]
+__all__ = ["CANCEL_GRACE", "ActiveTask", "ActiveTasks", "TaskState"]
 
 CANCEL_GRACE = 5.0
 """Seconds a cancelled handler (deadline, cancel message, lease expiry) has to return before
-its failure is written anyway and its slot freed; it may go on in the background, as a Go
-handler ignoring its context does in asynq."""
+its failure is written anyway and its slot freed; it is then an orphan that goes on in the
+background, as a Go handler ignoring its context does in asynq."""
 
-RUNNING = 0
-WRITING = 1
-FINISHED = 2
+TaskState = Literal["running", "writing", "abandoned", "finished"]
+"""``running``: the handler may still run. ``writing``: its outcome is being written.
+``abandoned``: shutdown requeued it (or left it to recovery): nothing more is written.
+``finished``: its slot is free."""
 
 
 class ActiveTask:
-    """A task this server is running: message, lease, deadline and its asyncio task."""
+    """A task this server is running: message, lease, deadline, its handler's asyncio task."""
 
-    __slots__ = (
-        "abandoned",
-        "cancel_exc",
-        "deadline",
-        "detached",
-        "entered",
-        "grace",
-        "job",
-        "lease",
-        "msg",
-        "on_stuck",
-        "phase",
-        "released",
-        "started",
-        "task",
-        "timer",
-    )
+    __slots__ = ("cancel_exc", "deadline", "lease", "msg", "started", "state", "stopped", "task")
 
     def __init__(self, msg: TaskMessage, lease: Lease, deadline: float, started: float) -> None:
         self.msg = msg
         self.lease = lease
         self.deadline = deadline
         self.started = started
-        self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.phase = RUNNING
+        self.state: TaskState = "running"
+        self.task: asyncio.Task[object] | None = None
+        """The handler's asyncio task, once started."""
         self.cancel_exc: BaseException | None = None
-        self.abandoned = False  # requeued or dropped at shutdown: write nothing more
-        # The asyncio task has run its first step. Cancelling a task before that
-        # throws into a coroutine that never ran: its finally (slot, bookkeeping)
-        # would never run either, so such a task only gets cancel_exc.
-        self.entered = False
-        self.job: Task | None = None  # the handler's Task, for a detached failure write
-        self.on_stuck: Callable[[ActiveTask], object] | None = None
-        self.grace: asyncio.TimerHandle | None = None
-        self.detached = False  # failed without the handler: its return writes nothing
-        self.released = False  # slot and bookkeeping given back
+        """Why the handler was stopped before it finished (the attempt's failure)."""
+        self.stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Resolved once: the handler finished, or a request stopped it first."""
+
+    @property
+    def abandoned(self) -> bool:
+        """Shutdown requeued the task (or left it to recovery): nothing more is written."""
+        return self.state == "abandoned"
 
     # TaskContext protocol (result writer)
     @property
@@ -82,7 +70,7 @@ class ActiveTask:
     def done_reason(self) -> str | None:
         if self.cancel_exc is not None:
             return str(self.cancel_exc)
-        if self.phase != RUNNING or self.abandoned:
+        if self.state != "running":
             return "the task's handler has returned"
         if not self.lease.valid():
             return str(LeaseExpiredError())
@@ -90,26 +78,28 @@ class ActiveTask:
             return str(DeadlineExceededError())
         return None
 
-    def deadline_exceeded(self) -> None:
-        self.cancel(DeadlineExceededError())
+    def handler_done(self, _: object = None) -> None:
+        """The handler's task finished (its done callback)."""
+        if not self.stopped.done():
+            self.stopped.set_result(None)
 
     def cancel(self, exc: BaseException) -> bool:
-        """Cancel the handler with *exc* as the failure; False if it is not running."""
-        if self.phase != RUNNING or self.cancel_exc is not None or self.task is None:
+        """Stop the handler with *exc* as the failure; False once it finished or was stopped."""
+        if self.state != "running" or self.stopped.done():
             return False
         self.cancel_exc = exc
-        if self.entered:
-            self.task.cancel()
-        if self.on_stuck is not None:
-            self.grace = asyncio.get_running_loop().call_later(CANCEL_GRACE, self.on_stuck, self)
+        self.stopped.set_result(None)
         return True
 
+    def abandon(self) -> None:
+        """Shutdown takes the task back: from now on nothing is written for it."""
+        self.state = "abandoned"
+
     def stop_abandoned(self) -> None:
-        """Shutdown: cancel the handler of an abandoned task (it writes nothing more)."""
-        if self.task is not None and not self.task.done():
+        """Shutdown, once the task is requeued: stop its handler (nothing is written)."""
+        if not self.stopped.done():
             self.cancel_exc = asyncio.CancelledError()
-            if self.entered:
-                self.task.cancel()
+            self.stopped.set_result(None)
 
 
 class ActiveTasks(dict[str, ActiveTask]):
