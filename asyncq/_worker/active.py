@@ -5,11 +5,10 @@ processor adds and removes tasks; the heartbeater reads their leases, the
 recoverer asks whether a task still runs here, and the subscriber cancels a
 task by ID through it.
 
-An :class:`ActiveTask`'s :attr:`~ActiveTask.stopped` future is what the
-processor's per-task coroutine waits on: it resolves at the first of the
-handler finishing, a cancel request (:meth:`ActiveTask.cancel`: a cancel
-message, the loss of the lease) and shutdown abandoning the task. Whatever
-resolves it first decides the attempt; later requests change nothing.
+A cancel request (:meth:`ActiveTask.cancel`: a cancel message, the deadline,
+the loss of the lease) cancels the asyncio task of the processor's per-task
+coroutine, which awaits the handler; the first request is the attempt's
+failure, and once the handler has returned requests change nothing.
 """
 
 from __future__ import annotations
@@ -29,34 +28,28 @@ CANCEL_GRACE = 5.0
 its failure is written anyway and its slot freed; it is then an orphan that goes on in the
 background, as a Go handler ignoring its context does in asynq."""
 
-TaskState = Literal["running", "writing", "abandoned", "finished"]
-"""``running``: the handler may still run. ``writing``: its outcome is being written.
-``abandoned``: shutdown requeued it (or left it to recovery): nothing more is written.
-``finished``: its slot is free."""
+TaskState = Literal["starting", "running", "writing", "finished"]
+"""``starting``: its coroutine has not run yet. ``running``: the handler may still run.
+``writing``: its outcome is being written. ``finished``: its slot is free."""
 
 
 class ActiveTask:
-    """A task this server is running: message, lease, deadline, its handler's asyncio task."""
+    """A task this server is running: message, lease, deadline, its coroutine's asyncio task."""
 
-    __slots__ = ("cancel_exc", "deadline", "lease", "msg", "started", "state", "stopped", "task")
+    __slots__ = ("abandoned", "cancel_exc", "deadline", "lease", "msg", "started", "state", "task")
 
     def __init__(self, msg: TaskMessage, lease: Lease, deadline: float, started: float) -> None:
         self.msg = msg
         self.lease = lease
         self.deadline = deadline
         self.started = started
-        self.state: TaskState = "running"
-        self.task: asyncio.Task[object] | None = None
-        """The handler's asyncio task, once started."""
-        self.cancel_exc: BaseException | None = None
-        """Why the handler was stopped before it finished (the attempt's failure)."""
-        self.stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        """Resolved once: the handler finished, or a request stopped it first."""
-
-    @property
-    def abandoned(self) -> bool:
+        self.state: TaskState = "starting"
+        self.abandoned = False
         """Shutdown requeued the task (or left it to recovery): nothing more is written."""
-        return self.state == "abandoned"
+        self.task: asyncio.Task[None] | None = None
+        """The asyncio task of the processor's coroutine for this task (it runs the handler)."""
+        self.cancel_exc: BaseException | None = None
+        """Why the handler was stopped before it returned (the attempt's failure)."""
 
     # TaskContext protocol (result writer)
     @property
@@ -70,7 +63,7 @@ class ActiveTask:
     def done_reason(self) -> str | None:
         if self.cancel_exc is not None:
             return str(self.cancel_exc)
-        if self.state != "running":
+        if self.state in ("writing", "finished") or self.abandoned:
             return "the task's handler has returned"
         if not self.lease.valid():
             return str(LeaseExpiredError())
@@ -78,28 +71,32 @@ class ActiveTask:
             return str(DeadlineExceededError())
         return None
 
-    def handler_done(self, _: object = None) -> None:
-        """The handler's task finished (its done callback)."""
-        if not self.stopped.done():
-            self.stopped.set_result(None)
-
     def cancel(self, exc: BaseException) -> bool:
-        """Stop the handler with *exc* as the failure; False once it finished or was stopped."""
-        if self.state != "running" or self.stopped.done():
+        """Stop the handler with *exc* as the failure; False once it returned or was stopped.
+
+        Before the coroutine's first step only the reason is recorded: cancelling
+        its task then would throw into a coroutine whose ``finally`` never ran.
+        """
+        if self.abandoned or self.cancel_exc is not None or self.state not in _STOPPABLE:
             return False
         self.cancel_exc = exc
-        self.stopped.set_result(None)
+        if self.state == "running" and self.task is not None:
+            self.task.cancel()
         return True
 
-    def abandon(self) -> None:
-        """Shutdown takes the task back: from now on nothing is written for it."""
-        self.state = "abandoned"
+    def deadline_exceeded(self) -> None:
+        """The deadline timer fired (the exception is built only then)."""
+        self.cancel(DeadlineExceededError())
 
     def stop_abandoned(self) -> None:
         """Shutdown, once the task is requeued: stop its handler (nothing is written)."""
-        if not self.stopped.done():
+        if self.cancel_exc is None:
             self.cancel_exc = asyncio.CancelledError()
-            self.stopped.set_result(None)
+        if self.state == "running" and self.task is not None:
+            self.task.cancel()
+
+
+_STOPPABLE = ("starting", "running")
 
 
 class ActiveTasks(dict[str, ActiveTask]):

@@ -48,7 +48,8 @@ import contextlib
 import inspect
 import math
 import random
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from datetime import timedelta
 from functools import partial, reduce
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -205,6 +206,68 @@ _Attempt = tuple[BaseException | None, timedelta | None]
 rate had no token, the delay after which the task is put back unrun."""
 
 
+def _uncancel() -> None:
+    """Forget the cancellations of the current task that were handled (a later
+    ``asyncio.timeout`` in it would take them for its own)."""
+    current = asyncio.current_task()
+    if current is not None:
+        while current.cancelling():
+            current.uncancel()
+
+
+_Steps = Generator[Any, None, Any]
+"""An awaitable's ``__await__()`` iterator: what the event loop drives."""
+
+
+@types.coroutine
+def _until_swallowed(
+    handler: Awaitable[None],
+) -> Generator[Any, None, tuple[_Steps, Any] | None]:
+    """``await handler``, except when the handler swallows a cancellation.
+
+    Returns None once the handler returned, and raises what it raised. When a
+    cancellation thrown into it is swallowed (the handler suspends again
+    instead of raising), it stops driving the handler and returns its steps and
+    what it waits on, for :func:`_resume` in a task of its own: the caller can then
+    write the failure and free the slot while the handler runs on. Only then
+    does a handler cost a second task.
+    """
+    steps = handler.__await__()
+    thrown: BaseException | None = None
+    while True:
+        try:
+            pending = steps.send(None) if thrown is None else steps.throw(thrown)
+        except StopIteration:
+            return None
+        if isinstance(thrown, asyncio.CancelledError):
+            return steps, pending
+        try:
+            yield pending
+            thrown = None
+        except BaseException as exc:  # the task was cancelled (or a broken future raised)
+            thrown = exc
+
+
+@types.coroutine
+def _resume(steps: _Steps, pending: Any) -> Generator[Any, None, None]:
+    """Continue a handler, suspended on *pending*, to its end; what it raises is dropped
+    (its failure was written already; SystemExit raised out of a task would stop the loop)."""
+    while True:
+        try:
+            yield pending
+            step = partial(steps.send, None)
+        except BaseException as exc:
+            step = partial(steps.throw, exc)
+        try:
+            pending = step()
+        except BaseException:
+            return
+
+
+async def _run(rest: tuple[_Steps, Any]) -> None:
+    await _resume(*rest)
+
+
 _Spawn = Callable[[Coroutine[Any, Any, None]], None]
 """Starts a coroutine in the processor's TaskGroup."""
 
@@ -276,7 +339,7 @@ class Processor(Role):
         self._idle = asyncio.Event()  # no TaskGroup running: run() has returned
         self._idle.set()
         self._abandon_wait = 1.0  # what an abandoned task's handler gets to return
-        self.orphans: set[asyncio.Task[_Attempt]] = set()
+        self.orphans: set[asyncio.Task[None]] = set()
         """Handlers that ignored their cancellation past the grace: their failure is written
         and their slot freed; they run on, not awaited by anything (shutdown included)."""
 
@@ -307,10 +370,10 @@ class Processor(Role):
             await _wait_either(self.slots.wait(), force, grace)
         forced = force.is_set()
         self._abandon_wait = 0.1 if forced else 1.0
-        for active in [a for a in self.active.values() if a.state == "running"]:
-            if active.state != "running":
+        for active in [a for a in self.active.values() if a.state in ("starting", "running")]:
+            if active.state not in ("starting", "running"):
                 continue  # it returned while an earlier task was being requeued
-            active.abandon()
+            active.abandoned = True
             fields = task_fields(active.msg)
             if forced:
                 self.log.warning("abandoning task; it is recovered after its lease", **fields)
@@ -479,7 +542,7 @@ class Processor(Role):
         self.active[msg.id] = active
         self._limits.started(msg.queue)
         assert self._group is not None  # the fetch loop runs inside run()'s group
-        self._group.create_task(self._run_task(active))
+        active.task = self._group.create_task(self._run_task(active))
         if self._debug:
             self.log.debug("task started", **task_fields(msg))
 
@@ -490,13 +553,13 @@ class Processor(Role):
             task._deadline_ts = active.deadline
             task.result_writer = TaskResultWriter(self.broker, active)
             exc, limited = await self._attempt(active, task)
-            if active.state == "abandoned":
+            if active.abandoned:
                 return  # shutdown requeued it, or left it to recovery
-            active.state = "writing"
             if limited is not None:
                 await self._type_limited(active, limited)
             elif exc is None:
-                await self._succeeded(active)
+                self.stats.succeeded += 1
+                await self._finish(active, None)
             else:
                 await self._failed(active, task, exc)
         except Exception as bug:  # one task's bookkeeping must not stop the others'
@@ -505,58 +568,63 @@ class Processor(Role):
             self._release(active)
 
     async def _attempt(self, active: ActiveTask, task: Task) -> _Attempt:
-        """Run the handler until the first of: it finishes, its deadline, a cancel request or
-        the loss of its lease (:attr:`ActiveTask.stopped`). Returns its failure (None: it
-        returned) and, when its type's rate had no token, the delay to put it back unrun."""
-        if active.cancel_exc is None and self.clock() >= active.deadline:
-            active.cancel(DeadlineExceededError())
-        if active.stopped.done():  # stopped before its handler started
+        """Run the handler, awaited here, until the first of: it finishes, its deadline, a
+        cancel request or the loss of its lease (the last three cancel this coroutine's
+        task through :meth:`ActiveTask.cancel`). Returns its failure (None: it returned)
+        and, when its type's rate had no token, the delay to put it back unrun."""
+        now = self.clock()
+        if active.cancel_exc is None and now >= active.deadline:
+            active.cancel_exc = DeadlineExceededError()
+        if active.cancel_exc is not None or active.abandoned:  # stopped before it started
+            active.state = "writing"
             return active.cancel_exc, None
+        active.state = "running"
         loop = asyncio.get_running_loop()
-        handler = active.task = loop.create_task(self._handle(active, task))
-        handler.add_done_callback(active.handler_done)
-        # The deadline is one more way to resolve `stopped` (a timer handle, as inside
-        # asyncio.timeout, whose pure-Python context manager cost 2 µs per task).
-        when = loop.time() + (active.deadline - self.clock())
-        deadline = loop.call_at(when, active.cancel, DeadlineExceededError())
+        deadline = loop.call_at(loop.time() + active.deadline - now, active.deadline_exceeded)
+        exc: BaseException | None = None
+        limited: timedelta | None = None
         try:
-            await active.stopped
-        except asyncio.CancelledError:
-            handler.cancel()  # cancelled from outside (loop shutdown): write nothing
-            raise
-        finally:
-            deadline.cancel()
-        if not handler.done():
-            await self._stop_handler(active, handler)
-        if active.cancel_exc is not None:  # a request stopped it before it finished
-            return active.cancel_exc, None
-        return handler.result()
-
-    async def _handle(self, active: ActiveTask, task: Task) -> _Attempt:
-        """The handler's own asyncio task: what it raised (or None), unrun without a token."""
-        try:
-            rate = self._type_rates.get(task.type) if self._type_rates else None
+            rate = self._type_rates.get(active.msg.type) if self._type_rates else None
             if rate is not None:
                 limited = await self._type_token(active, rate)
-                if limited is not None:
-                    return None, limited
-            await self.handler(task)
-        except BaseException as exc:
-            # Any BaseException (a CancelledError of the handler's own, SystemExit,
-            # KeyboardInterrupt, a custom one) is a failed attempt like any error: raised
-            # out of the task, SystemExit and KeyboardInterrupt would stop the event loop.
-            return exc, None
-        return None, None
+            if limited is None:
+                swallowed = await _until_swallowed(self.handler(task))
+                if swallowed is not None:
+                    await self._outlive(active, swallowed)
+        except asyncio.CancelledError as err:
+            if active.cancel_exc is None:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # cancelled from outside (loop shutdown): write nothing
+                exc = err  # raised by the handler's own code: a failure
+        except BaseException as err:
+            # Any other BaseException (SystemExit, KeyboardInterrupt, a custom one) raised
+            # by a handler is a failed attempt like any error.
+            exc = err
+        finally:
+            deadline.cancel()
+        active.state = "writing"  # from here on a cancel request changes nothing
+        if active.cancel_exc is not None:  # a done context wins over what the handler did
+            _uncancel()
+            return active.cancel_exc, None
+        return exc, limited
 
-    async def _stop_handler(self, active: ActiveTask, handler: asyncio.Task[_Attempt]) -> None:
-        """Cancel the handler and give it a grace to return; past it, leave it as an orphan."""
-        handler.cancel()
-        grace = self._abandon_wait if active.state == "abandoned" else registry.CANCEL_GRACE
-        await asyncio.wait((handler,), timeout=grace)
-        if handler.done():
-            return
-        self.orphans.add(handler)
-        handler.add_done_callback(self.orphans.discard)
+    async def _outlive(self, active: ActiveTask, rest: tuple[_Steps, Any]) -> None:
+        """The handler swallowed its cancellation: it goes on in a task of its own, given a
+        grace to return; past it, it is left as an orphan and its failure is written."""
+        orphan = asyncio.get_running_loop().create_task(_run(rest))
+        grace = self._abandon_wait if active.abandoned else registry.CANCEL_GRACE
+        try:
+            if active.cancel_exc is None:
+                raise asyncio.CancelledError  # cancelled from outside (loop shutdown)
+            await asyncio.wait((orphan,), timeout=grace)
+        finally:
+            if not orphan.done():
+                self._orphan(active, orphan, grace)
+
+    def _orphan(self, active: ActiveTask, orphan: asyncio.Task[None], grace: float) -> None:
+        self.orphans.add(orphan)
+        orphan.add_done_callback(self.orphans.discard)
         self.log.error(
             "handler ignored its cancellation; freeing its slot (the handler goes on in the "
             "background, its return writes nothing)",
@@ -582,10 +650,6 @@ class Processor(Role):
             if not self.active and self._burst:
                 self._wakeup.set()  # re-check the queues now: maybe time to exit
         self.slots.release()
-
-    async def _succeeded(self, active: ActiveTask) -> None:
-        self.stats.succeeded += 1
-        await self._finish(active, None)
 
     async def _failed(self, active: ActiveTask, task: Task, exc: BaseException) -> None:
         msg = active.msg

@@ -177,7 +177,7 @@ class Watchdog(Role):
         now = time.time()
         by_queue: dict[str, list[tuple[str, Lease]]] = {}
         for act in self._running():
-            if act.state != "running" or now >= act.deadline:
+            if act.state != "running" or act.abandoned or now >= act.deadline:
                 continue  # past its deadline a wedged task is left to the recoverer
             if act.lease.valid():
                 by_queue.setdefault(act.msg.queue, []).append((act.msg.id, act.lease))
