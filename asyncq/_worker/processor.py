@@ -8,12 +8,17 @@
   releases its own when it is done. ``max_inflight_bytes`` bounds the payload
   bytes of the running tasks: a fetch stops before it, no fetch runs while it
   is reached, and a single task larger than the bound runs alone.
-* Running tasks are tracked in the server's :class:`~asyncq._worker.active.ActiveTasks`
-  registry. Each task's :class:`~asyncq._worker.lease.Lease` has its own
-  expiry event; the heartbeater declares a run-out lease expired, and the
-  lease's callback cancels that task's handler (``LeaseExpiredError`` as the
-  cause). A running handler thus costs no extra task or future. Ack calls in
-  flight are tracked too, so shutdown waits for them.
+* Each task's life is one coroutine, :meth:`Processor._run_task`, in the
+  processor's TaskGroup (``run()``): it runs the handler, awaiting it
+  directly, decides the outcome (:func:`~asyncq._worker.outcome.decide`),
+  writes it and frees the slot. Running tasks are tracked in the server's
+  :class:`~asyncq._worker.active.ActiveTasks` registry. The deadline (a timer
+  handle), a cancel message and the loss of the lease (the lease's
+  ``on_expired`` callback, when the heartbeater declares it expired) all stop
+  the handler by cancelling that coroutine's asyncio task, with the reason as
+  the failure: a running handler costs one asyncio task and no extra future.
+  The ack and type-token calls are tasks of the same group, so leaving
+  ``run()`` waits for every task's coroutine and every write in flight.
 * Queue order per fetch: weighted and shuffled (priorities divided by their GCD;
   the distribution of asynq's repeat-``priority``-times, shuffle, de-duplicate,
   drawn with Efraimidis-Spirakis keys),
@@ -27,14 +32,16 @@
   wake-up) are picked up within ``task_check_interval``. Since one fetch is one
   script call whatever the number of queues, an idle worker costs about one
   command per ``task_check_interval``.
-* Each handler runs in one asyncio task and is cancelled at min(timeout,
-  deadline) (spec 5.7), on a cancel message, or by the lease supervision when
-  its lease is declared expired. Its
-  outcome is written exactly as asynq's (spec 5.3/5.4) unless the local lease
-  has expired, in which case nothing is written and the recoverer takes over.
-  A handler that swallows its cancellation and has not returned 5 s later is
-  left running in the background: its failure is written and its slot freed
-  then (asynq does not wait for a handler that ignores its context either).
+* A handler is cancelled at min(timeout, deadline) (spec 5.7), on a cancel
+  message, or when its lease is declared expired. Its outcome is written
+  exactly as asynq's (spec 5.3/5.4) unless the local lease has expired, in
+  which case nothing is written and the recoverer takes over. A handler that
+  swallows its cancellation is detected as it suspends again
+  (:func:`_until_swallowed`) and only then moved to an asyncio task of its
+  own; if it has not returned ``CANCEL_GRACE`` (5 s) later it becomes an
+  *orphan* (:attr:`Processor.orphans`, logged, counted by shutdown, awaited
+  by nothing) and its task's coroutine writes its failure and frees its slot
+  (asynq does not wait for a handler that ignores its context either).
   Successes finished in the same event-loop turn are acknowledged together
   (one ``ack_many`` script call per queue); each worker still waits for its
   own acknowledgement. Writes that fail because Redis is unreachable are
