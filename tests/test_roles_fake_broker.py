@@ -39,6 +39,7 @@ from asyncq.errors import (
     TaskCanceledError,
     TaskNotFoundError,
 )
+from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.server import Server
 from asyncq.task import Task, TaskInfo
@@ -358,6 +359,23 @@ async def test_each_outcome_of_a_task_is_written_and_its_slot_freed(
         assert fake.tasks[msg.id].msg.retried == retried
     assert run.processor.stats.failed == failed
     assert not run.processor.orphans
+
+
+async def test_a_plain_def_handler_raising_generator_exit_is_a_failure() -> None:
+    # Raised in the worker thread, it reaches the task's coroutine thrown in by the event
+    # loop, which closes what the coroutine awaits (PEP 380) instead of throwing it there.
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    mux = ServeMux()
+
+    @mux.handler("t")
+    def poison(task: Task) -> None:
+        raise GeneratorExit
+
+    async with Running(fake, mux) as run:
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+        await wait_until(lambda: not run.active, what="slot freed")
+    assert fake.tasks[msg.id].error == "GeneratorExit"
 
 
 async def test_a_handler_swallowing_its_cancellation_is_orphaned_and_shutdown_leaves_it(

@@ -208,9 +208,10 @@ _EXPECTED: tuple[type[BaseException], ...] = (
 """Failures that are outcomes, not bugs: logged as one line without a traceback."""
 
 
-_Attempt = tuple[BaseException | None, timedelta | None]
-"""What the handler's attempt came to: its failure (None: it returned) and, when its type's
-rate had no token, the delay after which the task is put back unrun."""
+def _cancelled_from_outside() -> bool:
+    """The current task was cancelled by someone else than the processor (loop shutdown)."""
+    current = asyncio.current_task()
+    return current is not None and current.cancelling() > 0
 
 
 def _uncancel() -> None:
@@ -251,7 +252,10 @@ def _until_swallowed(
         try:
             yield pending
             thrown = None
-        except BaseException as exc:  # the task was cancelled (or a broken future raised)
+        except GeneratorExit:  # closed, as `await` closes what it awaits (PEP 380)
+            steps.close()
+            raise
+        except BaseException as exc:  # the task was cancelled, or the awaited future raised
             thrown = exc
 
 
@@ -263,6 +267,9 @@ def _resume(steps: _Steps, pending: Any) -> Generator[Any, None, None]:
         try:
             yield pending
             step = partial(steps.send, None)
+        except GeneratorExit:
+            steps.close()
+            return
         except BaseException as exc:
             step = partial(steps.throw, exc)
         try:
@@ -554,12 +561,44 @@ class Processor(Role):
             self.log.debug("task started", **task_fields(msg))
 
     async def _run_task(self, active: ActiveTask) -> None:
-        """One task's life, from the slot its fetch took to its written outcome."""
+        """One task's life: run the handler until the first of {it returns, its deadline, a
+        cancel request, the loss of its lease} (the last three cancel this coroutine's task,
+        through :meth:`ActiveTask.cancel`), write the outcome, free the slot its fetch took."""
+        task = Task._from_message(active.msg)
+        task._deadline_ts = active.deadline
+        task.result_writer = TaskResultWriter(self.broker, active)
+        exc: BaseException | None = None
+        limited: timedelta | None = None  # its type's rate had no token: put back unrun
         try:
-            task = Task._from_message(active.msg)
-            task._deadline_ts = active.deadline
-            task.result_writer = TaskResultWriter(self.broker, active)
-            exc, limited = await self._attempt(active, task)
+            now = self.clock()
+            if active.cancel_exc is None and now >= active.deadline:
+                active.cancel_exc = DeadlineExceededError()
+            if active.cancel_exc is None and not active.abandoned:  # else stopped unstarted
+                active.state = "running"
+                loop = asyncio.get_running_loop()
+                when = loop.time() + active.deadline - now
+                deadline = loop.call_at(when, active.deadline_exceeded)
+                try:
+                    rate = self._type_rates.get(active.msg.type) if self._type_rates else None
+                    if rate is not None:
+                        limited = await self._type_token(active, rate)
+                    if limited is None:
+                        swallowed = await _until_swallowed(self.handler(task))
+                        if swallowed is not None:
+                            await self._outlive(active, swallowed)
+                except asyncio.CancelledError as err:
+                    if active.cancel_exc is None:
+                        if _cancelled_from_outside():
+                            raise  # loop shutdown: write nothing
+                        exc = err  # raised by the handler's own code: a failure
+                except BaseException as err:  # SystemExit & co. from a handler: a failure too
+                    exc = err
+                finally:
+                    deadline.cancel()
+            active.state = "writing"  # from here on a cancel request changes nothing
+            if active.cancel_exc is not None:  # a done context wins over what the handler did
+                _uncancel()
+                exc, limited = active.cancel_exc, None
             if active.abandoned:
                 return  # shutdown requeued it, or left it to recovery
             if limited is not None:
@@ -573,48 +612,6 @@ class Processor(Role):
             self.log.error("task bookkeeping failed", exc_info=bug, **task_fields(active.msg))
         finally:
             self._release(active)
-
-    async def _attempt(self, active: ActiveTask, task: Task) -> _Attempt:
-        """Run the handler, awaited here, until the first of: it finishes, its deadline, a
-        cancel request or the loss of its lease (the last three cancel this coroutine's
-        task through :meth:`ActiveTask.cancel`). Returns its failure (None: it returned)
-        and, when its type's rate had no token, the delay to put it back unrun."""
-        now = self.clock()
-        if active.cancel_exc is None and now >= active.deadline:
-            active.cancel_exc = DeadlineExceededError()
-        if active.cancel_exc is not None or active.abandoned:  # stopped before it started
-            active.state = "writing"
-            return active.cancel_exc, None
-        active.state = "running"
-        loop = asyncio.get_running_loop()
-        deadline = loop.call_at(loop.time() + active.deadline - now, active.deadline_exceeded)
-        exc: BaseException | None = None
-        limited: timedelta | None = None
-        try:
-            rate = self._type_rates.get(active.msg.type) if self._type_rates else None
-            if rate is not None:
-                limited = await self._type_token(active, rate)
-            if limited is None:
-                swallowed = await _until_swallowed(self.handler(task))
-                if swallowed is not None:
-                    await self._outlive(active, swallowed)
-        except asyncio.CancelledError as err:
-            if active.cancel_exc is None:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # cancelled from outside (loop shutdown): write nothing
-                exc = err  # raised by the handler's own code: a failure
-        except BaseException as err:
-            # Any other BaseException (SystemExit, KeyboardInterrupt, a custom one) raised
-            # by a handler is a failed attempt like any error.
-            exc = err
-        finally:
-            deadline.cancel()
-        active.state = "writing"  # from here on a cancel request changes nothing
-        if active.cancel_exc is not None:  # a done context wins over what the handler did
-            _uncancel()
-            return active.cancel_exc, None
-        return exc, limited
 
     async def _outlive(self, active: ActiveTask, rest: tuple[_Steps, Any]) -> None:
         """The handler swallowed its cancellation: it goes on in a task of its own, given a
