@@ -8,6 +8,7 @@ completion, shutdown while a write is in flight, a broker that is down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -17,6 +18,7 @@ import pytest
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from asyncq._worker import active as active_module
 from asyncq._worker.active import ActiveTask, ActiveTasks
 from asyncq._worker.aggregator import GroupAggregatorRole
 from asyncq._worker.config import ServerStats
@@ -30,7 +32,14 @@ from asyncq._worker.queuewatcher import QueueWatcher
 from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import RoleDeps
 from asyncq._worker.syncer import Syncer
-from asyncq.errors import TaskCanceledError, TaskNotFoundError
+from asyncq.errors import (
+    RateLimited,
+    RevokeTask,
+    SkipRetry,
+    TaskCanceledError,
+    TaskNotFoundError,
+)
+from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.server import Server
 from asyncq.task import Task, TaskInfo
@@ -288,6 +297,230 @@ async def test_processor_survives_a_broker_that_is_down() -> None:
         await wait_until(lambda: run.processor.stats.fetch_errors >= 2, what="fetches failed")
         fake.up()
         await wait_until(lambda: msg.id not in fake.tasks, what="processed once up")
+
+
+# -- the per-task coroutine -------------------------------------------------------------------
+
+
+async def _returns(task: Task) -> None:
+    return None
+
+
+async def _fails(task: Task) -> None:
+    raise ValueError("boom")
+
+
+async def _skips(task: Task) -> None:
+    raise SkipRetry("no")
+
+
+async def _revokes(task: Task) -> None:
+    raise RevokeTask("gone")
+
+
+async def _rate_limited(task: Task) -> None:
+    raise RateLimited(timedelta(seconds=30))
+
+
+async def _exits(task: Task) -> None:
+    raise SystemExit(3)
+
+
+@pytest.mark.parametrize(
+    ("handler", "fields", "state", "retried", "failed"),
+    [
+        (_returns, {}, None, 0, 0),
+        (_returns, {"retention": 60}, "completed", 0, 0),
+        (_fails, {}, "retry", 1, 1),
+        (_fails, {"retried": 3}, "archived", 3, 1),
+        (_skips, {}, "archived", 0, 1),
+        (_revokes, {}, None, 0, 0),
+        (_rate_limited, {}, "retry", 0, 0),
+        (_exits, {}, "retry", 1, 1),
+    ],
+)
+async def test_each_outcome_of_a_task_is_written_and_its_slot_freed(
+    handler: Callable[[Task], Coroutine[Any, Any, None]],
+    fields: dict[str, Any],
+    state: str | None,
+    retried: int,
+    failed: int,
+) -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message(**fields))
+    async with Running(fake, handler, concurrency=2) as run:
+        await wait_until(
+            lambda: fake.state(msg.id) not in ("pending", "active") and not run.active,
+            what="written",
+        )
+        assert fake.state(msg.id) == state
+        assert run.processor.slots.free == 2
+    if state is not None:
+        assert fake.tasks[msg.id].msg.retried == retried
+    assert run.processor.stats.failed == failed
+    assert not run.processor.orphans
+
+
+async def test_a_plain_def_handler_raising_generator_exit_is_a_failure() -> None:
+    # Raised in the worker thread, it reaches the task's coroutine thrown in by the event
+    # loop, which closes what the coroutine awaits (PEP 380) instead of throwing it there.
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    mux = ServeMux()
+
+    @mux.handler("t")
+    def poison(task: Task) -> None:
+        raise GeneratorExit
+
+    async with Running(fake, mux) as run:
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+        await wait_until(lambda: not run.active, what="slot freed")
+    assert fake.tasks[msg.id].error == "GeneratorExit"
+
+
+async def test_a_handler_swallowing_its_cancellation_is_orphaned_and_shutdown_leaves_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(active_module, "CANCEL_GRACE", 0.1)
+    fake = FakeBroker()
+    msg = fake.enqueue(message(timeout=1))
+    resume = asyncio.Event()
+    returned: list[str] = []
+
+    async def stubborn(task: Task) -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # swallowed: goes on working
+            await asyncio.sleep(3600)
+        await resume.wait()
+        returned.append(task.id or "")
+
+    with structlog.testing.capture_logs() as logs:
+        async with Running(fake, stubborn, concurrency=1) as run:
+            await wait_until(lambda: fake.state(msg.id) == "retry", what="failure written")
+            stored = fake.tasks[msg.id]
+            assert (stored.msg.retried, stored.error) == (1, "context deadline exceeded")
+            await wait_until(lambda: run.processor.slots.free == 1, what="slot freed")
+            (orphan,) = run.processor.orphans
+            assert not orphan.done() and not run.active
+            # Shutdown does not wait for it (the context manager drains, then awaits the loop).
+        assert not orphan.done()
+        resume.set()
+        await asyncio.wait_for(orphan, 5)
+    assert returned == [msg.id]
+    assert not run.processor.orphans
+    assert fake.tasks[msg.id].msg.retried == 1  # its late return wrote nothing
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == [
+        "handler ignored its cancellation; freeing its slot (the handler goes on in the "
+        "background, its return writes nothing)"
+    ]
+
+
+async def test_shutdown_leaves_an_abandoned_handler_that_ignores_its_cancellation() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    started = asyncio.Event()
+    resume = asyncio.Event()
+
+    async def stubborn(task: Task) -> None:
+        started.set()
+        while not resume.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await resume.wait()
+
+    with structlog.testing.capture_logs() as logs:
+        run = Running(fake, stubborn)
+        async with run:
+            await asyncio.wait_for(started.wait(), 5)
+            await asyncio.wait_for(run.processor.drain(0.05), 5)
+            assert len(run.processor.orphans) == 1
+    assert fake.called("requeue") == [msg.id]
+    assert fake.state(msg.id) == "pending"
+    assert any(e["event"] == "handlers ignored cancellation; leaving them" for e in logs)
+    resume.set()
+    await wait_until(lambda: not run.processor.orphans, what="orphan returned")
+    assert fake.state(msg.id) == "pending"  # nothing written for an abandoned task
+
+
+async def test_a_cancel_landing_in_the_turn_the_handler_would_return_wins() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    waiting = asyncio.Event()
+    gate = asyncio.Event()
+
+    async def handler(task: Task) -> None:
+        waiting.set()
+        await gate.wait()
+
+    async with Running(fake, handler) as run:
+        await asyncio.wait_for(waiting.wait(), 5)
+        gate.set()  # the handler would return at its next step...
+        assert run.active.cancel(msg.id, TaskCanceledError()) is not None  # ...the cancel is first
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+    assert fake.tasks[msg.id].error == "context canceled"
+    assert run.processor.stats.succeeded == 0
+
+
+async def test_a_cancel_after_the_handler_returned_changes_nothing() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    cancels: list[object] = []
+
+    async def handler(task: Task) -> None:
+        # Scheduled now, run after the handler returned, before the write resumes.
+        asyncio.get_running_loop().call_soon(
+            lambda: cancels.append(run.active.cancel(msg.id, TaskCanceledError()))
+        )
+
+    async with Running(fake, handler) as run:
+        await wait_until(lambda: msg.id not in fake.tasks, what="acknowledged")
+    assert cancels == [None]
+    assert run.processor.stats.succeeded == 1 and not fake.called("retry")
+
+
+async def test_a_cancel_before_the_tasks_coroutine_started_fails_it_unrun() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    ran: list[str] = []
+
+    async def handler(task: Task) -> None:
+        ran.append(task.id or "")
+
+    run = Running(fake, handler)
+    start = run.processor._start
+
+    def start_then_cancel(dequeued: Any) -> None:
+        start(dequeued)
+        assert run.active.cancel(dequeued.message.id, TaskCanceledError()) is not None
+
+    run.processor._start = start_then_cancel  # type: ignore[method-assign]
+    async with run:
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+        await wait_until(lambda: run.processor.slots.free == run.processor.slots.capacity,
+                         what="slot freed")  # fmt: skip
+    assert ran == []
+
+
+async def test_a_lease_lost_while_the_handler_swallows_it_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(active_module, "CANCEL_GRACE", 0.1)
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message())
+    started = asyncio.Event()
+
+    async def handler(task: Task) -> None:
+        started.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(3600)
+        # returns normally, after the lease was lost
+
+    async with Running(fake, handler) as run:
+        await asyncio.wait_for(started.wait(), 5)
+        fake.advance(31)
+        run.active[msg.id].lease.expire()
+        await wait_until(lambda: not run.active, what="released")
+    assert fake.state(msg.id) == "active"  # left to the recoverer
+    assert not fake.called("ack_many") and not fake.called("retry")
+    assert run.processor.stats.failed == 1
 
 
 # -- heartbeater ---------------------------------------------------------------------------------

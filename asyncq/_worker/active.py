@@ -4,71 +4,52 @@
 processor adds and removes tasks; the heartbeater reads their leases, the
 recoverer asks whether a task still runs here, and the subscriber cancels a
 task by ID through it.
+
+A cancel request (:meth:`ActiveTask.cancel`: a cancel message, the deadline,
+the loss of the lease) cancels the asyncio task of the processor's per-task
+coroutine, which awaits the handler; the first request is the attempt's
+failure, and once the handler has returned requests change nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from typing import Literal
 
 from asyncq._worker.lease import Lease
 from asyncq.errors import DeadlineExceededError, LeaseExpiredError
 from asyncq.proto.asynq import TaskMessage
-from asyncq.task import Task
 
-__all__ = ["CANCEL_GRACE", "FINISHED", "RUNNING", "WRITING", "ActiveTask", "ActiveTasks"]
+__all__ = ["CANCEL_GRACE", "ActiveTask", "ActiveTasks", "TaskState"]
 
 CANCEL_GRACE = 5.0
 """Seconds a cancelled handler (deadline, cancel message, lease expiry) has to return before
-its failure is written anyway and its slot freed; it may go on in the background, as a Go
-handler ignoring its context does in asynq."""
+its failure is written anyway and its slot freed; it is then an orphan that goes on in the
+background, as a Go handler ignoring its context does in asynq."""
 
-RUNNING = 0
-WRITING = 1
-FINISHED = 2
+TaskState = Literal["starting", "running", "writing", "finished"]
+"""``starting``: its coroutine has not run yet. ``running``: the handler may still run.
+``writing``: its outcome is being written. ``finished``: its slot is free."""
 
 
 class ActiveTask:
-    """A task this server is running: message, lease, deadline and its asyncio task."""
+    """A task this server is running: message, lease, deadline, its coroutine's asyncio task."""
 
-    __slots__ = (
-        "abandoned",
-        "cancel_exc",
-        "deadline",
-        "detached",
-        "entered",
-        "grace",
-        "job",
-        "lease",
-        "msg",
-        "on_stuck",
-        "phase",
-        "released",
-        "started",
-        "task",
-        "timer",
-    )
+    __slots__ = ("abandoned", "cancel_exc", "deadline", "lease", "msg", "started", "state", "task")
 
     def __init__(self, msg: TaskMessage, lease: Lease, deadline: float, started: float) -> None:
         self.msg = msg
         self.lease = lease
         self.deadline = deadline
         self.started = started
+        self.state: TaskState = "starting"
+        self.abandoned = False
+        """Shutdown requeued the task (or left it to recovery): nothing more is written."""
         self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.phase = RUNNING
+        """The asyncio task of the processor's coroutine for this task (it runs the handler)."""
         self.cancel_exc: BaseException | None = None
-        self.abandoned = False  # requeued or dropped at shutdown: write nothing more
-        # The asyncio task has run its first step. Cancelling a task before that
-        # throws into a coroutine that never ran: its finally (slot, bookkeeping)
-        # would never run either, so such a task only gets cancel_exc.
-        self.entered = False
-        self.job: Task | None = None  # the handler's Task, for a detached failure write
-        self.on_stuck: Callable[[ActiveTask], object] | None = None
-        self.grace: asyncio.TimerHandle | None = None
-        self.detached = False  # failed without the handler: its return writes nothing
-        self.released = False  # slot and bookkeeping given back
+        """Why the handler was stopped before it returned (the attempt's failure)."""
 
     # TaskContext protocol (result writer)
     @property
@@ -82,7 +63,7 @@ class ActiveTask:
     def done_reason(self) -> str | None:
         if self.cancel_exc is not None:
             return str(self.cancel_exc)
-        if self.phase != RUNNING or self.abandoned:
+        if self.state in ("writing", "finished") or self.abandoned:
             return "the task's handler has returned"
         if not self.lease.valid():
             return str(LeaseExpiredError())
@@ -90,26 +71,32 @@ class ActiveTask:
             return str(DeadlineExceededError())
         return None
 
-    def deadline_exceeded(self) -> None:
-        self.cancel(DeadlineExceededError())
-
     def cancel(self, exc: BaseException) -> bool:
-        """Cancel the handler with *exc* as the failure; False if it is not running."""
-        if self.phase != RUNNING or self.cancel_exc is not None or self.task is None:
+        """Stop the handler with *exc* as the failure; False once it returned or was stopped.
+
+        Before the coroutine's first step only the reason is recorded: cancelling
+        its task then would throw into a coroutine whose ``finally`` never ran.
+        """
+        if self.abandoned or self.cancel_exc is not None or self.state not in _STOPPABLE:
             return False
         self.cancel_exc = exc
-        if self.entered:
+        if self.state == "running" and self.task is not None:
             self.task.cancel()
-        if self.on_stuck is not None:
-            self.grace = asyncio.get_running_loop().call_later(CANCEL_GRACE, self.on_stuck, self)
         return True
 
+    def deadline_exceeded(self) -> None:
+        """The deadline timer fired (the exception is built only then)."""
+        self.cancel(DeadlineExceededError())
+
     def stop_abandoned(self) -> None:
-        """Shutdown: cancel the handler of an abandoned task (it writes nothing more)."""
-        if self.task is not None and not self.task.done():
+        """Shutdown, once the task is requeued: stop its handler (nothing is written)."""
+        if self.cancel_exc is None:
             self.cancel_exc = asyncio.CancelledError()
-            if self.entered:
-                self.task.cancel()
+        if self.state == "running" and self.task is not None:
+            self.task.cancel()
+
+
+_STOPPABLE = ("starting", "running")
 
 
 class ActiveTasks(dict[str, ActiveTask]):

@@ -8,12 +8,17 @@
   releases its own when it is done. ``max_inflight_bytes`` bounds the payload
   bytes of the running tasks: a fetch stops before it, no fetch runs while it
   is reached, and a single task larger than the bound runs alone.
-* Running tasks are tracked in the server's :class:`~asyncq._worker.active.ActiveTasks`
-  registry. Each task's :class:`~asyncq._worker.lease.Lease` has its own
-  expiry event; the heartbeater declares a run-out lease expired, and the
-  lease's callback cancels that task's handler (``LeaseExpiredError`` as the
-  cause). A running handler thus costs no extra task or future. Ack calls in
-  flight are tracked too, so shutdown waits for them.
+* Each task's life is one coroutine, :meth:`Processor._run_task`, in the
+  processor's TaskGroup (``run()``): it runs the handler, awaiting it
+  directly, decides the outcome (:func:`~asyncq._worker.outcome.decide`),
+  writes it and frees the slot. Running tasks are tracked in the server's
+  :class:`~asyncq._worker.active.ActiveTasks` registry. The deadline (a timer
+  handle), a cancel message and the loss of the lease (the lease's
+  ``on_expired`` callback, when the heartbeater declares it expired) all stop
+  the handler by cancelling that coroutine's asyncio task, with the reason as
+  the failure: a running handler costs one asyncio task and no extra future.
+  The ack and type-token calls are tasks of the same group, so leaving
+  ``run()`` waits for every task's coroutine and every write in flight.
 * Queue order per fetch: weighted and shuffled (priorities divided by their GCD;
   the distribution of asynq's repeat-``priority``-times, shuffle, de-duplicate,
   drawn with Efraimidis-Spirakis keys),
@@ -27,27 +32,31 @@
   wake-up) are picked up within ``task_check_interval``. Since one fetch is one
   script call whatever the number of queues, an idle worker costs about one
   command per ``task_check_interval``.
-* Each handler runs in one asyncio task and is cancelled at min(timeout,
-  deadline) (spec 5.7), on a cancel message, or by the lease supervision when
-  its lease is declared expired. Its
-  outcome is written exactly as asynq's (spec 5.3/5.4) unless the local lease
-  has expired, in which case nothing is written and the recoverer takes over.
-  A handler that swallows its cancellation and has not returned 5 s later is
-  left running in the background: its failure is written and its slot freed
-  then (asynq does not wait for a handler that ignores its context either).
+* A handler is cancelled at min(timeout, deadline) (spec 5.7), on a cancel
+  message, or when its lease is declared expired. Its outcome is written
+  exactly as asynq's (spec 5.3/5.4) unless the local lease has expired, in
+  which case nothing is written and the recoverer takes over. A handler that
+  swallows its cancellation is detected as it suspends again
+  (:func:`_until_swallowed`) and only then moved to an asyncio task of its
+  own; if it has not returned ``CANCEL_GRACE`` (5 s) later it becomes an
+  *orphan* (:attr:`Processor.orphans`, logged, counted by shutdown, awaited
+  by nothing) and its task's coroutine writes its failure and frees its slot
+  (asynq does not wait for a handler that ignores its context either).
   Successes finished in the same event-loop turn, workflow steps' included,
   are acknowledged together (one ``ack_many`` script call per queue); each
-  worker still waits for its own acknowledgement. Writes that fail because Redis is unreachable are
-  handed to the syncer.
+  worker still waits for its own acknowledgement. Writes that fail because
+  Redis is unreachable are handed to the syncer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import math
 import random
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from datetime import timedelta
 from functools import partial, reduce
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -57,14 +66,8 @@ import anyio
 from asyncq._broker.workflow import AckMode
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
-from asyncq._worker.active import (
-    CANCEL_GRACE,
-    FINISHED,
-    RUNNING,
-    WRITING,
-    ActiveTask,
-    ActiveTasks,
-)
+from asyncq._worker import active as registry
+from asyncq._worker.active import ActiveTask, ActiveTasks
 from asyncq._worker.flow import TYPE_RATE_MAX_WAIT_US, QueueLimits, Rate
 from asyncq._worker.lease import Lease
 from asyncq._worker.outcome import LeaseState, Outcome, decide, not_run
@@ -205,6 +208,84 @@ _EXPECTED: tuple[type[BaseException], ...] = (
 """Failures that are outcomes, not bugs: logged as one line without a traceback."""
 
 
+def _cancelled_from_outside() -> bool:
+    """The current task was cancelled by someone else than the processor (loop shutdown)."""
+    current = asyncio.current_task()
+    return current is not None and current.cancelling() > 0
+
+
+def _uncancel() -> None:
+    """Forget the cancellations of the current task that were handled (a later
+    ``asyncio.timeout`` in it would take them for its own)."""
+    current = asyncio.current_task()
+    if current is not None:
+        while current.cancelling():
+            current.uncancel()
+
+
+_Steps = Generator[Any, None, Any]
+"""An awaitable's ``__await__()`` iterator: what the event loop drives."""
+
+
+@types.coroutine
+def _until_swallowed(
+    handler: Awaitable[None],
+) -> Generator[Any, None, tuple[_Steps, Any] | None]:
+    """``await handler``, except when the handler swallows a cancellation.
+
+    Returns None once the handler returned, and raises what it raised. When a
+    cancellation thrown into it is swallowed (the handler suspends again
+    instead of raising), it stops driving the handler and returns its steps and
+    what it waits on, for :func:`_resume` in a task of its own: the caller can then
+    write the failure and free the slot while the handler runs on. Only then
+    does a handler cost a second task.
+    """
+    steps = handler.__await__()
+    thrown: BaseException | None = None
+    while True:
+        try:
+            pending = steps.send(None) if thrown is None else steps.throw(thrown)
+        except StopIteration:
+            return None
+        if isinstance(thrown, asyncio.CancelledError):
+            return steps, pending
+        try:
+            yield pending
+            thrown = None
+        except GeneratorExit:  # closed, as `await` closes what it awaits (PEP 380)
+            steps.close()
+            raise
+        except BaseException as exc:  # the task was cancelled, or the awaited future raised
+            thrown = exc
+
+
+@types.coroutine
+def _resume(steps: _Steps, pending: Any) -> Generator[Any, None, None]:
+    """Continue a handler, suspended on *pending*, to its end; what it raises is dropped
+    (its failure was written already; SystemExit raised out of a task would stop the loop)."""
+    while True:
+        try:
+            yield pending
+            step = partial(steps.send, None)
+        except GeneratorExit:
+            steps.close()
+            return
+        except BaseException as exc:
+            step = partial(steps.throw, exc)
+        try:
+            pending = step()
+        except BaseException:
+            return
+
+
+async def _run(rest: tuple[_Steps, Any]) -> None:
+    await _resume(*rest)
+
+
+_Spawn = Callable[[Coroutine[Any, Any, None]], None]
+"""Starts a coroutine in the processor's TaskGroup."""
+
+
 def _rate_limited(exc: BaseException | None) -> RateLimited | None:
     """The ``RateLimited`` a handler raised (not a failure), or None."""
     if exc is None or isinstance(exc, LeaseExpiredError):
@@ -246,7 +327,7 @@ class Processor(Role):
             cfg.queue_concurrency, cfg.local_queue_concurrency, cfg.rate_limits, deps.queues
         )
         self._type_rates: Mapping[str, Rate] = cfg.type_rate_limits
-        self._tokens = _TypeTokens(deps.broker)
+        self._tokens = _TypeTokens(deps.broker, self._spawn)
         self._max_bytes = cfg.max_inflight_bytes
         self._inflight_bytes = 0
         self._bytes_freed = asyncio.Event()
@@ -262,13 +343,19 @@ class Processor(Role):
         # heartbeat and the handlers; bounding them keeps a high concurrency from
         # exhausting the pool (redis-py raises instead of waiting).
         self._write_slots = asyncio.Semaphore(write_limit)
-        self._acks = _AckBatcher(deps.broker, self._write_slots)
+        self._acks = _AckBatcher(deps.broker, self._write_slots, self._spawn)
         self._notifier = notifier  # wakes result waiters
         self._backoff = Backoff(0.05, 1.0)
         self._limiter = anyio.CapacityLimiter(cfg.sync_concurrency)
         self._debug = is_debug_enabled(self.log)
         self._burst = cfg.burst
-        self._detached: set[asyncio.Task[None]] = set()
+        self._group: asyncio.TaskGroup | None = None
+        self._idle = asyncio.Event()  # no TaskGroup running: run() has returned
+        self._idle.set()
+        self._abandon_wait = 1.0  # what an abandoned task's handler gets to return
+        self.orphans: set[asyncio.Task[None]] = set()
+        """Handlers that ignored their cancellation past the grace: their failure is written
+        and their slot freed; they run on, not awaited by anything (shutdown included)."""
 
     # -- control, called by the server and the other roles --------------------------------
 
@@ -296,8 +383,9 @@ class Processor(Role):
             # free means no fetch in flight and no handler running.
             await _wait_either(self.slots.wait(), force, grace)
         forced = force.is_set()
-        for active in [a for a in self.active.values() if a.phase == RUNNING]:
-            if active.abandoned or active.phase != RUNNING:
+        self._abandon_wait = 0.1 if forced else 1.0
+        for active in [a for a in self.active.values() if a.state in ("starting", "running")]:
+            if active.state not in ("starting", "running"):
                 continue  # it returned while an earlier task was being requeued
             active.abandoned = True
             fields = task_fields(active.msg)
@@ -317,28 +405,45 @@ class Processor(Role):
             else:
                 self.log.warning("task lease expired during shutdown; not requeued", **fields)
             active.stop_abandoned()
-        tasks = [a.task for a in self.active.values() if a.task is not None]
-        tasks += self._detached
-        tasks += self._acks.sending
-        tasks += self._tokens.sending
-        if tasks:
-            # Workers writing an outcome get a moment to finish it; handlers that
-            # ignore cancellation are left behind (nothing more is written for them).
-            _, still = await asyncio.wait(tasks, timeout=0.1 if forced else 1.0)
-            if still:
-                self.log.warning("handlers ignored cancellation; leaving them", count=len(still))
+        # The group's exit waits for every task's coroutine: outcomes being written get
+        # a moment to finish; handlers that ignore their cancellation are left as orphans.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._abandon_wait + 1.0):
+                await self._idle.wait()
+        if self.orphans:
+            self.log.warning("handlers ignored cancellation; leaving them", count=len(self.orphans))
 
     # -- the fetch loop ----------------------------------------------------------------------
 
     async def run(self) -> None:
-        self.fetch_loop_running = True
+        """The fetch loop, inside the TaskGroup that owns every task's coroutine and the
+        ack and token senders. Leaving the group waits for them; a crash of the fetch loop
+        (a bug) stops fetching, lets the running tasks finish, then reaches ``supervise``."""
+        sync_limiter.set(self._limiter)  # inherited by every handler task created below
+        crash: Exception | None = None
+        self._idle.clear()
         try:
-            await self._fetch_loop()
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                self.fetch_loop_running = True
+                try:
+                    await self._fetch_loop()
+                except Exception as exc:
+                    crash = exc
+                finally:
+                    self.fetch_loop_running = False
         finally:
-            self.fetch_loop_running = False
+            self._group = None
+            self._idle.set()
+        if crash is not None:
+            raise crash
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run *coro* (an ack or token call) in the processor's TaskGroup."""
+        assert self._group is not None  # only the tasks' coroutines, inside the group, call
+        self._group.create_task(coro)
 
     async def _fetch_loop(self) -> None:
-        sync_limiter.set(self._limiter)  # inherited by every handler task created below
         stats = self.stats
         order = self._order
         burst = self.config.burst
@@ -434,138 +539,121 @@ class Processor(Role):
             if self._debug:
                 self.log.debug("woken up: a queue has work")
 
-    # -- running one task ------------------------------------------------------------------
+    # -- the life of one task ----------------------------------------------------------------
 
     def _start(self, dequeued: DequeuedTask) -> None:
         msg = dequeued.message
         now = self.clock()
-        deadline = compute_deadline(msg, now)
         # Redis holds the lease in whole seconds (truncated): never trust it for longer.
         lease = Lease(math.floor(dequeued.lease_expiry), clock=self.clock)
-        active = ActiveTask(msg, lease, deadline, now)
+        active = ActiveTask(msg, lease, compute_deadline(msg, now), now)
         lease.on_expired = partial(self._lease_lost, active)
         self._inflight_bytes += len(msg.payload)
-        active.on_stuck = self._on_stuck
-        loop = asyncio.get_running_loop()
-        active.task = loop.create_task(self._work(active))
-        active.timer = loop.call_at(loop.time() + (deadline - now), active.deadline_exceeded)
         if msg.id in self.active:
             # The same ID twice means a stale lease was recovered while we still ran it;
             # keep tracking the newest run (the older one can no longer write).
             self.log.warning("task is already running on this server", **task_fields(msg))
         self.active[msg.id] = active
         self._limits.started(msg.queue)
+        assert self._group is not None  # the fetch loop runs inside run()'s group
+        active.task = self._group.create_task(self._run_task(active))
         if self._debug:
             self.log.debug("task started", **task_fields(msg))
 
-    async def _work(self, active: ActiveTask) -> None:
-        active.entered = True
+    async def _run_task(self, active: ActiveTask) -> None:
+        """One task's life: run the handler until the first of {it returns, its deadline, a
+        cancel request, the loss of its lease} (the last three cancel this coroutine's task,
+        through :meth:`ActiveTask.cancel`), write the outcome, free the slot its fetch took."""
+        task = Task._from_message(active.msg)
+        task._deadline_ts = active.deadline
+        task.result_writer = TaskResultWriter(self.broker, active)
         exc: BaseException | None = None
+        limited: timedelta | None = None  # its type's rate had no token: put back unrun
         try:
-            task = active.job = Task._from_message(active.msg)
-            task._deadline_ts = active.deadline
-            task.result_writer = TaskResultWriter(self.broker, active)
-            if active.cancel_exc is None and self.clock() >= active.deadline:
+            now = self.clock()
+            if active.cancel_exc is None and now >= active.deadline:
                 active.cancel_exc = DeadlineExceededError()
-            limited: timedelta | None = None  # the type's rate had no token: not run
-            if active.cancel_exc is None:  # else cancelled before its first step
+            if active.cancel_exc is None and not active.abandoned:  # else stopped unstarted
+                active.state = "running"
+                loop = asyncio.get_running_loop()
+                when = loop.time() + active.deadline - now
+                deadline = loop.call_at(when, active.deadline_exceeded)
                 try:
                     rate = self._type_rates.get(active.msg.type) if self._type_rates else None
                     if rate is not None:
                         limited = await self._type_token(active, rate)
                     if limited is None:
-                        await self.handler(task)
+                        swallowed = await _until_swallowed(self.handler(task))
+                        if swallowed is not None:
+                            await self._outlive(active, swallowed)
                 except asyncio.CancelledError as err:
                     if active.cancel_exc is None:
-                        current = asyncio.current_task()
-                        if current is not None and current.cancelling():
-                            raise  # cancelled from outside (loop shutdown): write nothing
+                        if _cancelled_from_outside():
+                            raise  # loop shutdown: write nothing
                         exc = err  # raised by the handler's own code: a failure
-                except BaseException as err:
-                    # Any other BaseException (SystemExit, KeyboardInterrupt, GeneratorExit,
-                    # a custom one) raised by a handler is a failed attempt like any error:
-                    # left to propagate it would kill this task's bookkeeping and leave the
-                    # task active, its lease extended by a worker that no longer runs it.
+                except BaseException as err:  # SystemExit & co. from a handler: a failure too
                     exc = err
-            if active.detached:
-                return  # its failure was written when it ignored the cancellation
-            active.phase = WRITING
-            if active.timer is not None:
-                active.timer.cancel()
-            current = asyncio.current_task()
-            if current is not None:
-                while current.cancelling():
-                    current.uncancel()
-            if active.cancel_exc is not None and not isinstance(
-                active.cancel_exc, asyncio.CancelledError
-            ):
-                exc = active.cancel_exc  # a done context wins over what the handler returned
+                finally:
+                    deadline.cancel()
+            active.state = "writing"  # from here on a cancel request changes nothing
+            if active.cancel_exc is not None:  # a done context wins over what the handler did
+                _uncancel()
+                exc, limited = active.cancel_exc, None
             if active.abandoned:
-                return
-            if exc is None and limited is not None:
+                return  # shutdown requeued it, or left it to recovery
+            if limited is not None:
                 await self._type_limited(active, limited)
             elif exc is None:
-                await self._succeeded(active)
+                self.stats.succeeded += 1
+                await self._finish(active, None)
             else:
                 await self._failed(active, task, exc)
+        except Exception as bug:  # one task's bookkeeping must not stop the others'
+            self.log.error("task bookkeeping failed", exc_info=bug, **task_fields(active.msg))
         finally:
-            if not active.detached:
-                active.phase = FINISHED
-                self._release(active)
+            self._release(active)
+
+    async def _outlive(self, active: ActiveTask, rest: tuple[_Steps, Any]) -> None:
+        """The handler swallowed its cancellation: it goes on in a task of its own, given a
+        grace to return; past it, it is left as an orphan and its failure is written."""
+        orphan = asyncio.get_running_loop().create_task(_run(rest))
+        grace = self._abandon_wait if active.abandoned else registry.CANCEL_GRACE
+        try:
+            if active.cancel_exc is None:
+                raise asyncio.CancelledError  # cancelled from outside (loop shutdown)
+            await asyncio.wait((orphan,), timeout=grace)
+        finally:
+            if not orphan.done():
+                self._orphan(active, orphan, grace)
+
+    def _orphan(self, active: ActiveTask, orphan: asyncio.Task[None], grace: float) -> None:
+        self.orphans.add(orphan)
+        orphan.add_done_callback(self.orphans.discard)
+        self.log.error(
+            "handler ignored its cancellation; freeing its slot (the handler goes on in the "
+            "background, its return writes nothing)",
+            grace=grace, error=error_text(active.cancel_exc or TaskCanceledError()),
+            **task_fields(active.msg),
+        )  # fmt: skip
 
     def _lease_lost(self, active: ActiveTask) -> None:
-        """The heartbeater declared the task's lease expired: cancel its handler."""
+        """The heartbeater declared the task's lease expired: stop its handler."""
         if active.cancel(LeaseExpiredError()) and self._debug:
             self.log.debug("lease expired; cancelling handler", **task_fields(active.msg))
 
     def _release(self, active: ActiveTask) -> None:
-        """Give the task's slot back and forget it (once, whoever finishes it)."""
-        if active.released:
-            return
-        active.released = True
+        """Give the task's slot back and forget it."""
+        active.state = "finished"
         self._inflight_bytes -= len(active.msg.payload)
         self._bytes_freed.set()
         self._limits.finished(active.msg.queue)
         if self._limits.is_local_limited(active.msg.queue):
             self._wakeup.set()  # room under this server's limit for the queue: fetch again
-        if active.timer is not None:
-            active.timer.cancel()
-        if active.grace is not None:
-            active.grace.cancel()
         if self.active.get(active.msg.id) is active:
             del self.active[active.msg.id]
             if not self.active and self._burst:
                 self._wakeup.set()  # re-check the queues now: maybe time to exit
         self.slots.release()
-
-    def _on_stuck(self, active: ActiveTask) -> None:
-        """The grace after a cancellation ran out and the handler has not returned."""
-        if active.phase != RUNNING or active.abandoned or active.released:
-            return
-        active.detached = True
-        active.phase = WRITING
-        self.log.error(
-            "handler ignored its cancellation; writing its failure now and freeing its slot "
-            "(the handler goes on in the background)",
-            grace=CANCEL_GRACE, error=error_text(active.cancel_exc or TaskCanceledError()),
-            **task_fields(active.msg),
-        )  # fmt: skip
-        writer = asyncio.get_running_loop().create_task(self._finish_detached(active))
-        self._detached.add(writer)
-        writer.add_done_callback(self._detached.discard)
-
-    async def _finish_detached(self, active: ActiveTask) -> None:
-        try:
-            exc = active.cancel_exc
-            if active.job is not None and exc is not None:
-                await self._failed(active, active.job, exc)
-        finally:
-            active.phase = FINISHED
-            self._release(active)
-
-    async def _succeeded(self, active: ActiveTask) -> None:
-        self.stats.succeeded += 1
-        await self._finish(active, None)
 
     async def _failed(self, active: ActiveTask, task: Task, exc: BaseException) -> None:
         msg = active.msg
@@ -798,14 +886,13 @@ class _AckBatcher:
     Done/MarkAsComplete per task, at a fraction of the round trips under load.
     """
 
-    __slots__ = ("_broker", "_pending", "_slots", "sending")
+    __slots__ = ("_broker", "_pending", "_slots", "_spawn")
 
-    def __init__(self, broker: WorkerBroker, slots: asyncio.Semaphore) -> None:
+    def __init__(self, broker: WorkerBroker, slots: asyncio.Semaphore, spawn: _Spawn) -> None:
         self._broker = broker
         self._slots = slots
+        self._spawn = spawn  # into the processor's TaskGroup, so shutdown waits for the calls
         self._pending: list[tuple[TaskMessage, bool, asyncio.Future[BaseException | None]]] = []
-        self.sending: set[asyncio.Task[None]] = set()
-        """The ack calls in flight (tracked, so shutdown waits for them)."""
 
     def ack(self, msg: TaskMessage, complete: bool) -> asyncio.Future[BaseException | None]:
         """A future resolving to None when acknowledged, or to the task's error."""
@@ -819,9 +906,7 @@ class _AckBatcher:
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
         if batch:
-            send = asyncio.get_running_loop().create_task(self._send(batch))
-            self.sending.add(send)
-            send.add_done_callback(self.sending.discard)
+            self._spawn(self._send(batch))
 
     async def _send(
         self, batch: list[tuple[TaskMessage, bool, asyncio.Future[BaseException | None]]]
@@ -851,12 +936,12 @@ class _TypeTokens:
     get "no token" with the wait until the next one.
     """
 
-    __slots__ = ("_broker", "_pending", "sending")
+    __slots__ = ("_broker", "_pending", "_spawn")
 
-    def __init__(self, broker: WorkerBroker) -> None:
+    def __init__(self, broker: WorkerBroker, spawn: _Spawn) -> None:
         self._broker = broker
+        self._spawn = spawn
         self._pending: dict[str, tuple[Rate, list[asyncio.Future[tuple[bool, int]]]]] = {}
-        self.sending: set[asyncio.Task[None]] = set()
 
     def take(self, task_type: str, rate: Rate) -> asyncio.Future[tuple[bool, int]]:
         """A future resolving to ``(True, wait µs)`` for a token or ``(False, wait µs)``."""
@@ -872,11 +957,8 @@ class _TypeTokens:
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, {}
-        loop = asyncio.get_running_loop()
         for task_type, (rate, futs) in batch.items():
-            send = loop.create_task(self._send(task_type, rate, futs))
-            self.sending.add(send)
-            send.add_done_callback(self.sending.discard)
+            self._spawn(self._send(task_type, rate, futs))
 
     async def _send(
         self, task_type: str, rate: Rate, futs: list[asyncio.Future[tuple[bool, int]]]

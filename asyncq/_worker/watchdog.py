@@ -41,7 +41,7 @@ from asyncq._broker import Broker
 from asyncq._logging import error_text, task_fields
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
-from asyncq._worker.active import RUNNING, ActiveTask, ActiveTasks
+from asyncq._worker.active import ActiveTask, ActiveTasks
 from asyncq._worker.lease import Lease, extend_leases
 from asyncq._worker.roles import Role, RoleDeps
 
@@ -177,7 +177,7 @@ class Watchdog(Role):
         now = time.time()
         by_queue: dict[str, list[tuple[str, Lease]]] = {}
         for act in self._running():
-            if act.phase != RUNNING or act.abandoned or now >= act.deadline:
+            if act.state != "running" or act.abandoned or now >= act.deadline:
                 continue  # past its deadline a wedged task is left to the recoverer
             if act.lease.valid():
                 by_queue.setdefault(act.msg.queue, []).append((act.msg.id, act.lease))
