@@ -84,6 +84,7 @@ from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import Role, RoleDeps, supervise
 from asyncq._worker.subscriber import Subscriber
 from asyncq._worker.syncer import Syncer
+from asyncq._worker.wakeup import QueueWakeup
 from asyncq._worker.watchdog import Watchdog
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
@@ -405,7 +406,7 @@ class Server:
             stats=self.stats,
             queues=self.queue_set,
         )
-        self._wakeup = asyncio.Event()
+        self._wakeup = QueueWakeup()
         self._enqueuer: Client | None = None
         self.processor: Processor | None = None
         self.syncer: Syncer = Syncer(self._deps, self.config.syncer_interval)

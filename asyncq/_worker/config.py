@@ -104,6 +104,9 @@ class ServerStats:
     """Idle waits ended by a wake-up (Pub/Sub message or forwarder) rather than a timeout."""
     wakeup_messages: int = 0
     """Wake-up messages received on the queues' channels."""
+    invalidations: int = 0
+    """Key-tracking invalidations received (a served queue's pending list or paused flag
+    written by anyone, Go asynq included; see :mod:`asyncq._worker.wakeup`)."""
     idle_timeouts: int = 0
     """Idle waits that ran the full ``task_check_interval``."""
     empty_fetches: int = 0
