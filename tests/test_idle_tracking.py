@@ -8,7 +8,6 @@ observable state.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
@@ -115,9 +114,7 @@ async def test_go_style_scheduled_and_retry_tasks_are_forwarded_when_due(
         # In different 200-queue probe chunks of the forwarder's script.
         await write_go_delayed(own, "iq010", "sched-1", "scheduled", due)
         await write_go_delayed(own, "iq250", "retry-1", "retry", due)
-        await wait_until(
-            lambda: {"sched-1", "retry-1"} <= set(picked), what="the forwarded tasks"
-        )
+        await wait_until(lambda: {"sched-1", "retry-1"} <= set(picked), what="the forwarded tasks")
         assert server.stats.forwarded >= 2
 
 
