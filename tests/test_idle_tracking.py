@@ -182,3 +182,31 @@ async def test_refused_tracking_falls_back_to_polling(own: Redis, own_server: Re
                 assert await tracking_clients(own) == []
     (line,) = [e for e in logs if "key tracking" in e["event"]]
     assert line["log_level"] == "warning" and "polling" in line["event"]
+
+
+async def test_queues_matching_a_pattern_later_are_tracked(
+    own: Redis, own_server: RedisServer
+) -> None:
+    picked: list[str] = []
+    server = Server(
+        own_server.url,
+        queues={"tenant:*": 1},
+        concurrency=4,
+        queue_refresh_interval=timedelta(milliseconds=100),
+    )
+    async with server:
+        await server.start(recording_mux(picked))  # matching no queue yet: nothing tracked
+        await own.sadd(keys.ALL_QUEUES, "tenant:a")
+        await push_go_task(own, "tenant:a", "first")
+        await wait_until(lambda: "first" in picked, what="the new queue's task")
+
+        async def tracked() -> bool:
+            clients = await own.client_list()
+            return any("t" in c["flags"] for c in clients)
+
+        await wait_until(tracked, what="the new queue tracked")
+        await wait_until(lambda: server.stats.empty_fetches >= 1, what="an idle worker")
+        before = server.stats.invalidations
+        await push_go_task(own, "tenant:a", "second")
+        await wait_until(lambda: "second" in picked, what="the second task")
+        await wait_until(lambda: server.stats.invalidations > before, what="an invalidation")

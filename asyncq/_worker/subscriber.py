@@ -77,6 +77,8 @@ class Subscriber(Role):
         self._denied = False
         self._warned_denied = False
         self._warned_untracked = False
+        self._trackable = False
+        """Whether a new connection would track the queues (a single server, not refused)."""
 
     def _channels(self) -> dict[bytes, str]:
         """The wake-up channel of every queue served now."""
@@ -152,7 +154,7 @@ class Subscriber(Role):
                         self._reading = False
                     self._handle(msg, cancel_channel)
                     if self.queues.version != self._seen_version:
-                        if tracked:
+                        if self._trackable:
                             break  # a new connection tracks the new set of queues
                         await self._follow_queues(pubsub)
             except asyncio.CancelledError:
@@ -179,6 +181,7 @@ class Subscriber(Role):
         """Turn on key tracking of the served queues on *pubsub*'s connection; False
         (logged once) where it is not used or refused. Connection errors are raised."""
         self._wakeups = self._channels()
+        self._trackable = isinstance(pubsub, FastPubSub)
         if not isinstance(pubsub, FastPubSub):
             self._untracked("key tracking is used on a single Redis server only (not on a "
                             "cluster or through Sentinel)", None)  # fmt: skip
@@ -188,6 +191,7 @@ class Subscriber(Role):
         try:
             await pubsub.track(tracked_prefixes(self._wakeups.values()))
         except ResponseError as exc:  # a server before 6.0, a proxy or an ACL refusing CLIENT
+            self._trackable = False
             self._untracked("Redis refuses key tracking", exc)
             return False
         return True
