@@ -88,6 +88,7 @@ from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import Role, RoleDeps, supervise
 from asyncq._worker.subscriber import Subscriber
 from asyncq._worker.syncer import Syncer
+from asyncq._worker.wakeup import QueueWakeup
 from asyncq._worker.watchdog import Watchdog
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
@@ -164,10 +165,11 @@ class Server(Service):
     - ``error_handler(task, exc)``: called on every failure (sync or async).
     - ``shutdown_timeout``: wait for running handlers at shutdown (8 s).
     - ``health_check(exc | None)`` every ``health_check_interval`` (15 s).
-    - ``task_check_interval``: longest idle wait between fetches (80 ms; asynq:
-      1 s); asyncq clients wake idle workers at once, this bounds the pickup
-      of tasks enqueued by Go asynq or redis-cli. A fetch is one script call
-      whatever the number of queues, so idle polling stays cheap.
+    - ``task_check_interval``: longest idle wait between fetches when polling
+      (80 ms; asynq: 1 s). asyncq clients wake idle workers at once; on a
+      single Redis server key tracking of the pending lists announces tasks
+      enqueued by Go asynq or redis-cli too, and idle workers then poll only
+      every 5 s. Elsewhere this bounds the pickup of those tasks.
     - ``delayed_task_check_interval``: forwarder period (5 s).
     - ``janitor_interval`` (8 s), ``janitor_batch_size`` (100).
     - ``heartbeat_interval`` (5 s), ``lease_duration`` (30 s),
@@ -313,7 +315,7 @@ class Server(Service):
         deps = RoleDeps(
             broker=self.broker, config=cfg, log=self.log, stats=self.stats, queues=self.queue_set
         )
-        wakeup = asyncio.Event()  # set when a fetch may find work: the processor waits on it
+        wakeup = QueueWakeup()  # set when a fetch may find work: the processor waits on it
         self.syncer: Syncer = Syncer(deps, cfg.syncer_interval)
         self.processor: Processor = Processor(
             deps,

@@ -41,6 +41,7 @@ SUBSET = [
     "tests/test_dequeue_edges.py",
     "tests/test_aggregator.py",
     "tests/test_many_queues.py",
+    "tests/test_idle_tracking.py",
     # leases and recovery (the recoverer, killed workers), the other roles
     "tests/test_roles.py",
     "tests/test_crash.py",

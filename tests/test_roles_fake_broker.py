@@ -32,6 +32,7 @@ from asyncq._worker.queuewatcher import QueueWatcher
 from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import RoleDeps
 from asyncq._worker.syncer import Syncer
+from asyncq._worker.wakeup import QueueWakeup
 from asyncq.errors import (
     RateLimited,
     RevokeTask,
@@ -106,7 +107,7 @@ class Running:
             self.deps,
             handler=handler,
             active=self.active,
-            wakeup=asyncio.Event(),
+            wakeup=QueueWakeup(),
             defer_write=self.deferred,
             on_burst_done=lambda: None,
             notifier=self.notifier,

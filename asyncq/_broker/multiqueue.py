@@ -13,7 +13,10 @@ for a whole list of queues in one script call:
   also reports which queues it found empty, and can stop before a byte budget.
 * ``forward`` (``forward_queues.lua``), ``list_lease_expired``,
   ``delete_expired_completed`` and ``reclaim_stale_aggregation_sets`` batch
-  the forwarder's, recoverer's and janitor's work the same way.
+  the forwarder's, recoverer's and janitor's work the same way. Like the
+  dequeue, each first probes the sets it reads with one EXISTS per 200 queues
+  and skips the chunks where none exists, so over a thousand idle queues a
+  pass is a handful of commands inside Redis instead of one or two per queue.
 
 On Redis Cluster each queue's keys share the ``{queue}`` hash tag, so queues
 live in different slots and often on different nodes. The queues are grouped
@@ -52,7 +55,7 @@ FORWARD_BATCH = 100
 
 _CROSS_SLOT = "#!lua flags=allow-cross-slot-keys\n"
 _PROBE_CHUNK = 200
-"""Queues whose pending lists one EXISTS probes inside the dequeue script."""
+"""Queues whose keys one EXISTS probes inside the multi-queue scripts."""
 
 
 def _multi_script(name: str) -> tuple[Script, Script]:
@@ -83,6 +86,11 @@ class FetchResult:
     empty: set[str]
     held: set[str] = field(default_factory=set)
     """Queues with pending work that a concurrency or rate limit kept from giving (more) tasks."""
+
+
+def _probe(node: ClusterNode | None) -> int:
+    """Queues per EXISTS probe: one on a cluster, where a command cannot span slots."""
+    return 1 if node is not None else _PROBE_CHUNK
 
 
 def _limit_spec(names: Sequence[str], limits: Mapping[str, tuple[int, ...]] | None) -> str:
@@ -243,7 +251,7 @@ class MultiQueue:
                 count - len(out),
                 budget,
                 1 if first_free and not out else 0,
-                1 if node is not None else _PROBE_CHUNK,
+                _probe(node),
                 int(now),
                 _limit_spec(names, limits),
             )
@@ -291,7 +299,7 @@ class MultiQueue:
         for node, names in await self._groups(qnames, runs=False):
             while True:
                 now = broker.clock()
-                args = (int(now), int(now * 1_000_000_000), FORWARD_BATCH)
+                args = (int(now), int(now * 1_000_000_000), FORWARD_BATCH, _probe(node))
                 moved, more, *damaged = await self._call(_FORWARD, node, names, args)
                 self._skipped("forward", damaged[0] if damaged else ())
                 total += int(moved)
@@ -320,7 +328,7 @@ class MultiQueue:
         out: list[tuple[str, TaskMessage]] = []
         earliest: float | None = None
         for node, names in await self._groups(qnames, runs=False):
-            res = await self._call(_LIST_LEASE_EXPIRED, node, names, (cut,))
+            res = await self._call(_LIST_LEASE_EXPIRED, node, names, (cut, _probe(node)))
             first = as_text(res[0])
             if first and (earliest is None or float(first) < earliest):
                 earliest = float(first)
@@ -345,7 +353,7 @@ class MultiQueue:
         total = 0
         for node, names in await self._groups(qnames, runs=False):
             while True:
-                args = (int(broker.clock()), batch_size)
+                args = (int(broker.clock()), batch_size, _probe(node))
                 deleted, more, *damaged = await self._call(
                     _DELETE_EXPIRED_COMPLETED, node, names, args
                 )
@@ -359,6 +367,7 @@ class MultiQueue:
         """Put members of aggregation sets past their deadline back into their group."""
         broker = self._broker
         for node, names in await self._groups(qnames, runs=False):
-            reply = await self._call(_RECLAIM, node, names, (int(broker.clock()),))
+            args = (int(broker.clock()), _probe(node))
+            reply = await self._call(_RECLAIM, node, names, args)
             if isinstance(reply, list):
                 self._skipped("aggregation set reclaim", reply)

@@ -8,6 +8,8 @@ dialled exactly as :class:`~asyncq._redis.transport.FastConnection` dials
 ``hiredis`` in ``data_received`` and queued; ``get_message`` only pops the
 queue. On the worker's pickup path (enqueue → wake-up message → fetch) this
 skips redis-py's per-message parsing and timeout machinery.
+:meth:`FastPubSub.track` turns on Redis key tracking (invalidation messages)
+on the same connection before it subscribes.
 
 Messages look like redis-py's: ``{"type": "message", "pattern": None,
 "channel": b"...", "data": b"..."}``; an error reply (an ACL refusing a
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -144,6 +147,33 @@ class FastPubSub:
             for n in encoded:
                 into.pop(n, None)
         proto.write(_pack_command((command, *encoded)))
+
+    async def track(self, prefixes: Sequence[str]) -> None:
+        """Turn on Redis key tracking for this connection, before anything is subscribed.
+
+        ``CLIENT TRACKING ON BCAST REDIRECT <own id> PREFIX ...``: once this
+        connection subscribes ``__redis__:invalidate``, Redis sends it the name
+        of every key under *prefixes* that any client writes (RESP2 delivers
+        them as messages on that channel). An error reply (a server before
+        6.0, a proxy or ACL refusing ``CLIENT``) is raised and the connection
+        closed.
+        """
+        if self._proto is not None:
+            raise RuntimeError("key tracking must be turned on before subscribing")
+        proto = await self._conn.dial(_PubSubProtocol)
+        assert isinstance(proto, _PubSubProtocol)
+        try:
+            client_id = await proto.send(_pack_command(("CLIENT", "ID")))
+            args: list[bytes | str | int] = ["CLIENT", "TRACKING", "ON", "REDIRECT", client_id]
+            args.append("BCAST")
+            for prefix in prefixes:
+                args += ("PREFIX", prefix)
+            await proto.send(_pack_command(tuple(args)))
+        except BaseException:
+            await proto.close()
+            raise
+        proto.subscribed = True
+        self._proto = proto
 
     async def subscribe(self, *channels: bytes | str) -> None:
         await self._send("SUBSCRIBE", channels, self.channels)

@@ -140,6 +140,9 @@ class ServerStats:
     """Idle waits ended by a wake-up (Pub/Sub message or forwarder) rather than a timeout."""
     wakeup_messages: int = 0
     """Wake-up messages received on the queues' channels."""
+    invalidations: int = 0
+    """Key-tracking invalidations received (a served queue's pending list or paused flag
+    written by anyone, Go asynq included; see :mod:`asyncq._worker.wakeup`)."""
     idle_timeouts: int = 0
     """Idle waits that ran the full ``task_check_interval``."""
     empty_fetches: int = 0
@@ -192,9 +195,10 @@ class Intervals:
     keyword of its own (the name in brackets)."""
 
     task_check: timedelta = timedelta(milliseconds=80)
-    """[task_check_interval] Longest idle wait between fetches (asynq: 1 s). asyncq
-    clients wake idle workers at once; this bounds the pickup of tasks enqueued by Go
-    asynq or redis-cli. A fetch is one script call whatever the number of queues."""
+    """[task_check_interval] Longest idle wait between fetches when polling (asynq: 1 s).
+    asyncq clients wake idle workers at once; on a single Redis server key tracking of
+    the pending lists announces tasks enqueued by Go asynq or redis-cli too, and idle
+    workers then poll only every 5 s. Elsewhere this bounds the pickup of those tasks."""
     delayed_task_check: timedelta = timedelta(seconds=5)
     """[delayed_task_check_interval] The forwarder's period (scheduled and retry tasks)."""
     heartbeat: timedelta = timedelta(seconds=5)

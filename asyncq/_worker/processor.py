@@ -74,6 +74,7 @@ from asyncq._worker.outcome import LeaseState, Outcome, decide, not_run
 from asyncq._worker.policy import find_error, wraps_error
 from asyncq._worker.roles import Role, RoleDeps
 from asyncq._worker.slots import Slots
+from asyncq._worker.wakeup import QueueWakeup
 from asyncq.errors import (
     DeadlineExceededError,
     HandlerNotFoundError,
@@ -307,7 +308,7 @@ class Processor(Role):
         *,
         handler: Handler,
         active: ActiveTasks,
-        wakeup: asyncio.Event,
+        wakeup: QueueWakeup,
         defer_write: DeferWrite,
         on_burst_done: Callable[[], object],
         notifier: Notifier,
@@ -501,7 +502,8 @@ class Processor(Role):
                 self._fetching = False
                 self._on_burst_done()
                 return
-            await self._idle_wait(self._poll.next_delay(), count=True)
+            delay = self._wakeup.idle_delay(self._poll.next_delay(), held=bool(fetched.held))
+            await self._idle_wait(delay, count=True)
 
     def _order(self) -> list[str]:
         """This fetch's queue order, rebuilt when the served queues changed (patterns)."""

@@ -14,6 +14,13 @@ needs), one warning is logged and the server runs with cancellation only: the
 processor then finds new work by polling every ``task_check_interval``. The
 wake-ups are asked for again on every new connection.
 
+On a single Redis server the same connection first turns on key tracking for
+the served queues' pending lists and paused flags and subscribes
+``__redis__:invalidate``, so that tasks written by Go asynq or anyone else
+wake the processor too (see :mod:`asyncq._worker.wakeup`). Redis cannot add
+or drop tracked prefixes on a subscribed RESP2 connection, so when the served
+queues change the connection is replaced.
+
 The connection is re-established with a backoff of 0.1 s doubling up to 2 s
 (asynq waits 5 s) while Redis is unreachable; after a reconnect the processor
 is woken once, since a wake-up may have been missed meanwhile.
@@ -26,14 +33,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from redis.asyncio import Redis
-from redis.exceptions import NoPermissionError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from asyncq import _keys as keys
 from asyncq._logging import Backoff, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS
-from asyncq._redis.pubsub import FastPubSubClient
+from asyncq._redis.pubsub import FastPubSub, FastPubSubClient
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.roles import Role, RoleDeps
+from asyncq._worker.wakeup import INVALIDATE_CHANNEL, QueueWakeup, tracked_prefixes
 from asyncq.errors import TaskCanceledError
 
 __all__ = ["Subscriber"]
@@ -51,7 +59,7 @@ class Subscriber(Role):
         deps: RoleDeps,
         *,
         active: ActiveTasks,
-        wakeup: asyncio.Event,
+        wakeup: QueueWakeup,
         pubsub: Callable[[], Awaitable[Redis | FastPubSubClient]],
     ) -> None:
         super().__init__(deps)
@@ -68,6 +76,9 @@ class Subscriber(Role):
         self._seen_version = self.queues.version
         self._denied = False
         self._warned_denied = False
+        self._warned_untracked = False
+        self._trackable = False
+        """Whether a new connection would track the queues (a single server, not refused)."""
 
     def _channels(self) -> dict[bytes, str]:
         """The wake-up channel of every queue served now."""
@@ -106,20 +117,25 @@ class Subscriber(Role):
             try:
                 client = await self._pubsub()
                 pubsub = client.pubsub()
+                tracked = await self._track(pubsub)
                 # Cancel first and on its own: a Redis user granted only asynq:cancel
                 # (all Go asynq needs) must still get cancellation.
                 if not await self._subscribe(pubsub, [cancel_channel], cancel_channel):
                     return
                 channels = 1
                 self._denied = False
-                self._wakeups = self._channels()
-                if self._wakeups:
+                wanted = list(self._wakeups)
+                if tracked:
+                    wanted.append(INVALIDATE_CHANNEL)
+                if wanted:
                     try:
-                        if not await self._subscribe(pubsub, list(self._wakeups), cancel_channel):
+                        if not await self._subscribe(pubsub, wanted, cancel_channel):
                             return
-                        channels += len(self._wakeups)
+                        channels += len(wanted)
                     except NoPermissionError as exc:
                         self._wakeups_denied(pubsub, exc)
+                        tracked = False
+                self._wakeup.tracking = tracked
                 self.ready.set()
                 self.attempted.set()
                 backoff.reset()
@@ -138,6 +154,8 @@ class Subscriber(Role):
                         self._reading = False
                     self._handle(msg, cancel_channel)
                     if self.queues.version != self._seen_version:
+                        if self._trackable:
+                            break  # a new connection tracks the new set of queues
                         await self._follow_queues(pubsub)
             except asyncio.CancelledError:
                 current = asyncio.current_task()
@@ -146,16 +164,51 @@ class Subscriber(Role):
                     return
                 raise
             except REDIS_ERRORS as exc:
+                self._wakeup.tracking_lost()
                 self.attempted.set()
                 self.redis_error("subscriber lost its connection; reconnecting", exc)
                 await self.sleep(backoff.next_delay())
             finally:
+                self._wakeup.tracking_lost()
                 if pubsub is not None:
                     try:
                         await pubsub.aclose()
                     except Exception as exc:  # the connection may be gone already
                         if is_debug_enabled(self.log):
                             self.log.debug("closing the pubsub failed", error=repr(exc))
+
+    async def _track(self, pubsub: Any) -> bool:
+        """Turn on key tracking of the served queues on *pubsub*'s connection; False
+        (logged once) where it is not used or refused. Connection errors are raised."""
+        self._wakeups = self._channels()
+        self._trackable = isinstance(pubsub, FastPubSub)
+        if not isinstance(pubsub, FastPubSub):
+            self._untracked("key tracking is used on a single Redis server only (not on a "
+                            "cluster or through Sentinel)", None)  # fmt: skip
+            return False
+        if not self._wakeups:
+            return False  # only patterns, matching nothing yet
+        try:
+            await pubsub.track(tracked_prefixes(self._wakeups.values()))
+        except ResponseError as exc:  # a server before 6.0, a proxy or an ACL refusing CLIENT
+            self._trackable = False
+            self._untracked("Redis refuses key tracking", exc)
+            return False
+        return True
+
+    def _untracked(self, why: str, exc: ResponseError | None) -> None:
+        interval = self.config.task_check_interval
+        if self._warned_untracked:
+            if is_debug_enabled(self.log):
+                self.log.debug("key tracking still unavailable", reason=why)
+            return
+        self._warned_untracked = True
+        fields: dict[str, Any] = {"task_check_interval": interval}
+        if exc is not None:
+            fields["error"] = error_text(exc)
+        log = self.log.warning if exc is not None else self.log.info
+        log(f"{why}; tasks written without a wake-up message (Go asynq) are found by "
+            "polling the queues", **fields)  # fmt: skip
 
     async def _subscribe(self, pubsub: Any, channels: list[bytes], cancel_channel: bytes) -> bool:
         """SUBSCRIBE *channels* and wait for Redis to confirm each; False when stopping.
@@ -179,7 +232,7 @@ class Subscriber(Role):
         # Redis refused the whole SUBSCRIBE, so none of them is subscribed; forget them,
         # or redis-py would ask for them again, together with cancel, on a reconnect.
         self._denied = True
-        for channel in self._wakeups:
+        for channel in (*self._wakeups, INVALIDATE_CHANNEL):
             pubsub.channels.pop(channel, None)
         interval = self.config.task_check_interval
         if self._warned_denied:
@@ -210,4 +263,9 @@ class Subscriber(Role):
             return
         if channel in self._wakeups:
             self.stats.wakeup_messages += 1
+            self._wakeup.set()
+        elif channel == INVALIDATE_CHANNEL:
+            # A tracked key (a pending list, a paused flag) was written, or the whole
+            # keyspace flushed (no key names): either way, fetch.
+            self.stats.invalidations += 1
             self._wakeup.set()

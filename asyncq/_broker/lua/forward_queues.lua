@@ -4,7 +4,11 @@
 -- ARGV[1] now, unix seconds
 -- ARGV[2] now, unix nanoseconds (pending_since)
 -- ARGV[3] most ids to move per scheduled/retry set in this call
--- ARGV[4..] queue names; keys are built from them (asynq:{<q>}:scheduled, ...)
+-- ARGV[4] queues per EXISTS probe (1 on a cluster: one command cannot span slots)
+-- ARGV[5..] queue names; keys are built from them (asynq:{<q>}:scheduled, ...)
+-- The queues are looked at ARGV[4] at a time: one EXISTS over their scheduled and
+-- retry sets skips a chunk of queues with nothing scheduled (empty sets do not
+-- exist), so an idle worker's pass costs a few commands, not two per queue.
 -- asyncq ordered queues (asynq:{<q>}:asyncq:ordered = "1"): a due retry goes to
 -- the tail of pending (RPUSH, the end dequeued next) instead of the head, so the
 -- failed task runs again before the tasks enqueued after it.
@@ -15,11 +19,12 @@
 -- is written, so one damaged queue does not stop the others of the call; the
 -- reply then has a third element listing "WRONGTYPE <key> is not a <kind>".
 local limit = tonumber(ARGV[3])
+local NAMES = 4
+local CHUNK = tonumber(ARGV[4])
 local moved = 0
 local more = 0
 local problems = {}
-for q = 4, #ARGV do
-    local name = ARGV[q]
+local function forward_queue(name)
     local base = "asynq:{" .. name .. "}:"
     local prefix, gprefix = base .. "t:", base .. "g:"
     local pending, groups = base .. "pending", base .. "groups"
@@ -61,7 +66,7 @@ for q = 4, #ARGV do
     end
     if problem then
         problems[#problems + 1] = problem
-    else
+    elseif #work[1][2] + #work[2][2] > 0 then
         local ordered = redis.pcall("GET", base .. "asyncq:ordered") == "1"
         for _, w in ipairs(work) do
             local source, ids = w[1], w[2]
@@ -97,6 +102,21 @@ for q = 4, #ARGV do
     if wake then
         redis.pcall("PUBLISH", "asyncq:wakeup:{" .. name .. "}", name)
     end
+end
+local first = NAMES + 1
+while first <= #ARGV do
+    local last = math.min(#ARGV, first + CHUNK - 1)
+    local sets = {}
+    for q = first, last do
+        sets[#sets + 1] = "asynq:{" .. ARGV[q] .. "}:scheduled"
+        sets[#sets + 1] = "asynq:{" .. ARGV[q] .. "}:retry"
+    end
+    if redis.call("EXISTS", unpack(sets)) > 0 then
+        for q = first, last do
+            forward_queue(ARGV[q])
+        end
+    end
+    first = last + 1
 end
 if #problems > 0 then
     return {moved, more, problems}

@@ -3,8 +3,10 @@
 -- lease still running after the cutoff, so the recoverer can sleep until then.
 -- Read-only.
 -- ARGV[1] cutoff, unix seconds
--- ARGV[2..] queue names; keys are built from them (asynq:{<q>}:lease, :t:<id>)
--- Returns {next, position (1 = ARGV[2]), id, msg, ...}: next is the smallest
+-- ARGV[2] queues per EXISTS probe (1 on a cluster: one command cannot span slots)
+-- ARGV[3..] queue names; keys are built from them (asynq:{<q>}:lease, :t:<id>)
+-- One EXISTS over a chunk's lease sets skips a chunk of queues with nothing active.
+-- Returns {next, position (1 = ARGV[3]), id, msg, ...}: next is the smallest
 -- lease score above the cutoff in any of the queues ("" when none); ids without
 -- a hash are skipped.
 -- A lease set of another type skips its queue, a task key of another type its
@@ -17,7 +19,9 @@ local function damaged(key, kind)
     out[#out + 1] = "WRONGTYPE " .. key .. " is not a " .. kind
     out[#out + 1] = ""
 end
-for q = 2, #ARGV do
+local NAMES = 2
+local CHUNK = tonumber(ARGV[2])
+local function scan_queue(q)
     local lease = "asynq:{" .. ARGV[q] .. "}:lease"
     local prefix = "asynq:{" .. ARGV[q] .. "}:t:"
     local expired = redis.pcall("ZRANGEBYSCORE", lease, "-inf", ARGV[1])
@@ -31,7 +35,7 @@ for q = 2, #ARGV do
         if type(msg) == "table" and msg.err then
             damaged(prefix .. id, "hash")
         elseif msg then
-            out[#out + 1] = q - 1
+            out[#out + 1] = q - NAMES
             out[#out + 1] = id
             out[#out + 1] = msg
         end
@@ -46,6 +50,20 @@ for q = 2, #ARGV do
             next_expiry = score
         end
     end
+end
+local first = NAMES + 1
+while first <= #ARGV do
+    local last = math.min(#ARGV, first + CHUNK - 1)
+    local leases = {}
+    for q = first, last do
+        leases[#leases + 1] = "asynq:{" .. ARGV[q] .. "}:lease"
+    end
+    if redis.call("EXISTS", unpack(leases)) > 0 then
+        for q = first, last do
+            scan_queue(q)
+        end
+    end
+    first = last + 1
 end
 if next_expiry ~= nil then
     out[1] = string.format("%.17g", next_expiry)

@@ -2,15 +2,19 @@
 -- Put members of aggregation sets past their deadline back into their group, over
 -- many queues (asyncq; per queue what reclaim_stale_aggregation_sets.lua does).
 -- ARGV[1] now, unix seconds
--- ARGV[2..] queue names; keys are built from them (asynq:{<q>}:aggregation_sets,
+-- ARGV[2] queues per EXISTS probe (1 on a cluster: one command cannot span slots)
+-- ARGV[3..] queue names; keys are built from them (asynq:{<q>}:aggregation_sets,
 -- :groups, :g:<group>)
+-- One EXISTS over a chunk's aggregation_sets skips a chunk of queues with none.
 -- A queue with a key of another type (its aggregation_sets or groups set, a stale
 -- set, a group), or a stale set named outside its groups, is skipped before
 -- anything of it is written, so one damaged queue does not stop the others.
 -- Returns OK, or the list of "WRONGTYPE <key> is not a <kind>" problems.
 local problems = {}
-for q = 2, #ARGV do
-    local base = "asynq:{" .. ARGV[q] .. "}:"
+local NAMES = 2
+local CHUNK = tonumber(ARGV[2])
+local function reclaim_queue(name)
+    local base = "asynq:{" .. name .. "}:"
     local sets, groups, gprefix = base .. "aggregation_sets", base .. "groups", base .. "g:"
     local stale = redis.pcall("ZRANGEBYSCORE", sets, "-inf", ARGV[1])
     local problem = nil
@@ -49,6 +53,20 @@ for q = 2, #ARGV do
             redis.call("ZREMRANGEBYSCORE", sets, "-inf", ARGV[1])
         end
     end
+end
+local first = NAMES + 1
+while first <= #ARGV do
+    local last = math.min(#ARGV, first + CHUNK - 1)
+    local sets = {}
+    for q = first, last do
+        sets[#sets + 1] = "asynq:{" .. ARGV[q] .. "}:aggregation_sets"
+    end
+    if redis.call("EXISTS", unpack(sets)) > 0 then
+        for q = first, last do
+            reclaim_queue(ARGV[q])
+        end
+    end
+    first = last + 1
 end
 if #problems > 0 then
     return problems
