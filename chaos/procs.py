@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from asyncq.devserver import find_server_binary
+
 __all__ = ["ClusterGroup", "RedisProc", "SentinelGroup", "free_port", "redis_cli"]
 
 
@@ -63,8 +65,8 @@ class RedisProc:
     """
 
     def __init__(self, *args: str, port: int | None = None) -> None:
-        if shutil.which("redis-server") is None:
-            raise RuntimeError("redis-server is not on PATH (install Redis >= 6.2)")
+        # The server asyncq dev and the tests run: redis-server from PATH, else the embedded one.
+        self.binary = str(find_server_binary().path)
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix=f"asyncq-chaos-{self.port}-"))
         self.args = list(args)
@@ -81,7 +83,7 @@ class RedisProc:
 
     def start(self) -> RedisProc:
         argv = [
-            "redis-server",
+            self.binary,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
@@ -172,7 +174,7 @@ class SentinelGroup:
                 f"sentinel failover-timeout {self.name} 5000\n"
                 f"sentinel parallel-syncs {self.name} 2\n"
             )
-            args = [binary, str(conf)] if binary else ["redis-server", str(conf), "--sentinel"]
+            args = [binary, str(conf)] if binary else [self.master.binary, str(conf), "--sentinel"]
             log = (self.dir / f"sentinel-{n}.log").open("ab")
             self.sentinels.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
             log.close()

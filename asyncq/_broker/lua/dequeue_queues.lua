@@ -196,8 +196,10 @@ while first <= nqueues and not done do
                 end
                 if tat and here > 0 then
                     local new = tat + here * rate_iv[q]
+                    -- Numbers written as text: Redis 7.2 would store 900000000 as "9e+8".
                     redis.call("HSET", rate_key, "tat", string.format("%.0f", new),
-                        "interval", rate_iv[q], "burst", rate_burst[q])
+                        "interval", string.format("%.0f", rate_iv[q]),
+                        "burst", string.format("%.0f", rate_burst[q]))
                     -- Kept an hour past a full bucket, so the Inspector can show the rate.
                     redis.call("PEXPIRE", rate_key, math.ceil((new - now_us()) / 1000) + 3600000)
                 end

@@ -34,7 +34,9 @@ while n < want do
 end
 out[1] = n
 if n > 0 then
-    redis.call("HSET", KEYS[1], "tat", string.format("%.0f", tat), "interval", iv, "burst", burst)
+    -- The client's text, not the numbers: Redis 7.2 would store 900000000 as "9e+8".
+    redis.call("HSET", KEYS[1], "tat", string.format("%.0f", tat), "interval", ARGV[1],
+        "burst", ARGV[2])
     -- Kept an hour past a full bucket, like the queue buckets.
     redis.call("PEXPIRE", KEYS[1], math.ceil((tat - now) / 1000) + 3600000)
 end
