@@ -87,7 +87,8 @@ from asyncq._worker.syncer import Syncer
 from asyncq._worker.watchdog import Watchdog
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
-from asyncq.hooks import NO_HOOKS, WorkerHooks
+from asyncq.history import DEFAULT_RETENTION, HistoryRecorder
+from asyncq.hooks import WorkerHooks, combine_hooks
 from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
 from asyncq.results import CompletionNotifier
@@ -229,6 +230,10 @@ class Server:
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
     - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
       ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
+    - ``metrics_history``: how long the per-minute history of each task type
+      (processed, failed, retried, run-time histogram) is kept in Redis (24 h;
+      None turns it off). Counted in memory, written every 5 s in aggregate;
+      see :mod:`asyncq.history`.
     - ``min_replicas`` (0 = off) and ``replica_timeout`` (1 s): a finished
       attempt's outcome (done, completed, retry, archive) counts only once that
       many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is
@@ -276,6 +281,7 @@ class Server:
         queue_refresh_interval: timedelta = timedelta(seconds=1),
         logger: Any = None,
         metrics: WorkerHooks | None = None,
+        metrics_history: timedelta | None = DEFAULT_RETENTION,
         min_replicas: int = 0,
         replica_timeout: timedelta = timedelta(seconds=1),
         lifespan: Lifespan | None = None,
@@ -370,7 +376,6 @@ class Server:
         )
         self.log: Any = logger if logger is not None else get_logger()
         self.metrics = metrics
-        self._hooks = NO_HOOKS if metrics is None else metrics
         if janitor_batch_size > 100:
             self.log.warning(
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
@@ -381,6 +386,10 @@ class Server:
         self._where = describe_target(redis)
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
+        self.history: HistoryRecorder | None = None
+        if metrics_history is not None:
+            self.history = HistoryRecorder(self.redis, retention=metrics_history, log=self.log)
+        self._hooks = combine_hooks(self.history, metrics)
         self.broker = Broker(
             self.redis,
             lease_duration=lease,
@@ -646,6 +655,8 @@ class Server:
         finally:
             if self._enqueuer is not None:
                 await self._enqueuer.aclose()  # shared connection: closed just below
+            if self.history is not None:
+                await self.history.aclose()
             self._hooks.detach()
             try:
                 await self._lifespan_stack.aclose()
