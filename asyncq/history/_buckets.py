@@ -11,9 +11,10 @@ true value.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 
-__all__ = ["BUCKETS", "bucket_of", "lower_bound", "percentile", "upper_bound"]
+__all__ = ["BUCKETS", "UPPER_BOUNDS", "bucket_of", "lower_bound", "percentile", "upper_bound"]
 
 _FIRST = 0.001
 """The upper bound of bucket 0, in seconds."""
@@ -31,13 +32,13 @@ def lower_bound(k: int) -> float:
     return 0.0 if k == 0 else upper_bound(k - 1)
 
 
+UPPER_BOUNDS = tuple(upper_bound(k) for k in range(BUCKETS - 1))
+"""The upper bounds of every bucket but the last (which has none)."""
+
+
 def bucket_of(seconds: float) -> int:
     """The bucket of a run that took *seconds*."""
-    if seconds <= _FIRST:
-        return 0
-    k = min(BUCKETS - 1, math.ceil(2.0 * math.log2(seconds / _FIRST)))
-    # the logarithm may round a value on a bound up: the bound belongs to the lower bucket
-    return k - 1 if seconds <= upper_bound(k - 1) else k
+    return bisect_left(UPPER_BOUNDS, seconds)  # the first bound at or above *seconds*
 
 
 def percentile(counts: Sequence[int], q: float) -> float | None:
