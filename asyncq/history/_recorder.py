@@ -21,7 +21,7 @@ from typing import Any
 from asyncq import _keys as keys
 from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import load_script
-from asyncq.history._buckets import BUCKETS, UPPER_BOUNDS as _UPPER
+from asyncq.history._buckets import BUCKETS, UPPER_BOUNDS
 from asyncq.mux import Handler
 from asyncq.task import Task
 
@@ -124,7 +124,7 @@ class HistoryRecorder:
                 cell[_PROCESSED] += 1
                 cell[_FAILED] += failed
                 cell[_MICROS] += int(elapsed * 1_000_000)
-                cell[_FIRST_BUCKET + bisect_left(_UPPER, elapsed)] += 1
+                cell[_FIRST_BUCKET + bisect_left(UPPER_BOUNDS, elapsed)] += 1
 
         return recorded
 
