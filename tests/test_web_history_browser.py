@@ -77,8 +77,9 @@ async def browser() -> AsyncIterator[object]:
             await b.close()
 
 
-LEGENDS = """(sel) => Array.from(document.querySelectorAll(sel)).map((chart) =>
-  Array.from(chart.querySelectorAll('.u-series:not(:first-child) .u-value')).map((el) => el.textContent))"""
+VALUES = "'.u-series:not(:first-child) .u-value'"
+LEGENDS = f"""(sel) => Array.from(document.querySelectorAll(sel)).map((chart) =>
+  Array.from(chart.querySelectorAll({VALUES})).map((el) => el.textContent))"""
 
 
 async def test_metrics_page(web: WebProcess, browser: object, redis: Redis) -> None:
@@ -159,8 +160,8 @@ async def test_dashboard_throughput_starts_from_history(
     # The web process has one sample only (this render): the throughput comes from the
     # history, with values in its legend at first view.
     await page.wait_for_function(  # type: ignore[attr-defined]
-        """() => { const v = document.querySelectorAll('#rate-chart .u-series:not(:first-child) .u-value');
-                   return v.length === 2 && v[0].textContent !== '--'; }"""
+        f"""() => {{ const v = document.querySelectorAll('#rate-chart ' + {VALUES});
+                   return v.length === 2 && v[0].textContent !== '--'; }}"""
     )
     points = await page.evaluate(  # type: ignore[attr-defined]
         "() => document.querySelectorAll('#rate-chart canvas').length"

@@ -32,10 +32,10 @@ from asyncq._http import SegmentPaths, route_segments
 from asyncq._redis.options import RedisTarget
 from asyncq.web._api import api_routes
 from asyncq.web._errors import error_body
+from asyncq.web._history import history_routes
 from asyncq.web._pages import page_routes, render
 from asyncq.web._security import Auth, SecurityMiddleware
 from asyncq.web._state import WebState, state
-from asyncq.web._history import history_routes
 from asyncq.web._triage import triage_routes
 from asyncq.web._workflows import workflow_routes
 
