@@ -352,6 +352,11 @@ async def test_cli_metrics_top(redis: Redis, redis_url: str, tmp_path: Any) -> N
     assert second[:5] == ["report", "hist-a", "2", "2", "100.0"]
     out = await asyncio.to_thread(run, "--sort", "failure-rate", "-n", "1")
     assert out.splitlines()[3].split()[0] == "report" and len(out.splitlines()) == 4
+    # the Redis may also be named after ``metrics``, as for its exporter
+    named = await asyncio.to_thread(
+        runner.invoke, main, ["metrics", "--uri", redis_url, "top", "-n", "1"]
+    )
+    assert named.exit_code == 0 and named.output.splitlines()[3].split()[0] == "email:send"
     out = await asyncio.to_thread(run, "--json")
     assert '"task_type": "email:send"' in out and '"failure_rate": 1.0' in out
     result = await asyncio.to_thread(

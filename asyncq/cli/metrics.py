@@ -10,10 +10,11 @@ import click
 
 from asyncq.cli._commands import DURATION, json_option, with_inspector
 from asyncq.cli._format import format_duration, table, to_json
+from asyncq.cli.web import metrics
 from asyncq.history import TypeMetrics
 from asyncq.inspector import Inspector
 
-__all__ = ["metrics", "register", "top_text"]
+__all__ = ["metrics_top", "register", "top_text"]
 
 _SORTS = {
     "processed": lambda m: (m.processed, m.failed),
@@ -78,14 +79,7 @@ def top_text(
     return f"{head}\n{body}"
 
 
-@click.group(short_help="Metrics history of task types (kept in Redis by the workers).")
-def metrics() -> None:
-    """Per task type and queue, minute by minute: runs processed, failed, retried and
-    archived, and run-time percentiles, as written by the workers (kept 24 h by default;
-    Server(metrics_history=...))."""
-
-
-@metrics.command("top", short_help="Top task types over a window, like top.")
+@click.command("top", short_help="Top task types over a window, like top.")
 @click.option(
     "--window",
     "-w",
@@ -135,7 +129,9 @@ def metrics_top(
     as_json: bool,
 ) -> None:
     """The task types with the most runs (or failures, failure rate, p95 run time) over
-    the last --window, with their counts and p50/p95/p99 run times."""
+    the last --window, with their counts and p50/p95/p99 run times, from the metrics
+    history the workers keep in Redis (per minute, 24 h by default:
+    Server(metrics_history=...))."""
     if window < timedelta(minutes=1) or window.total_seconds() % 60:
         raise click.BadParameter(
             f"must be a whole number of minutes, got {format_duration(window)}",
@@ -191,5 +187,7 @@ def _summary(m: TypeMetrics) -> dict[str, object]:
 
 
 def register(main: click.Group) -> None:
-    """Attach the ``metrics`` group to *main*."""
-    main.add_command(metrics)
+    """Attach ``top`` to the ``metrics`` group (which :mod:`.web` puts on *main*)."""
+    if main.get_command(click.Context(main), "metrics") is not metrics:
+        raise RuntimeError("register asyncq.cli.web before asyncq.cli.metrics")
+    metrics.add_command(metrics_top)
