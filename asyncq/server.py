@@ -230,10 +230,11 @@ class Server:
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
     - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
       ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
-    - ``metrics_history``: how long the per-minute history of each task type
-      (processed, failed, retried, run-time histogram) is kept in Redis (24 h;
-      None turns it off). Counted in memory, written every 5 s in aggregate;
-      see :mod:`asyncq.history`.
+    - ``metrics_history``: keep the per-minute history of each task type
+      (processed, failed, retried, run-time histogram) in Redis: True keeps it
+      24 h, a timedelta that long; off by default (it costs a few µs of worker
+      CPU per task). Counted in memory, written every 5 s in aggregate; see
+      :mod:`asyncq.history`.
     - ``min_replicas`` (0 = off) and ``replica_timeout`` (1 s): a finished
       attempt's outcome (done, completed, retry, archive) counts only once that
       many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is
@@ -281,7 +282,7 @@ class Server:
         queue_refresh_interval: timedelta = timedelta(seconds=1),
         logger: Any = None,
         metrics: WorkerHooks | None = None,
-        metrics_history: timedelta | None = DEFAULT_RETENTION,
+        metrics_history: bool | timedelta = False,
         min_replicas: int = 0,
         replica_timeout: timedelta = timedelta(seconds=1),
         lifespan: Lifespan | None = None,
@@ -387,8 +388,14 @@ class Server:
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
         self.history: HistoryRecorder | None = None
-        if metrics_history is not None:
-            self.history = HistoryRecorder(self.redis, retention=metrics_history, log=self.log)
+        if not isinstance(metrics_history, bool | timedelta):
+            raise TypeError(
+                "metrics_history must be True, False or a datetime.timedelta, "
+                f"got {metrics_history.__class__.__name__}"
+            )
+        if metrics_history is not False:
+            retention = DEFAULT_RETENTION if metrics_history is True else metrics_history
+            self.history = HistoryRecorder(self.redis, retention=retention, log=self.log)
         self._hooks = combine_hooks(self.history, metrics)
         self.broker = Broker(
             self.redis,

@@ -204,7 +204,7 @@ async def test_a_worker_run_writes_per_flush_not_per_task(
         await client.enqueue_many([Task("t") for _ in range(total)], queue="hist-a")
     async with monitored(redis_url) as seen:
         started = time.monotonic()
-        server = await serve(mux, queues={"hist-a": 1})
+        server = await serve(mux, queues={"hist-a": 1}, metrics_history=True)
         async with asyncio.timeout(60):
             await done.wait()
         await server.shutdown()
@@ -269,9 +269,15 @@ def test_recorder_and_server_options_are_checked(redis: Redis) -> None:
         HistoryRecorder(redis, retention=3600, log=log)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="flush_interval"):
         HistoryRecorder(redis, flush_interval=timedelta(0), log=log)
-    assert Server(redis, metrics_history=None).history is None
-    server = Server(redis)
+    assert Server(redis).history is None  # opt-in: it costs a few µs per task
+    with pytest.raises(TypeError, match="metrics_history must be True, False or"):
+        Server(redis, metrics_history=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 1 minute"):
+        Server(redis, metrics_history=timedelta(0))
+    server = Server(redis, metrics_history=True)
     assert server.history is not None and server.history.retention == timedelta(hours=24)
+    server = Server(redis, metrics_history=timedelta(hours=2))
+    assert server.history is not None and server.history.retention == timedelta(hours=2)
 
 
 async def test_inspector_checks_the_window(redis: Redis) -> None:

@@ -1,6 +1,6 @@
 """Metrics history in Redis: what each task type did, minute by minute, without Prometheus.
 
-Every worker (``Server(metrics_history=...)``, on by default, kept 24 hours) counts per
+A worker with ``Server(metrics_history=True)`` (kept 24 hours, or a timedelta) counts per
 minute, queue and task type: runs processed, failed, retried and archived, and a
 histogram of their run times, in memory, and adds them every few seconds to the
 queue's hash of that minute, ``asynq:{<queue>}:asyncq:metrics:<unix minute>`` (one
