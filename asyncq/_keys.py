@@ -29,6 +29,7 @@ __all__ = [
     "group_key",
     "group_key_prefix",
     "lease_key",
+    "metrics_history_key",
     "paused_key",
     "pending_key",
     "processed_key",
@@ -206,6 +207,12 @@ def failed_key(qname: str, when: datetime) -> str:
     return f"asynq:{{{qname}}}:failed:{_date(when)}"
 
 
+def metrics_history_key(qname: str, minute: int) -> str:
+    """asyncq's metrics history of a queue for one minute (HASH, see :mod:`asyncq.history`):
+    ``asynq:{q}:asyncq:metrics:<unix minute>``."""
+    return f"asynq:{{{qname}}}:asyncq:metrics:{minute}"
+
+
 def unique_key(qname: str, task_type: str, payload: bytes | None) -> str:
     """Uniqueness lock key for (queue, type, payload).
 
@@ -341,6 +348,8 @@ def expected_type(key: str) -> str | None:
             return None
         part, _, tail = rest.partition(":")
         if part == "asyncq":
+            if tail.startswith("metrics:"):
+                return "hash"
             return _QUEUE_ASYNCQ_KEY_TYPES.get(tail)
         if part in ("t", "g", "unique") and not tail:
             return None

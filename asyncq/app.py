@@ -123,6 +123,7 @@ class WorkerOptions(TypedDict, total=False):
     queue_refresh_interval: timedelta
     logger: Any
     metrics: WorkerHooks | None
+    metrics_history: bool | timedelta
     min_replicas: int
     replica_timeout: timedelta
     intervals: Intervals | None

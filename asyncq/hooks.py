@@ -5,16 +5,18 @@ A ``Server(metrics=...)`` object implements :class:`WorkerHooks`;
 server wraps its handler with :meth:`WorkerHooks.instrument` (duration, in-flight
 and outcome per task), calls :meth:`attach` when it starts and :meth:`detach`
 when it has shut down, and the processor reports retries, archives and lease
-expiries, which only the processor decides.
+expiries, which only the processor decides. :func:`combine_hooks` makes several
+observers one (the server's metrics history and Prometheus metrics, for instance).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from asyncq.mux import Handler
 
-__all__ = ["NO_HOOKS", "NoWorkerHooks", "WorkerHooks"]
+__all__ = ["NO_HOOKS", "CombinedHooks", "NoWorkerHooks", "WorkerHooks", "combine_hooks"]
 
 
 @runtime_checkable
@@ -82,3 +84,52 @@ class NoWorkerHooks:
 
 NO_HOOKS: WorkerHooks = NoWorkerHooks()
 """The shared do-nothing hooks (the default of a server without ``metrics``)."""
+
+
+class CombinedHooks:
+    """Several hooks called as one, in order; the first one's wrapper is the outermost."""
+
+    __slots__ = ("hooks",)
+
+    def __init__(self, hooks: Sequence[WorkerHooks]) -> None:
+        self.hooks = tuple(hooks)
+
+    def instrument(self, handler: Handler) -> Handler:
+        for hooks in reversed(self.hooks):
+            handler = hooks.instrument(handler)
+        return handler
+
+    def attach(self) -> None:
+        for hooks in self.hooks:
+            hooks.attach()
+
+    def detach(self) -> None:
+        for hooks in self.hooks:
+            hooks.detach()
+
+    def task_retried(self, queue: str, task_type: str) -> None:
+        for hooks in self.hooks:
+            hooks.task_retried(queue, task_type)
+
+    def task_archived(self, queue: str, task_type: str) -> None:
+        for hooks in self.hooks:
+            hooks.task_archived(queue, task_type)
+
+    def lease_expired(self, queue: str, task_type: str) -> None:
+        for hooks in self.hooks:
+            hooks.lease_expired(queue, task_type)
+
+    def loop_stalled(self, seconds: float) -> None:
+        for hooks in self.hooks:
+            hooks.loop_stalled(seconds)
+
+
+def combine_hooks(*hooks: WorkerHooks | None) -> WorkerHooks:
+    """One :class:`WorkerHooks` calling each of *hooks* (None entries are left out):
+    :data:`NO_HOOKS` for none, the hooks themselves for one."""
+    present = [h for h in hooks if h is not None and h is not NO_HOOKS]
+    if not present:
+        return NO_HOOKS
+    if len(present) == 1:
+        return present[0]
+    return CombinedHooks(present)

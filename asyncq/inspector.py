@@ -71,11 +71,13 @@ from asyncq.errors import (
     QueueNotEmptyError,
     QueueNotFoundError,
 )
+from asyncq.history import TypeMetrics, read_history
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import TaskInfo, TaskState
 
 __all__ = [
     "ARCHIVE_LIMIT",
+    "MAX_HISTORY_MINUTES",
     "ArchiveReport",
     "ClusterNode",
     "DailyStats",
@@ -631,6 +633,11 @@ def _proto_time(value: datetime | None) -> datetime | None:
     if value is None or value == GO_ZERO_TIME:
         return None
     return value
+
+
+MAX_HISTORY_MINUTES = 7 * 24 * 60
+"""The longest window :meth:`Inspector.metrics_history` reads (one hash per queue and
+minute: a week is 10,080 reads per queue)."""
 
 
 class Inspector:
@@ -1292,6 +1299,52 @@ class Inspector:
         """Delete every retry/archived task of the error group *key*, releasing
         uniqueness locks as :meth:`delete_task` does."""
         return await self._error_group_action(key, "delete", queues, states)
+
+    # -- metrics history (asyncq extension) ------------------------------------------------
+
+    async def metrics_history(
+        self,
+        queues: Sequence[str] | str | None = None,
+        *,
+        window: timedelta = timedelta(hours=1),
+        step: timedelta = timedelta(minutes=1),
+        task_types: Iterable[str] | None = None,
+    ) -> list[TypeMetrics]:
+        """Per task type and queue: runs processed, failed, retried and archived, and the
+        run-time percentiles, over the last *window* (the current minute included), with
+        the window's series in steps of *step* (whole minutes). Every queue by default;
+        *task_types* keeps only those types. Sorted by queue, then type.
+
+        Written by the workers' metrics history (``Server(metrics_history=...)``, see
+        :mod:`asyncq.history`); what a worker counted in the last few seconds is not
+        written yet.
+        """
+        for name, value in (("window", window), ("step", step)):
+            if not isinstance(value, timedelta):
+                raise TypeError(
+                    f"{name} must be a datetime.timedelta, got {value.__class__.__name__}"
+                )
+        minutes = int(window.total_seconds() // 60)
+        step_minutes = int(step.total_seconds() // 60)
+        if minutes < 1 or window.total_seconds() % 60:
+            raise ValueError(f"window must be a positive whole number of minutes, got {window}")
+        if step_minutes < 1 or step.total_seconds() % 60:
+            raise ValueError(f"step must be a positive whole number of minutes, got {step}")
+        if minutes > MAX_HISTORY_MINUTES:
+            raise ValueError(f"window can be at most {MAX_HISTORY_MINUTES // 60} h, got {window}")
+        names = await self._triage_queues(queues)
+        last = int(self._clock()) // 60
+        rows = await read_history(
+            self._conn.redis,
+            names,
+            first_minute=last - minutes + 1,
+            last_minute=last,
+            step=step_minutes,
+        )
+        if task_types is not None:
+            wanted = set(task_types)
+            rows = [row for row in rows if row.task_type in wanted]
+        return rows
 
     # -- workflows (asyncq extension) --------------------------------------------------------
 

@@ -28,6 +28,10 @@ PER_QUEUE: list[tuple[Callable[[], str], str]] = [
     (lambda: keys.processed_key("default", D), "asynq:{default}:processed:2024-03-09"),
     (lambda: keys.failed_key("default", D), "asynq:{default}:failed:2024-03-09"),
     (lambda: keys.all_groups("default"), "asynq:{default}:groups"),
+    (
+        lambda: keys.metrics_history_key("default", 29_000_000),
+        "asynq:{default}:asyncq:metrics:29000000",
+    ),
     (lambda: keys.group_key_prefix("default"), "asynq:{default}:g:"),
     (lambda: keys.group_key("default", "mygroup"), "asynq:{default}:g:mygroup"),
     (
@@ -89,6 +93,7 @@ def test_every_exported_builder_is_covered() -> None:
         "group_key",
         "group_key_prefix",
         "lease_key",
+        "metrics_history_key",
         "paused_key",
         "pending_key",
         "processed_key",
@@ -130,6 +135,7 @@ def test_every_asynq_key_has_its_expected_type() -> None:
         keys.limit_key("q"): "string",
         keys.ordered_key("q"): "string",
         keys.rate_key("q"): "hash",
+        keys.metrics_history_key("q", 29_000_000): "hash",
         keys.processed_key("q", day): "string",
         keys.failed_key("q", day): "string",
         keys.processed_total_key("q"): "string",

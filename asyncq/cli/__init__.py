@@ -7,7 +7,7 @@ on stderr with a non-zero exit status, never a traceback.
 
 from __future__ import annotations
 
-from asyncq.cli import dev, flow, triage, web, workflow
+from asyncq.cli import dev, flow, metrics, triage, web, workflow
 from asyncq.cli._app import main
 from asyncq.cli._commands import register
 from asyncq.cli.gateway import gateway
@@ -23,3 +23,4 @@ flow.register(main)
 workflow.register(main)
 triage.register(main)
 dev.register(main)
+metrics.register(main)

@@ -134,7 +134,7 @@ def web(
     uvicorn.Server(config).run(sockets=[sock])
 
 
-@click.command("metrics")
+@click.group("metrics", invoke_without_command=True)
 @click.option(
     "--uri",
     "-u",
@@ -146,10 +146,15 @@ def web(
 @click.option("--port", default=9876, show_default=True, type=click.IntRange(0, 65535))
 @click.pass_context
 def metrics(ctx: click.Context, *, host: str, port: int, uri_flag: str | None) -> None:
-    """Prometheus exporter of asynq x/metrics queue metrics (/metrics).
+    """Prometheus exporter of asynq x/metrics queue metrics (/metrics); with a
+    subcommand (asyncq metrics top), the metrics history the workers keep in Redis.
 
     The metric names and labels are asynq's, so asynq Grafana dashboards work.
     """
+    if ctx.invoked_subcommand is not None:
+        if uri_flag is not None:  # the subcommand reads the Redis named here
+            ctx.obj = Settings(uri_flag, settings(ctx).config_path)
+        return
     _need("metrics", "prometheus_client")
     from asyncq import Inspector
     from asyncq.metrics import MetricsExporter

@@ -5,7 +5,8 @@ Runs in the project's own environment (no separate virtualenv). Tasks are
 retention: a finished task's hash is deleted, as in Go asynq). Over TCP, like every
 peer; ``--variant socket`` (the runner's extra row, ``asyncq-socket``) adds asyncq's
 opt-in ``?local_socket=true``, which moves the hot-path connections to the local
-server's unix socket.
+server's unix socket. ``--variant history`` turns the worker's metrics history on
+(``Server(metrics_history=True)``), to measure what the history costs.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from benchmarks.systems._common import Config, Producer, System, main
 QUEUE = "default"
 
 
-VARIANTS = ("", "socket")
+VARIANTS = ("", "socket", "history")
 
 
 def _url(cfg: Config) -> str:
@@ -90,7 +91,12 @@ class Asyncq(System):
         async def noop(task: Task) -> None:
             on_task(int(task.payload or b"-1"))
 
-        server = Server(_url(cfg), concurrency=cfg.concurrency, queues={QUEUE: 1})
+        server = Server(
+            _url(cfg),
+            concurrency=cfg.concurrency,
+            queues={QUEUE: 1},
+            metrics_history=cfg.variant == "history",
+        )
         async with server:
             await server.start(mux)
             await stop.wait()

@@ -1,5 +1,5 @@
-// Dashboard charts (uPlot): live queue sizes by state, live throughput and the daily
-// processed/failed history. Colours come from the CSS variables the state badges use, so
+// Dashboard charts (uPlot): live queue sizes by state, live throughput (its past hour from
+// the workers' metrics history, per minute) and the daily processed/failed history. Colours come from the CSS variables the state badges use, so
 // a state has one colour everywhere and the charts follow the light/dark theme.
 (function () {
   "use strict";
@@ -46,6 +46,8 @@
   // -- data, kept across theme changes (the plots are rebuilt, the samples stay) --
   const sizeData = [[]].concat(STATES.map(() => []));
   const rateData = [[], [], []];
+  const liveRate = [[], [], []]; // between two samples of this page or of the web process
+  let minuteRate = [[], [], []]; // per minute, from the metrics history (/api/history)
   let histData = null;
   let sizePlot = null, ratePlot = null, histPlot = null;
 
@@ -67,7 +69,7 @@
         axes: axes(true),
         scales: { x: { time: true, range: liveRange(rateData) } },
       }, rateData, rateEl);
-      latest(ratePlot);
+      drawRates();
     }
     if (histData) drawHistory();
   }
@@ -82,15 +84,15 @@
     if (lastT !== null && t - lastT > GAP) {
       // Nobody watched for a while: break the lines instead of joining across the gap.
       sizeData[0].push(lastT + 1); sizeData.slice(1).forEach((a) => a.push(null));
-      rateData[0].push(lastT + 1); rateData[1].push(null); rateData[2].push(null);
+      liveRate[0].push(lastT + 1); liveRate[1].push(null); liveRate[2].push(null);
     }
     sizeData[0].push(t);
     STATES.forEach((s, i) => sizeData[i + 1].push(row[3 + i]));
     if (lastT !== null && t - lastT <= GAP) {
       const dt = t - lastT;
-      rateData[0].push(t);
-      rateData[1].push(Math.max(0, (row[1] - lastP) / dt));
-      rateData[2].push(Math.max(0, (row[2] - lastF) / dt));
+      liveRate[0].push(t);
+      liveRate[1].push(Math.max(0, (row[1] - lastP) / dt));
+      liveRate[2].push(Math.max(0, (row[2] - lastF) / dt));
     }
     lastT = t; lastP = row[1]; lastF = row[2];
     return true;
@@ -104,10 +106,43 @@
     let added = false;
     live.samples.forEach((row) => { added = push(row[0] + offset, row) || added; });
     if (!added) return;
-    [sizeData, rateData].forEach((d) => { while (d[0].length > MAX_POINTS) d.forEach((a) => a.shift()); });
+    [sizeData, liveRate].forEach((d) => { while (d[0].length > MAX_POINTS) d.forEach((a) => a.shift()); });
     sizePlot.setData(sizeData);
     latest(sizePlot);
+    drawRates();
+  }
+
+  // The throughput chart: the history's minutes before the first live rate, then the live
+  // rates, so a first view (even of a web process that just started) shows the past hour.
+  function drawRates() {
+    const firstLive = liveRate[0].length ? liveRate[0][0] : Infinity;
+    rateData.forEach((a) => { a.length = 0; });
+    minuteRate[0].forEach((t, i) => {
+      if (t < firstLive) { rateData[0].push(t); rateData[1].push(minuteRate[1][i]); rateData[2].push(minuteRate[2][i]); }
+    });
+    liveRate.forEach((a, j) => { rateData[j].push(...a); });
     if (ratePlot) { ratePlot.setData(rateData); latest(ratePlot); }
+  }
+  let minutesAt = 0;
+  async function loadMinutes() {
+    if (!rateEl || Date.now() - minutesAt < 30000) return;
+    minutesAt = Date.now();
+    let resp;
+    try { resp = await fetch(base + "/api/history?window=60", { credentials: "same-origin" }); } catch (e) { return; }
+    if (!resp.ok) return;
+    const h = await resp.json();
+    const offset = Date.now() / 1000 - h.now;
+    const fresh = [[], [], []];
+    h.t.forEach((t, i) => {
+      if (t + h.step > h.now) return; // the current minute is not over: its rate would be low
+      fresh[0].push(t + h.step + offset); // a minute's rate belongs to its end
+      fresh[1].push(h.total.processed[i] / h.step);
+      fresh[2].push(h.total.failed[i] / h.step);
+    });
+    // the minutes before the first run are no news: start at the first minute with runs
+    const first = fresh[1].findIndex((v, i) => v > 0 || fresh[2][i] > 0);
+    minuteRate = first < 0 ? [[], [], []] : fresh.map((a) => a.slice(first));
+    drawRates();
   }
 
   function drawHistory() {
@@ -142,13 +177,15 @@
   build();
   sample();
   loadHistory();
+  loadMinutes();
   document.addEventListener("asyncq:refreshed", () => {
     sample();
     loadHistory(); // today's counters move; one small request per refresh
+    loadMinutes(); // at most every 30 s: the history moves by the minute
   });
   // A second sample soon after load when this process had none before, so even the very
   // first view shows a throughput instead of waiting a whole refresh interval.
-  if (rateData[0].length === 0 && window.asyncqRefresh) setTimeout(() => window.asyncqRefresh(true), 1500);
+  if (liveRate[0].length === 0 && window.asyncqRefresh) setTimeout(() => window.asyncqRefresh(true), 1500);
 
   const range = document.getElementById("range");
   range.querySelectorAll("button").forEach((b) => {

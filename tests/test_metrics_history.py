@@ -1,0 +1,371 @@
+"""Metrics history in Redis: what a run of known handlers wrote, its expiry, the writes
+per flush, a failed flush, the Inspector's reading and ``asyncq metrics top``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import structlog
+from click.testing import CliRunner
+from redis.asyncio import Redis
+
+from asyncq import Client, Inspector, ServeMux, Server, SkipRetry, Task
+from asyncq import _keys as keys
+from asyncq.cli import main
+from asyncq.history import BUCKETS, HistoryRecorder, bucket_of, percentile, upper_bound
+from asyncq.hooks import NO_HOOKS, CombinedHooks, combine_hooks
+from asyncq.metrics import WorkerMetrics
+
+QUEUES = ("hist-a", "hist-b")
+TIMED_MS = [4] * 20 + [30] * 15 + [120] * 5
+
+
+def true_percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, -(-int(q * len(ordered) * 1000) // 1000) - 1)]
+
+
+@contextlib.asynccontextmanager
+async def monitored(redis_url: str) -> AsyncIterator[list[list[str]]]:
+    """The commands Redis runs meanwhile (MONITOR), scripts' inner commands included."""
+    seen: list[list[str]] = []
+    client = Redis.from_url(redis_url)
+    started = asyncio.Event()
+
+    async def listen() -> None:
+        async with client.monitor() as m:
+            started.set()
+            async for info in m.listen():
+                seen.append(str(info["command"]).split())
+
+    task = asyncio.create_task(listen())
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.sleep(0.2)
+    try:
+        yield seen
+    finally:
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        await client.aclose()
+
+
+def metrics_calls(seen: list[list[str]]) -> list[list[str]]:
+    """The EVALSHA calls that wrote a metrics history hash."""
+    return [c for c in seen if c and c[0].upper() == "EVALSHA" and any(":metrics:" in a for a in c)]
+
+
+async def test_history_is_what_known_handlers_did(
+    serve: Callable[..., Awaitable[Server]], redis: Redis, redis_url: str
+) -> None:
+    measured: list[float] = []
+    runs: dict[str, int] = {}
+    mux = ServeMux()
+
+    @mux.handler("fast")
+    async def fast(task: Task) -> None:
+        runs["fast"] = runs.get("fast", 0) + 1
+
+    @mux.handler("timed")
+    async def timed(task: Task) -> None:
+        start = time.perf_counter()
+        await asyncio.sleep(int(task.payload) / 1000)
+        measured.append(time.perf_counter() - start)
+        runs["timed"] = runs.get("timed", 0) + 1
+
+    @mux.handler("flaky")
+    async def flaky(task: Task) -> None:
+        runs["flaky"] = runs.get("flaky", 0) + 1
+        raise RuntimeError("always")
+
+    @mux.handler("fatal")
+    async def fatal(task: Task) -> None:
+        runs["fatal"] = runs.get("fatal", 0) + 1
+        raise SkipRetry("no")
+
+    server = await serve(
+        mux,
+        queues={q: 1 for q in QUEUES},
+        metrics_history=timedelta(minutes=30),
+        retry_delay=lambda n, exc, task: timedelta(milliseconds=10),
+    )
+    async with Client(redis) as client:
+        for _ in range(30):
+            await client.enqueue(Task("fast"), queue="hist-a")
+        for ms in TIMED_MS:
+            await client.enqueue(Task("timed", str(ms).encode()), queue="hist-b")
+        for _ in range(4):
+            await client.enqueue(Task("flaky"), queue="hist-a", max_retry=1)
+        for _ in range(3):
+            await client.enqueue(Task("fatal"), queue="hist-b", max_retry=5)
+    async with Inspector(redis) as insp:
+        async with asyncio.timeout(30):
+            while True:
+                infos = [await insp.queue_info(q) for q in QUEUES]
+                if sum(i.archived for i in infos) == 7 and sum(i.size for i in infos) == 7:
+                    break
+                await asyncio.sleep(0.05)
+        await server.shutdown()  # the last flush
+        assert runs == {"fast": 30, "timed": 40, "flaky": 8, "fatal": 3}
+
+        got = {
+            (m.queue, m.task_type): m
+            for m in await insp.metrics_history(window=timedelta(minutes=10))
+        }
+        assert set(got) == {
+            ("hist-a", "fast"),
+            ("hist-a", "flaky"),
+            ("hist-b", "timed"),
+            ("hist-b", "fatal"),
+        }
+        counts = {k: (m.processed, m.failed, m.retried, m.archived) for k, m in got.items()}
+        assert counts == {
+            ("hist-a", "fast"): (30, 0, 0, 0),
+            ("hist-a", "flaky"): (8, 8, 4, 4),
+            ("hist-b", "timed"): (40, 0, 0, 0),
+            ("hist-b", "fatal"): (3, 3, 0, 3),
+        }
+        timed_row = got[("hist-b", "timed")]
+        assert sum(timed_row.buckets) == 40
+        assert len(timed_row.points) == 10
+        assert sum(p.processed for p in timed_row.points) == 40
+        assert timed_row.run_seconds >= sum(measured)
+        for q, est in ((0.5, timed_row.p50), (0.95, timed_row.p95), (0.99, timed_row.p99)):
+            assert est is not None
+            true = true_percentile(measured, q)
+            # the handler's own clock runs inside the recorder's: at most one bucket apart
+            assert abs(bucket_of(est) - bucket_of(true)) <= 1, (q, est, true)
+        assert got[("hist-a", "flaky")].failure_rate == 1.0
+
+        only = await insp.metrics_history(
+            ["hist-a"], window=timedelta(minutes=5), task_types=["fast"]
+        )
+        assert [(m.queue, m.task_type) for m in only] == [("hist-a", "fast")]
+
+    hashes = [k async for k in redis.scan_iter(match="asynq:{hist-*}:asyncq:metrics:*")]
+    assert hashes
+    for key in hashes:
+        minute = int(key.rsplit(b":", 1)[1])
+        expire_at = await redis.expiretime(key)
+        assert expire_at == (minute + 1) * 60 + 30 * 60  # the minute's end plus the retention
+
+
+async def test_a_flush_writes_once_per_queue_and_minute(redis: Redis, redis_url: str) -> None:
+    recorder = HistoryRecorder(redis, log=structlog.get_logger())
+
+    async def ok(task: Task) -> None:
+        return None
+
+    wrapped = recorder.instrument(ok)
+    tasks = [Task(f"type-{i % 3}") for i in range(600)]
+    for i, task in enumerate(tasks):
+        task.queue = QUEUES[i % 2]
+    for task in tasks:
+        await wrapped(task)
+    async with monitored(redis_url) as seen:
+        await recorder.flush()
+    calls = metrics_calls(seen)
+    # 600 runs, 2 queues: one script call per queue and minute (two minutes at most)
+    assert 2 <= len(calls) <= 4, calls
+    hincrby = [c for c in seen if c and c[0].upper() == "HINCRBY"]
+    fields_per_type = 2 + 1  # processed, run time, and one bucket (every run under 1 ms)
+    assert len(hincrby) <= 2 * 3 * fields_per_type, hincrby
+    async with Inspector(redis) as insp:
+        for q in QUEUES:
+            await redis.sadd(keys.ALL_QUEUES, q)
+        rows = await insp.metrics_history(window=timedelta(minutes=2))
+    assert sum(m.processed for m in rows) == 600
+    assert {m.processed for m in rows} == {100}
+
+
+async def test_a_worker_run_writes_per_flush_not_per_task(
+    serve: Callable[..., Awaitable[Server]], redis: Redis, redis_url: str
+) -> None:
+    done = asyncio.Event()
+    count = 0
+    total = 400
+    mux = ServeMux()
+
+    @mux.handler("t")
+    async def handler(task: Task) -> None:
+        nonlocal count
+        count += 1
+        if count == total:
+            done.set()
+
+    async with Client(redis) as client:
+        await client.enqueue_many([Task("t") for _ in range(total)], queue="hist-a")
+    async with monitored(redis_url) as seen:
+        started = time.monotonic()
+        server = await serve(mux, queues={"hist-a": 1}, metrics_history=True)
+        async with asyncio.timeout(60):
+            await done.wait()
+        await server.shutdown()
+        elapsed = time.monotonic() - started
+    calls = metrics_calls(seen)
+    flushes = elapsed / 5 + 2  # the periodic flushes and the last one
+    assert 1 <= len(calls) <= 2 * flushes, (len(calls), elapsed)
+    async with Inspector(redis) as insp:
+        (row,) = await insp.metrics_history(window=timedelta(minutes=3))
+    assert row.processed == total
+
+
+async def test_a_failed_flush_keeps_its_counts(redis: Redis) -> None:
+    recorder = HistoryRecorder(redis, log=structlog.get_logger())
+
+    async def ok(task: Task) -> None:
+        return None
+
+    wrapped = recorder.instrument(ok)
+    task = Task("kept")
+    task.queue = "hist-a"
+    minute = int(time.time()) // 60
+    blockers = [keys.metrics_history_key("hist-a", m) for m in (minute, minute + 1)]
+    for key in blockers:
+        await redis.set(key, "not a hash")
+    for _ in range(5):
+        await wrapped(task)
+    recorder.task_retried("hist-a", "kept")
+    await recorder.flush()  # WRONGTYPE: logged, kept
+    await redis.delete(*blockers)
+    await recorder.flush()
+    await redis.sadd(keys.ALL_QUEUES, "hist-a")
+    async with Inspector(redis) as insp:
+        (row,) = await insp.metrics_history(window=timedelta(minutes=3))
+    assert (row.processed, row.retried) == (5, 1)
+
+
+def test_buckets_and_percentiles() -> None:
+    assert bucket_of(0.0) == 0 and bucket_of(0.001) == 0
+    assert bucket_of(0.0011) == 1
+    assert bucket_of(10**6) == BUCKETS - 1
+    for k in range(1, BUCKETS - 1):
+        assert bucket_of(upper_bound(k)) == k
+        assert bucket_of(upper_bound(k) * 1.0001) == k + 1
+    counts = [0] * BUCKETS
+    assert percentile(counts, 0.5) is None
+    counts[bucket_of(0.05)] = 99
+    counts[bucket_of(2.0)] = 1
+    p50 = percentile(counts, 0.5)
+    p99 = percentile(counts, 0.99)
+    p100 = percentile(counts, 1.0)
+    assert p50 is not None and bucket_of(p50) == bucket_of(0.05)
+    assert p99 is not None and bucket_of(p99) == bucket_of(0.05)
+    assert p100 is not None and bucket_of(p100) == bucket_of(2.0)
+
+
+def test_recorder_and_server_options_are_checked(redis: Redis) -> None:
+    log = structlog.get_logger()
+    with pytest.raises(ValueError, match="at least 1 minute"):
+        HistoryRecorder(redis, retention=timedelta(seconds=5), log=log)
+    with pytest.raises(TypeError, match=r"retention must be a datetime\.timedelta"):
+        HistoryRecorder(redis, retention=3600, log=log)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="flush_interval"):
+        HistoryRecorder(redis, flush_interval=timedelta(0), log=log)
+    assert Server(redis).history is None  # opt-in: it costs a few µs per task
+    with pytest.raises(TypeError, match="metrics_history must be True, False or"):
+        Server(redis, metrics_history=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 1 minute"):
+        Server(redis, metrics_history=timedelta(0))
+    server = Server(redis, metrics_history=True)
+    assert server.history is not None and server.history.retention == timedelta(hours=24)
+    server = Server(redis, metrics_history=timedelta(hours=2))
+    assert server.history is not None and server.history.retention == timedelta(hours=2)
+
+
+async def test_inspector_checks_the_window(redis: Redis) -> None:
+    async with Inspector(redis) as insp:
+        with pytest.raises(ValueError, match="whole number of minutes"):
+            await insp.metrics_history(window=timedelta(seconds=90))
+        with pytest.raises(ValueError, match="step must be"):
+            await insp.metrics_history(window=timedelta(hours=1), step=timedelta(0))
+        with pytest.raises(ValueError, match="at most 168 h"):
+            await insp.metrics_history(window=timedelta(days=8))
+        with pytest.raises(TypeError, match=r"window must be a datetime\.timedelta"):
+            await insp.metrics_history(window=60)  # type: ignore[arg-type]
+        assert await insp.metrics_history() == []
+
+
+async def test_combined_hooks_call_each(redis: Redis) -> None:
+    prom = WorkerMetrics()
+    history = HistoryRecorder(redis, log=structlog.get_logger())
+    both = combine_hooks(history, None, prom)
+    assert isinstance(both, CombinedHooks) and both.hooks == (history, prom)
+    assert combine_hooks(None, NO_HOOKS) is NO_HOOKS
+    assert combine_hooks(prom) is prom
+
+    async def fails(task: Task) -> None:
+        raise RuntimeError("x")
+
+    task = Task("c")
+    task.queue = "hist-a"
+    with pytest.raises(RuntimeError):
+        await both.instrument(fails)(task)
+    both.task_retried("hist-a", "c")
+    both.task_archived("hist-a", "c")
+    both.lease_expired("hist-a", "c")
+    both.loop_stalled(0.7)
+    assert prom.retries.labels("c", "hist-a")._value.get() == 1
+    assert prom.stalls._value.get() == 1
+    await history.flush()
+    await redis.sadd(keys.ALL_QUEUES, "hist-a")
+    async with Inspector(redis) as insp:
+        (row,) = await insp.metrics_history(window=timedelta(minutes=2))
+    assert (row.processed, row.failed, row.retried, row.archived) == (1, 1, 1, 1)
+
+
+async def test_cli_metrics_top(redis: Redis, redis_url: str, tmp_path: Any) -> None:
+    recorder = HistoryRecorder(redis, log=structlog.get_logger())
+
+    async def slow(task: Task) -> None:
+        await asyncio.sleep(0.02)
+
+    async def fails(task: Task) -> None:
+        raise RuntimeError("x")
+
+    for name, fn, n in (("email:send", slow, 6), ("report", fails, 2)):
+        wrapped = recorder.instrument(fn)
+        for _ in range(n):
+            task = Task(name)
+            task.queue = "hist-a"
+            with contextlib.suppress(RuntimeError):
+                await wrapped(task)
+    await recorder.flush()
+    await redis.sadd(keys.ALL_QUEUES, "hist-a")
+    runner = CliRunner(env={"COLUMNS": "100", "HOME": str(tmp_path), "ASYNCQ_REDIS_URL": None})
+
+    def run(*args: str) -> str:
+        result = runner.invoke(main, ["-u", redis_url, "metrics", "top", *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    out = await asyncio.to_thread(run, "--window", "15m")
+    lines = out.splitlines()
+    assert "last 15m: 8 runs of 2 task types, by processed" in lines[0]
+    assert lines[1].split() == [
+        "TYPE", "QUEUE", "PROCESSED", "FAILED", "FAIL%", "RETRIED", "ARCHIVED", "P50", "P95", "P99"
+    ]  # fmt: skip
+    first, second = lines[3].split(), lines[4].split()
+    assert first[:7] == ["email:send", "hist-a", "6", "0", "0.0", "0", "0"]
+    assert first[7].endswith("ms") and 16 <= float(first[7][:-2]) <= 60
+    assert second[:5] == ["report", "hist-a", "2", "2", "100.0"]
+    out = await asyncio.to_thread(run, "--sort", "failure-rate", "-n", "1")
+    assert out.splitlines()[3].split()[0] == "report" and len(out.splitlines()) == 4
+    # the Redis may also be named after ``metrics``, as for its exporter
+    named = await asyncio.to_thread(
+        runner.invoke, main, ["metrics", "--uri", redis_url, "top", "-n", "1"]
+    )
+    assert named.exit_code == 0 and named.output.splitlines()[3].split()[0] == "email:send"
+    out = await asyncio.to_thread(run, "--json")
+    assert '"task_type": "email:send"' in out and '"failure_rate": 1.0' in out
+    result = await asyncio.to_thread(
+        runner.invoke, main, ["-u", redis_url, "metrics", "top", "--window", "90s"]
+    )
+    assert result.exit_code != 0 and "whole number of minutes" in result.output
