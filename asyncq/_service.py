@@ -67,6 +67,14 @@ class Service:
         """Release what the service holds when it closes without running: shut down
         before starting, or its :meth:`_open` raised."""
 
+    async def _open_failed(self) -> None:
+        """After :meth:`_open` raised: by default the service closes, releasing what it held."""
+        self._state = "closed"
+        try:
+            await self._release()
+        finally:
+            self._closed.set()
+
     # -- the lifecycle ----------------------------------------------------------------------
 
     @property
@@ -83,11 +91,7 @@ class Service:
         try:
             await self._open()
         except BaseException:
-            self._state = "closed"
-            try:
-                await self._release()
-            finally:
-                self._closed.set()
+            await self._open_failed()
             raise
         self._state = "running"
         self._main = asyncio.create_task(

@@ -472,6 +472,11 @@ class Server(Service):
             strict_priority=cfg.strict_priority,
         )
 
+    async def _open_failed(self) -> None:
+        # Nothing was started: the server stays "new" (asynq's Server can be started
+        # again), so only the lifespan entered is exited; shutdown() closes the rest.
+        await self._lifespan_stack.aclose()
+
     async def _say_if_unreachable(self) -> None:
         """Log once, at ERROR, when Redis does not answer at start.
 
