@@ -1,0 +1,158 @@
+"""The pytest side of the Lua mutation run: every mutant of one script in one pytest process.
+
+``tests/mutation/lua.py`` starts ``pytest -p tests.mutation.runner`` with
+``ASYNCQ_MUTATION_SPEC`` naming a JSON file (the script's path, its mutants, where
+to write the outcomes). This plugin replaces the test loop: it runs the collected
+tests once on the unmutated script, then for each mutant writes it over the file
+(what worker processes and file readers see), swaps it into every loaded
+:class:`~asyncq._redis.scripts.Script` whose source holds the script (the broker's
+module-level scripts and the ones composed of several files), runs the tests until
+the first failure and puts the script back. Starting pytest, importing the package
+and collecting the tests once per script instead of once per mutant is most of the
+time a run takes.
+
+The tests that killed earlier mutants run first: a mutant is usually killed by a
+test that killed one of its neighbours, so a killed mutant costs a few tests and a
+survivor the whole selection. One outcome per line goes to the results file as it
+comes, so the parent reports what finished even when the run is interrupted.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as sync_redis
+from _pytest.runner import runtestprotocol
+
+from asyncq._redis.scripts import Script
+from tests.redis_server import RedisServer
+
+SPEC = "ASYNCQ_MUTATION_SPEC"
+
+
+def _swap(old: str, new: str) -> int:
+    """Put *new* in place of *old* in every loaded script's source; how many changed."""
+    changed = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, Script) and old in obj.source:
+            obj.__init__(  # type: ignore[misc]
+                obj.name, obj.source.replace(old, new), allow_oom=obj.flagged_source is not None
+            )
+            changed += 1
+    return changed
+
+
+class _Loop:
+    def __init__(self, session: pytest.Session, spec: dict[str, Any], server: RedisServer) -> None:
+        self.session = session
+        self.items: list[pytest.Item] = list(session.items)
+        self.path = Path(spec["path"])
+        self.original = self.path.read_text(encoding="utf-8")
+        self.mutants: list[dict[str, Any]] = spec["mutants"]
+        self.out = Path(spec["results"])
+        self.server = server
+        self.killers: list[pytest.Item] = []
+
+    def _order(self) -> list[pytest.Item]:
+        first = [i for i in reversed(self.killers)]
+        return first + [i for i in self.items if i not in first]
+
+    def _run(self, order: list[pytest.Item]) -> pytest.Item | None:
+        """Run *order* until a test fails; the failing test, or None."""
+        for n, item in enumerate(order):
+            nextitem = order[n + 1] if n + 1 < len(order) else order[0]
+            reports = runtestprotocol(item, log=False, nextitem=nextitem)
+            if any(r.failed for r in reports):
+                # Tear down to where the next run starts, keeping the session's fixtures.
+                self.session._setupstate.teardown_exact(order[0])
+                return item
+        return None
+
+    def _heal_server(self) -> None:
+        """A mutant may leave a script running forever (Redis answers BUSY to everyone)."""
+        client = sync_redis.Redis.from_url(self.server.url, socket_timeout=5)
+        try:
+            try:
+                client.ping()
+                return
+            except sync_redis.exceptions.BusyLoadingError:
+                pass
+            except sync_redis.exceptions.ResponseError:
+                pass
+            try:
+                client.script_kill()
+                client.ping()
+                return
+            except sync_redis.exceptions.RedisError:
+                pass
+        finally:
+            client.close()
+        self.server.restart()
+
+    def _write(self, record: dict[str, Any]) -> None:
+        with self.out.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def run(self) -> None:
+        failed = self._run(self.items)
+        if failed is not None:
+            self._write({"baseline": "failed", "test": failed.nodeid})
+            return
+        self._write({"baseline": "passed", "tests": len(self.items)})
+        for n, mutant in enumerate(self.mutants):
+            source = mutant["source"]
+            started = time.monotonic()
+            self.path.write_text(source, encoding="utf-8")
+            swapped = _swap(self.original, source)
+            try:
+                killer = self._run(self._order())
+            finally:
+                self.path.write_text(self.original, encoding="utf-8")
+                _swap(source, self.original)
+            if killer is not None:
+                if killer in self.killers:
+                    self.killers.remove(killer)
+                self.killers.append(killer)
+                self._heal_server()
+            self._write(
+                {
+                    "index": n,
+                    "outcome": "survived" if killer is None else "killed",
+                    "killer": None if killer is None else killer.nodeid,
+                    "scripts": swapped,
+                    "seconds": time.monotonic() - started,
+                }
+            )
+
+
+_server: RedisServer | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _server
+    if os.environ.get(SPEC):
+        # The tests' own server, so that a mutant's endless script can be killed.
+        _server = RedisServer().start()
+        os.environ["ASYNCQ_TEST_REDIS_URL"] = _server.url
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _server is not None:
+        _server.cleanup()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    spec_path = os.environ.get(SPEC)
+    if not spec_path or _server is None:
+        return None
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    _Loop(session, spec, _server).run()
+    session._setupstate.teardown_exact(None)
+    return True
