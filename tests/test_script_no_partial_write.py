@@ -146,6 +146,7 @@ CASES: list[tuple[Call, Plant]] = [
     (ACK_MANY, wrong(PDAY, "hash")),
     (ACK_MANY, wrong(TP + "a2", "list")),
     (ACK_MANY_LOCKED, wrong(TP + "a1", "list")),
+    (ACK_MANY_LOCKED, wrong(LOCK, "hash")),
     (ACK_MANY, wrong(COMPLETED, "set")),
     (DEQUEUE, wrong(LEASE, "set")),
     (DEQUEUE, wrong(TP + "p1", "list")),

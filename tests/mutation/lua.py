@@ -15,17 +15,15 @@ script under ``asyncq/_broker/lua/`` itself:
   block is skipped) and by ``true`` (it always runs);
 * ``logic``: ``and`` <-> ``or``, ``not`` removed.
 
-Each mutant is written over the script's file, the tests that exercise the script run
-in a subprocess (``pytest -x``, hypothesis profile ``mutation``: the default examples
-without shrinking), and the file is restored. The file itself is mutated, not a copy:
-the package is installed in editable mode and the scripts are read from it at import,
-by the test process and by every worker process it starts, so this is the one place
-every reader sees. The run refuses to start when a script differs from git's copy
-(a run killed with SIGKILL is the only way to leave one behind:
-``git checkout asyncq/_broker/lua`` undoes it), and restores the file on any other exit.
+Every mutant of a script runs in one pytest process (``tests/mutation/runner.py``):
+the tests that exercise the script (not the slow ones, hypothesis profile
+``mutation``: the default examples without shrinking) run once on git's copy of the
+script, then against each mutant, swapped into the loaded scripts, until the first
+failure. The files on disk are never written: mutants come from git's HEAD, so
+commit a script before mutating it, and runs of several scripts may go side by side.
 
-The report (``--report``, Markdown) lists per script the mutants killed, survived and
-timed out, then every survivor with its line, so each can be judged: a test to add,
+The report (``--report``, Markdown) lists per script the mutants killed and survived,
+then every survivor with its line, so each can be judged: a test to add,
 or an equivalent mutant (its reason written beside it in the note).
 """
 
@@ -35,7 +33,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,9 +40,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
-from tests.mutation.runner import SPEC
+from tests.mutation.runner import SPEC, committed
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA = ROOT / "asyncq" / "_broker" / "lua"
@@ -228,40 +224,6 @@ class Result:
     seconds: float
 
 
-def _check_clean(paths: list[Path]) -> None:
-    rel = [str(p.relative_to(ROOT)) for p in paths]
-    proc = subprocess.run(["git", "diff", "--quiet", "--", *rel], cwd=ROOT, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(
-            "a Lua script differs from git's copy (a mutant left by a killed run?); "
-            "commit it or run `git checkout asyncq/_broker/lua` first"
-        )
-
-
-class _Restore:
-    """Puts the script back on exit, SIGTERM and SIGINT included."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.original = path.read_text(encoding="utf-8")
-
-    def __enter__(self) -> _Restore:
-        self._old = {s: signal.signal(s, self._signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        return self
-
-    def _signal(self, signum: int, frame: FrameType | None) -> None:
-        self.restore()
-        raise SystemExit(128 + signum)
-
-    def restore(self) -> None:
-        self.path.write_text(self.original, encoding="utf-8")
-
-    def __exit__(self, *exc: object) -> None:
-        self.restore()
-        for s, handler in self._old.items():
-            signal.signal(s, handler)
-
-
 def mutate_script(
     script: str,
     results: list[Result],
@@ -274,20 +236,19 @@ def mutate_script(
     """Run every mutant of *script* in one pytest process (tests/mutation/runner.py),
     appending each outcome to *results* as it comes (so an interrupted run still reports
     what it finished)."""
-    path = LUA / f"{script}.lua"
-    original = path.read_text(encoding="utf-8")
+    original = committed(script)
     todo = [
         m
         for m in mutants(script, original, indices=indices)
         if (not only or m.kind in only) and (not lines or m.line in lines)
     ]
-    with tempfile.TemporaryDirectory(prefix="asyncq-mutation-") as tmp, _Restore(path):
+    with tempfile.TemporaryDirectory(prefix="asyncq-mutation-") as tmp:
         spec = Path(tmp) / "spec.json"
         out = Path(tmp) / "results.jsonl"
         spec.write_text(
             json.dumps(
                 {
-                    "path": str(path),
+                    "script": script,
                     "results": str(out),
                     "mutants": [{"source": m.source} for m in todo],
                 }
@@ -394,12 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = {int(n) for n in args.lines.split(",")} if args.lines else None
     if args.list:
         for script in scripts:
-            source = (LUA / f"{script}.lua").read_text(encoding="utf-8")
-            for m in mutants(script, source, indices=args.indices):
+            for m in mutants(script, committed(script), indices=args.indices):
                 if (not only or m.kind in only) and (not lines or m.line in lines):
                     print(f"{script}:{m.line} {m.kind} {m.description}")
         return 0
-    _check_clean([LUA / f"{s}.lua" for s in scripts])
     results: list[Result] = []
     try:
         for script in scripts:

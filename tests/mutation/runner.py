@@ -1,15 +1,18 @@
 """The pytest side of the Lua mutation run: every mutant of one script in one pytest process.
 
 ``tests/mutation/lua.py`` starts ``pytest -p tests.mutation.runner`` with
-``ASYNCQ_MUTATION_SPEC`` naming a JSON file (the script's path, its mutants, where
+``ASYNCQ_MUTATION_SPEC`` naming a JSON file (the script's name, its mutants, where
 to write the outcomes). This plugin replaces the test loop: it runs the collected
-tests once on the unmutated script, then for each mutant writes it over the file
-(what worker processes and file readers see), swaps it into every loaded
+tests once on the unmutated script, then for each mutant swaps it into every loaded
 :class:`~asyncq._redis.scripts.Script` whose source holds the script (the broker's
 module-level scripts and the ones composed of several files), runs the tests until
-the first failure and puts the script back. Starting pytest, importing the package
+the first failure and swaps the script back. Starting pytest, importing the package
 and collecting the tests once per script instead of once per mutant is most of the
 time a run takes.
+
+The file on disk is never written, so runs of several scripts may go side by side;
+the scripts this process loads are pinned to git's committed copy. The tests run are
+the ones not marked slow, none of which starts a process that would read the file.
 
 The tests that killed earlier mutants run first: a mutant is usually killed by a
 test that killed one of its neighbours, so a killed mutant costs a few tests and a
@@ -22,6 +25,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -30,10 +34,21 @@ import pytest
 import redis as sync_redis
 from _pytest.runner import runtestprotocol
 
-from asyncq._redis.scripts import Script
+from asyncq._broker._base import LUA_PACKAGE
+from asyncq._redis.scripts import Script, load_script
 from tests.redis_server import RedisServer
 
 SPEC = "ASYNCQ_MUTATION_SPEC"
+ROOT = Path(__file__).resolve().parents[2]
+LUA = ROOT / "asyncq" / "_broker" / "lua"
+
+
+def committed(script: str) -> str:
+    """The script as git's HEAD has it."""
+    rel = (LUA / f"{script}.lua").relative_to(ROOT).as_posix()
+    return subprocess.run(
+        ["git", "show", f"HEAD:{rel}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
 
 
 def _swap(old: str, new: str) -> int:
@@ -48,12 +63,21 @@ def _swap(old: str, new: str) -> int:
     return changed
 
 
+def _pin_to_git() -> None:
+    """Load every script and make it git's copy (a file may differ on disk while the
+    package is edited); composed scripts hold the same text, so they follow."""
+    for path in sorted(LUA.glob("*.lua")):
+        loaded = load_script(LUA_PACKAGE, path.stem).source
+        text = committed(path.stem)
+        if loaded != text:
+            _swap(loaded, text)
+
+
 class _Loop:
     def __init__(self, session: pytest.Session, spec: dict[str, Any], server: RedisServer) -> None:
         self.session = session
         self.items: list[pytest.Item] = list(session.items)
-        self.path = Path(spec["path"])
-        self.original = self.path.read_text(encoding="utf-8")
+        self.original = committed(spec["script"])
         self.mutants: list[dict[str, Any]] = spec["mutants"]
         self.out = Path(spec["results"])
         self.server = server
@@ -108,12 +132,10 @@ class _Loop:
         for n, mutant in enumerate(self.mutants):
             source = mutant["source"]
             started = time.monotonic()
-            self.path.write_text(source, encoding="utf-8")
             swapped = _swap(self.original, source)
             try:
                 killer = self._run(self._order())
             finally:
-                self.path.write_text(self.original, encoding="utf-8")
                 _swap(source, self.original)
             if killer is not None:
                 if killer in self.killers:
@@ -153,6 +175,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     if not spec_path or _server is None:
         return None
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    _pin_to_git()
     _Loop(session, spec, _server).run()
     session._setupstate.teardown_exact(None)
     return True
