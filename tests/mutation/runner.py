@@ -90,11 +90,13 @@ class _Loop:
     def _run(self, order: list[pytest.Item]) -> pytest.Item | None:
         """Run *order* until a test fails; the failing test, or None."""
         for n, item in enumerate(order):
-            nextitem = order[n + 1] if n + 1 < len(order) else order[0]
+            # The last test (or a failing one) tears everything down: the next run may
+            # start with the same test, which must not find its own fixtures still set up.
+            nextitem = order[n + 1] if n + 1 < len(order) else None
             reports = runtestprotocol(item, log=False, nextitem=nextitem)
             if any(r.failed for r in reports):
-                # Tear down to where the next run starts, keeping the session's fixtures.
-                self.session._setupstate.teardown_exact(order[0])
+                if nextitem is not None:
+                    self.session._setupstate.teardown_exact(None)
                 return item
         return None
 
