@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -360,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{script}:{m.line} {m.kind} {m.description}")
         return 0
     results: list[Result] = []
+    # SIGTERM unwinds like Ctrl-C, so the pytest process of the script is stopped too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         for script in scripts:
             mutate_script(script, results, indices=args.indices, only=only, lines=lines)
