@@ -301,6 +301,19 @@ async def test_script_refuses_unique_key_outside_the_queue(redis: Redis) -> None
     assert not await redis.exists("pday", "ptotal")
 
 
+async def test_script_never_reads_a_unique_key_outside_the_queue(redis: Redis) -> None:
+    # Not even its type: the key may live in another slot, so a hash there refuses the
+    # task (-2), not the whole call, and the task beside it is acknowledged.
+    await redis.rpush(keys.active_key("default"), "s", "p")
+    await redis.zadd(keys.lease_key("default"), {"s": 1, "p": 1})
+    await redis.hset(keys.task_key("default", "p"), "msg", "m")
+    await redis.hset("elsewhere:lock", "x", "y")
+    assert await run_script(redis, "Dd", "s", "elsewhere:lock", "p") == [-2, 1]
+    assert await redis.lrange(keys.active_key("default"), 0, -1) == [b"s"]
+    assert await redis.hgetall("elsewhere:lock") == {b"x": b"y"}
+    assert await redis.get("ptotal") == b"1"
+
+
 async def test_script_rejects_arguments_not_matching_kinds(redis: Redis) -> None:
     with pytest.raises(ResponseError, match="do not match"):
         await run_script(redis, "dd", "a")

@@ -112,6 +112,18 @@ ACK_MANY = Call(
     [ACTIVE, LEASE, COMPLETED, PDAY, PTOTAL],
     [TP, Q, FAR, MAXI64, "dc", "a1", "a2", FAR, "msg"],
 )
+# A refused first task stays refused when a later one's lock checks out fine.
+ACK_MANY_LOCKED = Call(
+    "ack_many",
+    [ACTIVE, LEASE, COMPLETED, PDAY, PTOTAL],
+    [TP, Q, FAR, MAXI64, "cD", "a1", FAR, "msg", "a2", LOCK],
+)
+# A lock's argument is stepped over: the next task's hash is the one checked.
+ACK_MANY_LOCK_FIRST = Call(
+    "ack_many",
+    [ACTIVE, LEASE, COMPLETED, PDAY, PTOTAL],
+    [TP, Q, FAR, MAXI64, "Dc", "a2", LOCK, "a1", FAR, "msg"],
+)
 DEQUEUE = Call("dequeue_many", [PENDING, PAUSED, ACTIVE, LEASE], [FAR, TP, "5"])
 FORWARD = Call("forward", [SCHEDULED, PENDING, GROUPS], [NOW, TP, NOW + "000000000", GP])
 RUN = Call("inspect_run_task", [TP + "s1", PENDING, GROUPS], ["s1", Q, GP])
@@ -133,6 +145,9 @@ CASES: list[tuple[Call, Plant]] = [
     (RETRY_, wrong(FTOTAL, "hash")),
     (ARCHIVE, wrong(ARCHIVED, "set")),
     (ARCHIVE, wrong(FTOTAL, "string")),
+    (ARCHIVE, wrong(PDAY, "list")),
+    (ARCHIVE, wrong(FDAY, "hash")),
+    (ARCHIVE, wrong(PTOTAL, "set")),
     (UNDECODABLE, wrong(LEASE, "list")),
     (UNDECODABLE, wrong(FTOTAL, "list")),
     (REQUEUE, wrong(PENDING, "zset")),
@@ -140,6 +155,9 @@ CASES: list[tuple[Call, Plant]] = [
     (ACK_MANY, wrong(PTOTAL, "string")),
     (ACK_MANY, wrong(PDAY, "hash")),
     (ACK_MANY, wrong(TP + "a2", "list")),
+    (ACK_MANY_LOCKED, wrong(TP + "a1", "list")),
+    (ACK_MANY_LOCKED, wrong(LOCK, "hash")),
+    (ACK_MANY_LOCK_FIRST, wrong(TP + "a1", "zset")),
     (ACK_MANY, wrong(COMPLETED, "set")),
     (DEQUEUE, wrong(LEASE, "set")),
     (DEQUEUE, wrong(TP + "p1", "list")),

@@ -15,33 +15,34 @@ script under ``asyncq/_broker/lua/`` itself:
   block is skipped) and by ``true`` (it always runs);
 * ``logic``: ``and`` <-> ``or``, ``not`` removed.
 
-Each mutant is written over the script's file, the tests that exercise the script run
-in a subprocess (``pytest -x``, hypothesis profile ``mutation``: the default examples
-without shrinking), and the file is restored. The file itself is mutated, not a copy:
-the package is installed in editable mode and the scripts are read from it at import,
-by the test process and by every worker process it starts, so this is the one place
-every reader sees. The run refuses to start when a script differs from git's copy
-(a run killed with SIGKILL is the only way to leave one behind:
-``git checkout asyncq/_broker/lua`` undoes it), and restores the file on any other exit.
+Every mutant of a script runs in one pytest process (``tests/mutation/runner.py``):
+the tests that exercise the script (not the slow ones, hypothesis profile
+``mutation``: the default examples without shrinking) run once on git's copy of the
+script, then against each mutant, swapped into the loaded scripts, until the first
+failure. The files on disk are never written: mutants come from git's HEAD, so
+commit a script before mutating it, and runs of several scripts may go side by side.
 
-The report (``--report``, Markdown) lists per script the mutants killed, survived and
-timed out, then every survivor with its line, so each can be judged: a test to add,
+The report (``--report``, Markdown) lists per script the mutants killed and survived,
+then every survivor with its line, so each can be judged: a test to add,
 or an equivalent mutant (its reason written beside it in the note).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
+
+from tests.mutation.runner import SPEC, committed
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA = ROOT / "asyncq" / "_broker" / "lua"
@@ -66,12 +67,14 @@ BROKER_TESTS = (
     "tests/test_dequeue_edges.py",
     "tests/test_script_no_partial_write.py",
     "tests/test_model_state_machine.py",
+    "tests/test_lua_boundaries.py",
 )
 INSPECTOR_TESTS = (
     "tests/test_inspector.py",
     "tests/test_inspector_broker.py",
     "tests/test_script_no_partial_write.py",
     "tests/test_model_state_machine.py",
+    "tests/test_lua_boundaries.py",
 )
 MULTI_TESTS = (
     *BROKER_TESTS,
@@ -217,62 +220,9 @@ def mutants(script: str, source: str, *, indices: bool = False) -> list[Mutant]:
 @dataclass
 class Result:
     mutant: Mutant
-    outcome: str  # killed, survived, timeout
+    outcome: str  # killed, survived
+    killer: str | None  # the test that failed first
     seconds: float
-
-
-def run_tests(tests: tuple[str, ...], timeout: float) -> str:
-    cmd = [
-        sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider",
-        "-m", "not slow", "--timeout", "120", *tests,
-    ]  # fmt: skip
-    env = {**os.environ, "ASYNCQ_HYPOTHESIS_PROFILE": "mutation"}
-    try:
-        proc = subprocess.run(
-            cmd, cwd=ROOT, env=env, capture_output=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return "timeout"
-    if proc.returncode == 0:
-        return "survived"
-    if proc.returncode == 1:
-        return "killed"
-    tail = (proc.stdout + proc.stderr).decode(errors="replace")[-2000:]
-    raise RuntimeError(f"pytest exited with {proc.returncode}:\n{tail}")
-
-
-def _check_clean(paths: list[Path]) -> None:
-    rel = [str(p.relative_to(ROOT)) for p in paths]
-    proc = subprocess.run(["git", "diff", "--quiet", "--", *rel], cwd=ROOT, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(
-            "a Lua script differs from git's copy (a mutant left by a killed run?); "
-            "commit it or run `git checkout asyncq/_broker/lua` first"
-        )
-
-
-class _Restore:
-    """Puts the script back on exit, SIGTERM and SIGINT included."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.original = path.read_text(encoding="utf-8")
-
-    def __enter__(self) -> _Restore:
-        self._old = {s: signal.signal(s, self._signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        return self
-
-    def _signal(self, signum: int, frame: FrameType | None) -> None:
-        self.restore()
-        raise SystemExit(128 + signum)
-
-    def restore(self) -> None:
-        self.path.write_text(self.original, encoding="utf-8")
-
-    def __exit__(self, *exc: object) -> None:
-        self.restore()
-        for s, handler in self._old.items():
-            signal.signal(s, handler)
 
 
 def mutate_script(
@@ -280,53 +230,94 @@ def mutate_script(
     results: list[Result],
     *,
     indices: bool,
-    timeout: float,
     only: set[str] | None,
+    lines: set[int] | None = None,
     log: bool = True,
 ) -> None:
-    """Run every mutant of *script*, appending each outcome to *results* as it comes
-    (so an interrupted run still reports what it finished)."""
-    path = LUA / f"{script}.lua"
-    tests = tests_for(script)
-    with _Restore(path) as restore:
-        if run_tests(tests, timeout) != "survived":
-            raise SystemExit(f"the tests for {script} fail on the unmutated script: {tests}")
-        for mutant in mutants(script, restore.original, indices=indices):
-            if only and mutant.kind not in only:
-                continue
-            path.write_text(mutant.source, encoding="utf-8")
-            started = time.monotonic()
-            try:
-                outcome = run_tests(tests, timeout)
-            finally:
-                restore.restore()
-            result = Result(mutant, outcome, time.monotonic() - started)
-            results.append(result)
-            if log:
-                print(
-                    f"{script}:{mutant.line} {mutant.kind} {mutant.description}: "
-                    f"{outcome} ({result.seconds:.0f}s)",
-                    flush=True,
-                )
+    """Run every mutant of *script* in one pytest process (tests/mutation/runner.py),
+    appending each outcome to *results* as it comes (so an interrupted run still reports
+    what it finished)."""
+    original = committed(script)
+    todo = [
+        m
+        for m in mutants(script, original, indices=indices)
+        if (not only or m.kind in only) and (not lines or m.line in lines)
+    ]
+    with tempfile.TemporaryDirectory(prefix="asyncq-mutation-") as tmp:
+        spec = Path(tmp) / "spec.json"
+        out = Path(tmp) / "results.jsonl"
+        spec.write_text(
+            json.dumps(
+                {
+                    "script": script,
+                    "results": str(out),
+                    "mutants": [{"source": m.source} for m in todo],
+                }
+            ),
+            encoding="utf-8",
+        )
+        cmd = [
+            sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+            "-p", "no:randomly", "-p", "tests.mutation.runner", "-m", "not slow",
+            "--timeout", "120", *tests_for(script),
+        ]  # fmt: skip
+        env = {**os.environ, SPEC: str(spec), "ASYNCQ_HYPOTHESIS_PROFILE": "mutation"}
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        seen = 0
+        try:
+            while True:
+                done = proc.poll() is not None
+                lines = out.read_text(encoding="utf-8").splitlines() if out.exists() else []
+                for line in lines[seen:]:
+                    record = json.loads(line)
+                    if record.get("baseline") == "failed":
+                        raise SystemExit(
+                            f"the tests for {script} fail on the unmutated script: {record['test']}"
+                        )
+                    if "index" not in record:
+                        continue
+                    if record["scripts"] == 0:
+                        raise SystemExit(f"no loaded script holds {script}.lua")
+                    mutant = todo[record["index"]]
+                    result = Result(mutant, record["outcome"], record["killer"], record["seconds"])
+                    results.append(result)
+                    if log:
+                        print(
+                            f"{script}:{mutant.line} {mutant.kind} {mutant.description}: "
+                            f"{result.outcome} ({result.seconds:.0f}s)"
+                            + (f" by {result.killer}" if result.killer else ""),
+                            flush=True,
+                        )
+                seen = len(lines)
+                if done:
+                    break
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+            output = proc.communicate()[0]
+        if seen == 0 or proc.returncode not in (0, 1, 5):
+            tail = output.decode(errors="replace")[-3000:]
+            raise SystemExit(f"pytest exited with {proc.returncode} for {script}:\n{tail}")
 
 
 def report(results: list[Result], scripts: list[str]) -> str:
     lines = [
         "# Lua mutation report",
         "",
-        "| script | mutants | killed | timeout | survived | killed % |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| script | mutants | killed | survived | killed % |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
     for script in scripts:
         mine = [r for r in results if r.mutant.script == script]
         if not mine:
             continue
         killed = sum(r.outcome == "killed" for r in mine)
-        timeouts = sum(r.outcome == "timeout" for r in mine)
-        survived = sum(r.outcome == "survived" for r in mine)
-        share = 100 * (killed + timeouts) / len(mine)
+        survived = len(mine) - killed
         lines.append(
-            f"| {script} | {len(mine)} | {killed} | {timeouts} | {survived} | {share:.0f} |"
+            f"| {script} | {len(mine)} | {killed} | {survived} | {100 * killed / len(mine):.0f} |"
         )
     survivors = [r for r in results if r.outcome == "survived"]
     if survivors:
@@ -345,8 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--all", action="store_true", help="every script under asyncq/_broker/lua")
     parser.add_argument("--kinds", help="comma-separated mutant kinds to run (default: all)")
+    parser.add_argument(
+        "--lines", help="comma-separated line numbers to mutate (re-checking survivors)"
+    )
     parser.add_argument("--indices", action="store_true", help="mutate KEYS/ARGV indices too")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant run")
     parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")
     parser.add_argument(
         "--report", type=Path, default=ROOT / "lua-mutation-report.md", help="Markdown report"
@@ -360,18 +353,19 @@ def main(argv: list[str] | None = None) -> int:
         if not (LUA / f"{script}.lua").is_file():
             parser.error(f"no script {script!r} under {LUA}")
     only = set(args.kinds.split(",")) if args.kinds else None
+    lines = {int(n) for n in args.lines.split(",")} if args.lines else None
     if args.list:
         for script in scripts:
-            source = (LUA / f"{script}.lua").read_text(encoding="utf-8")
-            for m in mutants(script, source, indices=args.indices):
-                if not only or m.kind in only:
+            for m in mutants(script, committed(script), indices=args.indices):
+                if (not only or m.kind in only) and (not lines or m.line in lines):
                     print(f"{script}:{m.line} {m.kind} {m.description}")
         return 0
-    _check_clean([LUA / f"{s}.lua" for s in scripts])
     results: list[Result] = []
+    # SIGTERM unwinds like Ctrl-C, so the pytest process of the script is stopped too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         for script in scripts:
-            mutate_script(script, results, indices=args.indices, timeout=args.timeout, only=only)
+            mutate_script(script, results, indices=args.indices, only=only, lines=lines)
     finally:
         args.report.write_text(report(results, scripts), encoding="utf-8")
         print(f"report: {args.report}")

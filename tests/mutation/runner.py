@@ -1,0 +1,183 @@
+"""The pytest side of the Lua mutation run: every mutant of one script in one pytest process.
+
+``tests/mutation/lua.py`` starts ``pytest -p tests.mutation.runner`` with
+``ASYNCQ_MUTATION_SPEC`` naming a JSON file (the script's name, its mutants, where
+to write the outcomes). This plugin replaces the test loop: it runs the collected
+tests once on the unmutated script, then for each mutant swaps it into every loaded
+:class:`~asyncq._redis.scripts.Script` whose source holds the script (the broker's
+module-level scripts and the ones composed of several files), runs the tests until
+the first failure and swaps the script back. Starting pytest, importing the package
+and collecting the tests once per script instead of once per mutant is most of the
+time a run takes.
+
+The file on disk is never written, so runs of several scripts may go side by side;
+the scripts this process loads are pinned to git's committed copy. The tests run are
+the ones not marked slow, none of which starts a process that would read the file.
+
+The tests that killed earlier mutants run first: a mutant is usually killed by a
+test that killed one of its neighbours, so a killed mutant costs a few tests and a
+survivor the whole selection. One outcome per line goes to the results file as it
+comes, so the parent reports what finished even when the run is interrupted.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as sync_redis
+from _pytest.runner import runtestprotocol
+
+from asyncq._broker._base import LUA_PACKAGE
+from asyncq._redis.scripts import Script, load_script
+from tests.redis_server import RedisServer
+
+SPEC = "ASYNCQ_MUTATION_SPEC"
+ROOT = Path(__file__).resolve().parents[2]
+LUA = ROOT / "asyncq" / "_broker" / "lua"
+
+
+def committed(script: str) -> str:
+    """The script as git's HEAD has it."""
+    rel = (LUA / f"{script}.lua").relative_to(ROOT).as_posix()
+    return subprocess.run(
+        ["git", "show", f"HEAD:{rel}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def _swap(old: str, new: str) -> int:
+    """Put *new* in place of *old* in every loaded script's source; how many changed."""
+    changed = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, Script) and old in obj.source:
+            obj.__init__(  # type: ignore[misc]
+                obj.name, obj.source.replace(old, new), allow_oom=obj.flagged_source is not None
+            )
+            changed += 1
+    return changed
+
+
+def _pin_to_git() -> None:
+    """Load every script and make it git's copy (a file may differ on disk while the
+    package is edited); composed scripts hold the same text, so they follow."""
+    for path in sorted(LUA.glob("*.lua")):
+        loaded = load_script(LUA_PACKAGE, path.stem).source
+        text = committed(path.stem)
+        if loaded != text:
+            _swap(loaded, text)
+
+
+class _Loop:
+    def __init__(self, session: pytest.Session, spec: dict[str, Any], server: RedisServer) -> None:
+        self.session = session
+        self.items: list[pytest.Item] = list(session.items)
+        self.original = committed(spec["script"])
+        self.mutants: list[dict[str, Any]] = spec["mutants"]
+        self.out = Path(spec["results"])
+        self.server = server
+        self.killers: list[pytest.Item] = []
+
+    def _order(self) -> list[pytest.Item]:
+        first = [i for i in reversed(self.killers)]
+        return first + [i for i in self.items if i not in first]
+
+    def _run(self, order: list[pytest.Item]) -> pytest.Item | None:
+        """Run *order* until a test fails; the failing test, or None."""
+        for n, item in enumerate(order):
+            # The last test (or a failing one) tears everything down: the next run may
+            # start with the same test, which must not find its own fixtures still set up.
+            nextitem = order[n + 1] if n + 1 < len(order) else None
+            reports = runtestprotocol(item, log=False, nextitem=nextitem)
+            if any(r.failed for r in reports):
+                if nextitem is not None:
+                    self.session._setupstate.teardown_exact(None)
+                return item
+        return None
+
+    def _heal_server(self) -> None:
+        """A mutant may leave a script running forever (Redis answers BUSY to everyone)."""
+        client = sync_redis.Redis.from_url(self.server.url, socket_timeout=5)
+        try:
+            try:
+                client.ping()
+                return
+            except sync_redis.exceptions.BusyLoadingError:
+                pass
+            except sync_redis.exceptions.ResponseError:
+                pass
+            try:
+                client.script_kill()
+                client.ping()
+                return
+            except sync_redis.exceptions.RedisError:
+                pass
+        finally:
+            client.close()
+        self.server.restart()
+
+    def _write(self, record: dict[str, Any]) -> None:
+        with self.out.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def run(self) -> None:
+        failed = self._run(self.items)
+        if failed is not None:
+            self._write({"baseline": "failed", "test": failed.nodeid})
+            return
+        self._write({"baseline": "passed", "tests": len(self.items)})
+        for n, mutant in enumerate(self.mutants):
+            source = mutant["source"]
+            started = time.monotonic()
+            swapped = _swap(self.original, source)
+            try:
+                killer = self._run(self._order())
+            finally:
+                _swap(source, self.original)
+            if killer is not None:
+                if killer in self.killers:
+                    self.killers.remove(killer)
+                self.killers.append(killer)
+                self._heal_server()
+            self._write(
+                {
+                    "index": n,
+                    "outcome": "survived" if killer is None else "killed",
+                    "killer": None if killer is None else killer.nodeid,
+                    "scripts": swapped,
+                    "seconds": time.monotonic() - started,
+                }
+            )
+
+
+_server: RedisServer | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _server
+    if os.environ.get(SPEC):
+        # The tests' own server, so that a mutant's endless script can be killed.
+        _server = RedisServer().start()
+        os.environ["ASYNCQ_TEST_REDIS_URL"] = _server.url
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _server is not None:
+        _server.cleanup()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    spec_path = os.environ.get(SPEC)
+    if not spec_path or _server is None:
+        return None
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    _pin_to_git()
+    _Loop(session, spec, _server).run()
+    session._setupstate.teardown_exact(None)
+    return True
