@@ -35,7 +35,7 @@ import redis as sync_redis
 from _pytest.runner import runtestprotocol
 
 from asyncq._broker._base import LUA_PACKAGE
-from asyncq._redis.scripts import Script, load_script
+from asyncq._redis.scripts import Script, expand_includes, load_script
 from tests.redis_server import RedisServer
 
 SPEC = "ASYNCQ_MUTATION_SPEC"
@@ -49,6 +49,12 @@ def committed(script: str) -> str:
     return subprocess.run(
         ["git", "show", f"HEAD:{rel}"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
+
+
+def as_run(script: str, text: str) -> str:
+    """*text* (the file ``script.lua`` or a mutant of it) as Redis runs it: its
+    ``-- include:`` lines expanded, since the loaded scripts hold the expanded text."""
+    return expand_includes(text, f"lua/{script}.lua", LUA / "_lib")
 
 
 def _swap(old: str, new: str) -> int:
@@ -68,7 +74,7 @@ def _pin_to_git() -> None:
     package is edited); composed scripts hold the same text, so they follow."""
     for path in sorted(LUA.glob("*.lua")):
         loaded = load_script(LUA_PACKAGE, path.stem).source
-        text = committed(path.stem)
+        text = as_run(path.stem, committed(path.stem))
         if loaded != text:
             _swap(loaded, text)
 
@@ -77,7 +83,8 @@ class _Loop:
     def __init__(self, session: pytest.Session, spec: dict[str, Any], server: RedisServer) -> None:
         self.session = session
         self.items: list[pytest.Item] = list(session.items)
-        self.original = committed(spec["script"])
+        self.script: str = spec["script"]
+        self.original = as_run(self.script, committed(self.script))
         self.mutants: list[dict[str, Any]] = spec["mutants"]
         self.out = Path(spec["results"])
         self.server = server
@@ -132,7 +139,7 @@ class _Loop:
             return
         self._write({"baseline": "passed", "tests": len(self.items)})
         for n, mutant in enumerate(self.mutants):
-            source = mutant["source"]
+            source = as_run(self.script, mutant["source"])
             started = time.monotonic()
             swapped = _swap(self.original, source)
             try:
