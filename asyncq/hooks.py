@@ -49,6 +49,24 @@ class WorkerHooks(Protocol):
         """The event loop was blocked for *seconds* (beyond the stall threshold)."""
         ...
 
+    def task_finished(
+        self,
+        queue: str,
+        task_type: str,
+        task_id: str,
+        outcome: str,
+        *,
+        error: str,
+        exc: BaseException | None,
+    ) -> None:
+        """An attempt's outcome is decided and about to be written.
+
+        *outcome*: ``done``, ``complete``, ``revoke``, ``retry``, ``archive``
+        or ``lost`` (the lease ran out: nothing written); *error* the error
+        message stored with a retry or archive; *exc* what the handler raised.
+        """
+        ...
+
 
 class NoWorkerHooks:
     """The hooks of a server without an observer: every call does nothing.
@@ -77,6 +95,18 @@ class NoWorkerHooks:
         return None
 
     def loop_stalled(self, seconds: float) -> None:
+        return None
+
+    def task_finished(
+        self,
+        queue: str,
+        task_type: str,
+        task_id: str,
+        outcome: str,
+        *,
+        error: str,
+        exc: BaseException | None,
+    ) -> None:
         return None
 
 

@@ -87,9 +87,11 @@ from asyncq._worker.syncer import Syncer
 from asyncq._worker.watchdog import Watchdog
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
+from asyncq.events import EventHooks, EventLog, QueueFilter
 from asyncq.hooks import NO_HOOKS, WorkerHooks
 from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
+from asyncq.progress import ProgressWriter
 from asyncq.results import CompletionNotifier
 from asyncq.task import Task, TaskInfo
 
@@ -229,6 +231,9 @@ class Server:
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
     - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
       ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
+    - ``events``: write task events (started, progress, succeeded, failed, ...)
+      to the event stream (:mod:`asyncq.events`) for every queue (True) or
+      the listed queue names and patterns; off by default (docs/events.md).
     - ``min_replicas`` (0 = off) and ``replica_timeout`` (1 s): a finished
       attempt's outcome (done, completed, retry, archive) counts only once that
       many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is
@@ -276,6 +281,7 @@ class Server:
         queue_refresh_interval: timedelta = timedelta(seconds=1),
         logger: Any = None,
         metrics: WorkerHooks | None = None,
+        events: bool | Sequence[str] = False,
         min_replicas: int = 0,
         replica_timeout: timedelta = timedelta(seconds=1),
         lifespan: Lifespan | None = None,
@@ -370,17 +376,23 @@ class Server:
         )
         self.log: Any = logger if logger is not None else get_logger()
         self.metrics = metrics
-        self._hooks = NO_HOOKS if metrics is None else metrics
+        self._hooks: WorkerHooks = NO_HOOKS if metrics is None else metrics
         if janitor_batch_size > 100:
             self.log.warning(
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
                 janitor_batch_size=janitor_batch_size,
             )
+        event_queues = QueueFilter(events)
         self._independent_target = independent_target(redis)
         self._announce_signals = True
         self._where = describe_target(redis)
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
+        self._events: EventLog | None = None
+        if event_queues.enabled:
+            self._events = EventLog(self.redis, event_queues)
+            self._hooks = EventHooks(self._hooks, self._events)
+        self._progress = ProgressWriter(self.redis, self._events)
         self.broker = Broker(
             self.redis,
             lease_duration=lease,
@@ -466,7 +478,7 @@ class Server:
         if self._lifespan is not None:
             state = await self._lifespan_stack.enter_async_context(self._lifespan())
             context.run(state_var.set, state)
-        fn = self._hooks.instrument(fn)
+        fn = self._progress.wrap(self._hooks.instrument(fn))
         self._hooks.attach()
         cfg = self.config
         watcher: QueueWatcher | None = None
@@ -647,6 +659,9 @@ class Server:
             if self._enqueuer is not None:
                 await self._enqueuer.aclose()  # shared connection: closed just below
             self._hooks.detach()
+            await self._progress.aclose()  # the last reports, before the connection goes
+            if self._events is not None:
+                await self._events.aclose()
             try:
                 await self._lifespan_stack.aclose()
             except Exception as exc:

@@ -79,6 +79,7 @@ EVERY_OPTION: WorkerOptions = {
     "queue_refresh_interval": timedelta(seconds=2),
     "logger": object(),
     "metrics": cast(WorkerHooks, object()),
+    "events": ["default"],
     "min_replicas": 1,
     "replica_timeout": timedelta(seconds=2),
 }
