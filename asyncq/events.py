@@ -289,7 +289,7 @@ def _wanted(values: Collection[str] | None, name: str) -> frozenset[str] | None:
     return frozenset(values)
 
 
-async def read_events(
+def read_events(
     redis: RedisClient,
     *,
     queues: Collection[str] | None = None,
@@ -302,20 +302,29 @@ async def read_events(
     """Yield events after *since*, waiting for new ones (XREAD BLOCK) without end.
 
     *queues*, *types* (task types) and *kinds* (:data:`EVENT_KINDS`) filter
-    what is yielded (None: all).
+    what is yielded (None: all). Bad filters or *since* raise here, not at
+    the first iteration.
     """
-    want_queues = _wanted(queues, "queues")
-    want_types = _wanted(types, "types")
     want_kinds = _wanted(kinds, "kinds")
     if want_kinds is not None:
         unknown = sorted(want_kinds - set(EVENT_KINDS))
         if unknown:
             raise ValueError(f"unknown event kinds {unknown}; expected some of {list(EVENT_KINDS)}")
-    last = stream_id(since)
+    wanted = (_wanted(queues, "queues"), _wanted(types, "types"), want_kinds)
+    return _read(redis, wanted, stream_id(since), max(1, int(block * 1000)), batch)
+
+
+async def _read(
+    redis: RedisClient,
+    wanted: tuple[frozenset[str] | None, frozenset[str] | None, frozenset[str] | None],
+    last: str,
+    block_ms: int,
+    batch: int,
+) -> AsyncIterator[Event]:
+    want_queues, want_types, want_kinds = wanted
     if last == "$":  # pin "now" so that a reconnect does not skip what came meanwhile
         info: Any = await redis.xrevrange(EVENTS_KEY, count=1)
         last = _text(info[0][0]) if info else "0"
-    block_ms = max(1, int(block * 1000))
     while True:
         reply: Any = await redis.xread({EVENTS_KEY: last}, count=batch, block=block_ms)
         for _stream, entries in reply or ():

@@ -36,7 +36,6 @@ import contextlib
 import contextvars
 import json
 import math
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import timedelta
@@ -164,6 +163,7 @@ class ProgressWriter:
         self._redis = redis
         self._events = events
         self._reporters: dict[str, _Reporter] = {}
+        self._running: set[str] = set()  # IDs of the tasks whose handler runs now
         self._sending: set[asyncio.Future[None]] = set()
         self._last: dict[str, asyncio.Future[None]] = {}  # per task: its latest write
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -171,32 +171,40 @@ class ProgressWriter:
     def wrap(self, handler: Handler) -> Handler:
         """*handler* with :func:`progress` available to it."""
 
+        running = self._running
+
         async def reporting(task: Task) -> None:
             token = _current.set((self, task))
+            task_id = task.id or ""
+            running.add(task_id)
             ok = False
             try:
                 await handler(task)
                 ok = True
             finally:
                 _current.reset(token)
-                if task.id is not None and task.id in self._reporters:
+                running.discard(task_id)
+                if task_id in self._reporters:
                     self._finished(task, ok)
 
         return reporting
 
     def report(self, task: Task, fraction: float, message: str) -> None:
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        if threading.get_ident() != getattr(loop, "_thread_id", None):
-            loop.call_soon_threadsafe(self._report, task, fraction, message)
-        else:
-            self._report(task, fraction, message)
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:  # a thread of the handler's (asyncio.to_thread)
+            if self._loop is None:
+                raise RuntimeError("asyncq.progress() found no running worker") from None
+            self._loop.call_soon_threadsafe(self._report, task, fraction, message)
+            return
+        self._report(task, fraction, message)
 
     def _report(self, task: Task, fraction: float, message: str) -> None:
         assert task.id is not None and self._loop is not None
         reporter = self._reporters.get(task.id)
         if reporter is None:
+            if task.id not in self._running:
+                return  # from a thread, after the handler returned: the final value is written
             reporter = self._reporters[task.id] = _Reporter(self, task, self._loop)
         reporter.report(fraction, message)
 
@@ -215,6 +223,12 @@ class ProgressWriter:
             reporter.flush(final)
 
     def write(self, task: Task, value: tuple[float, str, float], final_ttl: float | None) -> None:
+        if self._events is not None and task.id is not None and task.queue is not None:
+            # Queued now, so it precedes the task's outcome event in the stream.
+            fraction, message, _ = value
+            self._events.add(
+                "progress", task.queue, task.type, task.id, fraction=repr(fraction), message=message
+            )
         self._send(task, self._write(task, value, final_ttl))
 
     def _send(self, task: Task, write: Coroutine[Any, Any, None]) -> None:
@@ -272,11 +286,6 @@ class ProgressWriter:
             await pipe.execute()
         except Exception as exc:
             log.debug("progress not written", task_id=task.id, error=str(exc))
-        if self._events is not None:
-            self._events.add(
-                "progress", task.queue, task.type, task.id,
-                fraction=repr(fraction), message=message,
-            )  # fmt: skip
 
     async def _expire(self, task: Task, ttl: float) -> None:
         assert task.id is not None and task.queue is not None
