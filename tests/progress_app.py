@@ -26,7 +26,8 @@ app = App(os.environ.get(URL_ENV, "redis://127.0.0.1:1/0"), events=True)
 async def _gate(task_id: str) -> None:
     redis = Redis.from_url(str(app.redis))
     try:
-        await redis.blpop([GATE + task_id], timeout=0)  # type: ignore[misc]
+        while not await redis.blpop([GATE + task_id], timeout=1):  # type: ignore[misc]
+            pass
     finally:
         await redis.aclose()
 

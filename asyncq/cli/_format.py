@@ -297,6 +297,11 @@ def task_text(t: TaskInfo) -> str:
         ("Timeout", format_duration(t.timeout) if t.timeout else "-"),
         ("Deadline", format_time(t.deadline)),
     ]
+    if t.progress is not None:
+        p = t.progress
+        bar = "#" * round(p.fraction * 20)
+        text = f"[{bar.ljust(20, '.')}] {p.percent}% {p.message}".rstrip()
+        lines.append(("Progress", f"{text} ({relative(p.updated_at, now)})"))
     if t.group:
         lines.append(("Group", t.group))
     if t.next_process_at is not None:
