@@ -158,3 +158,21 @@ def test_bad_arguments_are_refused() -> None:
         client.events(since="yesterday")
     with pytest.raises(ValueError, match="unknown event kinds"):
         client.events(kinds=["done"])
+
+
+async def test_cli_tail_prints_events(redis: Redis, redis_url: str) -> None:
+    from click.testing import CliRunner
+
+    from asyncq.cli import main
+
+    log = EventLog(redis, QueueFilter(True))
+    log.add("started", "default", "email", "t-1")
+    log.add("failed", "default", "email", "t-1", error="SMTP down")
+    await log.aclose()
+    args = ["-u", redis_url, "events", "tail", "--since", "0", "-n", "2"]
+    result = await asyncio.to_thread(CliRunner().invoke, main, args)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 2
+    assert "started" in lines[0] and "t-1" in lines[0]
+    assert "failed" in lines[1] and lines[1].endswith("SMTP down")

@@ -212,3 +212,21 @@ async def test_progress_across_processes_leaves_go_bytes_unchanged(
         async with asyncio.timeout(30):
             _, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
+
+
+def test_cli_and_dash_show_progress() -> None:
+    from datetime import UTC, datetime
+
+    from asyncq.cli._format import task_rows, task_text
+    from asyncq.task import TaskInfo
+
+    now = datetime.now(UTC)
+    info = TaskInfo(
+        id="t1", queue="default", type="import", payload=b"", state=TaskState.ACTIVE,
+        max_retry=3, retried=0, last_error="", last_failed_at=None, timeout=None,
+        deadline=None, group="", next_process_at=None, retention=None, completed_at=None,
+        result=None, progress=TaskProgress(0.4, "rows 400/1000", now),
+    )  # fmt: skip
+    headers, rows = task_rows(TaskState.ACTIVE, [info], now)
+    assert rows[0][headers.index("Progress")] == "40% rows 400/1000"
+    assert "Progress:" in task_text(info) and "40% rows 400/1000" in task_text(info)
