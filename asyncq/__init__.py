@@ -40,6 +40,7 @@ from asyncq.errors import (
     TaskNotFoundError,
     UnsupportedServerError,
 )
+from asyncq.events import Event
 from asyncq.hooks import WorkerHooks
 from asyncq.inspector import (
     ArchiveReport,
@@ -61,13 +62,14 @@ from asyncq.inspector import (
 from asyncq.lifespan import lifespan_state
 from asyncq.mux import Handler, Middleware, ServeMux
 from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
+from asyncq.progress import progress
 from asyncq.result import ResultWriteError
 from asyncq.results import TaskFailedError
 from asyncq.retry import EnqueueRetryError, RetryPolicy
 from asyncq.scheduler import EntryNotFoundError, Scheduler
 from asyncq.server import Server, ServerStats
 from asyncq.sync import SyncClient, SyncTaskHandle
-from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
+from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskProgress, TaskState
 from asyncq.workflow import (
     Group,
     Pipe,
@@ -108,6 +110,7 @@ __all__ = [
     "ErrorGroup",
     "ErrorGroupResult",
     "ErrorReport",
+    "Event",
     "FailedPreconditionError",
     "Group",
     "GroupAggregator",
@@ -159,6 +162,7 @@ __all__ = [
     "TaskInfo",
     "TaskNotFoundError",
     "TaskOptions",
+    "TaskProgress",
     "TaskResultError",
     "TaskState",
     "TypeRateInfo",
@@ -182,6 +186,7 @@ __all__ = [
     "group_results",
     "lifespan_state",
     "parse_redis_uri",
+    "progress",
     "typed_group",
 ]
 

@@ -56,7 +56,7 @@ from asyncq.mux import ServeMux, sync_limiter
 from asyncq.results import DEFAULT_POLL_INTERVAL, TaskFailedError
 from asyncq.scheduler import Scheduler
 from asyncq.server import ErrorHandler, HealthCheck, IsFailure, RetryDelay, Server
-from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskState
+from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskProgress, TaskState
 from asyncq.workflow import BoundTask, Pipe, TypedSignature
 
 __all__ = [
@@ -124,6 +124,7 @@ class WorkerOptions(TypedDict, total=False):
     logger: Any
     metrics: WorkerHooks | None
     metrics_history: bool | timedelta
+    events: bool | Sequence[str]
     min_replicas: int
     replica_timeout: timedelta
     intervals: Intervals | None
@@ -252,6 +253,17 @@ class TaskHandle(Generic[R]):
                 delay = min(cap, delay * 2)
                 continue
             return cast(R, self._codec.decode(info.result))
+
+    def progress(
+        self, *, poll_interval: timedelta = DEFAULT_POLL_INTERVAL
+    ) -> AsyncIterator[TaskProgress]:
+        """Stream the task's progress (``async for update in handle.progress()``).
+
+        See :meth:`asyncq.Client.progress`; ends when the task is finished.
+        """
+        if self._client is None:
+            raise RuntimeError("an eagerly run task reports no progress")
+        return self._client.progress(self.id, queue=self.queue, poll_interval=poll_interval)
 
     def __repr__(self) -> str:
         return f"<TaskHandle id={self.id!r} queue={self.queue!r}>"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,12 +22,15 @@ from asyncq._compose import (
     compose,
     info_of,
 )
+from asyncq._keys import task_key
 from asyncq._logging import LazyLogger, is_debug_enabled
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisClient, RedisTarget
+from asyncq.events import Event, EventLog, QueueFilter, read_events
+from asyncq.progress import watch_progress
 from asyncq.results import DEFAULT_POLL_INTERVAL, ResultWaiter, seconds
 from asyncq.retry import DEFAULT_RETRY, RetryPolicy, Written, is_retryable, write_with_retry
-from asyncq.task import EnqueueOptions, Task, TaskInfo
+from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskProgress, TaskState
 
 __all__ = ["DEFAULT_MAX_RETRY", "DEFAULT_QUEUE", "DEFAULT_TIMEOUT", "Client"]
 
@@ -60,9 +63,22 @@ class Client:
     (1 s); fewer raises :class:`~asyncq.errors.ReplicationTimeoutError`,
     whose ``written`` is True: the task is on the master, only not yet known
     to survive a failover. Not available on Redis Cluster.
+
+    ``events=True`` (or a list of queue names and patterns) writes an
+    ``enqueued`` event to the event stream for each task enqueued into those
+    queues (see :meth:`events` and :mod:`asyncq.events`).
     """
 
-    __slots__ = ("_closed", "_conn", "_owns_conn", "_templates", "_waiter", "broker", "retry")
+    __slots__ = (
+        "_closed",
+        "_conn",
+        "_events",
+        "_owns_conn",
+        "_templates",
+        "_waiter",
+        "broker",
+        "retry",
+    )
 
     def __init__(
         self,
@@ -71,11 +87,13 @@ class Client:
         retry: RetryPolicy | None = DEFAULT_RETRY,
         min_replicas: int = 0,
         replica_timeout: timedelta = timedelta(seconds=1),
+        events: bool | Sequence[str] = False,
     ) -> None:
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy or None, got {retry.__class__.__name__}")
         self.retry = retry
         timeout = replica_wait_seconds(min_replicas, replica_timeout)
+        event_queues = QueueFilter(events)
         if isinstance(redis, Connection):
             if redis.closed:
                 raise RuntimeError("the connection is closed")
@@ -91,6 +109,7 @@ class Client:
             min_replicas=min_replicas,
             replica_timeout=timeout,
         )
+        self._events = EventLog(self.redis, event_queues) if event_queues.enabled else None
 
     @property
     def redis(self) -> RedisClient:
@@ -116,6 +135,8 @@ class Client:
     async def aclose(self) -> None:
         """Close the connection if this client made it (a shared one stays open); idempotent."""
         self._closed = True
+        if self._events is not None:
+            await self._events.aclose()
         if self._waiter is not None:
             await self._waiter.aclose()
         if self._owns_conn:
@@ -192,6 +213,8 @@ class Client:
                 queue=queue,
                 state="pending",
             )
+        if self._events is not None:
+            self._events.add("enqueued", queue, plain.task_type, task_id)
         return plain.info(now)
 
     async def _enqueue_composed(
@@ -225,6 +248,8 @@ class Client:
                 queue=msg.queue,
                 state=c.state.value,
             )
+        if self._events is not None:
+            self._events.add("enqueued", msg.queue, msg.type, msg.id)
         return info_of(c, now)
 
     async def wait(
@@ -252,6 +277,56 @@ class Client:
         if self._waiter is None:
             self._waiter = ResultWaiter(self.redis)
         return await self._waiter.wait(task_id, queue, timeout=limit, poll_interval=poll)
+
+    def progress(
+        self,
+        task_id: str,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
+    ) -> AsyncIterator[TaskProgress]:
+        """Stream the task's progress: ``async for update in client.progress(task_id)``.
+
+        Yields the stored progress first, then each update the handler
+        reports (pushed over Pub/Sub, see :mod:`asyncq.progress`); ends when
+        the task is completed, archived or gone (checked on its completion
+        notification and every *poll_interval*).
+        """
+        self._check_open()
+        poll = seconds(poll_interval, "poll_interval")
+        if not poll:
+            raise ValueError("poll_interval must be positive")
+        redis = self.redis
+
+        async def state() -> TaskState | None:
+            raw = await redis.hget(task_key(queue, task_id), "state")
+            if raw is None:
+                return None
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            return TaskState(text) if text in TaskState._value2member_map_ else None
+
+        return watch_progress(redis, queue, task_id, state=state, poll_interval=poll)
+
+    def events(
+        self,
+        *,
+        queues: Collection[str] | None = None,
+        types: Collection[str] | None = None,
+        kinds: Collection[str] | None = None,
+        since: str | datetime | None = None,
+    ) -> AsyncIterator[Event]:
+        """Stream task events: ``async for event in client.events(queues=["emails"])``.
+
+        Filters: *queues*, *types* (task types), *kinds* (``enqueued``,
+        ``started``, ``progress``, ``succeeded``, ``failed``, ``cancelled``,
+        ``retried``, ``archived``); None means all. *since*: None for only new
+        events, an :attr:`Event.id` to resume after it, ``"0"`` for the oldest
+        kept, or an aware datetime. It never ends by itself; each caller reads
+        the stream independently. Only queues whose servers (and clients)
+        have ``events=`` on produce events: see :mod:`asyncq.events`.
+        """
+        self._check_open()
+        return read_events(self.redis, queues=queues, types=types, kinds=kinds, since=since)
 
     async def enqueue_many(
         self,
@@ -323,6 +398,10 @@ class Client:
                     results[index] = parts.info(now)
         final = [r for r in results if r is not None]
         assert len(final) == len(results)
+        if self._events is not None:
+            for info in final:
+                if isinstance(info, TaskInfo):
+                    self._events.add("enqueued", info.queue, info.type, info.id)
         if is_debug_enabled(log):
             written = sum(isinstance(r, TaskInfo) for r in final)
             log.debug("batch enqueued", items=len(final), written=written)

@@ -51,6 +51,24 @@ class WorkerHooks(Protocol):
         """The event loop was blocked for *seconds* (beyond the stall threshold)."""
         ...
 
+    def task_finished(
+        self,
+        queue: str,
+        task_type: str,
+        task_id: str,
+        outcome: str,
+        *,
+        error: str,
+        exc: BaseException | None,
+    ) -> None:
+        """An attempt's outcome is decided and about to be written.
+
+        *outcome*: ``done``, ``complete``, ``revoke``, ``retry``, ``archive``
+        or ``lost`` (the lease ran out: nothing written); *error* the error
+        message stored with a retry or archive; *exc* what the handler raised.
+        """
+        ...
+
 
 class NoWorkerHooks:
     """The hooks of a server without an observer: every call does nothing.
@@ -79,6 +97,18 @@ class NoWorkerHooks:
         return None
 
     def loop_stalled(self, seconds: float) -> None:
+        return None
+
+    def task_finished(
+        self,
+        queue: str,
+        task_type: str,
+        task_id: str,
+        outcome: str,
+        *,
+        error: str,
+        exc: BaseException | None,
+    ) -> None:
         return None
 
 
@@ -122,6 +152,19 @@ class CombinedHooks:
     def loop_stalled(self, seconds: float) -> None:
         for hooks in self.hooks:
             hooks.loop_stalled(seconds)
+
+    def task_finished(
+        self,
+        queue: str,
+        task_type: str,
+        task_id: str,
+        outcome: str,
+        *,
+        error: str,
+        exc: BaseException | None,
+    ) -> None:
+        for hooks in self.hooks:
+            hooks.task_finished(queue, task_type, task_id, outcome, error=error, exc=exc)
 
 
 def combine_hooks(*hooks: WorkerHooks | None) -> WorkerHooks:

@@ -39,7 +39,7 @@ import time
 import types
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -72,6 +72,7 @@ from asyncq.errors import (
     QueueNotFoundError,
 )
 from asyncq.history import TypeMetrics, read_history
+from asyncq.progress import parse_progress, progress_key, read_progress
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import TaskInfo, TaskState
 
@@ -961,7 +962,9 @@ class Inspector:
         """One task by ID. Raises TaskNotFoundError."""
         keys.refuse_braces("task ID", task_id)
         await self._require_queue(queue)
-        return self._info(await self._rdb.get_task(queue, task_id))
+        info = self._info(await self._rdb.get_task(queue, task_id))
+        stored = await read_progress(self._conn.redis, queue, task_id)
+        return info if stored is None else replace(info, progress=stored)
 
     async def list_tasks(
         self,
@@ -987,10 +990,29 @@ class Inspector:
             tasks = await self._rdb.list_list(queue, st, page - 1, size)
             if st is TaskState.ACTIVE:
                 orphans = await self._rdb.lease_expired_ids(queue)
-                return [self._info(t, is_orphaned=t.message.id in orphans) for t in tasks]
+                infos = [self._info(t, is_orphaned=t.message.id in orphans) for t in tasks]
+                return await self._with_progress(queue, infos)
         else:
             tasks = await self._rdb.list_zset(queue, st, page - 1, size, group)
         return [self._info(t) for t in tasks]
+
+    async def _with_progress(self, queue: str, infos: list[TaskInfo]) -> list[TaskInfo]:
+        """*infos* with their stored progress (one pipelined read)."""
+        if not infos:
+            return infos
+        redis = self._conn.redis
+        if hasattr(redis, "get_nodes"):  # one slot per queue, but no cluster pipeline here
+            stored = [await redis.hgetall(progress_key(queue, i.id)) for i in infos]
+        else:
+            pipe = redis.pipeline(transaction=False)
+            for i in infos:
+                pipe.hgetall(progress_key(queue, i.id))
+            stored = await pipe.execute()
+        out = []
+        for info, fields in zip(infos, stored, strict=True):
+            found = parse_progress(fields)
+            out.append(info if found is None else replace(info, progress=found))
+        return out
 
     async def list_pending(
         self, queue: str, *, page: int = 1, size: int = DEFAULT_PAGE_SIZE
@@ -1042,6 +1064,7 @@ class Inspector:
         await self._require_queue(queue)
         step = await self._workflow_step(queue, task_id)
         await self._rdb.delete_task(queue, task_id)
+        await self._conn.redis.delete(progress_key(queue, task_id))
         if step is not None:  # a workflow's member: the workflow resolves it as failed
             await member_gone(self._conn.redis, step, "deleted", self._clock())
 

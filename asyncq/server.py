@@ -45,7 +45,7 @@ import socket
 import threading
 import types
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -92,10 +92,12 @@ from asyncq._worker.wakeup import QueueWakeup
 from asyncq._worker.watchdog import Watchdog
 from asyncq.client import Client
 from asyncq.errors import ServerClosedError
+from asyncq.events import EventHooks, EventLog, QueueFilter
 from asyncq.history import DEFAULT_RETENTION, HistoryRecorder
 from asyncq.hooks import WorkerHooks, combine_hooks
 from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
+from asyncq.progress import ProgressWriter
 from asyncq.results import CompletionNotifier
 from asyncq.task import Task, TaskInfo
 
@@ -220,6 +222,9 @@ class Server(Service):
       24 h, a timedelta that long; off by default (it costs a few µs of worker
       CPU per task). Counted in memory, written every 5 s in aggregate; see
       :mod:`asyncq.history`.
+    - ``events``: write task events (started, progress, succeeded, failed, ...)
+      to the event stream (:mod:`asyncq.events`) for every queue (True) or
+      the listed queue names and patterns; off by default (docs/events.md).
     - ``min_replicas`` (0 = off) and ``replica_timeout`` (1 s): a finished
       attempt's outcome (done, completed, retry, archive) counts only once that
       many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is
@@ -249,6 +254,7 @@ class Server(Service):
         logger: Any = None,
         metrics: WorkerHooks | None = None,
         metrics_history: bool | timedelta = False,
+        events: bool | Sequence[str] = False,
         min_replicas: int = 0,
         replica_timeout: timedelta = timedelta(seconds=1),
         lifespan: Lifespan | None = None,
@@ -282,6 +288,7 @@ class Server(Service):
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
                 janitor_batch_size=cfg.janitor_batch_size,
             )
+        event_queues = QueueFilter(events)
         self._independent_target = independent_target(redis)
         self._announce_signals = True
         self._where = describe_target(redis)
@@ -296,7 +303,12 @@ class Server(Service):
         if metrics_history is not False:
             retention = DEFAULT_RETENTION if metrics_history is True else metrics_history
             self.history = HistoryRecorder(self.redis, retention=retention, log=self.log)
-        self._hooks = combine_hooks(self.history, metrics)
+        self._hooks: WorkerHooks = combine_hooks(self.history, metrics)
+        self._events: EventLog | None = None
+        if event_queues.enabled:
+            self._events = EventLog(self.redis, event_queues)
+            self._hooks = EventHooks(self._hooks, self._events)
+        self._progress = ProgressWriter(self.redis, self._events)
         self.broker = Broker(
             self.redis,
             lease_duration=cfg.lease_duration,
@@ -435,7 +447,7 @@ class Server(Service):
         if handler is None:
             raise TypeError("server cannot start: the handler is None")
         fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
-        self.processor.handler = self._hooks.instrument(fn)
+        self.processor.handler = self._progress.wrap(self._hooks.instrument(fn))
         await self._start_service(self._context)
         await self._roles_started.wait()
         # Subscribed before returning, so a task enqueued right after start() wakes us;
@@ -555,6 +567,9 @@ class Server(Service):
             if self.history is not None:
                 await self.history.aclose()
             self._hooks.detach()
+            await self._progress.aclose()  # the last reports, before the connection goes
+            if self._events is not None:
+                await self._events.aclose()
             try:
                 await self._lifespan_stack.aclose()
             except Exception as exc:

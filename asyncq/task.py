@@ -6,7 +6,7 @@ import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from typing_extensions import Unpack
@@ -20,6 +20,7 @@ __all__ = [
     "Task",
     "TaskInfo",
     "TaskOptions",
+    "TaskProgress",
     "TaskState",
 ]
 
@@ -178,6 +179,25 @@ class Task:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskProgress:
+    """How far a running task is, as its handler last reported (``asyncq.progress``)."""
+
+    fraction: float
+    """Between 0 and 1."""
+    message: str
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, fraction: float, message: str, unix: float) -> TaskProgress:
+        return cls(fraction, message, datetime.fromtimestamp(unix, UTC))
+
+    @property
+    def percent(self) -> int:
+        """The fraction as a whole percentage (rounded down)."""
+        return int(self.fraction * 100)
+
+
+@dataclass(frozen=True, slots=True)
 class TaskInfo:
     """A snapshot of a task as stored in Redis (asynq's TaskInfo)."""
 
@@ -199,6 +219,8 @@ class TaskInfo:
     result: bytes | None
     headers: dict[str, str] = field(default_factory=dict)
     is_orphaned: bool = False
+    progress: TaskProgress | None = None
+    """The handler's last reported progress (asyncq-only; read by the Inspector)."""
 
     @classmethod
     def from_message(

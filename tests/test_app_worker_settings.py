@@ -80,6 +80,7 @@ EVERY_OPTION: WorkerOptions = {
     "logger": object(),
     "metrics": cast(WorkerHooks, object()),
     "metrics_history": timedelta(hours=2),
+    "events": ["default"],
     "min_replicas": 1,
     "replica_timeout": timedelta(seconds=2),
     "intervals": Intervals(),

@@ -700,6 +700,9 @@ class Processor(Role):
         outcome = decide(
             msg, exc, lease=lease, config=self.config, now=self.clock(), task=task, log=self.log
         )
+        self._hooks.task_finished(
+            msg.queue, msg.type, msg.id, outcome.kind, error=outcome.err_msg, exc=exc
+        )
         if outcome.kind == "lost":
             self._lost(msg, exc)
             return

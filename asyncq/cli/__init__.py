@@ -7,7 +7,7 @@ on stderr with a non-zero exit status, never a traceback.
 
 from __future__ import annotations
 
-from asyncq.cli import dev, flow, metrics, triage, web, workflow
+from asyncq.cli import dev, events, flow, metrics, triage, web, workflow
 from asyncq.cli._app import main
 from asyncq.cli._commands import register
 from asyncq.cli.gateway import gateway
@@ -22,5 +22,6 @@ web.register(main)
 flow.register(main)
 workflow.register(main)
 triage.register(main)
+events.register(main)
 dev.register(main)
 metrics.register(main)

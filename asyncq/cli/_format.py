@@ -249,6 +249,13 @@ def bar_chart(items: Sequence[tuple[str, int]], *, width: int | None = None) -> 
     return "\n".join(lines)
 
 
+def progress_cell(t: TaskInfo) -> str:
+    """``40% rows 400/1000`` (``-`` when the task reported none)."""
+    if t.progress is None:
+        return "-"
+    return f"{t.progress.percent}% {' '.join(t.progress.message.split())}".rstrip()
+
+
 def task_rows(
     state: TaskState, tasks: Sequence[TaskInfo], now: datetime
 ) -> tuple[list[str], list[list[str]]]:
@@ -258,8 +265,8 @@ def task_rows(
         return [t.id, t.type, format_payload(t.payload)]
 
     if state is TaskState.ACTIVE:
-        return ["ID", "Type", "Payload", "Orphaned"], [
-            [*base(t), "yes" if t.is_orphaned else "no"] for t in tasks
+        return ["ID", "Type", "Payload", "Orphaned", "Progress"], [
+            [*base(t), "yes" if t.is_orphaned else "no", progress_cell(t)] for t in tasks
         ]
     if state is TaskState.SCHEDULED:
         return ["ID", "Type", "Payload", "Process In"], [
@@ -297,6 +304,11 @@ def task_text(t: TaskInfo) -> str:
         ("Timeout", format_duration(t.timeout) if t.timeout else "-"),
         ("Deadline", format_time(t.deadline)),
     ]
+    if t.progress is not None:
+        p = t.progress
+        bar = "#" * round(p.fraction * 20)
+        text = f"[{bar.ljust(20, '.')}] {p.percent}% {p.message}".rstrip()
+        lines.append(("Progress", f"{text} ({relative(p.updated_at, now)})"))
     if t.group:
         lines.append(("Group", t.group))
     if t.next_process_at is not None:

@@ -151,6 +151,18 @@ class HistoryRecorder:
     def loop_stalled(self, seconds: float) -> None:
         return None
 
+    def task_finished(
+        self,
+        queue: str,
+        task_type: str,
+        task_id: str,
+        outcome: str,
+        *,
+        error: str,
+        exc: BaseException | None,
+    ) -> None:
+        return None  # counted by the handler wrapper (instrument), which times the run
+
     # -- flushing ------------------------------------------------------------------------
 
     async def _run(self) -> None:

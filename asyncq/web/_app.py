@@ -32,6 +32,7 @@ from asyncq._http import SegmentPaths, route_segments
 from asyncq._redis.options import RedisTarget
 from asyncq.web._api import api_routes
 from asyncq.web._errors import error_body
+from asyncq.web._events import events_routes
 from asyncq.web._history import history_routes
 from asyncq.web._pages import page_routes, render
 from asyncq.web._security import Auth, SecurityMiddleware
@@ -191,6 +192,7 @@ def create_app(
         *workflow_routes(),
         *triage_routes(),
         *history_routes(),
+        *events_routes(),
         Route("/metrics", metrics),
         # Browsers ask for /favicon.ico whatever the page links; send them to the icon.
         Route("/favicon.ico", _favicon),
