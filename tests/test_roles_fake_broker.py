@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
+import anyio
 import pytest
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -246,6 +247,56 @@ async def test_a_cancel_before_the_handler_returns_is_a_retried_failure() -> Non
         assert run.active.cancel(msg.id, TaskCanceledError()) is not None
         await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
     assert fake.tasks[msg.id].msg.retried == 1
+
+
+async def test_cleanup_awaiting_after_a_cancel_finishes_in_the_handlers_own_task() -> None:
+    """A handler's cleanup may await after its cancellation (an HTTP client closing its
+    connection in an anyio shielded scope): it is not ignoring the cancellation, and
+    anyio requires a scope to be left in the task it was entered in."""
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    started = asyncio.Event()
+    cleaned: list[bool] = []
+
+    async def handler(task: Task) -> None:
+        with anyio.CancelScope():
+            try:
+                started.set()
+                await asyncio.sleep(3600)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(0.05)
+                    cleaned.append(True)
+
+    async with Running(fake, handler) as run:
+        await asyncio.wait_for(started.wait(), 5)
+        assert run.active.cancel(msg.id, TaskCanceledError()) is not None
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+        assert not run.processor.orphans
+    assert cleaned == [True]
+    assert fake.tasks[msg.id].error == str(TaskCanceledError())
+
+
+async def test_a_timeout_inside_the_handler_is_the_handlers_own() -> None:
+    """``asyncio.timeout`` cancels the handler's task too; caught by the handler, it is not
+    a stop request, and the handler runs on to its result."""
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    steps: list[str] = []
+
+    async def handler(task: Task) -> None:
+        try:
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(3600)
+        except TimeoutError:
+            steps.append("timed out")
+        await asyncio.sleep(0.01)
+        steps.append("went on")
+
+    async with Running(fake, handler) as run:
+        await wait_until(lambda: msg.id not in fake.tasks, what="acknowledged")
+        assert not run.processor.orphans
+    assert steps == ["timed out", "went on"]
 
 
 async def test_shutdown_waits_for_an_acknowledgement_in_flight() -> None:

@@ -84,6 +84,11 @@ class ActiveTask:
             self.task.cancel()
         return True
 
+    def stop_requested(self) -> bool:
+        """Whether the processor asked this task's handler to stop (a cancellation thrown
+        into the handler then is the processor's, not one of the handler's own scopes)."""
+        return self.cancel_exc is not None
+
     def deadline_exceeded(self) -> None:
         """The deadline timer fired (the exception is built only then)."""
         self.cancel(DeadlineExceededError())

@@ -36,12 +36,12 @@
   message, or when its lease is declared expired. Its outcome is written
   exactly as asynq's (spec 5.3/5.4) unless the local lease has expired, in
   which case nothing is written and the recoverer takes over. A handler that
-  swallows its cancellation is detected as it suspends again
-  (:func:`_until_swallowed`) and only then moved to an asyncio task of its
-  own; if it has not returned ``CANCEL_GRACE`` (5 s) later it becomes an
-  *orphan* (:attr:`Processor.orphans`, logged, counted by shutdown, awaited
-  by nothing) and its task's coroutine writes its failure and frees its slot
-  (asynq does not wait for a handler that ignores its context either).
+  ignores its cancellation (still running ``CANCEL_GRACE``, 5 s, after the
+  stop request; :func:`_until_swallowed` bounds its awaits from then on, so
+  cleanup that awaits finishes in its own task) is moved to an asyncio task
+  of its own and becomes an *orphan* (:attr:`Processor.orphans`, logged,
+  counted by shutdown, awaited by nothing); its task's coroutine writes its
+  failure and frees its slot (asynq does not wait for a handler that ignores its context either).
   Successes finished in the same event-loop turn, workflow steps' included,
   are acknowledged together (one ``ack_many`` script call per queue); each
   worker still waits for its own acknowledgement. Writes that fail because
@@ -230,34 +230,81 @@ _Steps = Generator[Any, None, Any]
 
 @types.coroutine
 def _until_swallowed(
-    handler: Awaitable[None],
+    handler: Awaitable[None], stopped: Callable[[], bool], grace: Callable[[], float]
 ) -> Generator[Any, None, tuple[_Steps, Any] | None]:
-    """``await handler``, except when the handler swallows a cancellation.
+    """``await handler``, except when the handler outlives the processor's stop request.
 
-    Returns None once the handler returned, and raises what it raised. When a
-    cancellation thrown into it is swallowed (the handler suspends again
-    instead of raising), it stops driving the handler and returns its steps and
-    what it waits on, for :func:`_resume` in a task of its own: the caller can then
-    write the failure and free the slot while the handler runs on. Only then
-    does a handler cost a second task.
+    Returns None once the handler returned, and raises what it raised. Until the
+    processor asks the task to stop (*stopped()*), the handler's awaits are passed to
+    the event loop as they are: this costs nothing per task. From then on, each await
+    is also bounded by the rest of *grace()* seconds: a handler that is still running
+    after it ignores its cancellation, and its steps and what it waits on are returned,
+    for :func:`_resume` in a task of its own; the caller can then write the failure and
+    free the slot while the handler runs on. Cleanup that awaits after a cancellation
+    (``finally`` blocks, anyio's shielded scopes, an HTTP client closing its
+    connection) therefore finishes in the task it began in, and only a handler that
+    really ignores its cancellation costs a second task.
     """
     steps = handler.__await__()
     thrown: BaseException | None = None
+    loop = asyncio.get_running_loop()
+    until: float | None = None  # when the grace after the stop request runs out
     while True:
         try:
             pending = steps.send(None) if thrown is None else steps.throw(thrown)
         except StopIteration:
             return None
-        if isinstance(thrown, asyncio.CancelledError):
-            return steps, pending
+        thrown = None
+        if until is None and stopped():
+            until = loop.time() + grace()
         try:
-            yield pending
-            thrown = None
+            if until is None or not isinstance(pending, asyncio.Future):
+                yield pending
+            elif not (yield from _wait_until(loop, pending, until)):
+                return steps, pending
         except GeneratorExit:  # closed, as `await` closes what it awaits (PEP 380)
             steps.close()
             raise
         except BaseException as exc:  # the task was cancelled, or the awaited future raised
             thrown = exc
+
+
+@types.coroutine
+def _wait_until(
+    loop: asyncio.AbstractEventLoop, pending: asyncio.Future[Any], until: float
+) -> Generator[Any, None, bool]:
+    """Wait for the future a handler awaits, *pending*, until the loop time *until*;
+    whether it is done. The handler is then stepped as its task would step it (the
+    future's ``__await__`` reads its result); a cancellation of this task while it
+    waits is passed on to *pending*, as a task passes it to the future it awaits."""
+    pending._asyncio_future_blocking = False
+    timed_out = False
+    while not pending.done() and not timed_out:
+        waiter = loop.create_future()
+
+        def wake(_: object = None, *, waiter: asyncio.Future[None] = waiter) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        def time_out(waiter: asyncio.Future[None] = waiter) -> None:
+            nonlocal timed_out
+            timed_out = True
+            wake(waiter=waiter)
+
+        pending.add_done_callback(wake)
+        timer = loop.call_at(until, time_out)
+        waiter._asyncio_future_blocking = True  # what `await waiter` would set
+        try:
+            yield waiter
+        except asyncio.CancelledError:
+            pending.cancel()
+        finally:
+            timer.cancel()
+            pending.remove_done_callback(wake)
+    if pending.done():
+        return True
+    pending._asyncio_future_blocking = True  # as its __await__ left it, for _resume to yield
+    return False
 
 
 @types.coroutine
@@ -585,7 +632,10 @@ class Processor(Role):
                     if rate is not None:
                         limited = await self._type_token(active, rate)
                     if limited is None:
-                        swallowed = await _until_swallowed(self.handler(task))
+                        handler = self.handler(task)
+                        swallowed = await _until_swallowed(
+                            handler, active.stop_requested, partial(self._grace, active)
+                        )
                         if swallowed is not None:
                             await self._outlive(active, swallowed)
                 except asyncio.CancelledError as err:
@@ -615,18 +665,16 @@ class Processor(Role):
         finally:
             self._release(active)
 
+    def _grace(self, active: ActiveTask) -> float:
+        """How long a stopped handler may take to return before it is left behind."""
+        return self._abandon_wait if active.abandoned else registry.CANCEL_GRACE
+
     async def _outlive(self, active: ActiveTask, rest: tuple[_Steps, Any]) -> None:
-        """The handler swallowed its cancellation: it goes on in a task of its own, given a
-        grace to return; past it, it is left as an orphan and its failure is written."""
+        """The handler ignored its cancellation past its grace: it goes on in a task of
+        its own, as an orphan, and the caller writes its failure."""
         orphan = asyncio.get_running_loop().create_task(_run(rest))
-        grace = self._abandon_wait if active.abandoned else registry.CANCEL_GRACE
-        try:
-            if active.cancel_exc is None:
-                raise asyncio.CancelledError  # cancelled from outside (loop shutdown)
-            await asyncio.wait((orphan,), timeout=grace)
-        finally:
-            if not orphan.done():
-                self._orphan(active, orphan, grace)
+        if not orphan.done():
+            self._orphan(active, orphan, self._grace(active))
 
     def _orphan(self, active: ActiveTask, orphan: asyncio.Task[None], grace: float) -> None:
         self.orphans.add(orphan)
