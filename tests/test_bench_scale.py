@@ -118,8 +118,9 @@ def test_idle_and_pickup(doc: dict[str, Any]) -> None:
     i = doc["phases"]["idle"]
     assert [r["queues"] for r in i["idle"]] == [1, 10]
     for row in i["idle"]:
-        # an idle server still polls: some commands, fewer than one per millisecond
-        assert 0 < row["commands_sent_per_s"] < 1000, row
+        # an idle server polls rarely (key tracking wakes it): fewer than one command per
+        # millisecond, possibly none in the short window
+        assert 0 <= row["commands_sent_per_s"] < 1000, row
         assert row["commandstats_calls_per_s"] >= row["commands_sent_per_s"]
     assert len(i["pickup"]) == 3
     for row in i["pickup"]:
