@@ -188,8 +188,11 @@ async def test_handler_ignoring_its_timeout_is_failed_after_a_grace_and_frees_it
     await wait_gone(redis, other.id)
 
     # When the handler finally returns nothing more is written and no slot is freed twice.
+    # It runs on as an orphan (the task's own coroutine has written its failure and ended).
+    (orphan,) = proc.orphans
     resume.set()
     await asyncio.wait_for(asyncio.shield(work), 10)
+    await asyncio.wait_for(asyncio.shield(orphan), 10)
     assert done == [other.id, info.id]
     await wait_until(slots_back(server), what="slots returned")
     assert proc.slots.free == 1
