@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TypeVar
 
 __all__ = [
     "AsyncqError",
@@ -208,3 +209,33 @@ class UnsupportedServerError(AsyncqError):
         self.server = server
         self.needed = needed
         super().__init__(f"{server} is not supported: asyncq needs {needed}")
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def find_error(exc: BaseException, kind: type[_E]) -> _E | None:
+    """The first *kind* error in *exc*, its cause chain or its exception groups, or None."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        err = stack.pop()
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, kind):
+            return err
+        if isinstance(err, BaseExceptionGroup):
+            stack.extend(err.exceptions)
+        if err.__cause__ is not None:
+            stack.append(err.__cause__)
+    return None
+
+
+def wraps_error(exc: BaseException, kind: type[BaseException]) -> bool:
+    """True when *exc* is, or wraps (cause chain, exception groups), a *kind* error.
+
+    The Python reading of Go's ``errors.Is``: ``raise X from SkipRetry()`` and an
+    ExceptionGroup containing RevokeTask both count.
+    """
+    return find_error(exc, kind) is not None

@@ -33,8 +33,7 @@ from typing import Any
 
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisClient
-from asyncq._worker.policy import find_error
-from asyncq.errors import RateLimited, TaskCanceledError
+from asyncq.errors import RateLimited, TaskCanceledError, find_error
 from asyncq.mux import Handler
 from asyncq.task import Task
 

@@ -52,7 +52,7 @@ async def _round(url: str, n: int, concurrency: int, events: bool) -> tuple[floa
     )  # fmt: skip
     wall, cpu = time.perf_counter(), time.process_time()
     await server.start(mux)
-    while await redis.llen(keys.pending_key("default")) or await redis.llen(
+    while await redis.llen(keys.pending_key("default")) or await redis.llen(  # noqa: ASYNC110
         keys.active_key("default")
     ):
         await asyncio.sleep(0.01)
@@ -70,7 +70,7 @@ async def main(n: int, rounds: int, concurrency: int) -> None:
         raise SystemExit("redis-server is not on PATH")
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # noqa: ASYNC220 - started once, before the measurements
             [server_bin, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", tmp],
             stdout=subprocess.DEVNULL,
         )

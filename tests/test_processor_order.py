@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq._logging import error_text
-from asyncq._worker.policy import default_retry_delay, wraps_error
+from asyncq._worker.policy import default_retry_delay
 from asyncq._worker.processor import (
     DEFAULT_TIMEOUT,
     QueueOrder,
@@ -22,7 +22,7 @@ from asyncq._worker.processor import (
     normalize_queues,
 )
 from asyncq.client import Client
-from asyncq.errors import RevokeTask, SkipRetry
+from asyncq.errors import RevokeTask, SkipRetry, wraps_error
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.server import Server

@@ -31,8 +31,15 @@ from typing import Any, Literal
 from asyncq._broker.workflow import AckMode, is_workflow_step
 from asyncq._logging import error_text
 from asyncq._worker.config import ServerConfig
-from asyncq._worker.policy import find_error, is_failure_for, retry_delay_for, wraps_error
-from asyncq.errors import LeaseExpiredError, RateLimited, RevokeTask, SkipRetry
+from asyncq._worker.policy import is_failure_for, retry_delay_for
+from asyncq.errors import (
+    LeaseExpiredError,
+    RateLimited,
+    RevokeTask,
+    SkipRetry,
+    find_error,
+    wraps_error,
+)
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from asyncq._worker.config import ServerConfig
 from asyncq.errors import LeaseExpiredError
@@ -18,13 +18,10 @@ from asyncq.task import Task
 
 __all__ = [
     "default_retry_delay",
-    "find_error",
     "is_failure_for",
     "retry_delay_for",
-    "wraps_error",
 ]
 
-_E = TypeVar("_E", bound=BaseException)
 
 _MAX_DELAY = timedelta(microseconds=(2**63 - 1) // 1000)
 """The longest retry delay: Go's largest time.Duration (about 292 years)."""
@@ -66,30 +63,3 @@ def is_failure_for(cfg: ServerConfig, log: Any, exc: BaseException, **fields: An
     except BaseException as err:  # user code: even SystemExit must not lose the task
         log.error("is_failure raised; counting a failure", exc_info=err, **fields)
         return True
-
-
-def find_error(exc: BaseException, kind: type[_E]) -> _E | None:
-    """The first *kind* error in *exc*, its cause chain or its exception groups, or None."""
-    seen: set[int] = set()
-    stack: list[BaseException] = [exc]
-    while stack:
-        err = stack.pop()
-        if id(err) in seen:
-            continue
-        seen.add(id(err))
-        if isinstance(err, kind):
-            return err
-        if isinstance(err, BaseExceptionGroup):
-            stack.extend(err.exceptions)
-        if err.__cause__ is not None:
-            stack.append(err.__cause__)
-    return None
-
-
-def wraps_error(exc: BaseException, kind: type[BaseException]) -> bool:
-    """True when *exc* is, or wraps (cause chain, exception groups), a *kind* error.
-
-    The Python reading of Go's ``errors.Is``: ``raise X from SkipRetry()`` and an
-    ExceptionGroup containing RevokeTask both count.
-    """
-    return find_error(exc, kind) is not None

@@ -71,7 +71,6 @@ from asyncq._worker.active import ActiveTask, ActiveTasks
 from asyncq._worker.flow import TYPE_RATE_MAX_WAIT_US, QueueLimits, Rate
 from asyncq._worker.lease import Lease
 from asyncq._worker.outcome import LeaseState, Outcome, decide, not_run
-from asyncq._worker.policy import find_error, wraps_error
 from asyncq._worker.roles import Role, RoleDeps
 from asyncq._worker.slots import Slots
 from asyncq._worker.wakeup import QueueWakeup
@@ -83,6 +82,8 @@ from asyncq.errors import (
     RevokeTask,
     SkipRetry,
     TaskCanceledError,
+    find_error,
+    wraps_error,
 )
 from asyncq.hooks import NO_HOOKS, WorkerHooks
 from asyncq.mux import Handler, sync_limiter
