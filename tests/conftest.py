@@ -16,6 +16,7 @@ from asyncq.client import Client
 from tests.cluster import RedisClusterProcs
 from tests.helpers import FakeClock
 from tests.redis_server import RedisServer
+from tests.test_web_browser import ARGS, CHROMIUM, WebProcess, _require_browser
 from tests.workers.support import FAST
 
 _SLOW_TOO = ("subprocess", "cluster", "sentinel")
@@ -165,3 +166,26 @@ async def client(redis: Redis) -> AsyncIterator[Client]:
     """An asyncq Client sharing the test's redis-py client."""
     async with Client(redis) as c:
         yield c
+
+
+# The web UI's browser tests (test_web_*browser.py): the web process and Debian's chromium
+# through Playwright. Modules whose `web` is something else define their own.
+@pytest.fixture
+def web(redis_url: str) -> Iterator[WebProcess]:
+    _require_browser()
+    w = WebProcess(redis_url)
+    yield w
+    w.stop()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[object]:
+    _require_browser()
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            await b.close()

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -85,27 +84,6 @@ class WebProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-@pytest.fixture
-def web(redis_url: str) -> Iterator[WebProcess]:
-    _require_browser()
-    w = WebProcess(redis_url)
-    yield w
-    w.stop()
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[object]:
-    _require_browser()
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            await b.close()
 
 
 async def _shot(page: object, name: str) -> None:

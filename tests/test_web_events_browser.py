@@ -4,7 +4,7 @@ chromium, as tests/test_web_browser.py). With ``ASYNCQ_SCREENSHOTS=DIR`` it save
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,31 +12,10 @@ from redis.asyncio import Redis
 
 from asyncq import Client, Inspector, Server, Task
 from tests import progress_app as pa
-from tests.test_web_browser import ARGS, CHROMIUM, WebProcess, _page, _require_browser, _shot
+from tests.test_web_browser import WebProcess, _page, _shot
 from tests.workers.support import FAST, wait_until
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def web(redis_url: str) -> Iterator[WebProcess]:
-    _require_browser()
-    w = WebProcess(redis_url)
-    yield w
-    w.stop()
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[object]:
-    _require_browser()
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            await b.close()
 
 
 @pytest.fixture

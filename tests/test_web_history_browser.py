@@ -6,7 +6,6 @@ With ``ASYNCQ_SCREENSHOTS=DIR`` the tests save screenshots (docs/images/metrics.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -14,7 +13,7 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq.history import bucket_of
-from tests.test_web_browser import ARGS, CHROMIUM, WebProcess, _page, _require_browser, _shot
+from tests.test_web_browser import WebProcess, _page, _shot
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
 
@@ -54,27 +53,6 @@ async def seed_history(redis: Redis, minutes: int = MINUTES) -> int:
     for _, queue, *_ in TYPES:
         await redis.sadd(keys.ALL_QUEUES, queue)
     return last_total
-
-
-@pytest.fixture
-def web(redis_url: str) -> Iterator[WebProcess]:
-    _require_browser()
-    w = WebProcess(redis_url)
-    yield w
-    w.stop()
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[object]:
-    _require_browser()
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            await b.close()
 
 
 VALUES = "'.u-series:not(:first-child) .u-value'"

@@ -4,7 +4,6 @@ tests/test_web_browser.py). With ``ASYNCQ_SCREENSHOTS=DIR`` each test saves scre
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -13,37 +12,13 @@ from redis.asyncio import Redis
 from tests import webdata
 from tests.test_triage import KEYERR, seed_mixed
 from tests.test_web_browser import (
-    ARGS,
-    CHROMIUM,
     WebProcess,
     _page,
-    _require_browser,
     _shot,
     _wait_for,
 )
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def web(redis_url: str) -> Iterator[WebProcess]:
-    _require_browser()
-    w = WebProcess(redis_url)
-    yield w
-    w.stop()
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[object]:
-    _require_browser()
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            await b.close()
 
 
 VALUES = "' .u-series:not(:first-child) .u-value'"
