@@ -34,6 +34,7 @@ from typing import Any
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisClient
 from asyncq.errors import RateLimited, TaskCanceledError, find_error
+from asyncq.hooks import WorkerHooks
 from asyncq.mux import Handler
 from asyncq.task import Task
 
@@ -187,7 +188,7 @@ class EventLog:
 class EventHooks:
     """Worker hooks that write task events, around another observer (metrics)."""
 
-    def __init__(self, inner: Any, log_: EventLog) -> None:
+    def __init__(self, inner: WorkerHooks, log_: EventLog) -> None:
         self._inner = inner
         self.log = log_
 
