@@ -7,6 +7,27 @@ the ``asyncq`` command line); cron-style work goes through a ``Scheduler``.
 
 from types import FunctionType as _FunctionType
 
+from asyncq._producer.client import Client
+from asyncq._producer.completion import TaskFailedError
+from asyncq._producer.failover import EnqueueRetryError, RetryPolicy
+from asyncq._producer.workflow import (
+    Group,
+    Pipe,
+    Step,
+    StepFailure,
+    Workflow,
+    WorkflowExistsError,
+    WorkflowFailedError,
+    WorkflowHandle,
+    WorkflowInfo,
+    WorkflowNotFoundError,
+    WorkflowStepInfo,
+    chain,
+    chord,
+    group,
+    group_results,
+    typed_group,
+)
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import (
     RedisClientOpts,
@@ -18,7 +39,6 @@ from asyncq._redis.options import (
 from asyncq._serde import TaskArgumentError, TaskResultError
 from asyncq._worker.config import Aggregation, GroupAggregator, Intervals, Limits
 from asyncq.app import App, CronEntry, TaskCall, TaskHandle, TypedTask, WorkerOptions, current_task
-from asyncq.client import Client
 from asyncq.errors import (
     AsyncqError,
     BrokerError,
@@ -64,30 +84,10 @@ from asyncq.mux import Handler, Middleware, ServeMux
 from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
 from asyncq.progress import progress
 from asyncq.result import ResultWriteError
-from asyncq.results import TaskFailedError
-from asyncq.retry import EnqueueRetryError, RetryPolicy
 from asyncq.scheduler import EntryNotFoundError, Scheduler
 from asyncq.server import Server, ServerStats
 from asyncq.sync import SyncClient, SyncTaskHandle
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskProgress, TaskState
-from asyncq.workflow import (
-    Group,
-    Pipe,
-    Step,
-    StepFailure,
-    Workflow,
-    WorkflowExistsError,
-    WorkflowFailedError,
-    WorkflowHandle,
-    WorkflowInfo,
-    WorkflowNotFoundError,
-    WorkflowStepInfo,
-    chain,
-    chord,
-    group,
-    group_results,
-    typed_group,
-)
 
 __version__ = "0.1.0"
 

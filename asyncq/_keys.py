@@ -207,6 +207,15 @@ def failed_key(qname: str, when: datetime) -> str:
     return f"asynq:{{{qname}}}:failed:{_date(when)}"
 
 
+def completion_channel(qname: str) -> str:
+    """asyncq-only Pub/Sub channel on which workers publish the IDs of finished tasks.
+
+    It is a channel, not a key: Go asynq never subscribes to it. A message is
+    a task ID whose task was just marked completed (with a retention) or archived.
+    """
+    return f"asyncq:done:{{{qname}}}"
+
+
 def metrics_history_key(qname: str, minute: int) -> str:
     """asyncq's metrics history of a queue for one minute (HASH, see :mod:`asyncq.history`):
     ``asynq:{q}:asyncq:metrics:<unix minute>``."""

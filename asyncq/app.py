@@ -39,25 +39,25 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import anyio.to_thread
 from typing_extensions import Unpack
 
-from asyncq._compose import compose
 from asyncq._gofmt import go_duration
 from asyncq._logging import get_logger
+from asyncq._producer.client import Client
+from asyncq._producer.completion import DEFAULT_POLL_INTERVAL, TaskFailedError
+from asyncq._producer.compose import compose
+from asyncq._producer.workflow import BoundTask, Pipe, TypedSignature
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._serde import ArgumentsCodec, ResultCodec, TaskArgumentError, TaskResultError
 from asyncq._suggest import suggest
 from asyncq._worker.config import Aggregation, GroupAggregator, Intervals, Limits
-from asyncq.client import Client
 from asyncq.cron import parse_cronspec
 from asyncq.errors import SkipRetry, TaskNotFoundError
 from asyncq.hooks import WorkerHooks
 from asyncq.lifespan import Lifespan, lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter
-from asyncq.results import DEFAULT_POLL_INTERVAL, TaskFailedError
 from asyncq.scheduler import Scheduler
 from asyncq.server import ErrorHandler, HealthCheck, IsFailure, RetryDelay, Server
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskProgress, TaskState
-from asyncq.workflow import BoundTask, Pipe, TypedSignature
 
 __all__ = [
     "DEFAULT_RESULT_RETENTION",
@@ -310,7 +310,7 @@ class TaskCall(Generic[P, R]):
     def s(self, *args: P.args, **kwargs: P.kwargs) -> Pipe[R]:
         """This call as the first stage of a typed workflow: ``a.s(x).then(b).then(c)``.
 
-        See :class:`~asyncq.workflow.Pipe`; ``await pipe.enqueue()`` starts it.
+        See :class:`~asyncq._producer.workflow.Pipe`; ``await pipe.enqueue()`` starts it.
         """
         return Pipe.of(self._task._make(args, kwargs, self._options))
 

@@ -41,10 +41,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import timedelta
 from typing import Any, Protocol
 
+from asyncq._keys import completion_channel
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisClient
 from asyncq.mux import Handler
-from asyncq.results import completion_channel
 from asyncq.task import Task, TaskProgress, TaskState
 
 __all__ = [

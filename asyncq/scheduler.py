@@ -85,15 +85,15 @@ from typing import Any, TypeAlias
 
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._compose import compose
 from asyncq._gofmt import option_strings
 from asyncq._logging import Backoff, RateLimiter, get_logger, is_debug_enabled
+from asyncq._producer.client import Client
+from asyncq._producer.compose import compose
 from asyncq._redis.connection import Connection
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.options import RedisTarget
 from asyncq._service import Service
 from asyncq._time import GO_ZERO_TIME
-from asyncq.client import Client
 from asyncq.cron import Schedule, normalize_spec, parse_cronspec
 from asyncq.errors import AsyncqError, TaskIdConflictError
 from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry

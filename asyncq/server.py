@@ -56,12 +56,14 @@ from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, Broker
 from asyncq._broker.replication import replica_wait_seconds
 from asyncq._logging import get_logger
+from asyncq._producer.client import Client
 from asyncq._redis.connection import Connection, check_tls, independent_target
 from asyncq._redis.options import RedisClient, RedisTarget, describe_target
 from asyncq._service import Service
 from asyncq._signals import log_signal_hints
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.aggregator import GroupAggregatorRole
+from asyncq._worker.completion import CompletionNotifier
 from asyncq._worker.config import (
     DEFAULT_MAX_INFLIGHT_BYTES,
     DEFAULT_QUEUES,
@@ -90,7 +92,6 @@ from asyncq._worker.subscriber import Subscriber
 from asyncq._worker.syncer import Syncer
 from asyncq._worker.wakeup import QueueWakeup
 from asyncq._worker.watchdog import Watchdog
-from asyncq.client import Client
 from asyncq.errors import ServerClosedError
 from asyncq.events import EventHooks, EventLog, QueueFilter
 from asyncq.history import DEFAULT_RETENTION, HistoryRecorder
@@ -98,7 +99,6 @@ from asyncq.hooks import WorkerHooks, combine_hooks
 from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
 from asyncq.progress import ProgressWriter
-from asyncq.results import CompletionNotifier
 from asyncq.task import Task, TaskInfo
 
 __all__ = [

@@ -26,10 +26,10 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from typing_extensions import Unpack
 
+from asyncq._producer.client import DEFAULT_QUEUE, Client
+from asyncq._producer.completion import DEFAULT_POLL_INTERVAL
 from asyncq._redis.options import RedisTarget
 from asyncq.app import TaskCall, TaskHandle, TypedTask
-from asyncq.client import DEFAULT_QUEUE, Client
-from asyncq.results import DEFAULT_POLL_INTERVAL
 from asyncq.task import EnqueueOptions, Task, TaskInfo
 
 __all__ = ["SyncClient", "SyncTaskHandle"]

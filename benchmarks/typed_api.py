@@ -31,7 +31,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from asyncq import App, Client, Task
-from asyncq.results import ResultWaiter
+from asyncq._producer.completion import ResultWaiter
 from asyncq.testing import RedisServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from asyncq import Server
 from asyncq._broker import Broker
-from asyncq.client import Client
+from asyncq._producer.client import Client
 from tests.cluster import RedisClusterProcs
 from tests.helpers import FakeClock
 from tests.redis_server import RedisServer

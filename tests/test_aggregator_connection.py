@@ -7,8 +7,8 @@ from datetime import timedelta
 
 from redis.asyncio import Redis
 
+from asyncq._producer.client import Client
 from asyncq._worker.aggregator import GroupAggregatorRole
-from asyncq.client import Client
 from asyncq.mux import ServeMux
 from asyncq.server import Server
 from asyncq.task import Task

@@ -12,7 +12,7 @@ import structlog
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
-from asyncq.client import Client
+from asyncq._producer.client import Client
 from asyncq.inspector import Inspector
 from asyncq.mux import ServeMux
 from asyncq.server import Server

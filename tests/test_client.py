@@ -1,4 +1,4 @@
-"""asyncq.client (asynq's Client.Enqueue) and asyncq._gofmt (Go option strings)."""
+"""asyncq._producer.client (asynq's Client.Enqueue) and asyncq._gofmt (Go option strings)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
-from asyncq._compose import compose as compose_task
 from asyncq._gofmt import (
     format_go_duration_ns,
     go_duration,
@@ -27,7 +26,8 @@ from asyncq._gofmt import (
     parse_go_unix_date,
     parse_option_strings,
 )
-from asyncq.client import Client
+from asyncq._producer.client import Client
+from asyncq._producer.compose import compose as compose_task
 from asyncq.errors import DuplicateTaskError, TaskIdConflictError
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-import asyncq._compose as compose_module
+import asyncq._producer.compose as compose_module
 from asyncq import _keys as keys
+from asyncq._producer.client import Client
 from asyncq._redis.connection import Connection
-from asyncq.client import Client
 from asyncq.errors import DuplicateTaskError, TaskIdConflictError
 from asyncq.scheduler import Scheduler
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState

@@ -11,8 +11,8 @@ from redis.crc import key_slot
 
 from asyncq import _keys as keys
 from asyncq._broker import Broker
+from asyncq._producer.client import Client
 from asyncq._redis.connection import Connection
-from asyncq.client import Client
 from asyncq.task import Task, TaskState
 from tests import transitions
 from tests.cluster import RedisClusterProcs

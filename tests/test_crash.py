@@ -12,8 +12,8 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
+from asyncq._producer.client import Client
 from asyncq._redis.options import RedisClientOpts
-from asyncq.client import Client
 from asyncq.mux import ServeMux
 from asyncq.server import Server
 from asyncq.task import Task

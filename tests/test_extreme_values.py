@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
-from asyncq.client import Client
+from asyncq._producer.client import Client
 from asyncq.inspector import Inspector
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task, TaskInfo, TaskState

@@ -20,7 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq._broker import Broker
-from asyncq.client import Client
+from asyncq._producer.client import Client
 from asyncq.errors import FailedPreconditionError, RevokeTask, SkipRetry, TaskIdConflictError
 from asyncq.inspector import Inspector
 from asyncq.mux import ServeMux

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from asyncq import Client, EnqueueRetryError, Inspector, ServeMux, Server, Task
-from asyncq.retry import is_retryable
+from asyncq._producer.failover import is_retryable
 from tests.redis_server import RedisServer, free_port
 
 

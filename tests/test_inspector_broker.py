@@ -11,8 +11,8 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq._broker import Broker
+from asyncq._producer.client import Client
 from asyncq._time import GO_ZERO_TIME
-from asyncq.client import Client
 from asyncq.inspector import Inspector
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import (

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
+from asyncq._producer.client import Client
 from asyncq.cli import main
-from asyncq.client import Client
 from asyncq.inspector import Inspector
 from asyncq.task import Task, TaskState
 from tests.cluster import RedisClusterProcs

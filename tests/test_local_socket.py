@@ -10,9 +10,9 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq import Task
+from asyncq._producer.client import Client
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import parse_redis_uri
-from asyncq.client import Client
 from tests.redis_server import RedisServer
 
 

@@ -14,7 +14,7 @@ import structlog
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
-from asyncq.client import Client
+from asyncq._producer.client import Client
 from asyncq.errors import (
     DeadlineExceededError,
     LeaseExpiredError,

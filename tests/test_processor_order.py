@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq._logging import error_text
+from asyncq._producer.client import Client
 from asyncq._worker.policy import default_retry_delay
 from asyncq._worker.processor import (
     DEFAULT_TIMEOUT,
@@ -21,7 +22,6 @@ from asyncq._worker.processor import (
     compute_deadline,
     normalize_queues,
 )
-from asyncq.client import Client
 from asyncq.errors import RevokeTask, SkipRetry, wraps_error
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage

@@ -22,9 +22,9 @@ from redis.asyncio import Redis
 from asyncq import _keys as keys
 from asyncq._broker.producer import MANY_CHUNK
 from asyncq._codec import decode_task_message, encode_task_message
-from asyncq._compose import Templates, compose, info_of
+from asyncq._producer.client import Client
+from asyncq._producer.compose import Templates, compose, info_of
 from asyncq._redis.connection import Connection
-from asyncq.client import Client
 from asyncq.errors import TaskIdConflictError
 from asyncq.task import Task, TaskInfo
 
@@ -214,7 +214,7 @@ def test_task_ids_are_uuid4_and_a_forked_child_makes_its_own() -> None:
     import sys
     import uuid
 
-    from asyncq._compose import new_task_id
+    from asyncq._producer.compose import new_task_id
 
     ids = [new_task_id() for _ in range(3000)]
     assert len(set(ids)) == 3000
@@ -224,7 +224,7 @@ def test_task_ids_are_uuid4_and_a_forked_child_makes_its_own() -> None:
     # The fork happens in a fresh single-threaded interpreter (pytest's process has threads).
     script = (
         "import os\n"
-        "from asyncq._compose import new_task_id\n"
+        "from asyncq._producer.compose import new_task_id\n"
         "new_task_id()  # the pool now holds ids a child would inherit\n"
         "read, write = os.pipe()\n"
         "pid = os.fork()\n"

@@ -18,7 +18,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
-from asyncq.client import Client
+from asyncq._producer.client import Client
 from asyncq.task import Task
 from tests.workers.support import spawn, stop_process, stored_message, wait_for_line, wait_until
 from tests.workers.worker import STARTS

@@ -13,8 +13,8 @@ from redis.asyncio import Redis
 
 from asyncq._broker.multiqueue import MultiQueue
 from asyncq._logging import Backoff, RateLimiter
+from asyncq._producer.client import Client
 from asyncq._worker.lease import Lease
-from asyncq.client import Client
 from asyncq.mux import ServeMux
 from asyncq.server import Server
 from asyncq.task import Task

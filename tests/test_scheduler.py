@@ -14,8 +14,8 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq._gofmt import parse_option_strings
+from asyncq._producer.client import Client
 from asyncq._time import GO_ZERO_TIME
-from asyncq.client import Client
 from asyncq.cron import parse_cronspec
 from asyncq.errors import DuplicateTaskError
 from asyncq.inspector import Inspector

@@ -11,7 +11,7 @@ from redis.exceptions import ConnectionError
 
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq.client import Client
+from asyncq._producer.client import Client
 from asyncq.task import Task
 from tests import transitions
 from tests.cluster import SentinelSetup, redis_cli

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
-from asyncq.client import Client
+from asyncq._producer.client import Client
 from asyncq.errors import ServerClosedError
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo

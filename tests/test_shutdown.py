@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
-from asyncq.client import Client
+from asyncq._producer.client import Client
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import ServerInfo
 from asyncq.server import Server

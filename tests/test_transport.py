@@ -26,7 +26,8 @@ from redis.exceptions import (
 
 from asyncq import _keys as keys
 from asyncq._broker import BatchItem, Broker
-from asyncq._compose import new_task_id as _new_task_id
+from asyncq._producer.client import Client
+from asyncq._producer.compose import new_task_id as _new_task_id
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import (
     RedisClientOpts,
@@ -37,7 +38,6 @@ from asyncq._redis.options import (
 )
 from asyncq._redis.scripts import load_script
 from asyncq._redis.transport import FastConnection
-from asyncq.client import Client
 from asyncq.errors import TaskIdConflictError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task

@@ -33,7 +33,8 @@ from asyncq import (
     TaskState,
     lifespan_state,
 )
-from asyncq.results import CompletionNotifier, completion_channel
+from asyncq._keys import completion_channel
+from asyncq._worker.completion import CompletionNotifier
 from tests import typed_app as ta
 from tests.workers.support import FAST, ROOT, task_hash, wait_until
 

@@ -32,9 +32,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from asyncq import _keys as keys
 from asyncq._broker import Broker, DequeuedTask
 from asyncq._broker.multiqueue import FetchResult, MultiQueue
+from asyncq._producer.client import Client
 from asyncq._redis.options import RedisClientOpts
 from asyncq._worker import active as active_module
-from asyncq.client import Client
 from asyncq.errors import LeaseExpiredError, TaskCanceledError
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage

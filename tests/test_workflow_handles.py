@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from asyncq import Server, Step, Task, TaskNotFoundError, chain, chord
 from asyncq import _keys as keys
-from asyncq.workflow import WorkflowFailedError, typed_group
+from asyncq._producer.workflow import WorkflowFailedError, typed_group
 from tests import wf_app as wf
 from tests.workers.support import FAST, ROOT, stop_process
 
@@ -92,7 +92,7 @@ def test_result_arg_typos_and_type_mismatches_are_refused_when_built() -> None:
         )
     with pytest.raises(TypeError, match="'text' takes str"):
         wf.incr.s(1).then(wf.label)  # type: ignore[arg-type]
-    from asyncq.workflow import _compatible
+    from asyncq._producer.workflow import _compatible
 
     assert _compatible(int | None, int | None) and not _compatible(int | None, int)
     assert _compatible(bool, int) and _compatible(int, float) and not _compatible(str, bytes)

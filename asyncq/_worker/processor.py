@@ -108,7 +108,10 @@ _MAX_WRITES = 64
 
 
 class Notifier(Protocol):
-    """Wakes the result waiters of finished tasks (:class:`asyncq.results.CompletionNotifier`)."""
+    """Wakes the result waiters of finished tasks.
+
+    See :class:`asyncq._worker.completion.CompletionNotifier`.
+    """
 
     def notify(self, queue: str, task_id: str) -> None: ...
 

@@ -538,7 +538,7 @@ def task_enqueue(
     as_json: bool,
 ) -> None:
     """Enqueue a task; only the options given are set (asynq's defaults apply)."""
-    from asyncq.client import Client
+    from asyncq._producer.client import Client
     from asyncq.task import EnqueueOptions, Task
 
     if process_at is not None and process_in is not None:

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import pytest
 
 if TYPE_CHECKING:
+    from asyncq._producer.client import Client
     from asyncq.app import App
-    from asyncq.client import Client
     from asyncq.mux import ServeMux
     from asyncq.server import ServerStats
 
@@ -67,7 +67,7 @@ else:
     @pytest_asyncio.fixture
     async def asyncq_client(asyncq_redis_url: str) -> AsyncIterator[Client]:
         """An asyncq Client on the flushed test Redis."""
-        from asyncq.client import Client
+        from asyncq._producer.client import Client
 
         async with Client(asyncq_redis_url) as client:
             yield client

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from asyncq.client import Client
+from asyncq._producer.client import Client
 from asyncq.mux import ServeMux
 from asyncq.server import Server
 from asyncq.task import Task

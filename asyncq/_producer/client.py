@@ -11,7 +11,10 @@ from typing_extensions import Unpack
 
 from asyncq._broker import BatchItem, Broker, PendingItem
 from asyncq._broker.replication import replica_wait_seconds
-from asyncq._compose import (
+from asyncq._keys import task_key
+from asyncq._logging import LazyLogger, is_debug_enabled
+from asyncq._producer.completion import DEFAULT_POLL_INTERVAL, ResultWaiter, seconds
+from asyncq._producer.compose import (
     DEFAULT_MAX_RETRY,
     DEFAULT_QUEUE,
     DEFAULT_TIMEOUT,
@@ -22,14 +25,17 @@ from asyncq._compose import (
     compose,
     info_of,
 )
-from asyncq._keys import task_key
-from asyncq._logging import LazyLogger, is_debug_enabled
+from asyncq._producer.failover import (
+    DEFAULT_RETRY,
+    RetryPolicy,
+    Written,
+    is_retryable,
+    write_with_retry,
+)
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisClient, RedisTarget
 from asyncq.events import Event, EventLog, QueueFilter, read_events
 from asyncq.progress import watch_progress
-from asyncq.results import DEFAULT_POLL_INTERVAL, ResultWaiter, seconds
-from asyncq.retry import DEFAULT_RETRY, RetryPolicy, Written, is_retryable, write_with_retry
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskProgress, TaskState
 
 __all__ = ["DEFAULT_MAX_RETRY", "DEFAULT_QUEUE", "DEFAULT_TIMEOUT", "Client"]
@@ -49,7 +55,7 @@ class Client:
     closed by :meth:`aclose`; a ready client or a Connection is shared and
     left open.
 
-    *retry* (a :class:`~asyncq.retry.RetryPolicy`; default: up to 5 s) retries
+    *retry* (a :class:`~asyncq._producer.failover.RetryPolicy`; default: up to 5 s) retries
     :meth:`enqueue` through connection-level failures such as a Sentinel
     failover, without ever writing a task twice; ``retry=None`` turns it off.
 
@@ -267,7 +273,7 @@ class Client:
         TimeoutError after *timeout* (None: no limit), TaskFailedError (with
         ``last_error``) when the task is archived, TaskNotFoundError when it
         does not exist (never enqueued, or completed without a retention).
-        See :mod:`asyncq.results`.
+        See :mod:`asyncq._producer.completion`.
         """
         self._check_open()
         limit = seconds(timeout, "timeout")

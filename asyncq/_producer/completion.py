@@ -5,7 +5,7 @@ task hash, which stays in Redis while the task is *completed* (for its
 ``retention``). Waiting is woken by a completion notification rather than a
 polling loop:
 
-- asyncq workers PUBLISH the task ID on :func:`completion_channel` (one
+- asyncq workers PUBLISH the task ID on :func:`asyncq._keys.completion_channel` (one
   channel per queue, asyncq-only: Go asynq never reads it) after a task with a
   retention was marked completed, and after a task was archived;
 - a waiter keeps one Pub/Sub subscription per client and queue, and re-reads
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -35,10 +34,8 @@ from asyncq.task import TaskInfo, TaskState
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL",
-    "CompletionNotifier",
     "ResultWaiter",
     "TaskFailedError",
-    "completion_channel",
     "seconds",
 ]
 
@@ -48,15 +45,6 @@ DEFAULT_POLL_INTERVAL = timedelta(seconds=1)
 _SUBSCRIBE_WAIT = 1.0  # longest a first wait on a queue waits for its subscription
 
 log = get_logger()
-
-
-def completion_channel(qname: str) -> str:
-    """asyncq-only Pub/Sub channel on which workers publish the IDs of finished tasks.
-
-    It is a channel, not a key: Go asynq never subscribes to it. A message is
-    a task ID whose task was just marked completed (with a retention) or archived.
-    """
-    return f"asyncq:done:{{{qname}}}"
 
 
 def seconds(value: timedelta | float | None, name: str) -> float | None:
@@ -93,53 +81,6 @@ class TaskFailedError(AsyncqError):
             f"task {info.id} ({info.type}) in queue {info.queue!r} was archived after "
             f"{info.retried} retries: {info.last_error or 'no error message stored'}"
         )
-
-
-class CompletionNotifier:
-    """Worker side: publishes finished task IDs, coalescing one event-loop turn into a pipeline.
-
-    Best effort: a publish that fails (Redis unreachable, an ACL user without
-    channel rights) is logged at debug level; waiters then find the outcome by
-    polling.
-    """
-
-    __slots__ = ("_pending", "_redis", "_sending")
-
-    def __init__(self, redis: RedisClient) -> None:
-        self._redis = redis
-        self._pending: list[tuple[str, str]] = []
-        self._sending: set[asyncio.Task[None]] = set()
-
-    def notify(self, queue: str, task_id: str) -> None:
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append((completion_channel(queue), task_id))
-
-    def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        if batch:
-            task = asyncio.get_running_loop().create_task(self._send(batch))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
-
-    async def _send(self, batch: Sequence[tuple[str, str]]) -> None:
-        try:
-            if hasattr(self._redis, "get_nodes"):  # cluster: PUBLISH is broadcast anyway
-                for channel, task_id in batch:
-                    await self._redis.publish(channel, task_id)
-                return
-            pipe = self._redis.pipeline(transaction=False)
-            for channel, task_id in batch:
-                pipe.publish(channel, task_id)
-            await pipe.execute()
-        except Exception as exc:
-            log.debug("completion notification not published", error=str(exc), count=len(batch))
-
-    async def aclose(self) -> None:
-        """Send what is pending and wait for the sends in flight."""
-        self._flush()
-        if self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
 
 
 class ResultWaiter:
@@ -215,7 +156,7 @@ class ResultWaiter:
         """Subscribe to the queue's channel and wait (briefly) for the confirmation."""
         if self._pubsub is None:
             return  # polling only
-        channel = completion_channel(queue)
+        channel = keys.completion_channel(queue)
         confirmed = self._subscribed.get(channel)
         if confirmed is None:
             confirmed = self._subscribed[channel] = asyncio.Event()

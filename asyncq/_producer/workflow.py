@@ -41,10 +41,10 @@ from asyncq._broker.workflow import (
     workflow_key,
 )
 from asyncq._codec import encode_task_message
-from asyncq._compose import compose
+from asyncq._producer.client import Client
+from asyncq._producer.compose import compose
 from asyncq._serde import ArgumentsCodec, ResultCodec
 from asyncq._suggest import suggest
-from asyncq.client import Client
 from asyncq.errors import AsyncqError
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task, TaskState
