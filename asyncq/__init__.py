@@ -36,6 +36,8 @@ from asyncq._redis.options import (
     TLSConfig,
     parse_redis_uri,
 )
+from asyncq._scheduling.periodic import PeriodicTaskConfig, PeriodicTaskManager
+from asyncq._scheduling.scheduler import EntryNotFoundError, Scheduler
 from asyncq._serde import TaskArgumentError, TaskResultError
 from asyncq._worker.config import Aggregation, GroupAggregator, Intervals, Limits
 from asyncq.app import App, CronEntry, TaskCall, TaskHandle, TypedTask, WorkerOptions, current_task
@@ -81,10 +83,8 @@ from asyncq.inspector import (
 )
 from asyncq.lifespan import lifespan_state
 from asyncq.mux import Handler, Middleware, ServeMux
-from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
 from asyncq.progress import progress
 from asyncq.result import ResultWriteError
-from asyncq.scheduler import EntryNotFoundError, Scheduler
 from asyncq.server import Server, ServerStats
 from asyncq.sync import SyncClient, SyncTaskHandle
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskProgress, TaskState

@@ -47,15 +47,15 @@ from asyncq._producer.compose import compose
 from asyncq._producer.workflow import BoundTask, Pipe, TypedSignature
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
+from asyncq._scheduling.cron import parse_cronspec
+from asyncq._scheduling.scheduler import Scheduler
 from asyncq._serde import ArgumentsCodec, ResultCodec, TaskArgumentError, TaskResultError
 from asyncq._suggest import suggest
 from asyncq._worker.config import Aggregation, GroupAggregator, Intervals, Limits
-from asyncq.cron import parse_cronspec
 from asyncq.errors import SkipRetry, TaskNotFoundError
 from asyncq.hooks import WorkerHooks
 from asyncq.lifespan import Lifespan, lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter
-from asyncq.scheduler import Scheduler
 from asyncq.server import ErrorHandler, HealthCheck, IsFailure, RetryDelay, Server
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskProgress, TaskState
 

@@ -19,8 +19,8 @@ import asyncq._producer.compose as compose_module
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
 from asyncq._redis.connection import Connection
+from asyncq._scheduling.scheduler import Scheduler
 from asyncq.errors import DuplicateTaskError, TaskIdConflictError
-from asyncq.scheduler import Scheduler
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState
 from tests.helpers import pexpiretime
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncq.cron import CronSchedule, EverySchedule, normalize_spec, parse_cronspec
+from asyncq._scheduling.cron import CronSchedule, EverySchedule, normalize_spec, parse_cronspec
 
 NY = ZoneInfo("America/New_York")
 BERLIN = ZoneInfo("Europe/Berlin")

@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
-from asyncq.periodic import PeriodicTaskConfig, PeriodicTaskManager
+from asyncq._scheduling.periodic import PeriodicTaskConfig, PeriodicTaskManager
 from asyncq.proto.asynq import SchedulerEntry
 from asyncq.task import Task, TaskInfo
 from tests.helpers import wait_until

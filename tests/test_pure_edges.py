@@ -16,8 +16,8 @@ from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._gofmt import option_strings
 from asyncq._keys import processed_key, validate_queue_name
 from asyncq._producer.compose import compose as compose_task
+from asyncq._scheduling.cron import parse_cronspec
 from asyncq._time import to_unix
-from asyncq.cron import parse_cronspec
 from asyncq.proto.asynq import TaskMessage
 from tests.gofixtures import GoTask
 

@@ -15,17 +15,17 @@ from redis.asyncio import Redis
 from asyncq import _keys as keys
 from asyncq._gofmt import parse_option_strings
 from asyncq._producer.client import Client
-from asyncq._time import GO_ZERO_TIME
-from asyncq.cron import parse_cronspec
-from asyncq.errors import DuplicateTaskError
-from asyncq.inspector import Inspector
-from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry, TaskMessage
-from asyncq.scheduler import (
+from asyncq._scheduling.cron import parse_cronspec
+from asyncq._scheduling.scheduler import (
     EntryNotFoundError,
     Scheduler,
     entry_identity,
     tick_task_id,
 )
+from asyncq._time import GO_ZERO_TIME
+from asyncq.errors import DuplicateTaskError
+from asyncq.inspector import Inspector
+from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry, TaskMessage
 from asyncq.task import Task, TaskInfo
 from tests.helpers import wait_until
 from tests.redis_server import free_port

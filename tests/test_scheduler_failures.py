@@ -13,7 +13,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from asyncq import DuplicateTaskError, Scheduler, Task
-from asyncq.scheduler import entry_identity, tick_task_id
+from asyncq._scheduling.scheduler import entry_identity, tick_task_id
 from tests.redis_server import RedisServer
 from tests.workers.support import wait_until
 

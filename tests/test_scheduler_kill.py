@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from asyncq.scheduler import entry_identity, tick_task_id
+from asyncq._scheduling.scheduler import entry_identity, tick_task_id
 from asyncq.task import Task
 from tests.helpers import wait_until
 
@@ -26,7 +26,7 @@ CHILD = """
 import asyncio, sys
 from datetime import timedelta
 from redis.asyncio import Redis
-from asyncq.scheduler import Scheduler
+from asyncq._scheduling.scheduler import Scheduler
 from asyncq.task import Task
 
 async def main(url):

@@ -26,9 +26,9 @@ from typing import Any, TypeAlias
 
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisTarget
+from asyncq._scheduling.cron import parse_cronspec
+from asyncq._scheduling.scheduler import Scheduler, entry_identity
 from asyncq._service import Service
-from asyncq.cron import parse_cronspec
-from asyncq.scheduler import Scheduler, entry_identity
 from asyncq.task import Task
 
 __all__ = ["ConfigProvider", "PeriodicTaskConfig", "PeriodicTaskManager", "SyncResult"]
@@ -61,7 +61,7 @@ class PeriodicTaskManager(Service):
     """Registers and unregisters a Scheduler's entries from a provider, every ``sync_interval``.
 
     ``redis`` and the keyword options after ``sync_interval`` are the
-    :class:`~asyncq.scheduler.Scheduler`'s (``location``, ``heartbeat_interval``,
+    :class:`~asyncq._scheduling.scheduler.Scheduler`'s (``location``, ``heartbeat_interval``,
     hooks, ``claim_lease``, ``misfire_grace``).
     """
 

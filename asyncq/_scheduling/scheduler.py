@@ -92,9 +92,9 @@ from asyncq._producer.compose import compose
 from asyncq._redis.connection import Connection
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.options import RedisTarget
+from asyncq._scheduling.cron import Schedule, normalize_spec, parse_cronspec
 from asyncq._service import Service
 from asyncq._time import GO_ZERO_TIME
-from asyncq.cron import Schedule, normalize_spec, parse_cronspec
 from asyncq.errors import AsyncqError, TaskIdConflictError
 from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry
 from asyncq.task import Task, TaskInfo
