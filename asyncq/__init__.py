@@ -40,6 +40,8 @@ from asyncq._scheduling.periodic import PeriodicTaskConfig, PeriodicTaskManager
 from asyncq._scheduling.scheduler import EntryNotFoundError, Scheduler
 from asyncq._serde import TaskArgumentError, TaskResultError
 from asyncq._worker.config import Aggregation, GroupAggregator, Intervals, Limits
+from asyncq._worker.result_writer import ResultWriteError
+from asyncq._worker.server import Server, ServerStats
 from asyncq.app import App, CronEntry, TaskCall, TaskHandle, TypedTask, WorkerOptions, current_task
 from asyncq.errors import (
     AsyncqError,
@@ -84,8 +86,6 @@ from asyncq.inspector import (
 from asyncq.lifespan import lifespan_state
 from asyncq.mux import Handler, Middleware, ServeMux
 from asyncq.progress import progress
-from asyncq.result import ResultWriteError
-from asyncq.server import Server, ServerStats
 from asyncq.sync import SyncClient, SyncTaskHandle
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskProgress, TaskState
 

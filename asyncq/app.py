@@ -52,11 +52,11 @@ from asyncq._scheduling.scheduler import Scheduler
 from asyncq._serde import ArgumentsCodec, ResultCodec, TaskArgumentError, TaskResultError
 from asyncq._suggest import suggest
 from asyncq._worker.config import Aggregation, GroupAggregator, Intervals, Limits
+from asyncq._worker.server import ErrorHandler, HealthCheck, IsFailure, RetryDelay, Server
 from asyncq.errors import SkipRetry, TaskNotFoundError
 from asyncq.hooks import WorkerHooks
 from asyncq.lifespan import Lifespan, lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter
-from asyncq.server import ErrorHandler, HealthCheck, IsFailure, RetryDelay, Server
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskProgress, TaskState
 
 __all__ = [

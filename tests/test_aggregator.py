@@ -16,9 +16,9 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
+from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
-from asyncq.server import Server
 from asyncq.task import Task
 from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
 from tests.workers.worker import AGGREGATING

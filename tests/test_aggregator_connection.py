@@ -9,8 +9,8 @@ from redis.asyncio import Redis
 
 from asyncq._producer.client import Client
 from asyncq._worker.aggregator import GroupAggregatorRole
+from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
-from asyncq.server import Server
 from asyncq.task import Task
 from tests.workers.support import FAST, wait_until
 

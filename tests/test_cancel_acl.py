@@ -13,9 +13,9 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
+from asyncq._worker.server import Server
 from asyncq.inspector import Inspector
 from asyncq.mux import ServeMux
-from asyncq.server import Server
 from asyncq.task import Task
 from tests.acl import temporary_acl_user
 from tests.workers.support import FAST, stored_message, task_hash, wait_until

@@ -197,16 +197,16 @@ def test_parse_queues() -> None:
 def test_lease_and_recovery_flags_reach_the_server(
     r: sync_redis.Redis, redis_url: str, app_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import asyncq.server
+    import asyncq._worker.server
 
     configs = []
 
-    class Recording(asyncq.server.Server):
+    class Recording(asyncq._worker.server.Server):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             configs.append(self.config)
 
-    monkeypatch.setattr(asyncq.server, "Server", Recording)
+    monkeypatch.setattr(asyncq._worker.server, "Server", Recording)
     monkeypatch.chdir(app_dir)
     monkeypatch.syspath_prepend(str(app_dir))
     flags = ["--lease-duration", "12s", "--heartbeat-interval", "2s"]

@@ -14,8 +14,8 @@ from redis.asyncio import Redis
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
 from asyncq._redis.options import RedisClientOpts
+from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
-from asyncq.server import Server
 from asyncq.task import Task
 from tests.redis_server import RedisServer
 from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until

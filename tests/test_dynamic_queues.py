@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from asyncq import Client, Inspector, ServeMux, Server, Task
 from asyncq import _keys as keys
-from asyncq._worker.flow import QueueLimits
+from asyncq._worker.limits import QueueLimits
 from asyncq._worker.processor import QueueOrder
 from asyncq._worker.queueset import QueueSet, resolve
 from tests.workers.support import FAST, wait_until

@@ -322,7 +322,7 @@ async def test_server_local_limit_bounds_one_process(redis: Redis) -> None:
 
 
 def test_rates_parse_and_refuse_bad_input() -> None:
-    from asyncq._worker.flow import parse_rate
+    from asyncq._worker.limits import parse_rate
 
     assert parse_rate("100/s").interval_us == 10_000
     assert parse_rate("600/min").interval_us == 100_000

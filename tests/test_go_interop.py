@@ -21,10 +21,10 @@ from redis.asyncio import Redis
 
 from asyncq._broker import Broker
 from asyncq._producer.client import Client
+from asyncq._worker.server import Server
 from asyncq.errors import FailedPreconditionError, RevokeTask, SkipRetry, TaskIdConflictError
 from asyncq.inspector import Inspector
 from asyncq.mux import ServeMux
-from asyncq.server import Server
 from asyncq.task import Task, TaskState
 from tests import gofixtures as go
 from tests import transitions

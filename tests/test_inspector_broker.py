@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from asyncq._broker import Broker
 from asyncq._producer.client import Client
 from asyncq._time import GO_ZERO_TIME
+from asyncq._worker.server import Server
 from asyncq.inspector import Inspector
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import (
@@ -22,7 +23,6 @@ from asyncq.proto.asynq import (
     TaskMessage,
     WorkerInfo,
 )
-from asyncq.server import Server
 from asyncq.task import Task, TaskState
 from tests import transitions
 

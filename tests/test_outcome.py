@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from asyncq._broker.workflow import WORKFLOW_HEADER, WORKFLOW_QUEUE_HEADER, WORKFLOW_STEP_HEADER
 from asyncq._logging import error_text
 from asyncq._worker.outcome import decide, not_run
+from asyncq._worker.server import Server
 from asyncq.errors import LeaseExpiredError, RateLimited, RevokeTask, SkipRetry
 from asyncq.proto.asynq import TaskMessage
-from asyncq.server import Server
 
 NOW = 1_700_000_000.0
 LOG = structlog.get_logger("test")

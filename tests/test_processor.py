@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
+from asyncq._worker.result_writer import ResultWriteError
 from asyncq.errors import (
     DeadlineExceededError,
     LeaseExpiredError,
@@ -23,7 +24,6 @@ from asyncq.errors import (
     TaskCanceledError,
 )
 from asyncq.mux import ServeMux
-from asyncq.result import ResultWriteError
 from asyncq.task import Task
 from tests.helpers import one_handler, wait_gone, wait_state
 from tests.workers.support import (

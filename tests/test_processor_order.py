@@ -22,10 +22,10 @@ from asyncq._worker.processor import (
     compute_deadline,
     normalize_queues,
 )
+from asyncq._worker.server import Server
 from asyncq.errors import RevokeTask, SkipRetry, wraps_error
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
-from asyncq.server import Server
 from asyncq.task import Task
 from tests.workers.support import FAST, wait_until
 

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from asyncq import Client, Inspector, Task
 from asyncq._broker import Broker
 from asyncq._broker.multiqueue import MultiQueue
-from asyncq._worker.flow import QueueLimits, parse_rate
+from asyncq._worker.limits import QueueLimits, parse_rate
 from asyncq.cli import main
 from tests.workers.flow_worker import STAMPS
 from tests.workers.support import drain, spawn, stop_process, wait_for_line, wait_until

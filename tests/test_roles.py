@@ -15,8 +15,8 @@ from asyncq._broker.multiqueue import MultiQueue
 from asyncq._logging import Backoff, RateLimiter
 from asyncq._producer.client import Client
 from asyncq._worker.lease import Lease
+from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
-from asyncq.server import Server
 from asyncq.task import Task
 from tests.redis_server import free_port
 from tests.workers.support import FAST, wait_until

@@ -32,6 +32,7 @@ from asyncq._worker.queueset import QueueSet
 from asyncq._worker.queuewatcher import QueueWatcher
 from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import RoleDeps
+from asyncq._worker.server import Server
 from asyncq._worker.syncer import Syncer
 from asyncq._worker.wakeup import QueueWakeup
 from asyncq.errors import (
@@ -43,7 +44,6 @@ from asyncq.errors import (
 )
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
-from asyncq.server import Server
 from asyncq.task import Task, TaskInfo
 from tests.fakebroker import FakeBroker
 from tests.helpers import wait_until
@@ -794,9 +794,9 @@ async def test_syncer_finish_flushes_unless_the_shutdown_is_forced() -> None:
 
 def test_every_role_has_a_place_in_the_shutdown_order() -> None:
     from asyncq._worker.healthchecker import HealthChecker
+    from asyncq._worker.server import SHUTDOWN_ORDER
     from asyncq._worker.subscriber import Subscriber
     from asyncq._worker.watchdog import Watchdog
-    from asyncq.server import SHUTDOWN_ORDER
 
     roles = [
         Processor, Heartbeater, Watchdog, Forwarder, Recoverer, Janitor, Syncer,

@@ -13,10 +13,10 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
+from asyncq._worker.server import Server
 from asyncq.errors import ServerClosedError
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
-from asyncq.server import Server
 from asyncq.task import Task
 from tests import transitions
 from tests.redis_server import free_port

@@ -12,9 +12,9 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
+from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import ServerInfo
-from asyncq.server import Server
 from asyncq.task import Task
 from tests.workers.support import (
     FAST,

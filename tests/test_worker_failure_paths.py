@@ -35,10 +35,10 @@ from asyncq._broker.multiqueue import FetchResult, MultiQueue
 from asyncq._producer.client import Client
 from asyncq._redis.options import RedisClientOpts
 from asyncq._worker import active as active_module
+from asyncq._worker.server import Server
 from asyncq.errors import LeaseExpiredError, TaskCanceledError
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
-from asyncq.server import Server
 from asyncq.task import Task
 from tests import transitions
 from tests.helpers import one_handler, wait_gone, wait_state

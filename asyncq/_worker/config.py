@@ -20,7 +20,7 @@ from typing import Any, Final, TypeAlias, TypedDict
 
 from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION
-from asyncq._worker.flow import (
+from asyncq._worker.limits import (
     Rate,
     validate_limits,
     validate_ordered,
@@ -103,13 +103,13 @@ class ServerConfig:
     sync_concurrency: int
     max_inflight_bytes: int
     queue_concurrency: Mapping[str, int] = field(default_factory=dict)
-    """Fleet-wide limit per queue (live leases); see :mod:`asyncq._worker.flow`."""
+    """Fleet-wide limit per queue (live leases); see :mod:`asyncq._worker.limits`."""
     local_queue_concurrency: Mapping[str, int] = field(default_factory=dict)
     """Limit per queue for this server alone."""
     ordered_queues: tuple[str, ...] = ()
     """Queues this server marks ordered in Redis when it starts."""
     rate_limits: Mapping[str, Rate] = field(default_factory=dict)
-    """Fleet-wide token bucket per queue (Redis TIME); see :mod:`asyncq._worker.flow`."""
+    """Fleet-wide token bucket per queue (Redis TIME); see :mod:`asyncq._worker.limits`."""
     type_rate_limits: Mapping[str, Rate] = field(default_factory=dict)
     """Fleet-wide token bucket per task type, taken after the dequeue; see
     :mod:`asyncq._broker.typerate`."""

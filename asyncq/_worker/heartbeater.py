@@ -22,8 +22,8 @@ from asyncq._logging import error_text
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._time import utc_from_timestamp
 from asyncq._worker.active import ActiveTasks
-from asyncq._worker.flow import flow_record
 from asyncq._worker.lease import Lease, extend_leases
+from asyncq._worker.limits import flow_record
 from asyncq._worker.roles import PeriodicRole, RoleDeps
 from asyncq.proto.asynq import ServerInfo, WorkerInfo
 

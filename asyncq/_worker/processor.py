@@ -68,9 +68,10 @@ from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, 
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker import active as registry
 from asyncq._worker.active import ActiveTask, ActiveTasks
-from asyncq._worker.flow import TYPE_RATE_MAX_WAIT_US, QueueLimits, Rate
 from asyncq._worker.lease import Lease
+from asyncq._worker.limits import TYPE_RATE_MAX_WAIT_US, QueueLimits, Rate
 from asyncq._worker.outcome import LeaseState, Outcome, decide, not_run
+from asyncq._worker.result_writer import TaskResultWriter
 from asyncq._worker.roles import Role, RoleDeps
 from asyncq._worker.slots import Slots
 from asyncq._worker.wakeup import QueueWakeup
@@ -88,7 +89,6 @@ from asyncq.errors import (
 from asyncq.hooks import NO_HOOKS, WorkerHooks
 from asyncq.mux import Handler, sync_limiter
 from asyncq.proto.asynq import TaskMessage
-from asyncq.result import TaskResultWriter
 from asyncq.task import Task
 
 if TYPE_CHECKING:

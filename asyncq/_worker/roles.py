@@ -5,7 +5,7 @@ syncer, healthchecker, subscriber, queue watcher, aggregator: the last three
 only when configured) is one asyncio task in the server's TaskGroup, running
 :func:`supervise` around the role's ``run()``. At shutdown the server calls
 each role's :meth:`Role.drain`, waits for its task, then :meth:`Role.finish`,
-role after role in the order declared in :mod:`asyncq.server`.
+role after role in the order declared in :mod:`asyncq._worker.server`.
 
 Crash policy: **restart with exponential backoff**. A role whose ``run()``
 raises anything but a Redis error is logged at ERROR level with its

@@ -7,7 +7,7 @@ on stderr with a non-zero exit status, never a traceback.
 
 from __future__ import annotations
 
-from asyncq.cli import dev, events, flow, metrics, triage, web, workflow
+from asyncq.cli import dev, events, limits, metrics, triage, web, workflow
 from asyncq.cli._app import main
 from asyncq.cli._commands import register
 from asyncq.cli.gateway import gateway
@@ -19,7 +19,7 @@ register(main)
 main.add_command(worker)
 main.add_command(gateway)
 web.register(main)
-flow.register(main)
+limits.register(main)
 workflow.register(main)
 triage.register(main)
 events.register(main)

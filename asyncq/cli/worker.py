@@ -28,7 +28,7 @@ from asyncq.cli._app import (
 )
 from asyncq.cli._commands import DURATION
 from asyncq.cli._extras import require_extra
-from asyncq.cli.flow import LimitsType
+from asyncq.cli.limits import LimitsType
 from asyncq.cli.supervisor import (
     EXIT_CANNOT_CONNECT,
     SUPERVISOR_ENV,
@@ -367,7 +367,7 @@ def worker(
       asyncq worker myapp.tasks:mux --reload           # development
       asyncq worker --http-target 'php:*=http://php-app.internal/tasks'
     """
-    from asyncq.server import Server
+    from asyncq._worker.server import Server
 
     configure_logging(log_level.lower())
     rates = _rates(rate_limits)
@@ -505,7 +505,7 @@ def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 def _rates(items: tuple[str, ...], option: str = "--rate-limit") -> dict[str, str]:
     """``--rate-limit NAME=N/PERIOD`` (or ``--type-rate-limit``) values as ``{name: rate}``,
     checked now."""
-    from asyncq._worker.flow import validate_rates, validate_type_rates
+    from asyncq._worker.limits import validate_rates, validate_type_rates
 
     out: dict[str, str] = {}
     for item in items:

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from asyncq._redis.options import RedisTarget
+from asyncq._worker.server import Server, ServerStats
 from asyncq.app import App
 from asyncq.devserver import LocalServer, ServerBinary, ServerNotFoundError, find_server_binary
 from asyncq.mux import ServeMux
-from asyncq.server import Server, ServerStats
 
 __all__ = ["QUICK_SERVER_OPTIONS", "RedisServerProcess", "run_until_empty"]
 

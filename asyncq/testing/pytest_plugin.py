@@ -24,9 +24,9 @@ import pytest
 
 if TYPE_CHECKING:
     from asyncq._producer.client import Client
+    from asyncq._worker.server import ServerStats
     from asyncq.app import App
     from asyncq.mux import ServeMux
-    from asyncq.server import ServerStats
 
 WorkerRunner: TypeAlias = "Callable[..., Awaitable[ServerStats]]"
 """``await asyncq_worker(app_or_mux, queues=None, **server_options)``."""

@@ -21,8 +21,8 @@ from pathlib import Path
 import structlog
 
 from asyncq._producer.client import Client
+from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
-from asyncq.server import Server
 from asyncq.task import Task
 from benchmarks.systems._common import Config, Producer, System, main
 

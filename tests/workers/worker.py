@@ -31,8 +31,8 @@ import structlog
 from redis.asyncio import Redis
 
 from asyncq import parse_redis_uri
+from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
-from asyncq.server import Server
 from asyncq.task import Task
 
 STARTS = "asyncq-test:starts"
