@@ -7,6 +7,23 @@ the ``asyncq`` command line); cron-style work goes through a ``Scheduler``.
 
 from types import FunctionType as _FunctionType
 
+from asyncq._inspection.inspector import Inspector
+from asyncq._inspection.records import (
+    ArchiveReport,
+    ClusterNode,
+    DailyStats,
+    ErrorGroup,
+    ErrorGroupResult,
+    ErrorReport,
+    GroupInfo,
+    QueueInfo,
+    SchedulerEnqueueEvent,
+    SchedulerEntry,
+    ServerInfo,
+    SkippedQueue,
+    TypeRateInfo,
+    WorkerInfo,
+)
 from asyncq._producer.client import Client
 from asyncq._producer.completion import TaskFailedError
 from asyncq._producer.failover import EnqueueRetryError, RetryPolicy
@@ -66,23 +83,6 @@ from asyncq.errors import (
 )
 from asyncq.events import Event
 from asyncq.hooks import WorkerHooks
-from asyncq.inspector import (
-    ArchiveReport,
-    ClusterNode,
-    DailyStats,
-    ErrorGroup,
-    ErrorGroupResult,
-    ErrorReport,
-    GroupInfo,
-    Inspector,
-    QueueInfo,
-    SchedulerEnqueueEvent,
-    SchedulerEntry,
-    ServerInfo,
-    SkippedQueue,
-    TypeRateInfo,
-    WorkerInfo,
-)
 from asyncq.lifespan import lifespan_state
 from asyncq.mux import Handler, Middleware, ServeMux
 from asyncq.progress import progress

@@ -12,9 +12,9 @@ import structlog
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
+from asyncq._inspection.inspector import Inspector
 from asyncq._producer.client import Client
 from asyncq._worker.server import Server
-from asyncq.inspector import Inspector
 from asyncq.mux import ServeMux
 from asyncq.task import Task
 from tests.acl import temporary_acl_user

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
+from asyncq._inspection.inspector import Inspector
 from asyncq._producer.client import Client
-from asyncq.inspector import Inspector
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task, TaskInfo, TaskState
 from tests.workers.support import stored_message

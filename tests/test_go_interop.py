@@ -20,10 +20,10 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq._broker import Broker
+from asyncq._inspection.inspector import Inspector
 from asyncq._producer.client import Client
 from asyncq._worker.server import Server
 from asyncq.errors import FailedPreconditionError, RevokeTask, SkipRetry, TaskIdConflictError
-from asyncq.inspector import Inspector
 from asyncq.mux import ServeMux
 from asyncq.task import Task, TaskState
 from tests import gofixtures as go

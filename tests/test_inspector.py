@@ -14,13 +14,13 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
+from asyncq._inspection.inspector import Inspector
 from asyncq.errors import (
     FailedPreconditionError,
     QueueNotEmptyError,
     QueueNotFoundError,
     TaskNotFoundError,
 )
-from asyncq.inspector import Inspector
 from asyncq.task import TaskState
 from tests import gofixtures as go
 from tests.gofixtures import GoTask, GoWorker

@@ -11,10 +11,10 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq._broker import Broker
+from asyncq._inspection.inspector import Inspector
 from asyncq._producer.client import Client
 from asyncq._time import GO_ZERO_TIME
 from asyncq._worker.server import Server
-from asyncq.inspector import Inspector
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import (
     SchedulerEnqueueEvent,

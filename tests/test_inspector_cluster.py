@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
+from asyncq._inspection.inspector import Inspector
 from asyncq._producer.client import Client
 from asyncq.cli import main
-from asyncq.inspector import Inspector
 from asyncq.task import Task, TaskState
 from tests.cluster import RedisClusterProcs
 

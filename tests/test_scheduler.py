@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq._gofmt import parse_option_strings
+from asyncq._inspection.inspector import Inspector
 from asyncq._producer.client import Client
 from asyncq._scheduling.cron import parse_cronspec
 from asyncq._scheduling.scheduler import (
@@ -24,7 +25,6 @@ from asyncq._scheduling.scheduler import (
 )
 from asyncq._time import GO_ZERO_TIME
 from asyncq.errors import DuplicateTaskError
-from asyncq.inspector import Inspector
 from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry, TaskMessage
 from asyncq.task import Task, TaskInfo
 from tests.helpers import wait_until

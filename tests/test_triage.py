@@ -20,10 +20,10 @@ from asyncq import _keys as keys
 from asyncq._broker import triage as triage_mod
 from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._errsig import MAX_MESSAGE, error_signature, normalise_message, split_error
+from asyncq._inspection.inspector import Inspector
 from asyncq._logging import error_text
 from asyncq.cli import main
 from asyncq.errors import BrokerError, QueueNotFoundError
-from asyncq.inspector import Inspector
 from asyncq.task import TaskState
 from tests import gofixtures as go
 from tests.gofixtures import GoTask

@@ -2,7 +2,7 @@
 
 Every method here maps to one Redis round trip or one Lua script from
 ``lua/inspect_*.lua`` with asynq's KEYS/ARGV contracts, and returns plain
-decoded data; :class:`asyncq.inspector.Inspector` validates arguments, checks
+decoded data; :class:`asyncq._inspection.inspector.Inspector` validates arguments, checks
 that queues exist and turns these results into public records. Where released
 asynq leaves task hashes behind (archive trimming, queue removal) the scripts
 delete them instead, so no ``t:<id>`` hash is ever unreachable and no ID is ever

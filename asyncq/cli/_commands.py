@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from redis.exceptions import ResponseError
 
+from asyncq._inspection.inspector import Inspector
+from asyncq._inspection.records import ARCHIVE_LIMIT, ArchiveReport, QueueInfo, ServerInfo
 from asyncq.cli._app import CliError, run_async, settings
 from asyncq.cli._extras import require_extra
 from asyncq.cli._format import (
@@ -26,7 +28,6 @@ from asyncq.cli._format import (
     to_json,
 )
 from asyncq.errors import AsyncqError
-from asyncq.inspector import ARCHIVE_LIMIT, ArchiveReport, Inspector, QueueInfo, ServerInfo
 from asyncq.task import TaskInfo, TaskState
 
 __all__ = ["register"]

@@ -22,6 +22,8 @@ from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Static, Tab, Tabs
 
+from asyncq._inspection.inspector import Inspector
+from asyncq._inspection.records import QueueInfo, SchedulerEntry, ServerInfo, TypeRateInfo
 from asyncq._redis.options import RedisTarget
 from asyncq.cli._format import (
     format_bytes,
@@ -32,7 +34,6 @@ from asyncq.cli._format import (
     task_text,
 )
 from asyncq.errors import AsyncqError, TaskNotFoundError
-from asyncq.inspector import Inspector, QueueInfo, SchedulerEntry, ServerInfo, TypeRateInfo
 from asyncq.task import TaskInfo, TaskState
 
 __all__ = ["DashApp"]

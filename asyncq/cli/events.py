@@ -6,9 +6,9 @@ import json
 
 import click
 
+from asyncq._inspection.inspector import Inspector
 from asyncq.cli._commands import json_option, with_inspector
 from asyncq.events import EVENT_KINDS, Event, read_events
-from asyncq.inspector import Inspector
 
 __all__ = ["events", "register"]
 

@@ -6,11 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from asyncq._inspection.inspector import Inspector
+from asyncq._inspection.records import TypeRateInfo
 from asyncq._worker.queueset import is_pattern, validate_pattern
 from asyncq.cli._app import CliError
 from asyncq.cli._commands import each, json_option, queue, report_errors, with_inspector
 from asyncq.cli._format import format_duration, table, to_json
-from asyncq.inspector import Inspector, TypeRateInfo
 
 __all__ = ["LimitsType", "limit", "parse_limits", "register", "typerate"]
 

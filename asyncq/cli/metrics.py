@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 import click
 
+from asyncq._inspection.inspector import Inspector
 from asyncq.cli._commands import DURATION, json_option, with_inspector
 from asyncq.cli._format import format_duration, table, to_json
 from asyncq.cli.web import metrics
 from asyncq.history import TypeMetrics
-from asyncq.inspector import Inspector
 
 __all__ = ["metrics_top", "register", "top_text"]
 

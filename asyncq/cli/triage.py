@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 
 import click
 
+from asyncq._inspection.inspector import ERROR_SCAN_LIMIT, Inspector
+from asyncq._inspection.records import ErrorGroupResult, ErrorReport
 from asyncq.cli._commands import json_option, task, with_inspector
 from asyncq.cli._format import relative, to_json
-from asyncq.inspector import ERROR_SCAN_LIMIT, ErrorGroupResult, ErrorReport, Inspector
 
 __all__ = ["errors", "register"]
 

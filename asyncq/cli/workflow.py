@@ -11,9 +11,9 @@ from typing import Any
 import click
 
 from asyncq import Inspector, WorkflowInfo
+from asyncq._inspection.records import WorkflowPage
 from asyncq.cli._app import run_async, settings
 from asyncq.cli._format import format_duration, format_time, table
-from asyncq.inspector import WorkflowPage
 
 __all__ = ["register", "workflow"]
 

@@ -15,7 +15,7 @@ from starlette.templating import Jinja2Templates
 import asyncq.web._render as r
 from asyncq import QueueNotFoundError, SkippedQueue, TaskState
 from asyncq._http import quote_segment
-from asyncq.inspector import ARCHIVE_LIMIT, WorkerInfo
+from asyncq._inspection.records import ARCHIVE_LIMIT, WorkerInfo
 from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, find_task, queue_infos, task_page
 from asyncq.web._state import state
 

@@ -12,7 +12,7 @@ from starlette.routing import Route
 
 import asyncq.web._render as r
 from asyncq import WorkflowInfo
-from asyncq.inspector import WorkflowPage, WorkflowSummary
+from asyncq._inspection.records import WorkflowPage, WorkflowSummary
 from asyncq.web._api import MAX_PAGE_SIZE, _inspector, _int, _json
 from asyncq.web._pages import render
 from asyncq.web._state import state
