@@ -3,9 +3,9 @@
 ``SchedulerEntry.enqueue_options`` holds each enqueue option as Go's
 ``Option.String()`` renders it (``MaxRetry(3)``, ``Queue("critical")``,
 ``Timeout(30m0s)``, ...), and asynq's Inspector parses them back. This module
-reproduces Go's ``time.Duration.String``/``time.ParseDuration``,
-``time.UnixDate`` formatting/parsing and ``strconv.Quote``/``Unquote`` so the
-strings asyncq writes are exactly the ones a Go scheduler would write.
+reproduces Go's ``time.UnixDate`` formatting/parsing and ``strconv.Quote``/``Unquote`` so the
+strings asyncq writes are exactly the ones a Go scheduler would write; Go's
+``time.Duration`` text is :mod:`asyncq._duration`'s.
 """
 
 from __future__ import annotations
@@ -16,174 +16,19 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+from asyncq._duration import go_duration, parse_go_duration
 from asyncq._time import require_aware
 from asyncq.task import EnqueueOptions
 
 __all__ = [
-    "go_duration",
     "go_quote",
     "go_unix_date",
     "go_unquote",
     "option_strings",
-    "parse_go_duration",
     "parse_go_unix_date",
     "parse_option_string",
     "parse_option_strings",
 ]
-
-_NS_PER_US = 1_000
-_NS_PER_MS = 1_000_000
-_NS_PER_S = 1_000_000_000
-_MAX_NS = (1 << 63) - 1
-_MIN_NS = -(1 << 63)
-
-_US = timedelta(microseconds=1)
-
-
-# -- time.Duration ------------------------------------------------------------------------
-
-
-def _frac(v: int, prec: int) -> tuple[str, int]:
-    """Go's fmtFrac: the fraction of v / 10**prec without trailing zeros, and the rest."""
-    digits: list[str] = []
-    printing = False
-    for _ in range(prec):
-        digit = v % 10
-        printing = printing or digit != 0
-        if printing:
-            digits.append(str(digit))
-        v //= 10
-    if not printing:
-        return "", v
-    return "." + "".join(reversed(digits)), v
-
-
-def format_go_duration_ns(ns: int) -> str:
-    """Go's ``time.Duration(ns).String()``."""
-    if not _MIN_NS <= ns <= _MAX_NS:
-        raise ValueError(f"duration of {ns} ns does not fit Go's time.Duration (±292 years)")
-    u = -ns if ns < 0 else ns
-    sign = "-" if ns < 0 else ""
-    if u < _NS_PER_S:
-        if u == 0:
-            return "0s"
-        if u < _NS_PER_US:
-            prec, unit = 0, "ns"
-        elif u < _NS_PER_MS:
-            prec, unit = 3, "µs"  # U+00B5 MICRO SIGN, as Go writes it
-        else:
-            prec, unit = 6, "ms"
-        frac, u = _frac(u, prec)
-        return f"{sign}{u}{frac}{unit}"
-    frac, u = _frac(u, 9)
-    out = f"{u % 60}{frac}s"
-    u //= 60
-    if u > 0:
-        out = f"{u % 60}m{out}"
-        u //= 60
-        if u > 0:
-            out = f"{u}h{out}"
-    return sign + out
-
-
-def go_duration(value: timedelta) -> str:
-    """Format like Go's ``time.Duration.String()``: ``1h2m3s``, ``30m0s``, ``1.5s``, ``500ms``."""
-    if not isinstance(value, timedelta):
-        raise TypeError(f"expected a timedelta, got {value.__class__.__name__}")
-    return format_go_duration_ns((value // _US) * _NS_PER_US)
-
-
-_UNITS: dict[str, int] = {
-    "ns": 1,
-    "us": _NS_PER_US,
-    "µs": _NS_PER_US,  # U+00B5 micro sign
-    "μs": _NS_PER_US,  # U+03BC Greek mu
-    "ms": _NS_PER_MS,
-    "s": _NS_PER_S,
-    "m": 60 * _NS_PER_S,
-    "h": 3600 * _NS_PER_S,
-}
-
-
-def parse_go_duration_ns(text: str) -> int:
-    """Go's ``time.ParseDuration``, in nanoseconds (same grammar, errors and rounding)."""
-    if not isinstance(text, str):
-        raise TypeError(f"expected a str, got {text.__class__.__name__}")
-    s = text
-    neg = False
-    if s and s[0] in "+-":
-        neg = s[0] == "-"
-        s = s[1:]
-    if s == "0":
-        return 0
-    if not s:
-        raise ValueError(f"invalid duration {text!r}")
-    total = 0
-    while s:
-        if not (s[0] == "." or "0" <= s[0] <= "9"):
-            raise ValueError(f"invalid duration {text!r}")
-        i = 0
-        while i < len(s) and "0" <= s[i] <= "9":
-            i += 1
-        pre = i > 0
-        v = int(s[:i]) if pre else 0
-        if v > 1 << 63:
-            raise ValueError(f"invalid duration {text!r}")
-        s = s[i:]
-        f, scale, post = 0, 1.0, False
-        if s.startswith("."):
-            s = s[1:]
-            i = 0
-            overflow = False
-            while i < len(s) and "0" <= s[i] <= "9":
-                if not overflow:
-                    y = f * 10 + int(s[i])
-                    if f > _MAX_NS // 10 or y > 1 << 63:
-                        overflow = True
-                    else:
-                        f = y
-                        scale *= 10
-                i += 1
-            post = i > 0
-            s = s[i:]
-        if not pre and not post:
-            raise ValueError(f"invalid duration {text!r}")
-        i = 0
-        while i < len(s) and not (s[i] == "." or "0" <= s[i] <= "9"):
-            i += 1
-        if i == 0:
-            raise ValueError(f"missing unit in duration {text!r}")
-        unit_text, s = s[:i], s[i:]
-        unit = _UNITS.get(unit_text)
-        if unit is None:
-            raise ValueError(f"unknown unit {unit_text!r} in duration {text!r}")
-        if v > (1 << 63) // unit:
-            raise ValueError(f"invalid duration {text!r}")
-        v *= unit
-        if f > 0:
-            # Go converts through float64 here; do the same to round identically.
-            v += int(float(f) * (float(unit) / scale))
-            if v > 1 << 63:
-                raise ValueError(f"invalid duration {text!r}")
-        total += v
-        if total > 1 << 63:
-            raise ValueError(f"invalid duration {text!r}")
-    if neg:
-        return -total
-    if total > _MAX_NS:
-        raise ValueError(f"invalid duration {text!r}")
-    return total
-
-
-def parse_go_duration(text: str) -> timedelta:
-    """Parse a Go duration string (``"1h30m"``, ``"1.5s"``, ``"-2ms"``) into a timedelta.
-
-    Sub-microsecond parts are truncated toward zero (timedelta has no nanoseconds).
-    """
-    ns = parse_go_duration_ns(text)
-    us = abs(ns) // _NS_PER_US
-    return timedelta(microseconds=-us if ns < 0 else us)
-
 
 # -- time.UnixDate ------------------------------------------------------------------------
 
@@ -395,12 +240,6 @@ def _utc_date(value: object, name: str) -> str:
     return go_unix_date(require_aware(value, name).astimezone(UTC))
 
 
-def _duration(value: object, name: str) -> str:
-    if not isinstance(value, timedelta):
-        raise TypeError(f"{name} must be a timedelta, got {value.__class__.__name__}")
-    return go_duration(value)
-
-
 def _text(value: object, name: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, got {value.__class__.__name__}")
@@ -424,19 +263,19 @@ def option_strings(options: EnqueueOptions | Mapping[str, object]) -> list[str]:
         elif name == "queue":
             out.append(f"Queue({_text(value, name)})")
         elif name == "timeout":
-            out.append(f"Timeout({_duration(value, name)})")
+            out.append(f"Timeout({go_duration(value, name)})")
         elif name == "deadline":
             out.append(f"Deadline({_utc_date(value, name)})")
         elif name == "unique":
-            out.append(f"Unique({_duration(value, name)})")
+            out.append(f"Unique({go_duration(value, name)})")
         elif name == "process_at":
             out.append(f"ProcessAt({_utc_date(value, name)})")
         elif name == "process_in":
-            out.append(f"ProcessIn({_duration(value, name)})")
+            out.append(f"ProcessIn({go_duration(value, name)})")
         elif name == "task_id":
             out.append(f"TaskID({_text(value, name)})")
         elif name == "retention":
-            out.append(f"Retention({_duration(value, name)})")
+            out.append(f"Retention({go_duration(value, name)})")
         elif name == "group":
             out.append(f"Group({_text(value, name)})")
         elif name == "headers":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 __all__ = [
     "GO_ZERO_TIME",
@@ -60,8 +60,3 @@ def from_unix(seconds: int) -> datetime | None:
     if seconds == 0:
         return None
     return utc_from_timestamp(seconds)
-
-
-def seconds(value: timedelta) -> int:
-    """Whole seconds of a duration, truncated toward zero like Go's int64(d.Seconds())."""
-    return int(value.total_seconds())

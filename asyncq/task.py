@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from typing_extensions import Unpack
 
+from asyncq._duration import from_stored_seconds
 from asyncq._time import from_unix, utc_from_timestamp
 from asyncq.proto.asynq import TaskMessage
 
@@ -249,11 +250,11 @@ class TaskInfo:
             retried=msg.retried,
             last_error=msg.error_msg,
             last_failed_at=from_unix(msg.last_failed_at),
-            timeout=_duration(msg.timeout),
+            timeout=from_stored_seconds(msg.timeout),
             deadline=from_unix(msg.deadline),
             group=msg.group_key,
             next_process_at=next_process_at,
-            retention=_duration(msg.retention),
+            retention=from_stored_seconds(msg.retention),
             completed_at=from_unix(msg.completed_at),
             result=result,
             headers=dict(msg.headers),
@@ -263,16 +264,6 @@ class TaskInfo:
     def json(self) -> Any:
         """Decode the payload as JSON."""
         return json.loads(self.payload)
-
-
-def _duration(seconds: int) -> timedelta | None:
-    """Stored seconds as a timedelta (0: None), clamped to timedelta's range."""
-    if not seconds:
-        return None
-    try:
-        return timedelta(seconds=seconds)
-    except OverflowError:
-        return timedelta.max if seconds > 0 else timedelta.min
 
 
 if TYPE_CHECKING:  # keep the Protocol honest for mypy

@@ -23,8 +23,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
+from asyncq._duration import parse_cli_duration
 from asyncq.cli import main
-from asyncq.cli._format import format_payload, parse_duration, parse_time, table
+from asyncq.cli._format import format_payload, parse_time, table
 from tests import gofixtures as go
 from tests.gofixtures import GoTask, GoWorker
 from tests.redis_server import free_port
@@ -647,15 +648,15 @@ def test_interrupt_and_unexpected_errors_are_one_line(
 def test_parse_go_durations(h: int, m: int, s: int, ms: int) -> None:
     text = "".join(f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (s, "s"), (ms, "ms")) if v) or "0"
     expected = timedelta(hours=h, minutes=m, seconds=s, milliseconds=ms)
-    assert abs(parse_duration(text) - expected) < timedelta(microseconds=1)
+    assert abs(parse_cli_duration(text) - expected) < timedelta(microseconds=1)
 
 
 def test_parse_duration_and_time_errors() -> None:
-    assert parse_duration("1.5s") == timedelta(seconds=1.5)
-    assert parse_duration("2h45m") == timedelta(hours=2, minutes=45)
+    assert parse_cli_duration("1.5s") == timedelta(seconds=1.5)
+    assert parse_cli_duration("2h45m") == timedelta(hours=2, minutes=45)
     for bad, msg in [("-5s", "negative"), ("5", "missing unit"), ("5d", "units"), ("", "e.g.")]:
         with pytest.raises(ValueError, match=msg):
-            parse_duration(bad)
+            parse_cli_duration(bad)
     assert parse_time("2026-05-01T12:00:00Z") == datetime(2026, 5, 1, 12, tzinfo=UTC)
     with pytest.raises(ValueError, match="UTC offset"):
         parse_time("2026-05-01T12:00:00")

@@ -14,15 +14,17 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
-from asyncq._gofmt import (
+from asyncq._duration import (
     format_go_duration_ns,
     go_duration,
+    parse_go_duration,
+    parse_go_duration_ns,
+)
+from asyncq._gofmt import (
     go_quote,
     go_unix_date,
     go_unquote,
     option_strings,
-    parse_go_duration,
-    parse_go_duration_ns,
     parse_go_unix_date,
     parse_option_strings,
 )

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncq.web._render import body, duration_text, relative
+from asyncq._duration import format_short
+from asyncq.web._render import body, relative
 
 
 @settings(deadline=None)  # a shared, busy machine: no per-example time limit
@@ -47,9 +48,9 @@ def test_examples() -> None:
     assert body(b"\x00\xff").text.startswith("00000000  00 ff")
     big = body(bytes(range(256)) * 20, hex_limit=32)
     assert big.text.endswith("… 5088 more bytes")
-    assert duration_text(timedelta(hours=1, minutes=2, seconds=3)) == "1h2m"
-    assert duration_text(timedelta(seconds=59)) == "59s"
-    assert duration_text(timedelta(milliseconds=250)) == "250ms"
+    assert format_short(timedelta(hours=1, minutes=2, seconds=3)) == "1h2m"
+    assert format_short(timedelta(seconds=59)) == "59s"
+    assert format_short(timedelta(milliseconds=250)) == "250ms"
     now = datetime(2026, 1, 1, tzinfo=UTC)
     assert relative(now + timedelta(minutes=5), now) == "in 5m"
     assert relative(now - timedelta(seconds=7), now) == "7s ago"

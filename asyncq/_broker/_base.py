@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 from asyncq import _keys as keys
 from asyncq._broker.replication import Replication
 from asyncq._codec import decode_task_message, encode_task_message
+from asyncq._duration import ttl_seconds
 from asyncq._logging import error_text
 from asyncq._redis.errors import REDIS_ERRORS, is_out_of_memory
 from asyncq._redis.options import RedisClient
@@ -150,16 +151,8 @@ def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def whole_seconds(value: float | timedelta, name: str) -> int:
-    """Whole seconds of a duration given as seconds or a timedelta (Go truncates)."""
-    secs = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if secs < 0:
-        raise ValueError(f"{name} must not be negative, got {value!r}")
-    return int(secs)
-
-
 def lock_ttl(ttl: int | float | timedelta) -> int:
-    secs = whole_seconds(ttl, "unique lock TTL")
+    secs = ttl_seconds(ttl, "unique lock TTL")
     if secs < 1:
         raise ValueError(f"unique lock TTL must be at least 1 second, got {ttl!r}")
     return secs
@@ -389,7 +382,7 @@ def check_group(group: str) -> None:
 
 
 def record_ttl(ttl: float | timedelta) -> int:
-    secs = whole_seconds(ttl, "ttl")
+    secs = ttl_seconds(ttl, "ttl")
     if secs < 1:
         raise ValueError(f"ttl must be at least 1 second, got {ttl!r}")
     return secs

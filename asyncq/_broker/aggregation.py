@@ -12,8 +12,8 @@ from asyncq._broker._base import (
     BrokerBase,
     as_text,
     check_group,
-    whole_seconds,
 )
+from asyncq._duration import ttl_seconds
 from asyncq._redis.scripts import load_script
 from asyncq._time import to_unix
 from asyncq.errors import (
@@ -58,8 +58,8 @@ class Aggregation(BrokerBase):
         check_group(group)
         if max_size < 0:
             raise ValueError(f"max_size must not be negative, got {max_size}")
-        grace = whole_seconds(grace_period, "grace_period")
-        delay = whole_seconds(max_delay, "max_delay")
+        grace = ttl_seconds(grace_period, "grace_period")
+        delay = ttl_seconds(max_delay, "max_delay")
         tick = to_unix(t)
         set_id = str(uuid.uuid4())
         gkey = qk.group_prefix + group

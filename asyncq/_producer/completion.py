@@ -36,7 +36,6 @@ __all__ = [
     "DEFAULT_POLL_INTERVAL",
     "ResultWaiter",
     "TaskFailedError",
-    "seconds",
 ]
 
 DEFAULT_POLL_INTERVAL = timedelta(seconds=1)
@@ -45,20 +44,6 @@ DEFAULT_POLL_INTERVAL = timedelta(seconds=1)
 _SUBSCRIBE_WAIT = 1.0  # longest a first wait on a queue waits for its subscription
 
 log = get_logger()
-
-
-def seconds(value: timedelta | float | None, name: str) -> float | None:
-    """A timeout given as a timedelta or seconds, as seconds (None: no limit)."""
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    elif isinstance(value, bool) or not isinstance(value, int | float):
-        kind = type(value).__name__
-        raise TypeError(f"{name} must be a datetime.timedelta or seconds, got {kind}")
-    if value < 0:
-        raise ValueError(f"{name} cannot be negative, got {value}")
-    return float(value)
 
 
 def _bytes(value: bytes | str) -> bytes:

@@ -22,6 +22,7 @@ from typing import NamedTuple
 from asyncq import _keys as keys
 from asyncq._broker import BatchItem
 from asyncq._codec import encode_task_head, encode_task_headers, encode_task_message
+from asyncq._duration import non_negative, whole_seconds
 from asyncq._suggest import ENQUEUE_OPTION_ALIASES, suggest
 from asyncq._time import require_aware, to_unix
 from asyncq.proto.asynq import TaskMessage
@@ -49,7 +50,6 @@ DEFAULT_TIMEOUT = timedelta(minutes=30)
 """Timeout stored when neither ``timeout`` nor ``deadline`` is given."""
 
 _MAX_INT32 = 2**31 - 1
-_SECOND = timedelta(seconds=1)
 _OPTION_NAMES = frozenset(EnqueueOptions.__annotations__)
 
 
@@ -190,16 +190,6 @@ def _duration(opts: Mapping[str, object], name: str) -> timedelta | None:
     return value
 
 
-def _whole_seconds(value: timedelta) -> int:
-    """Whole seconds of a non-negative duration, exactly.
-
-    Integer division, not ``total_seconds()``: the float rounds values near
-    ``timedelta.max`` up past what a timedelta (and so TaskInfo) can hold.
-    Every timedelta fits asynq's int64 seconds this way.
-    """
-    return value // _SECOND
-
-
 def _instant(opts: Mapping[str, object], name: str) -> datetime | None:
     value = opts.get(name)
     if value is None:
@@ -240,7 +230,7 @@ def compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) -
     if max_retry > _MAX_INT32:
         raise ValueError(f"max_retry must fit in 32 bits, got {max_retry}")
 
-    timeout = _duration(opts, "timeout")
+    timeout = non_negative(opts.get("timeout"), "timeout")
     if timeout is not None and timedelta(0) < timeout < timedelta(seconds=1):
         # Stored as whole seconds: a sub-second timeout would become 0 = "no timeout".
         raise ValueError(f"timeout must be at least 1s (asynq stores whole seconds), got {timeout}")
@@ -248,13 +238,13 @@ def compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) -
     if not timeout and deadline is None:
         timeout = DEFAULT_TIMEOUT
 
-    unique = _duration(opts, "unique")
+    unique = non_negative(opts.get("unique"), "unique")
     if unique is not None and unique < timedelta(seconds=1):
         raise ValueError("Unique TTL cannot be less than 1s")
-    retention = _duration(opts, "retention")
+    retention = non_negative(opts.get("retention"), "retention")
 
     process_at = _instant(opts, "process_at")
-    process_in = _duration(opts, "process_in")
+    process_in = non_negative(opts.get("process_in"), "process_in")
     if process_in is not None:
         try:
             process_at = now + process_in
@@ -270,11 +260,11 @@ def compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) -
         id=task_id,
         queue=queue,
         retry=max_retry,
-        timeout=_whole_seconds(timeout) if timeout else 0,
+        timeout=whole_seconds(timeout) if timeout else 0,
         deadline=to_unix(deadline) if deadline is not None else 0,
         unique_key=keys.unique_key(queue, task.type, task.payload) if unique else "",
         group_key=group or "",
-        retention=_whole_seconds(retention) if retention else 0,
+        retention=whole_seconds(retention) if retention else 0,
     )
     if process_at > now:
         state = TaskState.SCHEDULED  # scheduling wins over grouping, as in asynq
@@ -291,7 +281,7 @@ def compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) -
             raise ValueError(
                 f"unique is too long for process_at {process_at}: {unique!r}"
             ) from None
-        unique_ttl = _whole_seconds(lock)
+        unique_ttl = whole_seconds(lock)
     return Composed(message, state, process_at.astimezone(UTC), unique_ttl, group)
 
 

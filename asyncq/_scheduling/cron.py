@@ -45,7 +45,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from croniter.croniter import CroniterError
 
-from asyncq._gofmt import parse_go_duration
+from asyncq._duration import parse_go_duration
 from asyncq._time import require_aware
 
 __all__ = [

@@ -20,6 +20,7 @@ from typing import Any, Final, TypeAlias, TypedDict
 
 from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION
+from asyncq._duration import positive_seconds
 from asyncq._worker.limits import (
     Rate,
     validate_limits,
@@ -162,17 +163,6 @@ class ServerStats:
     """Total seconds the event loop was blocked in those stalls."""
     role_restarts: Counter[str] = field(default_factory=Counter)
     """Crashes per role (each followed by a restart)."""
-
-
-def _duration(name: str, value: object, *, minimum: timedelta = timedelta(0)) -> float:
-    """*value* in seconds: a timedelta above zero and at least *minimum*."""
-    if not isinstance(value, timedelta):
-        raise TypeError(f"{name} must be a datetime.timedelta, got {value.__class__.__name__}")
-    if value <= minimum and minimum == timedelta(0):
-        raise ValueError(f"{name} must be positive, got {value}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return value.total_seconds()
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -397,18 +387,18 @@ def build_config(
     ):
         _callable(label, fn)
     second = timedelta(seconds=1)
-    grace = _duration(name["group_grace_period"], agg.grace_period, minimum=second)
+    grace = positive_seconds(agg.grace_period, name["group_grace_period"], minimum=second)
     max_delay = 0.0
     if agg.max_delay is not None and agg.max_delay != timedelta(0):
-        max_delay = _duration(name["group_max_delay"], agg.max_delay, minimum=second)
+        max_delay = positive_seconds(agg.max_delay, name["group_max_delay"], minimum=second)
     max_size = 0
     if agg.max_size is not None and agg.max_size != 0:
         max_size = _positive_int(name["group_max_size"], agg.max_size)
     check_interval = min(7.0, grace)
     if agg.check_interval is not None:
-        check_interval = _duration(name["group_check_interval"], agg.check_interval)
-    heartbeat = _duration(name["heartbeat_interval"], every.heartbeat)
-    lease = _duration("lease_duration", lease_duration, minimum=timedelta(seconds=2))
+        check_interval = positive_seconds(agg.check_interval, name["group_check_interval"])
+    heartbeat = positive_seconds(every.heartbeat, name["heartbeat_interval"])
+    lease = positive_seconds(lease_duration, "lease_duration", minimum=timedelta(seconds=2))
     if lease <= heartbeat:
         raise ValueError(
             f"lease_duration ({lease_duration}) must be longer than "
@@ -430,18 +420,18 @@ def build_config(
         retry_delay=retry_delay,
         is_failure=is_failure,
         error_handler=error_handler,
-        shutdown_timeout=_duration("shutdown_timeout", shutdown_timeout),
+        shutdown_timeout=positive_seconds(shutdown_timeout, "shutdown_timeout"),
         health_check=health_check,
-        health_check_interval=_duration(name["health_check_interval"], every.health_check),
-        task_check_interval=_duration(name["task_check_interval"], every.task_check),
-        delayed_task_check_interval=_duration(
-            name["delayed_task_check_interval"], every.delayed_task_check
+        health_check_interval=positive_seconds(every.health_check, name["health_check_interval"]),
+        task_check_interval=positive_seconds(every.task_check, name["task_check_interval"]),
+        delayed_task_check_interval=positive_seconds(
+            every.delayed_task_check, name["delayed_task_check_interval"]
         ),
-        janitor_interval=_duration(name["janitor_interval"], every.janitor),
+        janitor_interval=positive_seconds(every.janitor, name["janitor_interval"]),
         janitor_batch_size=_positive_int(name["janitor_batch_size"], bound.janitor_batch_size),
         heartbeat_interval=heartbeat,
         lease_duration=lease,
-        recoverer_interval=_duration(name["recoverer_interval"], every.recoverer),
+        recoverer_interval=positive_seconds(every.recoverer, name["recoverer_interval"]),
         recoverer_cutoff=cutoff.total_seconds(),
         group_aggregator=agg.aggregator,
         group_grace_period=grace,
@@ -458,5 +448,7 @@ def build_config(
         rate_limits=validate_rates(name["rate_limits"], bound.rate_limits),
         ordered_queues=validate_ordered(bound.ordered_queues),
         type_rate_limits=validate_type_rates(name["type_rate_limits"], bound.type_rate_limits),
-        queue_refresh_interval=_duration(name["queue_refresh_interval"], every.queue_refresh),
+        queue_refresh_interval=positive_seconds(
+            every.queue_refresh, name["queue_refresh_interval"]
+        ),
     )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from redis.exceptions import ResponseError
 
+from asyncq._duration import format_short, parse_cli_duration
 from asyncq._inspection.inspector import Inspector
 from asyncq._inspection.records import ARCHIVE_LIMIT, ArchiveReport, QueueInfo, ServerInfo
 from asyncq.cli._app import CliError, run_async, settings
@@ -16,10 +17,8 @@ from asyncq.cli._extras import require_extra
 from asyncq.cli._format import (
     bar_chart,
     format_bytes,
-    format_duration,
     format_payload,
     format_time,
-    parse_duration,
     parse_time,
     relative,
     table,
@@ -110,7 +109,7 @@ class DurationType(_DurationParam):
         if isinstance(value, timedelta):
             return value
         try:
-            return parse_duration(str(value))
+            return parse_cli_duration(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
@@ -268,7 +267,7 @@ def _queue_text(q: QueueInfo) -> str:
     states = ["active", "pending", "aggregating", "scheduled", "retry", "archived", "completed"]
     lines = [
         f"Queue: {q.queue}",
-        f"Size: {q.size}    Groups: {q.groups}    Latency: {format_duration(q.latency)}    "
+        f"Size: {q.size}    Groups: {q.groups}    Latency: {format_short(q.latency)}    "
         f"Memory usage: {format_bytes(q.memory_usage)}    Paused: {'yes' if q.paused else 'no'}",
         "",
         table(states, [[str(getattr(q, s)) for s in states]]),

@@ -7,22 +7,20 @@ import dataclasses
 import enum
 import json
 import os
-import re
 import shutil
 import sys
 from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+from asyncq._duration import format_short
 from asyncq.task import TaskInfo, TaskState
 
 __all__ = [
     "bar_chart",
     "format_bytes",
-    "format_duration",
     "format_payload",
     "format_time",
-    "parse_duration",
     "parse_time",
     "relative",
     "table",
@@ -31,56 +29,6 @@ __all__ = [
     "terminal_width",
     "to_json",
 ]
-
-_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-
-
-def parse_duration(text: str) -> timedelta:
-    """Parse a Go duration string (``30s``, ``5m``, ``1h30m``, ``1.5s``, ``500ms``).
-
-    Raises ValueError naming the problem.
-    """
-    s = text.strip()
-    if s in ("0", "+0"):
-        return timedelta(0)
-    if s.startswith("-"):
-        raise ValueError(f"invalid duration {text!r}: must not be negative")
-    s = s.removeprefix("+")
-    if not s:
-        raise ValueError("invalid duration '': expected e.g. 30s, 5m or 1h30m")
-    pos = 0
-    total = 0.0
-    while pos < len(s):
-        m = _PART.match(s, pos)
-        if m is None:
-            if re.fullmatch(r"\d+(\.\d*)?", s[pos:]):
-                raise ValueError(f"invalid duration {text!r}: missing unit (e.g. 30s, 5m or 1h30m)")
-            raise ValueError(
-                f"invalid duration {text!r}: expected numbers with units ns, us, ms, s, m, h "
-                "(e.g. 30s, 5m or 1h30m)"
-            )
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    if total > _MAX_DURATION_S:
-        raise ValueError(
-            f"invalid duration {text!r}: too large (a duration holds at most "
-            "2562047h47m16s, about 292 years)"
-        )
-    return timedelta(seconds=total)
-
-
-_MAX_DURATION_S = (2**63 - 1) / 1e9
-"""Go's largest time.Duration (int64 nanoseconds), in seconds."""
 
 
 def parse_time(text: str) -> datetime:
@@ -95,26 +43,6 @@ def parse_time(text: str) -> datetime:
     if when.tzinfo is None:
         raise ValueError(f"invalid time {text!r}: a UTC offset is required (e.g. Z or +02:00)")
     return when
-
-
-def format_duration(d: timedelta) -> str:
-    """A compact duration: ``0s``, ``850ms``, ``45s``, ``4m30s``, ``3h5m``, ``2d4h``."""
-    total = d.total_seconds()
-    sign = "-" if total < 0 else ""
-    total = abs(total)
-    if total < 1:
-        return f"{sign}{round(total * 1000)}ms" if total else "0s"
-    secs = int(total)
-    days, rem = divmod(secs, 86400)
-    hours, rem = divmod(rem, 3600)
-    minutes, seconds = divmod(rem, 60)
-    if days:
-        return f"{sign}{days}d{hours}h" if hours else f"{sign}{days}d"
-    if hours:
-        return f"{sign}{hours}h{minutes}m" if minutes else f"{sign}{hours}h"
-    if minutes:
-        return f"{sign}{minutes}m{seconds}s" if seconds else f"{sign}{minutes}m"
-    return f"{sign}{seconds}s"
 
 
 def format_time(when: datetime | None) -> str:
@@ -132,8 +60,8 @@ def relative(when: datetime | None, now: datetime) -> str:
     if abs(delta.total_seconds()) < 1:
         return "now"
     if delta > timedelta(0):
-        return f"in {format_duration(delta)}"
-    return f"{format_duration(-delta)} ago"
+        return f"in {format_short(delta)}"
+    return f"{format_short(-delta)} ago"
 
 
 def format_bytes(n: int) -> str:
@@ -301,7 +229,7 @@ def task_text(t: TaskInfo) -> str:
         ("Type", t.type),
         ("State", t.state.value + (" (orphaned)" if t.is_orphaned else "")),
         ("Retried", f"{t.retried}/{t.max_retry}"),
-        ("Timeout", format_duration(t.timeout) if t.timeout else "-"),
+        ("Timeout", format_short(t.timeout) if t.timeout else "-"),
         ("Deadline", format_time(t.deadline)),
     ]
     if t.progress is not None:
@@ -320,7 +248,7 @@ def task_text(t: TaskInfo) -> str:
     if t.completed_at is not None:
         lines.append(("Completed", format_time(t.completed_at)))
     if t.retention is not None:
-        lines.append(("Retention", format_duration(t.retention)))
+        lines.append(("Retention", format_short(t.retention)))
     if t.headers:
         lines.append(("Headers", ", ".join(f"{k}={v}" for k, v in sorted(t.headers.items()))))
     lines.append(("Payload", format_payload(t.payload, one_line=False)))

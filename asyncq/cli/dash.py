@@ -22,17 +22,11 @@ from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Static, Tab, Tabs
 
+from asyncq._duration import format_short
 from asyncq._inspection.inspector import Inspector
 from asyncq._inspection.records import QueueInfo, SchedulerEntry, ServerInfo, TypeRateInfo
 from asyncq._redis.options import RedisTarget
-from asyncq.cli._format import (
-    format_bytes,
-    format_duration,
-    format_payload,
-    relative,
-    task_rows,
-    task_text,
-)
+from asyncq.cli._format import format_bytes, format_payload, relative, task_rows, task_text
 from asyncq.errors import AsyncqError, TaskNotFoundError
 from asyncq.task import TaskInfo, TaskState
 
@@ -303,7 +297,7 @@ class QueuesScreen(RefreshingScreen):
                     q.queue, "paused" if q.paused else "run", str(q.size), str(q.active),
                     str(q.pending), str(q.aggregating), str(q.scheduled), str(q.retry),
                     str(q.archived), str(q.completed), str(q.processed), str(q.failed),
-                    format_duration(q.latency), format_bytes(q.memory_usage),
+                    format_short(q.latency), format_bytes(q.memory_usage),
                 ],
             )
             for q in infos.values()
@@ -374,7 +368,7 @@ def type_rates_line(infos: list[TypeRateInfo]) -> str:
         if t.tokens is None:
             state = "no bucket yet"
         elif t.tokens == 0 and t.next_token:
-            state = f"tokens 0, next in {format_duration(t.next_token)}"
+            state = f"tokens 0, next in {format_short(t.next_token)}"
         else:
             state = f"tokens {t.tokens}"
         disagree = f", servers disagree: {', '.join(t.servers)}" if len(t.servers) > 1 else ""
@@ -456,7 +450,7 @@ class QueueScreen(RefreshingScreen):
         self.fill(table, [(r[0], r) for r in rows], self.selected_key(table))
         self.query_one("#summary", Static).update(
             f"[b]Queue {self.queue}[/b]  {'[red]paused[/red]' if info.paused else 'running'}  "
-            f"size {info.size}  latency {format_duration(info.latency)}  "
+            f"size {info.size}  latency {format_short(info.latency)}  "
             f"memory {format_bytes(info.memory_usage)}  today: processed {info.processed}, "
             f"failed {info.failed}"
             + (

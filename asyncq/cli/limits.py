@@ -6,12 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from asyncq._duration import format_short
 from asyncq._inspection.inspector import Inspector
 from asyncq._inspection.records import TypeRateInfo
 from asyncq._worker.queueset import is_pattern, validate_pattern
 from asyncq.cli._app import CliError
 from asyncq.cli._commands import each, json_option, queue, report_errors, with_inspector
-from asyncq.cli._format import format_duration, table, to_json
+from asyncq.cli._format import table, to_json
 
 __all__ = ["LimitsType", "limit", "parse_limits", "register", "typerate"]
 
@@ -150,7 +151,7 @@ def _tokens_text(info: TypeRateInfo) -> str:
     if info.tokens is None:
         return "-"  # no bucket: no task of the type has started in the last hour
     if info.tokens == 0 and info.next_token:
-        return f"0 (next in {format_duration(info.next_token)})"
+        return f"0 (next in {format_short(info.next_token)})"
     return str(info.tokens)
 
 

@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import click
 
+from asyncq._duration import format_short
 from asyncq._inspection.inspector import Inspector
 from asyncq.cli._commands import DURATION, json_option, with_inspector
-from asyncq.cli._format import format_duration, table, to_json
+from asyncq.cli._format import table, to_json
 from asyncq.cli.web import metrics
 from asyncq.history import TypeMetrics
 
@@ -37,7 +38,7 @@ def seconds_text(value: float | None) -> str:
         return f"{value * 1000:.0f}ms"
     if value < 60:
         return f"{value:.2f}s"
-    return format_duration(timedelta(seconds=round(value)))
+    return format_short(timedelta(seconds=round(value)))
 
 
 def top(rows: Sequence[TypeMetrics], sort: str, limit: int) -> list[TypeMetrics]:
@@ -53,7 +54,7 @@ def top_text(
     shown = top(rows, sort, limit)
     runs = sum(m.processed for m in rows)
     head = (
-        f"{now:%H:%M:%S} UTC  last {format_duration(window)}: {runs:,} runs of "
+        f"{now:%H:%M:%S} UTC  last {format_short(window)}: {runs:,} runs of "
         f"{len(rows)} task type{'s' if len(rows) != 1 else ''}, by {sort}"
     )
     if not rows:
@@ -134,7 +135,7 @@ def metrics_top(
     Server(metrics_history=True) keep 24 h)."""
     if window < timedelta(minutes=1) or window.total_seconds() % 60:
         raise click.BadParameter(
-            f"must be a whole number of minutes, got {format_duration(window)}",
+            f"must be a whole number of minutes, got {format_short(window)}",
             param_hint="--window",
         )
     if interval <= timedelta(0):

@@ -11,9 +11,10 @@ from typing import Any
 import click
 
 from asyncq import Inspector, WorkflowInfo
+from asyncq._duration import format_short
 from asyncq._inspection.records import WorkflowPage
 from asyncq.cli._app import run_async, settings
-from asyncq.cli._format import format_duration, format_time, table
+from asyncq.cli._format import format_time, table
 
 __all__ = ["register", "workflow"]
 
@@ -38,7 +39,7 @@ def _retention(retention: timedelta) -> str:
     """How long the finished workflow's state is kept (docs/workflows.md, Retention)."""
     if retention <= timedelta(0):
         return "none (deleted when it finishes)"
-    return format_duration(retention)
+    return format_short(retention)
 
 
 def _as_dict(info: WorkflowInfo) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from asyncq import EnqueueOptions, Task, TaskInfo
-from asyncq._gofmt import parse_go_duration
+from asyncq._duration import coerce_duration, whole_seconds
 from asyncq._http import json_depth
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
     "TaskInfoBody",
     "encode_bytes",
     "load_json",
-    "parse_duration",
     "task_info_body",
 ]
 
@@ -77,30 +76,6 @@ def load_json(text: str) -> Any:
     return value
 
 
-def parse_duration(value: Any) -> Any:
-    """Seconds (int/float) or a Go duration string -> timedelta; other values pass through.
-
-    Strings that are not Go durations are left for pydantic's own timedelta
-    parsing (ISO 8601 ``PT1M30S``, ``HH:MM:SS``), which names the field when
-    they are not durations either.
-    """
-    if isinstance(value, bool):
-        raise ValueError("expected seconds or a duration string such as '90s', not a boolean")
-    if isinstance(value, int | float):
-        if not math.isfinite(value):
-            raise ValueError("duration must be a finite number of seconds")
-        try:
-            return timedelta(seconds=value)
-        except OverflowError:
-            raise ValueError(f"duration is out of range: {value} seconds") from None
-    if isinstance(value, str):
-        try:
-            return parse_go_duration(value.strip())
-        except ValueError:
-            pass  # not Go's syntax: pydantic tries ISO 8601 and names the field if that fails
-    return value
-
-
 _DURATION_SCHEMA = {
     "oneOf": [
         {"type": "number", "description": "seconds"},
@@ -119,7 +94,7 @@ _INSTANT_SCHEMA = {
 
 Duration = Annotated[
     timedelta,
-    BeforeValidator(parse_duration),
+    BeforeValidator(coerce_duration),
     WithJsonSchema(_DURATION_SCHEMA),
 ]
 
@@ -341,10 +316,6 @@ def encode_bytes(data: bytes) -> tuple[JsonValue, PayloadEncoding]:
     return value, "json"
 
 
-def _seconds(value: timedelta | None) -> int | None:
-    return None if value is None else int(value.total_seconds())
-
-
 def task_info_body(info: TaskInfo) -> TaskInfoBody:
     payload, payload_encoding = encode_bytes(info.payload)
     result: JsonValue = None
@@ -363,11 +334,11 @@ def task_info_body(info: TaskInfo) -> TaskInfoBody:
         retried=info.retried,
         last_error=info.last_error or None,
         last_failed_at=info.last_failed_at,
-        timeout=_seconds(info.timeout),
+        timeout=None if info.timeout is None else whole_seconds(info.timeout),
         deadline=info.deadline,
         group=info.group or None,
         next_process_at=info.next_process_at,
-        retention=_seconds(info.retention),
+        retention=None if info.retention is None else whole_seconds(info.retention),
         completed_at=info.completed_at,
         result=result,
         result_encoding=result_encoding,

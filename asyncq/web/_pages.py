@@ -14,6 +14,7 @@ from starlette.templating import Jinja2Templates
 
 import asyncq.web._render as r
 from asyncq import QueueNotFoundError, SkippedQueue, TaskState
+from asyncq._duration import format_short
 from asyncq._http import quote_segment
 from asyncq._inspection.records import ARCHIVE_LIMIT, WorkerInfo
 from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, find_task, queue_infos, task_page
@@ -77,7 +78,7 @@ def short_id(task_id: str) -> str:
 
 templates.env.filters["bytes"] = _bytes
 templates.env.filters["shortid"] = short_id
-templates.env.filters["dur"] = r.duration_text
+templates.env.filters["dur"] = format_short
 templates.env.filters["iso"] = r.iso
 # Every path segment a page builds (queue names and task ids may hold "/" or be "..").
 templates.env.filters["seg"] = quote_segment

@@ -19,13 +19,13 @@ from asyncq import (
     TypeRateInfo,
     WorkerInfo,
 )
+from asyncq._duration import format_short
 from asyncq._http import json_depth
 
 __all__ = [
     "Body",
     "body",
     "daily_dict",
-    "duration_text",
     "event_dict",
     "group_dict",
     "iso",
@@ -98,39 +98,14 @@ def iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat()
 
 
-def seconds(value: timedelta | None) -> float | None:
-    return None if value is None else value.total_seconds()
-
-
-def duration_text(value: timedelta) -> str:
-    """``1h2m3s`` style, as asynq prints durations."""
-    total = int(abs(value.total_seconds()))
-    if total == 0:
-        ms = abs(value.total_seconds()) * 1000
-        return f"{ms:.0f}ms" if ms >= 1 else "0s"
-    days, rem = divmod(total, 86400)
-    hours, rem = divmod(rem, 3600)
-    minutes, secs = divmod(rem, 60)
-    parts = []
-    if days:
-        parts.append(f"{days}d")
-    if hours:
-        parts.append(f"{hours}h")
-    if minutes:
-        parts.append(f"{minutes}m")
-    if secs or not parts:
-        parts.append(f"{secs}s")
-    return "".join(parts[:2])
-
-
 def relative(value: datetime | None, now: datetime) -> str:
     """``in 3m4s`` / ``5s ago`` / ``-``."""
     if value is None:
         return "-"
     delta = value - now
     if delta >= timedelta(0):
-        return f"in {duration_text(delta)}"
-    return f"{duration_text(-delta)} ago"
+        return f"in {format_short(delta)}"
+    return f"{format_short(-delta)} ago"
 
 
 def queue_dict(info: QueueInfo) -> dict[str, Any]:
@@ -191,11 +166,11 @@ def task_dict(task: TaskInfo, *, limit: int | None = None) -> dict[str, Any]:
         "retried": task.retried,
         "last_error": task.last_error,
         "last_failed_at": iso(task.last_failed_at),
-        "timeout_seconds": seconds(task.timeout),
+        "timeout_seconds": None if task.timeout is None else task.timeout.total_seconds(),
         "deadline": iso(task.deadline),
         "group": task.group,
         "next_process_at": iso(task.next_process_at),
-        "retention_seconds": seconds(task.retention),
+        "retention_seconds": None if task.retention is None else task.retention.total_seconds(),
         "completed_at": iso(task.completed_at),
         "headers": dict(task.headers),
         "is_orphaned": task.is_orphaned,
