@@ -1,4 +1,5 @@
-"""Worker internals: the server's roles (processor, heartbeater, recoverer, ...) and primitives.
+"""The worker: :class:`asyncq.Server` (``server.py``), its roles (processor, heartbeater,
+recoverer, ...) and their primitives (leases, slots, limits, the result writer).
 
-Nothing here is public API; ``asyncq.Server`` builds and runs these roles.
+Private: users import :class:`asyncq.Server` from :mod:`asyncq`.
 """
