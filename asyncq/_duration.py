@@ -7,8 +7,8 @@
 - **Whole seconds, as asynq stores them** (``timeout``, ``retention``, TTLs are int64
   seconds): :func:`whole_seconds` one way, :func:`from_stored_seconds` back.
 - **Checked options**: :func:`non_negative` (an optional timedelta option),
-  :func:`positive_seconds` (a server interval), :func:`timeout_seconds` (a wait's
-  timeout as a timedelta or seconds), :func:`ttl_seconds` (a TTL as seconds or a
+  :func:`positive_seconds` (a server interval), :func:`wait_seconds` (a wait's
+  timeout or poll interval, as a timedelta or seconds), :func:`ttl_seconds` (a TTL as seconds or a
   timedelta). Each error names the option as the user wrote it.
 - **Short text** for people: :func:`format_short` (``850ms``, ``4m30s``, ``2d4h``),
   shared by the CLI's tables and the web UI.
@@ -32,8 +32,8 @@ __all__ = [
     "parse_go_duration",
     "parse_go_duration_ns",
     "positive_seconds",
-    "timeout_seconds",
     "ttl_seconds",
+    "wait_seconds",
     "whole_seconds",
 ]
 
@@ -297,8 +297,9 @@ def positive_seconds(value: object, name: str, *, minimum: timedelta = timedelta
     return value.total_seconds()
 
 
-def timeout_seconds(value: timedelta | float | None, name: str) -> float | None:
-    """A timeout given as a timedelta or seconds, as seconds (None: no limit)."""
+def wait_seconds(value: timedelta | float | None, name: str) -> float | None:
+    """A wait's timeout or poll interval given as a timedelta or seconds, as seconds
+    (None: no limit)."""
     if value is None:
         return None
     if isinstance(value, timedelta):

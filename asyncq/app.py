@@ -39,7 +39,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import anyio.to_thread
 from typing_extensions import Unpack
 
-from asyncq._duration import go_duration, timeout_seconds
+from asyncq._duration import go_duration, wait_seconds
 from asyncq._logging import get_logger
 from asyncq._producer.client import Client
 from asyncq._producer.completion import DEFAULT_POLL_INTERVAL, TaskFailedError
@@ -237,7 +237,7 @@ class TaskHandle(Generic[R]):
                 self.id, queue=self.queue, timeout=timeout, poll_interval=poll_interval
             )
             return cast(R, self._codec.decode(info.result))
-        limit = timeout_seconds(timeout, "timeout")
+        limit = wait_seconds(timeout, "timeout")
         deadline = None if limit is None else time.monotonic() + limit
         delay, cap = 0.01, max(0.01, poll_interval.total_seconds())
         while True:

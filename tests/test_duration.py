@@ -15,8 +15,8 @@ from asyncq._duration import (
     non_negative,
     parse_cli_duration,
     positive_seconds,
-    timeout_seconds,
     ttl_seconds,
+    wait_seconds,
     whole_seconds,
 )
 
@@ -58,13 +58,13 @@ def test_checked_options_name_the_option() -> None:
     with pytest.raises(ValueError, match="lease must be at least 0:00:02"):
         positive_seconds(timedelta(seconds=1), "lease", minimum=timedelta(seconds=2))
 
-    assert timeout_seconds(None, "timeout") is None
-    assert timeout_seconds(timedelta(milliseconds=1500), "timeout") == 1.5
-    assert timeout_seconds(2, "timeout") == 2.0
+    assert wait_seconds(None, "timeout") is None
+    assert wait_seconds(timedelta(milliseconds=1500), "timeout") == 1.5
+    assert wait_seconds(2, "timeout") == 2.0
     with pytest.raises(TypeError, match=r"timeout must be a datetime\.timedelta or seconds"):
-        timeout_seconds(True, "timeout")
+        wait_seconds(True, "timeout")
     with pytest.raises(ValueError, match="timeout cannot be negative"):
-        timeout_seconds(-0.5, "timeout")
+        wait_seconds(-0.5, "timeout")
 
     assert ttl_seconds(timedelta(seconds=59.9), "ttl") == 59
     assert ttl_seconds(3.7, "ttl") == 3

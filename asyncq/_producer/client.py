@@ -11,7 +11,7 @@ from typing_extensions import Unpack
 
 from asyncq._broker import BatchItem, Broker, PendingItem
 from asyncq._broker.replication import replica_wait_seconds
-from asyncq._duration import timeout_seconds
+from asyncq._duration import wait_seconds
 from asyncq._keys import task_key
 from asyncq._logging import LazyLogger, is_debug_enabled
 from asyncq._producer.completion import DEFAULT_POLL_INTERVAL, ResultWaiter
@@ -277,8 +277,8 @@ class Client:
         See :mod:`asyncq._producer.completion`.
         """
         self._check_open()
-        limit = timeout_seconds(timeout, "timeout")
-        poll = timeout_seconds(poll_interval, "poll_interval")
+        limit = wait_seconds(timeout, "timeout")
+        poll = wait_seconds(poll_interval, "poll_interval")
         if not poll:
             raise ValueError("poll_interval must be positive")
         if self._waiter is None:
@@ -300,7 +300,7 @@ class Client:
         notification and every *poll_interval*).
         """
         self._check_open()
-        poll = timeout_seconds(poll_interval, "poll_interval")
+        poll = wait_seconds(poll_interval, "poll_interval")
         if not poll:
             raise ValueError("poll_interval must be positive")
         redis = self.redis

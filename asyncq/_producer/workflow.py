@@ -41,7 +41,7 @@ from asyncq._broker.workflow import (
     workflow_key,
 )
 from asyncq._codec import encode_task_message
-from asyncq._duration import timeout_seconds
+from asyncq._duration import wait_seconds
 from asyncq._producer.client import Client
 from asyncq._producer.compose import compose
 from asyncq._serde import ArgumentsCodec, ResultCodec
@@ -239,7 +239,7 @@ class WorkflowHandle(Generic[R]):
         and WorkflowNotFoundError (the state expired: give the last step a
         ``retention`` longer than the wait).
         """
-        limit = timeout_seconds(timeout, "timeout")
+        limit = wait_seconds(timeout, "timeout")
         deadline = None if limit is None else time.monotonic() + limit
         delay, cap = 0.01, max(0.01, poll_interval.total_seconds())
         while True:
