@@ -104,10 +104,13 @@ async def test_sync_loop_applies_changes_and_survives_failures(
             raise state["configs"]
         return state["configs"]  # type: ignore[no-any-return]
 
-    manager = PeriodicTaskManager(
-        redis_url, provider, sync_interval=timedelta(milliseconds=100), **FAST
-    )
+    # Built inside capture_logs: a manager built while structlog is unconfigured binds
+    # asyncq's own fallback logger, which capture_logs cannot see (this test then passed
+    # only after another test had configured structlog).
     with capture_logs() as logs:
+        manager = PeriodicTaskManager(
+            redis_url, provider, sync_interval=timedelta(milliseconds=100), **FAST
+        )
         async with manager:
             state["configs"] = [cfg("@hourly", "a"), cfg("@daily", "b")]
             await wait_until(lambda: len(manager.entries) == 2)
