@@ -46,6 +46,7 @@ __all__ = [
     "EventHooks",
     "EventLog",
     "QueueFilter",
+    "event_queues",
     "read_events",
     "recent_events",
     "stream_id",
@@ -100,6 +101,24 @@ class Event:
         }
 
 
+def event_queues(option: str, spec: object) -> bool | tuple[str, ...]:
+    """The ``events`` setting checked: True, False or the queue names and patterns (a
+    tuple); a bad one raises TypeError or ValueError naming *option*."""
+    if isinstance(spec, bool):
+        return spec
+    if isinstance(spec, str):
+        raise TypeError(f"{option} must be True, False or a list of queue names, not a str")
+    if not isinstance(spec, Iterable):
+        raise TypeError(
+            f"{option} must be True, False or a list of queue names, got {spec.__class__.__name__}"
+        )
+    patterns = tuple(spec)
+    for p in patterns:
+        if not isinstance(p, str) or not p.strip():
+            raise ValueError(f"{option} queue names must be non-blank strings, got {p!r}")
+    return patterns
+
+
 class QueueFilter:
     """Which queues have events: ``True`` (all), ``False`` (none) or names and patterns."""
 
@@ -108,16 +127,11 @@ class QueueFilter:
     _patterns: tuple[str, ...]
 
     def __init__(self, spec: bool | Iterable[str]) -> None:
-        if isinstance(spec, bool):
-            self._all, self._patterns = spec, ()
-        elif isinstance(spec, str):
-            raise TypeError("events must be True, False or a list of queue names, not a str")
+        checked = event_queues("events", spec)
+        if isinstance(checked, bool):
+            self._all, self._patterns = checked, ()
         else:
-            patterns: tuple[str, ...] = tuple(spec)
-            for p in patterns:
-                if not isinstance(p, str) or not p.strip():
-                    raise ValueError(f"events queue names must be non-blank strings, got {p!r}")
-            self._all, self._patterns = False, patterns
+            self._all, self._patterns = False, checked
         self._known: dict[str, bool] = {}
 
     @property
