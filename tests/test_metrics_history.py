@@ -15,7 +15,7 @@ import structlog
 from click.testing import CliRunner
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, ServeMux, Server, SkipRetry, Task
+from asyncq import Client, Inspector, RateLimited, RevokeTask, ServeMux, Server, SkipRetry, Task
 from asyncq import _keys as keys
 from asyncq.cli import main
 from asyncq.history import BUCKETS, HistoryRecorder, bucket_of, percentile, upper_bound
@@ -173,6 +173,69 @@ def ran(
     recorder.record(
         queue, task_type, ended - seconds, ended, failed=failed, retried=retried, archived=archived
     )
+
+
+async def test_what_counts_is_the_outcome_the_processor_decided(
+    serve: Callable[..., Awaitable[Server]], redis: Redis
+) -> None:
+    """Counted where the outcome is decided: a run stopped by its deadline is a failure
+    that is retried, a revoked run and a rate-limited run raised (failed) but neither is
+    retried, and a task its type's rate limit put back unrun is not counted at all."""
+    mux = ServeMux()
+    ran: dict[str, int] = {}
+
+    @mux.handler("slow")
+    async def slow(task: Task) -> None:
+        ran["slow"] = ran.get("slow", 0) + 1
+        await asyncio.sleep(30)
+
+    @mux.handler("revoked")
+    async def revoked(task: Task) -> None:
+        ran["revoked"] = ran.get("revoked", 0) + 1
+        raise RevokeTask()
+
+    @mux.handler("later")
+    async def later(task: Task) -> None:
+        ran["later"] = ran.get("later", 0) + 1
+        raise RateLimited(timedelta(hours=1))
+
+    @mux.handler("scarce")
+    async def scarce(task: Task) -> None:
+        ran["scarce"] = ran.get("scarce", 0) + 1
+
+    server = await serve(
+        mux,
+        queues={"hist-a": 1},
+        metrics_history=True,
+        type_rate_limits={"scarce": "1/h"},
+        retry_delay=lambda n, exc, task: timedelta(hours=1),
+    )
+    async with Client(redis) as client:
+        await client.enqueue(Task("slow"), queue="hist-a", timeout=timedelta(seconds=1))
+        await client.enqueue(Task("revoked"), queue="hist-a")
+        await client.enqueue(Task("later"), queue="hist-a")
+        for _ in range(3):
+            await client.enqueue(Task("scarce"), queue="hist-a")
+    async with Inspector(redis) as insp:
+        async with asyncio.timeout(30):
+            while True:
+                info = await insp.queue_info("hist-a")
+                # slow, later and two scarce wait in the retry set; revoked is gone
+                if info.retry == 4 and info.pending == info.active == 0:
+                    break
+                await asyncio.sleep(0.05)
+        await server.shutdown()
+        assert ran == {"slow": 1, "revoked": 1, "later": 1, "scarce": 1}
+        got = {
+            m.task_type: (m.processed, m.failed, m.retried, m.archived)
+            for m in await insp.metrics_history(window=timedelta(minutes=3))
+        }
+    assert got == {
+        "slow": (1, 1, 1, 0),
+        "revoked": (1, 1, 0, 0),
+        "later": (1, 1, 0, 0),
+        "scarce": (1, 0, 0, 0),
+    }
 
 
 async def test_a_flush_writes_once_per_queue_and_minute(redis: Redis, redis_url: str) -> None:
