@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from asyncq._batch import TurnBatcher
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisClient
 from asyncq.errors import RateLimited, TaskCanceledError, find_error
@@ -153,7 +154,7 @@ class QueueFilter:
 class EventLog:
     """Writes events of the chosen queues, one pipeline per event-loop turn."""
 
-    __slots__ = ("_maxlen", "_pending", "_queues", "_redis", "_sending")
+    __slots__ = ("_batch", "_maxlen", "_queues", "_redis")
 
     def __init__(
         self, redis: RedisClient, queues: QueueFilter, *, max_events: int = DEFAULT_MAX_EVENTS
@@ -163,25 +164,13 @@ class EventLog:
         self._redis = redis
         self._queues = queues
         self._maxlen = max_events
-        self._pending: list[dict[str, str]] = []
-        self._sending: set[asyncio.Task[None]] = set()
+        self._batch: TurnBatcher[dict[str, str]] = TurnBatcher(self._send)
 
     def add(self, kind: str, queue: str, task_type: str, task_id: str, **fields: str) -> None:
         """Queue one event (dropped when *queue* has no events)."""
         if queue not in self._queues:
             return
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append(
-            {"kind": kind, "id": task_id, "type": task_type, "queue": queue, **fields}
-        )
-
-    def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        if batch:
-            task = asyncio.get_running_loop().create_task(self._send(batch))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+        self._batch.add({"kind": kind, "id": task_id, "type": task_type, "queue": queue, **fields})
 
     async def _send(self, batch: Sequence[dict[str, str]]) -> None:
         try:
@@ -194,9 +183,7 @@ class EventLog:
 
     async def aclose(self) -> None:
         """Send what is pending and wait for the sends in flight."""
-        self._flush()
-        if self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._batch.aclose()
 
 
 class EventHooks:
