@@ -511,10 +511,8 @@ async def test_history_and_progress_keys_leave_asynqmons_reads_unchanged(redis: 
         await wait_until(
             lambda: _llen_zero(redis, p("default") + "pending"), what="the late task done"
         )
-        server.history.record(
-            "mail", "fail", time.time() - 0.01, time.time(), failed=True, retried=False,
-            archived=True,
-        )  # fmt: skip
+        ended = time.time()  # a run that failed and was archived
+        server.history.record("mail", "fail", ended - 0.01, ended, True, False, True)
         await server.history.flush()
         assert await redis.smembers("asynq:queues") == {b"default"}
         release.set()

@@ -170,9 +170,7 @@ def ran(
 ) -> None:
     """Report one run that ended now, as the processor does."""
     ended = time.time()
-    recorder.record(
-        queue, task_type, ended - seconds, ended, failed=failed, retried=retried, archived=archived
-    )
+    recorder.record(queue, task_type, ended - seconds, ended, failed, retried, archived)
 
 
 async def test_what_counts_is_the_outcome_the_processor_decided(

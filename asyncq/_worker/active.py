@@ -53,8 +53,9 @@ class ActiveTask:
         self.cancel_exc: BaseException | None = None
         """Why the handler was stopped before it returned (the attempt's failure)."""
         self.ran: tuple[float, float] | None = None
-        """When the handler started and ended (unix time); None while it runs or if it never
-        ran (stopped before its start, or put back for its type's rate limit)."""
+        """When the handler started and ended (unix time), for the metrics history; None
+        without one, while it runs, or if it never ran (stopped before its start, or put
+        back for its type's rate limit)."""
 
     # TaskContext protocol (result writer)
     @property

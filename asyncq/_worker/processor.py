@@ -653,7 +653,7 @@ class Processor(Role):
                     exc = err
                 finally:
                     deadline.cancel()
-                    if began:
+                    if began and self._history is not None:
                         active.ran = (began, self.clock())
             active.state = "writing"  # from here on a cancel request changes nothing
             if active.cancel_exc is not None:  # a done context wins over what the handler did
@@ -761,10 +761,8 @@ class Processor(Role):
         history = self._history
         if history is not None and active.ran is not None:
             began, ended = active.ran
-            history.record(
-                msg.queue, msg.type, began, ended,
-                failed=exc is not None, retried=retried, archived=kind == "archive",
-            )  # fmt: skip
+            failed = exc is not None
+            history.record(msg.queue, msg.type, began, ended, failed, retried, kind == "archive")
         self._hooks.task_finished(msg.queue, msg.type, msg.id, kind, error=outcome.err_msg, exc=exc)
         if kind == "lost":
             self._lost(msg, exc)
