@@ -30,6 +30,32 @@ async def test_one_turn_is_one_batch_and_aclose_sends_the_rest() -> None:
     assert sent == [[0, 1, 2, 3, 4], [5, 6]]  # the turn's own flush found it empty
 
 
+async def test_one_send_at_a_time_and_in_order() -> None:
+    """What is added while a send is in flight goes next, as one batch, after it."""
+    release = asyncio.Event()
+    landed: list[list[str]] = []
+
+    async def send(batch: list[str]) -> None:
+        if batch == ["a"]:
+            await release.wait()  # a slow first send
+        landed.append(batch)
+
+    batcher: TurnBatcher[str] = TurnBatcher(send)
+    batcher.add("a")
+    for _ in range(3):
+        await asyncio.sleep(0)
+    batcher.add("b")  # another turn, while "a" is in flight
+    for _ in range(3):
+        await asyncio.sleep(0)
+    batcher.add("c")
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert landed == []
+    release.set()
+    await batcher.aclose()
+    assert landed == [["a"], ["b", "c"]]
+
+
 async def test_aclose_waits_for_the_sends_in_flight() -> None:
     release = asyncio.Event()
     done: list[list[str]] = []
@@ -48,4 +74,4 @@ async def test_aclose_waits_for_the_sends_in_flight() -> None:
     assert not closing.done() and done == []
     release.set()
     await asyncio.wait_for(closing, 5)
-    assert sorted(done) == [["a"], ["b"]]
+    assert done == [["a"], ["b"]]
