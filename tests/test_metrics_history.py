@@ -173,6 +173,36 @@ def ran(
     recorder.record(queue, task_type, ended - seconds, ended, failed, retried, archived)
 
 
+async def test_on_writes_its_keys_and_off_writes_none(
+    serve: Callable[..., Awaitable[Server]], redis: Redis
+) -> None:
+    mux = ServeMux()
+    ran: list[str] = []
+    all_ran = asyncio.Event()
+
+    @mux.handler("t")
+    async def handler(task: Task) -> None:
+        ran.append(task.queue or "")
+        if len(ran) == 10:
+            all_ran.set()
+
+    async with Client(redis) as client:
+        await client.enqueue_many([Task("t") for _ in range(5)], queue="hist-a")
+        await client.enqueue_many([Task("t") for _ in range(5)], queue="hist-b")
+    on = await serve(mux, queues={"hist-a": 1}, metrics_history=True)
+    off = await serve(mux, queues={"hist-b": 1})  # off by default
+    assert on.history is not None and off.history is None
+    await asyncio.wait_for(all_ran.wait(), 30)
+    await on.shutdown()  # the last flush
+    await off.shutdown()
+    assert sorted(ran) == ["hist-a"] * 5 + ["hist-b"] * 5
+    written = [k async for k in redis.scan_iter(match="asynq:{hist-*}:asyncq:metrics:*")]
+    assert written and all(k.startswith(b"asynq:{hist-a}:") for k in written)
+    async with Inspector(redis) as insp:
+        rows = await insp.metrics_history(window=timedelta(minutes=3))
+    assert [(m.queue, m.task_type, m.processed) for m in rows] == [("hist-a", "t", 5)]
+
+
 async def test_what_counts_is_the_outcome_the_processor_decided(
     serve: Callable[..., Awaitable[Server]], redis: Redis
 ) -> None:
