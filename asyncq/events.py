@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from asyncq._batch import TurnBatcher
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisClient
 from asyncq.errors import RateLimited, TaskCanceledError, find_error
@@ -46,6 +47,7 @@ __all__ = [
     "EventHooks",
     "EventLog",
     "QueueFilter",
+    "event_queues",
     "read_events",
     "recent_events",
     "stream_id",
@@ -100,6 +102,24 @@ class Event:
         }
 
 
+def event_queues(option: str, spec: object) -> bool | tuple[str, ...]:
+    """The ``events`` setting checked: True, False or the queue names and patterns (a
+    tuple); a bad one raises TypeError or ValueError naming *option*."""
+    if isinstance(spec, bool):
+        return spec
+    if isinstance(spec, str):
+        raise TypeError(f"{option} must be True, False or a list of queue names, not a str")
+    if not isinstance(spec, Iterable):
+        raise TypeError(
+            f"{option} must be True, False or a list of queue names, got {spec.__class__.__name__}"
+        )
+    patterns = tuple(spec)
+    for p in patterns:
+        if not isinstance(p, str) or not p.strip():
+            raise ValueError(f"{option} queue names must be non-blank strings, got {p!r}")
+    return patterns
+
+
 class QueueFilter:
     """Which queues have events: ``True`` (all), ``False`` (none) or names and patterns."""
 
@@ -108,16 +128,11 @@ class QueueFilter:
     _patterns: tuple[str, ...]
 
     def __init__(self, spec: bool | Iterable[str]) -> None:
-        if isinstance(spec, bool):
-            self._all, self._patterns = spec, ()
-        elif isinstance(spec, str):
-            raise TypeError("events must be True, False or a list of queue names, not a str")
+        checked = event_queues("events", spec)
+        if isinstance(checked, bool):
+            self._all, self._patterns = checked, ()
         else:
-            patterns: tuple[str, ...] = tuple(spec)
-            for p in patterns:
-                if not isinstance(p, str) or not p.strip():
-                    raise ValueError(f"events queue names must be non-blank strings, got {p!r}")
-            self._all, self._patterns = False, patterns
+            self._all, self._patterns = False, checked
         self._known: dict[str, bool] = {}
 
     @property
@@ -139,7 +154,7 @@ class QueueFilter:
 class EventLog:
     """Writes events of the chosen queues, one pipeline per event-loop turn."""
 
-    __slots__ = ("_maxlen", "_pending", "_queues", "_redis", "_sending")
+    __slots__ = ("_batch", "_maxlen", "_queues", "_redis")
 
     def __init__(
         self, redis: RedisClient, queues: QueueFilter, *, max_events: int = DEFAULT_MAX_EVENTS
@@ -149,25 +164,13 @@ class EventLog:
         self._redis = redis
         self._queues = queues
         self._maxlen = max_events
-        self._pending: list[dict[str, str]] = []
-        self._sending: set[asyncio.Task[None]] = set()
+        self._batch: TurnBatcher[dict[str, str]] = TurnBatcher(self._send)
 
     def add(self, kind: str, queue: str, task_type: str, task_id: str, **fields: str) -> None:
         """Queue one event (dropped when *queue* has no events)."""
         if queue not in self._queues:
             return
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append(
-            {"kind": kind, "id": task_id, "type": task_type, "queue": queue, **fields}
-        )
-
-    def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        if batch:
-            task = asyncio.get_running_loop().create_task(self._send(batch))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+        self._batch.add({"kind": kind, "id": task_id, "type": task_type, "queue": queue, **fields})
 
     async def _send(self, batch: Sequence[dict[str, str]]) -> None:
         try:
@@ -180,9 +183,7 @@ class EventLog:
 
     async def aclose(self) -> None:
         """Send what is pending and wait for the sends in flight."""
-        self._flush()
-        if self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._batch.aclose()
 
 
 class EventHooks:

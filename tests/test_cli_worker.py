@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 import redis as sync_redis
 from click.testing import CliRunner
 
+from asyncq._worker.config import DEFAULT_METRICS_HISTORY
 from asyncq.cli import main
 from asyncq.cli.worker import parse_queues
 from tests import gofixtures as go
@@ -217,6 +219,70 @@ def test_lease_and_recovery_flags_reach_the_server(
     timings = (cfg.lease_duration, cfg.heartbeat_interval, cfg.recoverer_interval)
     assert timings == (12, 2, 20)
     assert cfg.recoverer_cutoff == 0.5
+
+
+@pytest.mark.parametrize(
+    ("flags", "kept"),
+    [
+        ([], DEFAULT_METRICS_HISTORY),
+        (["--metrics-history"], True),
+        (["--no-metrics-history"], False),
+    ],
+)
+def test_metrics_history_flag_reaches_the_server(
+    redis_url: str,
+    app_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    kept: bool,
+) -> None:
+    import asyncq._worker.server
+
+    servers: list[asyncq._worker.server.Server] = []
+
+    class Recording(asyncq._worker.server.Server):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            servers.append(self)
+
+    monkeypatch.setattr(asyncq._worker.server, "Server", Recording)
+    monkeypatch.chdir(app_dir)
+    monkeypatch.syspath_prepend(str(app_dir))
+    result = CliRunner().invoke(main, ["-u", redis_url, "worker", "myapp:mux", "--burst", *flags])
+    assert result.exit_code == 0, result.output
+    (server,) = servers
+    if kept:
+        assert server.config.metrics_history == timedelta(hours=24)
+        assert server.history is not None and server.history.retention == timedelta(hours=24)
+    else:
+        assert server.config.metrics_history is None and server.history is None
+
+
+@pytest.mark.parametrize("flag", ["--metrics-history", "--no-metrics-history"])
+def test_metrics_history_flag_reaches_supervised_workers(
+    redis_url: str, app_dir: Path, monkeypatch: pytest.MonkeyPatch, flag: str
+) -> None:
+    # the module, not the command of the same name that asyncq.cli exports
+    worker_module = importlib.import_module("asyncq.cli.worker")
+    started: list[list[str]] = []
+
+    class Supervisor:
+        cannot_connect = False
+
+        def __init__(self, argv: list[str], processes: int, **kwargs: Any) -> None:
+            started.append(argv)
+
+        async def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(worker_module, "Supervisor", Supervisor)
+    monkeypatch.chdir(app_dir)
+    args = ["-u", redis_url, "worker", "myapp:mux", "--processes", "2", flag]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    (argv,) = started
+    other = "--metrics-history" if flag == "--no-metrics-history" else "--no-metrics-history"
+    assert argv.count(flag) == 1 and other not in argv
 
 
 def test_heartbeat_not_shorter_than_the_lease_is_refused(

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+import asyncq
 from asyncq._broker import Broker
 from asyncq._inspection.inspector import Inspector
 from asyncq._producer.client import Client
@@ -166,6 +167,61 @@ if #groups > 0 then
 end
 return memusg
 """
+
+
+# asynq's CurrentStats (internal/rdb/inspect.go, spec 3.4): what asynqmon's queue pages and
+# `asynq stats` read per queue, every key by name.
+GO_CURRENT_STATS = """
+local res = {}
+local pendingTaskCount = redis.call("LLEN", KEYS[1])
+table.insert(res, KEYS[1])
+table.insert(res, pendingTaskCount)
+table.insert(res, KEYS[2])
+table.insert(res, redis.call("LLEN", KEYS[2]))
+for i = 3, 6 do
+    table.insert(res, KEYS[i])
+    table.insert(res, redis.call("ZCARD", KEYS[i]))
+end
+for i = 7, 10 do
+    local n = 0
+    local v = redis.call("GET", KEYS[i])
+    if v then n = tonumber(v) end
+    table.insert(res, KEYS[i])
+    table.insert(res, n)
+end
+table.insert(res, KEYS[11])
+table.insert(res, redis.call("EXISTS", KEYS[11]))
+table.insert(res, "oldest_pending_since")
+if pendingTaskCount > 0 then
+    local id = redis.call("LRANGE", KEYS[1], -1, -1)[1]
+    table.insert(res, redis.call("HGET", ARGV[1] .. id, "pending_since"))
+else
+    table.insert(res, 0)
+end
+local group_names = redis.call("SMEMBERS", KEYS[12])
+table.insert(res, "group_size")
+table.insert(res, table.getn(group_names))
+local aggregating_count = 0
+for _, gname in ipairs(group_names) do
+    aggregating_count = aggregating_count + redis.call("ZCARD", ARGV[2] .. gname)
+end
+table.insert(res, "aggregating_count")
+table.insert(res, aggregating_count)
+return res
+"""
+
+
+async def go_current_stats(r: Redis, queue: str, day: str) -> dict[str, int]:
+    """asynq's CurrentStats of *queue*, by key suffix (``pending``, ``processed:<day>``...)."""
+    q = p(queue)
+    names = ["pending", "active", "scheduled", "retry", "archived", "completed"]
+    names += [f"processed:{day}", f"failed:{day}", "processed", "failed", "paused", "groups"]
+    res = await r.eval(GO_CURRENT_STATS, len(names), *[q + n for n in names], q + "t:", q + "g:")
+    pairs = dict(zip(res[::2], res[1::2], strict=True))
+    return {
+        (k.decode().removeprefix(q) if isinstance(k, bytes) else k): int(v)
+        for k, v in pairs.items()
+    }
 
 
 def stats_exp(now: float) -> int:
@@ -367,6 +423,104 @@ async def test_go_enqueued_tasks_processed_by_asyncq_server_leave_go_state(redis
     # The Go message bytes asyncq rewrote keep Go's field set (headers survive).
     assert (await msg_of(redis, "default", keep.id)).payload == b"3"
     await assert_go_readable(redis, "default")
+
+
+async def test_history_and_progress_keys_leave_asynqmons_reads_unchanged(redis: Redis) -> None:
+    """asynqmon lists queues from ``asynq:queues`` and reads each queue's keys by name
+    (CurrentStats, memory usage, daily stats, the task hashes). The metrics history
+    (``asynq:{q}:asyncq:metrics:<minute>``) and progress (``asyncq:{q}:progress:<id>``)
+    keys add no queue, sit under no name Go reads, and leave those reads' answers as
+    they would be without them."""
+    release = asyncio.Event()
+    reported = asyncio.Event()
+
+    async def handle(task: Task) -> None:
+        if task.type == "hold":
+            asyncq.progress(0.5, "half way")
+            reported.set()
+            await release.wait()
+        elif task.type == "fail":
+            raise SkipRetry("no")
+
+    mux = ServeMux()
+    for name in ("ok", "hold", "fail"):
+        mux.handle(name, handle)
+    now = datetime.now(UTC)
+    for i in range(3):
+        await go.enqueue(redis, GoTask("ok", bytes([i])), now)
+    await go.enqueue(redis, GoTask("fail", b"f", queue="mail"), now)
+    hold = GoTask("hold", b"h")
+    await go.enqueue(redis, hold, now)
+    async with Server(
+        redis, concurrency=4, queues={"default": 1, "mail": 1}, metrics_history=True, **FAST
+    ) as server:
+        await server.start(mux)
+        await asyncio.wait_for(reported.wait(), 30)
+
+        async def settled() -> bool:
+            return (
+                await redis.llen(p("default") + "pending") == 0
+                and await redis.llen(p("default") + "active") == 1
+                and await redis.zcard(p("mail") + "archived") == 1
+                and await redis.exists(f"asyncq:{{default}}:progress:{hold.id}") == 1
+            )
+
+        await wait_until(settled, what="three done, one archived, one running with progress")
+        assert server.history is not None
+        await server.history.flush()
+        minute_keys = [k async for k in redis.scan_iter(match="asynq:{*}:asyncq:metrics:*")]
+        assert {k.split(b"}")[0] for k in minute_keys} == {b"asynq:{default", b"asynq:{mail"}
+
+        # what asynqmon's queue list and queue pages read
+        assert await redis.smembers("asynq:queues") == {b"default", b"mail"}
+        day = now.strftime("%Y-%m-%d")
+        stats = await go_current_stats(redis, "default", day)
+        assert stats == {
+            "pending": 0, "active": 1, "scheduled": 0, "retry": 0, "archived": 0,
+            "completed": 0, f"processed:{day}": 3, f"failed:{day}": 0, "processed": 3,
+            "failed": 0, "paused": 0, "oldest_pending_since": 0, "group_size": 0,
+            "aggregating_count": 0,
+        }  # fmt: skip
+        mail = await go_current_stats(redis, "mail", day)
+        assert (mail["archived"], mail[f"processed:{day}"], mail[f"failed:{day}"]) == (1, 1, 1)
+        for queue in ("default", "mail"):
+            await assert_go_readable(redis, queue)
+        # the running task's hash holds Go's fields only; its progress lives apart
+        assert set(await redis.hkeys(hold.key)) <= {
+            b"msg",
+            b"state",
+            b"pending_since",
+            b"result",
+            b"completed_at",
+            b"group",
+        }
+        # no key of a queue is named as one Go reads but holds something else
+        go_names = ("t:", "g:", "unique:", "processed", "failed", "lease", "groups")
+        go_names += ("pending", "active", "scheduled", "retry", "archived", "completed")
+        go_names += ("paused", "aggregation_sets", "servers", "workers")
+        for key in await redis.keys("asynq:{*}:*"):
+            rest = key.decode().split("}:", 1)[1]
+            assert rest.startswith(go_names) or rest.startswith("asyncq:metrics:"), key
+            if rest.startswith("asyncq:"):
+                assert await redis.type(key) == b"hash" and await redis.ttl(key) > 0
+
+        # Go's RemoveQueue takes a queue out of asynq:queues: a later flush of its
+        # history must not list it again
+        await redis.srem("asynq:queues", "mail")
+        await go.enqueue(redis, GoTask("ok", b"after"), now)
+        await wait_until(
+            lambda: _llen_zero(redis, p("default") + "pending"), what="the late task done"
+        )
+        ended = time.time()  # a run that failed and was archived
+        server.history.record("mail", "fail", ended - 0.01, ended, True, False, True)
+        await server.history.flush()
+        assert await redis.smembers("asynq:queues") == {b"default"}
+        release.set()
+    assert await redis.exists(f"asyncq:{{default}}:progress:{hold.id}") == 0
+
+
+async def _llen_zero(r: Redis, key: str) -> bool:
+    return await r.llen(key) == 0
 
 
 # -- asyncq-written tasks through a simulated Go server ---------------------------------------

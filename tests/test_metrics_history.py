@@ -15,12 +15,13 @@ import structlog
 from click.testing import CliRunner
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, ServeMux, Server, SkipRetry, Task
+from asyncq import Client, Inspector, RateLimited, RevokeTask, ServeMux, Server, SkipRetry, Task
 from asyncq import _keys as keys
 from asyncq.cli import main
 from asyncq.history import BUCKETS, HistoryRecorder, bucket_of, percentile, upper_bound
-from asyncq.hooks import NO_HOOKS, CombinedHooks, combine_hooks
+from asyncq.hooks import NO_HOOKS, CombinedHooks, NoWorkerHooks, combine_hooks
 from asyncq.metrics import WorkerMetrics
+from asyncq.mux import Handler
 
 QUEUES = ("hist-a", "hist-b")
 TIMED_MS = [4] * 20 + [30] * 15 + [120] * 5
@@ -157,18 +158,118 @@ async def test_history_is_what_known_handlers_did(
         assert expire_at == (minute + 1) * 60 + 30 * 60  # the minute's end plus the retention
 
 
+def ran(
+    recorder: HistoryRecorder,
+    queue: str,
+    task_type: str,
+    seconds: float = 0.0001,
+    *,
+    failed: bool = False,
+    retried: bool = False,
+    archived: bool = False,
+) -> None:
+    """Report one run that ended now, as the processor does."""
+    ended = time.time()
+    recorder.record(queue, task_type, ended - seconds, ended, failed, retried, archived)
+
+
+async def test_on_writes_its_keys_and_off_writes_none(
+    serve: Callable[..., Awaitable[Server]], redis: Redis
+) -> None:
+    mux = ServeMux()
+    ran: list[str] = []
+    all_ran = asyncio.Event()
+
+    @mux.handler("t")
+    async def handler(task: Task) -> None:
+        ran.append(task.queue or "")
+        if len(ran) == 10:
+            all_ran.set()
+
+    async with Client(redis) as client:
+        await client.enqueue_many([Task("t") for _ in range(5)], queue="hist-a")
+        await client.enqueue_many([Task("t") for _ in range(5)], queue="hist-b")
+    on = await serve(mux, queues={"hist-a": 1}, metrics_history=True)
+    off = await serve(mux, queues={"hist-b": 1})  # off by default
+    assert on.history is not None and off.history is None
+    await asyncio.wait_for(all_ran.wait(), 30)
+    await on.shutdown()  # the last flush
+    await off.shutdown()
+    assert sorted(ran) == ["hist-a"] * 5 + ["hist-b"] * 5
+    written = [k async for k in redis.scan_iter(match="asynq:{hist-*}:asyncq:metrics:*")]
+    assert written and all(k.startswith(b"asynq:{hist-a}:") for k in written)
+    async with Inspector(redis) as insp:
+        rows = await insp.metrics_history(window=timedelta(minutes=3))
+    assert [(m.queue, m.task_type, m.processed) for m in rows] == [("hist-a", "t", 5)]
+
+
+async def test_what_counts_is_the_outcome_the_processor_decided(
+    serve: Callable[..., Awaitable[Server]], redis: Redis
+) -> None:
+    """Counted where the outcome is decided: a run stopped by its deadline is a failure
+    that is retried, a revoked run and a rate-limited run raised (failed) but neither is
+    retried, and a task its type's rate limit put back unrun is not counted at all."""
+    mux = ServeMux()
+    ran: dict[str, int] = {}
+
+    @mux.handler("slow")
+    async def slow(task: Task) -> None:
+        ran["slow"] = ran.get("slow", 0) + 1
+        await asyncio.sleep(30)
+
+    @mux.handler("revoked")
+    async def revoked(task: Task) -> None:
+        ran["revoked"] = ran.get("revoked", 0) + 1
+        raise RevokeTask()
+
+    @mux.handler("later")
+    async def later(task: Task) -> None:
+        ran["later"] = ran.get("later", 0) + 1
+        raise RateLimited(timedelta(hours=1))
+
+    @mux.handler("scarce")
+    async def scarce(task: Task) -> None:
+        ran["scarce"] = ran.get("scarce", 0) + 1
+
+    server = await serve(
+        mux,
+        queues={"hist-a": 1},
+        metrics_history=True,
+        type_rate_limits={"scarce": "1/h"},
+        retry_delay=lambda n, exc, task: timedelta(hours=1),
+    )
+    async with Client(redis) as client:
+        await client.enqueue(Task("slow"), queue="hist-a", timeout=timedelta(seconds=1))
+        await client.enqueue(Task("revoked"), queue="hist-a")
+        await client.enqueue(Task("later"), queue="hist-a")
+        for _ in range(3):
+            await client.enqueue(Task("scarce"), queue="hist-a")
+    async with Inspector(redis) as insp:
+        async with asyncio.timeout(30):
+            while True:
+                info = await insp.queue_info("hist-a")
+                # slow, later and two scarce wait in the retry set; revoked is gone
+                if info.retry == 4 and info.pending == info.active == 0:
+                    break
+                await asyncio.sleep(0.05)
+        await server.shutdown()
+        assert ran == {"slow": 1, "revoked": 1, "later": 1, "scarce": 1}
+        got = {
+            m.task_type: (m.processed, m.failed, m.retried, m.archived)
+            for m in await insp.metrics_history(window=timedelta(minutes=3))
+        }
+    assert got == {
+        "slow": (1, 1, 1, 0),
+        "revoked": (1, 1, 0, 0),
+        "later": (1, 1, 0, 0),
+        "scarce": (1, 0, 0, 0),
+    }
+
+
 async def test_a_flush_writes_once_per_queue_and_minute(redis: Redis, redis_url: str) -> None:
     recorder = HistoryRecorder(redis, log=structlog.get_logger())
-
-    async def ok(task: Task) -> None:
-        return None
-
-    wrapped = recorder.instrument(ok)
-    tasks = [Task(f"type-{i % 3}") for i in range(600)]
-    for i, task in enumerate(tasks):
-        task.queue = QUEUES[i % 2]
-    for task in tasks:
-        await wrapped(task)
+    for i in range(600):
+        ran(recorder, QUEUES[i % 2], f"type-{i % 3}")
     async with monitored(redis_url) as seen:
         await recorder.flush()
     calls = metrics_calls(seen)
@@ -219,27 +320,20 @@ async def test_a_worker_run_writes_per_flush_not_per_task(
 
 async def test_a_failed_flush_keeps_its_counts(redis: Redis) -> None:
     recorder = HistoryRecorder(redis, log=structlog.get_logger())
-
-    async def ok(task: Task) -> None:
-        return None
-
-    wrapped = recorder.instrument(ok)
-    task = Task("kept")
-    task.queue = "hist-a"
     minute = int(time.time()) // 60
     blockers = [keys.metrics_history_key("hist-a", m) for m in (minute, minute + 1)]
     for key in blockers:
         await redis.set(key, "not a hash")
-    for _ in range(5):
-        await wrapped(task)
-    recorder.task_retried("hist-a", "kept")
+    for _ in range(4):
+        ran(recorder, "hist-a", "kept")
+    ran(recorder, "hist-a", "kept", failed=True, retried=True)
     await recorder.flush()  # WRONGTYPE: logged, kept
     await redis.delete(*blockers)
     await recorder.flush()
     await redis.sadd(keys.ALL_QUEUES, "hist-a")
     async with Inspector(redis) as insp:
         (row,) = await insp.metrics_history(window=timedelta(minutes=3))
-    assert (row.processed, row.retried) == (5, 1)
+    assert (row.processed, row.failed, row.retried) == (5, 1, 1)
 
 
 def test_buckets_and_percentiles() -> None:
@@ -293,11 +387,31 @@ async def test_inspector_checks_the_window(redis: Redis) -> None:
         assert await insp.metrics_history() == []
 
 
-async def test_combined_hooks_call_each(redis: Redis) -> None:
+class Told(NoWorkerHooks):
+    """An observer that notes what it is told."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, ...]] = []
+
+    def instrument(self, handler: Handler) -> Handler:
+        async def noted(task: Task) -> None:
+            self.told.append(("ran", task.type))
+            await handler(task)
+
+        return noted
+
+    def task_retried(self, queue: str, task_type: str) -> None:
+        self.told.append(("retried", queue, task_type))
+
+    def task_archived(self, queue: str, task_type: str) -> None:
+        self.told.append(("archived", queue, task_type))
+
+
+async def test_combined_hooks_call_each() -> None:
     prom = WorkerMetrics()
-    history = HistoryRecorder(redis, log=structlog.get_logger())
-    both = combine_hooks(history, None, prom)
-    assert isinstance(both, CombinedHooks) and both.hooks == (history, prom)
+    told = Told()
+    both = combine_hooks(told, None, prom)
+    assert isinstance(both, CombinedHooks) and both.hooks == (told, prom)
     assert combine_hooks(None, NO_HOOKS) is NO_HOOKS
     assert combine_hooks(prom) is prom
 
@@ -314,29 +428,15 @@ async def test_combined_hooks_call_each(redis: Redis) -> None:
     both.loop_stalled(0.7)
     assert prom.retries.labels("c", "hist-a")._value.get() == 1
     assert prom.stalls._value.get() == 1
-    await history.flush()
-    await redis.sadd(keys.ALL_QUEUES, "hist-a")
-    async with Inspector(redis) as insp:
-        (row,) = await insp.metrics_history(window=timedelta(minutes=2))
-    assert (row.processed, row.failed, row.retried, row.archived) == (1, 1, 1, 1)
+    assert told.told == [("ran", "c"), ("retried", "hist-a", "c"), ("archived", "hist-a", "c")]
 
 
 async def test_cli_metrics_top(redis: Redis, redis_url: str, tmp_path: Any) -> None:
     recorder = HistoryRecorder(redis, log=structlog.get_logger())
-
-    async def slow(task: Task) -> None:
-        await asyncio.sleep(0.02)
-
-    async def fails(task: Task) -> None:
-        raise RuntimeError("x")
-
-    for name, fn, n in (("email:send", slow, 6), ("report", fails, 2)):
-        wrapped = recorder.instrument(fn)
-        for _ in range(n):
-            task = Task(name)
-            task.queue = "hist-a"
-            with contextlib.suppress(RuntimeError):
-                await wrapped(task)
+    for _ in range(6):
+        ran(recorder, "hist-a", "email:send", 0.02)
+    for _ in range(2):
+        ran(recorder, "hist-a", "report", failed=True)
     await recorder.flush()
     await redis.sadd(keys.ALL_QUEUES, "hist-a")
     runner = CliRunner(env={"COLUMNS": "100", "HOME": str(tmp_path), "ASYNCQ_REDIS_URL": None})

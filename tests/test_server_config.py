@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from asyncq import Aggregation, Intervals, Limits, ServeMux, Server
-from asyncq._worker.config import _GROUPS, GROUPED_OPTION_NAMES, build_config
+from asyncq._worker.config import (
+    _GROUPS,
+    DEFAULT_METRICS_HISTORY,
+    GROUPED_OPTION_NAMES,
+    build_config,
+)
 from asyncq._worker.processor import Processor
 
 NOWHERE = "redis://127.0.0.1:1/0"  # never connected: these tests build servers only
@@ -82,6 +87,12 @@ BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ),
     ({"min_replicas": -1}, ValueError, "min_replicas cannot be negative"),
     ({"lifespan": 3}, TypeError, "lifespan must be callable"),
+    ({"metrics_history": None}, TypeError, "metrics_history must be True, False or a datetime"),
+    ({"metrics_history": 3600}, TypeError, "metrics_history must be True, False or a datetime"),
+    ({"metrics_history": timedelta(seconds=59)}, ValueError, "metrics_history must be at least"),
+    ({"events": "default"}, TypeError, "events must be True, False or a list of queue names"),
+    ({"events": 1}, TypeError, "events must be True, False or a list of queue names"),
+    ({"events": ["ok", " "]}, ValueError, "events queue names must be non-blank strings"),
 ]
 
 
@@ -91,6 +102,23 @@ def test_a_bad_value_names_its_option(
 ) -> None:
     with pytest.raises(error, match=message):
         Server(NOWHERE, **options)
+
+
+def test_history_and_events_are_settings_like_the_others() -> None:
+    """Checked by build_config, as every other setting, and carried by the config."""
+    assert build_config().metrics_history == (
+        timedelta(hours=24) if DEFAULT_METRICS_HISTORY else None
+    )
+    assert build_config(metrics_history=True).metrics_history == timedelta(hours=24)
+    assert build_config(metrics_history=False).metrics_history is None
+    assert build_config(metrics_history=timedelta(hours=2)).metrics_history == timedelta(hours=2)
+    assert build_config().events is False
+    assert build_config(events=True).events is True
+    assert build_config(events=["mail", "tenant:*"]).events == ("mail", "tenant:*")
+    with pytest.raises(ValueError, match="metrics_history must be at least 1 minute"):
+        build_config(metrics_history=timedelta(0))
+    with pytest.raises(ValueError, match="events queue names"):
+        build_config(events=[""])
 
 
 def test_a_group_and_the_flat_keywords_give_the_same_config() -> None:

@@ -36,7 +36,9 @@ TaskState = Literal["starting", "running", "writing", "finished"]
 class ActiveTask:
     """A task this server is running: message, lease, deadline, its coroutine's asyncio task."""
 
-    __slots__ = ("abandoned", "cancel_exc", "deadline", "lease", "msg", "started", "state", "task")
+    __slots__ = (
+        "abandoned", "cancel_exc", "deadline", "lease", "msg", "ran", "started", "state", "task"
+    )  # fmt: skip
 
     def __init__(self, msg: TaskMessage, lease: Lease, deadline: float, started: float) -> None:
         self.msg = msg
@@ -50,6 +52,10 @@ class ActiveTask:
         """The asyncio task of the processor's coroutine for this task (it runs the handler)."""
         self.cancel_exc: BaseException | None = None
         """Why the handler was stopped before it returned (the attempt's failure)."""
+        self.ran: tuple[float, float] | None = None
+        """When the handler started and ended (unix time), for the metrics history; None
+        without one, while it runs, or if it never ran (stopped before its start, or put
+        back for its type's rate limit)."""
 
     # TaskContext protocol (result writer)
     @property

@@ -6,10 +6,10 @@ The waiting side, and the reasons for a channel rather than polling alone, are i
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 from asyncq import _keys as keys
+from asyncq._batch import TurnBatcher
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisClient
 
@@ -26,24 +26,14 @@ class CompletionNotifier:
     polling.
     """
 
-    __slots__ = ("_pending", "_redis", "_sending")
+    __slots__ = ("_batch", "_redis")
 
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
-        self._pending: list[tuple[str, str]] = []
-        self._sending: set[asyncio.Task[None]] = set()
+        self._batch: TurnBatcher[tuple[str, str]] = TurnBatcher(self._send)
 
     def notify(self, queue: str, task_id: str) -> None:
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append((keys.completion_channel(queue), task_id))
-
-    def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        if batch:
-            task = asyncio.get_running_loop().create_task(self._send(batch))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+        self._batch.add((keys.completion_channel(queue), task_id))
 
     async def _send(self, batch: Sequence[tuple[str, str]]) -> None:
         try:
@@ -60,6 +50,4 @@ class CompletionNotifier:
 
     async def aclose(self) -> None:
         """Send what is pending and wait for the sends in flight."""
-        self._flush()
-        if self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._batch.aclose()

@@ -29,10 +29,13 @@ from asyncq._worker.limits import (
     validate_type_rates,
 )
 from asyncq._worker.queueset import is_pattern, validate_pattern
+from asyncq.events import event_queues
+from asyncq.history import DEFAULT_RETENTION
 from asyncq.task import Task
 
 __all__ = [
     "DEFAULT_MAX_INFLIGHT_BYTES",
+    "DEFAULT_METRICS_HISTORY",
     "DEFAULT_QUEUES",
     "GROUPED_OPTION_NAMES",
     "Aggregation",
@@ -53,6 +56,8 @@ DEFAULT_QUEUES: Mapping[str, int] = types.MappingProxyType({"default": 1})
 """Queues served when none are given (asynq's default)."""
 DEFAULT_MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
 """Default bound on the task bytes a server holds in running handlers (64 MiB)."""
+DEFAULT_METRICS_HISTORY = False
+"""Whether a server keeps the metrics history unless told (``metrics_history``)."""
 
 RetryDelay: TypeAlias = Callable[[int, BaseException, Task], timedelta]
 """``retry_delay(n, exc, task) -> timedelta``; *n* = retries so far (0 on the first failure)."""
@@ -116,6 +121,11 @@ class ServerConfig:
     :mod:`asyncq._broker.typerate`."""
     queue_refresh_interval: float = 1.0
     """How often a server with queue patterns re-reads ``asynq:queues``."""
+    metrics_history: timedelta | None = None
+    """How long the metrics history keeps each minute; None: the server keeps none."""
+    events: bool | tuple[str, ...] = False
+    """The queues whose task events the server writes: all (True), none, or these names
+    and patterns."""
     syncer_interval: float = 5.0
     """How often the syncer retries the writes Redis refused (asynq hard-codes 5 s). Not
     a ``Server`` option: a test that needs it shorter sets ``server.syncer.interval``."""
@@ -363,6 +373,8 @@ def build_config(
     intervals: Intervals | None = None,
     limits: Limits | None = None,
     aggregation: Aggregation | None = None,
+    metrics_history: bool | timedelta = DEFAULT_METRICS_HISTORY,
+    events: bool | Sequence[str] = False,
     options: Mapping[str, object] | None = None,
 ) -> ServerConfig:
     """The ``Server`` keywords, checked, as the config its roles read.
@@ -451,4 +463,23 @@ def build_config(
         queue_refresh_interval=positive_seconds(
             every.queue_refresh, name["queue_refresh_interval"]
         ),
+        metrics_history=_history_retention(metrics_history),
+        events=event_queues("events", events),
     )
+
+
+def _history_retention(value: object) -> timedelta | None:
+    """``metrics_history``: True keeps :data:`DEFAULT_RETENTION`, a timedelta
+    (at least a minute, the history's step) that long, False none."""
+    if value is False:
+        return None
+    if value is True:
+        return DEFAULT_RETENTION
+    if not isinstance(value, timedelta):
+        raise TypeError(
+            "metrics_history must be True, False or a datetime.timedelta, "
+            f"got {value.__class__.__name__}"
+        )
+    if value < timedelta(minutes=1):
+        raise ValueError(f"metrics_history must be at least 1 minute, got {value}")
+    return value

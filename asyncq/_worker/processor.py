@@ -86,6 +86,7 @@ from asyncq.errors import (
     find_error,
     wraps_error,
 )
+from asyncq.history import HistoryRecorder
 from asyncq.hooks import NO_HOOKS, WorkerHooks
 from asyncq.mux import Handler, sync_limiter
 from asyncq.proto.asynq import TaskMessage
@@ -365,9 +366,11 @@ class Processor(Role):
         notifier: Notifier,
         write_limit: int = _MAX_WRITES,
         hooks: WorkerHooks = NO_HOOKS,
+        history: HistoryRecorder | None = None,
     ) -> None:
         super().__init__(deps)
         self._hooks = hooks
+        self._history = history
         cfg = deps.config
         self.handler = handler
         self.clock: Callable[[], float] = deps.broker.clock
@@ -622,6 +625,7 @@ class Processor(Role):
         task.result_writer = TaskResultWriter(self.broker, active)
         exc: BaseException | None = None
         limited: timedelta | None = None  # its type's rate had no token: put back unrun
+        began = 0.0  # when the handler was called (0: it was not)
         try:
             now = self.clock()
             if active.cancel_exc is None and now >= active.deadline:
@@ -636,6 +640,7 @@ class Processor(Role):
                     if rate is not None:
                         limited = await self._type_token(active, rate)
                     if limited is None:
+                        began = now if rate is None else self.clock()
                         handler = self.handler(task)
                         swallowed = await _until_swallowed(
                             handler, active.stop_requested, partial(self._grace, active)
@@ -651,6 +656,8 @@ class Processor(Role):
                     exc = err
                 finally:
                     deadline.cancel()
+                    if began and self._history is not None:
+                        active.ran = (began, self.clock())
             active.state = "writing"  # from here on a cancel request changes nothing
             if active.cancel_exc is not None:  # a done context wins over what the handler did
                 _uncancel()
@@ -752,16 +759,21 @@ class Processor(Role):
         outcome = decide(
             msg, exc, lease=lease, config=self.config, now=self.clock(), task=task, log=self.log
         )
-        self._hooks.task_finished(
-            msg.queue, msg.type, msg.id, outcome.kind, error=outcome.err_msg, exc=exc
-        )
-        if outcome.kind == "lost":
+        kind = outcome.kind
+        retried = kind == "retry" and _rate_limited(exc) is None  # a rate limit is no retry
+        history = self._history
+        if history is not None and active.ran is not None:
+            began, ended = active.ran
+            failed = exc is not None
+            history.record(msg.queue, msg.type, began, ended, failed, retried, kind == "archive")
+        self._hooks.task_finished(msg.queue, msg.type, msg.id, kind, error=outcome.err_msg, exc=exc)
+        if kind == "lost":
             self._lost(msg, exc)
             return
-        if outcome.kind == "archive":
+        if kind == "archive":
             self.log.warning("task archived", error=outcome.err_msg, **task_fields(msg))
             self._hooks.task_archived(msg.queue, msg.type)
-        elif outcome.kind == "retry" and _rate_limited(exc) is None:
+        elif retried:
             self._hooks.task_retried(msg.queue, msg.type)
         await self._write_outcome(active, outcome)
 

@@ -66,6 +66,7 @@ from asyncq._worker.aggregator import GroupAggregatorRole
 from asyncq._worker.completion import CompletionNotifier
 from asyncq._worker.config import (
     DEFAULT_MAX_INFLIGHT_BYTES,
+    DEFAULT_METRICS_HISTORY,
     DEFAULT_QUEUES,
     Aggregation,
     ErrorHandler,
@@ -94,7 +95,7 @@ from asyncq._worker.wakeup import QueueWakeup
 from asyncq._worker.watchdog import Watchdog
 from asyncq.errors import ServerClosedError
 from asyncq.events import EventHooks, EventLog, QueueFilter
-from asyncq.history import DEFAULT_RETENTION, HistoryRecorder
+from asyncq.history import HistoryRecorder
 from asyncq.hooks import WorkerHooks, combine_hooks
 from asyncq.lifespan import Lifespan, state_var
 from asyncq.mux import ServeMux, as_async_handler
@@ -253,7 +254,7 @@ class Server(Service):
         aggregation: Aggregation | None = None,
         logger: Any = None,
         metrics: WorkerHooks | None = None,
-        metrics_history: bool | timedelta = False,
+        metrics_history: bool | timedelta = DEFAULT_METRICS_HISTORY,
         events: bool | Sequence[str] = False,
         min_replicas: int = 0,
         replica_timeout: timedelta = timedelta(seconds=1),
@@ -275,6 +276,8 @@ class Server(Service):
             intervals=intervals,
             limits=limits,
             aggregation=aggregation,
+            metrics_history=metrics_history,
+            events=events,
             options=options,
         )
         replica_wait = replica_wait_seconds(min_replicas, replica_timeout)
@@ -288,23 +291,17 @@ class Server(Service):
                 "janitor_batch_size above 100 makes each janitor script call block Redis longer",
                 janitor_batch_size=cfg.janitor_batch_size,
             )
-        event_queues = QueueFilter(events)
         self._independent_target = independent_target(redis)
         self._announce_signals = True
         self._where = describe_target(redis)
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
         self.history: HistoryRecorder | None = None
-        if not isinstance(metrics_history, bool | timedelta):
-            raise TypeError(
-                "metrics_history must be True, False or a datetime.timedelta, "
-                f"got {metrics_history.__class__.__name__}"
-            )
-        if metrics_history is not False:
-            retention = DEFAULT_RETENTION if metrics_history is True else metrics_history
-            self.history = HistoryRecorder(self.redis, retention=retention, log=self.log)
-        self._hooks: WorkerHooks = combine_hooks(self.history, metrics)
+        if cfg.metrics_history is not None:
+            self.history = HistoryRecorder(self.redis, retention=cfg.metrics_history, log=self.log)
+        self._hooks: WorkerHooks = combine_hooks(metrics)
         self._events: EventLog | None = None
+        event_queues = QueueFilter(cfg.events)
         if event_queues.enabled:
             self._events = EventLog(self.redis, event_queues)
             self._hooks = EventHooks(self._hooks, self._events)
@@ -355,6 +352,7 @@ class Server(Service):
             notifier=CompletionNotifier(self.redis),
             write_limit=write_limit(self.redis),
             hooks=self._hooks,
+            history=self.history,
         )
         self._subscriber = Subscriber(
             deps, active=self.active, wakeup=wakeup, pubsub=self.connection.pubsub
@@ -473,6 +471,8 @@ class Server(Service):
             else:  # the served queues matching it now; the watcher marks later ones
                 for match in fnmatch.filter(served, qname):
                     await self.redis.set(keys.ordered_key(match), "1")
+        if self.history is not None:
+            self.history.attach()
         self._hooks.attach()  # last: a set-up that fails before leaves nothing to detach
         self.started_at = datetime.now(UTC)
         self.log.info(

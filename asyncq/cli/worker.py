@@ -244,6 +244,13 @@ class QueuesType(_QueuesParam):
     help="Strict priority: empty higher queues first [default: the App's setting, else no].",
 )
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
+@click.option(
+    "--metrics-history/--no-metrics-history",
+    default=None,
+    help="Keep the per-minute metrics history of each task type in Redis (24 h; read by "
+    "'asyncq metrics top' and the web UI's Metrics page) [default: the App's setting, "
+    "else the Server default].",
+)
 @click.option("--uri", "-u", "worker_uri", metavar="URL", help="Redis URL (overrides the global).")
 @click.option(
     "--log-level",
@@ -334,6 +341,7 @@ def worker(
     type_rate_limits: tuple[str, ...],
     strict: bool | None,
     burst: bool,
+    metrics_history: bool | None,
     worker_uri: str | None,
     log_level: str,
     shutdown_timeout: timedelta | None,
@@ -404,6 +412,7 @@ def worker(
             type_rate_limits=type_rate_limits,
             strict=strict,
             burst=burst,
+            metrics_history=metrics_history,
             log_level=log_level.lower(),
             loop=loop,
             timings=timings,
@@ -424,6 +433,8 @@ def worker(
         options["strict_priority"] = strict
     if burst:
         options["burst"] = True
+    if metrics_history is not None:
+        options["metrics_history"] = metrics_history
     if queue_concurrency:
         options["queue_concurrency"] = queue_concurrency
     if local_queue_concurrency:
@@ -535,6 +546,7 @@ def _supervise(
     type_rate_limits: tuple[str, ...],
     strict: bool | None,
     burst: bool,
+    metrics_history: bool | None,
     log_level: str,
     loop: str,
     timings: dict[str, timedelta],
@@ -566,6 +578,8 @@ def _supervise(
         argv.append("--strict" if strict else "--no-strict")
     if burst:
         argv.append("--burst")
+    if metrics_history is not None:
+        argv.append("--metrics-history" if metrics_history else "--no-metrics-history")
     # The URL goes by environment, not argv, so that `ps` does not show its password.
     env = dict(os.environ)
     if uri is not None:

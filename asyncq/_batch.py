@@ -1,0 +1,64 @@
+"""One event-loop turn of small writes sent as one pipeline, in order.
+
+Completion notices and task events are written by many tasks at about the same
+moment. :class:`TurnBatcher` collects what is added during one turn of the event loop
+and hands the whole batch to a *send* coroutine (one pipeline), so N writes cost one
+round trip instead of N. One send is in flight at a time: what is added meanwhile
+goes out in the next batch once it returns, so batches land in the order they were
+added (two sends on two pooled connections could land in either order: a progress
+event before its task's ``started``) and grow, rather than multiply, under load. It
+never blocks the caller and never raises to it: *send* owns its errors (these writes
+are best effort).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, Generic, TypeVar
+
+__all__ = ["TurnBatcher"]
+
+T = TypeVar("T")
+
+
+class TurnBatcher(Generic[T]):
+    """Collects the items added during one event-loop turn and sends them together."""
+
+    __slots__ = ("_flushing", "_pending", "_send", "_sending")
+
+    def __init__(self, send: Callable[[list[T]], Coroutine[Any, Any, None]]) -> None:
+        self._send = send
+        self._pending: list[T] = []
+        self._flushing = False  # a flush is scheduled for the end of this turn
+        self._sending: asyncio.Task[None] | None = None
+
+    def add(self, item: T) -> None:
+        """Queue *item*: sent at the end of this turn, or after the send in flight."""
+        self._pending.append(item)
+        if not self._flushing and self._sending is None:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        if self._sending is not None or not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        self._sending = asyncio.get_running_loop().create_task(self._send(batch))
+        self._sending.add_done_callback(self._sent)
+
+    def _sent(self, sent: asyncio.Task[None]) -> None:
+        if not sent.cancelled():
+            sent.exception()  # retrieved: *send* owns its errors, none is left unseen
+        self._sending = None
+        self._flush()  # what was added while it was in flight
+
+    async def aclose(self) -> None:
+        """Send what is pending and wait until every send has returned."""
+        while True:
+            self._flush()
+            sending = self._sending
+            if sending is None:
+                return
+            await asyncio.gather(sending, return_exceptions=True)
