@@ -157,6 +157,12 @@ def test_every_asynq_key_has_its_expected_type() -> None:
     assert {k: keys.expected_type(k) for k in cases} == cases
     assert keys.expected_type("unrelated") is None
     assert keys.expected_type("asynq:{q}:t:") is None
+    # A prefix with nothing after it names no key: no group, no unique lock.
+    assert keys.expected_type("asynq:{q}:g:") is None
+    assert keys.expected_type("asynq:{q}:unique:") is None
+    # Go asynq accepts braces in task IDs: its key is still the task's hash, read from the
+    # first "}:" (the queue's), not from one inside the ID.
+    assert keys.expected_type("asynq:{q}:t:a}:pending") == "hash"
 
 
 def test_unique_key_nil_and_empty_payloads_differ() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from asyncq import Task
+from asyncq import _compose as compose_module
 from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._compose import compose as compose_task
 from asyncq._gofmt import option_strings
@@ -108,6 +110,19 @@ def test_unsupported_wire_type_is_an_error() -> None:
 
 def compose(task: Task, **options: Any) -> Any:
     return compose_task(task, [options], NOW)
+
+
+def test_each_task_id_is_the_uuid4_of_its_own_16_random_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every id of a batch uses its own bytes, all 122 random bits of them: exactly what
+    # uuid.UUID(bytes=..., version=4) makes of them (the variant digit from its own nibble).
+    raw = bytes(range(256)) * 16
+    monkeypatch.setattr(compose_module.os, "urandom", lambda n: raw[:n])
+    monkeypatch.setattr(compose_module, "_ID_POOL", [])
+    ids = [compose_module.new_task_id() for _ in range(256)]
+    batch = [str(uuid.UUID(bytes=raw[i : i + 16], version=4)) for i in range(0, 4096, 16)]
+    assert ids == batch[::-1]  # the pool hands out its last id first
 
 
 def test_unknown_option_messages_name_where_and_count() -> None:

@@ -1,0 +1,191 @@
+"""The worker core's edges that the role tests left open, on the in-memory broker.
+
+Each test here pins a behaviour that a mutant of the worker core (``nox -s
+mutation``; docs/testing.md) changed without any test noticing: the forwarder's
+and recoverer's counters across ticks, the recoverer's choice between retry and
+archive and the deadline it writes under, the heartbeater's records, the lease's
+one-way extension, the outcome decision's edges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from asyncq._worker.active import ActiveTask, ActiveTasks
+from asyncq._worker.forwarder import Forwarder
+from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
+from asyncq._worker.lease import Lease
+from asyncq._worker.recoverer import Recoverer
+from asyncq._worker.roles import RoleDeps
+from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
+from tests.fakebroker import FakeBroker
+from tests.test_roles_fake_broker import Q, message, role_deps
+
+
+async def _in_retry(fake: FakeBroker, *due: float) -> list[str]:
+    """Tasks in the retry set, due at the given unix times; their ids."""
+    msgs = [fake.enqueue(message()) for _ in due]
+    await fake.fetch([Q], len(msgs))
+    for msg, at in zip(msgs, due, strict=True):
+        await fake.retry(msg, datetime.fromtimestamp(at, UTC), "e", is_failure=True)
+    return [m.id for m in msgs]
+
+
+# -- forwarder -----------------------------------------------------------------------------------
+
+
+async def test_the_forwarders_count_adds_up_over_ticks() -> None:
+    fake = FakeBroker()
+    first, second = await _in_retry(fake, fake.now, fake.now + 10)
+    deps = role_deps(fake)
+    fwd = Forwarder(deps, 5.0, wakeup=asyncio.Event())
+    await fwd.tick()
+    fake.advance(10)
+    await fwd.tick()
+    assert fake.state(first) == fake.state(second) == "pending"
+    assert deps.stats.forwarded == 2
+
+
+# -- heartbeater ---------------------------------------------------------------------------------
+
+
+class _Recorded:
+    """write_server_state's arguments, as the heartbeater passed them."""
+
+    def __init__(self, fake: FakeBroker) -> None:
+        self.calls: list[dict[str, Any]] = []
+        write = fake.write_server_state
+
+        async def record(
+            info: ServerInfo, workers: Sequence[WorkerInfo], ttl: float, **kw: Any
+        ) -> None:
+            self.calls.append({"info": info, "workers": list(workers), "ttl": ttl, **kw})
+            await write(info, workers, ttl, **kw)
+
+        fake.write_server_state = record  # type: ignore[method-assign]
+
+
+def _heartbeater(deps: RoleDeps, active: ActiveTasks, interval: float = 5.0) -> Heartbeater:
+    started = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    return Heartbeater(
+        deps,
+        interval,
+        active=active,
+        identity=ServerIdentity("host-a", 4242, "srv-1"),
+        status=lambda: "active",
+        started_at=lambda: started,
+    )
+
+
+async def test_the_heartbeat_publishes_the_server_and_each_running_task() -> None:
+    fake = FakeBroker(lease_duration=30)
+    running = fake.enqueue(message("email", payload=b"p1", timeout=60))
+    (got,) = (await fake.fetch([Q], 1)).tasks
+    deps = role_deps(
+        fake,
+        concurrency=7,
+        queues={Q: 3, "low": 1},
+        strict_priority=True,
+        type_rate_limits={"email": "10/s"},
+        queue_concurrency={Q: 4},
+        local_queue_concurrency={"low": 2},
+        rate_limits={"low": "5/s"},
+        ordered_queues=["low"],
+    )
+    active = ActiveTasks()
+    lease = Lease(got.lease_expiry, clock=fake.clock)
+    active[running.id] = ActiveTask(running, lease, fake.now + 60, fake.now - 1.5)
+    recorded = _Recorded(fake)
+    await _heartbeater(deps, active).tick()
+    ((call),) = recorded.calls
+    info: ServerInfo = call["info"]
+    assert (info.host, info.pid, info.server_id) == ("host-a", 4242, "srv-1")
+    assert (info.concurrency, info.strict_priority, info.status) == (7, True, "active")
+    assert info.queues == {Q: 3, "low": 1}
+    assert info.start_time == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert info.active_worker_count == 1
+    (worker,) = call["workers"]
+    assert (worker.host, worker.pid, worker.server_id) == ("host-a", 4242, "srv-1")
+    assert (worker.task_id, worker.task_type, worker.task_payload, worker.queue) == (
+        running.id,
+        "email",
+        b"p1",
+        Q,
+    )
+    assert worker.start_time == datetime.fromtimestamp(fake.now - 1.5, UTC)
+    assert worker.deadline == datetime.fromtimestamp(fake.now + 60, UTC)
+    assert call["ttl"] == 10.0  # twice the interval, as asynq
+    assert call["type_rates"] == {"email": str(deps.config.type_rate_limits["email"])}
+    assert call["queue_flow"] == {
+        f"limit:{Q}": "4",
+        "local:low": "2",
+        "rate:low": str(deps.config.rate_limits["low"]),
+        "ordered:low": "1",
+    }
+
+
+async def test_a_sub_second_heartbeat_still_gives_its_records_two_seconds() -> None:
+    fake = FakeBroker()
+    recorded = _Recorded(fake)
+    await _heartbeater(role_deps(fake), ActiveTasks(), interval=0.5).tick()
+    assert recorded.calls[0]["ttl"] == 2.0
+    recorded.calls.clear()
+    await _heartbeater(role_deps(fake), ActiveTasks(), interval=1.5).tick()
+    assert recorded.calls[0]["ttl"] == 3.0
+
+
+# -- recoverer -----------------------------------------------------------------------------------
+
+
+async def test_the_recoverer_logs_and_writes_each_expired_lease_with_its_reason() -> None:
+    fake = FakeBroker(lease_duration=30)
+    alive = fake.enqueue(message("a"))
+    exhausted = fake.enqueue(message("b", retried=3))
+    await fake.fetch([Q], 2)
+    deps = role_deps(fake)
+    rec = Recoverer(deps, 60.0, active=ActiveTasks())
+    fake.advance(40)
+    with capture_logs() as logs:
+        await rec.tick()
+    assert fake.tasks[exhausted.id].error == "asynq: task lease expired"
+    assert fake.tasks[alive.id].msg.retried == 1
+    events = {e["event"]: e for e in logs}
+    archived = events["archiving task whose lease expired"]
+    assert archived["log_level"] == "warning"
+    assert (archived["task_id"], archived["task_type"], archived["queue"]) == (exhausted.id, "b", Q)
+    retried = events["retrying task whose lease expired"]
+    assert retried["log_level"] == "warning"
+    assert (retried["task_id"], retried["task_type"], retried["queue"]) == (alive.id, "a", Q)
+    assert retried["retry_in"] == 0.0  # an expired lease is retried at once by default
+
+
+@pytest.mark.parametrize("retried", [0, 3], ids=["retry", "archive"])
+async def test_the_recoverer_leaves_a_task_leased_again_since_its_scan(retried: int) -> None:
+    # Two servers' recoverers wake at the same expiry; the first one's retry is fetched
+    # by a worker at once. The second one's write must not take the task from that worker.
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message(retried=retried))
+    await fake.fetch([Q], 1)
+    fake.advance(40)
+    scan = fake.scan_leases
+
+    async def scan_then_lease_again(
+        cutoff: datetime, qnames: Sequence[str]
+    ) -> tuple[list[tuple[str, TaskMessage]], float | None]:
+        found = await scan(cutoff, qnames)
+        fake.leases[msg.id] = fake.now + 30  # another worker holds it again
+        return found
+
+    fake.scan_leases = scan_then_lease_again  # type: ignore[method-assign]
+    deps = role_deps(fake)
+    await Recoverer(deps, 60.0, active=ActiveTasks()).tick()
+    assert fake.state(msg.id) == "active"
+    assert fake.leases[msg.id] == fake.now + 30
+    assert fake.tasks[msg.id].msg.retried == retried
+    assert deps.stats.recovered == 0
