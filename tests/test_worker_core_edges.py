@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -23,7 +24,9 @@ from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
 from asyncq._worker.lease import Lease
 from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import RoleDeps
+from asyncq.errors import TaskNotFoundError
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
+from asyncq.task import Task
 from tests.fakebroker import FakeBroker
 from tests.test_roles_fake_broker import Q, message, role_deps
 
@@ -140,6 +143,67 @@ async def test_a_sub_second_heartbeat_still_gives_its_records_two_seconds() -> N
     assert recorded.calls[0]["ttl"] == 3.0
 
 
+async def test_the_heartbeat_extends_only_live_leases_it_still_owns() -> None:
+    fake = FakeBroker(lease_duration=30)
+    for _ in range(3):
+        fake.enqueue(message())
+    live, lost, left = (await fake.fetch([Q], 3)).tasks
+    active = ActiveTasks()
+    cancelled: list[str] = []
+    for got in (live, lost, left):
+        lease = Lease(got.lease_expiry, clock=fake.clock)
+        lease.on_expired = partial(cancelled.append, got.message.id)
+        active[got.message.id] = ActiveTask(got.message, lease, fake.now + 60, fake.now)
+    active[lost.message.id].lease.expires_at = fake.now + 5  # its extension never landed
+    active[left.message.id].abandoned = True  # requeued at shutdown: another worker's now
+    fake.advance(10)
+    await _heartbeater(role_deps(fake), active).tick()
+    assert fake.called("extend_lease") == [(Q, [live.message.id])]
+    assert active[live.message.id].lease.expires_at == int(fake.now + 30)
+    assert cancelled == [lost.message.id]  # declared expired: its handler is cancelled
+    assert active[lost.message.id].lease.is_expired
+    assert not active[left.message.id].lease.is_expired
+    assert len(fake.servers["srv-1"][1]) == 3  # all three still run here
+
+
+async def test_a_queue_whose_leases_cannot_be_extended_is_logged_with_its_tasks() -> None:
+    fake = FakeBroker(lease_duration=30)
+    fake.enqueue(message())
+    (got,) = (await fake.fetch([Q], 1)).tasks
+    active = ActiveTasks()
+    active[got.message.id] = ActiveTask(
+        got.message, Lease(got.lease_expiry, clock=fake.clock), fake.now + 60, fake.now
+    )
+    beat = _heartbeater(role_deps(fake), active)
+    fake.fail("extend_lease", ValueError("blank queue name"))
+    with capture_logs() as logs:
+        await beat.tick()
+    (refused,) = [e for e in logs if e["event"] == "could not extend task leases"]
+    assert refused["log_level"] == "error"
+    assert (refused["queue"], refused["task_ids"]) == (Q, [got.message.id])
+    assert refused["error"] == "ValueError: blank queue name"
+    fake.fail("extend_lease")  # Redis unreachable: a warning, rate-limited
+    with capture_logs() as logs:
+        await beat.tick()
+    (down,) = [e for e in logs if e["event"] == "could not extend task leases"]
+    assert (down["log_level"], down["queue"]) == ("warning", Q)
+    assert "task_ids" not in down
+    assert fake.servers["srv-1"][1][0].task_id == got.message.id  # the beat went on
+
+
+async def test_a_server_state_that_cannot_be_cleared_is_left_to_expire() -> None:
+    fake = FakeBroker()
+    beat = _heartbeater(role_deps(fake), ActiveTasks())
+    await beat.tick()
+    fake.fail("clear_server_state")
+    with capture_logs() as logs:
+        await beat.cleanup()  # logged, not raised
+    assert [(e["event"], e["log_level"]) for e in logs] == [
+        ("could not clear the server's state; it expires on its own", "warning")
+    ]
+    assert "srv-1" in fake.servers
+
+
 # -- recoverer -----------------------------------------------------------------------------------
 
 
@@ -189,3 +253,97 @@ async def test_the_recoverer_leaves_a_task_leased_again_since_its_scan(retried: 
     assert fake.leases[msg.id] == fake.now + 30
     assert fake.tasks[msg.id].msg.retried == retried
     assert deps.stats.recovered == 0
+
+
+async def test_the_recoverer_uses_the_servers_retry_delay_and_is_failure() -> None:
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message())
+    await fake.fetch([Q], 1)
+    seen: list[tuple[int, str]] = []
+
+    def delay(n: int, exc: BaseException, task: Task) -> timedelta:
+        seen.append((n, type(exc).__name__))
+        return timedelta(seconds=90)
+
+    deps = role_deps(fake, retry_delay=delay, is_failure=lambda exc: False)
+    fake.advance(40)
+    await Recoverer(deps, 60.0, active=ActiveTasks()).tick()
+    assert seen == [(0, "LeaseExpiredError")]
+    ((_, retry_at, err, is_failure),) = fake.called("retry")
+    assert (retry_at, err, is_failure) == (fake.now + 90, "asynq: task lease expired", False)
+    assert fake.state(msg.id) == "retry" and fake.tasks[msg.id].msg.retried == 0
+
+
+async def test_a_raising_retry_delay_still_lets_the_recoverer_retry_the_task() -> None:
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message())
+    await fake.fetch([Q], 1)
+
+    def broken(n: int, exc: BaseException, task: Task) -> timedelta:
+        raise RuntimeError("bug")
+
+    deps = role_deps(fake, retry_delay=broken)
+    fake.advance(40)
+    with capture_logs() as logs:
+        await Recoverer(deps, 60.0, active=ActiveTasks()).tick()
+    assert fake.state(msg.id) == "pending"  # asynq's default for a lost lease: at once
+    assert deps.stats.recovered == 1
+    (logged,) = [e for e in logs if e["event"] == "retry_delay raised; using the default delay"]
+    assert (logged["log_level"], logged["task_id"]) == ("error", msg.id)
+
+
+async def test_a_recoverer_that_lost_the_race_waits_its_usual_interval() -> None:
+    fake = FakeBroker(lease_duration=30)
+    fake.enqueue(message())
+    await fake.fetch([Q], 1)
+    rec = Recoverer(role_deps(fake), 60.0, active=ActiveTasks())
+    fake.advance(40)
+    fake.fail("retry", TaskNotFoundError(Q, "x"))  # another server recovered it first
+    await rec.tick()
+    assert rec.next_wait == 30  # not the quick re-check of a task running here
+
+
+async def test_a_message_naming_another_queue_is_archived_where_it_is_stored() -> None:
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message())
+    await fake.fetch([Q], 1)
+    fake.advance(40)
+    scan = fake.scan_leases
+
+    async def stored_elsewhere(
+        cutoff: datetime, qnames: Sequence[str]
+    ) -> tuple[list[tuple[str, TaskMessage]], float | None]:
+        found, earliest = await scan(cutoff, qnames)
+        named = [(q, TaskMessage.parse(bytes(m))) for q, m in found]
+        for _, m in named:
+            m.queue = "elsewhere"
+        return named, earliest
+
+    fake.scan_leases = stored_elsewhere  # type: ignore[method-assign]
+    deps = role_deps(fake)
+    with capture_logs() as logs:
+        await Recoverer(deps, 60.0, active=ActiveTasks()).tick()
+    assert fake.state(msg.id) == "archived"
+    ((tid, err),) = fake.called("archive")
+    assert tid == msg.id
+    assert err == (
+        f"asyncq: task message names queue 'elsewhere' but is stored in queue {Q!r}; "
+        "archived by the recoverer"
+    )
+    assert not fake.called("retry") and deps.stats.recovered == 1
+    (logged,) = [e for e in logs if e["log_level"] == "error"]
+    assert logged["event"] == "archiving task whose message names another queue"
+    assert (logged["task_id"], logged["queue"]) == (msg.id, Q)
+
+
+# -- lease ---------------------------------------------------------------------------------------
+
+
+def test_a_lease_declared_expired_is_invalid_at_once_and_declared_once() -> None:
+    calls: list[str] = []
+    lease = Lease(130.0, clock=lambda: 100.0, on_expired=lambda: calls.append("cancel"))
+    assert lease.expire() is True
+    assert lease.is_expired and not lease.valid()  # 30 s left, but another server owns it
+    assert not lease.extend(200.0) and lease.expires_at == 130.0
+    assert lease.expire() is False
+    assert calls == ["cancel"]
