@@ -21,13 +21,14 @@ from structlog.testing import capture_logs
 from asyncq._worker.active import ActiveTask, ActiveTasks
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
-from asyncq._worker.lease import Lease
+from asyncq._worker.lease import Lease, extend_leases
 from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import RoleDeps
 from asyncq.errors import TaskNotFoundError
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 from asyncq.task import Task
 from tests.fakebroker import FakeBroker
+from tests.helpers import wait_until
 from tests.test_roles_fake_broker import Q, message, role_deps
 
 
@@ -187,6 +188,7 @@ async def test_a_queue_whose_leases_cannot_be_extended_is_logged_with_its_tasks(
         await beat.tick()
     (down,) = [e for e in logs if e["event"] == "could not extend task leases"]
     assert (down["log_level"], down["queue"]) == ("warning", Q)
+    assert down["error"] == "ConnectionError: fake extend_lease failed"
     assert "task_ids" not in down
     assert fake.servers["srv-1"][1][0].task_id == got.message.id  # the beat went on
 
@@ -194,6 +196,18 @@ async def test_a_queue_whose_leases_cannot_be_extended_is_logged_with_its_tasks(
 async def test_a_server_state_that_cannot_be_cleared_is_left_to_expire() -> None:
     fake = FakeBroker()
     beat = _heartbeater(role_deps(fake), ActiveTasks())
+    await beat.tick()
+    cleared: list[tuple[str, int, str]] = []
+    clear = fake.clear_server_state
+
+    async def record(host: str, pid: int, server_id: str) -> None:
+        cleared.append((host, pid, server_id))
+        await clear(host, pid, server_id)
+
+    fake.clear_server_state = record  # type: ignore[method-assign]
+    await beat.cleanup()
+    assert cleared == [("host-a", 4242, "srv-1")]  # the keys of this server's records
+    assert "srv-1" not in fake.servers
     await beat.tick()
     fake.fail("clear_server_state")
     with capture_logs() as logs:
@@ -336,14 +350,40 @@ async def test_a_message_naming_another_queue_is_archived_where_it_is_stored() -
     assert (logged["task_id"], logged["queue"]) == (msg.id, Q)
 
 
+async def test_the_recoverer_checks_again_on_its_own_until_stopped() -> None:
+    fake = FakeBroker(lease_duration=30)
+    rec = Recoverer(role_deps(fake), 0.05, active=ActiveTasks())
+    running = asyncio.create_task(rec.run())
+    await wait_until(lambda: len(fake.called("scan_leases")) >= 3, what="three checks")
+    rec.request_stop()
+    await asyncio.wait_for(running, 5)
+
+
 # -- lease ---------------------------------------------------------------------------------------
 
 
 def test_a_lease_declared_expired_is_invalid_at_once_and_declared_once() -> None:
     calls: list[str] = []
     lease = Lease(130.0, clock=lambda: 100.0, on_expired=lambda: calls.append("cancel"))
+    assert lease.extend(140.0) is True and lease.expires_at == 140.0
+    assert lease.extend(135.0) is True and lease.expires_at == 140.0  # never shortened
     assert lease.expire() is True
     assert lease.is_expired and not lease.valid()  # 30 s left, but another server owns it
-    assert not lease.extend(200.0) and lease.expires_at == 130.0
+    assert not lease.extend(200.0) and lease.expires_at == 140.0
     assert lease.expire() is False
     assert calls == ["cancel"]
+
+
+async def test_a_queue_whose_extension_fails_leaves_the_next_queues_extended() -> None:
+    fake = FakeBroker(lease_duration=30)
+    first = Lease(fake.now + 10, clock=fake.clock)
+    second = Lease(fake.now + 10, clock=fake.clock)
+    fake.leases.update({"a1": fake.now + 10, "b1": fake.now + 10})
+    fake.fail("extend_lease")
+    failed = await extend_leases(
+        fake,  # type: ignore[arg-type]
+        {"a": [("a1", first)], "b": [("b1", second)]},
+    )
+    assert [(q, ids) for q, ids, _ in failed] == [("a", ["a1"])]
+    assert first.expires_at == fake.now + 10  # kept its old expiry
+    assert second.expires_at == fake.leases["b1"] == int(fake.now + 30)
