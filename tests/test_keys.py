@@ -203,5 +203,5 @@ def test_queue_names_may_hold_colons_but_not_braces() -> None:
     keys.validate_queue_name("reports:eu:d")
     assert keys.pending_key("reports:eu") == "asynq:{reports:eu}:pending"
     # A brace would let two names share a key (or leave the queue's cluster slot).
-    with pytest.raises(ValueError, match="braces"):
+    with pytest.raises(ValueError, match=r"^queue name 'a\{b\}c:d' holds .* braces"):
         keys.validate_queue_name("a{b}c:d")

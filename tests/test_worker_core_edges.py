@@ -16,12 +16,14 @@ from functools import partial
 from typing import Any
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from asyncq._worker.active import ActiveTask, ActiveTasks
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
 from asyncq._worker.lease import Lease, extend_leases
+from asyncq._worker.outcome import decide
 from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import RoleDeps
 from asyncq.errors import TaskNotFoundError
@@ -273,16 +275,16 @@ async def test_the_recoverer_uses_the_servers_retry_delay_and_is_failure() -> No
     fake = FakeBroker(lease_duration=30)
     msg = fake.enqueue(message())
     await fake.fetch([Q], 1)
-    seen: list[tuple[int, str]] = []
+    seen: list[tuple[int, str, str, str]] = []
 
     def delay(n: int, exc: BaseException, task: Task) -> timedelta:
-        seen.append((n, type(exc).__name__))
+        seen.append((n, type(exc).__name__, task.type, task.id))
         return timedelta(seconds=90)
 
     deps = role_deps(fake, retry_delay=delay, is_failure=lambda exc: False)
     fake.advance(40)
     await Recoverer(deps, 60.0, active=ActiveTasks()).tick()
-    assert seen == [(0, "LeaseExpiredError")]
+    assert seen == [(0, "LeaseExpiredError", "t", msg.id)]
     ((_, retry_at, err, is_failure),) = fake.called("retry")
     assert (retry_at, err, is_failure) == (fake.now + 90, "asynq: task lease expired", False)
     assert fake.state(msg.id) == "retry" and fake.tasks[msg.id].msg.retried == 0
@@ -304,6 +306,7 @@ async def test_a_raising_retry_delay_still_lets_the_recoverer_retry_the_task() -
     assert deps.stats.recovered == 1
     (logged,) = [e for e in logs if e["event"] == "retry_delay raised; using the default delay"]
     assert (logged["log_level"], logged["task_id"]) == ("error", msg.id)
+    assert isinstance(logged["exc_info"], RuntimeError)  # the user's bug, with its traceback
 
 
 async def test_a_recoverer_that_lost_the_race_waits_its_usual_interval() -> None:
@@ -387,3 +390,17 @@ async def test_a_queue_whose_extension_fails_leaves_the_next_queues_extended() -
     assert [(q, ids) for q, ids, _ in failed] == [("a", ["a1"])]
     assert first.expires_at == fake.now + 10  # kept its old expiry
     assert second.expires_at == fake.leases["b1"] == int(fake.now + 30)
+
+
+# -- outcome and policy --------------------------------------------------------------------------
+
+
+def test_is_failure_judges_the_exception_the_handler_raised() -> None:
+    fake = FakeBroker()
+    config = role_deps(fake, is_failure=lambda exc: isinstance(exc, ValueError)).config
+    log = structlog.get_logger("test")
+    m = message(id="x")
+    failed = decide(m, ValueError("bad input"), lease="held", config=config, now=0.0, log=log)
+    assert (failed.kind, failed.is_failure) == ("retry", True)
+    other = decide(m, TimeoutError(), lease="held", config=config, now=0.0, log=log)
+    assert (other.kind, other.is_failure) == ("retry", False)
