@@ -19,6 +19,8 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from asyncq._broker.workflow import WORKFLOW_HEADER, WORKFLOW_QUEUE_HEADER, WORKFLOW_STEP_HEADER
+from asyncq._worker import policy
 from asyncq._worker.active import ActiveTask, ActiveTasks
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
@@ -26,7 +28,7 @@ from asyncq._worker.lease import Lease, extend_leases
 from asyncq._worker.outcome import decide
 from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import RoleDeps
-from asyncq.errors import TaskNotFoundError
+from asyncq.errors import RevokeTask, TaskNotFoundError
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 from asyncq.task import Task
 from tests.fakebroker import FakeBroker
@@ -404,3 +406,30 @@ def test_is_failure_judges_the_exception_the_handler_raised() -> None:
     assert (failed.kind, failed.is_failure) == ("retry", True)
     other = decide(m, TimeoutError(), lease="held", config=config, now=0.0, log=log)
     assert (other.kind, other.is_failure) == ("retry", False)
+
+
+def test_a_one_second_retention_keeps_the_task_and_a_revoked_step_tells_its_workflow() -> None:
+    config = role_deps(FakeBroker()).config
+    log = structlog.get_logger("test")
+    kept = decide(message(retention=1), None, lease="held", config=config, now=0.0, log=log)
+    assert kept.kind == "complete"
+    headers = {WORKFLOW_HEADER: "wf", WORKFLOW_QUEUE_HEADER: Q, WORKFLOW_STEP_HEADER: "0.0"}
+    revoked = decide(
+        message(headers=headers), RevokeTask("gone"), lease="held", config=config, now=0.0, log=log
+    )
+    assert (revoked.kind, revoked.workflow, revoked.ack_mode) == ("revoke", True, "revoke")
+
+
+@pytest.mark.parametrize(("drawn", "seconds"), [(0, 2**4 + 15), (29, 2**4 + 15 + 29 * 3)])
+def test_asynqs_default_delay_at_both_ends_of_its_random_part(
+    monkeypatch: pytest.MonkeyPatch, drawn: int, seconds: int
+) -> None:
+    bounds: list[int] = []
+
+    def randrange(stop: int) -> int:
+        bounds.append(stop)
+        return drawn
+
+    monkeypatch.setattr(policy.random, "randrange", randrange)
+    assert policy.default_retry_delay(2, ValueError(), Task("t")) == timedelta(seconds=seconds)
+    assert bounds == [30]  # rand(30): 0 to 29 extra seconds per attempt
