@@ -308,6 +308,7 @@ async def test_a_raising_retry_delay_still_lets_the_recoverer_retry_the_task() -
     assert deps.stats.recovered == 1
     (logged,) = [e for e in logs if e["event"] == "retry_delay raised; using the default delay"]
     assert (logged["log_level"], logged["task_id"]) == ("error", msg.id)
+    assert (logged["task_type"], logged["queue"]) == ("t", Q)
     assert isinstance(logged["exc_info"], RuntimeError)  # the user's bug, with its traceback
 
 
