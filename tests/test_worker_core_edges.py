@@ -60,6 +60,16 @@ async def test_the_forwarders_count_adds_up_over_ticks() -> None:
     assert deps.stats.forwarded == 2
 
 
+async def test_the_forwarder_runs_at_its_interval_until_stopped() -> None:
+    fake = FakeBroker()
+    fwd = Forwarder(role_deps(fake), 0.05, wakeup=asyncio.Event())
+    assert fwd.interval == 0.05
+    running = asyncio.create_task(fwd.run())
+    await wait_until(lambda: len(fake.called("forward_queues")) >= 3, what="three passes")
+    fwd.request_stop()
+    await asyncio.wait_for(running, 5)
+
+
 # -- heartbeater ---------------------------------------------------------------------------------
 
 
@@ -368,6 +378,16 @@ async def test_the_recoverer_checks_again_on_its_own_until_stopped() -> None:
 # -- lease ---------------------------------------------------------------------------------------
 
 
+def test_a_lease_is_valid_up_to_and_including_its_expiry_second() -> None:
+    now = [129.0]
+    lease = Lease(130.0, clock=lambda: now[0])
+    assert lease.is_expired is False
+    now[0] = 130.0
+    assert lease.valid()  # asynq: the lease holds while its expiry is at or after now
+    now[0] = 130.001
+    assert not lease.valid() and lease.is_expired is False  # run out, not yet declared
+
+
 def test_a_lease_declared_expired_is_invalid_at_once_and_declared_once() -> None:
     calls: list[str] = []
     lease = Lease(130.0, clock=lambda: 100.0, on_expired=lambda: calls.append("cancel"))
@@ -434,3 +454,19 @@ def test_asynqs_default_delay_at_both_ends_of_its_random_part(
     monkeypatch.setattr(policy.random, "randrange", randrange)
     assert policy.default_retry_delay(2, ValueError(), Task("t")) == timedelta(seconds=seconds)
     assert bounds == [30]  # rand(30): 0 to 29 extra seconds per attempt
+
+
+def test_a_raising_is_failure_counts_a_failure_and_is_logged() -> None:
+    def broken(exc: BaseException) -> bool:
+        raise RuntimeError("bug")
+
+    config = role_deps(FakeBroker(), is_failure=broken).config
+    m = message(id="x")
+    with capture_logs() as logs:
+        out = decide(
+            m, ValueError("v"), lease="held", config=config, now=0.0, log=structlog.get_logger("t")
+        )
+    assert (out.kind, out.is_failure) == ("retry", True)
+    (logged,) = [e for e in logs if e["event"] == "is_failure raised; counting a failure"]
+    assert logged["log_level"] == "error" and isinstance(logged["exc_info"], RuntimeError)
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == ("x", "t", Q)
