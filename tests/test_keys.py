@@ -205,3 +205,6 @@ def test_queue_names_may_hold_colons_but_not_braces() -> None:
     # A brace would let two names share a key (or leave the queue's cluster slot).
     with pytest.raises(ValueError, match=r"^queue name 'a\{b\}c:d' holds .* braces"):
         keys.validate_queue_name("a{b}c:d")
+    for one_brace in ("a{b", "b}c", "{", "}"):  # one alone is enough to break the schema
+        with pytest.raises(ValueError, match="braces"):
+            keys.validate_queue_name(one_brace)
