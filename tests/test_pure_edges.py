@@ -118,7 +118,7 @@ def test_each_task_id_is_the_uuid4_of_its_own_16_random_bytes(
     # Every id of a batch uses its own bytes, all 122 random bits of them: exactly what
     # uuid.UUID(bytes=..., version=4) makes of them (the variant digit from its own nibble).
     raw = bytes(range(256)) * 16
-    monkeypatch.setattr(compose_module.os, "urandom", lambda n: raw[:n])
+    monkeypatch.setattr("asyncq._compose.os.urandom", lambda n: raw[:n])
     monkeypatch.setattr(compose_module, "_ID_POOL", [])
     ids = [compose_module.new_task_id() for _ in range(256)]
     batch = [str(uuid.UUID(bytes=raw[i : i + 16], version=4)) for i in range(0, 4096, 16)]

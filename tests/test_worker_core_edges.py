@@ -287,7 +287,7 @@ async def test_the_recoverer_uses_the_servers_retry_delay_and_is_failure() -> No
     fake = FakeBroker(lease_duration=30)
     msg = fake.enqueue(message())
     await fake.fetch([Q], 1)
-    seen: list[tuple[int, str, str, str]] = []
+    seen: list[tuple[int, str, str, str | None]] = []
 
     def delay(n: int, exc: BaseException, task: Task) -> timedelta:
         seen.append((n, type(exc).__name__, task.type, task.id))
@@ -451,7 +451,7 @@ def test_asynqs_default_delay_at_both_ends_of_its_random_part(
         bounds.append(stop)
         return drawn
 
-    monkeypatch.setattr(policy.random, "randrange", randrange)
+    monkeypatch.setattr("asyncq._worker.policy.random.randrange", randrange)
     assert policy.default_retry_delay(2, ValueError(), Task("t")) == timedelta(seconds=seconds)
     assert bounds == [30]  # rand(30): 0 to 29 extra seconds per attempt
 
