@@ -14,7 +14,7 @@ import pytest
 
 from asyncq import Task
 from asyncq import _compose as compose_module
-from asyncq._codec import decode_task_message, encode_task_message
+from asyncq._codec import decode_task_message, encode_task_head, encode_task_message
 from asyncq._compose import compose as compose_task
 from asyncq._gofmt import option_strings
 from asyncq._keys import processed_key, validate_queue_name
@@ -98,6 +98,14 @@ def test_unknown_fields_of_every_wire_type_are_kept(unknown: bytes) -> None:
     assert (msg.type, msg.payload, msg.id, msg.queue, msg.retry) == ("t", b"p", "i", "q", 7)
     again = encode_task_message(msg)
     assert unknown in again and decode_task_message(again) == msg
+
+
+@pytest.mark.parametrize("n", [0, 1, 127, 128, 129, 300])
+def test_the_hot_paths_head_is_the_codecs_own_at_every_length(n: int) -> None:
+    # Type and id lengths on both sides of the one-byte varint, and empty (no field).
+    for task_type, task_id in (("t" * n, "i"), ("t", "i" * n), ("t" * n, "i" * n)):
+        whole = encode_task_message(TaskMessage(type=task_type, payload=b"p", id=task_id))
+        assert encode_task_head(task_type, b"p", task_id) == whole
 
 
 def test_unsupported_wire_type_is_an_error() -> None:
