@@ -145,7 +145,7 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def mutation(session: nox.Session) -> None:
-    """Mutation testing of the pure modules ([tool.mutmut] in pyproject); not in the default run.
+    """Mutation testing of the pure modules and the worker core ([tool.mutmut]); not by default.
 
     ``nox -s mutation`` runs every mutant and prints the survivors; ``nox -s mutation --
     show <name>`` shows one mutant's diff. ``nox -s mutation -- lua [SCRIPT ...]`` mutates

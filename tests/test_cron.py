@@ -190,6 +190,15 @@ def test_southern_hemisphere_and_half_hour_shifts() -> None:
     assert got[1] == datetime(2024, 10, 7, 2, 15, tzinfo=LORD_HOWE)
 
 
+@pytest.mark.parametrize("minute", [1, 6, 7, 15, 29])
+def test_a_time_inside_the_gap_runs_at_the_exact_second_of_the_jump(minute: int) -> None:
+    # Found by bisection between the two readings of the wall time: to the second,
+    # never a second after the jump nor a fraction of one.
+    got = ticks(f"{minute} 2 * * *", utc(2024, 10, 5, 0), 1, LORD_HOWE)
+    assert got == [datetime(2024, 10, 6, 2, 30, tzinfo=LORD_HOWE)]
+    assert got[0].microsecond == 0
+
+
 @pytest.mark.parametrize(("zone", "year"), [(NY, 2024), (BERLIN, 2025), (SYDNEY, 2024)])
 @pytest.mark.parametrize("spec", ["30 2 * * *", "0 1 * * *", "59 23 * * *"])
 def test_fixed_daily_job_runs_once_per_local_day_all_year(

@@ -157,6 +157,12 @@ def test_every_asynq_key_has_its_expected_type() -> None:
     assert {k: keys.expected_type(k) for k in cases} == cases
     assert keys.expected_type("unrelated") is None
     assert keys.expected_type("asynq:{q}:t:") is None
+    # A prefix with nothing after it names no key: no group, no unique lock.
+    assert keys.expected_type("asynq:{q}:g:") is None
+    assert keys.expected_type("asynq:{q}:unique:") is None
+    # Go asynq accepts braces in task IDs: its key is still the task's hash, read from the
+    # first "}:" (the queue's), not from one inside the ID.
+    assert keys.expected_type("asynq:{q}:t:a}:pending") == "hash"
 
 
 def test_unique_key_nil_and_empty_payloads_differ() -> None:
@@ -197,5 +203,8 @@ def test_queue_names_may_hold_colons_but_not_braces() -> None:
     keys.validate_queue_name("reports:eu:d")
     assert keys.pending_key("reports:eu") == "asynq:{reports:eu}:pending"
     # A brace would let two names share a key (or leave the queue's cluster slot).
-    with pytest.raises(ValueError, match="braces"):
+    with pytest.raises(ValueError, match=r"^queue name 'a\{b\}c:d' holds .* braces"):
         keys.validate_queue_name("a{b}c:d")
+    for one_brace in ("a{b", "b}c", "{", "}"):  # one alone is enough to break the schema
+        with pytest.raises(ValueError, match="braces"):
+            keys.validate_queue_name(one_brace)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -12,9 +13,10 @@ from typing import Any
 import pytest
 
 from asyncq import Task
-from asyncq._codec import decode_task_message, encode_task_message
+from asyncq._codec import decode_task_message, encode_task_head, encode_task_message
 from asyncq._gofmt import option_strings
 from asyncq._keys import processed_key, validate_queue_name
+from asyncq._producer import compose as compose_module
 from asyncq._producer.compose import compose as compose_task
 from asyncq._scheduling.cron import parse_cronspec
 from asyncq._time import to_unix
@@ -98,6 +100,14 @@ def test_unknown_fields_of_every_wire_type_are_kept(unknown: bytes) -> None:
     assert unknown in again and decode_task_message(again) == msg
 
 
+@pytest.mark.parametrize("n", [0, 1, 127, 128, 129, 300])
+def test_the_hot_paths_head_is_the_codecs_own_at_every_length(n: int) -> None:
+    # Type and id lengths on both sides of the one-byte varint, and empty (no field).
+    for task_type, task_id in (("t" * n, "i"), ("t", "i" * n), ("t" * n, "i" * n)):
+        whole = encode_task_message(TaskMessage(type=task_type, payload=b"p", id=task_id))
+        assert encode_task_head(task_type, b"p", task_id) == whole
+
+
 def test_unsupported_wire_type_is_an_error() -> None:
     with pytest.raises(ValueError, match="unsupported protobuf wire type 3"):
         decode_task_message(b"\x83\x01")
@@ -108,6 +118,19 @@ def test_unsupported_wire_type_is_an_error() -> None:
 
 def compose(task: Task, **options: Any) -> Any:
     return compose_task(task, [options], NOW)
+
+
+def test_each_task_id_is_the_uuid4_of_its_own_16_random_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every id of a batch uses its own bytes, all 122 random bits of them: exactly what
+    # uuid.UUID(bytes=..., version=4) makes of them (the variant digit from its own nibble).
+    raw = bytes(range(256)) * 16
+    monkeypatch.setattr("asyncq._producer.compose.os.urandom", lambda n: raw[:n])
+    monkeypatch.setattr(compose_module, "_ID_POOL", [])
+    ids = [compose_module.new_task_id() for _ in range(256)]
+    batch = [str(uuid.UUID(bytes=raw[i : i + 16], version=4)) for i in range(0, 4096, 16)]
+    assert ids == batch[::-1]  # the pool hands out its last id first
 
 
 def test_unknown_option_messages_name_where_and_count() -> None:

@@ -1,0 +1,472 @@
+"""The worker core's edges that the role tests left open, on the in-memory broker.
+
+Each test here pins a behaviour that a mutant of the worker core (``nox -s
+mutation``; docs/testing.md) changed without any test noticing: the forwarder's
+and recoverer's counters across ticks, the recoverer's choice between retry and
+archive and the deadline it writes under, the heartbeater's records, the lease's
+one-way extension, the outcome decision's edges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from asyncq._broker.workflow import WORKFLOW_HEADER, WORKFLOW_QUEUE_HEADER, WORKFLOW_STEP_HEADER
+from asyncq._worker import policy
+from asyncq._worker.active import ActiveTask, ActiveTasks
+from asyncq._worker.forwarder import Forwarder
+from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
+from asyncq._worker.lease import Lease, extend_leases
+from asyncq._worker.outcome import decide
+from asyncq._worker.recoverer import Recoverer
+from asyncq._worker.roles import RoleDeps
+from asyncq.errors import RevokeTask, TaskNotFoundError
+from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
+from asyncq.task import Task
+from tests.fakebroker import FakeBroker
+from tests.helpers import wait_until
+from tests.test_roles_fake_broker import Q, message, role_deps
+
+
+async def _in_retry(fake: FakeBroker, *due: float) -> list[str]:
+    """Tasks in the retry set, due at the given unix times; their ids."""
+    msgs = [fake.enqueue(message()) for _ in due]
+    await fake.fetch([Q], len(msgs))
+    for msg, at in zip(msgs, due, strict=True):
+        await fake.retry(msg, datetime.fromtimestamp(at, UTC), "e", is_failure=True)
+    return [m.id for m in msgs]
+
+
+# -- forwarder -----------------------------------------------------------------------------------
+
+
+async def test_the_forwarders_count_adds_up_over_ticks() -> None:
+    fake = FakeBroker()
+    first, second = await _in_retry(fake, fake.now, fake.now + 10)
+    deps = role_deps(fake)
+    fwd = Forwarder(deps, 5.0, wakeup=asyncio.Event())
+    await fwd.tick()
+    fake.advance(10)
+    await fwd.tick()
+    assert fake.state(first) == fake.state(second) == "pending"
+    assert deps.stats.forwarded == 2
+
+
+async def test_the_forwarder_runs_at_its_interval_until_stopped() -> None:
+    fake = FakeBroker()
+    fwd = Forwarder(role_deps(fake), 0.05, wakeup=asyncio.Event())
+    assert fwd.interval == 0.05
+    running = asyncio.create_task(fwd.run())
+    await wait_until(lambda: len(fake.called("forward_queues")) >= 3, what="three passes")
+    fwd.request_stop()
+    await asyncio.wait_for(running, 5)
+
+
+# -- heartbeater ---------------------------------------------------------------------------------
+
+
+class _Recorded:
+    """write_server_state's arguments, as the heartbeater passed them."""
+
+    def __init__(self, fake: FakeBroker) -> None:
+        self.calls: list[dict[str, Any]] = []
+        write = fake.write_server_state
+
+        async def record(
+            info: ServerInfo, workers: Sequence[WorkerInfo], ttl: float, **kw: Any
+        ) -> None:
+            self.calls.append({"info": info, "workers": list(workers), "ttl": ttl, **kw})
+            await write(info, workers, ttl, **kw)
+
+        fake.write_server_state = record  # type: ignore[method-assign]
+
+
+def _heartbeater(deps: RoleDeps, active: ActiveTasks, interval: float = 5.0) -> Heartbeater:
+    started = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    return Heartbeater(
+        deps,
+        interval,
+        active=active,
+        identity=ServerIdentity("host-a", 4242, "srv-1"),
+        status=lambda: "active",
+        started_at=lambda: started,
+    )
+
+
+async def test_the_heartbeat_publishes_the_server_and_each_running_task() -> None:
+    fake = FakeBroker(lease_duration=30)
+    running = fake.enqueue(message("email", payload=b"p1", timeout=60))
+    (got,) = (await fake.fetch([Q], 1)).tasks
+    deps = role_deps(
+        fake,
+        concurrency=7,
+        queues={Q: 3, "low": 1},
+        strict_priority=True,
+        type_rate_limits={"email": "10/s"},
+        queue_concurrency={Q: 4},
+        local_queue_concurrency={"low": 2},
+        rate_limits={"low": "5/s"},
+        ordered_queues=["low"],
+    )
+    active = ActiveTasks()
+    lease = Lease(got.lease_expiry, clock=fake.clock)
+    active[running.id] = ActiveTask(running, lease, fake.now + 60, fake.now - 1.5)
+    recorded = _Recorded(fake)
+    await _heartbeater(deps, active).tick()
+    ((call),) = recorded.calls
+    info: ServerInfo = call["info"]
+    assert (info.host, info.pid, info.server_id) == ("host-a", 4242, "srv-1")
+    assert (info.concurrency, info.strict_priority, info.status) == (7, True, "active")
+    assert info.queues == {Q: 3, "low": 1}
+    assert info.start_time == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert info.active_worker_count == 1
+    (worker,) = call["workers"]
+    assert (worker.host, worker.pid, worker.server_id) == ("host-a", 4242, "srv-1")
+    assert (worker.task_id, worker.task_type, worker.task_payload, worker.queue) == (
+        running.id,
+        "email",
+        b"p1",
+        Q,
+    )
+    assert worker.start_time == datetime.fromtimestamp(fake.now - 1.5, UTC)
+    assert worker.deadline == datetime.fromtimestamp(fake.now + 60, UTC)
+    assert call["ttl"] == 10.0  # twice the interval, as asynq
+    assert call["type_rates"] == {"email": str(deps.config.type_rate_limits["email"])}
+    assert call["queue_flow"] == {
+        f"limit:{Q}": "4",
+        "local:low": "2",
+        "rate:low": str(deps.config.rate_limits["low"]),
+        "ordered:low": "1",
+    }
+
+
+async def test_a_sub_second_heartbeat_still_gives_its_records_two_seconds() -> None:
+    fake = FakeBroker()
+    recorded = _Recorded(fake)
+    await _heartbeater(role_deps(fake), ActiveTasks(), interval=0.5).tick()
+    assert recorded.calls[0]["ttl"] == 2.0
+    recorded.calls.clear()
+    await _heartbeater(role_deps(fake), ActiveTasks(), interval=1.5).tick()
+    assert recorded.calls[0]["ttl"] == 3.0
+
+
+async def test_the_heartbeat_extends_only_live_leases_it_still_owns() -> None:
+    fake = FakeBroker(lease_duration=30)
+    for _ in range(3):
+        fake.enqueue(message())
+    live, lost, left = (await fake.fetch([Q], 3)).tasks
+    active = ActiveTasks()
+    cancelled: list[str] = []
+    for got in (live, lost, left):
+        lease = Lease(got.lease_expiry, clock=fake.clock)
+        lease.on_expired = partial(cancelled.append, got.message.id)
+        active[got.message.id] = ActiveTask(got.message, lease, fake.now + 60, fake.now)
+    active[lost.message.id].lease.expires_at = fake.now + 5  # its extension never landed
+    active[left.message.id].abandoned = True  # requeued at shutdown: another worker's now
+    fake.advance(10)
+    await _heartbeater(role_deps(fake), active).tick()
+    assert fake.called("extend_lease") == [(Q, [live.message.id])]
+    assert active[live.message.id].lease.expires_at == int(fake.now + 30)
+    assert cancelled == [lost.message.id]  # declared expired: its handler is cancelled
+    assert active[lost.message.id].lease.is_expired
+    assert not active[left.message.id].lease.is_expired
+    assert len(fake.servers["srv-1"][1]) == 3  # all three still run here
+
+
+async def test_a_queue_whose_leases_cannot_be_extended_is_logged_with_its_tasks() -> None:
+    fake = FakeBroker(lease_duration=30)
+    fake.enqueue(message())
+    (got,) = (await fake.fetch([Q], 1)).tasks
+    active = ActiveTasks()
+    active[got.message.id] = ActiveTask(
+        got.message, Lease(got.lease_expiry, clock=fake.clock), fake.now + 60, fake.now
+    )
+    beat = _heartbeater(role_deps(fake), active)
+    fake.fail("extend_lease", ValueError("blank queue name"))
+    with capture_logs() as logs:
+        await beat.tick()
+    (refused,) = [e for e in logs if e["event"] == "could not extend task leases"]
+    assert refused["log_level"] == "error"
+    assert (refused["queue"], refused["task_ids"]) == (Q, [got.message.id])
+    assert refused["error"] == "ValueError: blank queue name"
+    fake.fail("extend_lease")  # Redis unreachable: a warning, rate-limited
+    with capture_logs() as logs:
+        await beat.tick()
+    (down,) = [e for e in logs if e["event"] == "could not extend task leases"]
+    assert (down["log_level"], down["queue"]) == ("warning", Q)
+    assert down["error"] == "ConnectionError: fake extend_lease failed"
+    assert "task_ids" not in down
+    assert fake.servers["srv-1"][1][0].task_id == got.message.id  # the beat went on
+
+
+async def test_a_server_state_that_cannot_be_cleared_is_left_to_expire() -> None:
+    fake = FakeBroker()
+    beat = _heartbeater(role_deps(fake), ActiveTasks())
+    await beat.tick()
+    cleared: list[tuple[str, int, str]] = []
+    clear = fake.clear_server_state
+
+    async def record(host: str, pid: int, server_id: str) -> None:
+        cleared.append((host, pid, server_id))
+        await clear(host, pid, server_id)
+
+    fake.clear_server_state = record  # type: ignore[method-assign]
+    await beat.cleanup()
+    assert cleared == [("host-a", 4242, "srv-1")]  # the keys of this server's records
+    assert "srv-1" not in fake.servers
+    await beat.tick()
+    fake.fail("clear_server_state")
+    with capture_logs() as logs:
+        await beat.cleanup()  # logged, not raised
+    assert [(e["event"], e["log_level"]) for e in logs] == [
+        ("could not clear the server's state; it expires on its own", "warning")
+    ]
+    assert "srv-1" in fake.servers
+
+
+# -- recoverer -----------------------------------------------------------------------------------
+
+
+async def test_the_recoverer_logs_and_writes_each_expired_lease_with_its_reason() -> None:
+    fake = FakeBroker(lease_duration=30)
+    alive = fake.enqueue(message("a"))
+    exhausted = fake.enqueue(message("b", retried=3))
+    await fake.fetch([Q], 2)
+    deps = role_deps(fake)
+    rec = Recoverer(deps, 60.0, active=ActiveTasks())
+    fake.advance(40)
+    with capture_logs() as logs:
+        await rec.tick()
+    assert fake.tasks[exhausted.id].error == "asynq: task lease expired"
+    assert fake.tasks[alive.id].msg.retried == 1
+    events = {e["event"]: e for e in logs}
+    archived = events["archiving task whose lease expired"]
+    assert archived["log_level"] == "warning"
+    assert (archived["task_id"], archived["task_type"], archived["queue"]) == (exhausted.id, "b", Q)
+    retried = events["retrying task whose lease expired"]
+    assert retried["log_level"] == "warning"
+    assert (retried["task_id"], retried["task_type"], retried["queue"]) == (alive.id, "a", Q)
+    assert retried["retry_in"] == 0.0  # an expired lease is retried at once by default
+
+
+@pytest.mark.parametrize("retried", [0, 3], ids=["retry", "archive"])
+async def test_the_recoverer_leaves_a_task_leased_again_since_its_scan(retried: int) -> None:
+    # Two servers' recoverers wake at the same expiry; the first one's retry is fetched
+    # by a worker at once. The second one's write must not take the task from that worker.
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message(retried=retried))
+    await fake.fetch([Q], 1)
+    fake.advance(40)
+    scan = fake.scan_leases
+
+    async def scan_then_lease_again(
+        cutoff: datetime, qnames: Sequence[str]
+    ) -> tuple[list[tuple[str, TaskMessage]], float | None]:
+        found = await scan(cutoff, qnames)
+        fake.leases[msg.id] = fake.now + 30  # another worker holds it again
+        return found
+
+    fake.scan_leases = scan_then_lease_again  # type: ignore[method-assign]
+    deps = role_deps(fake)
+    await Recoverer(deps, 60.0, active=ActiveTasks()).tick()
+    assert fake.state(msg.id) == "active"
+    assert fake.leases[msg.id] == fake.now + 30
+    assert fake.tasks[msg.id].msg.retried == retried
+    assert deps.stats.recovered == 0
+
+
+async def test_the_recoverer_uses_the_servers_retry_delay_and_is_failure() -> None:
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message())
+    await fake.fetch([Q], 1)
+    seen: list[tuple[int, str, str, str | None]] = []
+
+    def delay(n: int, exc: BaseException, task: Task) -> timedelta:
+        seen.append((n, type(exc).__name__, task.type, task.id))
+        return timedelta(seconds=90)
+
+    deps = role_deps(fake, retry_delay=delay, is_failure=lambda exc: False)
+    fake.advance(40)
+    await Recoverer(deps, 60.0, active=ActiveTasks()).tick()
+    assert seen == [(0, "LeaseExpiredError", "t", msg.id)]
+    ((_, retry_at, err, is_failure),) = fake.called("retry")
+    assert (retry_at, err, is_failure) == (fake.now + 90, "asynq: task lease expired", False)
+    assert fake.state(msg.id) == "retry" and fake.tasks[msg.id].msg.retried == 0
+
+
+async def test_a_raising_retry_delay_still_lets_the_recoverer_retry_the_task() -> None:
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message())
+    await fake.fetch([Q], 1)
+
+    def broken(n: int, exc: BaseException, task: Task) -> timedelta:
+        raise RuntimeError("bug")
+
+    deps = role_deps(fake, retry_delay=broken)
+    fake.advance(40)
+    with capture_logs() as logs:
+        await Recoverer(deps, 60.0, active=ActiveTasks()).tick()
+    assert fake.state(msg.id) == "pending"  # asynq's default for a lost lease: at once
+    assert deps.stats.recovered == 1
+    (logged,) = [e for e in logs if e["event"] == "retry_delay raised; using the default delay"]
+    assert (logged["log_level"], logged["task_id"]) == ("error", msg.id)
+    assert (logged["task_type"], logged["queue"]) == ("t", Q)
+    assert isinstance(logged["exc_info"], RuntimeError)  # the user's bug, with its traceback
+
+
+async def test_a_recoverer_that_lost_the_race_waits_its_usual_interval() -> None:
+    fake = FakeBroker(lease_duration=30)
+    fake.enqueue(message())
+    await fake.fetch([Q], 1)
+    rec = Recoverer(role_deps(fake), 60.0, active=ActiveTasks())
+    fake.advance(40)
+    fake.fail("retry", TaskNotFoundError(Q, "x"))  # another server recovered it first
+    await rec.tick()
+    assert rec.next_wait == 30  # not the quick re-check of a task running here
+
+
+async def test_a_message_naming_another_queue_is_archived_where_it_is_stored() -> None:
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message())
+    await fake.fetch([Q], 1)
+    fake.advance(40)
+    scan = fake.scan_leases
+
+    async def stored_elsewhere(
+        cutoff: datetime, qnames: Sequence[str]
+    ) -> tuple[list[tuple[str, TaskMessage]], float | None]:
+        found, earliest = await scan(cutoff, qnames)
+        named = [(q, TaskMessage.parse(bytes(m))) for q, m in found]
+        for _, m in named:
+            m.queue = "elsewhere"
+        return named, earliest
+
+    fake.scan_leases = stored_elsewhere  # type: ignore[method-assign]
+    deps = role_deps(fake)
+    with capture_logs() as logs:
+        await Recoverer(deps, 60.0, active=ActiveTasks()).tick()
+    assert fake.state(msg.id) == "archived"
+    ((tid, err),) = fake.called("archive")
+    assert tid == msg.id
+    assert err == (
+        f"asyncq: task message names queue 'elsewhere' but is stored in queue {Q!r}; "
+        "archived by the recoverer"
+    )
+    assert not fake.called("retry") and deps.stats.recovered == 1
+    (logged,) = [e for e in logs if e["log_level"] == "error"]
+    assert logged["event"] == "archiving task whose message names another queue"
+    assert (logged["task_id"], logged["queue"]) == (msg.id, Q)
+
+
+async def test_the_recoverer_checks_again_on_its_own_until_stopped() -> None:
+    fake = FakeBroker(lease_duration=30)
+    rec = Recoverer(role_deps(fake), 0.05, active=ActiveTasks())
+    running = asyncio.create_task(rec.run())
+    await wait_until(lambda: len(fake.called("scan_leases")) >= 3, what="three checks")
+    rec.request_stop()
+    await asyncio.wait_for(running, 5)
+
+
+# -- lease ---------------------------------------------------------------------------------------
+
+
+def test_a_lease_is_valid_up_to_and_including_its_expiry_second() -> None:
+    now = [129.0]
+    lease = Lease(130.0, clock=lambda: now[0])
+    assert lease.is_expired is False
+    now[0] = 130.0
+    assert lease.valid()  # asynq: the lease holds while its expiry is at or after now
+    now[0] = 130.001
+    assert not lease.valid() and lease.is_expired is False  # run out, not yet declared
+
+
+def test_a_lease_declared_expired_is_invalid_at_once_and_declared_once() -> None:
+    calls: list[str] = []
+    lease = Lease(130.0, clock=lambda: 100.0, on_expired=lambda: calls.append("cancel"))
+    assert lease.extend(140.0) is True and lease.expires_at == 140.0
+    assert lease.extend(135.0) is True and lease.expires_at == 140.0  # never shortened
+    assert lease.expire() is True
+    assert lease.is_expired and not lease.valid()  # 30 s left, but another server owns it
+    assert not lease.extend(200.0) and lease.expires_at == 140.0
+    assert lease.expire() is False
+    assert calls == ["cancel"]
+
+
+async def test_a_queue_whose_extension_fails_leaves_the_next_queues_extended() -> None:
+    fake = FakeBroker(lease_duration=30)
+    first = Lease(fake.now + 10, clock=fake.clock)
+    second = Lease(fake.now + 10, clock=fake.clock)
+    fake.leases.update({"a1": fake.now + 10, "b1": fake.now + 10})
+    fake.fail("extend_lease")
+    failed = await extend_leases(
+        fake,  # type: ignore[arg-type]
+        {"a": [("a1", first)], "b": [("b1", second)]},
+    )
+    assert [(q, ids) for q, ids, _ in failed] == [("a", ["a1"])]
+    assert first.expires_at == fake.now + 10  # kept its old expiry
+    assert second.expires_at == fake.leases["b1"] == int(fake.now + 30)
+
+
+# -- outcome and policy --------------------------------------------------------------------------
+
+
+def test_is_failure_judges_the_exception_the_handler_raised() -> None:
+    fake = FakeBroker()
+    config = role_deps(fake, is_failure=lambda exc: isinstance(exc, ValueError)).config
+    log = structlog.get_logger("test")
+    m = message(id="x")
+    failed = decide(m, ValueError("bad input"), lease="held", config=config, now=0.0, log=log)
+    assert (failed.kind, failed.is_failure) == ("retry", True)
+    other = decide(m, TimeoutError(), lease="held", config=config, now=0.0, log=log)
+    assert (other.kind, other.is_failure) == ("retry", False)
+
+
+def test_a_one_second_retention_keeps_the_task_and_a_revoked_step_tells_its_workflow() -> None:
+    config = role_deps(FakeBroker()).config
+    log = structlog.get_logger("test")
+    kept = decide(message(retention=1), None, lease="held", config=config, now=0.0, log=log)
+    assert kept.kind == "complete"
+    headers = {WORKFLOW_HEADER: "wf", WORKFLOW_QUEUE_HEADER: Q, WORKFLOW_STEP_HEADER: "0.0"}
+    revoked = decide(
+        message(headers=headers), RevokeTask("gone"), lease="held", config=config, now=0.0, log=log
+    )
+    assert (revoked.kind, revoked.workflow, revoked.ack_mode) == ("revoke", True, "revoke")
+
+
+@pytest.mark.parametrize(("drawn", "seconds"), [(0, 2**4 + 15), (29, 2**4 + 15 + 29 * 3)])
+def test_asynqs_default_delay_at_both_ends_of_its_random_part(
+    monkeypatch: pytest.MonkeyPatch, drawn: int, seconds: int
+) -> None:
+    bounds: list[int] = []
+
+    def randrange(stop: int) -> int:
+        bounds.append(stop)
+        return drawn
+
+    monkeypatch.setattr("asyncq._worker.policy.random.randrange", randrange)
+    assert policy.default_retry_delay(2, ValueError(), Task("t")) == timedelta(seconds=seconds)
+    assert bounds == [30]  # rand(30): 0 to 29 extra seconds per attempt
+
+
+def test_a_raising_is_failure_counts_a_failure_and_is_logged() -> None:
+    def broken(exc: BaseException) -> bool:
+        raise RuntimeError("bug")
+
+    config = role_deps(FakeBroker(), is_failure=broken).config
+    m = message(id="x")
+    with capture_logs() as logs:
+        out = decide(
+            m, ValueError("v"), lease="held", config=config, now=0.0, log=structlog.get_logger("t")
+        )
+    assert (out.kind, out.is_failure) == ("retry", True)
+    (logged,) = [e for e in logs if e["event"] == "is_failure raised; counting a failure"]
+    assert logged["log_level"] == "error" and isinstance(logged["exc_info"], RuntimeError)
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == ("x", "t", Q)
