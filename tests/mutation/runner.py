@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LUA = ROOT / "asyncq" / "_broker" / "lua"
 
 
-# A failure whose text holds one of these is a wait that ran out, which load alone can
-# cause: pytest-timeout's limit, wait_until's deadline, a client's timeout, a script
-# stopped by Redis' Lua time limit (BUSY).
+# A failure whose exception (its type and message) holds one of these is a wait that
+# ran out, which load alone can cause: pytest-timeout's limit, wait_until's deadline, a
+# client's timeout, a script stopped by Redis' Lua time limit (BUSY).
 TIMEOUT_MARKS = (
     "Failed: Timeout",
     "timed out after",
@@ -63,7 +63,7 @@ def _message(report: pytest.TestReport) -> str:
     text = crash.message if crash is not None else report.longreprtext.strip().splitlines()[-1:]
     if isinstance(text, list):
         text = text[0] if text else ""
-    return " ".join(str(text).split())[:300]
+    return " ".join(str(text).split())
 
 
 def committed(script: str) -> str:
@@ -130,9 +130,9 @@ class _Loop:
             if failed:
                 if nextitem is not None:
                     self.session._setupstate.teardown_exact(None)
-                text = failed[0].longreprtext
-                kind = "timeout" if any(mark in text for mark in TIMEOUT_MARKS) else "error"
-                return item, kind, _message(failed[0])
+                message = _message(failed[0])
+                kind = "timeout" if any(mark in message for mark in TIMEOUT_MARKS) else "error"
+                return item, kind, message[:300]
         return None
 
     def _passes_unmutated(self, item: pytest.Item) -> bool:
