@@ -86,8 +86,17 @@ MULTI_TESTS = (
     "tests/test_flow_control.py",
     "tests/test_hostile_multiqueue.py",
 )
+WORKFLOW_TESTS = (
+    "tests/test_workflow.py",
+    "tests/test_workflow_batch.py",
+    "tests/test_script_no_partial_write.py",
+    "tests/test_lua_boundaries.py",
+)
 DEFAULT_TESTS = BROKER_TESTS
 TESTS: dict[str, tuple[str, ...]] = {
+    # ack_many.lua acknowledges workflow steps too (the w/W kinds)
+    "ack_many": (*BROKER_TESTS, "tests/test_workflow_batch.py", "tests/test_workflow.py"),
+    "ack_queues": (*BROKER_TESTS, "tests/test_workflow_batch.py"),
     "dequeue_queues": MULTI_TESTS,
     "forward_queues": MULTI_TESTS,
     "list_lease_expired_queues": MULTI_TESTS,
@@ -115,7 +124,7 @@ def tests_for(script: str) -> tuple[str, ...]:
     if script.startswith("inspect_"):
         return INSPECTOR_TESTS
     if script.startswith("workflow_"):
-        return ("tests/test_workflow.py",)
+        return WORKFLOW_TESTS
     return TESTS.get(script, DEFAULT_TESTS)
 
 

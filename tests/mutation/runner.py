@@ -144,23 +144,33 @@ class _Loop:
         """Run the tests against the swapped-in mutant: (outcome, killer, message).
 
         Load must not make a kill. A failure is a kill only when the same test then
-        passes on the unmutated script. A failure that is a wait running out (the
-        test's timeout, a ``wait_until`` deadline, a client or Lua time limit) is run
-        again once, that test first: it is a kill when the second run fails on an
-        assertion or an error, a ``timeout`` (the mutant hangs or stalls the task)
-        when it runs out again while the test passes unmutated, and ``undecided``
-        when the test fails unmutated as well (the machine was too slow to judge).
+        passes on the unmutated script. After a failure that is a wait running out
+        (the test's timeout, a ``wait_until`` deadline, a client or Lua time limit)
+        the other tests run: one failing on an assertion or an error makes it a kill;
+        else the test that ran out runs again, and running out again (while it passes
+        unmutated) makes it a ``timeout`` (the mutant hangs or stalls the task). It is
+        ``undecided`` when the failing test fails unmutated as well (the machine was
+        too slow to judge).
         """
         found = self._run(self._order())
         if found is None:
             return "survived", None, ""
         item, kind, message = found
         if kind == "timeout":
+            # The other tests first: one failing on an assertion is a better witness.
             self._heal_server()
-            again = self._run([item, *(i for i in self._order() if i is not item)])
-            if again is None:
-                return "survived", None, ""
-            item, kind, message = again
+            other = self._run([i for i in self._order() if i is not item])
+            if other is not None and other[1] == "error":
+                item, kind, message = other
+            else:
+                self._heal_server()
+                again = self._run([item])
+                if again is None and other is not None:
+                    self._heal_server()
+                    again = self._run([other[0]])
+                if again is None:
+                    return "survived", None, ""
+                item, kind, message = again
         swapped_in = self._mutant
         _swap(swapped_in, self.original)
         try:
