@@ -215,3 +215,35 @@ async def test_a_worker_killed_mid_batch_loses_no_step_and_counts_none_twice(
     runs = await redis.lrange(STARTS, 0, -1)
     ran = {e.split()[0].decode() for e in runs}
     assert ran >= {s.id for s in wf.stages[0]}
+
+
+async def dump_all(redis: Redis) -> dict[bytes, tuple[bytes, Any, int]]:
+    """Every key: its type, DUMP bytes and expiry."""
+    return {
+        key: (await redis.type(key), await redis.dump(key), await redis.pttl(key))
+        for key in sorted(await redis.keys("*"))
+    }
+
+
+@pytest.mark.parametrize("first", ["step", "plain"])
+async def test_a_batch_whose_workflow_hash_is_damaged_writes_nothing(
+    redis: Redis, client: Client, broker: Broker, first: str
+) -> None:
+    # The step's workflow hash is checked before the batch's first write, whichever
+    # place the step has in the batch: a batch that cannot record it acknowledges
+    # nothing (the tasks stay active, their leases run out, the recoverer retries).
+    info = await chord([Task("m") for _ in range(2)], Task("cb")).enqueue(client)
+    await client.enqueue(Task("plain", retention=timedelta(minutes=1)))
+    got = await transitions.dequeue_many(broker, [Q], 3)
+    step = next(d.message for d in got if d.message.type == "m")
+    plain = next(d.message for d in got if d.message.type == "plain")
+    items = [(step, False), (plain, True)]
+    if first == "plain":
+        items.reverse()
+    wkey = workflow_key(Q, info.id)
+    await redis.delete(wkey)
+    await redis.rpush(wkey, "damaged")
+    before = await dump_all(redis)
+    results = await broker.ack_many(items)
+    assert all(r is not None and "WRONGTYPE" in str(r) for r in results)
+    assert await dump_all(redis) == before
