@@ -578,7 +578,8 @@ def main(argv: list[str] | None = None) -> int:
                     only=only,
                     lines=lines,
                     skip=skip,
-                    judged=None if args.run_equivalent else judged,
+                    # read again for each script: survivors are judged while a run goes on
+                    judged=None if args.run_equivalent else load_equivalents(),
                     results_file=args.results,
                 )
         finally:
