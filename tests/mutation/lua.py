@@ -341,6 +341,7 @@ def mutate_script(
     skip: frozenset[str] | set[str] = frozenset(),
     judged: list[Equivalent] | None = None,
     results_file: Path | None = None,
+    tests: tuple[str, ...] = (),
     log: bool = True,
 ) -> None:
     """Run every mutant of *script* in one pytest process (tests/mutation/runner.py),
@@ -375,7 +376,7 @@ def mutate_script(
         cmd = [
             sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
             "-p", "no:randomly", "-p", "tests.mutation.runner", "-m", "not slow",
-            "--timeout", "120", *tests_for(script),
+            "--timeout", "120", *(tests or tests_for(script)),
         ]  # fmt: skip
         env = {**os.environ, SPEC: str(spec), "ASYNCQ_HYPOTHESIS_PROFILE": "mutation"}
         proc = subprocess.Popen(
@@ -405,7 +406,8 @@ def mutate_script(
                         record.get("message", ""),
                     )
                     results.append(result)
-                    if results_file is not None:
+                    # passing a part of the selection proves nothing: only kills count
+                    if results_file is not None and not (tests and result.outcome == "survived"):
                         save(results_file, result, stamp)
                     if log:
                         by = f" by {result.killer}: {result.message[:120]}" if result.killer else ""
@@ -526,6 +528,12 @@ def main(argv: list[str] | None = None) -> int:
         "--report-only", action="store_true", help="write the report from the results file"
     )
     parser.add_argument(
+        "--tests",
+        help="comma-separated test files or node ids to run instead of the script's selection "
+        "(a quick re-check of survivors against new tests; a survivor stays one until the "
+        "whole selection has passed)",
+    )
+    parser.add_argument(
         "--run-equivalent", action="store_true", help="run the judged-equivalent mutants too"
     )
     parser.add_argument(
@@ -581,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
                     # read again for each script: survivors are judged while a run goes on
                     judged=None if args.run_equivalent else load_equivalents(),
                     results_file=args.results,
+                    tests=tuple(args.tests.split(",")) if args.tests else (),
                 )
         finally:
             final = load_results(args.results, scripts)
