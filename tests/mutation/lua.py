@@ -116,7 +116,12 @@ STATE_TRANSITIONS = (
     "ack_many", "requeue", "retry", "archive", "forward_queues",
     "list_lease_expired_queues", "delete_expired_completed_queues", "aggregation_check",
     "reclaim_stale_aggregation_sets_queues", "delete_aggregation_set", "inspect_run_task",
-    "inspect_delete_task", "inspect_archive_task",
+    "inspect_delete_task", "inspect_archive_task", "ack_queues", "archive_undecodable",
+    "workflow_start", "workflow_advance", "workflow_done", "workflow_member_gone",
+    "workflow_cancel", "inspect_run_all", "inspect_run_all_aggregating", "inspect_archive_all",
+    "inspect_archive_all_pending", "inspect_archive_all_aggregating", "inspect_delete_all",
+    "inspect_delete_all_pending", "inspect_delete_all_aggregating", "inspect_remove_queue",
+    "inspect_error_group_action",
 )  # fmt: skip
 
 
