@@ -373,6 +373,22 @@ async def test_rate_bucket_gives_the_burst_then_holds_without_starving_others(
     assert "Rate limit: 4/h    Tokens now: 0" in res.output, res.output
 
 
+async def test_rate_bucket_state_is_in_redis_time_microseconds(redis: Redis) -> None:
+    await _fill(redis, 3)
+    mq = MultiQueue(Broker(redis))
+    interval = 3_600_000_000 // 4  # 4/h
+    got = await mq.dequeue([Q], 1, limits={Q: (-1, -1, interval, 4)})
+    assert len(got.tasks) == 1
+    secs, micros = await redis.time()
+    now_us = secs * 1_000_000 + micros
+    # one task taken from a full bucket: its theoretical arrival time is now + one interval
+    tat = int(await redis.hget(f"asynq:{{{Q}}}:asyncq:rate", "tat"))
+    assert now_us - 5_000_000 <= tat - interval <= now_us
+    async with Inspector(redis) as insp:
+        info = await insp.queue_info(Q)
+    assert (info.rate_limit, info.rate_tokens) == ("4/h", 3)
+
+
 async def test_rate_bucket_refills_with_redis_time(redis: Redis) -> None:
     await _fill(redis, 20)
     mq = MultiQueue(Broker(redis))
