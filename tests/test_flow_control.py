@@ -31,6 +31,21 @@ async def _fill(redis: Redis, n: int, queue: str = Q) -> list[str]:
 # -- the dequeue script ------------------------------------------------------------------------
 
 
+async def test_byte_budget_takes_tasks_up_to_exactly_the_budget(redis: Redis) -> None:
+    ids = await _fill(redis, 6)
+    size = len(await redis.hget(keys.task_key(Q, ids[0]), "msg"))  # every message is as long
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue([Q], 10, max_bytes=2 * size, first_free=False)
+    assert [t.message.id for t in got.tasks] == ids[:2]  # the budget exactly: both fit
+    got = await mq.dequeue([Q], 10, max_bytes=2 * size - 1, first_free=False)
+    assert [t.message.id for t in got.tasks] == ids[2:3]  # one byte short: the second waits
+    got = await mq.dequeue([Q], 10, max_bytes=size - 1, first_free=False)
+    assert got.tasks == []
+    got = await mq.dequeue([Q], 10, max_bytes=size - 1, first_free=True)
+    assert [t.message.id for t in got.tasks] == ids[3:4]  # the first may exceed it alone
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [i.encode() for i in ids[:3:-1]]
+
+
 async def test_fleet_limit_caps_a_batched_fetch_by_live_leases(redis: Redis) -> None:
     await _fill(redis, 10)
     mq = MultiQueue(Broker(redis))
