@@ -46,6 +46,27 @@ async def test_byte_budget_takes_tasks_up_to_exactly_the_budget(redis: Redis) ->
     assert await redis.lrange(keys.pending_key(Q), 0, -1) == [i.encode() for i in ids[:3:-1]]
 
 
+@pytest.mark.parametrize("probe", [1, 2, 3])
+async def test_queues_probed_a_few_at_a_time_give_the_same_fetch(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch, probe: int
+) -> None:
+    # One EXISTS looks at `probe` queues' pending lists (1 on a cluster): however the
+    # queues are cut into chunks, each is tried in order and reported empty once.
+    from asyncq._broker import multiqueue
+
+    monkeypatch.setattr(multiqueue, "_PROBE_CHUNK", probe)
+    names = ["e1", "a", "e2", "e3", "b", "e4"]
+    a = await _fill(redis, 2, queue="a")
+    b = await _fill(redis, 2, queue="b")
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue(names, 3)
+    assert [t.message.id for t in got.tasks] == [*a, b[0]]
+    assert got.empty == {"e1", "a", "e2", "e3"}  # e4 is not looked at
+    got = await mq.dequeue(names, 3)
+    assert [t.message.id for t in got.tasks] == [b[1]]
+    assert got.empty == set(names)
+
+
 async def test_fleet_limit_caps_a_batched_fetch_by_live_leases(redis: Redis) -> None:
     await _fill(redis, 10)
     mq = MultiQueue(Broker(redis))
