@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -116,6 +117,8 @@ async def test_steps_of_two_workflows_and_a_completed_step_in_one_batch(
     assert (wb.stage, [s.state for s in wb.stages[0]]) == (1, ["succeeded"] * 2)
     for step in wb.stages[0]:  # completed (kept for the retention), not deleted
         assert await redis.hget(keys.task_key(other, step.id), "state") == b"completed"
+        kept_until = await redis.zscore(keys.completed_key(other), step.id)
+        assert kept_until is not None and kept_until > time.time() + 30  # now + 1 minute
     assert await redis.llen(keys.pending_key(Q)) == 1  # b's callback only
     assert await broker.ack_many([(out, False)]) == [None]
     wa = await read_workflow(redis, Q, a.id)
