@@ -250,3 +250,22 @@ async def test_a_batch_whose_workflow_hash_is_damaged_writes_nothing(
     results = await broker.ack_many(items)
     assert all(r is not None and "WRONGTYPE" in str(r) for r in results)
     assert await dump_all(redis) == before
+
+
+async def test_a_step_whose_task_hash_is_gone_is_not_recorded(
+    redis: Redis, client: Client, broker: Broker
+) -> None:
+    # Still in active and leased, but its hash deleted (by hand, or a lost write):
+    # the step is not found, and its workflow does not count it as done.
+    info = await chord([Task("m") for _ in range(2)], Task("cb")).enqueue(client)
+    got = await transitions.dequeue_many(broker, [Q], 2)
+    gone, kept = got[0].message, got[1].message
+    await redis.delete(keys.task_key(Q, gone.id))
+    results = await broker.ack_many([(gone, False), (kept, False)])
+    assert isinstance(results[0], TaskNotFoundError) and results[1] is None
+    wf = await read_workflow(redis, Q, info.id)
+    assert wf is not None and wf.stage == 0
+    states = {s.id: s.state for s in wf.stages[0]}
+    assert (states[gone.id], states[kept.id]) == ("pending", "succeeded")
+    assert await redis.hget(workflow_key(Q, info.id), "left:0") == b"1"
+    assert await redis.get(keys.processed_total_key(Q)) == b"1"
