@@ -425,6 +425,21 @@ async def test_rate_bucket_state_is_in_redis_time_microseconds(redis: Redis) -> 
     assert (info.rate_limit, info.rate_tokens) == ("4/h", 3)
 
 
+async def test_a_rate_key_of_another_type_stops_the_fetch_before_its_queue(
+    redis: Redis,
+) -> None:
+    # The rate key is checked with the queue's other keys: what the call took from the
+    # queues before it is kept and returned, and nothing of the damaged queue moves.
+    first = await _fill(redis, 1, queue="default")
+    await _fill(redis, 2)
+    await redis.set(f"asynq:{{{Q}}}:asyncq:rate", "damaged")
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue(["default", Q], 5, limits={Q: (-1, -1, 1_000_000, 5)})
+    assert [t.message.id for t in got.tasks] == first
+    assert await redis.llen(keys.pending_key(Q)) == 2
+    assert await redis.llen(keys.active_key(Q)) == 0
+
+
 async def test_rate_bucket_refills_with_redis_time(redis: Redis) -> None:
     await _fill(redis, 20)
     mq = MultiQueue(Broker(redis))
