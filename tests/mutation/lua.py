@@ -444,8 +444,8 @@ def report(results: list[Result], scripts: list[str], judged: list[Equivalent]) 
         "killed: a test failed on an assertion or error (and passes unmutated); timeout: a",
         "test ran out of time twice on the mutant and passes unmutated; equivalent: judged",
         "in tests/mutation/equivalent.toml, not run; not run: no outcome for the script's",
-        "current text. Kill % = (killed + timeout) / (mutants - equivalent), over complete",
-        "scripts only.",
+        "current text. Kill % = (killed + timeout) / (mutants - equivalent); for a script",
+        "not run to the end, the same over the mutants run so far.",
         "",
         "| script | mutants | killed | timeout | survived | undecided | equivalent | not run "
         "| kill % of non-equivalent |",
@@ -473,8 +473,12 @@ def report(results: list[Result], scripts: list[str], judged: list[Equivalent]) 
                 elif r.outcome == "timeout":
                     timeouts.append(r)
         live = len(every) - count["equivalent"]
-        if count["not run"]:
-            rate = "incomplete"
+        ran = live - count["not run"]
+        if count["not run"] and ran:
+            so_far = 100 * (count["killed"] + count["timeout"]) / ran
+            rate = f"incomplete ({so_far:.1f} of the {ran} run)"
+        elif count["not run"]:
+            rate = "not run"
         elif live == 0:
             rate = "-"
         else:
