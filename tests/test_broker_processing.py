@@ -358,6 +358,20 @@ async def test_archive_trims_old_and_excess_tasks_with_their_hashes(
     await assert_ids_have_hashes(redis)
 
 
+async def test_archive_trims_tasks_older_than_90_days_from_a_small_archive(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # Far under the size limit: only the age trims (the size trim above would hide it).
+    now = int(clock.now)
+    for tid, age in {"old": DAY90 + 1, "young": DAY90 - 1}.items():
+        await redis.hset(T_PREFIX + tid, mapping={"msg": b"m", "state": "archived"})
+        await redis.zadd(ARCHIVED, {tid: now - age})
+    await broker.archive(await active_task(broker, make_msg()), "e")
+    assert await redis.zrange(ARCHIVED, 0, -1) == [b"young", b"t1"]
+    assert not await redis.exists(T_PREFIX + "old")
+    assert await redis.exists(T_PREFIX + "young")
+
+
 # -- forward ---------------------------------------------------------------------------
 
 
