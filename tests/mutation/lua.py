@@ -254,6 +254,7 @@ class Equivalent:
     mutation: str  # the mutant's description, such as "0 -> 1" or "if true"
     reason: str
     nth: int | None = None  # which of several identical changes on the line; None: each
+    line: int | None = None  # which of several identical lines of the script; None: each
 
     def covers(self, m: Mutant) -> bool:
         return (
@@ -261,6 +262,7 @@ class Equivalent:
             and m.text == self.text
             and m.description == self.mutation
             and (self.nth is None or self.nth == m.nth)
+            and (self.line is None or self.line == m.line)
         )
 
 
