@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from asyncq import _keys as keys
-from asyncq._broker import BatchItem, Broker
+from asyncq._broker import BatchItem, Broker, PendingItem
 from asyncq._redis.scripts import Script
 from asyncq.errors import BrokerError, DuplicateTaskError, TaskIdConflictError
 from tests import transitions
@@ -424,3 +424,43 @@ async def test_concurrent_enqueues_keep_every_task(broker: Broker, redis: Redis)
     await asyncio.gather(*(broker.enqueue(make_msg(f"c{i}")) for i in range(50)))
     assert await redis.llen(PENDING) == 50
     await assert_ids_have_hashes(redis)
+
+
+# -- without the registry key (as on a cluster) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["enqueue", "enqueue_unique", "schedule", "schedule_unique", "group", "group_unique", "many"],
+)
+async def test_each_write_without_the_registry_key_writes_the_task_only(
+    broker: Broker, redis: Redis, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    # On a cluster the scripts get no asynq:queues key (it is in another slot; the queue
+    # is registered by a command of its own): each must then write the task alone.
+    monkeypatch.setattr(broker, "_registry", lambda: ())
+    ukey = keys.unique_key(Q, "email:send", b"u")
+    msg = make_msg(unique_key=ukey) if how.endswith("unique") else make_msg()
+    at = clock.dt + timedelta(minutes=5)
+    if how == "enqueue":
+        await broker.enqueue(msg)
+    elif how == "enqueue_unique":
+        await broker.enqueue_unique(msg, 60)
+    elif how == "schedule":
+        await broker.schedule(msg, at)
+    elif how == "schedule_unique":
+        await broker.schedule_unique(msg, at, 60)
+    elif how == "group":
+        await broker.add_to_group(msg, "g")
+    elif how == "group_unique":
+        await broker.add_to_group_unique(msg, "g", 60)
+    else:
+        assert await broker.enqueue_batch([PendingItem(Q, "t1", bytes(msg))]) == [None]
+    state = {"enqueue": b"pending", "schedule": b"scheduled", "group": b"aggregating"}
+    snap = await snapshot(redis)
+    assert snap[T_PREFIX + "t1"][b"state"] == state.get(how.split("_", maxsplit=1)[0], b"pending")
+    if how == "many":  # the batch registers its new queues with a SADD of its own
+        assert snap[keys.ALL_QUEUES] == {b"default"}
+    else:
+        assert keys.ALL_QUEUES not in snap
+    assert (ukey in snap) == how.endswith("unique")

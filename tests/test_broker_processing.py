@@ -358,6 +358,20 @@ async def test_archive_trims_old_and_excess_tasks_with_their_hashes(
     await assert_ids_have_hashes(redis)
 
 
+async def test_archive_trims_tasks_older_than_90_days_from_a_small_archive(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # Far under the size limit: only the age trims (the size trim above would hide it).
+    now = int(clock.now)
+    for tid, age in {"old": DAY90 + 1, "young": DAY90 - 1}.items():
+        await redis.hset(T_PREFIX + tid, mapping={"msg": b"m", "state": "archived"})
+        await redis.zadd(ARCHIVED, {tid: now - age})
+    await broker.archive(await active_task(broker, make_msg()), "e")
+    assert await redis.zrange(ARCHIVED, 0, -1) == [b"young", b"t1"]
+    assert not await redis.exists(T_PREFIX + "old")
+    assert await redis.exists(T_PREFIX + "young")
+
+
 # -- forward ---------------------------------------------------------------------------
 
 
@@ -583,3 +597,32 @@ async def test_a_recoverer_write_takes_a_task_whose_lease_ended(
         assert await redis.zscore(ARCHIVED, "t1") is not None
     assert await redis.llen(ACTIVE) == 0
     assert await redis.zcard(LEASE) == 0
+
+
+# -- an id listed twice in active --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "leave", ["done", "done_many", "mark_as_complete", "requeue", "retry", "archive"]
+)
+async def test_leaving_active_removes_every_copy_of_the_id(
+    broker: Broker, redis: Redis, clock: FakeClock, leave: str
+) -> None:
+    # asynq's scripts remove a task from active with LREM count 0: every copy of its id
+    # goes, so a list holding it twice (written by hand or by an older tool) is cleaned
+    # as the task leaves, and no copy is left behind for the recoverer to find.
+    msg = await active_task(broker, make_msg(retention=60 if leave == "mark_as_complete" else 0))
+    await redis.rpush(ACTIVE, "other", msg.id)
+    if leave == "done":
+        await broker.done(msg)
+    elif leave == "done_many":
+        assert await broker.done_many([msg]) == [None]
+    elif leave == "mark_as_complete":
+        await broker.mark_as_complete(msg)
+    elif leave == "requeue":
+        await broker.requeue(msg)
+    elif leave == "retry":
+        await broker.retry(msg, clock.dt, "e", is_failure=True)
+    else:
+        await broker.archive(msg, "e")
+    assert await redis.lrange(ACTIVE, 0, -1) == [b"other"]

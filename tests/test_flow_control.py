@@ -31,6 +31,42 @@ async def _fill(redis: Redis, n: int, queue: str = Q) -> list[str]:
 # -- the dequeue script ------------------------------------------------------------------------
 
 
+async def test_byte_budget_takes_tasks_up_to_exactly_the_budget(redis: Redis) -> None:
+    ids = await _fill(redis, 6)
+    size = len(await redis.hget(keys.task_key(Q, ids[0]), "msg"))  # every message is as long
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue([Q], 10, max_bytes=2 * size, first_free=False)
+    assert [t.message.id for t in got.tasks] == ids[:2]  # the budget exactly: both fit
+    got = await mq.dequeue([Q], 10, max_bytes=2 * size - 1, first_free=False)
+    assert [t.message.id for t in got.tasks] == ids[2:3]  # one byte short: the second waits
+    got = await mq.dequeue([Q], 10, max_bytes=size - 1, first_free=False)
+    assert got.tasks == []
+    got = await mq.dequeue([Q], 10, max_bytes=size - 1, first_free=True)
+    assert [t.message.id for t in got.tasks] == ids[3:4]  # the first may exceed it alone
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [i.encode() for i in ids[:3:-1]]
+
+
+@pytest.mark.parametrize("probe", [1, 2, 3])
+async def test_queues_probed_a_few_at_a_time_give_the_same_fetch(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch, probe: int
+) -> None:
+    # One EXISTS looks at `probe` queues' pending lists (1 on a cluster): however the
+    # queues are cut into chunks, each is tried in order and reported empty once.
+    from asyncq._broker import multiqueue
+
+    monkeypatch.setattr(multiqueue, "_PROBE_CHUNK", probe)
+    names = ["e1", "a", "e2", "e3", "b", "e4"]
+    a = await _fill(redis, 2, queue="a")
+    b = await _fill(redis, 2, queue="b")
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue(names, 3)
+    assert [t.message.id for t in got.tasks] == [*a, b[0]]
+    assert got.empty == {"e1", "a", "e2", "e3"}  # e4 is not looked at
+    got = await mq.dequeue(names, 3)
+    assert [t.message.id for t in got.tasks] == [b[1]]
+    assert got.empty == set(names)
+
+
 async def test_fleet_limit_caps_a_batched_fetch_by_live_leases(redis: Redis) -> None:
     await _fill(redis, 10)
     mq = MultiQueue(Broker(redis))
@@ -371,6 +407,37 @@ async def test_rate_bucket_gives_the_burst_then_holds_without_starving_others(
         CliRunner().invoke, main, ["-u", redis_url, "queue", "inspect", Q]
     )
     assert "Rate limit: 4/h    Tokens now: 0" in res.output, res.output
+
+
+async def test_rate_bucket_state_is_in_redis_time_microseconds(redis: Redis) -> None:
+    await _fill(redis, 3)
+    mq = MultiQueue(Broker(redis))
+    interval = 3_600_000_000 // 4  # 4/h
+    got = await mq.dequeue([Q], 1, limits={Q: (-1, -1, interval, 4)})
+    assert len(got.tasks) == 1
+    secs, micros = await redis.time()
+    now_us = secs * 1_000_000 + micros
+    # one task taken from a full bucket: its theoretical arrival time is now + one interval
+    tat = int(await redis.hget(f"asynq:{{{Q}}}:asyncq:rate", "tat"))
+    assert now_us - 5_000_000 <= tat - interval <= now_us
+    async with Inspector(redis) as insp:
+        info = await insp.queue_info(Q)
+    assert (info.rate_limit, info.rate_tokens) == ("4/h", 3)
+
+
+async def test_a_rate_key_of_another_type_stops_the_fetch_before_its_queue(
+    redis: Redis,
+) -> None:
+    # The rate key is checked with the queue's other keys: what the call took from the
+    # queues before it is kept and returned, and nothing of the damaged queue moves.
+    first = await _fill(redis, 1, queue="default")
+    await _fill(redis, 2)
+    await redis.set(f"asynq:{{{Q}}}:asyncq:rate", "damaged")
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue(["default", Q], 5, limits={Q: (-1, -1, 1_000_000, 5)})
+    assert [t.message.id for t in got.tasks] == first
+    assert await redis.llen(keys.pending_key(Q)) == 2
+    assert await redis.llen(keys.active_key(Q)) == 0
 
 
 async def test_rate_bucket_refills_with_redis_time(redis: Redis) -> None:

@@ -139,6 +139,7 @@ CASES: list[tuple[Call, Plant]] = [
     (DONE, wrong(LOCK, "hash")),
     (COMPLETE, wrong(COMPLETED, "list")),
     (COMPLETE, wrong(PTOTAL, "set")),
+    (COMPLETE, wrong(PDAY, "hash")),
     (COMPLETE, wrong(LOCK, "zset")),
     (RETRY_, wrong(RETRY, "list")),
     (RETRY_, wrong(FDAY, "string")),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -116,6 +117,8 @@ async def test_steps_of_two_workflows_and_a_completed_step_in_one_batch(
     assert (wb.stage, [s.state for s in wb.stages[0]]) == (1, ["succeeded"] * 2)
     for step in wb.stages[0]:  # completed (kept for the retention), not deleted
         assert await redis.hget(keys.task_key(other, step.id), "state") == b"completed"
+        kept_until = await redis.zscore(keys.completed_key(other), step.id)
+        assert kept_until is not None and kept_until > time.time() + 30  # now + 1 minute
     assert await redis.llen(keys.pending_key(Q)) == 1  # b's callback only
     assert await broker.ack_many([(out, False)]) == [None]
     wa = await read_workflow(redis, Q, a.id)
@@ -215,3 +218,54 @@ async def test_a_worker_killed_mid_batch_loses_no_step_and_counts_none_twice(
     runs = await redis.lrange(STARTS, 0, -1)
     ran = {e.split()[0].decode() for e in runs}
     assert ran >= {s.id for s in wf.stages[0]}
+
+
+async def dump_all(redis: Redis) -> dict[bytes, tuple[bytes, Any, int]]:
+    """Every key: its type, DUMP bytes and expiry."""
+    return {
+        key: (await redis.type(key), await redis.dump(key), await redis.pttl(key))
+        for key in sorted(await redis.keys("*"))
+    }
+
+
+@pytest.mark.parametrize("first", ["step", "plain"])
+async def test_a_batch_whose_workflow_hash_is_damaged_writes_nothing(
+    redis: Redis, client: Client, broker: Broker, first: str
+) -> None:
+    # The step's workflow hash is checked before the batch's first write, whichever
+    # place the step has in the batch: a batch that cannot record it acknowledges
+    # nothing (the tasks stay active, their leases run out, the recoverer retries).
+    info = await chord([Task("m") for _ in range(2)], Task("cb")).enqueue(client)
+    await client.enqueue(Task("plain", retention=timedelta(minutes=1)))
+    got = await transitions.dequeue_many(broker, [Q], 3)
+    step = next(d.message for d in got if d.message.type == "m")
+    plain = next(d.message for d in got if d.message.type == "plain")
+    items = [(step, False), (plain, True)]
+    if first == "plain":
+        items.reverse()
+    wkey = workflow_key(Q, info.id)
+    await redis.delete(wkey)
+    await redis.rpush(wkey, "damaged")
+    before = await dump_all(redis)
+    results = await broker.ack_many(items)
+    assert all(r is not None and "WRONGTYPE" in str(r) for r in results)
+    assert await dump_all(redis) == before
+
+
+async def test_a_step_whose_task_hash_is_gone_is_not_recorded(
+    redis: Redis, client: Client, broker: Broker
+) -> None:
+    # Still in active and leased, but its hash deleted (by hand, or a lost write):
+    # the step is not found, and its workflow does not count it as done.
+    info = await chord([Task("m") for _ in range(2)], Task("cb")).enqueue(client)
+    got = await transitions.dequeue_many(broker, [Q], 2)
+    gone, kept = got[0].message, got[1].message
+    await redis.delete(keys.task_key(Q, gone.id))
+    results = await broker.ack_many([(gone, False), (kept, False)])
+    assert isinstance(results[0], TaskNotFoundError) and results[1] is None
+    wf = await read_workflow(redis, Q, info.id)
+    assert wf is not None and wf.stage == 0
+    states = {s.id: s.state for s in wf.stages[0]}
+    assert (states[gone.id], states[kept.id]) == ("pending", "succeeded")
+    assert await redis.hget(workflow_key(Q, info.id), "left:0") == b"1"
+    assert await redis.get(keys.processed_total_key(Q)) == b"1"

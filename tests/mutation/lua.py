@@ -30,6 +30,7 @@ or an equivalent mutant (its reason written beside it in the note).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -38,14 +39,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tests.mutation.runner import SPEC, committed
+from tests.mutation.runner import SPEC, as_run, committed
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA = ROOT / "asyncq" / "_broker" / "lua"
+EQUIVALENTS = Path(__file__).with_name("equivalent.toml")
 
 WRITES = frozenset(
     ("HSET", "HDEL", "HSETNX", "LPUSH", "RPUSH", "LREM", "LPOP", "RPOP", "RPOPLPUSH", "LMOVE",
@@ -82,8 +86,17 @@ MULTI_TESTS = (
     "tests/test_flow_control.py",
     "tests/test_hostile_multiqueue.py",
 )
+WORKFLOW_TESTS = (
+    "tests/test_workflow.py",
+    "tests/test_workflow_batch.py",
+    "tests/test_script_no_partial_write.py",
+    "tests/test_lua_boundaries.py",
+)
 DEFAULT_TESTS = BROKER_TESTS
 TESTS: dict[str, tuple[str, ...]] = {
+    # ack_many.lua acknowledges workflow steps too (the w/W kinds)
+    "ack_many": (*BROKER_TESTS, "tests/test_workflow_batch.py", "tests/test_workflow.py"),
+    "ack_queues": (*BROKER_TESTS, "tests/test_workflow_batch.py"),
     "dequeue_queues": MULTI_TESTS,
     "forward_queues": MULTI_TESTS,
     "list_lease_expired_queues": MULTI_TESTS,
@@ -103,7 +116,12 @@ STATE_TRANSITIONS = (
     "ack_many", "requeue", "retry", "archive", "forward_queues",
     "list_lease_expired_queues", "delete_expired_completed_queues", "aggregation_check",
     "reclaim_stale_aggregation_sets_queues", "delete_aggregation_set", "inspect_run_task",
-    "inspect_delete_task", "inspect_archive_task",
+    "inspect_delete_task", "inspect_archive_task", "ack_queues", "archive_undecodable",
+    "workflow_start", "workflow_advance", "workflow_done", "workflow_member_gone",
+    "workflow_cancel", "inspect_run_all", "inspect_run_all_aggregating", "inspect_archive_all",
+    "inspect_archive_all_pending", "inspect_archive_all_aggregating", "inspect_delete_all",
+    "inspect_delete_all_pending", "inspect_delete_all_aggregating", "inspect_remove_queue",
+    "inspect_error_group_action",
 )  # fmt: skip
 
 
@@ -111,7 +129,7 @@ def tests_for(script: str) -> tuple[str, ...]:
     if script.startswith("inspect_"):
         return INSPECTOR_TESTS
     if script.startswith("workflow_"):
-        return ("tests/test_workflow.py",)
+        return WORKFLOW_TESTS
     return TESTS.get(script, DEFAULT_TESTS)
 
 
@@ -122,6 +140,13 @@ class Mutant:
     kind: str
     description: str
     source: str  # the whole mutated script
+    text: str  # the unmutated line, stripped
+    nth: int = 1  # the same change made at the nth place of the line
+
+    @property
+    def key(self) -> str:
+        """Names the mutant within its script's current text (results are matched by it)."""
+        return f"{self.line}:{self.kind}:{self.description}#{self.nth}"
 
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
@@ -199,8 +224,8 @@ def line_mutants(line: str, *, indices: bool = False) -> Iterator[tuple[str, str
         if not _outside(strings, *m.span()):
             continue
         if m.group(1):
-            new = "or" if m.group(1) == "and" else "and"
-            yield "logic", f"{m.group(1)} -> {new}", line[: m.start()] + new + line[m.end() :]
+            word = "or" if m.group(1) == "and" else "and"
+            yield "logic", f"{m.group(1)} -> {word}", line[: m.start()] + word + line[m.end() :]
         else:
             yield "logic", "drop not", line[: m.start()] + line[m.end() :]
 
@@ -209,20 +234,108 @@ def mutants(script: str, source: str, *, indices: bool = False) -> list[Mutant]:
     lines = source.split("\n")
     out: list[Mutant] = []
     for n, line in enumerate(lines):
+        seen: dict[tuple[str, str], int] = {}
         for kind, desc, new in line_mutants(line, indices=indices):
             if new == line:
                 continue
+            nth = seen[kind, desc] = seen.get((kind, desc), 0) + 1
             text = "\n".join([*lines[:n], new, *lines[n + 1 :]])
-            out.append(Mutant(script, n + 1, kind, desc, text))
+            out.append(Mutant(script, n + 1, kind, desc, text, line.strip(), nth))
     return out
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    """A survivor judged equivalent (tests/mutation/equivalent.toml): no test can kill it
+    because the script behaves the same for every input its callers can give."""
+
+    script: str
+    text: str  # the unmutated line, stripped
+    mutation: str  # the mutant's description, such as "0 -> 1" or "if true"
+    reason: str
+    nth: int | None = None  # which of several identical changes on the line; None: each
+    line: int | None = None  # which of several identical lines of the script; None: each
+
+    def covers(self, m: Mutant) -> bool:
+        return (
+            m.script == self.script
+            and m.text == self.text
+            and m.description == self.mutation
+            and (self.nth is None or self.nth == m.nth)
+            and (self.line is None or self.line == m.line)
+        )
+
+
+def load_equivalents(path: Path = EQUIVALENTS) -> list[Equivalent]:
+    data = tomllib.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return [Equivalent(**entry) for entry in data.get("equivalent", [])]
+
+
+def equivalent_of(m: Mutant, judged: list[Equivalent]) -> Equivalent | None:
+    return next((e for e in judged if e.covers(m)), None)
+
+
+def fingerprint(script: str) -> str:
+    """The script as Redis runs it (committed, includes expanded), hashed: results of a
+    run on another text of the script are not reported."""
+    return hashlib.sha1(as_run(script, committed(script)).encode()).hexdigest()[:12]
+
+
+OUTCOMES = ("killed", "timeout", "survived", "undecided")
+"""killed: a test failed on an assertion or an error and passes unmutated; timeout: a
+test ran out of time twice on the mutant and passes unmutated (the mutant hangs or
+stalls); survived: every test passed; undecided: the failing test failed unmutated
+too, so the machine could not judge (run it again)."""
 
 
 @dataclass
 class Result:
     mutant: Mutant
-    outcome: str  # killed, survived
+    outcome: str  # one of OUTCOMES
     killer: str | None  # the test that failed first
     seconds: float
+    message: str = ""  # the killing failure, one line
+
+
+def save(results_file: Path, result: Result, stamp: str) -> None:
+    m = result.mutant
+    record = {
+        "script": m.script,
+        "fingerprint": stamp,
+        "key": m.key,
+        "outcome": result.outcome,
+        "killer": result.killer,
+        "message": result.message,
+        "seconds": round(result.seconds, 1),
+    }
+    with results_file.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def load_results(results_file: Path, scripts: list[str]) -> list[Result]:
+    """The latest outcome of each current mutant of *scripts* in *results_file*."""
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    stamps = {s: fingerprint(s) for s in scripts}
+    if results_file.is_file():
+        for line in results_file.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if stamps.get(record["script"]) == record["fingerprint"]:
+                latest[record["script"], record["key"]] = record
+    out = []
+    for script in scripts:
+        for m in mutants(script, committed(script)):
+            record = latest.get((script, m.key))
+            if record is not None:
+                out.append(
+                    Result(
+                        m,
+                        str(record["outcome"]),
+                        record["killer"],
+                        float(record["seconds"]),
+                        str(record.get("message", "")),
+                    )
+                )
+    return out
 
 
 def mutate_script(
@@ -232,17 +345,28 @@ def mutate_script(
     indices: bool,
     only: set[str] | None,
     lines: set[int] | None = None,
+    skip: frozenset[str] | set[str] = frozenset(),
+    judged: list[Equivalent] | None = None,
+    results_file: Path | None = None,
+    tests: tuple[str, ...] = (),
     log: bool = True,
 ) -> None:
     """Run every mutant of *script* in one pytest process (tests/mutation/runner.py),
-    appending each outcome to *results* as it comes (so an interrupted run still reports
-    what it finished)."""
+    appending each outcome to *results* (and *results_file*) as it comes, so an
+    interrupted run still reports what it finished. Mutants judged equivalent and the
+    ones whose keys are in *skip* are not run."""
     original = committed(script)
+    stamp = fingerprint(script)
     todo = [
         m
         for m in mutants(script, original, indices=indices)
-        if (not only or m.kind in only) and (not lines or m.line in lines)
+        if (not only or m.kind in only)
+        and (not lines or m.line in lines)
+        and m.key not in skip
+        and (judged is None or equivalent_of(m, judged) is None)
     ]
+    if not todo:
+        return
     with tempfile.TemporaryDirectory(prefix="asyncq-mutation-") as tmp:
         spec = Path(tmp) / "spec.json"
         out = Path(tmp) / "results.jsonl"
@@ -259,7 +383,7 @@ def mutate_script(
         cmd = [
             sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
             "-p", "no:randomly", "-p", "tests.mutation.runner", "-m", "not slow",
-            "--timeout", "120", *tests_for(script),
+            "--timeout", "120", *(tests or tests_for(script)),
         ]  # fmt: skip
         env = {**os.environ, SPEC: str(spec), "ASYNCQ_HYPOTHESIS_PROFILE": "mutation"}
         proc = subprocess.Popen(
@@ -269,8 +393,8 @@ def mutate_script(
         try:
             while True:
                 done = proc.poll() is not None
-                lines = out.read_text(encoding="utf-8").splitlines() if out.exists() else []
-                for line in lines[seen:]:
+                records = out.read_text(encoding="utf-8").splitlines() if out.exists() else []
+                for line in records[seen:]:
                     record = json.loads(line)
                     if record.get("baseline") == "failed":
                         raise SystemExit(
@@ -281,16 +405,25 @@ def mutate_script(
                     if record["scripts"] == 0:
                         raise SystemExit(f"no loaded script holds {script}.lua")
                     mutant = todo[record["index"]]
-                    result = Result(mutant, record["outcome"], record["killer"], record["seconds"])
+                    result = Result(
+                        mutant,
+                        record["outcome"],
+                        record["killer"],
+                        record["seconds"],
+                        record.get("message", ""),
+                    )
                     results.append(result)
+                    # passing a part of the selection proves nothing: only kills count
+                    if results_file is not None and not (tests and result.outcome == "survived"):
+                        save(results_file, result, stamp)
                     if log:
+                        by = f" by {result.killer}: {result.message[:120]}" if result.killer else ""
                         print(
                             f"{script}:{mutant.line} {mutant.kind} {mutant.description}: "
-                            f"{result.outcome} ({result.seconds:.0f}s)"
-                            + (f" by {result.killer}" if result.killer else ""),
+                            f"{result.outcome} ({result.seconds:.0f}s){by}",
                             flush=True,
                         )
-                seen = len(lines)
+                seen = len(records)
                 if done:
                     break
                 time.sleep(0.5)
@@ -303,29 +436,80 @@ def mutate_script(
             raise SystemExit(f"pytest exited with {proc.returncode} for {script}:\n{tail}")
 
 
-def report(results: list[Result], scripts: list[str]) -> str:
+def report(results: list[Result], scripts: list[str], judged: list[Equivalent]) -> str:
+    """The Markdown report: per script its mutants and their outcomes, the kill rate of
+    the non-equivalent ones, then each survivor, each equivalent with its reason, and
+    each kill made by a timeout."""
     lines = [
         "# Lua mutation report",
         "",
-        "| script | mutants | killed | survived | killed % |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "killed: a test failed on an assertion or error (and passes unmutated); timeout: a",
+        "test ran out of time twice on the mutant and passes unmutated; equivalent: judged",
+        "in tests/mutation/equivalent.toml, not run; not run: no outcome for the script's",
+        "current text. Kill % = (killed + timeout) / (mutants - equivalent); for a script",
+        "not run to the end, the same over the mutants run so far.",
+        "",
+        "| script | mutants | killed | timeout | survived | undecided | equivalent | not run "
+        "| kill % of non-equivalent |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    by_key = {(r.mutant.script, r.mutant.key): r for r in results}
+    survivors: list[Result] = []
+    equivalents: list[tuple[Mutant, Equivalent]] = []
+    timeouts: list[Result] = []
     for script in scripts:
-        mine = [r for r in results if r.mutant.script == script]
-        if not mine:
-            continue
-        killed = sum(r.outcome == "killed" for r in mine)
-        survived = len(mine) - killed
+        every = mutants(script, committed(script))
+        count = dict.fromkeys((*OUTCOMES, "equivalent", "not run"), 0)
+        for m in every:
+            e = equivalent_of(m, judged)
+            r = by_key.get((script, m.key))
+            if e is not None:
+                count["equivalent"] += 1
+                equivalents.append((m, e))
+            elif r is None:
+                count["not run"] += 1
+            else:
+                count[r.outcome] += 1
+                if r.outcome in ("survived", "undecided"):
+                    survivors.append(r)
+                elif r.outcome == "timeout":
+                    timeouts.append(r)
+        live = len(every) - count["equivalent"]
+        ran = live - count["not run"]
+        if count["not run"] and ran:
+            so_far = 100 * (count["killed"] + count["timeout"]) / ran
+            rate = f"incomplete ({so_far:.1f} of the {ran} run)"
+        elif count["not run"]:
+            rate = "not run"
+        elif live == 0:
+            rate = "-"
+        else:
+            rate = f"{100 * (count['killed'] + count['timeout']) / live:.1f}"
         lines.append(
-            f"| {script} | {len(mine)} | {killed} | {survived} | {100 * killed / len(mine):.0f} |"
+            f"| {script} | {len(every)} | {count['killed']} | {count['timeout']} "
+            f"| {count['survived']} | {count['undecided']} | {count['equivalent']} "
+            f"| {count['not run']} | {rate} |"
         )
-    survivors = [r for r in results if r.outcome == "survived"]
     if survivors:
-        lines += ["", "## Survivors", ""]
+        lines += ["", "## Survivors and undecided", ""]
         for r in survivors:
             m = r.mutant
-            text = m.source.split("\n")[m.line - 1].strip()
-            lines.append(f"- `{m.script}.lua:{m.line}` {m.kind} ({m.description}): `{text}`")
+            lines.append(
+                f"- `{m.script}.lua:{m.line}` {r.outcome}, {m.kind} ({m.description}): `{m.text}`"
+            )
+    if equivalents:
+        lines += ["", "## Judged equivalent", ""]
+        for m, e in equivalents:
+            lines.append(
+                f"- `{m.script}.lua:{m.line}` {m.kind} ({m.description}) on `{m.text}`: {e.reason}"
+            )
+    if timeouts:
+        lines += ["", "## Killed by a timeout (twice on the mutant, passing unmutated)", ""]
+        for r in timeouts:
+            m = r.mutant
+            lines.append(
+                f"- `{m.script}.lua:{m.line}` {m.kind} ({m.description}): {r.killer}: {r.message}"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -342,6 +526,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--indices", action="store_true", help="mutate KEYS/ARGV indices too")
     parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the mutants the results file already has an outcome for (on this text)",
+    )
+    parser.add_argument(
+        "--survivors",
+        action="store_true",
+        help="run only the mutants whose latest outcome is survived or undecided",
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="write the report from the results file"
+    )
+    parser.add_argument(
+        "--tests",
+        help="comma-separated test files or node ids to run instead of the script's selection "
+        "(a quick re-check of survivors against new tests; a survivor stays one until the "
+        "whole selection has passed)",
+    )
+    parser.add_argument(
+        "--run-equivalent", action="store_true", help="run the judged-equivalent mutants too"
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=ROOT / "lua-mutation-results.jsonl",
+        help="every outcome is appended here; the report uses the latest per mutant",
+    )
+    parser.add_argument(
         "--report", type=Path, default=ROOT / "lua-mutation-report.md", help="Markdown report"
     )
     args = parser.parse_args(argv)
@@ -354,22 +566,51 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no script {script!r} under {LUA}")
     only = set(args.kinds.split(",")) if args.kinds else None
     lines = {int(n) for n in args.lines.split(",")} if args.lines else None
+    judged = load_equivalents()
     if args.list:
         for script in scripts:
             for m in mutants(script, committed(script), indices=args.indices):
                 if (not only or m.kind in only) and (not lines or m.line in lines):
-                    print(f"{script}:{m.line} {m.kind} {m.description}")
+                    e = equivalent_of(m, judged)
+                    print(
+                        f"{script}:{m.line} {m.kind} {m.description}: {m.text}"
+                        + (f"  [equivalent: {e.reason}]" if e else "")
+                    )
         return 0
     results: list[Result] = []
-    # SIGTERM unwinds like Ctrl-C, so the pytest process of the script is stopped too.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    try:
-        for script in scripts:
-            mutate_script(script, results, indices=args.indices, only=only, lines=lines)
-    finally:
-        args.report.write_text(report(results, scripts), encoding="utf-8")
+    if not args.report_only:
+        # SIGTERM unwinds like Ctrl-C, so the pytest process of the script is stopped too.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        try:
+            for script in scripts:
+                known = {r.mutant.key: r.outcome for r in load_results(args.results, [script])}
+                skip: set[str] = set()
+                if args.resume:
+                    skip = set(known)
+                if args.survivors:
+                    every = {m.key for m in mutants(script, committed(script))}
+                    skip = every - {k for k, o in known.items() if o in ("survived", "undecided")}
+                mutate_script(
+                    script,
+                    results,
+                    indices=args.indices,
+                    only=only,
+                    lines=lines,
+                    skip=skip,
+                    # read again for each script: survivors are judged while a run goes on
+                    judged=None if args.run_equivalent else load_equivalents(),
+                    results_file=args.results,
+                    tests=tuple(args.tests.split(",")) if args.tests else (),
+                )
+        finally:
+            final = load_results(args.results, scripts)
+            args.report.write_text(report(final, scripts, judged), encoding="utf-8")
+            print(f"report: {args.report}")
+    final = load_results(args.results, scripts)
+    args.report.write_text(report(final, scripts, judged), encoding="utf-8")
+    if args.report_only:
         print(f"report: {args.report}")
-    return 1 if any(r.outcome == "survived" for r in results) else 0
+    return 1 if any(r.outcome in ("survived", "undecided") for r in final) else 0
 
 
 if __name__ == "__main__":

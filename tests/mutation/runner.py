@@ -43,6 +43,29 @@ ROOT = Path(__file__).resolve().parents[2]
 LUA = ROOT / "asyncq" / "_broker" / "lua"
 
 
+# A failure whose exception (its type and message) holds one of these is a wait that
+# ran out, which load alone can cause: pytest-timeout's limit, wait_until's deadline, a
+# client's timeout, a script stopped by Redis' Lua time limit (BUSY).
+TIMEOUT_MARKS = (
+    "Failed: Timeout",
+    "timed out after",
+    "TimeoutError",
+    "Timeout reading from",
+    "Timeout connecting",
+    "BusyScriptError",
+    "BUSY Redis is busy",
+)
+
+
+def _message(report: pytest.TestReport) -> str:
+    """The failure's one-line summary (its exception and message)."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else report.longreprtext.strip().splitlines()[-1:]
+    if isinstance(text, list):
+        text = text[0] if text else ""
+    return " ".join(str(text).split())
+
+
 def committed(script: str) -> str:
     """The script as git's HEAD has it."""
     rel = (LUA / f"{script}.lua").relative_to(ROOT).as_posix()
@@ -89,23 +112,74 @@ class _Loop:
         self.out = Path(spec["results"])
         self.server = server
         self.killers: list[pytest.Item] = []
+        self._mutant = self.original
 
     def _order(self) -> list[pytest.Item]:
         first = [i for i in reversed(self.killers)]
         return first + [i for i in self.items if i not in first]
 
-    def _run(self, order: list[pytest.Item]) -> pytest.Item | None:
-        """Run *order* until a test fails; the failing test, or None."""
+    def _run(self, order: list[pytest.Item]) -> tuple[pytest.Item, str, str] | None:
+        """Run *order* until a test fails: (the failing test, "error" or "timeout", the
+        failure's message), or None when every test passes."""
         for n, item in enumerate(order):
             # The last test (or a failing one) tears everything down: the next run may
             # start with the same test, which must not find its own fixtures still set up.
             nextitem = order[n + 1] if n + 1 < len(order) else None
             reports = runtestprotocol(item, log=False, nextitem=nextitem)
-            if any(r.failed for r in reports):
+            failed = [r for r in reports if r.failed]
+            if failed:
                 if nextitem is not None:
                     self.session._setupstate.teardown_exact(None)
-                return item
+                message = _message(failed[0])
+                kind = "timeout" if any(mark in message for mark in TIMEOUT_MARKS) else "error"
+                return item, kind, message[:300]
         return None
+
+    def _passes_unmutated(self, item: pytest.Item) -> bool:
+        """Whether *item* passes on the unmutated script (its failure was the mutant's)."""
+        self._heal_server()
+        return self._run([item]) is None
+
+    def _judge(self) -> tuple[str, pytest.Item | None, str]:
+        """Run the tests against the swapped-in mutant: (outcome, killer, message).
+
+        Load must not make a kill. A failure is a kill only when the same test then
+        passes on the unmutated script. After a failure that is a wait running out
+        (the test's timeout, a ``wait_until`` deadline, a client or Lua time limit)
+        the other tests run: one failing on an assertion or an error makes it a kill;
+        else the test that ran out runs again, and running out again (while it passes
+        unmutated) makes it a ``timeout`` (the mutant hangs or stalls the task). It is
+        ``undecided`` when the failing test fails unmutated as well (the machine was
+        too slow to judge).
+        """
+        found = self._run(self._order())
+        if found is None:
+            return "survived", None, ""
+        item, kind, message = found
+        if kind == "timeout":
+            # The other tests first: one failing on an assertion is a better witness.
+            self._heal_server()
+            other = self._run([i for i in self._order() if i is not item])
+            if other is not None and other[1] == "error":
+                item, kind, message = other
+            else:
+                self._heal_server()
+                again = self._run([item])
+                if again is None and other is not None:
+                    self._heal_server()
+                    again = self._run([other[0]])
+                if again is None:
+                    return "survived", None, ""
+                item, kind, message = again
+        swapped_in = self._mutant
+        _swap(swapped_in, self.original)
+        try:
+            clean = self._passes_unmutated(item)
+        finally:
+            _swap(self.original, swapped_in)
+        if not clean:
+            return "undecided", item, f"fails unmutated too: {message}"
+        return ("timeout" if kind == "timeout" else "killed"), item, message
 
     def _heal_server(self) -> None:
         """A mutant may leave a script running forever (Redis answers BUSY to everyone)."""
@@ -135,27 +209,29 @@ class _Loop:
     def run(self) -> None:
         failed = self._run(self.items)
         if failed is not None:
-            self._write({"baseline": "failed", "test": failed.nodeid})
+            self._write({"baseline": "failed", "test": failed[0].nodeid, "message": failed[2]})
             return
         self._write({"baseline": "passed", "tests": len(self.items)})
         for n, mutant in enumerate(self.mutants):
             source = as_run(self.script, mutant["source"])
             started = time.monotonic()
             swapped = _swap(self.original, source)
+            self._mutant = source
             try:
-                killer = self._run(self._order())
+                outcome, killer, message = self._judge()
             finally:
                 _swap(source, self.original)
             if killer is not None:
                 if killer in self.killers:
                     self.killers.remove(killer)
                 self.killers.append(killer)
-                self._heal_server()
+            self._heal_server()
             self._write(
                 {
                     "index": n,
-                    "outcome": "survived" if killer is None else "killed",
+                    "outcome": outcome,
                     "killer": None if killer is None else killer.nodeid,
+                    "message": message,
                     "scripts": swapped,
                     "seconds": time.monotonic() - started,
                 }
@@ -169,8 +245,10 @@ def pytest_configure(config: pytest.Config) -> None:
     global _server
     if os.environ.get(SPEC):
         # The tests' own server, so that a mutant's endless script can be killed.
-        _server = RedisServer().start()
-        os.environ["ASYNCQ_TEST_REDIS_URL"] = _server.url
+        server = RedisServer()
+        server.start()
+        _server = server
+        os.environ["ASYNCQ_TEST_REDIS_URL"] = server.url
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
