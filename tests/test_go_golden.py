@@ -498,9 +498,18 @@ async def test_asyncq_server_processes_go_tasks_to_the_state_go_leaves(loaded: R
     # Every key that remains, by name; the Go server/worker/scheduler heartbeat keys expire
     # by their own TTL and are left out (asyncq's own ones must be gone after shutdown).
     volatile = ("asynq:servers", "asynq:workers", "asynq:schedulers")
-    remaining = sorted(
-        k.decode() for k in await loaded.keys("*") if not k.decode().startswith(volatile)
-    )
+    every = [k.decode() for k in await loaded.keys("*")]
+    # asyncq's metrics history (on by default): one hash per queue that ran tasks and
+    # minute, under a name Go never reads, expiring 24 h after its minute
+    history = [k for k in every if ":asyncq:metrics:" in k]
+    assert {k.split(":asyncq:metrics:")[0] for k in history} == {
+        f"asynq:{{{q}}}" for q in ("default", HIGH, "cron", "work")
+    }
+    for key in history:
+        assert await loaded.type(key) == b"hash"
+        minute = int(key.rsplit(":", 1)[1])
+        assert await loaded.expiretime(key) == (minute + 1) * 60 + 24 * 3600
+    remaining = sorted(k for k in every if not k.startswith(volatile) and k not in history)
     counters = {f"asynq:{{{q}}}:processed" for q in ("default", HIGH, "cron", "work")} | {
         f"asynq:{{{q}}}:processed:{today}" for q in ("default", HIGH, "cron", "work")
     }

@@ -173,7 +173,7 @@ def ran(
     recorder.record(queue, task_type, ended - seconds, ended, failed, retried, archived)
 
 
-async def test_on_writes_its_keys_and_off_writes_none(
+async def test_on_by_default_and_off_writes_nothing(
     serve: Callable[..., Awaitable[Server]], redis: Redis
 ) -> None:
     mux = ServeMux()
@@ -189,8 +189,8 @@ async def test_on_writes_its_keys_and_off_writes_none(
     async with Client(redis) as client:
         await client.enqueue_many([Task("t") for _ in range(5)], queue="hist-a")
         await client.enqueue_many([Task("t") for _ in range(5)], queue="hist-b")
-    on = await serve(mux, queues={"hist-a": 1}, metrics_history=True)
-    off = await serve(mux, queues={"hist-b": 1})  # off by default
+    on = await serve(mux, queues={"hist-a": 1})  # on by default
+    off = await serve(mux, queues={"hist-b": 1}, metrics_history=False)
     assert on.history is not None and off.history is None
     await asyncio.wait_for(all_ran.wait(), 30)
     await on.shutdown()  # the last flush
@@ -363,12 +363,12 @@ def test_recorder_and_server_options_are_checked(redis: Redis) -> None:
         HistoryRecorder(redis, retention=3600, log=log)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="flush_interval"):
         HistoryRecorder(redis, flush_interval=timedelta(0), log=log)
-    assert Server(redis).history is None  # opt-in: it costs a few µs per task
+    assert Server(redis, metrics_history=False).history is None
     with pytest.raises(TypeError, match="metrics_history must be True, False or"):
         Server(redis, metrics_history=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="at least 1 minute"):
         Server(redis, metrics_history=timedelta(0))
-    server = Server(redis, metrics_history=True)
+    server = Server(redis)  # on by default, 24 h
     assert server.history is not None and server.history.retention == timedelta(hours=24)
     server = Server(redis, metrics_history=timedelta(hours=2))
     assert server.history is not None and server.history.retention == timedelta(hours=2)

@@ -220,9 +220,9 @@ class Server(Service):
       ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
     - ``metrics_history``: keep the per-minute history of each task type
       (processed, failed, retried, run-time histogram) in Redis: True keeps it
-      24 h, a timedelta that long; off by default (it costs a few µs of worker
-      CPU per task). Counted in memory, written every 5 s in aggregate; see
-      :mod:`asyncq.history`.
+      24 h (the default), a timedelta that long, False keeps none. Counted in
+      memory where each outcome is decided and written every 5 s in aggregate
+      (one script call per queue, not a write per task); see :mod:`asyncq.history`.
     - ``events``: write task events (started, progress, succeeded, failed, ...)
       to the event stream (:mod:`asyncq.events`) for every queue (True) or
       the listed queue names and patterns; off by default (docs/events.md).

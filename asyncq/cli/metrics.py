@@ -131,8 +131,8 @@ def metrics_top(
 ) -> None:
     """The task types with the most runs (or failures, failure rate, p95 run time) over
     the last --window, with their counts and p50/p95/p99 run times, from the metrics
-    history the workers keep in Redis (per minute; workers started with
-    Server(metrics_history=True) keep 24 h)."""
+    history the workers keep in Redis (per minute, 24 h by default; a worker started
+    with --no-metrics-history or Server(metrics_history=False) keeps none)."""
     if window < timedelta(minutes=1) or window.total_seconds() % 60:
         raise click.BadParameter(
             f"must be a whole number of minutes, got {format_short(window)}",

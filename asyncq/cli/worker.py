@@ -249,7 +249,7 @@ class QueuesType(_QueuesParam):
     default=None,
     help="Keep the per-minute metrics history of each task type in Redis (24 h; read by "
     "'asyncq metrics top' and the web UI's Metrics page) [default: the App's setting, "
-    "else the Server default].",
+    "else on].",
 )
 @click.option("--uri", "-u", "worker_uri", metavar="URL", help="Redis URL (overrides the global).")
 @click.option(

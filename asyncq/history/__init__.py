@@ -1,7 +1,7 @@
 """Metrics history in Redis: what each task type did, minute by minute, without Prometheus.
 
-A worker with ``Server(metrics_history=True)`` (kept 24 hours, or a timedelta) counts per
-minute, queue and task type: runs processed, failed, retried and archived, and a
+Every worker (unless ``Server(metrics_history=False)``; kept 24 hours, or a timedelta)
+counts per minute, queue and task type: runs processed, failed, retried and archived, and a
 histogram of their run times, in memory, and adds them every few seconds to the
 queue's hash of that minute, ``asynq:{<queue>}:asyncq:metrics:<unix minute>`` (one
 script call per queue and minute, not a write per task). Its fields are

@@ -5,8 +5,9 @@ Runs in the project's own environment (no separate virtualenv). Tasks are
 retention: a finished task's hash is deleted, as in Go asynq). Over TCP, like every
 peer; ``--variant socket`` (the runner's extra row, ``asyncq-socket``) adds asyncq's
 opt-in ``?local_socket=true``, which moves the hot-path connections to the local
-server's unix socket. ``--variant history`` turns the worker's metrics history on
-(``Server(metrics_history=True)``), to measure what the history costs.
+server's unix socket. The worker keeps its metrics history (on by default);
+``--variant no-history`` turns it off (``Server(metrics_history=False)``), to measure
+what the history costs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from benchmarks.systems._common import Config, Producer, System, main
 QUEUE = "default"
 
 
-VARIANTS = ("", "socket", "history")
+VARIANTS = ("", "socket", "no-history")
 
 
 def _url(cfg: Config) -> str:
@@ -95,7 +96,7 @@ class Asyncq(System):
             _url(cfg),
             concurrency=cfg.concurrency,
             queues={QUEUE: 1},
-            metrics_history=cfg.variant == "history",
+            metrics_history=cfg.variant != "no-history",
         )
         async with server:
             await server.start(mux)
