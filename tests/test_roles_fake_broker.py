@@ -36,12 +36,14 @@ from asyncq._worker.server import Server
 from asyncq._worker.syncer import Syncer
 from asyncq._worker.wakeup import QueueWakeup
 from asyncq.errors import (
+    LeaseExpiredError,
     RateLimited,
     RevokeTask,
     SkipRetry,
     TaskCanceledError,
     TaskNotFoundError,
 )
+from asyncq.hooks import NoWorkerHooks
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task, TaskInfo
@@ -877,3 +879,47 @@ async def test_a_failed_batched_step_acknowledgement_is_retried_as_the_steps_own
     assert fake.called("done") == [plain.id]
     assert fake.workflow_steps == [(step.id, "done")]  # recorded once, with its hand-off
     assert not fake.tasks and fake.processed == 2
+
+
+class _Finished(NoWorkerHooks):
+    """Records task_finished calls (the event stream and the metrics observe these)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str, str, str, type[BaseException] | None]] = []
+
+    def task_finished(
+        self,
+        queue: str,
+        task_type: str,
+        task_id: str,
+        outcome: str,
+        *,
+        error: str,
+        exc: BaseException | None,
+    ) -> None:
+        self.calls.append(
+            (queue, task_type, task_id, outcome, error, None if exc is None else type(exc))
+        )
+
+
+async def test_recoverer_tells_its_hooks_of_each_task_it_retries_or_archives() -> None:
+    # A dead worker's tasks show in the event stream and the metrics as the processor's
+    # own outcomes do: failed with the lease error, then retried or archived.
+    fake = FakeBroker(lease_duration=30)
+    alive = fake.enqueue(message())
+    exhausted = fake.enqueue(message(retried=3))
+    await fake.fetch([Q], 2)
+    hooks = _Finished()
+    rec = Recoverer(role_deps(fake), 60.0, active=ActiveTasks(), hooks=hooks)
+    fake.advance(33)
+    await rec.tick()
+    err = "asynq: task lease expired"
+    assert sorted(hooks.calls) == sorted(
+        [
+            (Q, alive.type, alive.id, "retry", err, LeaseExpiredError),
+            (Q, exhausted.type, exhausted.id, "archive", err, LeaseExpiredError),
+        ]
+    )
+    # A task another recoverer moved first is not reported twice.
+    await rec.tick()
+    assert len(hooks.calls) == 2

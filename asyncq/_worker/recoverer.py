@@ -36,6 +36,7 @@ from asyncq._worker.active import ActiveTasks
 from asyncq._worker.outcome import Outcome, decide
 from asyncq._worker.roles import PeriodicRole, RoleDeps
 from asyncq.errors import LeaseExpiredError, TaskNotFoundError
+from asyncq.hooks import NO_HOOKS, WorkerHooks
 from asyncq.proto.asynq import TaskMessage
 
 __all__ = ["Recoverer"]
@@ -59,10 +60,14 @@ class Recoverer(PeriodicRole):
         *,
         active: ActiveTasks,
         wakeup: asyncio.Event | None = None,
+        hooks: WorkerHooks = NO_HOOKS,
     ) -> None:
         super().__init__(deps, interval)
         self.active = active
         self._wakeup = wakeup
+        # Told of each task it retries or archives, as the processor's hooks are of the
+        # tasks it finishes: the event stream and the metrics see a dead worker's tasks too.
+        self._hooks = hooks
         self.next_wait = min(interval, deps.config.lease_duration)
         """Seconds from the last check to the next one (see the module docstring)."""
 
@@ -143,11 +148,15 @@ class Recoverer(PeriodicRole):
                 await broker.archive(fixed, err_msg, lease_expired_by=cutoff)
             else:
                 # The same decision as the processor's for a lease that ran out there.
+                exc = LeaseExpiredError()
                 outcome = decide(
-                    msg, LeaseExpiredError(), lease="recovering", config=self.config,
+                    msg, exc, lease="recovering", config=self.config,
                     now=now.timestamp(), log=self.log,
                 )  # fmt: skip
                 await self._write(msg, outcome, now, cutoff, fields)
+                self._hooks.task_finished(
+                    msg.queue, msg.type, msg.id, outcome.kind, error=outcome.err_msg, exc=exc
+                )
             self.stats.recovered += 1
             return True
         except TaskNotFoundError:

@@ -380,7 +380,9 @@ class Server(Service):
         roles += [
             self._subscriber,
             self.syncer,
-            Recoverer(deps, cfg.recoverer_interval, active=self.active, wakeup=wakeup),
+            Recoverer(
+                deps, cfg.recoverer_interval, active=self.active, wakeup=wakeup, hooks=self._hooks
+            ),
             Forwarder(deps, cfg.delayed_task_check_interval, wakeup=wakeup),
             self.processor,
             Janitor(deps, cfg.janitor_interval),
