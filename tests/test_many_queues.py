@@ -13,11 +13,12 @@ from redis.asyncio import Redis
 from asyncq import Client, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.multiqueue import MultiQueue
+from asyncq._broker.multiqueue import _PROBE_CHUNK, MultiQueue
 from asyncq._worker.processor import QueueOrder
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from tests.cluster import RedisClusterProcs
+from tests.helpers import FakeClock, make_msg, snapshot
 from tests.redis_server import RedisServer
 from tests.resp_proxy import CountingProxy
 from tests.workers.support import wait_until
@@ -303,3 +304,22 @@ async def test_cluster_fetch_keeps_strict_order_across_nodes(cluster: RedisClust
         await asyncio.sleep(1.2)
         assert await multi.forward(names) == 30
         assert await multi.list_lease_expired(datetime.now(UTC) + timedelta(minutes=5), names)
+
+
+async def test_passes_read_only_the_queues_named_not_their_other_arguments(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # The scripts' leading arguments (now, batch size, the probe chunk: 200 on one
+    # server) come before the queue names; a queue named like one of them is not
+    # part of a call that does not name it.
+    other = str(_PROBE_CHUNK)
+    await broker.schedule(make_msg("s1", other), clock.dt - timedelta(seconds=5))
+    await broker.enqueue(make_msg("a1", other))
+    assert len((await broker.fetch([other], 1)).tasks) == 1
+    clock.now += broker.lease_duration + 10
+    before = await snapshot(redis)
+
+    assert await broker.forward_queues(["default"]) == 0
+    assert await broker.scan_leases(clock.dt, ["default"]) == ([], None)
+    assert await snapshot(redis) == before
+    assert await redis.zrange(keys.scheduled_key(other), 0, -1) == [b"s1"]
