@@ -323,3 +323,20 @@ async def test_passes_read_only_the_queues_named_not_their_other_arguments(
     assert await broker.scan_leases(clock.dt, ["default"]) == ([], None)
     assert await snapshot(redis) == before
     assert await redis.zrange(keys.scheduled_key(other), 0, -1) == [b"s1"]
+
+
+async def test_lease_scan_skips_an_expired_id_without_a_task_hash(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    await broker.enqueue(make_msg("gone", "default"))
+    await broker.enqueue(make_msg("kept", "default"))
+    assert len((await broker.fetch(["default"], 2)).tasks) == 2
+    await redis.delete(keys.task_key("default", "gone"))
+    clock.now += broker.lease_duration + 10
+    before = await snapshot(redis)
+
+    expired, later = await broker.scan_leases(clock.dt, ["default"])
+
+    assert [(q, m.id) for q, m in expired] == [("default", "kept")]
+    assert later is None
+    assert await snapshot(redis) == before
