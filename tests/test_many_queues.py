@@ -340,3 +340,28 @@ async def test_lease_scan_skips_an_expired_id_without_a_task_hash(
     assert [(q, m.id) for q, m in expired] == [("default", "kept")]
     assert later is None
     assert await snapshot(redis) == before
+
+
+async def test_lease_scan_reports_the_earliest_lease_still_running(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # The earliest running lease is in the first queue of the call; a later queue has a
+    # later one, the last none (only an expired lease).
+    start = clock.now
+    fetches = [("default", "a"), ("expired", "e"), ("default", "b"), ("default", "c")]
+    fetches.append(("later", "d"))
+    for i, (q, id_) in enumerate(fetches):
+        clock.now = start + 5 * i
+        await broker.enqueue(make_msg(id_, q))
+        assert len((await broker.fetch([q], 1)).tasks) == 1
+    clock.now = start + broker.lease_duration + 6
+    b_expiry = await redis.zscore(keys.lease_key("default"), "b")
+    c_expiry = await redis.zscore(keys.lease_key("default"), "c")
+    d_expiry = await redis.zscore(keys.lease_key("later"), "d")
+    assert b_expiry is not None and c_expiry is not None and d_expiry is not None
+    assert clock.now < b_expiry < c_expiry < d_expiry
+
+    expired, later = await broker.scan_leases(clock.dt, ["default", "later", "expired"])
+
+    assert [(q, m.id) for q, m in expired] == [("default", "a"), ("expired", "e")]
+    assert later == b_expiry
