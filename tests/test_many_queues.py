@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from asyncq import Client, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.multiqueue import _PROBE_CHUNK, MultiQueue
+from asyncq._broker.multiqueue import _FORWARD, _PROBE_CHUNK, MultiQueue
 from asyncq._worker.processor import QueueOrder
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
@@ -365,3 +365,19 @@ async def test_lease_scan_reports_the_earliest_lease_still_running(
 
     assert [(q, m.id) for q, m in expired] == [("default", "a"), ("expired", "e")]
     assert later == b_expiry
+
+
+async def test_forward_reply_asks_again_only_when_a_set_had_a_full_batch(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # {moved, more}: more is 1 only when a scheduled or retry set still had
+    # FORWARD_BATCH due ids (the forwarder calls again); otherwise one call is enough.
+    multi = MultiQueue(broker)
+    for i in range(3):
+        await broker.schedule(make_msg(f"s{i}", "default"), clock.dt - timedelta(seconds=5))
+    args = (int(clock.now), int(clock.now * 1_000_000_000), 3, _PROBE_CHUNK)
+    assert await multi._call(_FORWARD, None, ["default"], args) == [3, 1]
+    assert await multi._call(_FORWARD, None, ["default"], args) == [0, 0]
+    await broker.schedule(make_msg("s9", "default"), clock.dt - timedelta(seconds=5))
+    assert await multi._call(_FORWARD, None, ["default"], args) == [1, 0]
+    assert await redis.llen(keys.pending_key("default")) == 4
