@@ -176,3 +176,23 @@ async def test_a_script_refused_for_a_wrong_type_names_the_key(redis: Redis) -> 
             await inspector.queue_info("q")
         with pytest.raises(ResponseError, match=r"WRONGTYPE asynq:\{q\}:scheduled is not a zset"):
             await inspector.list_tasks("q", TaskState.SCHEDULED)
+
+
+async def test_forward_names_the_first_damaged_set_of_a_queue(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # The scheduled set is read first; once it is found damaged the queue is skipped
+    # and the retry set (damaged too) is not read, so one key is named.
+    await broker.schedule(make_msg("g1", GOOD), clock.dt - timedelta(seconds=5))
+    scheduled, retry = keys.scheduled_key(BAD), keys.retry_key(BAD)
+    await _damage(redis, scheduled, "zset")
+    await _damage(redis, retry, "zset")
+
+    with capture_logs() as logs:
+        assert await broker.forward_queues(QUEUES) == 1
+
+    assert await redis.lrange(keys.pending_key(GOOD), 0, -1) == [b"g1"]
+    warned = _named(logs, scheduled)
+    assert len(warned) == 1, logs
+    assert warned[0]["problems"] == [f"WRONGTYPE {scheduled} is not a zset"]
+    assert _named(logs, retry) == []
