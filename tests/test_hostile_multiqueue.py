@@ -196,3 +196,19 @@ async def test_forward_names_the_first_damaged_set_of_a_queue(
     assert len(warned) == 1, logs
     assert warned[0]["problems"] == [f"WRONGTYPE {scheduled} is not a zset"]
     assert _named(logs, retry) == []
+
+
+async def test_forward_with_nothing_due_does_not_read_a_damaged_pending_list(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # Only the keys a due task would be written to are checked: with nothing due the
+    # queue has nothing to skip and nothing to warn about.
+    await broker.schedule(make_msg("b1", BAD), clock.dt + timedelta(hours=1))
+    await _damage(redis, keys.pending_key(BAD), "list")
+    before = await snapshot(redis)
+
+    with capture_logs() as logs:
+        assert await broker.forward_queues(QUEUES) == 0
+
+    assert await snapshot(redis) == before
+    assert [e for e in logs if e["log_level"] == "warning"] == []
