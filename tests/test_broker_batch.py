@@ -399,6 +399,25 @@ async def test_script_error_fails_only_that_queues_items(
     assert await redis.get(keys.processed_total_key("default")) == b"1"
 
 
+async def test_a_command_failing_inside_one_queue_fails_only_that_queues_items(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # The active list is not checked before the first write (LREM fails on it), so
+    # the error is raised inside ack_many; ack_queues returns it as that queue's
+    # error reply with Redis's own message, and the other queue is acknowledged.
+    ok, bad = task("ok", queue="default"), task("bad", queue="low")
+    await setup(redis, active(ok, bad), {}, clock.dt)
+    await redis.delete(keys.active_key("low"))
+    await redis.set(keys.active_key("low"), "not a list")
+    results = await broker.done_many([ok, bad])
+    assert results[0] is None
+    assert isinstance(results[1], BrokerError)
+    assert "low" in str(results[1])
+    assert "WRONGTYPE Operation against a key holding the wrong kind of value" in str(results[1])
+    assert await redis.get(keys.processed_total_key("default")) == b"1"
+    assert await redis.get(keys.active_key("low")) == b"not a list"
+
+
 async def test_invalid_messages_and_empty_batch(broker: Broker, redis: Redis) -> None:
     assert await broker.ack_many([]) == []
     assert await redis.dbsize() == 0

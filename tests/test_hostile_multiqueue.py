@@ -176,3 +176,39 @@ async def test_a_script_refused_for_a_wrong_type_names_the_key(redis: Redis) -> 
             await inspector.queue_info("q")
         with pytest.raises(ResponseError, match=r"WRONGTYPE asynq:\{q\}:scheduled is not a zset"):
             await inspector.list_tasks("q", TaskState.SCHEDULED)
+
+
+async def test_forward_names_the_first_damaged_set_of_a_queue(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # The scheduled set is read first; once it is found damaged the queue is skipped
+    # and the retry set (damaged too) is not read, so one key is named.
+    await broker.schedule(make_msg("g1", GOOD), clock.dt - timedelta(seconds=5))
+    scheduled, retry = keys.scheduled_key(BAD), keys.retry_key(BAD)
+    await _damage(redis, scheduled, "zset")
+    await _damage(redis, retry, "zset")
+
+    with capture_logs() as logs:
+        assert await broker.forward_queues(QUEUES) == 1
+
+    assert await redis.lrange(keys.pending_key(GOOD), 0, -1) == [b"g1"]
+    warned = _named(logs, scheduled)
+    assert len(warned) == 1, logs
+    assert warned[0]["problems"] == [f"WRONGTYPE {scheduled} is not a zset"]
+    assert _named(logs, retry) == []
+
+
+async def test_forward_with_nothing_due_does_not_read_a_damaged_pending_list(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # Only the keys a due task would be written to are checked: with nothing due the
+    # queue has nothing to skip and nothing to warn about.
+    await broker.schedule(make_msg("b1", BAD), clock.dt + timedelta(hours=1))
+    await _damage(redis, keys.pending_key(BAD), "list")
+    before = await snapshot(redis)
+
+    with capture_logs() as logs:
+        assert await broker.forward_queues(QUEUES) == 0
+
+    assert await snapshot(redis) == before
+    assert [e for e in logs if e["log_level"] == "warning"] == []

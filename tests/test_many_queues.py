@@ -13,11 +13,12 @@ from redis.asyncio import Redis
 from asyncq import Client, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.multiqueue import MultiQueue
+from asyncq._broker.multiqueue import _FORWARD, _PROBE_CHUNK, MultiQueue
 from asyncq._worker.processor import QueueOrder
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from tests.cluster import RedisClusterProcs
+from tests.helpers import FakeClock, make_msg, snapshot
 from tests.redis_server import RedisServer
 from tests.resp_proxy import CountingProxy
 from tests.workers.support import wait_until
@@ -303,3 +304,80 @@ async def test_cluster_fetch_keeps_strict_order_across_nodes(cluster: RedisClust
         await asyncio.sleep(1.2)
         assert await multi.forward(names) == 30
         assert await multi.list_lease_expired(datetime.now(UTC) + timedelta(minutes=5), names)
+
+
+async def test_passes_read_only_the_queues_named_not_their_other_arguments(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # The scripts' leading arguments (now, batch size, the probe chunk: 200 on one
+    # server) come before the queue names; a queue named like one of them is not
+    # part of a call that does not name it.
+    other = str(_PROBE_CHUNK)
+    await broker.schedule(make_msg("s1", other), clock.dt - timedelta(seconds=5))
+    await broker.enqueue(make_msg("a1", other))
+    assert len((await broker.fetch([other], 1)).tasks) == 1
+    clock.now += broker.lease_duration + 10
+    before = await snapshot(redis)
+
+    assert await broker.forward_queues(["default"]) == 0
+    assert await broker.scan_leases(clock.dt, ["default"]) == ([], None)
+    assert await snapshot(redis) == before
+    assert await redis.zrange(keys.scheduled_key(other), 0, -1) == [b"s1"]
+
+
+async def test_lease_scan_skips_an_expired_id_without_a_task_hash(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    await broker.enqueue(make_msg("gone", "default"))
+    await broker.enqueue(make_msg("kept", "default"))
+    assert len((await broker.fetch(["default"], 2)).tasks) == 2
+    await redis.delete(keys.task_key("default", "gone"))
+    clock.now += broker.lease_duration + 10
+    before = await snapshot(redis)
+
+    expired, later = await broker.scan_leases(clock.dt, ["default"])
+
+    assert [(q, m.id) for q, m in expired] == [("default", "kept")]
+    assert later is None
+    assert await snapshot(redis) == before
+
+
+async def test_lease_scan_reports_the_earliest_lease_still_running(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # The earliest running lease is in the first queue of the call; a later queue has a
+    # later one, the last none (only an expired lease).
+    start = clock.now
+    fetches = [("default", "a"), ("expired", "e"), ("default", "b"), ("default", "c")]
+    fetches.append(("later", "d"))
+    for i, (q, id_) in enumerate(fetches):
+        clock.now = start + 5 * i
+        await broker.enqueue(make_msg(id_, q))
+        assert len((await broker.fetch([q], 1)).tasks) == 1
+    clock.now = start + broker.lease_duration + 6
+    b_expiry = await redis.zscore(keys.lease_key("default"), "b")
+    c_expiry = await redis.zscore(keys.lease_key("default"), "c")
+    d_expiry = await redis.zscore(keys.lease_key("later"), "d")
+    assert b_expiry is not None and c_expiry is not None and d_expiry is not None
+    assert clock.now < b_expiry < c_expiry < d_expiry
+
+    expired, later = await broker.scan_leases(clock.dt, ["default", "later", "expired"])
+
+    assert [(q, m.id) for q, m in expired] == [("default", "a"), ("expired", "e")]
+    assert later == b_expiry
+
+
+async def test_forward_reply_asks_again_only_when_a_set_had_a_full_batch(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # {moved, more}: more is 1 only when a scheduled or retry set still had
+    # FORWARD_BATCH due ids (the forwarder calls again); otherwise one call is enough.
+    multi = MultiQueue(broker)
+    for i in range(3):
+        await broker.schedule(make_msg(f"s{i}", "default"), clock.dt - timedelta(seconds=5))
+    args = (int(clock.now), int(clock.now * 1_000_000_000), 3, _PROBE_CHUNK)
+    assert await multi._call(_FORWARD, None, ["default"], args) == [3, 1]
+    assert await multi._call(_FORWARD, None, ["default"], args) == [0, 0]
+    await broker.schedule(make_msg("s9", "default"), clock.dt - timedelta(seconds=5))
+    assert await multi._call(_FORWARD, None, ["default"], args) == [1, 0]
+    assert await redis.llen(keys.pending_key("default")) == 4
