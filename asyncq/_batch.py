@@ -51,8 +51,9 @@ class TurnBatcher(Generic[T]):
     def _sent(self, sent: asyncio.Task[None]) -> None:
         if not sent.cancelled():
             sent.exception()  # retrieved: *send* owns its errors, none is left unseen
-        self._sending = None
-        self._flush()  # what was added while it was in flight
+        if self._sending is sent:  # not already seen to by aclose
+            self._sending = None
+            self._flush()  # what was added while it was in flight
 
     async def aclose(self) -> None:
         """Send what is pending and wait until every send has returned."""
@@ -62,3 +63,6 @@ class TurnBatcher(Generic[T]):
             if sending is None:
                 return
             await asyncio.gather(sending, return_exceptions=True)
+            # Its done callback may not have run yet: from Python 3.12 on, gather
+            # returns without yielding when the task has already finished.
+            self._sent(sending)
