@@ -22,6 +22,7 @@ from asyncq.history import BUCKETS, HistoryRecorder, bucket_of, percentile, uppe
 from asyncq.hooks import NO_HOOKS, CombinedHooks, NoWorkerHooks, combine_hooks
 from asyncq.metrics import WorkerMetrics
 from asyncq.mux import Handler
+from tests.helpers import wait_until
 
 QUEUES = ("hist-a", "hist-b")
 TIMED_MS = [4] * 20 + [30] * 15 + [120] * 5
@@ -284,6 +285,45 @@ async def test_a_flush_writes_once_per_queue_and_minute(redis: Redis, redis_url:
         rows = await insp.metrics_history(window=timedelta(minutes=2))
     assert sum(m.processed for m in rows) == 600
     assert {m.processed for m in rows} == {100}
+
+
+async def test_the_history_role_flushes_each_interval_and_at_shutdown(redis: Redis) -> None:
+    """A supervised role of its own writes the counts; its finish writes the last ones."""
+    from asyncq._worker.config import ServerStats
+    from asyncq._worker.history_flusher import HistoryFlusher
+    from asyncq._worker.queueset import QueueSet
+    from asyncq._worker.roles import RoleDeps, supervise
+    from tests.fakebroker import FakeBroker
+
+    config = Server("redis://127.0.0.1:9/0").config  # validated; never connects
+    deps = RoleDeps(
+        broker=FakeBroker(),  # type: ignore[arg-type]  # the role never calls it
+        config=config,
+        log=structlog.get_logger(),
+        stats=ServerStats(),
+        queues=QueueSet(config.queues),
+    )
+    recorder = HistoryRecorder(
+        redis, flush_interval=timedelta(milliseconds=50), log=structlog.get_logger()
+    )
+    role = HistoryFlusher(deps, recorder=recorder)
+    assert role.interval == 0.05
+    running = asyncio.create_task(supervise(role))
+
+    async def processed() -> int:
+        async with Inspector(redis) as insp:
+            rows = await insp.metrics_history(queues=[QUEUES[0]], window=timedelta(minutes=2))
+        return sum(m.processed for m in rows)
+
+    await redis.sadd(keys.ALL_QUEUES, QUEUES[0])
+    ran(recorder, QUEUES[0], "periodic")
+    await wait_until(processed, what="the periodic flush")
+    assert await processed() == 1
+    await role.drain(0, force=asyncio.Event())
+    await asyncio.wait_for(running, 5)
+    ran(recorder, QUEUES[0], "periodic")  # after the role's loop ended: the last count
+    await role.finish(forced=False)
+    assert await processed() == 2
 
 
 async def test_a_worker_run_writes_per_flush_not_per_task(

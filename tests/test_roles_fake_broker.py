@@ -796,13 +796,14 @@ async def test_syncer_finish_flushes_unless_the_shutdown_is_forced() -> None:
 
 def test_every_role_has_a_place_in_the_shutdown_order() -> None:
     from asyncq._worker.healthchecker import HealthChecker
+    from asyncq._worker.history_flusher import HistoryFlusher
     from asyncq._worker.server import SHUTDOWN_ORDER
     from asyncq._worker.subscriber import Subscriber
     from asyncq._worker.watchdog import Watchdog
 
     roles = [
         Processor, Heartbeater, Watchdog, Forwarder, Recoverer, Janitor, Syncer,
-        Subscriber, HealthChecker, QueueWatcher, GroupAggregatorRole,
+        Subscriber, HealthChecker, QueueWatcher, GroupAggregatorRole, HistoryFlusher,
     ]  # fmt: skip
     assert sorted(r.name for r in roles) == sorted(SHUTDOWN_ORDER)
 

@@ -1,8 +1,8 @@
 """Role supervision shared by the server's background roles.
 
 Every role (processor, heartbeater, watchdog, forwarder, recoverer, janitor,
-syncer, healthchecker, subscriber, queue watcher, aggregator: the last three
-only when configured) is one asyncio task in the server's TaskGroup, running
+syncer, subscriber, history, healthchecker, queue watcher, aggregator: the last
+four only when configured) is one asyncio task in the server's TaskGroup, running
 :func:`supervise` around the role's ``run()``. At shutdown the server calls
 each role's :meth:`Role.drain`, waits for its task, then :meth:`Role.finish`,
 role after role in the order declared in :mod:`asyncq._worker.server`.

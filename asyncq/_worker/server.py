@@ -26,8 +26,9 @@ keeps the interpreter alive until it returns; a third signal ends the process.)
 
 A Server is validated settings (:func:`asyncq._worker.config.build_config`) plus
 wiring: ``__init__`` builds every background role (processor, heartbeater, watchdog,
-forwarder, recoverer, janitor, syncer, subscriber, and when configured the health
-checker, the queue watcher and the aggregator), each from exactly what it uses.
+forwarder, recoverer, janitor, syncer, subscriber, and when configured the history
+role, the health checker, the queue watcher and the aggregator), each from exactly
+what it uses.
 ``start()`` runs them, each an asyncio task in one TaskGroup, the server's main task
 (see :mod:`asyncq._service` for the lifecycle it shares with the Scheduler and the
 PeriodicTaskManager); shutdown stops them in :data:`SHUTDOWN_ORDER`; a role that
@@ -83,6 +84,7 @@ from asyncq._worker.config import (
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.healthchecker import HealthChecker
 from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
+from asyncq._worker.history_flusher import HistoryFlusher
 from asyncq._worker.janitor import Janitor
 from asyncq._worker.processor import Processor, write_limit
 from asyncq._worker.queueset import QueueSet, is_pattern
@@ -121,6 +123,7 @@ SHUTDOWN_ORDER: tuple[str, ...] = (
     "forwarder",
     "processor",
     "recoverer",
+    "history",
     "syncer",
     "subscriber",
     "janitor",
@@ -136,10 +139,11 @@ Senders before receivers: the forwarder stops feeding pending first; the process
 then drains while everything its handlers rely on still runs (the subscriber
 delivers cancel messages, the syncer takes writes Redis refused, the heartbeater
 and the watchdog keep the leases alive); the recoverer stops after it so it never
-takes over a task this server is still finishing, and the syncer flushes what the
-processor left. The heartbeater goes last but one, so the server's records and
-leases stay until nothing runs, and the watchdog last, since a blocked loop can
-still happen in any role's cleanup. A role missing from this list stops after these."""
+takes over a task this server is still finishing, the history role writes the
+processor's last counts, and the syncer flushes what the processor left. The
+heartbeater goes last but one, so the server's records and leases stay until
+nothing runs, and the watchdog last, since a blocked loop can still happen in any
+role's cleanup. A role missing from this list stops after these."""
 
 _STATUS_ACTIVE = "active"
 _STATUS_STOPPED = "stopped"
@@ -387,6 +391,8 @@ class Server(Service):
             self.processor,
             Janitor(deps, cfg.janitor_interval),
         ]
+        if self.history is not None:
+            roles.append(HistoryFlusher(deps, recorder=self.history))
         self._watcher: QueueWatcher | None = None
         if self.queue_set.dynamic:
             self._watcher = QueueWatcher(
@@ -473,8 +479,6 @@ class Server(Service):
             else:  # the served queues matching it now; the watcher marks later ones
                 for match in fnmatch.filter(served, qname):
                     await self.redis.set(keys.ordered_key(match), "1")
-        if self.history is not None:
-            self.history.attach()
         self._hooks.attach()  # last: a set-up that fails before leaves nothing to detach
         self.started_at = datetime.now(UTC)
         self.log.info(
@@ -566,8 +570,6 @@ class Server(Service):
         finally:
             if self._enqueuer is not None:
                 await self._enqueuer.aclose()  # shared connection: closed just below
-            if self.history is not None:
-                await self.history.aclose()
             self._hooks.detach()
             await self._progress.aclose()  # the last reports, before the connection goes
             if self._events is not None:

@@ -6,16 +6,17 @@ time and its histogram bucket, added to an in-memory cell per (minute, queue, ta
 type). The cells of the current minute are looked up by (queue, task type) alone, so
 a run costs one small dict lookup and a few list increments, with no wrapper around
 the handler (a wrapper's extra coroutine frame cost more than the counting itself).
-Every ``flush_interval`` the cells are written with one script call per (queue,
-minute) hash, whatever the number of tasks, so the writes per flush are bounded by
-the queues with work times the minutes the interval spans (one or two). A flush that
-fails keeps its cells for the next one; the last flush runs at shutdown.
+Every ``flush_interval`` the worker's history role (``asyncq._worker.history_flusher``,
+one of the server's supervised roles) writes the cells with one script call per
+(queue, minute) hash, whatever the number of tasks, so the writes per flush are
+bounded by the queues with work times the minutes the interval spans (one or two). A
+flush that fails keeps its cells for the next one; the last flush runs at shutdown,
+after the processor has stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from bisect import bisect_left
 from datetime import timedelta
 from typing import Any
@@ -83,13 +84,17 @@ class HistoryRecorder:
         self._now: dict[tuple[str, str], Cell] = {}
         self._since = self._until = 0.0
         self._minute = 0
-        self._loop_task: asyncio.Task[None] | None = None
         self._flushing = asyncio.Lock()
 
     @property
     def retention(self) -> timedelta:
         """How long each minute of history is kept."""
         return timedelta(seconds=self._retention)
+
+    @property
+    def flush_interval(self) -> timedelta:
+        """How often the counts are written (by the worker's history role)."""
+        return timedelta(seconds=self._interval)
 
     def _cell_at(self, key: tuple[int, str, str]) -> Cell:
         cell = self._cells.get(key)
@@ -133,28 +138,7 @@ class HistoryRecorder:
         cell[_MICROS] += int(seconds * 1_000_000)
         cell[_FIRST_BUCKET + bisect_left(UPPER_BOUNDS, seconds)] += 1
 
-    def attach(self) -> None:
-        """Start the periodic flush (called inside the server's event loop)."""
-        if self._loop_task is None:
-            self._loop_task = asyncio.get_running_loop().create_task(
-                self._run(), name="asyncq-metrics-history"
-            )
-
     # -- flushing ------------------------------------------------------------------------
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            await self.flush()
-
-    async def aclose(self) -> None:
-        """Stop the periodic flush and write what is left (the server's shutdown)."""
-        task, self._loop_task = self._loop_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.flush()
 
     async def flush(self) -> None:
         """Write the counts taken since the last flush; on a Redis error keep them."""
