@@ -97,3 +97,31 @@ async def test_checks_piling_up_behind_a_slow_aggregator_are_skipped(
     assert sorted(calls) == ["g1", "g2", "g3"]
     assert sorted(seen) == [b"g1", b"g2", b"g3"]
     assert await redis.zcard("asynq:{default}:aggregation_sets") == 0
+
+
+async def test_shutdown_stops_a_check_blocked_in_the_aggregator_and_keeps_its_tasks(
+    redis: Redis, client: Client
+) -> None:
+    started = asyncio.Event()
+    stopped: list[str] = []
+
+    async def stuck(group: str, tasks: Sequence[Task]) -> Task:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # never returns on its own
+        except asyncio.CancelledError:
+            stopped.append(group)
+            raise
+        raise AssertionError("unreachable")
+
+    await client.enqueue(Task("part", b"x"), group="g")
+    server = Server(redis, concurrency=2, group_aggregator=stuck, **GROUPING, **FAST)
+    await server.start(recording_mux([]))
+    await asyncio.wait_for(started.wait(), 15)
+    await asyncio.wait_for(server.shutdown(), 30)
+    # The check ran in the aggregator role's own group: the shutdown cancelled it.
+    assert stopped == ["g"]
+    # Its task stays staged in the aggregation set; the recoverer returns it to the
+    # group after the set's deadline, so nothing is lost.
+    (set_key,) = await redis.zrange("asynq:{default}:aggregation_sets", 0, -1)
+    assert await redis.zcard(set_key) == 1

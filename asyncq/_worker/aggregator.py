@@ -52,7 +52,20 @@ class GroupAggregatorRole(PeriodicRole):
     ) -> None:
         super().__init__(deps, interval)
         self._checks: set[asyncio.Task[None]] = set()
+        self._group: asyncio.TaskGroup | None = None
         self._enqueue = enqueue
+
+    async def run(self) -> None:
+        # The checks run beside the ticks, as members of this role's own group: leaving
+        # the loop waits for the checks in flight (each stops at its next group once the
+        # role is stopping), and the server's cancel of a role that takes too long
+        # reaches them too.
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            try:
+                await super().run()
+            finally:
+                self._group = None
 
     async def tick(self) -> None:
         if len(self._checks) >= _MAX_CONCURRENT_CHECKS:
@@ -61,8 +74,9 @@ class GroupAggregatorRole(PeriodicRole):
                 running=len(self._checks),
             )
             return
+        assert self._group is not None  # ticks only run inside run()
         t = datetime.fromtimestamp(self.broker.clock(), UTC)
-        check = asyncio.create_task(self._check(t))
+        check = self._group.create_task(self._check(t))
         self._checks.add(check)
         check.add_done_callback(self._checks.discard)
 
@@ -121,14 +135,6 @@ class GroupAggregatorRole(PeriodicRole):
         self.log.info(
             "aggregated tasks", tasks=len(tasks), task_id=info.id, task_type=info.type, **fields
         )
-
-    async def cleanup(self) -> None:
-        if self._checks:
-            _, pending = await asyncio.wait(self._checks, timeout=1.0)
-            for check in pending:
-                check.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
 
 
 async def _call_aggregator(fn: GroupAggregator, group: str, tasks: list[Task]) -> Any:
