@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
@@ -509,3 +510,35 @@ async def test_cli_metrics_top(redis: Redis, redis_url: str, tmp_path: Any) -> N
         runner.invoke, main, ["-u", redis_url, "metrics", "top", "--window", "90s"]
     )
     assert result.exit_code != 0 and "whole number of minutes" in result.output
+
+
+async def test_cli_metrics_top_watch_redraws_until_ctrl_c(redis: Redis, redis_url: str) -> None:
+    """``--watch`` redraws the table every --interval and ends quietly on Ctrl-C."""
+    import signal
+    import sys
+
+    recorder = HistoryRecorder(redis, log=structlog.get_logger())
+    ran(recorder, "hist-a", "email:send", 0.02)
+    await recorder.flush()
+    await redis.sadd(keys.ALL_QUEUES, "hist-a")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "asyncq.cli", "-u", redis_url, "metrics", "top", "--watch",
+        "--interval", "100ms", "--window", "15m",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "TERM": "dumb", "COLUMNS": "100"},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        draws = 0
+        while draws < 3:  # the first draw and two redraws
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
+            assert line, "the watch ended on its own"
+            draws += b"last 15m: 1 run of 1 task type, by processed" in line
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err

@@ -54,7 +54,8 @@ def top_text(
     shown = top(rows, sort, limit)
     runs = sum(m.processed for m in rows)
     head = (
-        f"{now:%H:%M:%S} UTC  last {format_short(window)}: {runs:,} runs of "
+        f"{now:%H:%M:%S} UTC  last {format_short(window)}: "
+        f"{runs:,} run{'s' if runs != 1 else ''} of "
         f"{len(rows)} task type{'s' if len(rows) != 1 else ''}, by {sort}"
     )
     if not rows:
