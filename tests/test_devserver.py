@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -277,3 +278,57 @@ def test_main_job_starts_the_embedded_server_when_nothing_answers(bare_path: str
     assert lines[0].startswith("no Redis at redis://127.0.0.1:6379/0: started Valkey ")
     assert "(asyncq[embedded])" in lines[0]
     assert "made 12 thumbnails" in result.stdout and "wrote 8 welcome emails" in result.stdout
+
+
+def test_asyncq_dev_names_a_missing_server_binary(tmp_path: Path) -> None:
+    env = _env(os.environ["PATH"], ASYNCQ_REDIS_SERVER=str(tmp_path / "no-such-server"))
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncq.cli", "dev", "--port", "0", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert f"ASYNCQ_REDIS_SERVER={tmp_path / 'no-such-server'}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_asyncq_dev_reports_a_server_that_fails_to_start(tmp_path: Path) -> None:
+    fake = tmp_path / "redis-server"
+    # answers --version like a Redis, then exits at once when started as a server
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--version" ]; then echo "Redis server v=7.2.5 sha=0 bits=64"; exit 0; fi\n'
+        "echo 'fatal: cannot start' >&2\nexit 3\n"
+    )
+    fake.chmod(0o755)
+    env = _env(os.environ["PATH"], ASYNCQ_REDIS_SERVER=str(fake))
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncq.cli", "dev", "--port", "0", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "exited early" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.subprocess
+def test_asyncq_dev_says_when_its_server_exits_and_keeps_data_under_xdg(
+    tmp_path: Path, dev_procs: list[subprocess.Popen[str]]
+) -> None:
+    xdg = tmp_path / "xdg"
+    env = _env(os.environ["PATH"], XDG_DATA_HOME=str(xdg))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncq.cli", "dev", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    dev_procs.append(proc)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    match = re.search(r"on (redis://127\.0\.0\.1:\d+/0)$", first.strip())
+    assert match, first
+    assert proc.stdout.readline().strip().startswith(f"data:  {xdg / 'asyncq' / 'dev'}")
+    r = sync_redis.Redis.from_url(match.group(1))
+    with contextlib.suppress(sync_redis.ConnectionError):
+        r.shutdown(nosave=True)  # the server goes away under asyncq dev
+    r.close()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert "the server exited (status" in err and "Traceback" not in err
