@@ -44,7 +44,6 @@ from typing import Any, Protocol
 from asyncq._keys import completion_channel
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisClient
-from asyncq.mux import Handler
 from asyncq.task import Task, TaskProgress, TaskState
 
 __all__ = [
@@ -157,7 +156,8 @@ def progress(fraction: float, message: str = "") -> None:
 
 
 class ProgressWriter:
-    """Worker side: wraps the handler so it can report progress, and writes the reports."""
+    """Worker side: makes :func:`progress` available to a running handler, and writes
+    the reports."""
 
     def __init__(self, redis: RedisClient, events: EventSink | None = None) -> None:
         self._redis = redis
@@ -168,26 +168,24 @@ class ProgressWriter:
         self._last: dict[str, asyncio.Future[None]] = {}  # per task: its latest write
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def wrap(self, handler: Handler) -> Handler:
-        """*handler* with :func:`progress` available to it."""
+    def begin(self, task: Task) -> None:
+        """*task*'s handler starts: :func:`progress` reports for it from here on.
 
-        running = self._running
+        Called by the worker in the task's own asyncio task, just before the handler:
+        the context variable set here is that task's (and the threads' it starts), so
+        it needs no reset, and an unused progress costs no wrapper around the handler.
+        """
+        _current.set((self, task))
+        self._running.add(task.id or "")
 
-        async def reporting(task: Task) -> None:
-            token = _current.set((self, task))
-            task_id = task.id or ""
-            running.add(task_id)
-            ok = False
-            try:
-                await handler(task)
-                ok = True
-            finally:
-                _current.reset(token)
-                running.discard(task_id)
-                if task_id in self._reporters:
-                    self._finished(task, ok)
-
-        return reporting
+    def end(self, task: Task, ok: bool) -> None:
+        """*task*'s handler is over (*ok*: it returned): the last report is written with
+        the task's final lifetime; later reports (from a thread it left behind) are
+        dropped."""
+        task_id = task.id or ""
+        self._running.discard(task_id)
+        if task_id in self._reporters:
+            self._finished(task, ok)
 
     def report(self, task: Task, fraction: float, message: str) -> None:
         try:

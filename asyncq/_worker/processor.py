@@ -89,6 +89,7 @@ from asyncq.errors import (
 from asyncq.history import HistoryRecorder
 from asyncq.hooks import NO_HOOKS, WorkerHooks
 from asyncq.mux import Handler, sync_limiter
+from asyncq.progress import ProgressWriter
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task
 
@@ -367,10 +368,12 @@ class Processor(Role):
         write_limit: int = _MAX_WRITES,
         hooks: WorkerHooks = NO_HOOKS,
         history: HistoryRecorder | None = None,
+        progress: ProgressWriter | None = None,
     ) -> None:
         super().__init__(deps)
         self._hooks = hooks
         self._history = history
+        self._progress = progress
         cfg = deps.config
         self.handler = handler
         self.clock: Callable[[], float] = deps.broker.clock
@@ -626,6 +629,7 @@ class Processor(Role):
         exc: BaseException | None = None
         limited: timedelta | None = None  # its type's rate had no token: put back unrun
         began = 0.0  # when the handler was called (0: it was not)
+        returned = False  # the handler returned (did not raise or swallow a stop)
         try:
             now = self.clock()
             if active.cancel_exc is None and now >= active.deadline:
@@ -642,9 +646,12 @@ class Processor(Role):
                     if limited is None:
                         began = now if rate is None else self.clock()
                         handler = self.handler(task)
+                        if self._progress is not None:
+                            self._progress.begin(task)
                         swallowed = await _until_swallowed(
                             handler, active.stop_requested, partial(self._grace, active)
                         )
+                        returned = swallowed is None
                         if swallowed is not None:
                             await self._outlive(active, swallowed)
                 except asyncio.CancelledError as err:
@@ -656,8 +663,11 @@ class Processor(Role):
                     exc = err
                 finally:
                     deadline.cancel()
-                    if began and self._history is not None:
-                        active.ran = (began, self.clock())
+                    if began:
+                        if self._history is not None:
+                            active.ran = (began, self.clock())
+                        if self._progress is not None:
+                            self._progress.end(task, returned and active.cancel_exc is None)
             active.state = "writing"  # from here on a cancel request changes nothing
             if active.cancel_exc is not None:  # a done context wins over what the handler did
                 _uncancel()

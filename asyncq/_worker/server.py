@@ -357,6 +357,7 @@ class Server(Service):
             write_limit=write_limit(self.redis),
             hooks=self._hooks,
             history=self.history,
+            progress=self._progress,
         )
         self._subscriber = Subscriber(
             deps, active=self.active, wakeup=wakeup, pubsub=self.connection.pubsub
@@ -453,7 +454,7 @@ class Server(Service):
         if handler is None:
             raise TypeError("server cannot start: the handler is None")
         fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
-        self.processor.handler = self._progress.wrap(self._hooks.instrument(fn))
+        self.processor.handler = self._hooks.instrument(fn)
         await self._start_service(self._context)
         await self._roles_started.wait()
         # Subscribed before returning, so a task enqueued right after start() wakes us;
