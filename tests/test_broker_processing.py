@@ -358,6 +358,29 @@ async def test_archive_trims_old_and_excess_tasks_with_their_hashes(
     await assert_ids_have_hashes(redis)
 
 
+async def test_archive_keeps_the_task_it_archives_when_it_falls_in_the_excess(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # 10,000 tasks archived in the same second with ids sorting after t1 (or later, by
+    # a clock ahead): t1 is the lowest of the set, in the range the size trim takes,
+    # and stays archived all the same; the next lowest goes instead.
+    fill = """
+    for i = 0, 9999 do
+        local id = string.format("u%05d", i)
+        redis.call("HSET", ARGV[1] .. id, "msg", "m", "state", "archived")
+        redis.call("ZADD", KEYS[1], ARGV[2], id)
+    end
+    """
+    await redis.eval(fill, 1, ARCHIVED, T_PREFIX, int(clock.now))  # type: ignore[misc]
+    await broker.archive(await active_task(broker, make_msg()), "e")
+    assert await redis.zscore(ARCHIVED, "t1") == clock.now
+    assert await redis.hget(T_PREFIX + "t1", "state") == b"archived"
+    assert await redis.zcard(ARCHIVED) == 10000
+    assert await redis.zscore(ARCHIVED, "u00000") is None
+    assert not await redis.exists(T_PREFIX + "u00000")
+    await assert_ids_have_hashes(redis)
+
+
 async def test_archive_trims_tasks_older_than_90_days_from_a_small_archive(
     broker: Broker, redis: Redis, clock: FakeClock
 ) -> None:

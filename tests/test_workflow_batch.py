@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import Client, ServeMux, Server, Task, chord, group_results
+from asyncq import Client, ServeMux, Server, Task, chain, chord, group_results
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.workflow import read_workflow, workflow_key
+from asyncq._broker.workflow import ack_step, read_workflow, workflow_key
 from asyncq.errors import TaskNotFoundError
 from tests import transitions
+from tests.helpers import FakeClock
 from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
 from tests.workers.workflow_worker import CALLBACKS, STARTS
 
@@ -269,3 +270,23 @@ async def test_a_step_whose_task_hash_is_gone_is_not_recorded(
     assert (states[gone.id], states[kept.id]) == ("pending", "succeeded")
     assert await redis.hget(workflow_key(Q, info.id), "left:0") == b"1"
     assert await redis.get(keys.processed_total_key(Q)) == b"1"
+
+
+@pytest.mark.parametrize("how", ["batch", "single"])
+async def test_a_workflow_finished_by_its_last_step_records_the_unix_second(
+    redis: Redis, client: Client, broker: Broker, clock: FakeClock, how: str
+) -> None:
+    # The last step kept for a retention keeps the workflow's state that long, with
+    # the second it finished (what Inspector.get_workflow shows).
+    info = await chain(Task("a"), Task("b", retention=timedelta(minutes=1))).enqueue(client)
+    for complete in (False, True):
+        got = await transitions.dequeue(broker, [Q])
+        assert got is not None
+        if how == "batch":
+            assert await broker.ack_many([(got.message, complete)]) == [None]
+        else:
+            await ack_step(broker, got.message, "complete" if complete else "done")
+    wf = await read_workflow(redis, Q, info.id)
+    assert wf is not None and wf.state == "succeeded"
+    assert wf.finished == int(clock.now)
+    assert 0 < await redis.ttl(workflow_key(Q, info.id)) <= 60
