@@ -720,3 +720,91 @@ async def test_a_step_acknowledged_twice_counts_once(redis: Redis, client: Clien
     assert await redis.hget(wkey, "e:0:0") is None
     assert await finish(broker, m[1]) == "running"
     assert await redis.hget(wkey, "stage") == b"1"
+
+
+@pytest.mark.parametrize("ttl", [0, 60])
+async def test_cancel_resolves_each_member_by_its_task_state(
+    redis: Redis, client: Client, ttl: int
+) -> None:
+    # The current stage's members: pending, scheduled and retry tasks are deleted; a
+    # task gone counts as canceled too; one a plain asynq worker completed or archived
+    # (no hand-off) counts as succeeded or failed and is kept; an active one stays out.
+    broker = Broker(redis)
+    info = await chord(
+        [Task("m") for _ in range(7)], Task("cb", retention=timedelta(seconds=ttl))
+    ).enqueue(client)
+    ids = [s.id for s in info.stages[0]]
+    active = await take(broker)
+    ids.remove(active.id)
+    pending, scheduled, retry, gone_id, completed, archived = ids
+    tkey = lambda tid: keys.task_key(Q, tid)  # noqa: E731
+    for tid in (scheduled, retry, gone_id, completed, archived):
+        await redis.lrem(keys.pending_key(Q), 0, tid)
+    for tid, zkey, state in (
+        (scheduled, keys.scheduled_key(Q), "scheduled"),
+        (retry, keys.retry_key(Q), "retry"),
+        (completed, keys.completed_key(Q), "completed"),
+        (archived, keys.archived_key(Q), "archived"),
+    ):
+        await redis.zadd(zkey, {tid: 2**40})
+        await redis.hset(tkey(tid), "state", state)
+    await redis.delete(tkey(gone_id))
+    wkey = workflow_key(Q, info.id)
+    async with Inspector(redis) as insp:
+        assert await insp.cancel_workflow(Q, info.id) == "running"
+        before = {k: v[:2] for k, v in (await dump_all(redis)).items()}
+        assert await insp.cancel_workflow(Q, info.id) == "canceled"  # and changes nothing
+        assert {k: v[:2] for k, v in (await dump_all(redis)).items()} == before
+    assert await redis.llen(keys.pending_key(Q)) == 0
+    assert await redis.zcard(keys.scheduled_key(Q)) == 0
+    assert await redis.zcard(keys.retry_key(Q)) == 0
+    for tid in (pending, scheduled, retry):
+        assert await redis.exists(tkey(tid)) == 0
+    assert await redis.hget(tkey(completed), "state") == b"completed"
+    assert await redis.hget(tkey(archived), "state") == b"archived"
+    assert await redis.hget(tkey(active.id), "state") == b"active"
+    wf = await read_workflow(redis, Q, info.id)
+    assert wf is not None and wf.state == "canceled" and wf.finished is not None
+    states = {s.id: s.state for s in wf.stages[0]}
+    assert states == {
+        active.id: "pending",
+        pending: "canceled",
+        scheduled: "canceled",
+        retry: "canceled",
+        gone_id: "canceled",
+        completed: "succeeded",
+        archived: "failed",
+    }
+    assert await redis.hget(wkey, "left:0") == b"1"
+    assert 604800 - 60 < await redis.ttl(wkey) <= 604800  # a member is still out
+    assert await finish(broker, active) == "canceled"
+    assert await redis.llen(keys.pending_key(Q)) == 0  # no hand-off
+    if ttl:
+        assert 0 < await redis.ttl(wkey) <= ttl
+        assert await redis.hget(wkey, "left:0") == b"0"
+    else:
+        assert await redis.exists(wkey) == 0
+
+
+@pytest.mark.parametrize("ttl", [0, 60])
+async def test_cancel_with_no_member_out_settles_at_once(
+    redis: Redis, client: Client, ttl: int
+) -> None:
+    info = await chain(
+        Task("a"), group(Task("b"), Task("b")), Task("c", retention=timedelta(seconds=ttl))
+    ).enqueue(client)
+    broker = Broker(redis)
+    await finish(broker, await take(broker))  # the cancel finds stage 1
+    wkey = workflow_key(Q, info.id)
+    async with Inspector(redis) as insp:
+        assert await insp.cancel_workflow(Q, info.id) == "running"
+    assert await redis.llen(keys.pending_key(Q)) == 0
+    if ttl:
+        assert 0 < await redis.ttl(wkey) <= ttl
+        wf = await read_workflow(redis, Q, info.id)
+        assert wf is not None and [s.state for s in wf.stages[1]] == ["canceled"] * 2
+        assert wf.stages[0][0].state == "succeeded" and wf.stages[2][0].state == "waiting"
+        assert await redis.hget(wkey, "left:1") == b"0"
+    else:
+        assert await redis.exists(wkey) == 0
+    assert await redis.keys(keys.task_key_prefix(Q) + "*") == []
