@@ -488,6 +488,68 @@ async def test_list_lease_expired_archives_undecodable(
     assert await redis.hget(T_PREFIX + "bad", "msg") == b"\xff\x01"
 
 
+FILL = """
+for i = 0, tonumber(ARGV[4]) - 1 do
+    local id = string.format(ARGV[3], i)
+    redis.call("HSET", ARGV[1] .. id, "msg", "m", "state", "archived")
+    redis.call("ZADD", KEYS[1], ARGV[2], id)
+end
+"""
+
+
+@pytest.mark.parametrize("source", ["active", "group"])
+@pytest.mark.parametrize("fill", ["older", "same second"])
+async def test_archive_undecodable_trims_as_archive_does(
+    broker: Broker, redis: Redis, clock: FakeClock, source: str, fill: str
+) -> None:
+    # The age trim (older than 90 days, the cutoff itself included) and the size
+    # trim, never the task being archived: with 10,000 tasks archived in the same
+    # second and ids sorting after "bad", "bad" lies in the size trim's range.
+    now = int(clock.now)
+    for tid, age in {"old": DAY90 + 1, "edge": DAY90, "young": DAY90 - 1}.items():
+        await redis.hset(T_PREFIX + tid, mapping={"msg": b"m", "state": "archived"})
+        await redis.zadd(ARCHIVED, {tid: now - age})
+    if fill == "older":  # with "young" and "bad": 10,000, and the oldest ("young") goes
+        await redis.eval(FILL, 1, ARCHIVED, T_PREFIX, now - 10, "r%05d", 9998)  # type: ignore[misc]
+    else:  # "young" and "u00000" go
+        await redis.eval(FILL, 1, ARCHIVED, T_PREFIX, now, "u%05d", 10000)  # type: ignore[misc]
+    await redis.hset(T_PREFIX + "bad", mapping={"msg": b"\xff\x01", "state": "active"})
+    qk = broker._q(Q)
+    if source == "active":
+        src = ACTIVE
+        await redis.lpush(ACTIVE, "bad")
+        await redis.zadd(LEASE, {"bad": clock.now})
+    else:
+        src = keys.group_key(Q, "g")
+        await redis.zadd(src, {"bad": clock.now})
+    await broker._archive_undecodable(qk, "bad", "err", clock.now, src)
+    assert await redis.zscore(ARCHIVED, "bad") == now
+    assert await redis.hgetall(T_PREFIX + "bad") == {
+        b"msg": b"\xff\x01",
+        b"state": b"archived",
+        b"asyncq_error": b"err",
+    }
+    for tid in ("old", "edge", "young"):
+        assert not await redis.exists(T_PREFIX + tid)
+        assert await redis.zscore(ARCHIVED, tid) is None
+    assert await redis.zcard(ARCHIVED) == (9999 if fill == "older" else 10000)
+    if fill == "same second":
+        assert not await redis.exists(T_PREFIX + "u00000")
+    await assert_ids_have_hashes(redis)
+    assert await redis.exists(src, LEASE) == 0
+    counted = [PROCESSED, FAILED, *daily(clock)]
+    if source == "active":
+        assert await redis.mget(counted) == [b"1"] * 4
+        assert await expiretime(redis, daily(clock)[1]) == now + DAY90
+    else:
+        assert await redis.exists(*counted) == 0
+    # not in its source any more: the second call changes nothing
+    watched = [T_PREFIX + "bad", ARCHIVED, src, LEASE, *counted]
+    before = [await redis.dump(k) for k in watched]
+    await broker._archive_undecodable(qk, "bad", "again", clock.now, src)
+    assert [await redis.dump(k) for k in watched] == before
+
+
 async def test_extend_lease_updates_only_existing(
     broker: Broker, redis: Redis, clock: FakeClock
 ) -> None:
