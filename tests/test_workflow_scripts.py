@@ -28,9 +28,13 @@ from asyncq import (
 )
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.workflow import ack_step, read_workflow, workflow_key
+from asyncq._broker._base import ARCHIVED_EXPIRATION, STATS_TTL
+from asyncq._broker.workflow import AckMode, ack_step, read_workflow, workflow_key
+from asyncq._codec import decode_task_message
+from asyncq.errors import TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests import transitions
+from tests.helpers import FakeClock
 
 Q = "default"
 
@@ -369,3 +373,80 @@ async def test_cancel_with_no_member_out_settles_at_once(
     else:
         assert await redis.exists(wkey) == 0
     assert await redis.keys(keys.task_key_prefix(Q) + "*") == []
+
+
+@pytest.mark.parametrize("mode", ["done", "complete", "archive", "revoke"])
+async def test_a_step_is_acknowledged_and_counted_by_its_mode(
+    redis: Redis, client: Client, broker: Broker, clock: FakeClock, mode: AckMode
+) -> None:
+    info = await chord(
+        [Task("m", retention=timedelta(minutes=1)) for _ in range(2)], Task("cb")
+    ).enqueue(client)
+    step = await take(broker)
+    place = step.headers["asyncq-workflow-step"].replace(".", ":")
+    await broker.write_result(Q, step.id, b"r")
+    now = int(clock.now)
+    ok = mode in ("done", "complete")
+    assert await ack_step(broker, step, mode, "boom") == ("running" if ok else "failed")
+    tkey = keys.task_key(Q, step.id)
+    assert await redis.lrange(keys.active_key(Q), 0, -1) == []
+    assert await redis.zcard(keys.lease_key(Q)) == 0
+    state = {"done": None, "revoke": None, "complete": b"completed", "archive": b"archived"}
+    assert await redis.hget(tkey, "state") == state[mode]
+    assert await redis.zscore(keys.completed_key(Q), step.id) == (
+        now + 60 if mode == "complete" else None
+    )
+    assert await redis.zscore(keys.archived_key(Q), step.id) == (now if mode == "archive" else None)
+    if mode in ("complete", "archive"):
+        stored = decode_task_message(await redis.hget(tkey, "msg"))
+        assert stored.id == step.id
+        if mode == "complete":
+            assert stored.completed_at == now
+        else:
+            assert (stored.error_msg, stored.last_failed_at) == ("boom", now)
+    pday, fday = broker._q(Q).daily(clock.now)
+    failed = b"1" if mode == "archive" else None
+    assert await redis.mget(pday, keys.processed_total_key(Q)) == [b"1", b"1"]
+    assert await redis.mget(fday, keys.failed_total_key(Q)) == [failed, failed]
+    assert await redis.expiretime(pday) == now + STATS_TTL
+    wkey = workflow_key(Q, info.id)
+    wf = await redis.hmget(wkey, f"st:{place}", f"r:{place}", f"e:{place}", "left:0", "state")
+    if ok:
+        assert wf == [b"succeeded", b"r", None, b"1", b"running"]
+    else:
+        assert wf == [b"failed", None, b"boom", b"1", b"failed"]
+    before = await dump_all(redis)
+    with pytest.raises(TaskNotFoundError):
+        await ack_step(broker, step, mode, "boom")
+    assert {k: v[:2] for k, v in (await dump_all(redis)).items()} == {
+        k: v[:2] for k, v in before.items()
+    }
+
+
+async def test_an_archived_step_trims_the_archive_but_never_itself(
+    redis: Redis, client: Client, broker: Broker, clock: FakeClock
+) -> None:
+    # 10,000 tasks archived in the same second with ids sorting after the step's: the
+    # step is the lowest of the set, in the size trim's range, and stays all the same.
+    now = int(clock.now)
+    prefix = keys.task_key_prefix(Q)
+    await redis.hset(prefix + "old", mapping={"msg": b"m", "state": "archived"})
+    await redis.zadd(keys.archived_key(Q), {"old": now - ARCHIVED_EXPIRATION})
+    fill = """
+    for i = 0, 9999 do
+        local id = string.format("z%05d", i)
+        redis.call("HSET", ARGV[1] .. id, "msg", "m", "state", "archived")
+        redis.call("ZADD", KEYS[1], ARGV[2], id)
+    end
+    """
+    await redis.eval(fill, 1, keys.archived_key(Q), prefix, now)  # type: ignore[misc]
+    await chain(Step(Task("a"), options={"task_id": "s"}), Task("b")).enqueue(client)
+    step = await take(broker)
+    assert await ack_step(broker, step, "archive", "boom") == "failed"
+    assert await redis.zscore(keys.archived_key(Q), "s") == now
+    assert await redis.hget(prefix + "s", "state") == b"archived"
+    assert await redis.zcard(keys.archived_key(Q)) == 10000
+    for gone_id in ("old", "z00000"):
+        assert await redis.exists(prefix + gone_id) == 0
+        assert await redis.zscore(keys.archived_key(Q), gone_id) is None
+    assert await redis.exists(prefix + "z00001") == 1
