@@ -290,3 +290,23 @@ async def test_a_workflow_finished_by_its_last_step_records_the_unix_second(
     assert wf is not None and wf.state == "succeeded"
     assert wf.finished == int(clock.now)
     assert 0 < await redis.ttl(workflow_key(Q, info.id)) <= 60
+
+
+@pytest.mark.parametrize("seconds", [0, 1])
+async def test_a_finished_workflow_is_kept_for_its_retention_of_even_one_second(
+    redis: Redis, client: Client, broker: Broker, seconds: int
+) -> None:
+    # The state is kept for the retention (EXPIRE), or deleted without one. For one
+    # second, which command ran, not the key read back: a second may pass before it is.
+    info = await chain(Task("a", retention=timedelta(seconds=seconds))).enqueue(client)
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None
+    complete = seconds > 0  # kept: no DEL of the task's hash either
+    before = await command_calls(redis)
+    assert await broker.ack_many([(got.message, complete)]) == [None]
+    used = delta(before, await command_calls(redis))
+    if seconds:
+        assert (used.get("expire"), used.get("del")) == (1, None)
+        assert await redis.hget(keys.task_key(Q, got.message.id), "state") == b"completed"
+    else:
+        assert await redis.exists(workflow_key(Q, info.id)) == 0

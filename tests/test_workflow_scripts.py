@@ -29,7 +29,13 @@ from asyncq import (
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker._base import ARCHIVED_EXPIRATION, STATS_TTL
-from asyncq._broker.workflow import AckMode, ack_step, read_workflow, workflow_key
+from asyncq._broker.workflow import (
+    AckMode,
+    ack_step,
+    member_gone,
+    read_workflow,
+    workflow_key,
+)
 from asyncq._codec import decode_task_message
 from asyncq.errors import TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
@@ -111,17 +117,28 @@ async def finish(broker: Broker, msg: TaskMessage, result: bytes | None = None) 
     return await ack_step(broker, msg, "done")
 
 
+def varint(n: int) -> bytes:
+    out = b""
+    while n >= 0x80:
+        out += bytes([n & 0x7F | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
 async def test_a_passed_result_keeps_its_length_at_the_varint_edges(
     redis: Redis, client: Client
 ) -> None:
     # The next step's payload is appended to its stored message as a second payload
     # field, its length a protobuf varint: one byte below 128, two from 128, three
-    # from 16384.
+    # from 16384. Written in the fewest bytes, as protobuf encoders write it.
     broker = Broker(redis)
     for size in (0, 1, 127, 128, 129, 255, 256, 16383, 16384):
         data = bytes(i % 251 for i in range(size))
         await chain(Task("a"), Task("b"), pass_results=True).enqueue(client)
         assert await finish(broker, await take(broker), data) == "running"
+        (b_id,) = await redis.lrange(keys.pending_key(Q), 0, -1)
+        raw = await redis.hget(keys.task_key(Q, b_id.decode()), "msg")
+        assert raw.endswith(b"\x12" + varint(size) + data), size
         b = await take(broker)
         assert (b.type, b.payload) == ("b", data), size
         assert await finish(broker, b) == "succeeded"
@@ -450,3 +467,43 @@ async def test_an_archived_step_trims_the_archive_but_never_itself(
         assert await redis.exists(prefix + gone_id) == 0
         assert await redis.zscore(keys.archived_key(Q), gone_id) is None
     assert await redis.exists(prefix + "z00001") == 1
+
+
+async def test_an_outcome_already_recorded_is_kept(
+    redis: Redis, client: Client, broker: Broker, clock: FakeClock
+) -> None:
+    # A failed member run again (an archived task run from the Inspector) and a member
+    # deleted by hand while its workflow was being canceled (the cancel first, its
+    # member_gone after) keep their outcome, one by one or in a batch.
+    info = await chord([Task("m"), Task("m")], Task("cb"), on_failure="run").enqueue(client)
+    wkey = workflow_key(Q, info.id)
+    m0 = await take(broker)
+    assert await ack_step(broker, m0, "archive", "boom") == "running"
+
+    async def active_again() -> None:
+        tkey = keys.task_key(Q, m0.id)
+        await redis.hset(tkey, mapping={"msg": bytes(m0), "state": "active"})
+        await redis.lpush(keys.active_key(Q), m0.id)
+        await redis.zadd(keys.lease_key(Q), {m0.id: 2**40})
+
+    await active_again()
+    assert await ack_step(broker, m0, "done") == "seen"
+    await active_again()
+    assert await broker.ack_many([(m0, False)]) == [None]
+    assert await redis.hmget(wkey, "st:0:0", "e:0:0", "left:0") == [b"failed", b"boom", b"1"]
+
+    q2 = "q2"
+    info = await chord([Task("m", queue=q2) for _ in range(2)], Task("cb", queue=q2)).enqueue(
+        client
+    )
+    wkey = workflow_key(q2, info.id)
+    out = await take(broker, q2)  # a member still out: the hash stays after the cancel
+    j, gone = next((j, s) for j, s in enumerate(info.stages[0]) if s.id != out.id)
+    raw = await redis.hget(keys.task_key(q2, gone.id), "msg")
+    await redis.delete(keys.task_key(q2, gone.id))
+    await redis.lrem(keys.pending_key(q2), 0, gone.id)
+    async with Inspector(redis) as insp:
+        assert await insp.cancel_workflow(q2, info.id) == "running"
+    assert await redis.hmget(wkey, f"st:0:{j}", "left:0") == [b"canceled", b"1"]
+    assert await member_gone(redis, decode_task_message(raw), "deleted", clock.now) == "seen"
+    assert await redis.hmget(wkey, f"st:0:{j}", f"e:0:{j}", "left:0") == [b"canceled", None, b"1"]
