@@ -440,33 +440,36 @@ async def test_a_step_is_acknowledged_and_counted_by_its_mode(
     }
 
 
+@pytest.mark.parametrize("fill", ["a", "z"])
 async def test_an_archived_step_trims_the_archive_but_never_itself(
-    redis: Redis, client: Client, broker: Broker, clock: FakeClock
+    redis: Redis, client: Client, broker: Broker, clock: FakeClock, fill: str
 ) -> None:
-    # 10,000 tasks archived in the same second with ids sorting after the step's: the
-    # step is the lowest of the set, in the size trim's range, and stays all the same.
+    # 10,000 tasks archived in the same second, their ids sorting before or after the
+    # step's ("s"): the size trim takes the two lowest of the 10,001, the step's
+    # neighbours ("a") or the step itself ("z"), which stays all the same.
     now = int(clock.now)
     prefix = keys.task_key_prefix(Q)
     await redis.hset(prefix + "old", mapping={"msg": b"m", "state": "archived"})
     await redis.zadd(keys.archived_key(Q), {"old": now - ARCHIVED_EXPIRATION})
-    fill = """
+    script = """
     for i = 0, 9999 do
-        local id = string.format("z%05d", i)
+        local id = string.format(ARGV[3], i)
         redis.call("HSET", ARGV[1] .. id, "msg", "m", "state", "archived")
         redis.call("ZADD", KEYS[1], ARGV[2], id)
     end
     """
-    await redis.eval(fill, 1, keys.archived_key(Q), prefix, now)  # type: ignore[misc]
+    await redis.eval(script, 1, keys.archived_key(Q), prefix, now, fill + "%05d")  # type: ignore[misc]
     await chain(Step(Task("a"), options={"task_id": "s"}), Task("b")).enqueue(client)
     step = await take(broker)
     assert await ack_step(broker, step, "archive", "boom") == "failed"
     assert await redis.zscore(keys.archived_key(Q), "s") == now
     assert await redis.hget(prefix + "s", "state") == b"archived"
-    assert await redis.zcard(keys.archived_key(Q)) == 10000
-    for gone_id in ("old", "z00000"):
+    trimmed = ["old", "a00000", "a00001"] if fill == "a" else ["old", "z00000"]
+    assert await redis.zcard(keys.archived_key(Q)) == 10001 - len(trimmed) + 1
+    for gone_id in trimmed:
         assert await redis.exists(prefix + gone_id) == 0
         assert await redis.zscore(keys.archived_key(Q), gone_id) is None
-    assert await redis.exists(prefix + "z00001") == 1
+    assert await redis.exists(prefix + fill + "00002") == 1
 
 
 async def test_an_outcome_already_recorded_is_kept(
