@@ -524,3 +524,43 @@ async def test_an_outcome_already_recorded_is_kept(
     assert await redis.hmget(wkey, f"st:0:{j}", "left:0") == [b"canceled", b"1"]
     assert await member_gone(redis, decode_task_message(raw), "deleted", clock.now) == "seen"
     assert await redis.hmget(wkey, f"st:0:{j}", f"e:0:{j}", "left:0") == [b"canceled", None, b"1"]
+
+
+@pytest.mark.parametrize("how", ["single", "batch"])
+async def test_a_step_whose_workflow_is_gone_is_acknowledged_as_a_plain_task(
+    redis: Redis, client: Client, broker: Broker, how: str
+) -> None:
+    # Its workflow's state expired (or was deleted): the step is acknowledged, and
+    # nothing of the workflow is written again.
+    info = await chain(Task("a"), Task("b")).enqueue(client)
+    step = await take(broker)
+    await redis.delete(workflow_key(Q, info.id))
+    if how == "single":
+        assert await finish(broker, step, b"r") == "gone"
+    else:
+        await broker.write_result(Q, step.id, b"r")
+        assert await broker.ack_many([(step, False)]) == [None]
+    assert await redis.exists(workflow_key(Q, info.id), keys.task_key(Q, step.id)) == 0
+    assert await redis.llen(keys.active_key(Q)) == 0
+    assert await redis.llen(keys.pending_key(Q)) == 0
+    assert await redis.get(keys.processed_total_key(Q)) == b"1"
+
+
+@pytest.mark.parametrize("ttl", [0, 60])
+async def test_a_failure_of_the_last_member_out_settles_the_workflow(
+    redis: Redis, client: Client, ttl: int
+) -> None:
+    broker = Broker(redis)
+    info = await chord(
+        [Task("m"), Task("m")], Task("cb", retention=timedelta(seconds=ttl))
+    ).enqueue(client)
+    m = [await take(broker) for _ in range(2)]
+    wkey = workflow_key(Q, info.id)
+    assert await finish(broker, m[0]) == "running"
+    assert await ack_step(broker, m[1], "archive", "boom") == "failed"
+    assert await redis.llen(keys.pending_key(Q)) == 0
+    if ttl:
+        assert 0 < await redis.ttl(wkey) <= ttl
+        assert await redis.hmget(wkey, "state", "left:0") == [b"failed", b"0"]
+    else:
+        assert await redis.exists(wkey) == 0
