@@ -275,7 +275,8 @@ async def test_a_failed_workflow_is_kept_while_members_are_out(
     redis: Redis, client: Client, ttl: int
 ) -> None:
     # Policy "fail": the first failure fails the workflow, kept at least a week while
-    # its other members are out; the last of them settles it (its retention, or gone).
+    # its other members are out; the last of them settles it (its retention, or gone),
+    # acknowledged alone or in a batch.
     broker = Broker(redis)
     info = await chord(
         [Task("m"), Task("m"), Task("m")], Task("cb", retention=timedelta(seconds=ttl))
@@ -288,7 +289,7 @@ async def test_a_failed_workflow_is_kept_while_members_are_out(
     assert await redis.hget(wkey, "left:0") == b"2"
     assert await finish(broker, m[1]) == "failed"
     await expires_a_week_after(redis, wkey, t0)
-    assert await finish(broker, m[2]) == "failed"
+    assert await broker.ack_many([(m[2], False)]) == [None]  # the batch path settles too
     assert await redis.llen(keys.pending_key(Q)) == 0
     if ttl:
         assert 0 < await redis.ttl(wkey) <= ttl
@@ -564,3 +565,26 @@ async def test_a_failure_of_the_last_member_out_settles_the_workflow(
         assert await redis.hmget(wkey, "state", "left:0") == [b"failed", b"0"]
     else:
         assert await redis.exists(wkey) == 0
+
+
+async def test_a_batch_of_steps_already_recorded_changes_nothing(
+    redis: Redis, client: Client, broker: Broker
+) -> None:
+    # A member of a finished stage delivered again (its lease ran out while it was
+    # being acknowledged, say): the batch acknowledging it records nothing, and the
+    # next stage is not enqueued a second time.
+    info = await chain(group(Task("a"), Task("a")), Task("b"), Task("c")).enqueue(client)
+    wkey = workflow_key(Q, info.id)
+    a = [await take(broker) for _ in range(2)]
+    assert await broker.ack_many([(m, False) for m in a]) == [None, None]
+    assert await finish(broker, await take(broker)) == "running"  # b: c is enqueued
+    c_id = info.stages[2][0].id.encode()
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [c_id]
+    before = await redis.hgetall(wkey)
+    await redis.hset(keys.task_key(Q, a[0].id), mapping={"msg": bytes(a[0]), "state": "active"})
+    await redis.lpush(keys.active_key(Q), a[0].id)
+    await redis.zadd(keys.lease_key(Q), {a[0].id: 2**40})
+    assert await broker.ack_many([(a[0], False)]) == [None]
+    assert await redis.hgetall(wkey) == before
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [c_id]
+    assert await redis.exists(keys.task_key(Q, info.stages[1][0].id)) == 0
