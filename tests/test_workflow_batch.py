@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from asyncq import Client, ServeMux, Server, Task, chain, chord, group_results
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.workflow import ack_step, read_workflow, workflow_key
+from asyncq._broker.workflow import ack_step, cancel_workflow, read_workflow, workflow_key
 from asyncq.errors import TaskNotFoundError
 from tests import transitions
 from tests.helpers import FakeClock
@@ -310,3 +310,17 @@ async def test_a_finished_workflow_is_kept_for_its_retention_of_even_one_second(
         assert await redis.hget(keys.task_key(Q, got.message.id), "state") == b"completed"
     else:
         assert await redis.exists(workflow_key(Q, info.id)) == 0
+
+
+async def test_a_workflow_canceled_with_no_member_out_is_kept_for_even_one_second(
+    redis: Redis, client: Client, broker: Broker
+) -> None:
+    # As above, for workflow_cancel.lua's settling.
+    info = await chain(Task("a"), Task("b", retention=timedelta(seconds=1))).enqueue(client)
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None
+    assert await broker.ack_many([(got.message, False)]) == [None]  # b is pending
+    before = await command_calls(redis)
+    assert await cancel_workflow(redis, Q, info.id, time.time()) == "running"
+    used = delta(before, await command_calls(redis))
+    assert (used.get("expire"), used.get("del")) == (1, 1)  # the DEL: b's task hash

@@ -345,6 +345,7 @@ async def test_cancel_resolves_each_member_by_its_task_state(
         await redis.zadd(zkey, {tid: 2**40})
         await redis.hset(tkey(tid), "state", state)
     await redis.delete(tkey(gone_id))
+    await redis.rpush(keys.pending_key(Q), pending)  # a second copy: both go
     wkey = workflow_key(Q, info.id)
     t0 = await server_ms(redis)
     async with Inspector(redis) as insp:
