@@ -358,6 +358,29 @@ async def test_archive_trims_old_and_excess_tasks_with_their_hashes(
     await assert_ids_have_hashes(redis)
 
 
+async def test_archive_keeps_the_task_it_archives_when_it_falls_in_the_excess(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # 10,000 tasks archived in the same second with ids sorting after t1 (or later, by
+    # a clock ahead): t1 is the lowest of the set, in the range the size trim takes,
+    # and stays archived all the same; the next lowest goes instead.
+    fill = """
+    for i = 0, 9999 do
+        local id = string.format("u%05d", i)
+        redis.call("HSET", ARGV[1] .. id, "msg", "m", "state", "archived")
+        redis.call("ZADD", KEYS[1], ARGV[2], id)
+    end
+    """
+    await redis.eval(fill, 1, ARCHIVED, T_PREFIX, int(clock.now))  # type: ignore[misc]
+    await broker.archive(await active_task(broker, make_msg()), "e")
+    assert await redis.zscore(ARCHIVED, "t1") == clock.now
+    assert await redis.hget(T_PREFIX + "t1", "state") == b"archived"
+    assert await redis.zcard(ARCHIVED) == 10000
+    assert await redis.zscore(ARCHIVED, "u00000") is None
+    assert not await redis.exists(T_PREFIX + "u00000")
+    await assert_ids_have_hashes(redis)
+
+
 async def test_archive_trims_tasks_older_than_90_days_from_a_small_archive(
     broker: Broker, redis: Redis, clock: FakeClock
 ) -> None:
@@ -463,6 +486,69 @@ async def test_list_lease_expired_archives_undecodable(
     assert await redis.lrange(ACTIVE, 0, -1) == [b"good"]
     assert await redis.zrange(LEASE, 0, -1) == [b"good"]
     assert await redis.hget(T_PREFIX + "bad", "msg") == b"\xff\x01"
+
+
+FILL = """
+for i = 0, tonumber(ARGV[4]) - 1 do
+    local id = string.format(ARGV[3], i)
+    redis.call("HSET", ARGV[1] .. id, "msg", "m", "state", "archived")
+    redis.call("ZADD", KEYS[1], ARGV[2], id)
+end
+"""
+
+
+@pytest.mark.parametrize("source", ["active", "group"])
+@pytest.mark.parametrize("fill", ["none", "older", "same second"])
+async def test_archive_undecodable_trims_as_archive_does(
+    broker: Broker, redis: Redis, clock: FakeClock, source: str, fill: str
+) -> None:
+    # The age trim (older than 90 days, the cutoff itself included) and the size
+    # trim, never the task being archived: with 10,000 tasks archived in the same
+    # second and ids sorting after "bad", "bad" lies in the size trim's range.
+    now = int(clock.now)
+    for tid, age in {"old": DAY90 + 1, "edge": DAY90, "young": DAY90 - 1}.items():
+        await redis.hset(T_PREFIX + tid, mapping={"msg": b"m", "state": "archived"})
+        await redis.zadd(ARCHIVED, {tid: now - age})
+    if fill == "older":  # with "young" and "bad": 10,000, and the oldest ("young") goes
+        await redis.eval(FILL, 1, ARCHIVED, T_PREFIX, now - 10, "r%05d", 9998)  # type: ignore[misc]
+    elif fill == "same second":  # "young" and "u00000" go
+        await redis.eval(FILL, 1, ARCHIVED, T_PREFIX, now, "u%05d", 10000)  # type: ignore[misc]
+    await redis.hset(T_PREFIX + "bad", mapping={"msg": b"\xff\x01", "state": "active"})
+    qk = broker._q(Q)
+    if source == "active":
+        src = ACTIVE
+        await redis.lpush(ACTIVE, "bad", "bad")  # a second copy: both go
+        await redis.zadd(LEASE, {"bad": clock.now})
+    else:
+        src = keys.group_key(Q, "g")
+        await redis.zadd(src, {"bad": clock.now})
+    await broker._archive_undecodable(qk, "bad", "err", clock.now, src)
+    assert await redis.zscore(ARCHIVED, "bad") == now
+    assert await redis.hgetall(T_PREFIX + "bad") == {
+        b"msg": b"\xff\x01",
+        b"state": b"archived",
+        b"asyncq_error": b"err",
+    }
+    # without a fill only the age trim takes any ("young" is a second inside the limit)
+    for tid in ("old", "edge", "young") if fill != "none" else ("old", "edge"):
+        assert not await redis.exists(T_PREFIX + tid)
+        assert await redis.zscore(ARCHIVED, tid) is None
+    assert await redis.zcard(ARCHIVED) == {"none": 2, "older": 9999, "same second": 10000}[fill]
+    if fill == "same second":
+        assert not await redis.exists(T_PREFIX + "u00000")
+    await assert_ids_have_hashes(redis)
+    assert await redis.exists(src, LEASE) == 0
+    counted = [PROCESSED, FAILED, *daily(clock)]
+    if source == "active":
+        assert await redis.mget(counted) == [b"1"] * 4
+        assert await expiretime(redis, daily(clock)[1]) == now + DAY90
+    else:
+        assert await redis.exists(*counted) == 0
+    # not in its source any more: the second call changes nothing
+    watched = [T_PREFIX + "bad", ARCHIVED, src, LEASE, *counted]
+    before = [await redis.dump(k) for k in watched]
+    await broker._archive_undecodable(qk, "bad", "again", clock.now, src)
+    assert [await redis.dump(k) for k in watched] == before
 
 
 async def test_extend_lease_updates_only_existing(

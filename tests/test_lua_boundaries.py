@@ -13,9 +13,11 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
+from asyncq import Client, Task, chain, group
 from asyncq import _keys as keys
 from asyncq._broker import Broker, PendingItem
 from asyncq._broker.multiqueue import MultiQueue
+from asyncq._broker.workflow import ack_step
 from asyncq._codec import encode_task_message
 from tests import transitions
 from tests.helpers import FakeClock, make_msg
@@ -99,3 +101,19 @@ async def test_a_batch_of_pending_tasks_wakes_workers_only_when_pending_was_empt
     assert await broker.enqueue_batch(batch("c", "d")) == [None, None]
     assert await _published(redis, wakeups) == []
     assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"d", b"c", b"b", b"a"]
+
+
+async def test_a_workflow_wakes_workers_once_per_stage_it_enqueues(
+    redis: Redis, client: Client, wakeups: PubSub
+) -> None:
+    # workflow_start.lua and the hand-off (workflow_advance.lua) publish once per queue
+    # a stage is pushed to, whatever the list held; a member that is not its stage's
+    # last enqueues nothing and wakes no one.
+    broker = Broker(redis)
+    await chain(group(Task("a", queue=Q), Task("a", queue=Q)), Task("b", queue=Q)).enqueue(client)
+    assert await _published(redis, wakeups) == [Q.encode()]
+    members = await transitions.dequeue_many(broker, [Q], 2)
+    assert await ack_step(broker, members[0].message, "done") == "running"
+    assert await _published(redis, wakeups) == []
+    assert await broker.ack_many([(members[1].message, False)]) == [None]
+    assert await _published(redis, wakeups) == [Q.encode()]

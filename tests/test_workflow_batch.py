@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import Client, ServeMux, Server, Task, chord, group_results
+from asyncq import Client, ServeMux, Server, Task, chain, chord, group_results
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.workflow import read_workflow, workflow_key
+from asyncq._broker.workflow import ack_step, cancel_workflow, read_workflow, workflow_key
 from asyncq.errors import TaskNotFoundError
 from tests import transitions
+from tests.helpers import FakeClock
 from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
 from tests.workers.workflow_worker import CALLBACKS, STARTS
 
@@ -269,3 +270,57 @@ async def test_a_step_whose_task_hash_is_gone_is_not_recorded(
     assert (states[gone.id], states[kept.id]) == ("pending", "succeeded")
     assert await redis.hget(workflow_key(Q, info.id), "left:0") == b"1"
     assert await redis.get(keys.processed_total_key(Q)) == b"1"
+
+
+@pytest.mark.parametrize("how", ["batch", "single"])
+async def test_a_workflow_finished_by_its_last_step_records_the_unix_second(
+    redis: Redis, client: Client, broker: Broker, clock: FakeClock, how: str
+) -> None:
+    # The last step kept for a retention keeps the workflow's state that long, with
+    # the second it finished (what Inspector.get_workflow shows).
+    info = await chain(Task("a"), Task("b", retention=timedelta(minutes=1))).enqueue(client)
+    for complete in (False, True):
+        got = await transitions.dequeue(broker, [Q])
+        assert got is not None
+        if how == "batch":
+            assert await broker.ack_many([(got.message, complete)]) == [None]
+        else:
+            await ack_step(broker, got.message, "complete" if complete else "done")
+    wf = await read_workflow(redis, Q, info.id)
+    assert wf is not None and wf.state == "succeeded"
+    assert wf.finished == int(clock.now)
+    assert 0 < await redis.ttl(workflow_key(Q, info.id)) <= 60
+
+
+@pytest.mark.parametrize("seconds", [0, 1])
+async def test_a_finished_workflow_is_kept_for_its_retention_of_even_one_second(
+    redis: Redis, client: Client, broker: Broker, seconds: int
+) -> None:
+    # The state is kept for the retention (EXPIRE), or deleted without one. For one
+    # second, which command ran, not the key read back: a second may pass before it is.
+    info = await chain(Task("a", retention=timedelta(seconds=seconds))).enqueue(client)
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None
+    complete = seconds > 0  # kept: no DEL of the task's hash either
+    before = await command_calls(redis)
+    assert await broker.ack_many([(got.message, complete)]) == [None]
+    used = delta(before, await command_calls(redis))
+    if seconds:
+        assert (used.get("expire"), used.get("del")) == (1, None)
+        assert await redis.hget(keys.task_key(Q, got.message.id), "state") == b"completed"
+    else:
+        assert await redis.exists(workflow_key(Q, info.id)) == 0
+
+
+async def test_a_workflow_canceled_with_no_member_out_is_kept_for_even_one_second(
+    redis: Redis, client: Client, broker: Broker
+) -> None:
+    # As above, for workflow_cancel.lua's settling.
+    info = await chain(Task("a"), Task("b", retention=timedelta(seconds=1))).enqueue(client)
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None
+    assert await broker.ack_many([(got.message, False)]) == [None]  # b is pending
+    before = await command_calls(redis)
+    assert await cancel_workflow(redis, Q, info.id, time.time()) == "running"
+    used = delta(before, await command_calls(redis))
+    assert (used.get("expire"), used.get("del")) == (1, 1)  # the DEL: b's task hash

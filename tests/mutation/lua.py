@@ -87,6 +87,8 @@ MULTI_TESTS = (
     "tests/test_hostile_multiqueue.py",
 )
 WORKFLOW_TESTS = (
+    # the scripts driven without a worker first: a mutant they kill costs no wait
+    "tests/test_workflow_scripts.py",
     "tests/test_workflow.py",
     "tests/test_workflow_batch.py",
     "tests/test_script_no_partial_write.py",
@@ -95,7 +97,12 @@ WORKFLOW_TESTS = (
 DEFAULT_TESTS = BROKER_TESTS
 TESTS: dict[str, tuple[str, ...]] = {
     # ack_many.lua acknowledges workflow steps too (the w/W kinds)
-    "ack_many": (*BROKER_TESTS, "tests/test_workflow_batch.py", "tests/test_workflow.py"),
+    "ack_many": (
+        *BROKER_TESTS,
+        "tests/test_workflow_scripts.py",
+        "tests/test_workflow_batch.py",
+        "tests/test_workflow.py",
+    ),
     "ack_queues": (*BROKER_TESTS, "tests/test_workflow_batch.py"),
     "dequeue_queues": MULTI_TESTS,
     "forward_queues": MULTI_TESTS,
