@@ -16,6 +16,7 @@ from redis.exceptions import ResponseError
 
 from asyncq._inspection.inspector import Inspector
 from asyncq.errors import (
+    BrokerError,
     FailedPreconditionError,
     QueueNotEmptyError,
     QueueNotFoundError,
@@ -485,6 +486,74 @@ async def test_delete_task_releases_unique_lock(redis: Redis, insp: Inspector) -
     assert await redis.smembers("asynq:{default}:groups") == set()
 
 
+async def snapshot(redis: Redis) -> dict[bytes, tuple[bytes, bytes | None]]:
+    """Every key with its type and DUMP bytes: equal snapshots mean nothing was written."""
+    return {k: (await redis.type(k), await redis.dump(k)) for k in sorted(await redis.keys("*"))}
+
+
+SINGLE_TASK_OPS = ["run_task", "archive_task", "delete_task"]
+
+
+@pytest.mark.parametrize("op", SINGLE_TASK_OPS)
+async def test_single_task_op_refuses_a_hash_without_state(
+    redis: Redis, insp: Inspector, op: str
+) -> None:
+    p = GoTask("p")
+    await go.enqueue(redis, p, NOW)
+    broken = GoTask("broken")
+    await redis.hset(broken.key, "msg", broken.encode())
+    await redis.zadd("asynq:{default}:scheduled", {broken.id: go.unix(NOW)})
+    before = await snapshot(redis)
+    with pytest.raises(BrokerError, match=r"internal error: task hash has no state field"):
+        await getattr(insp, op)("default", broken.id)
+    assert await snapshot(redis) == before
+
+
+@pytest.mark.parametrize("op", SINGLE_TASK_OPS)
+async def test_single_task_op_on_a_grouped_task_checks_the_groups_set_first(
+    redis: Redis, insp: Inspector, op: str
+) -> None:
+    # The task is its group's last: the op would empty the group and then SREM the
+    # groups key, which is not a set. The check must refuse before the first write.
+    g = GoTask("g", group_key="grp")
+    await go.add_to_group(redis, g, NOW)
+    await redis.delete("asynq:{default}:groups")
+    await redis.rpush("asynq:{default}:groups", "grp")
+    before = await snapshot(redis)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await getattr(insp, op)("default", g.id)
+    assert await snapshot(redis) == before
+    # A scheduled task that carries a group name never touches the groups key.
+    s = GoTask("s", group_key="grp")
+    await go.schedule(redis, s, NOW + timedelta(hours=1))
+    await getattr(insp, op)("default", s.id)
+    assert await redis.lrange("asynq:{default}:groups", 0, -1) == [b"grp"]
+    assert await redis.zscore("asynq:{default}:scheduled", s.id) is None
+
+
+async def test_delete_task_removes_every_copy_from_pending(redis: Redis, insp: Inspector) -> None:
+    # A pending list holding an id twice (an old double push) must not keep a copy
+    # that points at the deleted hash.
+    p, d = GoTask("p"), GoTask("d")
+    await go.enqueue(redis, p, NOW)
+    await go.enqueue(redis, d, NOW)
+    await redis.rpush("asynq:{default}:pending", d.id)
+    await insp.delete_task("default", d.id)
+    assert await ids_of(redis, "asynq:{default}:pending") == [p.id]
+    assert not await redis.exists(d.key)
+
+
+async def test_run_task_queues_behind_the_pending_tasks(redis: Redis, insp: Inspector) -> None:
+    # Workers take from the tail of the pending list, so a task run from the Inspector
+    # goes to the head: behind the tasks already waiting, as in asynq.
+    p = GoTask("p")
+    await go.enqueue(redis, p, NOW)
+    a = GoTask("a")
+    await go.seed_archived(redis, a, NOW)
+    await insp.run_task("default", a.id)
+    assert await ids_of(redis, "asynq:{default}:pending") == [a.id, p.id]
+
+
 async def test_update_task_payload(redis: Redis, insp: Inspector) -> None:
     s = GoTask("s", b"old", headers={"h": "1"})
     await go.schedule(redis, s, NOW + timedelta(hours=1))
@@ -585,6 +654,103 @@ async def test_archive_all(redis: Redis, insp: Inspector, state: str) -> None:
         assert t.id in archived and await state_of(redis, t) == "archived"
     info = await insp.queue_info("default")
     assert getattr(info, state) == (1 if state == "aggregating" else 0)
+
+
+SEEDERS: dict[str, Callable[[Redis, GoTask], Awaitable[None]]] = {
+    "pending": lambda r, t: go.enqueue(r, t, NOW),
+    "scheduled": lambda r, t: go.schedule(r, t, NOW + timedelta(hours=1)),
+    "retry": lambda r, t: go.seed_retry(r, t, NOW),
+    "archived": lambda r, t: go.seed_archived(r, t, NOW),
+}
+
+
+@pytest.mark.parametrize("state", ["pending", "scheduled", "retry", "archived", "completed"])
+async def test_delete_all_releases_only_the_locks_its_tasks_own(
+    redis: Redis, insp: Inspector, state: str
+) -> None:
+    lock = "asynq:{default}:unique:"
+    own = GoTask("own", unique_key=lock + "own", completed_at=go.unix(NOW), retention=60)
+    stale = GoTask("stale", unique_key=lock + "stale", completed_at=go.unix(NOW), retention=60)
+    for t in (own, stale):
+        if state == "completed":
+            await go.seed_completed(redis, t)
+            await redis.hset(t.key, "unique_key", t.unique_key)
+            await redis.set(t.unique_key, t.id)
+        else:
+            await SEEDERS[state](redis, t)
+    # The stale task's lock was taken over by a newer task with the same key.
+    await redis.set(stale.unique_key, "newer")
+    assert await insp.delete_all("default", state) == 2
+    assert not await redis.exists(own.unique_key, own.key, stale.key)
+    assert await redis.get(stale.unique_key) == b"newer"
+
+
+async def test_delete_task_keeps_a_lock_another_task_holds(redis: Redis, insp: Inspector) -> None:
+    t = GoTask("t", unique_key="asynq:{default}:unique:t:")
+    await go.schedule(redis, t, NOW + timedelta(hours=1))
+    await redis.set(t.unique_key, "newer")
+    await insp.delete_task("default", t.id)
+    assert not await redis.exists(t.key)
+    assert await redis.get(t.unique_key) == b"newer"
+
+
+@pytest.mark.parametrize("state", ["scheduled", "aggregating"])
+async def test_run_all_queues_behind_the_pending_tasks(
+    redis: Redis, insp: Inspector, state: str
+) -> None:
+    seeded = await seed_every_state(redis)
+    group = "grp" if state == "aggregating" else None
+    await insp.run_all("default", state, group=group)
+    # Pushed at the head in score order: the earliest to run is nearest the tail, and
+    # every task already pending still runs before them.
+    by_score = [m.decode() for m in await redis.zrange(f"asynq:{{default}}:{state}", 0, -1)]
+    assert by_score == []
+    moved = await ids_of(redis, "asynq:{default}:pending")
+    assert moved[-2:] == [t.id for t in reversed(seeded["pending"])]
+    assert set(moved[:-2]) == {t.id for t in seeded[state]}
+    if state == "aggregating":
+        assert await redis.smembers("asynq:{default}:groups") == {b"other"}
+        assert await redis.zcard("asynq:{default}:g:other") == 1
+
+
+async def test_run_all_keeps_the_score_order(redis: Redis, insp: Inspector) -> None:
+    s1, s2, s3 = GoTask("s1"), GoTask("s2"), GoTask("s3")
+    await go.schedule(redis, s2, NOW + timedelta(hours=2))
+    await go.schedule(redis, s1, NOW + timedelta(hours=1))
+    await go.schedule(redis, s3, NOW + timedelta(hours=3))
+    assert await insp.run_all("default", "scheduled") == 3
+    assert await ids_of(redis, "asynq:{default}:pending") == [s3.id, s2.id, s1.id]
+
+
+@pytest.mark.parametrize("state", ["pending", "scheduled", "retry", "aggregating"])
+async def test_archive_all_trims_by_age_and_cap_with_the_hashes(
+    redis: Redis, insp: Inspector, state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seeded = await seed_every_state(redis)  # two archived now, two or three of each state
+    # A cap keeps one task fewer (asynq's ZRANGE 0 -cap arithmetic): here the two
+    # archived now and those this call archives.
+    monkeypatch.setattr("asyncq._broker.inspect.ARCHIVE_MAX_SIZE", len(seeded[state]) + 3)
+    too_old = GoTask("old")
+    await go.seed_archived(redis, too_old, NOW - timedelta(days=91))
+    older = [GoTask("o") for _ in range(2)]
+    for i, t in enumerate(older):
+        await go.seed_archived(redis, t, NOW - timedelta(days=1, seconds=-i))
+    group = "grp" if state == "aggregating" else None
+    report = await insp.archive_all_report("default", state, group=group)
+    # The one archived 91 days ago goes by age, the two a day old over the cap.
+    assert (report.moved, report.deleted) == (len(seeded[state]), 3)
+    kept = await ids_of(redis, "asynq:{default}:archived")
+    assert set(kept) == {t.id for t in seeded["archived"] + seeded[state]}
+    for t in [too_old, *older]:
+        assert not await redis.exists(t.key)
+    for t in seeded["archived"] + seeded[state]:
+        assert await state_of(redis, t) == "archived"
+    # Another queue's archive is never trimmed, and no other task hash is touched.
+    other = GoTask("x", queue="other")
+    await go.seed_archived(redis, other, NOW - timedelta(days=91))
+    assert await insp.archive_all("default", state, group=group) == 0
+    assert await redis.exists(other.key)
+    assert await ids_of(redis, "asynq:{other}:archived") == [other.id]
 
 
 async def test_bulk_ops_drop_ids_without_hashes(redis: Redis, insp: Inspector) -> None:
