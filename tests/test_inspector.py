@@ -803,6 +803,24 @@ async def test_force_delete_queue_removes_staged_aggregation_sets(
     assert not await redis.exists(*(t.key for t in staged))
 
 
+async def test_force_delete_queue_never_follows_a_set_of_another_queue(
+    redis: Redis, insp: Inspector
+) -> None:
+    # A damaged aggregation_sets index naming another queue's staged set: removing
+    # this queue drops the entry but leaves that set and its tasks to their queue.
+    theirs = [GoTask("g", group_key="grp", queue="other") for _ in range(2)]
+    their_set = await go.seed_aggregation_set(
+        redis, "other", "grp", theirs, NOW, NOW + timedelta(minutes=2)
+    )
+    await go.register_queue(redis, "default")
+    await redis.zadd("asynq:{default}:aggregation_sets", {their_set: go.unix(NOW)})
+    await insp.delete_queue("default", force=True)
+    assert not await redis.exists("asynq:{default}:aggregation_sets")
+    assert await redis.zcard(their_set) == 2
+    assert await redis.exists(*(t.key for t in theirs)) == 2
+    assert await insp.queues() == ["other"]
+
+
 async def test_delete_queue_refuses_completed_or_aggregating(redis: Redis, insp: Inspector) -> None:
     await go.seed_completed(redis, GoTask("c", completed_at=go.unix(NOW), retention=60))
     with pytest.raises(QueueNotEmptyError):
