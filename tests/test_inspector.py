@@ -543,6 +543,17 @@ async def test_delete_task_removes_every_copy_from_pending(redis: Redis, insp: I
     assert not await redis.exists(d.key)
 
 
+async def test_archive_task_removes_every_copy_from_pending(redis: Redis, insp: Inspector) -> None:
+    # A copy left in pending would be taken by a worker: an archived task would run.
+    p, a = GoTask("p"), GoTask("a")
+    await go.enqueue(redis, p, NOW)
+    await go.enqueue(redis, a, NOW)
+    await redis.rpush("asynq:{default}:pending", a.id)
+    await insp.archive_task("default", a.id)
+    assert await ids_of(redis, "asynq:{default}:pending") == [p.id]
+    assert await ids_of(redis, "asynq:{default}:archived") == [a.id]
+
+
 async def test_run_task_queues_behind_the_pending_tasks(redis: Redis, insp: Inspector) -> None:
     # Workers take from the tail of the pending list, so a task run from the Inspector
     # goes to the head: behind the tasks already waiting, as in asynq.
