@@ -419,6 +419,104 @@ async def test_tasks_that_moved_meanwhile_are_skipped_and_counted(
     assert await _states(redis, keyerr) == ["pending", "archived", None, None, None]
 
 
+async def test_archiving_a_group_trims_the_archive_with_the_hashes(
+    redis: Redis, insp: Inspector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cap of 9 keeps 8 (asynq's ZRANGE 0 -cap arithmetic).
+    monkeypatch.setattr("asyncq._broker.triage.ARCHIVE_MAX_SIZE", 9)
+    made = await seed_mixed(redis)
+    too_old = GoTask("old")
+    await go.seed_archived(redis, too_old, NOW - timedelta(days=91))
+    elsewhere = GoTask("old", queue="critical")
+    await go.seed_archived(redis, elsewhere, NOW - timedelta(days=91))
+    result = await insp.archive_error_group(CONN.key)
+    assert (result.acted, result.skipped) == (3, 0)
+    # default's archive: 4 + 5 + 1 before, the 91-day-old one goes by age, and of the
+    # 13 left after the 3 arrive the 5 oldest (the KeyError tasks) go over the cap.
+    kept = {m.decode() for m in await redis.zrange("asynq:{default}:archived", 0, -1)}
+    assert kept == {t.id for t in made["conn"][:7] + made["bad"]}
+    for t in [too_old, *made["key"]]:
+        assert not await redis.exists(t.key)
+    assert await _states(redis, made["conn"][:7]) == ["archived"] * 7
+    # Only the archive the tasks went to is trimmed.
+    assert await redis.zcard("asynq:{critical}:archived") == 6
+    assert await redis.exists(elsewhere.key)
+
+
+@pytest.mark.parametrize("action", ["run", "delete"])
+async def test_running_or_deleting_a_group_never_trims_the_archive(
+    redis: Redis, insp: Inspector, monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    monkeypatch.setattr("asyncq._broker.triage.ARCHIVE_MAX_SIZE", 2)
+    made = await seed_mixed(redis)
+    too_old = GoTask("old")
+    await go.seed_archived(redis, too_old, NOW - timedelta(days=91))
+    act = insp.run_error_group if action == "run" else insp.delete_error_group
+    result = await act(VALUE.key)
+    assert (result.acted, result.skipped) == (2, 0)
+    assert await redis.zcard("asynq:{default}:archived") == 11
+    assert await _states(redis, [too_old, *made["key"]]) == ["archived"] * 6
+
+
+async def test_archiving_nothing_trims_nothing(
+    redis: Redis, insp: Inspector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("asyncq._broker.triage.ARCHIVE_MAX_SIZE", 2)
+    made = await seed_mixed(redis)
+    too_old = GoTask("old")
+    await go.seed_archived(redis, too_old, NOW - timedelta(days=91))
+    stale = [(t.id, "0" * 40) for t in made["value"]]  # both failed again meanwhile
+    broker = triage_mod.TriageBroker(redis, clock=NOW.timestamp)
+    assert await broker.act("default", TaskState.RETRY, "archive", stale) == []
+    assert await redis.zcard("asynq:{default}:archived") == 11
+    assert await _states(redis, [too_old, *made["value"]]) == ["archived"] + ["retry"] * 2
+
+
+async def test_deleting_a_group_leaves_locks_it_does_not_own(redis: Redis, insp: Inspector) -> None:
+    made = await seed_mixed(redis)
+    taken, broken = made["value"]
+    await redis.set(taken.unique_key, "newer")  # a newer task holds the same lock now
+    await redis.delete(broken.unique_key)
+    await redis.hset(broken.unique_key, "x", "y")  # another program's key of that name
+    result = await insp.delete_error_group(VALUE.key)
+    assert (result.acted, result.skipped) == (2, 0)
+    assert not await redis.exists(taken.key, broken.key)
+    assert await redis.get(taken.unique_key) == b"newer"
+    assert await redis.hgetall(broken.unique_key) == {b"x": b"y"}
+
+
+@pytest.mark.parametrize(("action", "key"), [("run", "pending"), ("archive", "archived")])
+async def test_a_wrong_typed_destination_writes_nothing(
+    redis: Redis, insp: Inspector, monkeypatch: pytest.MonkeyPatch, action: str, key: str
+) -> None:
+    made = await seed_mixed(redis)
+    real_act = triage_mod.TriageBroker.act
+    before: dict[bytes, tuple[bytes, bytes | None]] = {}
+
+    async def breaking_act(
+        self: triage_mod.TriageBroker,
+        qname: str,
+        state: TaskState,
+        action: str,
+        tasks: Sequence[tuple[str, str]],
+    ) -> list[str]:
+        # Between the read and the action another program writes the destination.
+        dest = f"asynq:{{{qname}}}:{key}"
+        await redis.delete(dest)
+        await redis.sadd(dest, "x")
+        for k in sorted(await redis.keys("*")):
+            before[k] = (await redis.type(k), await redis.dump(k))
+        return await real_act(self, qname, state, action, tasks)
+
+    monkeypatch.setattr(triage_mod.TriageBroker, "act", breaking_act)
+    act = insp.run_error_group if action == "run" else insp.archive_error_group
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await act(VALUE.key)
+    after = {k: (await redis.type(k), await redis.dump(k)) for k in sorted(await redis.keys("*"))}
+    assert after == before
+    assert await _states(redis, made["value"]) == ["retry"] * 2
+
+
 async def test_group_action_arguments_are_checked(redis: Redis, insp: Inspector) -> None:
     await seed_mixed(redis)
     with pytest.raises(ValueError, match="12 hex digits"):
