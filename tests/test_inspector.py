@@ -832,6 +832,44 @@ async def test_force_delete_queue_never_follows_a_set_of_another_queue(
     assert await insp.queues() == ["other"]
 
 
+@pytest.mark.parametrize(
+    "state", ["pending", "scheduled", "retry", "archived", "completed", "aggregating", "staged"]
+)
+async def test_delete_queue_refuses_one_task_in_any_state(
+    redis: Redis, insp: Inspector, state: str
+) -> None:
+    t = GoTask("t", group_key="grp", completed_at=go.unix(NOW), retention=60)
+    if state == "completed":
+        await go.seed_completed(redis, t)
+    elif state == "aggregating":
+        await go.add_to_group(redis, t, NOW)
+    elif state == "staged":
+        await go.seed_aggregation_set(redis, "default", "grp", [t], NOW, NOW)
+    else:
+        await SEEDERS[state](redis, t)
+    before = await snapshot(redis)
+    with pytest.raises(QueueNotEmptyError):
+        await insp.delete_queue("default")
+    assert await snapshot(redis) == before
+
+
+async def test_delete_queue_of_empty_groups_and_kept_locks(redis: Redis, insp: Inspector) -> None:
+    # A group still named in the groups set but with no task left does not make the
+    # queue non-empty; the set goes with the queue.
+    await go.register_queue(redis, "default")
+    await redis.sadd("asynq:{default}:groups", "gone")
+    await insp.delete_queue("default")
+    assert await redis.keys("*") == []
+    # A forced removal deletes the locks its tasks own, never one a newer task took over.
+    own = GoTask("own", unique_key="asynq:{default}:unique:own")
+    stale = GoTask("stale", unique_key="asynq:{default}:unique:stale")
+    await go.schedule(redis, own, NOW + timedelta(hours=1))
+    await go.enqueue(redis, stale, NOW)
+    await redis.set(stale.unique_key, "newer")
+    await insp.delete_queue("default", force=True)
+    assert sorted(await redis.keys("*")) == [stale.unique_key.encode()]
+
+
 async def test_delete_queue_refuses_completed_or_aggregating(redis: Redis, insp: Inspector) -> None:
     await go.seed_completed(redis, GoTask("c", completed_at=go.unix(NOW), retention=60))
     with pytest.raises(QueueNotEmptyError):
