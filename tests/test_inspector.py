@@ -636,6 +636,8 @@ async def test_delete_all(redis: Redis, insp: Inspector, state: str) -> None:
     assert getattr(info, state) == (1 if state == "aggregating" else 0)
     if state == "aggregating":
         assert await redis.smembers("asynq:{default}:groups") == {b"other"}
+        assert not await redis.exists("asynq:{default}:g:grp")
+        assert await redis.zcard("asynq:{default}:g:other") == 1
     assert info.active == 1
 
 
@@ -665,6 +667,10 @@ async def test_archive_all(redis: Redis, insp: Inspector, state: str) -> None:
         assert t.id in archived and await state_of(redis, t) == "archived"
     info = await insp.queue_info("default")
     assert getattr(info, state) == (1 if state == "aggregating" else 0)
+    if state == "aggregating":
+        assert await redis.smembers("asynq:{default}:groups") == {b"other"}
+        assert not await redis.exists("asynq:{default}:g:grp")
+        assert await redis.zcard("asynq:{default}:g:other") == 1
 
 
 SEEDERS: dict[str, Callable[[Redis, GoTask], Awaitable[None]]] = {
