@@ -782,6 +782,35 @@ async def test_bulk_ops_drop_ids_without_hashes(redis: Redis, insp: Inspector) -
     assert await ids_of(redis, "asynq:{default}:archived") == []
 
 
+@pytest.mark.parametrize(
+    ("op", "state"),
+    [
+        ("run_all", "scheduled"),
+        ("run_all", "aggregating"),
+        ("archive_all", "pending"),
+        ("archive_all", "retry"),
+        ("archive_all", "aggregating"),
+        ("delete_all", "pending"),
+        ("delete_all", "archived"),
+        ("delete_all", "aggregating"),
+    ],
+)
+async def test_bulk_op_drops_an_id_without_hash(
+    redis: Redis, insp: Inspector, op: str, state: str
+) -> None:
+    await go.register_queue(redis, "default")
+    source = "asynq:{default}:g:grp" if state == "aggregating" else f"asynq:{{default}}:{state}"
+    if state == "pending":
+        await redis.lpush(source, "ghost")
+    else:
+        await redis.zadd(source, {"ghost": 1})
+    if state == "aggregating":
+        await redis.sadd("asynq:{default}:groups", "grp")
+    group = "grp" if state == "aggregating" else None
+    assert await getattr(insp, op)("default", state, group=group) == 0
+    assert await redis.keys("asynq:{default}:*") == []
+
+
 # -- delete queue -----------------------------------------------------------------------------
 
 
