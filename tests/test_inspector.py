@@ -435,6 +435,18 @@ async def test_archive_task(redis: Redis, insp: Inspector) -> None:
     assert await redis.smembers("asynq:{default}:groups") == set()
 
 
+async def test_archive_task_trims_by_age_alone(redis: Redis, insp: Inspector) -> None:
+    old, recent = GoTask("old"), GoTask("recent")
+    await go.seed_archived(redis, old, NOW - timedelta(days=91))
+    await go.seed_archived(redis, recent, NOW - timedelta(days=89))
+    p = GoTask("p")
+    await go.schedule(redis, p, NOW + timedelta(hours=1))
+    await insp.archive_task("default", p.id)
+    assert await ids_of(redis, "asynq:{default}:archived") == [recent.id, p.id]
+    assert not await redis.exists(old.key)
+    assert await state_of(redis, recent) == "archived"
+
+
 async def test_archive_trim_deletes_trimmed_hashes(redis: Redis, insp: Inspector) -> None:
     old = GoTask("old")
     await go.seed_archived(redis, old, NOW - timedelta(days=91))
