@@ -443,6 +443,18 @@ async def test_archiving_a_group_trims_the_archive_with_the_hashes(
     assert await redis.exists(elsewhere.key)
 
 
+async def test_archiving_a_group_trims_by_age_alone(redis: Redis, insp: Inspector) -> None:
+    made = await seed_mixed(redis)
+    too_old = GoTask("old")
+    await go.seed_archived(redis, too_old, NOW - timedelta(days=91))
+    result = await insp.archive_error_group(CONN.key)
+    assert (result.acted, result.skipped) == (3, 0)
+    assert not await redis.exists(too_old.key)
+    assert await redis.zscore("asynq:{default}:archived", too_old.id) is None
+    assert await redis.zcard("asynq:{default}:archived") == 13
+    assert await _states(redis, made["key"]) == ["archived"] * 5
+
+
 @pytest.mark.parametrize("action", ["run", "delete"])
 async def test_running_or_deleting_a_group_never_trims_the_archive(
     redis: Redis, insp: Inspector, monkeypatch: pytest.MonkeyPatch, action: str
