@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -360,6 +361,16 @@ async def test_run_group_moves_exactly_its_tasks(redis: Redis, insp: Inspector) 
     assert after.total == 11
 
 
+async def test_run_group_queues_behind_the_pending_tasks(redis: Redis, insp: Inspector) -> None:
+    await seed_mixed(redis)
+    (waiting,) = await redis.lrange("asynq:{default}:pending", 0, -1)
+    result = await insp.run_error_group(VALUE.key)
+    assert (result.acted, result.skipped) == (2, 0)
+    # Workers take from the tail: the task already pending still runs first.
+    pending = await redis.lrange("asynq:{default}:pending", 0, -1)
+    assert len(pending) == 3 and pending[-1] == waiting
+
+
 async def test_archive_group_archives_its_retry_tasks(redis: Redis, insp: Inspector) -> None:
     made = await seed_mixed(redis)
     result = await insp.archive_error_group(CONN.key)
@@ -470,7 +481,7 @@ async def test_running_or_deleting_a_group_never_trims_the_archive(
     assert await _states(redis, [too_old, *made["key"]]) == ["archived"] * 6
 
 
-async def test_archiving_nothing_trims_nothing(
+async def test_archiving_trims_once_a_task_was_archived(
     redis: Redis, insp: Inspector, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("asyncq._broker.triage.ARCHIVE_MAX_SIZE", 2)
@@ -482,6 +493,14 @@ async def test_archiving_nothing_trims_nothing(
     assert await broker.act("default", TaskState.RETRY, "archive", stale) == []
     assert await redis.zcard("asynq:{default}:archived") == 11
     assert await _states(redis, [too_old, *made["value"]]) == ["archived"] + ["retry"] * 2
+    # One task archived is enough for the trim.
+    one = made["value"][0]
+    raw = await redis.hget(one.key, "msg")
+    assert isinstance(raw, bytes)
+    digest = hashlib.sha1(raw, usedforsecurity=False).hexdigest()
+    assert await broker.act("default", TaskState.RETRY, "archive", [(one.id, digest)]) == [one.id]
+    kept = {m.decode() for m in await redis.zrange("asynq:{default}:archived", 0, -1)}
+    assert too_old.id not in kept and one.id in kept and len(kept) == 1
 
 
 async def test_deleting_a_group_leaves_locks_it_does_not_own(redis: Redis, insp: Inspector) -> None:
