@@ -854,11 +854,15 @@ async def test_force_delete_queue_removes_staged_aggregation_sets(
     set_key = await go.seed_aggregation_set(
         redis, "default", "grp", staged, NOW, NOW + timedelta(minutes=2)
     )
+    staged_later = [GoTask("g", group_key="grp") for _ in range(2)]
+    later_key = await go.seed_aggregation_set(
+        redis, "default", "grp", staged_later, NOW, NOW + timedelta(minutes=3)
+    )
     with pytest.raises(QueueNotEmptyError):
         await insp.delete_queue("default")
     await insp.delete_queue("default", force=True)
-    assert not await redis.exists(set_key, "asynq:{default}:aggregation_sets")
-    assert not await redis.exists(*(t.key for t in staged))
+    assert not await redis.exists(set_key, later_key, "asynq:{default}:aggregation_sets")
+    assert not await redis.exists(*(t.key for t in staged + staged_later))
 
 
 async def test_force_delete_queue_never_follows_a_set_of_another_queue(
