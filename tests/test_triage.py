@@ -549,6 +549,33 @@ async def test_a_wrong_typed_destination_writes_nothing(
     assert await _states(redis, made["value"]) == ["retry"] * 2
 
 
+def _digest(t: GoTask) -> str:
+    return hashlib.sha1(t.encode(), usedforsecurity=False).hexdigest()
+
+
+async def test_an_action_reads_its_pairs_as_id_then_digest(redis: Redis) -> None:
+    # Ids are any strings, so one can be another task's digest: the script must take
+    # the arguments two by two, never an id as a digest or a digest as an id. Here a
+    # task of another error group is named by a's digest, and b's id is its digest.
+    a = GoTask("t", error_msg="OSError: a")
+    other = GoTask("t", id=_digest(a), error_msg="ValueError: another group")
+    b = GoTask("t", id=_digest(other), error_msg="OSError: b")
+    for t in (a, other, b):
+        await go.seed_retry(redis, t, NOW)
+    broker = triage_mod.TriageBroker(redis, clock=NOW.timestamp)
+    done = await broker.act(
+        "default", TaskState.RETRY, "delete", [(a.id, _digest(a)), (b.id, _digest(b))]
+    )
+    assert done == [a.id, b.id]
+    assert await _states(redis, [a, other, b]) == [None, "retry", None]
+    # Nor is a key named like a digest checked as a task key.
+    c = GoTask("t", error_msg="OSError: c")
+    await go.seed_retry(redis, c, NOW)
+    await redis.set(f"asynq:{{default}}:t:{_digest(c)}", "another program's")
+    assert await broker.act("default", TaskState.RETRY, "run", [(c.id, _digest(c))]) == [c.id]
+    assert await _states(redis, [c]) == ["pending"]
+
+
 async def test_group_action_arguments_are_checked(redis: Redis, insp: Inspector) -> None:
     await seed_mixed(redis)
     with pytest.raises(ValueError, match="12 hex digits"):
