@@ -693,23 +693,39 @@ SEEDERS: dict[str, Callable[[Redis, GoTask], Awaitable[None]]] = {
 }
 
 
-@pytest.mark.parametrize("state", ["pending", "scheduled", "retry", "archived", "completed"])
+@pytest.mark.parametrize(
+    "state", ["pending", "scheduled", "retry", "archived", "completed", "aggregating"]
+)
 async def test_delete_all_releases_only_the_locks_its_tasks_own(
     redis: Redis, insp: Inspector, state: str
 ) -> None:
     lock = "asynq:{default}:unique:"
-    own = GoTask("own", unique_key=lock + "own", completed_at=go.unix(NOW), retention=60)
-    stale = GoTask("stale", unique_key=lock + "stale", completed_at=go.unix(NOW), retention=60)
+    own, stale = (
+        GoTask(
+            name,
+            unique_key=lock + name,
+            completed_at=go.unix(NOW),
+            retention=60,
+            group_key="grp",
+        )
+        for name in ("own", "stale")
+    )
     for t in (own, stale):
-        if state == "completed":
-            await go.seed_completed(redis, t)
+        if state in ("completed", "aggregating"):
+            # A unique task that reached its group from the scheduled set keeps the
+            # unique_key field the scheduling wrote.
+            if state == "completed":
+                await go.seed_completed(redis, t)
+            else:
+                await go.add_to_group(redis, t, NOW)
             await redis.hset(t.key, "unique_key", t.unique_key)
             await redis.set(t.unique_key, t.id)
         else:
             await SEEDERS[state](redis, t)
     # The stale task's lock was taken over by a newer task with the same key.
     await redis.set(stale.unique_key, "newer")
-    assert await insp.delete_all("default", state) == 2
+    group = "grp" if state == "aggregating" else None
+    assert await insp.delete_all("default", state, group=group) == 2
     assert not await redis.exists(own.unique_key, own.key, stale.key)
     assert await redis.get(stale.unique_key) == b"newer"
 
