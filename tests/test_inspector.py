@@ -516,8 +516,9 @@ async def test_single_task_op_refuses_a_hash_without_state(
     await redis.hset(broken.key, "msg", broken.encode())
     await redis.zadd("asynq:{default}:scheduled", {broken.id: go.unix(NOW)})
     before = await snapshot(redis)
-    with pytest.raises(BrokerError, match=r"internal error: task hash has no state field"):
+    with pytest.raises(BrokerError, match=r"internal error: task hash has no state field") as err:
         await getattr(insp, op)("default", broken.id)
+    assert str(err.value).endswith(f"no state field: {broken.key}")
     assert await snapshot(redis) == before
 
 
