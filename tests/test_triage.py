@@ -362,13 +362,16 @@ async def test_run_group_moves_exactly_its_tasks(redis: Redis, insp: Inspector) 
 
 
 async def test_run_group_queues_behind_the_pending_tasks(redis: Redis, insp: Inspector) -> None:
-    await seed_mixed(redis)
+    made = await seed_mixed(redis)
     (waiting,) = await redis.lrange("asynq:{default}:pending", 0, -1)
     result = await insp.run_error_group(VALUE.key)
     assert (result.acted, result.skipped) == (2, 0)
     # Workers take from the tail: the task already pending still runs first.
     pending = await redis.lrange("asynq:{default}:pending", 0, -1)
     assert len(pending) == 3 and pending[-1] == waiting
+    # Pending from now on, as the queue latency counts it.
+    for t in made["value"]:
+        assert await redis.hget(t.key, "pending_since") == str(go.unix_ns(NOW)).encode()
 
 
 async def test_archive_group_archives_its_retry_tasks(redis: Redis, insp: Inspector) -> None:
@@ -574,6 +577,22 @@ async def test_an_action_reads_its_pairs_as_id_then_digest(redis: Redis) -> None
     await redis.set(f"asynq:{{default}}:t:{_digest(c)}", "another program's")
     assert await broker.act("default", TaskState.RETRY, "run", [(c.id, _digest(c))]) == [c.id]
     assert await _states(redis, [c]) == ["pending"]
+
+
+async def test_a_later_wrong_typed_task_key_fails_the_call_before_any_write(
+    redis: Redis,
+) -> None:
+    good, broken = GoTask("t", error_msg="OSError: a"), GoTask("t", error_msg="OSError: a")
+    for t in (good, broken):
+        await go.seed_retry(redis, t, NOW)
+    digests = [(t.id, _digest(t)) for t in (good, broken)]
+    await redis.delete(broken.key)
+    await redis.set(broken.key, "not a hash")
+    before = {k: await redis.dump(k) for k in sorted(await redis.keys("*"))}
+    broker = triage_mod.TriageBroker(redis, clock=NOW.timestamp)
+    with pytest.raises(BrokerError, match=f"WRONGTYPE {broken.key} is not a hash"):
+        await broker.act("default", TaskState.RETRY, "run", digests)
+    assert {k: await redis.dump(k) for k in sorted(await redis.keys("*"))} == before
 
 
 async def test_group_action_arguments_are_checked(redis: Redis, insp: Inspector) -> None:
