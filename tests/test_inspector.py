@@ -16,6 +16,7 @@ from redis.exceptions import ResponseError
 
 from asyncq._inspection.inspector import Inspector
 from asyncq.errors import (
+    BrokerError,
     FailedPreconditionError,
     QueueNotEmptyError,
     QueueNotFoundError,
@@ -434,6 +435,18 @@ async def test_archive_task(redis: Redis, insp: Inspector) -> None:
     assert await redis.smembers("asynq:{default}:groups") == set()
 
 
+async def test_archive_task_trims_by_age_alone(redis: Redis, insp: Inspector) -> None:
+    old, recent = GoTask("old"), GoTask("recent")
+    await go.seed_archived(redis, old, NOW - timedelta(days=91))
+    await go.seed_archived(redis, recent, NOW - timedelta(days=89))
+    p = GoTask("p")
+    await go.schedule(redis, p, NOW + timedelta(hours=1))
+    await insp.archive_task("default", p.id)
+    assert await ids_of(redis, "asynq:{default}:archived") == [recent.id, p.id]
+    assert not await redis.exists(old.key)
+    assert await state_of(redis, recent) == "archived"
+
+
 async def test_archive_trim_deletes_trimmed_hashes(redis: Redis, insp: Inspector) -> None:
     old = GoTask("old")
     await go.seed_archived(redis, old, NOW - timedelta(days=91))
@@ -483,6 +496,86 @@ async def test_delete_task_releases_unique_lock(redis: Redis, insp: Inspector) -
     await go.add_to_group(redis, g, NOW)
     await insp.delete_task("default", g.id)
     assert await redis.smembers("asynq:{default}:groups") == set()
+
+
+async def snapshot(redis: Redis) -> dict[bytes, tuple[bytes, bytes | None]]:
+    """Every key with its type and DUMP bytes: equal snapshots mean nothing was written."""
+    return {k: (await redis.type(k), await redis.dump(k)) for k in sorted(await redis.keys("*"))}
+
+
+SINGLE_TASK_OPS = ["run_task", "archive_task", "delete_task"]
+
+
+@pytest.mark.parametrize("op", SINGLE_TASK_OPS)
+async def test_single_task_op_refuses_a_hash_without_state(
+    redis: Redis, insp: Inspector, op: str
+) -> None:
+    p = GoTask("p")
+    await go.enqueue(redis, p, NOW)
+    broken = GoTask("broken")
+    await redis.hset(broken.key, "msg", broken.encode())
+    await redis.zadd("asynq:{default}:scheduled", {broken.id: go.unix(NOW)})
+    before = await snapshot(redis)
+    with pytest.raises(BrokerError, match=r"internal error: task hash has no state field") as err:
+        await getattr(insp, op)("default", broken.id)
+    assert str(err.value).endswith(f"no state field: {broken.key}")
+    assert await snapshot(redis) == before
+
+
+@pytest.mark.parametrize("op", SINGLE_TASK_OPS)
+async def test_single_task_op_on_a_grouped_task_checks_the_groups_set_first(
+    redis: Redis, insp: Inspector, op: str
+) -> None:
+    # The task is its group's last: the op would empty the group and then SREM the
+    # groups key, which is not a set. The check must refuse before the first write.
+    g = GoTask("g", group_key="grp")
+    await go.add_to_group(redis, g, NOW)
+    await redis.delete("asynq:{default}:groups")
+    await redis.rpush("asynq:{default}:groups", "grp")
+    before = await snapshot(redis)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await getattr(insp, op)("default", g.id)
+    assert await snapshot(redis) == before
+    # A scheduled task that carries a group name never touches the groups key.
+    s = GoTask("s", group_key="grp")
+    await go.schedule(redis, s, NOW + timedelta(hours=1))
+    await getattr(insp, op)("default", s.id)
+    assert await redis.lrange("asynq:{default}:groups", 0, -1) == [b"grp"]
+    assert await redis.zscore("asynq:{default}:scheduled", s.id) is None
+
+
+async def test_delete_task_removes_every_copy_from_pending(redis: Redis, insp: Inspector) -> None:
+    # A pending list holding an id twice (an old double push) must not keep a copy
+    # that points at the deleted hash.
+    p, d = GoTask("p"), GoTask("d")
+    await go.enqueue(redis, p, NOW)
+    await go.enqueue(redis, d, NOW)
+    await redis.rpush("asynq:{default}:pending", d.id)
+    await insp.delete_task("default", d.id)
+    assert await ids_of(redis, "asynq:{default}:pending") == [p.id]
+    assert not await redis.exists(d.key)
+
+
+async def test_archive_task_removes_every_copy_from_pending(redis: Redis, insp: Inspector) -> None:
+    # A copy left in pending would be taken by a worker: an archived task would run.
+    p, a = GoTask("p"), GoTask("a")
+    await go.enqueue(redis, p, NOW)
+    await go.enqueue(redis, a, NOW)
+    await redis.rpush("asynq:{default}:pending", a.id)
+    await insp.archive_task("default", a.id)
+    assert await ids_of(redis, "asynq:{default}:pending") == [p.id]
+    assert await ids_of(redis, "asynq:{default}:archived") == [a.id]
+
+
+async def test_run_task_queues_behind_the_pending_tasks(redis: Redis, insp: Inspector) -> None:
+    # Workers take from the tail of the pending list, so a task run from the Inspector
+    # goes to the head: behind the tasks already waiting, as in asynq.
+    p = GoTask("p")
+    await go.enqueue(redis, p, NOW)
+    a = GoTask("a")
+    await go.seed_archived(redis, a, NOW)
+    await insp.run_task("default", a.id)
+    assert await ids_of(redis, "asynq:{default}:pending") == [a.id, p.id]
 
 
 async def test_update_task_payload(redis: Redis, insp: Inspector) -> None:
@@ -556,6 +649,8 @@ async def test_delete_all(redis: Redis, insp: Inspector, state: str) -> None:
     assert getattr(info, state) == (1 if state == "aggregating" else 0)
     if state == "aggregating":
         assert await redis.smembers("asynq:{default}:groups") == {b"other"}
+        assert not await redis.exists("asynq:{default}:g:grp")
+        assert await redis.zcard("asynq:{default}:g:other") == 1
     assert info.active == 1
 
 
@@ -585,6 +680,123 @@ async def test_archive_all(redis: Redis, insp: Inspector, state: str) -> None:
         assert t.id in archived and await state_of(redis, t) == "archived"
     info = await insp.queue_info("default")
     assert getattr(info, state) == (1 if state == "aggregating" else 0)
+    if state == "aggregating":
+        assert await redis.smembers("asynq:{default}:groups") == {b"other"}
+        assert not await redis.exists("asynq:{default}:g:grp")
+        assert await redis.zcard("asynq:{default}:g:other") == 1
+
+
+SEEDERS: dict[str, Callable[[Redis, GoTask], Awaitable[None]]] = {
+    "pending": lambda r, t: go.enqueue(r, t, NOW),
+    "scheduled": lambda r, t: go.schedule(r, t, NOW + timedelta(hours=1)),
+    "retry": lambda r, t: go.seed_retry(r, t, NOW),
+    "archived": lambda r, t: go.seed_archived(r, t, NOW),
+}
+
+
+@pytest.mark.parametrize(
+    "state", ["pending", "scheduled", "retry", "archived", "completed", "aggregating"]
+)
+async def test_delete_all_releases_only_the_locks_its_tasks_own(
+    redis: Redis, insp: Inspector, state: str
+) -> None:
+    lock = "asynq:{default}:unique:"
+    own, stale = (
+        GoTask(
+            name,
+            unique_key=lock + name,
+            completed_at=go.unix(NOW),
+            retention=60,
+            group_key="grp",
+        )
+        for name in ("own", "stale")
+    )
+    for t in (own, stale):
+        if state in ("completed", "aggregating"):
+            # A unique task that reached its group from the scheduled set keeps the
+            # unique_key field the scheduling wrote.
+            if state == "completed":
+                await go.seed_completed(redis, t)
+            else:
+                await go.add_to_group(redis, t, NOW)
+            await redis.hset(t.key, "unique_key", t.unique_key)
+            await redis.set(t.unique_key, t.id)
+        else:
+            await SEEDERS[state](redis, t)
+    # The stale task's lock was taken over by a newer task with the same key.
+    await redis.set(stale.unique_key, "newer")
+    group = "grp" if state == "aggregating" else None
+    assert await insp.delete_all("default", state, group=group) == 2
+    assert not await redis.exists(own.unique_key, own.key, stale.key)
+    assert await redis.get(stale.unique_key) == b"newer"
+
+
+async def test_delete_task_keeps_a_lock_another_task_holds(redis: Redis, insp: Inspector) -> None:
+    t = GoTask("t", unique_key="asynq:{default}:unique:t:")
+    await go.schedule(redis, t, NOW + timedelta(hours=1))
+    await redis.set(t.unique_key, "newer")
+    await insp.delete_task("default", t.id)
+    assert not await redis.exists(t.key)
+    assert await redis.get(t.unique_key) == b"newer"
+
+
+@pytest.mark.parametrize("state", ["scheduled", "aggregating"])
+async def test_run_all_queues_behind_the_pending_tasks(
+    redis: Redis, insp: Inspector, state: str
+) -> None:
+    seeded = await seed_every_state(redis)
+    group = "grp" if state == "aggregating" else None
+    await insp.run_all("default", state, group=group)
+    # Pushed at the head in score order: the earliest to run is nearest the tail, and
+    # every task already pending still runs before them.
+    by_score = [m.decode() for m in await redis.zrange(f"asynq:{{default}}:{state}", 0, -1)]
+    assert by_score == []
+    moved = await ids_of(redis, "asynq:{default}:pending")
+    assert moved[-2:] == [t.id for t in reversed(seeded["pending"])]
+    assert set(moved[:-2]) == {t.id for t in seeded[state]}
+    if state == "aggregating":
+        assert await redis.smembers("asynq:{default}:groups") == {b"other"}
+        assert await redis.zcard("asynq:{default}:g:other") == 1
+
+
+async def test_run_all_keeps_the_score_order(redis: Redis, insp: Inspector) -> None:
+    s1, s2, s3 = GoTask("s1"), GoTask("s2"), GoTask("s3")
+    await go.schedule(redis, s2, NOW + timedelta(hours=2))
+    await go.schedule(redis, s1, NOW + timedelta(hours=1))
+    await go.schedule(redis, s3, NOW + timedelta(hours=3))
+    assert await insp.run_all("default", "scheduled") == 3
+    assert await ids_of(redis, "asynq:{default}:pending") == [s3.id, s2.id, s1.id]
+
+
+@pytest.mark.parametrize("state", ["pending", "scheduled", "retry", "aggregating"])
+async def test_archive_all_trims_by_age_and_cap_with_the_hashes(
+    redis: Redis, insp: Inspector, state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seeded = await seed_every_state(redis)  # two archived now, two or three of each state
+    # A cap keeps one task fewer (asynq's ZRANGE 0 -cap arithmetic): here the two
+    # archived now and those this call archives.
+    monkeypatch.setattr("asyncq._broker.inspect.ARCHIVE_MAX_SIZE", len(seeded[state]) + 3)
+    too_old = GoTask("old")
+    await go.seed_archived(redis, too_old, NOW - timedelta(days=91))
+    older = [GoTask("o") for _ in range(2)]
+    for i, t in enumerate(older):
+        await go.seed_archived(redis, t, NOW - timedelta(days=1, seconds=-i))
+    group = "grp" if state == "aggregating" else None
+    report = await insp.archive_all_report("default", state, group=group)
+    # The one archived 91 days ago goes by age, the two a day old over the cap.
+    assert (report.moved, report.deleted) == (len(seeded[state]), 3)
+    kept = await ids_of(redis, "asynq:{default}:archived")
+    assert set(kept) == {t.id for t in seeded["archived"] + seeded[state]}
+    for t in [too_old, *older]:
+        assert not await redis.exists(t.key)
+    for t in seeded["archived"] + seeded[state]:
+        assert await state_of(redis, t) == "archived"
+    # Another queue's archive is never trimmed, and no other task hash is touched.
+    other = GoTask("x", queue="other")
+    await go.seed_archived(redis, other, NOW - timedelta(days=91))
+    assert await insp.archive_all("default", state, group=group) == 0
+    assert await redis.exists(other.key)
+    assert await ids_of(redis, "asynq:{other}:archived") == [other.id]
 
 
 async def test_bulk_ops_drop_ids_without_hashes(redis: Redis, insp: Inspector) -> None:
@@ -597,6 +809,35 @@ async def test_bulk_ops_drop_ids_without_hashes(redis: Redis, insp: Inspector) -
     assert await insp.archive_all("default", "pending") == 0
     assert not await redis.exists("asynq:{default}:t:ghost")
     assert await ids_of(redis, "asynq:{default}:archived") == []
+
+
+@pytest.mark.parametrize(
+    ("op", "state"),
+    [
+        ("run_all", "scheduled"),
+        ("run_all", "aggregating"),
+        ("archive_all", "pending"),
+        ("archive_all", "retry"),
+        ("archive_all", "aggregating"),
+        ("delete_all", "pending"),
+        ("delete_all", "archived"),
+        ("delete_all", "aggregating"),
+    ],
+)
+async def test_bulk_op_drops_an_id_without_hash(
+    redis: Redis, insp: Inspector, op: str, state: str
+) -> None:
+    await go.register_queue(redis, "default")
+    source = "asynq:{default}:g:grp" if state == "aggregating" else f"asynq:{{default}}:{state}"
+    if state == "pending":
+        await redis.lpush(source, "ghost")
+    else:
+        await redis.zadd(source, {"ghost": 1})
+    if state == "aggregating":
+        await redis.sadd("asynq:{default}:groups", "grp")
+    group = "grp" if state == "aggregating" else None
+    assert await getattr(insp, op)("default", state, group=group) == 0
+    assert await redis.keys("asynq:{default}:*") == []
 
 
 # -- delete queue -----------------------------------------------------------------------------
@@ -630,11 +871,71 @@ async def test_force_delete_queue_removes_staged_aggregation_sets(
     set_key = await go.seed_aggregation_set(
         redis, "default", "grp", staged, NOW, NOW + timedelta(minutes=2)
     )
+    staged_later = [GoTask("g", group_key="grp") for _ in range(2)]
+    later_key = await go.seed_aggregation_set(
+        redis, "default", "grp", staged_later, NOW, NOW + timedelta(minutes=3)
+    )
     with pytest.raises(QueueNotEmptyError):
         await insp.delete_queue("default")
     await insp.delete_queue("default", force=True)
-    assert not await redis.exists(set_key, "asynq:{default}:aggregation_sets")
-    assert not await redis.exists(*(t.key for t in staged))
+    assert not await redis.exists(set_key, later_key, "asynq:{default}:aggregation_sets")
+    assert not await redis.exists(*(t.key for t in staged + staged_later))
+
+
+async def test_force_delete_queue_never_follows_a_set_of_another_queue(
+    redis: Redis, insp: Inspector
+) -> None:
+    # A damaged aggregation_sets index naming another queue's staged set: removing
+    # this queue drops the entry but leaves that set and its tasks to their queue.
+    theirs = [GoTask("g", group_key="grp", queue="other") for _ in range(2)]
+    their_set = await go.seed_aggregation_set(
+        redis, "other", "grp", theirs, NOW, NOW + timedelta(minutes=2)
+    )
+    await go.register_queue(redis, "default")
+    await redis.zadd("asynq:{default}:aggregation_sets", {their_set: go.unix(NOW)})
+    await insp.delete_queue("default", force=True)
+    assert not await redis.exists("asynq:{default}:aggregation_sets")
+    assert await redis.zcard(their_set) == 2
+    assert await redis.exists(*(t.key for t in theirs)) == 2
+    assert await insp.queues() == ["other"]
+
+
+@pytest.mark.parametrize(
+    "state", ["pending", "scheduled", "retry", "archived", "completed", "aggregating", "staged"]
+)
+async def test_delete_queue_refuses_one_task_in_any_state(
+    redis: Redis, insp: Inspector, state: str
+) -> None:
+    t = GoTask("t", group_key="grp", completed_at=go.unix(NOW), retention=60)
+    if state == "completed":
+        await go.seed_completed(redis, t)
+    elif state == "aggregating":
+        await go.add_to_group(redis, t, NOW)
+    elif state == "staged":
+        await go.seed_aggregation_set(redis, "default", "grp", [t], NOW, NOW)
+    else:
+        await SEEDERS[state](redis, t)
+    before = await snapshot(redis)
+    with pytest.raises(QueueNotEmptyError):
+        await insp.delete_queue("default")
+    assert await snapshot(redis) == before
+
+
+async def test_delete_queue_of_empty_groups_and_kept_locks(redis: Redis, insp: Inspector) -> None:
+    # A group still named in the groups set but with no task left does not make the
+    # queue non-empty; the set goes with the queue.
+    await go.register_queue(redis, "default")
+    await redis.sadd("asynq:{default}:groups", "gone")
+    await insp.delete_queue("default")
+    assert await redis.keys("*") == []
+    # A forced removal deletes the locks its tasks own, never one a newer task took over.
+    own = GoTask("own", unique_key="asynq:{default}:unique:own")
+    stale = GoTask("stale", unique_key="asynq:{default}:unique:stale")
+    await go.schedule(redis, own, NOW + timedelta(hours=1))
+    await go.enqueue(redis, stale, NOW)
+    await redis.set(stale.unique_key, "newer")
+    await insp.delete_queue("default", force=True)
+    assert sorted(await redis.keys("*")) == [stale.unique_key.encode()]
 
 
 async def test_delete_queue_refuses_completed_or_aggregating(redis: Redis, insp: Inspector) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -360,6 +361,19 @@ async def test_run_group_moves_exactly_its_tasks(redis: Redis, insp: Inspector) 
     assert after.total == 11
 
 
+async def test_run_group_queues_behind_the_pending_tasks(redis: Redis, insp: Inspector) -> None:
+    made = await seed_mixed(redis)
+    (waiting,) = await redis.lrange("asynq:{default}:pending", 0, -1)
+    result = await insp.run_error_group(VALUE.key)
+    assert (result.acted, result.skipped) == (2, 0)
+    # Workers take from the tail: the task already pending still runs first.
+    pending = await redis.lrange("asynq:{default}:pending", 0, -1)
+    assert len(pending) == 3 and pending[-1] == waiting
+    # Pending from now on, as the queue latency counts it.
+    for t in made["value"]:
+        assert await redis.hget(t.key, "pending_since") == str(go.unix_ns(NOW)).encode()
+
+
 async def test_archive_group_archives_its_retry_tasks(redis: Redis, insp: Inspector) -> None:
     made = await seed_mixed(redis)
     result = await insp.archive_error_group(CONN.key)
@@ -417,6 +431,168 @@ async def test_tasks_that_moved_meanwhile_are_skipped_and_counted(
     result = await insp.delete_error_group(KEYERR.key)
     assert (result.acted, result.skipped) == (2, 3)
     assert await _states(redis, keyerr) == ["pending", "archived", None, None, None]
+
+
+async def test_archiving_a_group_trims_the_archive_with_the_hashes(
+    redis: Redis, insp: Inspector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cap of 9 keeps 8 (asynq's ZRANGE 0 -cap arithmetic).
+    monkeypatch.setattr("asyncq._broker.triage.ARCHIVE_MAX_SIZE", 9)
+    made = await seed_mixed(redis)
+    too_old = GoTask("old")
+    await go.seed_archived(redis, too_old, NOW - timedelta(days=91))
+    elsewhere = GoTask("old", queue="critical")
+    await go.seed_archived(redis, elsewhere, NOW - timedelta(days=91))
+    result = await insp.archive_error_group(CONN.key)
+    assert (result.acted, result.skipped) == (3, 0)
+    # default's archive: 4 + 5 + 1 before, the 91-day-old one goes by age, and of the
+    # 13 left after the 3 arrive the 5 oldest (the KeyError tasks) go over the cap.
+    kept = {m.decode() for m in await redis.zrange("asynq:{default}:archived", 0, -1)}
+    assert kept == {t.id for t in made["conn"][:7] + made["bad"]}
+    for t in [too_old, *made["key"]]:
+        assert not await redis.exists(t.key)
+    assert await _states(redis, made["conn"][:7]) == ["archived"] * 7
+    # Only the archive the tasks went to is trimmed.
+    assert await redis.zcard("asynq:{critical}:archived") == 6
+    assert await redis.exists(elsewhere.key)
+
+
+async def test_archiving_a_group_trims_by_age_alone(redis: Redis, insp: Inspector) -> None:
+    made = await seed_mixed(redis)
+    too_old = GoTask("old")
+    await go.seed_archived(redis, too_old, NOW - timedelta(days=91))
+    result = await insp.archive_error_group(CONN.key)
+    assert (result.acted, result.skipped) == (3, 0)
+    assert not await redis.exists(too_old.key)
+    assert await redis.zscore("asynq:{default}:archived", too_old.id) is None
+    assert await redis.zcard("asynq:{default}:archived") == 13
+    assert await _states(redis, made["key"]) == ["archived"] * 5
+
+
+@pytest.mark.parametrize("action", ["run", "delete"])
+async def test_running_or_deleting_a_group_never_trims_the_archive(
+    redis: Redis, insp: Inspector, monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    monkeypatch.setattr("asyncq._broker.triage.ARCHIVE_MAX_SIZE", 2)
+    made = await seed_mixed(redis)
+    too_old = GoTask("old")
+    await go.seed_archived(redis, too_old, NOW - timedelta(days=91))
+    act = insp.run_error_group if action == "run" else insp.delete_error_group
+    result = await act(VALUE.key)
+    assert (result.acted, result.skipped) == (2, 0)
+    assert await redis.zcard("asynq:{default}:archived") == 11
+    assert await _states(redis, [too_old, *made["key"]]) == ["archived"] * 6
+
+
+async def test_archiving_trims_once_a_task_was_archived(
+    redis: Redis, insp: Inspector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("asyncq._broker.triage.ARCHIVE_MAX_SIZE", 3)
+    made = await seed_mixed(redis)
+    too_old = GoTask("old")
+    await go.seed_archived(redis, too_old, NOW - timedelta(days=91))
+    stale = [(t.id, "0" * 40) for t in made["value"]]  # both failed again meanwhile
+    broker = triage_mod.TriageBroker(redis, clock=NOW.timestamp)
+    assert await broker.act("default", TaskState.RETRY, "archive", stale) == []
+    assert await redis.zcard("asynq:{default}:archived") == 11
+    assert await _states(redis, [too_old, *made["value"]]) == ["archived"] + ["retry"] * 2
+    # One task archived is enough for the trim.
+    one = made["value"][0]
+    raw = await redis.hget(one.key, "msg")
+    assert isinstance(raw, bytes)
+    digest = hashlib.sha1(raw, usedforsecurity=False).hexdigest()
+    assert await broker.act("default", TaskState.RETRY, "archive", [(one.id, digest)]) == [one.id]
+    # The cap of 3 keeps the two newest: the undecodable one archived now, and this one.
+    kept = {m.decode() for m in await redis.zrange("asynq:{default}:archived", 0, -1)}
+    assert kept == {one.id, made["bad"][0].id}
+
+
+async def test_deleting_a_group_leaves_locks_it_does_not_own(redis: Redis, insp: Inspector) -> None:
+    made = await seed_mixed(redis)
+    taken, broken = made["value"]
+    await redis.set(taken.unique_key, "newer")  # a newer task holds the same lock now
+    await redis.delete(broken.unique_key)
+    await redis.hset(broken.unique_key, "x", "y")  # another program's key of that name
+    result = await insp.delete_error_group(VALUE.key)
+    assert (result.acted, result.skipped) == (2, 0)
+    assert not await redis.exists(taken.key, broken.key)
+    assert await redis.get(taken.unique_key) == b"newer"
+    assert await redis.hgetall(broken.unique_key) == {b"x": b"y"}
+
+
+@pytest.mark.parametrize(("action", "key"), [("run", "pending"), ("archive", "archived")])
+async def test_a_wrong_typed_destination_writes_nothing(
+    redis: Redis, insp: Inspector, monkeypatch: pytest.MonkeyPatch, action: str, key: str
+) -> None:
+    made = await seed_mixed(redis)
+    real_act = triage_mod.TriageBroker.act
+    before: dict[bytes, tuple[bytes, bytes | None]] = {}
+
+    async def breaking_act(
+        self: triage_mod.TriageBroker,
+        qname: str,
+        state: TaskState,
+        action: str,
+        tasks: Sequence[tuple[str, str]],
+    ) -> list[str]:
+        # Between the read and the action another program writes the destination.
+        dest = f"asynq:{{{qname}}}:{key}"
+        await redis.delete(dest)
+        await redis.sadd(dest, "x")
+        for k in sorted(await redis.keys("*")):
+            before[k] = (await redis.type(k), await redis.dump(k))
+        return await real_act(self, qname, state, action, tasks)
+
+    monkeypatch.setattr(triage_mod.TriageBroker, "act", breaking_act)
+    act = insp.run_error_group if action == "run" else insp.archive_error_group
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await act(VALUE.key)
+    after = {k: (await redis.type(k), await redis.dump(k)) for k in sorted(await redis.keys("*"))}
+    assert after == before
+    assert await _states(redis, made["value"]) == ["retry"] * 2
+
+
+def _digest(t: GoTask) -> str:
+    return hashlib.sha1(t.encode(), usedforsecurity=False).hexdigest()
+
+
+async def test_an_action_reads_its_pairs_as_id_then_digest(redis: Redis) -> None:
+    # Ids are any strings, so one can be another task's digest: the script must take
+    # the arguments two by two, never an id as a digest or a digest as an id. Here a
+    # task of another error group is named by a's digest, and b's id is its digest.
+    a = GoTask("t", error_msg="OSError: a")
+    other = GoTask("t", id=_digest(a), error_msg="ValueError: another group")
+    b = GoTask("t", id=_digest(other), error_msg="OSError: b")
+    for t in (a, other, b):
+        await go.seed_retry(redis, t, NOW)
+    broker = triage_mod.TriageBroker(redis, clock=NOW.timestamp)
+    done = await broker.act(
+        "default", TaskState.RETRY, "delete", [(a.id, _digest(a)), (b.id, _digest(b))]
+    )
+    assert done == [a.id, b.id]
+    assert await _states(redis, [a, other, b]) == [None, "retry", None]
+    # Nor is a key named like a digest checked as a task key.
+    c = GoTask("t", error_msg="OSError: c")
+    await go.seed_retry(redis, c, NOW)
+    await redis.set(f"asynq:{{default}}:t:{_digest(c)}", "another program's")
+    assert await broker.act("default", TaskState.RETRY, "run", [(c.id, _digest(c))]) == [c.id]
+    assert await _states(redis, [c]) == ["pending"]
+
+
+async def test_a_later_wrong_typed_task_key_fails_the_call_before_any_write(
+    redis: Redis,
+) -> None:
+    good, broken = GoTask("t", error_msg="OSError: a"), GoTask("t", error_msg="OSError: a")
+    for t in (good, broken):
+        await go.seed_retry(redis, t, NOW)
+    digests = [(t.id, _digest(t)) for t in (good, broken)]
+    await redis.delete(broken.key)
+    await redis.set(broken.key, "not a hash")
+    before = {k: await redis.dump(k) for k in sorted(await redis.keys("*"))}
+    broker = triage_mod.TriageBroker(redis, clock=NOW.timestamp)
+    with pytest.raises(BrokerError, match=f"WRONGTYPE {broken.key} is not a hash"):
+        await broker.act("default", TaskState.RETRY, "run", digests)
+    assert {k: await redis.dump(k) for k in sorted(await redis.keys("*"))} == before
 
 
 async def test_group_action_arguments_are_checked(redis: Redis, insp: Inspector) -> None:

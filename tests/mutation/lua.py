@@ -116,6 +116,8 @@ TESTS: dict[str, tuple[str, ...]] = {
     ),
     "read_aggregation_set": (*BROKER_TESTS, "tests/test_broker_records.py"),
     "delete_aggregation_set": (*BROKER_TESTS, "tests/test_broker_records.py"),
+    # the failure triage's bulk actions are tested with the error groups they act on
+    "inspect_error_group_action": (*INSPECTOR_TESTS, "tests/test_triage.py"),
 }
 STATE_TRANSITIONS = (
     "enqueue", "enqueue_unique", "enqueue_many", "schedule", "schedule_unique", "add_to_group",
@@ -133,6 +135,8 @@ STATE_TRANSITIONS = (
 
 
 def tests_for(script: str) -> tuple[str, ...]:
+    if script in TESTS:
+        return TESTS[script]
     if script.startswith("inspect_"):
         return INSPECTOR_TESTS
     if script.startswith("workflow_"):

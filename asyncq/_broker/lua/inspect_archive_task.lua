@@ -26,7 +26,9 @@ elseif state == "archived" then
     return -1
 elseif state == "pending" then
     local lkey = ARGV[5] .. "pending"
-    if redis.call("LREM", lkey, 1, ARGV[1]) == 0 then
+    -- Every copy (asyncq; asynq removes one): a copy left behind would be taken by a
+    -- worker and run the task while it is archived.
+    if redis.call("LREM", lkey, 0, ARGV[1]) == 0 then
         return redis.error_reply("internal error: task id not found in list " .. lkey)
     end
 elseif state == "aggregating" then

@@ -1,9 +1,16 @@
 -- Inspector: delete every task of one group (asynq DeleteAllAggregatingTasks).
 -- KEYS[1] group sorted set  KEYS[2] groups  ARGV[1] task key prefix  ARGV[2] group name
+-- Unlike asynq, also releases each task's uniqueness lock when the task owns it, as
+-- deleting a single task or every task of another state does.
 -- Returns the number of task hashes deleted.
 local n = 0
 for _, id in ipairs(redis.call("ZRANGE", KEYS[1], 0, -1)) do
-    n = n + redis.call("DEL", ARGV[1] .. id)
+    local key = ARGV[1] .. id
+    local unique_key = redis.call("HGET", key, "unique_key")
+    if unique_key and unique_key ~= "" and redis.call("GET", unique_key) == id then
+        redis.call("DEL", unique_key)
+    end
+    n = n + redis.call("DEL", key)
 end
 redis.call("SREM", KEYS[2], ARGV[2])
 redis.call("DEL", KEYS[1])

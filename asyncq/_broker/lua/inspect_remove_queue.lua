@@ -51,11 +51,15 @@ for _, gname in ipairs(groups) do
     end
     redis.call("DEL", gkey)
 end
+-- Only this queue's sets are followed: an entry naming any other key (a damaged
+-- index) goes with the index, and another queue's set is never emptied from here.
 for _, setkey in ipairs(redis.call("ZRANGE", KEYS[9], 0, -1)) do
-    for _, id in ipairs(redis.call("ZRANGE", setkey, 0, -1)) do
-        drop(id)
+    if string.sub(setkey, 1, #ARGV[3]) == ARGV[3] then
+        for _, id in ipairs(redis.call("ZRANGE", setkey, 0, -1)) do
+            drop(id)
+        end
+        redis.call("DEL", setkey)
     end
-    redis.call("DEL", setkey)
 end
 for i = 1, 10 do
     redis.call("DEL", KEYS[i])
