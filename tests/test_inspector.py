@@ -769,6 +769,20 @@ async def test_run_all_keeps_the_score_order(redis: Redis, insp: Inspector) -> N
 
 
 @pytest.mark.parametrize("state", ["pending", "scheduled", "retry", "aggregating"])
+async def test_archive_all_trims_by_age_alone(redis: Redis, insp: Inspector, state: str) -> None:
+    seeded = await seed_every_state(redis)
+    old, recent = GoTask("old"), GoTask("recent")
+    await go.seed_archived(redis, old, NOW - timedelta(days=91))
+    await go.seed_archived(redis, recent, NOW - timedelta(days=89))
+    group = "grp" if state == "aggregating" else None
+    report = await insp.archive_all_report("default", state, group=group)
+    assert (report.moved, report.deleted) == (len(seeded[state]), 1)
+    kept = set(await ids_of(redis, "asynq:{default}:archived"))
+    assert kept == {t.id for t in seeded["archived"] + seeded[state] + [recent]}
+    assert not await redis.exists(old.key)
+
+
+@pytest.mark.parametrize("state", ["pending", "scheduled", "retry", "aggregating"])
 async def test_archive_all_trims_by_age_and_cap_with_the_hashes(
     redis: Redis, insp: Inspector, state: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
