@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -1094,3 +1095,38 @@ def test_inspector_rejects_decoded_clients(redis_url: str) -> None:
         Inspector(Redis.from_url(redis_url, decode_responses=True))
     with pytest.raises(ValueError, match="unsupported uri scheme"):
         Inspector("http://localhost")
+
+
+async def test_deletes_leave_a_wrong_typed_key_at_a_lock_name_alone(
+    redis: Redis, insp: Inspector
+) -> None:
+    """A key of another type where a task's uniqueness lock would be is no lock of the
+    task's: deleting every task of a state, or the whole queue, leaves that key and goes
+    on, instead of stopping half-way on GET's WRONGTYPE. Deleting that one task is
+    refused before any write, naming the key."""
+    foreign = "asynq:{default}:unique:foreign"
+
+    async def seed(state: str, names: tuple[str, ...]) -> list[GoTask]:
+        tasks = [GoTask(n, unique_key=foreign if n == "odd" else f"{foreign}:{n}") for n in names]
+        for t in tasks:
+            await SEEDERS[state](redis, t)
+        await redis.delete(foreign)
+        await redis.hset(foreign, "not", "a lock")
+        return tasks
+
+    for state in ("pending", "scheduled", "retry", "archived"):
+        tasks = await seed(state, ("odd", "plain"))
+        assert await insp.delete_all("default", state) == 2
+        assert not await redis.exists(*(t.key for t in tasks))
+        assert await redis.hgetall(foreign) == {b"not": b"a lock"}
+    (odd,) = await seed("scheduled", ("odd",))
+    with pytest.raises(BrokerError, match=re.escape(foreign)):
+        await insp.delete_task("default", odd.id)
+    assert await redis.zrange("asynq:{default}:scheduled", 0, -1) == [odd.id.encode()]
+    await redis.delete(foreign)
+    await insp.delete_task("default", odd.id)
+    assert not await redis.exists(odd.key)
+    await redis.hset(foreign, "not", "a lock")
+    tasks = await seed("pending", ("odd", "plain"))
+    await insp.delete_queue("default", force=True)
+    assert sorted(await redis.keys("*")) == [foreign.encode()]

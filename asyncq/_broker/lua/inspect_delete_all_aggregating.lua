@@ -7,7 +7,9 @@ local n = 0
 for _, id in ipairs(redis.call("ZRANGE", KEYS[1], 0, -1)) do
     local key = ARGV[1] .. id
     local unique_key = redis.call("HGET", key, "unique_key")
-    if unique_key and unique_key ~= "" and redis.call("GET", unique_key) == id then
+    -- pcall: a key of another type at the lock's name is no lock of this task's;
+    -- it is left alone (GET's WRONGTYPE would stop the script half-way).
+    if unique_key and unique_key ~= "" and redis.pcall("GET", unique_key) == id then
         redis.call("DEL", unique_key)
     end
     n = n + redis.call("DEL", key)
