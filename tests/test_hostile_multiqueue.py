@@ -78,6 +78,28 @@ async def test_forward_moves_a_healthy_queue_beside_a_damaged_one(
     assert f"WRONGTYPE {key} is not a {kind}" in warned[0]["problems"]
 
 
+async def test_forward_skips_a_queue_whose_due_tasks_group_is_damaged(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # The group a due task names is checked before the queue's first write: the
+    # damaged queue is skipped whole, the healthy one forwarded.
+    await _bad_queue_with_due_task(broker, redis, clock)
+    await redis.hset(keys.task_key(BAD, "b1"), "group", "grp")
+    await broker.schedule(make_msg("g1", GOOD), clock.dt - timedelta(seconds=5))
+    key = keys.group_key(BAD, "grp")
+    await _damage(redis, key, "zset")
+    before = {k: v for k, v in (await snapshot(redis)).items() if "{bad}" in k}
+
+    with capture_logs() as logs:
+        assert await broker.forward_queues(QUEUES) == 1
+
+    assert await redis.lrange(keys.pending_key(GOOD), 0, -1) == [b"g1"]
+    assert {k: v for k, v in (await snapshot(redis)).items() if "{bad}" in k} == before
+    warned = _named(logs, key)
+    assert len(warned) == 1, logs
+    assert warned[0]["problems"] == [f"WRONGTYPE {key} is not a zset"]
+
+
 async def test_forward_warnings_about_one_key_are_rate_limited(
     broker: Broker, redis: Redis, clock: FakeClock
 ) -> None:

@@ -317,6 +317,9 @@ async def test_passes_read_only_the_queues_named_not_their_other_arguments(
     await broker.enqueue(make_msg("a1", other))
     assert len((await broker.fetch([other], 1)).tasks) == 1
     clock.now += broker.lease_duration + 10
+    # one of its leases expired, one still running
+    await broker.enqueue(make_msg("a2", other))
+    assert len((await broker.fetch([other], 1)).tasks) == 1
     before = await snapshot(redis)
 
     assert await broker.forward_queues(["default"]) == 0
@@ -381,3 +384,75 @@ async def test_forward_reply_asks_again_only_when_a_set_had_a_full_batch(
     await broker.schedule(make_msg("s9", "default"), clock.dt - timedelta(seconds=5))
     assert await multi._call(_FORWARD, None, ["default"], args) == [1, 0]
     assert await redis.llen(keys.pending_key("default")) == 4
+
+
+async def test_forward_moves_a_due_grouped_task_to_its_group(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # A due task whose hash names a group (asynq's forward reads the "group" field)
+    # goes to that group's set, aggregating; one with an empty group field to pending.
+    due = clock.dt - timedelta(seconds=5)
+    await broker.schedule(make_msg("grouped", "default", group_key="g1"), due)
+    await broker.schedule(make_msg("plain", "default"), due)
+    await redis.hset(keys.task_key("default", "grouped"), "group", "g1")
+    await redis.hset(keys.task_key("default", "plain"), "group", "")
+
+    assert await broker.forward_queues(["default"]) == 2
+
+    assert await redis.zrange(keys.group_key("default", "g1"), 0, -1, withscores=True) == [
+        (b"grouped", int(clock.now))
+    ]
+    assert await redis.smembers(keys.all_groups("default")) == {b"g1"}
+    assert await redis.hget(keys.task_key("default", "grouped"), "state") == b"aggregating"
+    assert await redis.lrange(keys.pending_key("default"), 0, -1) == [b"plain"]
+    assert await redis.hget(keys.task_key("default", "plain"), "state") == b"pending"
+    assert await redis.zcard(keys.scheduled_key("default")) == 0
+
+
+@pytest.mark.parametrize("probe", [1, 2, 3])
+async def test_periodic_passes_probing_a_few_queues_at_a_time_see_every_queue(
+    redis: Redis, redis_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, probe: int
+) -> None:
+    # One EXISTS looks at `probe` queues' sets (1 on a cluster): however the queues are
+    # cut into chunks, the janitor, the forwarder, the lease scan and the reclaim of
+    # aggregation sets see each queue once.
+    from asyncq._broker import multiqueue
+
+    monkeypatch.setattr(multiqueue, "_PROBE_CHUNK", probe)
+    names = ["e1", "a", "e2", "e3", "b", "e4"]
+    busy = ["a", "b"]
+    # A script looping over its chunks for ever fails the call in seconds, not at the
+    # test's time limit.
+    client = Redis.from_url(redis_url, socket_timeout=30)
+    try:
+        broker = Broker(client, clock=clock)
+        for q in busy:
+            await broker.enqueue(make_msg(f"{q}-old", q))
+            await broker.enqueue(make_msg(f"{q}-done", q, retention=10))
+            for task in (await broker.fetch([q], 2)).tasks:
+                if task.message.id.endswith("-done"):
+                    await broker.mark_as_complete(task.message)
+        clock.now += broker.lease_duration + 60
+        for q in busy:
+            await broker.enqueue(make_msg(f"{q}-run", q))
+            assert len((await broker.fetch([q], 1)).tasks) == 1
+            await broker.schedule(make_msg(f"{q}-due", q), clock.dt - timedelta(seconds=5))
+            set_key = keys.aggregation_set_key(q, "grp", "s1")
+            await redis.zadd(set_key, {f"{q}-member": 5.0})
+            await redis.zadd(keys.all_aggregation_sets(q), {set_key: clock.now - 100})
+
+        assert await broker.delete_expired_completed_queues(names) == 2
+        assert await broker.forward_queues(names) == 2
+        expired, later = await broker.scan_leases(clock.dt, names)
+        await broker.reclaim_stale_aggregation_sets_queues(names)
+
+        for q in busy:
+            assert not await redis.exists(keys.task_key(q, f"{q}-done"))
+            assert await redis.zcard(keys.completed_key(q)) == 0
+            assert await redis.lrange(keys.pending_key(q), 0, -1) == [f"{q}-due".encode()]
+            assert await redis.zrange(keys.group_key(q, "grp"), 0, -1) == [f"{q}-member".encode()]
+            assert not await redis.exists(keys.aggregation_set_key(q, "grp", "s1"))
+        assert sorted((q, m.id) for q, m in expired) == [("a", "a-old"), ("b", "b-old")]
+        assert later == await redis.zscore(keys.lease_key("a"), "a-run")
+    finally:
+        await client.aclose()
