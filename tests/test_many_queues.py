@@ -456,3 +456,40 @@ async def test_periodic_passes_probing_a_few_queues_at_a_time_see_every_queue(
         assert later == await redis.zscore(keys.lease_key("a"), "a-run")
     finally:
         await client.aclose()
+
+
+async def test_at_one_queue_per_probe_no_script_command_spans_two_slots(
+    broker: Broker, redis: Redis, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a cluster a probe names one queue: even with allow-cross-slot-keys one command
+    # inside a script cannot span slots. One server runs such a command anyway, so
+    # the keys of every EXISTS the multi-queue scripts run are read from MONITOR.
+    from redis.crc import key_slot
+
+    from asyncq._broker import multiqueue
+
+    monkeypatch.setattr(multiqueue, "_PROBE_CHUNK", 1)
+    names = ["a", "b", "c"]
+    for q in names:
+        await broker.enqueue(make_msg(f"{q}-1", q))
+        await broker.schedule(make_msg(f"{q}-2", q), clock.dt - timedelta(seconds=5))
+    mark = "end of the passes"
+    probes: list[list[str]] = []
+    async with redis.monitor() as monitor:
+        assert len((await broker.fetch(names, 10)).tasks) == 3
+        assert await broker.forward_queues(names) == 3
+        await broker.scan_leases(clock.dt, names)
+        await broker.delete_expired_completed_queues(names)
+        await broker.reclaim_stale_aggregation_sets_queues(names)
+        await redis.echo(mark)
+        while True:
+            command = await monitor.next_command()
+            words = command["command"].split(" ")
+            if command["client_type"] == "lua" and words[0].upper() == "EXISTS":
+                probes.append(words[1:])
+            elif command["command"] == f"ECHO {mark}":
+                break
+    # each of the five scripts probes each queue on its own
+    assert len(probes) >= 5 * len(names), probes
+    for keys_ in probes:
+        assert len({key_slot(k.encode()) for k in keys_}) == 1, keys_
