@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from asyncq import Client, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.multiqueue import _FORWARD, _PROBE_CHUNK, MultiQueue
+from asyncq._broker.multiqueue import _DELETE_EXPIRED_COMPLETED, _FORWARD, _PROBE_CHUNK, MultiQueue
 from asyncq._worker.processor import QueueOrder
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
@@ -493,3 +493,36 @@ async def test_at_one_queue_per_probe_no_script_command_spans_two_slots(
     assert len(probes) >= 5 * len(names), probes
     for keys_ in probes:
         assert len({key_slot(k.encode()) for k in keys_}) == 1, keys_
+
+
+async def _completed(broker: Broker, qname: str, *ids: str) -> None:
+    """Tasks of *qname* completed now, kept 10 s."""
+    for id_ in ids:
+        await broker.enqueue(make_msg(id_, qname, retention=10))
+    for task in (await broker.fetch([qname], len(ids))).tasks:
+        await broker.mark_as_complete(task.message)
+
+
+async def test_janitor_reply_asks_again_only_when_a_queue_had_a_full_batch(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # {deleted, more}: more is 1 only when a completed set gave a full batch (the
+    # janitor calls again); otherwise one call is enough.
+    multi = MultiQueue(broker)
+    await _completed(broker, "default", "c0", "c1", "c2")
+    clock.now += 60
+    args = (int(clock.now), 3, _PROBE_CHUNK)
+    assert await multi._call(_DELETE_EXPIRED_COMPLETED, None, ["default"], args) == [3, 1]
+    assert await multi._call(_DELETE_EXPIRED_COMPLETED, None, ["default"], args) == [0, 0]
+    await _completed(broker, "default", "c9")
+    clock.now += 60
+    args = (int(clock.now), 3, _PROBE_CHUNK)
+    assert await multi._call(_DELETE_EXPIRED_COMPLETED, None, ["default"], args) == [1, 0]
+    # Through the janitor: batches of 2 until no queue fills one.
+    await _completed(broker, "a", *(f"a{i}" for i in range(5)))
+    await _completed(broker, "b", "b0")
+    clock.now += 60
+    assert await multi.delete_expired_completed(["a", "b"], batch_size=2) == 6
+    assert await redis.zcard(keys.completed_key("a")) == 0
+    assert await redis.zcard(keys.completed_key("b")) == 0
+    assert await redis.keys("asynq:{?}:t:*") == []
