@@ -526,3 +526,22 @@ async def test_janitor_reply_asks_again_only_when_a_queue_had_a_full_batch(
     assert await redis.zcard(keys.completed_key("a")) == 0
     assert await redis.zcard(keys.completed_key("b")) == 0
     assert await redis.keys("asynq:{?}:t:*") == []
+
+
+async def test_forward_drops_a_due_id_without_a_task_hash(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # An id whose hash is gone cannot become a task: it leaves the scheduled and retry
+    # sets (nothing is pushed), so the next pass does not find it again.
+    due = clock.now - 5
+    await redis.zadd(keys.scheduled_key("default"), {"gone-s": due})
+    await redis.zadd(keys.retry_key("default"), {"gone-r": due})
+    await broker.schedule(make_msg("kept", "default"), clock.dt - timedelta(seconds=5))
+
+    assert await broker.forward_queues(["default"]) == 3
+
+    assert await redis.zcard(keys.scheduled_key("default")) == 0
+    assert await redis.zcard(keys.retry_key("default")) == 0
+    assert await redis.lrange(keys.pending_key("default"), 0, -1) == [b"kept"]
+    assert not await redis.exists(keys.task_key("default", "gone-s"))
+    assert await broker.forward_queues(["default"]) == 0
