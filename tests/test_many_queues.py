@@ -545,3 +545,22 @@ async def test_forward_drops_a_due_id_without_a_task_hash(
     assert await redis.lrange(keys.pending_key("default"), 0, -1) == [b"kept"]
     assert not await redis.exists(keys.task_key("default", "gone-s"))
     assert await broker.forward_queues(["default"]) == 0
+
+
+@pytest.mark.parametrize("probe", [1, 2, 200])
+async def test_forward_finds_a_queue_whose_only_due_task_is_a_retry(
+    broker: Broker, redis: Redis, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, probe: int
+) -> None:
+    # The probe of a chunk names each queue's retry set beside its scheduled set.
+    from asyncq._broker import multiqueue
+
+    monkeypatch.setattr(multiqueue, "_PROBE_CHUNK", probe)
+    msg = make_msg("r1", "r")
+    await redis.hset(keys.task_key("r", "r1"), mapping={"msg": bytes(msg), "state": "retry"})
+    await redis.zadd(keys.retry_key("r"), {"r1": clock.now - 5})
+
+    assert await broker.forward_queues(["e1", "r", "e2"]) == 1
+
+    assert await redis.lrange(keys.pending_key("r"), 0, -1) == [b"r1"]
+    assert await redis.hget(keys.task_key("r", "r1"), "state") == b"pending"
+    assert await redis.zcard(keys.retry_key("r")) == 0
