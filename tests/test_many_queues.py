@@ -564,3 +564,20 @@ async def test_forward_finds_a_queue_whose_only_due_task_is_a_retry(
     assert await redis.lrange(keys.pending_key("r"), 0, -1) == [b"r1"]
     assert await redis.hget(keys.task_key("r", "r1"), "state") == b"pending"
     assert await redis.zcard(keys.retry_key("r")) == 0
+
+
+async def test_periodic_passes_over_idle_queues_run_only_their_probes(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # One EXISTS per 200 queues finds nothing to do: over idle queues the forwarder, the
+    # lease scan, the janitor and the reclaim run nothing else inside Redis.
+    names = [f"idle{i:03d}" for i in range(2 * _PROBE_CHUNK)]
+    before = await command_calls(redis)
+
+    assert await broker.forward_queues(names) == 0
+    assert await broker.scan_leases(clock.dt, names) == ([], None)
+    assert await broker.delete_expired_completed_queues(names) == 0
+    await broker.reclaim_stale_aggregation_sets_queues(names)
+
+    calls = delta(await command_calls(redis), before)
+    assert {k: n for k, n in calls.items() if k in IN_SCRIPT} == {"exists": 4 * 2}, calls
