@@ -308,6 +308,26 @@ async def test_enqueue_batch_results_and_state(
     await assert_ids_have_hashes(redis)
 
 
+async def test_enqueue_batch_that_writes_nothing_registers_no_queue(
+    broker: Broker, redis: Redis
+) -> None:
+    # Go asynq's RemoveQueue unregisters a queue but leaves its completed tasks' hashes:
+    # a batch whose every id is one of them writes nothing, so it does not list the
+    # queue again either.
+    await broker.enqueue(make_msg("left", retention=3600))
+    task = await transitions.dequeue(broker, [Q])
+    assert task is not None
+    await broker.mark_as_complete(task.message)
+    await redis.srem(keys.ALL_QUEUES, Q)
+    await redis.delete(keys.completed_key(Q))
+    before = await snapshot(redis)
+
+    results = await broker.enqueue_batch([PendingItem(Q, "left", bytes(make_msg("left")))])
+
+    assert isinstance(results[0], TaskIdConflictError)
+    assert await snapshot(redis) == before
+
+
 async def test_enqueue_batch_unique_variants_and_script_flush(
     broker: Broker, redis: Redis, clock: FakeClock
 ) -> None:
