@@ -234,3 +234,21 @@ async def test_forward_with_nothing_due_does_not_read_a_damaged_pending_list(
 
     assert await snapshot(redis) == before
     assert [e for e in logs if e["log_level"] == "warning"] == []
+
+
+async def test_reclaim_with_no_stale_set_does_not_read_a_damaged_groups_set(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # Only the keys a stale set would be written back to are checked: with every set
+    # before its deadline the queue has nothing to skip and nothing to warn about.
+    set_key = keys.aggregation_set_key(BAD, "grp", "s1")
+    await redis.zadd(set_key, {"b1": 5.0})
+    await redis.zadd(keys.all_aggregation_sets(BAD), {set_key: clock.now + 100})
+    await _damage(redis, keys.all_groups(BAD), "set")
+    before = await snapshot(redis)
+
+    with capture_logs() as logs:
+        await broker.reclaim_stale_aggregation_sets_queues(QUEUES)
+
+    assert await snapshot(redis) == before
+    assert [e for e in logs if e["log_level"] == "warning"] == []
