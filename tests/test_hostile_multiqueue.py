@@ -252,3 +252,27 @@ async def test_reclaim_with_no_stale_set_does_not_read_a_damaged_groups_set(
 
     assert await snapshot(redis) == before
     assert [e for e in logs if e["log_level"] == "warning"] == []
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        keys.group_key(BAD, "grp"),  # a group, not one of its sets
+        keys.aggregation_set_key(GOOD, "grp", "s1"),  # another queue's set
+        "asynq:{bad}:grp:s1",  # not under the queue's group prefix
+    ],
+)
+async def test_reclaim_skips_a_queue_whose_stale_entry_is_not_one_of_its_sets(
+    broker: Broker, redis: Redis, clock: FakeClock, member: str
+) -> None:
+    await redis.zadd(member, {"b1": 5.0})
+    await redis.zadd(keys.all_aggregation_sets(BAD), {member: clock.now - 100})
+    before = await snapshot(redis)
+
+    with capture_logs() as logs:
+        await broker.reclaim_stale_aggregation_sets_queues(QUEUES)
+
+    assert await snapshot(redis) == before
+    warned = _named(logs, member)
+    assert len(warned) == 1, logs
+    assert "not an aggregation set of a group of this queue" in repr(warned[0])
