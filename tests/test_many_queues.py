@@ -581,3 +581,32 @@ async def test_periodic_passes_over_idle_queues_run_only_their_probes(
 
     calls = delta(await command_calls(redis), before)
     assert {k: n for k, n in calls.items() if k in IN_SCRIPT} == {"exists": 4 * 2}, calls
+
+
+async def test_reclaim_puts_every_member_of_a_stale_set_back(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # Every member goes back with its score; a stale entry whose set is gone adds no
+    # group; a set before its deadline stays staged.
+    q = "default"
+    stale = keys.aggregation_set_key(q, "grp", "s1")
+    gone = keys.aggregation_set_key(q, "empty", "s2")
+    fresh = keys.aggregation_set_key(q, "later", "s3")
+    await redis.zadd(stale, {"m1": 5.0, "m2": 6.0, "m3": 7.0})
+    await redis.zadd(fresh, {"f1": 8.0})
+    await redis.zadd(
+        keys.all_aggregation_sets(q),
+        {stale: clock.now - 100, gone: clock.now - 50, fresh: clock.now + 100},
+    )
+
+    await broker.reclaim_stale_aggregation_sets_queues([q])
+
+    assert await redis.zrange(keys.group_key(q, "grp"), 0, -1, withscores=True) == [
+        (b"m1", 5.0),
+        (b"m2", 6.0),
+        (b"m3", 7.0),
+    ]
+    assert await redis.smembers(keys.all_groups(q)) == {b"grp"}
+    assert not await redis.exists(stale)
+    assert await redis.zrange(keys.all_aggregation_sets(q), 0, -1) == [fresh.encode()]
+    assert await redis.zrange(fresh, 0, -1) == [b"f1"]
