@@ -440,6 +440,30 @@ async def test_a_rate_key_of_another_type_stops_the_fetch_before_its_queue(
     assert await redis.llen(keys.active_key(Q)) == 0
 
 
+async def test_a_limit_key_of_another_type_stops_the_fetch_before_its_rated_queue(
+    redis: Redis,
+) -> None:
+    # A queue with a rate has its limit key checked too: the call keeps what it took
+    # before that queue.
+    first = await _fill(redis, 1, queue="default")
+    await _fill(redis, 2)
+    await redis.hset(f"asynq:{{{Q}}}:asyncq:limit", "x", "y")
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue(["default", Q], 5, limits={Q: (-1, -1, 1_000_000, 5)})
+    assert [t.message.id for t in got.tasks] == first
+    assert await redis.llen(keys.pending_key(Q)) == 2
+
+
+async def test_a_rate_key_of_another_type_is_not_read_without_a_rate(redis: Redis) -> None:
+    # Only the keys a fetch uses are checked: a queue with no rate is served whatever
+    # its rate key holds.
+    ids = await _fill(redis, 2)
+    await redis.set(f"asynq:{{{Q}}}:asyncq:rate", "damaged")
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue([Q], 5)
+    assert sorted(t.message.id for t in got.tasks) == sorted(ids)
+
+
 async def test_rate_bucket_refills_with_redis_time(redis: Redis) -> None:
     await _fill(redis, 20)
     mq = MultiQueue(Broker(redis))
