@@ -464,6 +464,18 @@ async def test_a_rate_key_of_another_type_is_not_read_without_a_rate(redis: Redi
     assert sorted(t.message.id for t in got.tasks) == sorted(ids)
 
 
+async def test_a_limit_of_zero_holds_the_queue(redis: Redis) -> None:
+    await _fill(redis, 3)
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue([Q], 10, limits={Q: (0, -1)})
+    assert got.tasks == [] and got.held == {Q}
+    async with Inspector(redis) as insp:
+        await insp.set_limit(Q, 0)  # stored: no configured limit needed
+    got = await mq.dequeue([Q], 10)
+    assert got.tasks == [] and got.held == {Q}
+    assert await redis.llen(keys.pending_key(Q)) == 3
+
+
 async def test_rate_bucket_refills_with_redis_time(redis: Redis) -> None:
     await _fill(redis, 20)
     mq = MultiQueue(Broker(redis))
@@ -544,6 +556,7 @@ async def test_ordered_queue_takes_one_task_and_holds_behind_a_retry(
     await redis.lrem(keys.active_key(Q), 1, ids[0])
     await redis.zrem(keys.lease_key(Q), ids[0])
     await redis.zadd(keys.retry_key(Q), {ids[0]: int(time.time()) - 1})
+    assert (await mq.dequeue([Q], 1)).tasks == []
     assert (await mq.dequeue([Q], 10)).tasks == []
     assert await mq.forward([Q]) == 1  # back at the end of pending taken next
     again = await mq.dequeue([Q], 10)
