@@ -464,6 +464,18 @@ async def test_a_rate_key_of_another_type_is_not_read_without_a_rate(redis: Redi
     assert sorted(t.message.id for t in got.tasks) == sorted(ids)
 
 
+async def test_a_byte_budget_of_zero_takes_only_a_free_first_task(redis: Redis) -> None:
+    # The fetch loop's budget runs down to 0 (bytes already in flight): nothing more
+    # fits, unless nothing is in flight and the first task may exceed it.
+    ids = await _fill(redis, 3)
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue([Q], 10, max_bytes=0, first_free=False)
+    assert got.tasks == []
+    got = await mq.dequeue([Q], 10, max_bytes=0, first_free=True)
+    assert [t.message.id for t in got.tasks] == ids[:1]
+    assert await redis.llen(keys.pending_key(Q)) == 2
+
+
 async def test_a_limit_of_zero_holds_the_queue(redis: Redis) -> None:
     await _fill(redis, 3)
     mq = MultiQueue(Broker(redis))
