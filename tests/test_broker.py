@@ -308,6 +308,26 @@ async def test_enqueue_batch_results_and_state(
     await assert_ids_have_hashes(redis)
 
 
+async def test_enqueue_batch_that_writes_nothing_registers_no_queue(
+    broker: Broker, redis: Redis
+) -> None:
+    # Go asynq's RemoveQueue unregisters a queue but leaves its completed tasks' hashes:
+    # a batch whose every id is one of them writes nothing, so it does not list the
+    # queue again either.
+    await broker.enqueue(make_msg("left", retention=3600))
+    task = await transitions.dequeue(broker, [Q])
+    assert task is not None
+    await broker.mark_as_complete(task.message)
+    await redis.srem(keys.ALL_QUEUES, Q)
+    await redis.delete(keys.completed_key(Q))
+    before = await snapshot(redis)
+
+    results = await broker.enqueue_batch([PendingItem(Q, "left", bytes(make_msg("left")))])
+
+    assert isinstance(results[0], TaskIdConflictError)
+    assert await snapshot(redis) == before
+
+
 async def test_enqueue_batch_unique_variants_and_script_flush(
     broker: Broker, redis: Redis, clock: FakeClock
 ) -> None:
@@ -402,6 +422,25 @@ async def test_wakeup_from_unique_requeue_and_forward(
     assert await next_wakeup(wakeups) == b"default"
     await broker.redis.publish(keys.wakeup_channel(Q), "marker")
     assert await next_wakeup(wakeups) == b"marker"
+
+
+async def test_wakeup_from_the_forwarder_only_when_pending_was_empty(
+    broker: Broker, redis: Redis, clock: FakeClock, wakeups: PubSub
+) -> None:
+    # A due task onto an empty pending list: a wake-up.
+    await broker.schedule(make_msg("s1"), clock.dt)
+    assert await broker.forward_queues([Q]) == 1
+    assert await next_wakeup(wakeups) == b"default"
+    await broker.redis.publish(keys.wakeup_channel(Q), "marker")
+    assert await next_wakeup(wakeups) == b"marker"
+    # Onto a list that already holds work, or nothing due: none.
+    await broker.schedule(make_msg("s2"), clock.dt)
+    await broker.schedule(make_msg("s3"), clock.dt)
+    assert await broker.forward_queues([Q]) == 2
+    assert await broker.forward_queues([Q]) == 0
+    await broker.redis.publish(keys.wakeup_channel(Q), "marker")
+    assert await next_wakeup(wakeups) == b"marker"
+    assert await redis.lrange(PENDING, 0, -1) == [b"s3", b"s2", b"s1"]
 
 
 async def test_no_wakeup_for_scheduled_or_grouped_writes(

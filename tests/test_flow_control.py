@@ -440,6 +440,54 @@ async def test_a_rate_key_of_another_type_stops_the_fetch_before_its_queue(
     assert await redis.llen(keys.active_key(Q)) == 0
 
 
+async def test_a_limit_key_of_another_type_stops_the_fetch_before_its_rated_queue(
+    redis: Redis,
+) -> None:
+    # A queue with a rate has its limit key checked too: the call keeps what it took
+    # before that queue.
+    first = await _fill(redis, 1, queue="default")
+    await _fill(redis, 2)
+    await redis.hset(f"asynq:{{{Q}}}:asyncq:limit", "x", "y")
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue(["default", Q], 5, limits={Q: (-1, -1, 1_000_000, 5)})
+    assert [t.message.id for t in got.tasks] == first
+    assert await redis.llen(keys.pending_key(Q)) == 2
+
+
+async def test_a_rate_key_of_another_type_is_not_read_without_a_rate(redis: Redis) -> None:
+    # Only the keys a fetch uses are checked: a queue with no rate is served whatever
+    # its rate key holds.
+    ids = await _fill(redis, 2)
+    await redis.set(f"asynq:{{{Q}}}:asyncq:rate", "damaged")
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue([Q], 5)
+    assert sorted(t.message.id for t in got.tasks) == sorted(ids)
+
+
+async def test_a_byte_budget_of_zero_takes_only_a_free_first_task(redis: Redis) -> None:
+    # The fetch loop's budget runs down to 0 (bytes already in flight): nothing more
+    # fits, unless nothing is in flight and the first task may exceed it.
+    ids = await _fill(redis, 3)
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue([Q], 10, max_bytes=0, first_free=False)
+    assert got.tasks == []
+    got = await mq.dequeue([Q], 10, max_bytes=0, first_free=True)
+    assert [t.message.id for t in got.tasks] == ids[:1]
+    assert await redis.llen(keys.pending_key(Q)) == 2
+
+
+async def test_a_limit_of_zero_holds_the_queue(redis: Redis) -> None:
+    await _fill(redis, 3)
+    mq = MultiQueue(Broker(redis))
+    got = await mq.dequeue([Q], 10, limits={Q: (0, -1)})
+    assert got.tasks == [] and got.held == {Q}
+    async with Inspector(redis) as insp:
+        await insp.set_limit(Q, 0)  # stored: no configured limit needed
+    got = await mq.dequeue([Q], 10)
+    assert got.tasks == [] and got.held == {Q}
+    assert await redis.llen(keys.pending_key(Q)) == 3
+
+
 async def test_rate_bucket_refills_with_redis_time(redis: Redis) -> None:
     await _fill(redis, 20)
     mq = MultiQueue(Broker(redis))
@@ -520,6 +568,7 @@ async def test_ordered_queue_takes_one_task_and_holds_behind_a_retry(
     await redis.lrem(keys.active_key(Q), 1, ids[0])
     await redis.zrem(keys.lease_key(Q), ids[0])
     await redis.zadd(keys.retry_key(Q), {ids[0]: int(time.time()) - 1})
+    assert (await mq.dequeue([Q], 1)).tasks == []
     assert (await mq.dequeue([Q], 10)).tasks == []
     assert await mq.forward([Q]) == 1  # back at the end of pending taken next
     again = await mq.dequeue([Q], 10)

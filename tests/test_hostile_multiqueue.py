@@ -78,6 +78,28 @@ async def test_forward_moves_a_healthy_queue_beside_a_damaged_one(
     assert f"WRONGTYPE {key} is not a {kind}" in warned[0]["problems"]
 
 
+async def test_forward_skips_a_queue_whose_due_tasks_group_is_damaged(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # The group a due task names is checked before the queue's first write: the
+    # damaged queue is skipped whole, the healthy one forwarded.
+    await _bad_queue_with_due_task(broker, redis, clock)
+    await redis.hset(keys.task_key(BAD, "b1"), "group", "grp")
+    await broker.schedule(make_msg("g1", GOOD), clock.dt - timedelta(seconds=5))
+    key = keys.group_key(BAD, "grp")
+    await _damage(redis, key, "zset")
+    before = {k: v for k, v in (await snapshot(redis)).items() if "{bad}" in k}
+
+    with capture_logs() as logs:
+        assert await broker.forward_queues(QUEUES) == 1
+
+    assert await redis.lrange(keys.pending_key(GOOD), 0, -1) == [b"g1"]
+    assert {k: v for k, v in (await snapshot(redis)).items() if "{bad}" in k} == before
+    warned = _named(logs, key)
+    assert len(warned) == 1, logs
+    assert warned[0]["problems"] == [f"WRONGTYPE {key} is not a zset"]
+
+
 async def test_forward_warnings_about_one_key_are_rate_limited(
     broker: Broker, redis: Redis, clock: FakeClock
 ) -> None:
@@ -212,3 +234,45 @@ async def test_forward_with_nothing_due_does_not_read_a_damaged_pending_list(
 
     assert await snapshot(redis) == before
     assert [e for e in logs if e["log_level"] == "warning"] == []
+
+
+async def test_reclaim_with_no_stale_set_does_not_read_a_damaged_groups_set(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # Only the keys a stale set would be written back to are checked: with every set
+    # before its deadline the queue has nothing to skip and nothing to warn about.
+    set_key = keys.aggregation_set_key(BAD, "grp", "s1")
+    await redis.zadd(set_key, {"b1": 5.0})
+    await redis.zadd(keys.all_aggregation_sets(BAD), {set_key: clock.now + 100})
+    await _damage(redis, keys.all_groups(BAD), "set")
+    before = await snapshot(redis)
+
+    with capture_logs() as logs:
+        await broker.reclaim_stale_aggregation_sets_queues(QUEUES)
+
+    assert await snapshot(redis) == before
+    assert [e for e in logs if e["log_level"] == "warning"] == []
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        keys.group_key(BAD, "grp"),  # a group, not one of its sets
+        keys.aggregation_set_key(GOOD, "grp", "s1"),  # another queue's set
+        "asynq:{bad}:grp:s1",  # not under the queue's group prefix
+    ],
+)
+async def test_reclaim_skips_a_queue_whose_stale_entry_is_not_one_of_its_sets(
+    broker: Broker, redis: Redis, clock: FakeClock, member: str
+) -> None:
+    await redis.zadd(member, {"b1": 5.0})
+    await redis.zadd(keys.all_aggregation_sets(BAD), {member: clock.now - 100})
+    before = await snapshot(redis)
+
+    with capture_logs() as logs:
+        await broker.reclaim_stale_aggregation_sets_queues(QUEUES)
+
+    assert await snapshot(redis) == before
+    warned = _named(logs, member)
+    assert len(warned) == 1, logs
+    assert "not an aggregation set of a group of this queue" in repr(warned[0])

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from asyncq import Client, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.multiqueue import _FORWARD, _PROBE_CHUNK, MultiQueue
+from asyncq._broker.multiqueue import _DELETE_EXPIRED_COMPLETED, _FORWARD, _PROBE_CHUNK, MultiQueue
 from asyncq._worker.processor import QueueOrder
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
@@ -317,6 +317,9 @@ async def test_passes_read_only_the_queues_named_not_their_other_arguments(
     await broker.enqueue(make_msg("a1", other))
     assert len((await broker.fetch([other], 1)).tasks) == 1
     clock.now += broker.lease_duration + 10
+    # one of its leases expired, one still running
+    await broker.enqueue(make_msg("a2", other))
+    assert len((await broker.fetch([other], 1)).tasks) == 1
     before = await snapshot(redis)
 
     assert await broker.forward_queues(["default"]) == 0
@@ -381,3 +384,229 @@ async def test_forward_reply_asks_again_only_when_a_set_had_a_full_batch(
     await broker.schedule(make_msg("s9", "default"), clock.dt - timedelta(seconds=5))
     assert await multi._call(_FORWARD, None, ["default"], args) == [1, 0]
     assert await redis.llen(keys.pending_key("default")) == 4
+
+
+async def test_forward_moves_a_due_grouped_task_to_its_group(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # A due task whose hash names a group (asynq's forward reads the "group" field)
+    # goes to that group's set, aggregating; one with an empty group field to pending.
+    due = clock.dt - timedelta(seconds=5)
+    await broker.schedule(make_msg("grouped", "default", group_key="g1"), due)
+    await broker.schedule(make_msg("plain", "default"), due)
+    await redis.hset(keys.task_key("default", "grouped"), "group", "g1")
+    await redis.hset(keys.task_key("default", "plain"), "group", "")
+
+    assert await broker.forward_queues(["default"]) == 2
+
+    assert await redis.zrange(keys.group_key("default", "g1"), 0, -1, withscores=True) == [
+        (b"grouped", int(clock.now))
+    ]
+    assert await redis.smembers(keys.all_groups("default")) == {b"g1"}
+    assert await redis.hget(keys.task_key("default", "grouped"), "state") == b"aggregating"
+    assert await redis.lrange(keys.pending_key("default"), 0, -1) == [b"plain"]
+    assert await redis.hget(keys.task_key("default", "plain"), "state") == b"pending"
+    assert await redis.zcard(keys.scheduled_key("default")) == 0
+
+
+@pytest.mark.parametrize("probe", [1, 2, 3])
+async def test_periodic_passes_probing_a_few_queues_at_a_time_see_every_queue(
+    redis: Redis, redis_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, probe: int
+) -> None:
+    # One EXISTS looks at `probe` queues' sets (1 on a cluster): however the queues are
+    # cut into chunks, the janitor, the forwarder, the lease scan and the reclaim of
+    # aggregation sets see each queue once.
+    from asyncq._broker import multiqueue
+
+    monkeypatch.setattr(multiqueue, "_PROBE_CHUNK", probe)
+    names = ["e1", "a", "e2", "e3", "b", "e4"]
+    busy = ["a", "b"]
+    # A script looping over its chunks for ever fails the call in seconds, not at the
+    # test's time limit.
+    client = Redis.from_url(redis_url, socket_timeout=30)
+    try:
+        broker = Broker(client, clock=clock)
+        for q in busy:
+            await broker.enqueue(make_msg(f"{q}-old", q))
+            await broker.enqueue(make_msg(f"{q}-done", q, retention=10))
+            for task in (await broker.fetch([q], 2)).tasks:
+                if task.message.id.endswith("-done"):
+                    await broker.mark_as_complete(task.message)
+        clock.now += broker.lease_duration + 60
+        for q in busy:
+            await broker.enqueue(make_msg(f"{q}-run", q))
+            assert len((await broker.fetch([q], 1)).tasks) == 1
+            await broker.schedule(make_msg(f"{q}-due", q), clock.dt - timedelta(seconds=5))
+            set_key = keys.aggregation_set_key(q, "grp", "s1")
+            await redis.zadd(set_key, {f"{q}-member": 5.0})
+            await redis.zadd(keys.all_aggregation_sets(q), {set_key: clock.now - 100})
+
+        assert await broker.delete_expired_completed_queues(names) == 2
+        assert await broker.forward_queues(names) == 2
+        expired, later = await broker.scan_leases(clock.dt, names)
+        await broker.reclaim_stale_aggregation_sets_queues(names)
+
+        for q in busy:
+            assert not await redis.exists(keys.task_key(q, f"{q}-done"))
+            assert await redis.zcard(keys.completed_key(q)) == 0
+            assert await redis.lrange(keys.pending_key(q), 0, -1) == [f"{q}-due".encode()]
+            assert await redis.zrange(keys.group_key(q, "grp"), 0, -1) == [f"{q}-member".encode()]
+            assert not await redis.exists(keys.aggregation_set_key(q, "grp", "s1"))
+        assert sorted((q, m.id) for q, m in expired) == [("a", "a-old"), ("b", "b-old")]
+        assert later == await redis.zscore(keys.lease_key("a"), "a-run")
+    finally:
+        await client.aclose()
+
+
+async def test_at_one_queue_per_probe_no_script_command_spans_two_slots(
+    broker: Broker, redis: Redis, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a cluster a probe names one queue: even with allow-cross-slot-keys one command
+    # inside a script cannot span slots. One server runs such a command anyway, so
+    # the keys of every EXISTS the multi-queue scripts run are read from MONITOR.
+    from redis.crc import key_slot
+
+    from asyncq._broker import multiqueue
+
+    monkeypatch.setattr(multiqueue, "_PROBE_CHUNK", 1)
+    names = ["a", "b", "c"]
+    for q in names:
+        await broker.enqueue(make_msg(f"{q}-1", q))
+        await broker.schedule(make_msg(f"{q}-2", q), clock.dt - timedelta(seconds=5))
+    mark = "end of the passes"
+    probes: list[list[str]] = []
+    async with redis.monitor() as monitor:
+        assert len((await broker.fetch(names, 10)).tasks) == 3
+        assert await broker.forward_queues(names) == 3
+        await broker.scan_leases(clock.dt, names)
+        await broker.delete_expired_completed_queues(names)
+        await broker.reclaim_stale_aggregation_sets_queues(names)
+        await redis.echo(mark)
+        while True:
+            command = await monitor.next_command()
+            words = command["command"].split(" ")
+            if command["client_type"] == "lua" and words[0].upper() == "EXISTS":
+                probes.append(words[1:])
+            elif command["command"] == f"ECHO {mark}":
+                break
+    # each of the five scripts probes each queue on its own
+    assert len(probes) >= 5 * len(names), probes
+    for keys_ in probes:
+        assert len({key_slot(k.encode()) for k in keys_}) == 1, keys_
+
+
+async def _completed(broker: Broker, qname: str, *ids: str) -> None:
+    """Tasks of *qname* completed now, kept 10 s."""
+    for id_ in ids:
+        await broker.enqueue(make_msg(id_, qname, retention=10))
+    for task in (await broker.fetch([qname], len(ids))).tasks:
+        await broker.mark_as_complete(task.message)
+
+
+async def test_janitor_reply_asks_again_only_when_a_queue_had_a_full_batch(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # {deleted, more}: more is 1 only when a completed set gave a full batch (the
+    # janitor calls again); otherwise one call is enough.
+    multi = MultiQueue(broker)
+    await _completed(broker, "default", "c0", "c1", "c2")
+    clock.now += 60
+    args = (int(clock.now), 3, _PROBE_CHUNK)
+    assert await multi._call(_DELETE_EXPIRED_COMPLETED, None, ["default"], args) == [3, 1]
+    assert await multi._call(_DELETE_EXPIRED_COMPLETED, None, ["default"], args) == [0, 0]
+    await _completed(broker, "default", "c9")
+    clock.now += 60
+    args = (int(clock.now), 3, _PROBE_CHUNK)
+    assert await multi._call(_DELETE_EXPIRED_COMPLETED, None, ["default"], args) == [1, 0]
+    # Through the janitor: batches of 2 until no queue fills one.
+    await _completed(broker, "a", *(f"a{i}" for i in range(5)))
+    await _completed(broker, "b", "b0")
+    clock.now += 60
+    assert await multi.delete_expired_completed(["a", "b"], batch_size=2) == 6
+    assert await redis.zcard(keys.completed_key("a")) == 0
+    assert await redis.zcard(keys.completed_key("b")) == 0
+    assert await redis.keys("asynq:{?}:t:*") == []
+
+
+async def test_forward_drops_a_due_id_without_a_task_hash(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # An id whose hash is gone cannot become a task: it leaves the scheduled and retry
+    # sets (nothing is pushed), so the next pass does not find it again.
+    due = clock.now - 5
+    await redis.zadd(keys.scheduled_key("default"), {"gone-s": due})
+    await redis.zadd(keys.retry_key("default"), {"gone-r": due})
+    await broker.schedule(make_msg("kept", "default"), clock.dt - timedelta(seconds=5))
+
+    assert await broker.forward_queues(["default"]) == 3
+
+    assert await redis.zcard(keys.scheduled_key("default")) == 0
+    assert await redis.zcard(keys.retry_key("default")) == 0
+    assert await redis.lrange(keys.pending_key("default"), 0, -1) == [b"kept"]
+    assert not await redis.exists(keys.task_key("default", "gone-s"))
+    assert await broker.forward_queues(["default"]) == 0
+
+
+@pytest.mark.parametrize("probe", [1, 2, 200])
+async def test_forward_finds_a_queue_whose_only_due_task_is_a_retry(
+    broker: Broker, redis: Redis, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, probe: int
+) -> None:
+    # The probe of a chunk names each queue's retry set beside its scheduled set.
+    from asyncq._broker import multiqueue
+
+    monkeypatch.setattr(multiqueue, "_PROBE_CHUNK", probe)
+    msg = make_msg("r1", "r")
+    await redis.hset(keys.task_key("r", "r1"), mapping={"msg": bytes(msg), "state": "retry"})
+    await redis.zadd(keys.retry_key("r"), {"r1": clock.now - 5})
+
+    assert await broker.forward_queues(["e1", "r", "e2"]) == 1
+
+    assert await redis.lrange(keys.pending_key("r"), 0, -1) == [b"r1"]
+    assert await redis.hget(keys.task_key("r", "r1"), "state") == b"pending"
+    assert await redis.zcard(keys.retry_key("r")) == 0
+
+
+async def test_periodic_passes_over_idle_queues_run_only_their_probes(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # One EXISTS per 200 queues finds nothing to do: over idle queues the forwarder, the
+    # lease scan, the janitor and the reclaim run nothing else inside Redis.
+    names = [f"idle{i:03d}" for i in range(2 * _PROBE_CHUNK)]
+    before = await command_calls(redis)
+
+    assert await broker.forward_queues(names) == 0
+    assert await broker.scan_leases(clock.dt, names) == ([], None)
+    assert await broker.delete_expired_completed_queues(names) == 0
+    await broker.reclaim_stale_aggregation_sets_queues(names)
+
+    calls = delta(await command_calls(redis), before)
+    assert {k: n for k, n in calls.items() if k in IN_SCRIPT} == {"exists": 4 * 2}, calls
+
+
+async def test_reclaim_puts_every_member_of_a_stale_set_back(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # Every member goes back with its score; a stale entry whose set is gone adds no
+    # group; a set before its deadline stays staged.
+    q = "default"
+    stale = keys.aggregation_set_key(q, "grp", "s1")
+    gone = keys.aggregation_set_key(q, "empty", "s2")
+    fresh = keys.aggregation_set_key(q, "later", "s3")
+    await redis.zadd(stale, {"m1": 5.0, "m2": 6.0, "m3": 7.0})
+    await redis.zadd(fresh, {"f1": 8.0})
+    await redis.zadd(
+        keys.all_aggregation_sets(q),
+        {stale: clock.now - 100, gone: clock.now - 50, fresh: clock.now + 100},
+    )
+
+    await broker.reclaim_stale_aggregation_sets_queues([q])
+
+    assert await redis.zrange(keys.group_key(q, "grp"), 0, -1, withscores=True) == [
+        (b"m1", 5.0),
+        (b"m2", 6.0),
+        (b"m3", 7.0),
+    ]
+    assert await redis.smembers(keys.all_groups(q)) == {b"grp"}
+    assert not await redis.exists(stale)
+    assert await redis.zrange(keys.all_aggregation_sets(q), 0, -1) == [fresh.encode()]
+    assert await redis.zrange(fresh, 0, -1) == [b"f1"]

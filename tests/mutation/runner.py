@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 import redis as sync_redis
 from _pytest.runner import runtestprotocol
+from pytest_timeout import _get_item_settings  # type: ignore[import-untyped]
 
 from asyncq._broker._base import LUA_PACKAGE
 from asyncq._redis.scripts import Script, expand_includes, load_script
@@ -125,7 +126,7 @@ class _Loop:
             # The last test (or a failing one) tears everything down: the next run may
             # start with the same test, which must not find its own fixtures still set up.
             nextitem = order[n + 1] if n + 1 < len(order) else None
-            reports = runtestprotocol(item, log=False, nextitem=nextitem)
+            reports = self._protocol(item, nextitem)
             failed = [r for r in reports if r.failed]
             if failed:
                 if nextitem is not None:
@@ -134,6 +135,25 @@ class _Loop:
                 kind = "timeout" if any(mark in message for mark in TIMEOUT_MARKS) else "error"
                 return item, kind, message[:300]
         return None
+
+    @staticmethod
+    def _protocol(item: pytest.Item, nextitem: pytest.Item | None) -> list[pytest.TestReport]:
+        """One test's setup, call and teardown, under pytest-timeout's limit.
+
+        pytest-timeout sets its timer in the pytest_runtest_protocol hook, which
+        runtestprotocol does not go through: without this a mutant that makes a test
+        loop for ever (a reply that always asks again) would stop the run.
+        """
+        settings = _get_item_settings(item)
+        timed = bool(settings.timeout) and settings.timeout > 0 and not settings.func_only
+        hooks = item.config.pluginmanager.hook
+        if timed:
+            hooks.pytest_timeout_set_timer(item=item, settings=settings)
+        try:
+            return runtestprotocol(item, log=False, nextitem=nextitem)
+        finally:
+            if timed:
+                hooks.pytest_timeout_cancel_timer(item=item)
 
     def _passes_unmutated(self, item: pytest.Item) -> bool:
         """Whether *item* passes on the unmutated script (its failure was the mutant's)."""
