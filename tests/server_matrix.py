@@ -51,6 +51,7 @@ SUBSET = [
     "tests/test_crash.py",
     # workflows, flow control (limits, rates, ordered queues), type rates
     "tests/test_workflow.py",
+    "tests/test_workflow_scripts.py",
     "tests/test_flow_control.py",
     "tests/test_type_rate_limits.py",
     # the Inspector and its failure triage, the scheduler, Pub/Sub wake-ups, the golden

@@ -23,7 +23,7 @@ from asyncq.history import BUCKETS, HistoryRecorder, bucket_of, percentile, uppe
 from asyncq.hooks import NO_HOOKS, CombinedHooks, NoWorkerHooks, combine_hooks
 from asyncq.metrics import WorkerMetrics
 from asyncq.mux import Handler
-from tests.helpers import wait_until
+from tests.helpers import expiretime, wait_until
 
 QUEUES = ("hist-a", "hist-b")
 TIMED_MS = [4] * 20 + [30] * 15 + [120] * 5
@@ -156,7 +156,7 @@ async def test_history_is_what_known_handlers_did(
     assert hashes
     for key in hashes:
         minute = int(key.rsplit(b":", 1)[1])
-        expire_at = await redis.expiretime(key)
+        expire_at = await expiretime(redis, key)
         assert expire_at == (minute + 1) * 60 + 30 * 60  # the minute's end plus the retention
 
 
