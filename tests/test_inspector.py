@@ -1127,6 +1127,6 @@ async def test_deletes_leave_a_wrong_typed_key_at_a_lock_name_alone(
     await insp.delete_task("default", odd.id)
     assert not await redis.exists(odd.key)
     await redis.hset(foreign, "not", "a lock")
-    tasks = await seed("pending", ("odd", "plain"))
+    await seed("pending", ("odd", "plain"))
     await insp.delete_queue("default", force=True)
     assert sorted(await redis.keys("*")) == [foreign.encode()]

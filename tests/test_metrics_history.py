@@ -290,24 +290,15 @@ async def test_a_flush_writes_once_per_queue_and_minute(redis: Redis, redis_url:
 
 async def test_the_history_role_flushes_each_interval_and_at_shutdown(redis: Redis) -> None:
     """A supervised role of its own writes the counts; its finish writes the last ones."""
-    from asyncq._worker.config import ServerStats
     from asyncq._worker.history_flusher import HistoryFlusher
-    from asyncq._worker.queueset import QueueSet
-    from asyncq._worker.roles import RoleDeps, supervise
+    from asyncq._worker.roles import supervise
     from tests.fakebroker import FakeBroker
+    from tests.test_roles_fake_broker import role_deps
 
-    config = Server("redis://127.0.0.1:9/0").config  # validated; never connects
-    deps = RoleDeps(
-        broker=FakeBroker(),  # type: ignore[arg-type]  # the role never calls it
-        config=config,
-        log=structlog.get_logger(),
-        stats=ServerStats(),
-        queues=QueueSet(config.queues),
-    )
     recorder = HistoryRecorder(
         redis, flush_interval=timedelta(milliseconds=50), log=structlog.get_logger()
     )
-    role = HistoryFlusher(deps, recorder=recorder)
+    role = HistoryFlusher(role_deps(FakeBroker()), recorder=recorder)  # never calls it
     assert role.interval == 0.05
     running = asyncio.create_task(supervise(role))
 
