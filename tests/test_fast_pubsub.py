@@ -49,9 +49,12 @@ async def test_messages_patterns_and_confirmations(redis: Redis, redis_url: str)
                 "data": b"y",
             }
             await ps.unsubscribe("b")
-            await redis.publish("b", "after")
+            # Publish only once the server has confirmed: sent together, the two commands
+            # come from two connections, and the server may run the PUBLISH first.
             unsub = await ps.get_message(timeout=5.0)
             assert unsub is not None and unsub["type"] == "unsubscribe"
+            assert unsub["channel"] == b"b"
+            assert await redis.publish("b", "after") == 0  # no subscriber left on b
             assert await ps.get_message(ignore_subscribe_messages=True, timeout=0.1) is None
             assert set(ps.channels) == {b"a"}
         finally:
