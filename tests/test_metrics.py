@@ -111,6 +111,53 @@ async def test_standalone_exporter(redis_url: str, redis: Redis) -> None:
     await check_against_inspector(resp.text, redis_url)
 
 
+async def _raw(port: int, request: bytes) -> bytes:
+    """Send *request* as it is and read the exporter's whole answer (it closes after one)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        if not request.endswith(b"\r\n\r\n"):
+            writer.write_eof()  # a request cut short: the exporter sees the end of the stream
+        return await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+
+
+async def test_standalone_exporter_answers_malformed_requests(redis_url: str) -> None:
+    """What no HTTP client sends still gets a status line naming the problem, or a clean
+    close; the exporter goes on serving."""
+    async with Inspector(redis_url) as insp:
+        exporter = MetricsExporter(insp, port=0)
+        port = await exporter.start()
+        try:
+            bad = await _raw(port, b"NONSENSE\r\n\r\n")
+            assert bad.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+            assert bad.endswith(b"bad request\n")
+            big = b"GET /metrics HTTP/1.1\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n"
+            assert (await _raw(port, big)).startswith(b"HTTP/1.1 431 ")
+            assert await _raw(port, b"GET /metrics HTTP/1.1\r\nHost: x") == b""
+            head = await _raw(port, b"HEAD / HTTP/1.1\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
+            assert b"Content-Type: text/html" in head
+            index = await _raw(port, b"GET /?x=1 HTTP/1.1\r\n\r\n")
+            assert index.endswith(b"<a href='/metrics'>/metrics</a></body></html>")
+        finally:
+            await exporter.aclose()
+
+
+async def test_standalone_exporter_names_an_unreachable_redis() -> None:
+    async with Inspector("redis://127.0.0.1:1/0") as insp:
+        exporter = MetricsExporter(insp, port=0)
+        port = await exporter.start()
+        try:
+            answer = await _raw(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        finally:
+            await exporter.aclose()
+    assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+    assert b"redis unreachable: ConnectionError" in answer
+
+
 @pytest.fixture
 async def worker_metrics() -> AsyncIterator[WorkerMetrics]:
     m = WorkerMetrics(port=0)

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from asyncq import Client, Inspector, RateLimited, RevokeTask, ServeMux, Server, SkipRetry, Task
 from asyncq import _keys as keys
 from asyncq.cli import main
+from asyncq.cli.metrics import seconds_text
 from asyncq.history import BUCKETS, HistoryRecorder, bucket_of, percentile, upper_bound
 from asyncq.hooks import NO_HOOKS, CombinedHooks, NoWorkerHooks, combine_hooks
 from asyncq.metrics import WorkerMetrics
@@ -501,6 +502,30 @@ async def test_cli_metrics_top(redis: Redis, redis_url: str, tmp_path: Any) -> N
         runner.invoke, main, ["-u", redis_url, "metrics", "top", "--window", "90s"]
     )
     assert result.exit_code != 0 and "whole number of minutes" in result.output
+    for args, problem in (
+        (["--watch", "--interval", "0s"], "--interval: must be positive"),
+        (["--watch", "--json"], "--watch and --json do not go together"),
+    ):
+        result = await asyncio.to_thread(
+            runner.invoke, main, ["-u", redis_url, "metrics", "top", *args]
+        )
+        assert result.exit_code == 2, result.output
+        assert problem in result.output.replace("'", "")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "-"),
+        (0.0008, "0.8ms"),
+        (0.042, "42ms"),
+        (1.25, "1.25s"),
+        (59.99, "59.99s"),
+        (200, "3m20s"),
+    ],
+)
+def test_run_times_in_the_top_table(seconds: float | None, text: str) -> None:
+    assert seconds_text(seconds) == text
 
 
 async def test_cli_metrics_top_watch_redraws_until_ctrl_c(redis: Redis, redis_url: str) -> None:
