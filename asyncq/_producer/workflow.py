@@ -22,7 +22,17 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, cast
+from typing import (
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    Unpack,
+    cast,
+)
 
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
@@ -48,7 +58,7 @@ from asyncq._serde import ArgumentsCodec, ResultCodec
 from asyncq._suggest import suggest
 from asyncq.errors import AsyncqError
 from asyncq.proto.asynq import TaskMessage
-from asyncq.task import Task, TaskState
+from asyncq.task import Task, TaskOptions, TaskState
 
 __all__ = [
     "BoundTask",
@@ -159,9 +169,15 @@ class BoundTask(Task):
     __slots__ = ("signature",)
 
     def __init__(
-        self, signature: TypedSignature, type_name: str, payload: bytes, **options: Any
+        self,
+        signature: TypedSignature,
+        type_name: str,
+        payload: bytes,
+        *,
+        headers: Mapping[str, str] | None = None,
+        **options: Unpack[TaskOptions],
     ) -> None:
-        super().__init__(type_name, payload, **options)
+        super().__init__(type_name, payload, headers=headers, **options)
         self.signature = signature
 
 

@@ -22,12 +22,12 @@ import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, Unpack
 
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisTarget
 from asyncq._scheduling.cron import parse_cronspec
-from asyncq._scheduling.scheduler import Scheduler, entry_identity
+from asyncq._scheduling.scheduler import Scheduler, SchedulerOptions, entry_identity
 from asyncq._service import Service
 from asyncq.task import Task
 
@@ -71,7 +71,7 @@ class PeriodicTaskManager(Service):
         provider: ConfigProvider,
         *,
         sync_interval: timedelta = timedelta(minutes=3),
-        **scheduler_options: Any,
+        **scheduler_options: Unpack[SchedulerOptions],
     ) -> None:
         if not callable(provider):
             raise TypeError("provider must be a callable returning PeriodicTaskConfig items")

@@ -81,7 +81,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypedDict, Unpack
 
 from asyncq import _keys as keys
 from asyncq._broker import Broker
@@ -97,7 +97,7 @@ from asyncq._service import Service
 from asyncq._time import GO_ZERO_TIME
 from asyncq.errors import AsyncqError, TaskIdConflictError
 from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry
-from asyncq.task import Task, TaskInfo
+from asyncq.task import EnqueueOptions, Task, TaskInfo
 
 __all__ = [
     "EntryNotFoundError",
@@ -105,6 +105,7 @@ __all__ = [
     "PostEnqueueHook",
     "PreEnqueueHook",
     "Scheduler",
+    "SchedulerOptions",
     "entry_identity",
     "tick_jitter",
     "tick_task_id",
@@ -259,6 +260,20 @@ class _Entry:
         )
 
 
+class SchedulerOptions(TypedDict, total=False):
+    """The :class:`Scheduler`'s keyword options, for what builds one (PeriodicTaskManager):
+    each has the meaning and default of the Scheduler's parameter of the same name."""
+
+    location: tzinfo
+    heartbeat_interval: timedelta
+    pre_enqueue: PreEnqueueHook | None
+    post_enqueue: PostEnqueueHook | None
+    error_handler: ErrorHandler | None
+    claim_lease: timedelta
+    misfire_grace: timedelta
+    shared: bool
+
+
 class Scheduler(Service):
     """Enqueues registered tasks on cron ticks (asynq's Scheduler, exactly once across processes).
 
@@ -336,7 +351,12 @@ class Scheduler(Service):
     # -- registration -----------------------------------------------------------------------
 
     def register(
-        self, cronspec: str, task: Task, *, jitter: timedelta | None = None, **options: Any
+        self,
+        cronspec: str,
+        task: Task,
+        *,
+        jitter: timedelta | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> str:
         """Enqueue *task* with *options* on every tick of *cronspec*; returns the entry ID.
 

@@ -22,7 +22,6 @@ import json
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -252,16 +251,29 @@ def add_http_targets(
     *,
     secret: str | bytes,
     timeout: timedelta | None = None,
-    **options: Any,
+    max_result_bytes: int = 1 << 20,
+    content_type: str = "application/octet-stream",
+    client: httpx.AsyncClient | None = None,
 ) -> list[HTTPTarget]:
     """Register an :class:`HTTPTarget` on *mux* for each ``{pattern: url}``.
 
     A pattern is a ServeMux pattern (exact type, else the longest matching
     prefix); a trailing ``*`` is allowed and spelled out: ``"php:*"`` serves
-    every type starting with ``php:``. Returns the targets, to ``aclose()``.
+    every type starting with ``php:``. The keyword options are :class:`HTTPTarget`'s, the
+    same for every target. Returns the targets, to ``aclose()``.
     """
     made = [
-        (_mux_pattern(pattern), HTTPTarget(url, secret=secret, timeout=timeout, **options))
+        (
+            _mux_pattern(pattern),
+            HTTPTarget(
+                url,
+                secret=secret,
+                timeout=timeout,
+                max_result_bytes=max_result_bytes,
+                content_type=content_type,
+                client=client,
+            ),
+        )
         for pattern, url in targets.items()
     ]
     for mux_pattern, target in made:

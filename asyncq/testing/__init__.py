@@ -17,11 +17,11 @@ import asyncio
 import shutil
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from asyncq._redis.options import RedisTarget
 from asyncq._worker.server import Server, ServerStats
-from asyncq.app import App
+from asyncq.app import App, WorkerOptions
 from asyncq.devserver import LocalServer, ServerBinary, ServerNotFoundError, find_server_binary
 from asyncq.mux import ServeMux
 
@@ -90,20 +90,21 @@ async def run_until_empty(
     target: App[Any] | ServeMux,
     redis: RedisTarget,
     *,
-    queues: dict[str, int] | None = None,
     within: timedelta = timedelta(seconds=30),
-    **server_options: Any,
+    **server_options: Unpack[WorkerOptions],
 ) -> ServerStats:
     """Run a worker until its queues are empty and nothing runs; return what it did.
 
     *target* is an App (its lifespan and worker settings apply; without
-    *queues*, the queues its tasks declare) or a ServeMux. Tasks scheduled for
+    ``queues``, the queues its tasks declare) or a ServeMux. The keyword options are
+    the Server's, over :data:`QUICK_SERVER_OPTIONS`; ``queues=None`` is the same as
+    leaving it out. Tasks scheduled for
     later, or waiting for a retry, are not waited for. Raises TimeoutError
     (after shutting the worker down) when the queues are not empty after *within*.
     """
-    options = {**QUICK_SERVER_OPTIONS, **server_options, "burst": True}
-    if queues is not None:
-        options["queues"] = queues
+    options: dict[str, Any] = {**QUICK_SERVER_OPTIONS, **server_options, "burst": True}
+    if options.get("queues") is None:
+        options.pop("queues", None)
     if isinstance(target, App):
         # The App's worker settings (and queues) apply; the options given here win.
         mux = target.mux

@@ -18,18 +18,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeAlias
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeAlias, Unpack
 
 import pytest
 
 if TYPE_CHECKING:
     from asyncq._producer.client import Client
     from asyncq._worker.server import ServerStats
-    from asyncq.app import App
+    from asyncq.app import App, WorkerOptions
     from asyncq.mux import ServeMux
 
 WorkerRunner: TypeAlias = "Callable[..., Awaitable[ServerStats]]"
-"""``await asyncq_worker(app_or_mux, queues=None, **server_options)``."""
+"""``await asyncq_worker(app_or_mux, within=timedelta(seconds=30), **server_options)``."""
 
 
 @pytest.fixture(scope="session")
@@ -78,8 +79,11 @@ else:
         from asyncq.testing import run_until_empty
 
         async def run(
-            target: App[Any] | ServeMux, *, queues: dict[str, int] | None = None, **options: Any
+            target: App[Any] | ServeMux,
+            *,
+            within: timedelta = timedelta(seconds=30),
+            **options: Unpack[WorkerOptions],
         ) -> ServerStats:
-            return await run_until_empty(target, asyncq_redis_url, queues=queues, **options)
+            return await run_until_empty(target, asyncq_redis_url, within=within, **options)
 
         return run

@@ -12,7 +12,17 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import assert_type
 
-from asyncq import App, SyncClient, TaskHandle, typed_group
+from asyncq import (
+    App,
+    PeriodicTaskManager,
+    Scheduler,
+    SyncClient,
+    Task,
+    TaskHandle,
+    typed_group,
+)
+from asyncq._scheduling.periodic import ConfigProvider
+from asyncq.testing import run_until_empty
 
 
 @dataclass
@@ -109,3 +119,13 @@ async def pipes() -> None:
     add.s(1, 2).then(shout)  # E: arg-type
     add.s(1, 2).then(add, "5")  # E: arg-type
     typed_group(add.s(1, 2)).then(add, 1)  # E: arg-type
+
+
+async def options_are_typed(scheduler: Scheduler, provider: ConfigProvider) -> None:
+    # The keyword options handed on to Client.enqueue / Scheduler / Server are typed too.
+    scheduler.register("@every 1m", Task("tick"), queue="low", max_retry=2)
+    scheduler.register("@every 1m", Task("tick"), max_retries=2)  # E: call-arg
+    PeriodicTaskManager("redis://localhost:6379/0", provider, claim_lease=timedelta(seconds=9))
+    PeriodicTaskManager("redis://localhost:6379/0", provider, location="UTC")  # E: arg-type
+    await run_until_empty(configured, "redis://localhost:6379/0", concurrency=4)
+    await run_until_empty(configured, "redis://localhost:6379/0", concurency=4)  # E: call-arg
