@@ -17,6 +17,7 @@ __all__ = [
     "ALL_SERVERS",
     "ALL_WORKERS",
     "CANCEL_CHANNEL",
+    "EVENTS_KEY",
     "active_key",
     "aggregation_set_key",
     "all_aggregation_sets",
@@ -34,6 +35,8 @@ __all__ = [
     "pending_key",
     "processed_key",
     "processed_total_key",
+    "progress_channel",
+    "progress_key",
     "queue_key_prefix",
     "refuse_braces",
     "retry_key",
@@ -214,6 +217,20 @@ def completion_channel(qname: str) -> str:
     a task ID whose task was just marked completed (with a retention) or archived.
     """
     return f"asyncq:done:{{{qname}}}"
+
+
+def progress_key(queue: str, task_id: str) -> str:
+    """asyncq-only hash holding a task's last reported progress."""
+    return f"asyncq:{{{queue}}}:progress:{task_id}"
+
+
+def progress_channel(queue: str) -> str:
+    """asyncq-only Pub/Sub channel carrying the progress updates of a queue's tasks."""
+    return f"asyncq:progress:{{{queue}}}"
+
+
+EVENTS_KEY = "asyncq:events"
+"""The stream holding every queue's task events (:mod:`asyncq.events`)."""
 
 
 def metrics_history_key(qname: str, minute: int) -> str:

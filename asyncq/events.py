@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from asyncq._batch import TurnBatcher
+from asyncq._keys import EVENTS_KEY
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisClient
 from asyncq.errors import RateLimited, TaskCanceledError, find_error
@@ -46,6 +47,7 @@ __all__ = [
     "Event",
     "EventHooks",
     "EventLog",
+    "EventStore",
     "QueueFilter",
     "event_queues",
     "read_events",
@@ -53,8 +55,6 @@ __all__ = [
     "stream_id",
 ]
 
-EVENTS_KEY = "asyncq:events"
-"""The stream holding every queue's events."""
 DEFAULT_MAX_EVENTS = 100_000
 """About how many events the stream keeps (XADD MAXLEN ~)."""
 EVENT_KINDS = (
@@ -151,17 +151,23 @@ class QueueFilter:
         return hit
 
 
+class EventStore(Protocol):
+    """Where a worker's events go: its broker (:mod:`asyncq._broker.observations`)."""
+
+    async def append_events(self, events: Sequence[Mapping[str, str]], max_events: int) -> None: ...
+
+
 class EventLog:
     """Writes events of the chosen queues, one pipeline per event-loop turn."""
 
-    __slots__ = ("_batch", "_maxlen", "_queues", "_redis")
+    __slots__ = ("_batch", "_maxlen", "_queues", "_store")
 
     def __init__(
-        self, redis: RedisClient, queues: QueueFilter, *, max_events: int = DEFAULT_MAX_EVENTS
+        self, store: EventStore, queues: QueueFilter, *, max_events: int = DEFAULT_MAX_EVENTS
     ) -> None:
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"max_events must be a positive int, got {max_events!r}")
-        self._redis = redis
+        self._store = store
         self._queues = queues
         self._maxlen = max_events
         self._batch: TurnBatcher[dict[str, str]] = TurnBatcher(self._send)
@@ -174,10 +180,7 @@ class EventLog:
 
     async def _send(self, batch: Sequence[dict[str, str]]) -> None:
         try:
-            pipe = self._redis.pipeline(transaction=False)
-            for fields in batch:
-                pipe.xadd(EVENTS_KEY, fields, maxlen=self._maxlen, approximate=True)  # type: ignore[arg-type]
-            await pipe.execute()
+            await self._store.append_events(batch, self._maxlen)
         except Exception as exc:
             log.debug("events not written", error=str(exc), count=len(batch))
 

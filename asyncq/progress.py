@@ -37,11 +37,11 @@ import contextvars
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from datetime import timedelta
 from typing import Any, Protocol
 
-from asyncq._keys import completion_channel
+from asyncq._keys import completion_channel, progress_channel, progress_key
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisClient
 from asyncq.task import Task, TaskProgress, TaskState
@@ -50,6 +50,7 @@ __all__ = [
     "KEEP_AFTER_FAILURE",
     "MAX_MESSAGE_LENGTH",
     "MIN_INTERVAL",
+    "ProgressStore",
     "ProgressWriter",
     "parse_progress",
     "progress",
@@ -67,16 +68,6 @@ MAX_MESSAGE_LENGTH = 1024
 """Longest progress message, in characters."""
 
 log = get_logger()
-
-
-def progress_key(queue: str, task_id: str) -> str:
-    """asyncq-only hash holding a task's last reported progress."""
-    return f"asyncq:{{{queue}}}:progress:{task_id}"
-
-
-def progress_channel(queue: str) -> str:
-    """asyncq-only Pub/Sub channel carrying the progress updates of a queue's tasks."""
-    return f"asyncq:progress:{{{queue}}}"
 
 
 class EventSink(Protocol):
@@ -97,6 +88,16 @@ def _check(fraction: float, message: str) -> float:
             f"progress message is {len(message)} characters; at most {MAX_MESSAGE_LENGTH}"
         )
     return float(fraction)
+
+
+class ProgressStore(Protocol):
+    """Where a worker writes progress: its broker (:mod:`asyncq._broker.observations`)."""
+
+    async def write_progress(
+        self, queue: str, task_id: str, fields: Mapping[str, str], ttl_ms: int, update: str
+    ) -> None: ...
+
+    async def expire_progress(self, queue: str, task_id: str, ttl_ms: int) -> None: ...
 
 
 class _Reporter:
@@ -159,8 +160,8 @@ class ProgressWriter:
     """Worker side: makes :func:`progress` available to a running handler, and writes
     the reports."""
 
-    def __init__(self, redis: RedisClient, events: EventSink | None = None) -> None:
-        self._redis = redis
+    def __init__(self, store: ProgressStore, events: EventSink | None = None) -> None:
+        self._store = store
         self._events = events
         self._reporters: dict[str, _Reporter] = {}
         self._running: set[str] = set()  # IDs of the tasks whose handler runs now
@@ -264,35 +265,21 @@ class ProgressWriter:
     ) -> None:
         assert task.id is not None and task.queue is not None
         fraction, message, when = value
-        key = progress_key(task.queue, task.id)
         ttl_ms = int(self._ttl(task, final_ttl) * 1000)
         update = json.dumps(
             {"id": task.id, "fraction": fraction, "message": message, "time": when},
             ensure_ascii=False,
         )
+        fields = {"fraction": repr(fraction), "message": message, "time": repr(when)}
         try:
-            pipe = self._redis.pipeline(transaction=False)
-            if ttl_ms > 0:
-                pipe.hset(
-                    key,
-                    mapping={"fraction": repr(fraction), "message": message, "time": repr(when)},
-                )
-                pipe.pexpire(key, ttl_ms)
-            else:
-                pipe.delete(key)
-            pipe.publish(progress_channel(task.queue), update)
-            await pipe.execute()
+            await self._store.write_progress(task.queue, task.id, fields, ttl_ms, update)
         except Exception as exc:
             log.debug("progress not written", task_id=task.id, error=str(exc))
 
     async def _expire(self, task: Task, ttl: float) -> None:
         assert task.id is not None and task.queue is not None
-        key = progress_key(task.queue, task.id)
         try:
-            if ttl > 0:
-                await self._redis.pexpire(key, int(ttl * 1000))
-            else:
-                await self._redis.delete(key)
+            await self._store.expire_progress(task.queue, task.id, int(ttl * 1000))
         except Exception as exc:
             log.debug("progress expiry not set", task_id=task.id, error=str(exc))
 

@@ -75,6 +75,13 @@ class FakeBroker:
         self.calls: list[tuple[str, Any]] = []
         self.workflow_steps: list[tuple[str, AckMode]] = []
         """Workflow steps acknowledged with their hand-off, by either method, in order."""
+        self.completions: list[tuple[str, str]] = []
+        """(channel, task id) of the completion notices published, in order."""
+        self.events: list[dict[str, str]] = []
+        self.progress: dict[tuple[str, str], dict[str, str]] = {}
+        """Stored progress by (queue, task id); expiry is not modelled, deletion is."""
+        self.history: dict[tuple[str, int], dict[str, int]] = {}
+        """Metrics-history counts by (queue, unix minute), summed as the script sums them."""
         self._failures: dict[str, list[BaseException]] = defaultdict(list)
         self._down = False
         self._holds: dict[str, _Hold] = {}
@@ -387,3 +394,35 @@ class FakeBroker:
     async def mark_ordered(self, qname: str) -> None:
         await self._enter("mark_ordered", qname)
         self.ordered.add(qname)
+
+    # -- observers ---------------------------------------------------------------------------
+
+    async def publish_completions(self, notices: Sequence[tuple[str, str]]) -> None:
+        await self._enter("publish_completions", list(notices))
+        self.completions += notices
+
+    async def append_events(self, events: Sequence[Mapping[str, str]], max_events: int) -> None:
+        await self._enter("append_events", len(events))
+        self.events += (dict(e) for e in events)
+
+    async def write_progress(
+        self, queue: str, task_id: str, fields: Mapping[str, str], ttl_ms: int, update: str
+    ) -> None:
+        await self._enter("write_progress", task_id)
+        if ttl_ms > 0:
+            self.progress[queue, task_id] = dict(fields)
+        else:
+            self.progress.pop((queue, task_id), None)
+
+    async def expire_progress(self, queue: str, task_id: str, ttl_ms: int) -> None:
+        await self._enter("expire_progress", task_id)
+        if ttl_ms <= 0:
+            self.progress.pop((queue, task_id), None)
+
+    async def write_history(
+        self, queue: str, minute: int, expire_at: int, counts: Sequence[str | int]
+    ) -> None:
+        await self._enter("write_history", (queue, minute))
+        cell = self.history.setdefault((queue, minute), {})
+        for name, n in zip(counts[::2], counts[1::2], strict=True):
+            cell[str(name)] = cell.get(str(name), 0) + int(n)

@@ -14,6 +14,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq import Client, Event, Task
+from asyncq._broker import Broker
 from asyncq.events import EVENTS_KEY, EventLog, QueueFilter, read_events
 from tests import progress_app as pa
 from tests.workers.support import ROOT, wait_until
@@ -123,7 +124,7 @@ async def _scenario(client: Client, redis_url: str, first: Consumer, second: Con
 
 
 async def test_stream_length_is_bounded(redis: Redis) -> None:
-    log = EventLog(redis, QueueFilter(True), max_events=200)
+    log = EventLog(Broker(redis), QueueFilter(True), max_events=200)
     for i in range(5_000):
         log.add("started", "default", "t", f"id-{i}")
         if i % 100 == 0:
@@ -134,7 +135,7 @@ async def test_stream_length_is_bounded(redis: Redis) -> None:
 
 
 async def test_filters_and_queue_opt_in(redis: Redis) -> None:
-    log = EventLog(redis, QueueFilter(["mail*"]))
+    log = EventLog(Broker(redis), QueueFilter(["mail*"]))
     log.add("started", "mail-eu", "send", "a")
     log.add("started", "other", "send", "b")
     log.add("succeeded", "mail-eu", "send", "a")
@@ -165,7 +166,7 @@ async def test_cli_tail_prints_events(redis: Redis, redis_url: str) -> None:
 
     from asyncq.cli import main
 
-    log = EventLog(redis, QueueFilter(True))
+    log = EventLog(Broker(redis), QueueFilter(True))
     log.add("started", "default", "email", "t-1")
     log.add("failed", "default", "email", "t-1", error="SMTP down")
     await log.aclose()

@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from asyncq import Client, Inspector, RateLimited, RevokeTask, ServeMux, Server, SkipRetry, Task
 from asyncq import _keys as keys
+from asyncq._broker import Broker
 from asyncq.cli import main
 from asyncq.cli.metrics import seconds_text
 from asyncq.history import BUCKETS, HistoryRecorder, bucket_of, percentile, upper_bound
@@ -270,7 +271,7 @@ async def test_what_counts_is_the_outcome_the_processor_decided(
 
 
 async def test_a_flush_writes_once_per_queue_and_minute(redis: Redis, redis_url: str) -> None:
-    recorder = HistoryRecorder(redis, log=structlog.get_logger())
+    recorder = HistoryRecorder(Broker(redis), log=structlog.get_logger())
     for i in range(600):
         ran(recorder, QUEUES[i % 2], f"type-{i % 3}")
     async with monitored(redis_url) as seen:
@@ -297,9 +298,9 @@ async def test_the_history_role_flushes_each_interval_and_at_shutdown(redis: Red
     from tests.test_roles_fake_broker import role_deps
 
     recorder = HistoryRecorder(
-        redis, flush_interval=timedelta(milliseconds=50), log=structlog.get_logger()
+        Broker(redis), flush_interval=timedelta(milliseconds=50), log=structlog.get_logger()
     )
-    role = HistoryFlusher(role_deps(FakeBroker()), recorder=recorder)  # never calls it
+    role = HistoryFlusher(role_deps(FakeBroker()), recorder=recorder)  # the recorder writes
     assert role.interval == 0.05
     running = asyncio.create_task(supervise(role))
 
@@ -352,7 +353,7 @@ async def test_a_worker_run_writes_per_flush_not_per_task(
 
 
 async def test_a_failed_flush_keeps_its_counts(redis: Redis) -> None:
-    recorder = HistoryRecorder(redis, log=structlog.get_logger())
+    recorder = HistoryRecorder(Broker(redis), log=structlog.get_logger())
     minute = int(time.time()) // 60
     blockers = [keys.metrics_history_key("hist-a", m) for m in (minute, minute + 1)]
     for key in blockers:
@@ -391,11 +392,11 @@ def test_buckets_and_percentiles() -> None:
 def test_recorder_and_server_options_are_checked(redis: Redis) -> None:
     log = structlog.get_logger()
     with pytest.raises(ValueError, match="at least 1 minute"):
-        HistoryRecorder(redis, retention=timedelta(seconds=5), log=log)
+        HistoryRecorder(Broker(redis), retention=timedelta(seconds=5), log=log)
     with pytest.raises(TypeError, match=r"retention must be a datetime\.timedelta"):
-        HistoryRecorder(redis, retention=3600, log=log)  # type: ignore[arg-type]
+        HistoryRecorder(Broker(redis), retention=3600, log=log)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="flush_interval"):
-        HistoryRecorder(redis, flush_interval=timedelta(0), log=log)
+        HistoryRecorder(Broker(redis), flush_interval=timedelta(0), log=log)
     assert Server(redis, metrics_history=False).history is None
     with pytest.raises(TypeError, match="metrics_history must be True, False or"):
         Server(redis, metrics_history=None)  # type: ignore[arg-type]
@@ -465,7 +466,7 @@ async def test_combined_hooks_call_each() -> None:
 
 
 async def test_cli_metrics_top(redis: Redis, redis_url: str, tmp_path: Any) -> None:
-    recorder = HistoryRecorder(redis, log=structlog.get_logger())
+    recorder = HistoryRecorder(Broker(redis), log=structlog.get_logger())
     for _ in range(6):
         ran(recorder, "hist-a", "email:send", 0.02)
     for _ in range(2):
@@ -533,7 +534,7 @@ async def test_cli_metrics_top_watch_redraws_until_ctrl_c(redis: Redis, redis_ur
     import signal
     import sys
 
-    recorder = HistoryRecorder(redis, log=structlog.get_logger())
+    recorder = HistoryRecorder(Broker(redis), log=structlog.get_logger())
     ran(recorder, "hist-a", "email:send", 0.02)
     await recorder.flush()
     await redis.sadd(keys.ALL_QUEUES, "hist-a")

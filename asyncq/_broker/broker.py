@@ -80,6 +80,7 @@ from asyncq._broker._base import (
 )
 from asyncq._broker.aggregation import Aggregation
 from asyncq._broker.multiqueue import FetchResult, MultiQueue
+from asyncq._broker.observations import Observations
 from asyncq._broker.processing import DequeuedTask, ProcessingTransitions
 from asyncq._broker.producer import BatchItem, ProducerWrites
 from asyncq._broker.records import ServerRecords
@@ -101,7 +102,7 @@ __all__ = [
 ]
 
 
-class Broker(ProducerWrites, ProcessingTransitions, ServerRecords, Aggregation):
+class Broker(ProducerWrites, ProcessingTransitions, ServerRecords, Aggregation, Observations):
     """Awaitable asynq operations on one Redis connection (plain, Sentinel or Cluster).
 
     *redis* must return bytes (``decode_responses=False``): task messages are

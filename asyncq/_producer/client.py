@@ -116,7 +116,7 @@ class Client:
             min_replicas=min_replicas,
             replica_timeout=timeout,
         )
-        self._events = EventLog(self.redis, event_queues) if event_queues.enabled else None
+        self._events = EventLog(self.broker, event_queues) if event_queues.enabled else None
 
     @property
     def redis(self) -> RedisClient:

@@ -3,15 +3,15 @@
 asynq's roles talk to Redis through its ``base.Broker`` interface, and its
 tests swap in ``internal/testbroker``. This protocol is asyncq's reading of
 it: exactly the calls the roles make (processor, heartbeater, recoverer,
-forwarder, janitor, syncer, aggregator, queue watcher), nothing else.
+forwarder, janitor, syncer, aggregator, queue watcher, history) and the
+processor's observers make (completion notices, events, progress), nothing else.
 :class:`asyncq._broker.Broker` implements it on Redis (each multi-queue call
 is one script call per Redis node); ``tests/fakebroker.py`` implements it in
 memory, with failure injection, so each role can be tested alone.
 
 What the roles do not get here: the Redis client itself. The subscriber gets
 its Pub/Sub connection, the health checker a ``ping`` and the watchdog a
-connection factory, each from the server; the processor's completion
-notifier is given to it too.
+connection factory, each from the server.
 """
 
 from __future__ import annotations
@@ -159,3 +159,19 @@ class WorkerBroker(Protocol):
         ...
 
     async def mark_ordered(self, qname: str) -> None: ...
+
+    # -- observers: completion notices, events, progress, metrics history ---------------------
+
+    async def publish_completions(self, notices: Sequence[tuple[str, str]]) -> None: ...
+
+    async def append_events(self, events: Sequence[Mapping[str, str]], max_events: int) -> None: ...
+
+    async def write_progress(
+        self, queue: str, task_id: str, fields: Mapping[str, str], ttl_ms: int, update: str
+    ) -> None: ...
+
+    async def expire_progress(self, queue: str, task_id: str, ttl_ms: int) -> None: ...
+
+    async def write_history(
+        self, queue: str, minute: int, expire_at: int, counts: Sequence[str | int]
+    ) -> None: ...

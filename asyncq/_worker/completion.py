@@ -7,15 +7,21 @@ The waiting side, and the reasons for a channel rather than polling alone, are i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from asyncq import _keys as keys
 from asyncq._batch import TurnBatcher
 from asyncq._logging import get_logger
-from asyncq._redis.options import RedisClient
 
-__all__ = ["CompletionNotifier"]
+__all__ = ["CompletionNotifier", "CompletionPublisher"]
 
 log = get_logger()
+
+
+class CompletionPublisher(Protocol):
+    """Where the notices go: the worker's broker (:mod:`asyncq._broker.observations`)."""
+
+    async def publish_completions(self, notices: Sequence[tuple[str, str]]) -> None: ...
 
 
 class CompletionNotifier:
@@ -26,10 +32,10 @@ class CompletionNotifier:
     polling.
     """
 
-    __slots__ = ("_batch", "_redis")
+    __slots__ = ("_batch", "_publisher")
 
-    def __init__(self, redis: RedisClient) -> None:
-        self._redis = redis
+    def __init__(self, publisher: CompletionPublisher) -> None:
+        self._publisher = publisher
         self._batch: TurnBatcher[tuple[str, str]] = TurnBatcher(self._send)
 
     def notify(self, queue: str, task_id: str) -> None:
@@ -37,14 +43,7 @@ class CompletionNotifier:
 
     async def _send(self, batch: Sequence[tuple[str, str]]) -> None:
         try:
-            if hasattr(self._redis, "get_nodes"):  # cluster: PUBLISH is broadcast anyway
-                for channel, task_id in batch:
-                    await self._redis.publish(channel, task_id)
-                return
-            pipe = self._redis.pipeline(transaction=False)
-            for channel, task_id in batch:
-                pipe.publish(channel, task_id)
-            await pipe.execute()
+            await self._publisher.publish_completions(batch)
         except Exception as exc:
             log.debug("completion notification not published", error=str(exc), count=len(batch))
 

@@ -300,16 +300,6 @@ class Server(Service):
         self._where = describe_target(redis)
         self.connection = Connection(redis)
         self.redis: RedisClient = self.connection.redis
-        self.history: HistoryRecorder | None = None
-        if cfg.metrics_history is not None:
-            self.history = HistoryRecorder(self.redis, retention=cfg.metrics_history, log=self.log)
-        self._hooks: WorkerHooks = combine_hooks(metrics)
-        self._events: EventLog | None = None
-        event_queues = QueueFilter(cfg.events)
-        if event_queues.enabled:
-            self._events = EventLog(self.redis, event_queues)
-            self._hooks = EventHooks(self._hooks, self._events)
-        self._progress = ProgressWriter(self.redis, self._events)
         self.broker = Broker(
             self.redis,
             lease_duration=cfg.lease_duration,
@@ -317,6 +307,16 @@ class Server(Service):
             min_replicas=min_replicas,
             replica_timeout=replica_wait,
         )
+        self.history: HistoryRecorder | None = None
+        if cfg.metrics_history is not None:
+            self.history = HistoryRecorder(self.broker, retention=cfg.metrics_history, log=self.log)
+        self._hooks: WorkerHooks = combine_hooks(metrics)
+        self._events: EventLog | None = None
+        event_queues = QueueFilter(cfg.events)
+        if event_queues.enabled:
+            self._events = EventLog(self.broker, event_queues)
+            self._hooks = EventHooks(self._hooks, self._events)
+        self._progress = ProgressWriter(self.broker, self._events)
         self.host = socket.gethostname() or "unknown-host"
         self.pid = os.getpid()
         self.server_id = str(uuid.uuid4())
@@ -353,7 +353,7 @@ class Server(Service):
             wakeup=wakeup,
             defer_write=self.syncer.add,
             on_burst_done=self._begin_shutdown,
-            notifier=CompletionNotifier(self.redis),
+            notifier=CompletionNotifier(self.broker),
             write_limit=write_limit(self.redis),
             hooks=self._hooks,
             history=self.history,

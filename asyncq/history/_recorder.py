@@ -18,22 +18,18 @@ from __future__ import annotations
 
 import asyncio
 from bisect import bisect_left
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
-from asyncq import _keys as keys
-from asyncq._redis.options import RedisClient
-from asyncq._redis.scripts import load_script
 from asyncq.history._buckets import BUCKETS, UPPER_BOUNDS
 
-__all__ = ["DEFAULT_FLUSH_INTERVAL", "DEFAULT_RETENTION", "HistoryRecorder"]
+__all__ = ["DEFAULT_FLUSH_INTERVAL", "DEFAULT_RETENTION", "HistoryRecorder", "HistoryStore"]
 
 DEFAULT_RETENTION = timedelta(hours=24)
 """How long a minute of history is kept by default."""
 DEFAULT_FLUSH_INTERVAL = timedelta(seconds=5)
 """How often a worker writes what it counted by default."""
-
-_RECORD = load_script("asyncq.history", "record_metrics")
 
 _PROCESSED, _FAILED, _RETRIED, _ARCHIVED, _MICROS = range(5)
 _FIRST_BUCKET = 5
@@ -47,6 +43,14 @@ def _new_cell() -> Cell:
     return [0] * (_FIRST_BUCKET + BUCKETS)
 
 
+class HistoryStore(Protocol):
+    """Where the counts go: the worker's broker (:mod:`asyncq._broker.observations`)."""
+
+    async def write_history(
+        self, queue: str, minute: int, expire_at: int, counts: Sequence[str | int]
+    ) -> None: ...
+
+
 class HistoryRecorder:
     """Counts a worker's runs per minute, queue and task type and flushes them to Redis.
 
@@ -57,7 +61,7 @@ class HistoryRecorder:
 
     def __init__(
         self,
-        redis: RedisClient,
+        store: HistoryStore,
         *,
         retention: timedelta = DEFAULT_RETENTION,
         flush_interval: timedelta = DEFAULT_FLUSH_INTERVAL,
@@ -74,7 +78,7 @@ class HistoryRecorder:
             )
         if flush_interval <= timedelta(0) or flush_interval > timedelta(minutes=1):
             raise ValueError(f"flush_interval must be in (0, 1 min], got {flush_interval}")
-        self._redis = redis
+        self._store = store
         self._retention = int(retention.total_seconds())
         self._interval = flush_interval.total_seconds()
         self._log = log
@@ -161,11 +165,7 @@ class HistoryRecorder:
             try:
                 for (queue, minute), args in writes.items():
                     expire_at = (minute + 1) * 60 + self._retention
-                    await _RECORD(
-                        self._redis,
-                        [keys.metrics_history_key(queue, minute)],
-                        [expire_at, *args],
-                    )
+                    await self._store.write_history(queue, minute, expire_at, args)
                     written.add((queue, minute))
             except Exception as exc:
                 self._log.warning(
