@@ -32,6 +32,8 @@ PER_QUEUE: list[tuple[Callable[[], str], str]] = [
         lambda: keys.metrics_history_key("default", 29_000_000),
         "asynq:{default}:asyncq:metrics:29000000",
     ),
+    (lambda: keys.progress_key("default", "t1"), "asyncq:{default}:progress:t1"),
+    (lambda: keys.progress_channel("default"), "asyncq:progress:{default}"),
     (lambda: keys.group_key_prefix("default"), "asynq:{default}:g:"),
     (lambda: keys.group_key("default", "mygroup"), "asynq:{default}:g:mygroup"),
     (
@@ -65,6 +67,7 @@ GLOBAL: list[tuple[Callable[[], str], str]] = [
         "asyncq:server_queue_flow:{host:42:sid}",
     ),
     (lambda: keys.scheduler_entries_key("h:1:uuid"), "asynq:schedulers:{h:1:uuid}"),
+    (lambda: keys.EVENTS_KEY, "asyncq:events"),
     (lambda: keys.scheduler_history_key("entry-1"), "asynq:scheduler_history:entry-1"),
 ]
 
@@ -81,6 +84,7 @@ def test_every_exported_builder_is_covered() -> None:
         "ALL_SERVERS",
         "ALL_WORKERS",
         "CANCEL_CHANNEL",
+        "EVENTS_KEY",
         "active_key",
         "aggregation_set_key",
         "all_aggregation_sets",
@@ -98,6 +102,8 @@ def test_every_exported_builder_is_covered() -> None:
         "pending_key",
         "processed_key",
         "processed_total_key",
+        "progress_channel",
+        "progress_key",
         "queue_key_prefix",
         "refuse_braces",
         "retry_key",
