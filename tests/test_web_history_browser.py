@@ -1,7 +1,7 @@
 """The Metrics page and the dashboard's throughput chart filled from the metrics history,
 in a real browser (Playwright driving Debian's chromium, as tests/test_web_browser.py).
 With ``ASYNCQ_SCREENSHOTS=DIR`` the tests save screenshots (docs/images/metrics.png is
-``metrics.png``)."""
+``metrics.png``, docs/images/dashboard.png ``dashboard-history.png``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq.history import bucket_of
-from tests.test_web_browser import WebProcess, _page, _shot
+from tests import webdata
+from tests.test_web_browser import SHOTS, WebProcess, _page, _shot
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
 
@@ -139,6 +140,9 @@ async def test_dashboard_throughput_starts_from_history(
 ) -> None:
     page = await _page(browser)
     started: list[WebProcess] = []
+    if SHOTS is not None:
+        # README's picture (docs/images/dashboard.png) has queues in every state too
+        await webdata.seed(redis)
     try:
         rates, last_minute = await _throughput_legend(page, web, redis, redis_url, started)
     finally:
