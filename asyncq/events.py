@@ -152,7 +152,8 @@ class QueueFilter:
 
 
 class EventStore(Protocol):
-    """Where a worker's events go: its broker (:mod:`asyncq._broker.observations`)."""
+    """Where events go: the broker of the worker or Client that records them
+    (:mod:`asyncq._broker.observations`)."""
 
     async def append_events(self, events: Sequence[Mapping[str, str]], max_events: int) -> None: ...
 
