@@ -112,7 +112,7 @@ async def test_enqueue_unique_takes_lock_and_records_it(
 ) -> None:
     ukey = keys.unique_key(Q, "email:send", b"x")
     msg = make_msg(payload=b"x", unique_key=ukey)
-    await broker.enqueue_unique(msg, 300)
+    await broker.write(BatchItem(msg, unique_ttl=300))
     assert await snapshot(redis) == {
         "asynq:queues": {b"default"},
         ukey: b"t1",
@@ -129,10 +129,10 @@ async def test_enqueue_unique_takes_lock_and_records_it(
 
 async def test_enqueue_unique_duplicate_changes_nothing(broker: Broker, redis: Redis) -> None:
     ukey = keys.unique_key(Q, "email:send", b"x")
-    await broker.enqueue_unique(make_msg("a", payload=b"x", unique_key=ukey), 300)
+    await broker.write(BatchItem(make_msg("a", payload=b"x", unique_key=ukey), unique_ttl=300))
     before = await snapshot(redis)
     with pytest.raises(DuplicateTaskError, match="unique"):
-        await broker.enqueue_unique(make_msg("b", payload=b"x", unique_key=ukey), 300)
+        await broker.write(BatchItem(make_msg("b", payload=b"x", unique_key=ukey), unique_ttl=300))
     assert await snapshot(redis) == before
 
 
@@ -143,7 +143,9 @@ async def test_enqueue_unique_id_conflict_keeps_the_new_lock(
     ukey = keys.unique_key(Q, "email:send", b"other")
     before = await snapshot(redis)
     with pytest.raises(TaskIdConflictError):
-        await broker.enqueue_unique(make_msg("a", payload=b"other", unique_key=ukey), 60)
+        await broker.write(
+            BatchItem(make_msg("a", payload=b"other", unique_key=ukey), unique_ttl=60)
+        )
     # asynq leaves the lock it just took in place (spec section 11.8).
     assert await snapshot(redis) == {**before, ukey: b"a"}
     await assert_relative_ttl(redis, ukey, clock, 60)
@@ -151,13 +153,13 @@ async def test_enqueue_unique_id_conflict_keeps_the_new_lock(
 
 async def test_unique_writes_validate_lock_and_ttl(broker: Broker, redis: Redis) -> None:
     with pytest.raises(ValueError, match="unique_key"):
-        await broker.enqueue_unique(make_msg(), 10)
+        await broker.write(BatchItem(make_msg(), unique_ttl=10))
     ukey = keys.unique_key(Q, "email:send", None)
     with pytest.raises(ValueError, match="at least 1 second"):
-        await broker.enqueue_unique(make_msg(unique_key=ukey), 0)
+        await broker.write(BatchItem(make_msg(unique_key=ukey), unique_ttl=0))
     foreign = keys.unique_key("other", "email:send", None)
     with pytest.raises(ValueError, match="does not belong to queue"):
-        await broker.enqueue_unique(make_msg(unique_key=foreign), 10)
+        await broker.write(BatchItem(make_msg(unique_key=foreign), unique_ttl=10))
     assert await redis.dbsize() == 0
 
 
@@ -195,7 +197,7 @@ async def test_schedule_unique(broker: Broker, redis: Redis, clock: FakeClock) -
     assert ukey.endswith(":d41d8cd98f00b204e9800998ecf8427e")
     msg = make_msg(payload=b"", unique_key=ukey)
     at = clock.dt + timedelta(seconds=90)
-    await broker.schedule_unique(msg, at, 150)
+    await broker.write(BatchItem(msg, process_at=at, unique_ttl=150))
     assert await snapshot(redis) == {
         "asynq:queues": {b"default"},
         ukey: b"t1",
@@ -209,11 +211,15 @@ async def test_schedule_unique(broker: Broker, redis: Redis, clock: FakeClock) -
     await assert_relative_ttl(redis, ukey, clock, 150)
     before = await snapshot(redis)
     with pytest.raises(DuplicateTaskError):
-        await broker.schedule_unique(make_msg("t2", payload=b"", unique_key=ukey), at, 150)
+        await broker.write(
+            BatchItem(make_msg("t2", payload=b"", unique_key=ukey), process_at=at, unique_ttl=150)
+        )
     assert await snapshot(redis) == before
     other = keys.unique_key(Q, "email:send", b"z")
     with pytest.raises(TaskIdConflictError):
-        await broker.schedule_unique(make_msg("t1", payload=b"z", unique_key=other), at, 150)
+        await broker.write(
+            BatchItem(make_msg("t1", payload=b"z", unique_key=other), process_at=at, unique_ttl=150)
+        )
     assert await snapshot(redis) == {**before, other: b"t1"}
 
 
@@ -222,7 +228,7 @@ async def test_schedule_unique(broker: Broker, redis: Redis, clock: FakeClock) -
 
 async def test_add_to_group(broker: Broker, redis: Redis, clock: FakeClock) -> None:
     msg = make_msg(group_key="batch")
-    await broker.add_to_group(msg, "batch")
+    await broker.write(BatchItem(msg, group="batch"))
     assert await snapshot(redis) == {
         "asynq:queues": {b"default"},
         T_PREFIX + "t1": {b"msg": bytes(msg), b"state": b"aggregating", b"group": b"batch"},
@@ -231,16 +237,16 @@ async def test_add_to_group(broker: Broker, redis: Redis, clock: FakeClock) -> N
     }
     before = await snapshot(redis)
     with pytest.raises(TaskIdConflictError):
-        await broker.add_to_group(make_msg(group_key="batch"), "batch")
+        await broker.write(BatchItem(make_msg(group_key="batch"), group="batch"))
     with pytest.raises(ValueError, match="group name"):
-        await broker.add_to_group(make_msg("x"), "")
+        await broker.write(BatchItem(make_msg("x"), group=""))
     assert await snapshot(redis) == before
 
 
 async def test_add_to_group_unique(broker: Broker, redis: Redis, clock: FakeClock) -> None:
     ukey = keys.unique_key(Q, "email:send", b"u")
     msg = make_msg(payload=b"u", unique_key=ukey, group_key="g1")
-    await broker.add_to_group_unique(msg, "g1", 30)
+    await broker.write(BatchItem(msg, group="g1", unique_ttl=30))
     assert await snapshot(redis) == {
         "asynq:queues": {b"default"},
         ukey: b"t1",
@@ -252,11 +258,15 @@ async def test_add_to_group_unique(broker: Broker, redis: Redis, clock: FakeCloc
     await assert_relative_ttl(redis, ukey, clock, 30)
     before = await snapshot(redis)
     with pytest.raises(DuplicateTaskError):
-        await broker.add_to_group_unique(make_msg("t2", payload=b"u", unique_key=ukey), "g1", 30)
+        await broker.write(
+            BatchItem(make_msg("t2", payload=b"u", unique_key=ukey), group="g1", unique_ttl=30)
+        )
     assert await snapshot(redis) == before
     other = keys.unique_key(Q, "email:send", b"v")
     with pytest.raises(TaskIdConflictError):
-        await broker.add_to_group_unique(make_msg(payload=b"v", unique_key=other), "g1", 30)
+        await broker.write(
+            BatchItem(make_msg(payload=b"v", unique_key=other), group="g1", unique_ttl=30)
+        )
     assert await snapshot(redis) == {**before, other: b"t1"}
 
 
@@ -399,7 +409,7 @@ async def test_wakeup_published_only_when_pending_was_empty(
     assert await next_wakeup(wakeups) == b"default"
     await broker.enqueue(make_msg("b"))
     ukey = keys.unique_key(Q, "t", b"")
-    await broker.enqueue_unique(make_msg("c", unique_key=ukey), 10)
+    await broker.write(BatchItem(make_msg("c", unique_key=ukey), unique_ttl=10))
     # A marker on the same connection proves nothing else was published before it.
     await broker.redis.publish(keys.wakeup_channel(Q), "marker")
     assert await next_wakeup(wakeups) == b"marker"
@@ -409,7 +419,7 @@ async def test_wakeup_from_unique_requeue_and_forward(
     broker: Broker, redis: Redis, clock: FakeClock, wakeups: PubSub
 ) -> None:
     ukey = keys.unique_key(Q, "t", b"")
-    await broker.enqueue_unique(make_msg("a", unique_key=ukey), 10)
+    await broker.write(BatchItem(make_msg("a", unique_key=ukey), unique_ttl=10))
     assert await next_wakeup(wakeups) == b"default"
     task = await transitions.dequeue(broker, [Q])
     assert task is not None
@@ -447,7 +457,7 @@ async def test_no_wakeup_for_scheduled_or_grouped_writes(
     broker: Broker, clock: FakeClock, wakeups: PubSub
 ) -> None:
     await broker.schedule(make_msg("s"), clock.dt + timedelta(hours=1))
-    await broker.add_to_group(make_msg("g"), "grp")
+    await broker.write(BatchItem(make_msg("g"), group="grp"))
     await broker.redis.publish(keys.wakeup_channel(Q), "marker")
     assert await next_wakeup(wakeups) == b"marker"
 
@@ -484,15 +494,15 @@ async def test_each_write_without_the_registry_key_writes_the_task_only(
     if how == "enqueue":
         await broker.enqueue(msg)
     elif how == "enqueue_unique":
-        await broker.enqueue_unique(msg, 60)
+        await broker.write(BatchItem(msg, unique_ttl=60))
     elif how == "schedule":
         await broker.schedule(msg, at)
     elif how == "schedule_unique":
-        await broker.schedule_unique(msg, at, 60)
+        await broker.write(BatchItem(msg, process_at=at, unique_ttl=60))
     elif how == "group":
-        await broker.add_to_group(msg, "g")
+        await broker.write(BatchItem(msg, group="g"))
     elif how == "group_unique":
-        await broker.add_to_group_unique(msg, "g", 60)
+        await broker.write(BatchItem(msg, group="g", unique_ttl=60))
     else:
         assert await broker.enqueue_batch([PendingItem(Q, "t1", bytes(msg))]) == [None]
     state = {"enqueue": b"pending", "schedule": b"scheduled", "group": b"aggregating"}

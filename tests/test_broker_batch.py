@@ -1,4 +1,5 @@
-"""Batched acknowledgement (Broker.done_many / mark_as_complete_many / ack_many).
+"""Batched acknowledgement: Broker.ack_many (done_many / mark_as_complete_many of
+tests/transitions.py call it).
 
 The reference is the single-task path: the same tasks acknowledged one by one
 with done() / mark_as_complete() on the same starting state must leave exactly
@@ -193,7 +194,7 @@ async def test_done_many_deletes_tasks_counts_and_releases_locks(
     }
     # done_many is the same call.
     await setup(redis, active(*msgs), {}, clock.dt)
-    assert await broker.done_many(msgs) == [None, None, None]
+    assert await transitions.done_many(broker, msgs) == [None, None, None]
     assert await redis.get(pday) == b"3"
 
 
@@ -203,7 +204,7 @@ async def test_mark_as_complete_many_keeps_tasks_for_their_retention(
     ukey = keys.unique_key("default", "email:send", None)
     msgs = [task("a", retention=60), task("b", retention=3600, unique_key=ukey)]
     await setup(redis, active(*msgs), {}, clock.dt)
-    assert await broker.mark_as_complete_many(msgs) == [None, None]
+    assert await transitions.mark_as_complete_many(broker, msgs) == [None, None]
     assert [m.completed_at for m in msgs] == [0, 0]  # the caller's messages are left alone
     now = int(clock.now)
     snap = await state(redis)
@@ -353,7 +354,7 @@ async def test_reloads_script_after_flush(
     msgs = [task(f"{q}-t", queue=q) for q in queues]
     await setup(redis, active(*msgs), {}, clock.dt)
     await redis.script_flush()
-    assert await broker.done_many(msgs) == [None] * len(msgs)
+    assert await transitions.done_many(broker, msgs) == [None] * len(msgs)
     for q in queues:
         assert await redis.get(keys.processed_total_key(q)) == b"1"
 
@@ -391,7 +392,7 @@ async def test_script_error_fails_only_that_queues_items(
     ok, bad = task("ok", queue="default"), task("bad", queue="low")
     await setup(redis, active(ok, bad), {}, clock.dt)
     await redis.rpush(keys.processed_total_key("low"), "not a counter")
-    results = await broker.done_many([ok, bad])
+    results = await transitions.done_many(broker, [ok, bad])
     assert results[0] is None
     assert isinstance(results[1], BrokerError)
     assert "low" in str(results[1])
@@ -409,7 +410,7 @@ async def test_a_command_failing_inside_one_queue_fails_only_that_queues_items(
     await setup(redis, active(ok, bad), {}, clock.dt)
     await redis.delete(keys.active_key("low"))
     await redis.set(keys.active_key("low"), "not a list")
-    results = await broker.done_many([ok, bad])
+    results = await transitions.done_many(broker, [ok, bad])
     assert results[0] is None
     assert isinstance(results[1], BrokerError)
     assert "low" in str(results[1])
@@ -421,7 +422,9 @@ async def test_a_command_failing_inside_one_queue_fails_only_that_queues_items(
 async def test_invalid_messages_and_empty_batch(broker: Broker, redis: Redis) -> None:
     assert await broker.ack_many([]) == []
     assert await redis.dbsize() == 0
-    results = await broker.done_many([TaskMessage(type="x", queue="default"), task("t", queue="")])
+    results = await transitions.done_many(
+        broker, [TaskMessage(type="x", queue="default"), task("t", queue="")]
+    )
     assert [type(r) for r in results] == [ValueError, ValueError]
     assert "no id" in str(results[0])
     assert "blank queue" in str(results[1])

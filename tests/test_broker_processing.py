@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
-from asyncq._broker import LEASE_DURATION, Broker
+from asyncq._broker import LEASE_DURATION, BatchItem, Broker
 from asyncq.errors import TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests import transitions
@@ -153,7 +153,7 @@ async def test_done_deletes_task_counts_and_releases_lock(
     broker: Broker, redis: Redis, clock: FakeClock
 ) -> None:
     ukey = keys.unique_key(Q, "email:send", b"x")
-    await broker.enqueue_unique(make_msg(payload=b"x", unique_key=ukey), 100)
+    await broker.write(BatchItem(make_msg(payload=b"x", unique_key=ukey), unique_ttl=100))
     msg = (await transitions.dequeue(broker, [Q])).message  # type: ignore[union-attr]
     await broker.done(msg)
     pday, _ = daily(clock)
@@ -164,7 +164,7 @@ async def test_done_deletes_task_counts_and_releases_lock(
 
 async def test_done_keeps_lock_owned_by_another_task(broker: Broker, redis: Redis) -> None:
     ukey = keys.unique_key(Q, "email:send", b"x")
-    await broker.enqueue_unique(make_msg(payload=b"x", unique_key=ukey), 100)
+    await broker.write(BatchItem(make_msg(payload=b"x", unique_key=ukey), unique_ttl=100))
     msg = (await transitions.dequeue(broker, [Q])).message  # type: ignore[union-attr]
     await redis.set(ukey, "someone-else")
     await broker.done(msg)
@@ -197,7 +197,7 @@ async def test_done_not_found_changes_nothing(broker: Broker, redis: Redis) -> N
 async def test_mark_as_complete(broker: Broker, redis: Redis, clock: FakeClock) -> None:
     ukey = keys.unique_key(Q, "email:send", None)
     msg = make_msg(retention=3600, unique_key=ukey)
-    await broker.enqueue_unique(msg, 100)
+    await broker.write(BatchItem(msg, unique_ttl=100))
     msg = (await transitions.dequeue(broker, [Q])).message  # type: ignore[union-attr]
     clock.now += 2
     await broker.mark_as_complete(msg)
@@ -432,7 +432,7 @@ async def test_forward_loops_over_batches_of_100(
 async def test_forward_returns_grouped_task_to_its_group(
     broker: Broker, redis: Redis, clock: FakeClock
 ) -> None:
-    await broker.add_to_group(make_msg("g1"), "grp")
+    await broker.write(BatchItem(make_msg("g1"), group="grp"))
     await redis.srem("asynq:{default}:groups", "grp")
     # A grouped task that was run by hand and then failed comes back through retry.
     await redis.zrem("asynq:{default}:g:grp", "g1")
@@ -702,7 +702,7 @@ async def test_leaving_active_removes_every_copy_of_the_id(
     if leave == "done":
         await broker.done(msg)
     elif leave == "done_many":
-        assert await broker.done_many([msg]) == [None]
+        assert await transitions.done_many(broker, [msg]) == [None]
     elif leave == "mark_as_complete":
         await broker.mark_as_complete(msg)
     elif leave == "requeue":

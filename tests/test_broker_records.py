@@ -8,7 +8,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq import _keys as keys
-from asyncq._broker import Broker
+from asyncq._broker import BatchItem, Broker
 from asyncq._time import GO_ZERO_TIME
 from asyncq.errors import BrokerError
 from asyncq.proto.asynq import (
@@ -145,7 +145,7 @@ async def test_publish_cancelation(broker: Broker, redis_url: str) -> None:
 async def grouped(broker: Broker, clock: FakeClock, group: str, n: int, step: float = 1) -> None:
     """Add *n* tasks to *group*, one every *step* seconds (the clock ends at the last add)."""
     for i in range(n):
-        await broker.add_to_group(make_msg(f"{group}-{i}", group_key=group), group)
+        await broker.write(BatchItem(make_msg(f"{group}-{i}", group_key=group), group=group))
         clock.now += step
     clock.now -= step
 
@@ -281,7 +281,7 @@ async def test_reclaim_stale_aggregation_sets(
 
 async def test_aggregated_messages_decode_like_enqueued(broker: Broker, clock: FakeClock) -> None:
     msg = TaskMessage(type="t", payload=b"\x00", id="x", queue=Q, group_key="g", headers={"k": "v"})
-    await broker.add_to_group(msg, "g")
+    await broker.write(BatchItem(msg, group="g"))
     set_id = await broker.aggregation_check(Q, "g", clock.dt, 0, 0, 1)
     assert set_id is not None
     msgs, _ = await broker.read_aggregation_set(Q, "g", set_id)

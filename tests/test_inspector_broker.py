@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
-from asyncq._broker import Broker
+from asyncq._broker import BatchItem, Broker
 from asyncq._inspection.inspector import Inspector
 from asyncq._producer.client import Client
 from asyncq._time import GO_ZERO_TIME
@@ -54,7 +54,7 @@ async def test_every_state_through_the_broker(
     await broker.schedule(scheduled, NOW + timedelta(minutes=10))
     grouped = [message("g", group_key="grp") for _ in range(2)]
     for m in grouped:
-        await broker.add_to_group(m, "grp")
+        await broker.write(BatchItem(m, group="grp"))
 
     # Take three: two fail (retry, archive), one succeeds with retention.
     got = await transitions.dequeue_many(broker, ["default"], 3)

@@ -139,12 +139,12 @@ async def test_forwarder_janitor_recoverer_passes_are_one_call_each(own: Redis) 
     await asyncio.sleep(1.2)
     await multi.forward(names[-1:])
     await multi.delete_expired_completed(names[:1])
-    await multi.list_lease_expired(datetime.now(UTC), names[:1])
+    await multi.scan_leases(datetime.now(UTC), names[:1])
     await multi.reclaim_stale_aggregation_sets(names[:1])
     before = await command_calls(own)
     assert await multi.forward(names) == 300
     assert await multi.delete_expired_completed(names) == 0
-    assert await multi.list_lease_expired(datetime.now(UTC), names) == []
+    assert await multi.scan_leases(datetime.now(UTC), names) == ([], None)
     await multi.reclaim_stale_aggregation_sets(names)
     assert script_calls(delta(await command_calls(own), before)) == {"evalsha": 4}
     for q in names[:300]:
@@ -303,7 +303,8 @@ async def test_cluster_fetch_keeps_strict_order_across_nodes(cluster: RedisClust
             await client.enqueue(Task("later"), queue=q, process_in=timedelta(seconds=1))
         await asyncio.sleep(1.2)
         assert await multi.forward(names) == 30
-        assert await multi.list_lease_expired(datetime.now(UTC) + timedelta(minutes=5), names)
+        expired, _ = await multi.scan_leases(datetime.now(UTC) + timedelta(minutes=5), names)
+        assert expired
 
 
 async def test_passes_read_only_the_queues_named_not_their_other_arguments(

@@ -613,7 +613,7 @@ class TaskStateMachine(RuleBasedStateMachine):
         """The recoverer: retry (or archive, retries used up) tasks whose lease expired."""
         cutoff = self.clock.dt
         if multi:
-            found = self.run(self.multi.list_lease_expired(cutoff, QUEUES))
+            found, _ = self.run(self.multi.scan_leases(cutoff, QUEUES))
         else:
             found = [
                 (m.queue, m)

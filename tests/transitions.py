@@ -30,8 +30,10 @@ __all__ = [
     "delete_expired_completed_tasks",
     "dequeue",
     "dequeue_many",
+    "done_many",
     "forward_if_ready",
     "list_lease_expired",
+    "mark_as_complete_many",
     "reclaim_stale_aggregation_sets",
     "script",
 ]
@@ -120,6 +122,18 @@ async def dequeue_many(broker: Broker, qnames: Sequence[str], count: int) -> lis
         if len(out) >= count:
             break
     return out
+
+
+async def done_many(broker: Broker, msgs: Sequence[TaskMessage]) -> list[Exception | None]:
+    """asynq's Done for many tasks at once: one ``ack_many`` call, a result per message."""
+    return await broker.ack_many([(msg, False) for msg in msgs])
+
+
+async def mark_as_complete_many(
+    broker: Broker, msgs: Sequence[TaskMessage]
+) -> list[Exception | None]:
+    """asynq's MarkAsComplete for many tasks at once (see :func:`done_many`)."""
+    return await broker.ack_many([(msg, True) for msg in msgs])
 
 
 async def forward_if_ready(broker: Broker, qnames: Sequence[str]) -> int:

@@ -11,7 +11,7 @@ for a whole list of queues in one script call:
 * ``dequeue`` (``dequeue_queues.lua``) tries the queues in the given order and
   skips empty and paused ones inside Redis, at the cost of one LLEN each; it
   also reports which queues it found empty, and can stop before a byte budget.
-* ``forward`` (``forward_queues.lua``), ``list_lease_expired``,
+* ``forward`` (``forward_queues.lua``), ``scan_leases``,
   ``delete_expired_completed`` and ``reclaim_stale_aggregation_sets`` batch
   the forwarder's, recoverer's and janitor's work the same way. Like the
   dequeue, each first probes the sets it reads with one EXISTS per 200 queues
@@ -307,22 +307,15 @@ class MultiQueue:
                     break
         return total
 
-    async def list_lease_expired(
-        self, cutoff: datetime, qnames: Sequence[str]
-    ) -> list[tuple[str, TaskMessage]]:
-        """``(queue, message)`` of the active tasks whose lease expired at or before *cutoff*.
-
-        The queue is the one the task is stored in (its message may name
-        another). A message that cannot be decoded is archived instead.
-        """
-        expired, _ = await self.scan_leases(cutoff, qnames)
-        return expired
-
     async def scan_leases(
         self, cutoff: datetime, qnames: Sequence[str]
     ) -> tuple[list[tuple[str, TaskMessage]], float | None]:
-        """:meth:`list_lease_expired`, and the earliest lease expiry after *cutoff* (unix
-        seconds; None when no other task of these queues is active)."""
+        """``(queue, message)`` of the active tasks whose lease expired at or before
+        *cutoff*, and the earliest lease expiry after it (unix seconds; None when no other
+        task of these queues is active).
+
+        The queue is the one the task is stored in (its message may name another). A
+        message that cannot be decoded is archived instead."""
         broker = self._broker
         cut = to_unix(cutoff)
         out: list[tuple[str, TaskMessage]] = []

@@ -2,9 +2,10 @@
 
 Four writes that are not task transitions: the IDs of finished tasks (for callers
 waiting on a result), the task event stream (a Client's enqueue events go there too),
-a running handler's progress and the metrics history. Go asynq reads none of them. Each method raises what Redis raised:
-the worker-side writer decides what a failure means (the first three are best effort
-and logged at debug level; the history keeps its counts for the next flush).
+a running handler's progress and the metrics history. Go asynq reads none of them.
+Each method raises what Redis raised: the writer decides what a failure means (the
+first three are best effort and logged at debug level; the history keeps its counts
+for the next flush).
 """
 
 from __future__ import annotations

@@ -104,18 +104,7 @@ class ProcessingTransitions(BrokerBase):
         args = (tid, now_s + STATS_TTL, now_s + msg.retention, data, MAX_INT64)
         await self._run(_MARK_AS_COMPLETE, keys_, args, qk.name, tid)
 
-    # -- batched acknowledgement (asyncq extension, see ack_many) ---------------------------
-
-    async def done_many(self, msgs: Sequence[TaskMessage]) -> list[Exception | None]:
-        """:meth:`done` for many tasks at once; one result per message (see :meth:`ack_many`)."""
-        return await self.ack_many([(msg, False) for msg in msgs])
-
-    async def mark_as_complete_many(self, msgs: Sequence[TaskMessage]) -> list[Exception | None]:
-        """:meth:`mark_as_complete` for many tasks at once; one result per message.
-
-        See :meth:`ack_many`.
-        """
-        return await self.ack_many([(msg, True) for msg in msgs])
+    # -- batched acknowledgement (asyncq extension) --------------------------------------------
 
     async def ack_many(self, items: Sequence[tuple[TaskMessage, bool]]) -> list[Exception | None]:
         """Acknowledge finished tasks given as ``(msg, complete)`` pairs.

@@ -57,8 +57,8 @@ class BatchItem:
     Routed like the single-task methods: ``process_at`` set -> scheduled (it
     wins over ``group``); ``group`` set -> aggregating in that group; else
     pending. ``unique_ttl`` (whole seconds, >= 1) takes the message's
-    ``unique_key`` lock first; for a scheduled item it is the lock's full TTL,
-    as for :meth:`Broker.schedule_unique`.
+    ``unique_key`` lock first; for a scheduled item it is the lock's full TTL (asynq's
+    client passes the time from now until ``process_at`` plus the uniqueness period).
     """
 
     message: TaskMessage
@@ -176,36 +176,9 @@ class ProducerWrites(BrokerBase):
         """Write a pending task. Raises TaskIdConflictError when ``t:<id>`` exists."""
         await self.write(BatchItem(msg))
 
-    async def enqueue_unique(self, msg: TaskMessage, ttl: int) -> None:
-        """Pending task guarded by ``msg.unique_key`` for *ttl* s.
-
-        Raises DuplicateTaskError (lock held) or TaskIdConflictError.
-        """
-        await self.write(BatchItem(msg, unique_ttl=ttl))
-
     async def schedule(self, msg: TaskMessage, process_at: datetime) -> None:
         """Write a scheduled task. Raises TaskIdConflictError."""
         await self.write(BatchItem(msg, process_at=process_at))
-
-    async def schedule_unique(self, msg: TaskMessage, process_at: datetime, ttl: int) -> None:
-        """Scheduled task guarded by a unique lock. Raises DuplicateTaskError/TaskIdConflictError.
-
-        *ttl* is the lock's whole TTL in seconds; asynq's client passes the time
-        from now until *process_at* plus the uniqueness period.
-        """
-        await self.write(BatchItem(msg, process_at=process_at, unique_ttl=ttl))
-
-    async def add_to_group(self, msg: TaskMessage, group: str) -> None:
-        """Write an aggregating task into ``g:<group>``. Raises TaskIdConflictError."""
-        await self.write(BatchItem(msg, group=group))
-
-    async def add_to_group_unique(self, msg: TaskMessage, group: str, ttl: int) -> None:
-        """Aggregating task guarded by a unique lock. Raises DuplicateTaskError/TaskIdConflictError.
-
-        The lock key is ``msg.unique_key`` (asynq recomputes the same key from
-        queue, type and payload).
-        """
-        await self.write(BatchItem(msg, group=group, unique_ttl=ttl))
 
     async def enqueue_batch(
         self, items: Sequence[BatchItem | PendingItem]

@@ -179,17 +179,6 @@ def _non_blank(opts: Mapping[str, object], name: str, message: str) -> str | Non
     return value
 
 
-def _duration(opts: Mapping[str, object], name: str) -> timedelta | None:
-    value = opts.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, timedelta):
-        raise TypeError(f"{name} must be a datetime.timedelta, got {type(value).__name__}")
-    if value < timedelta(0):
-        raise ValueError(f"{name} cannot be negative, got {value!r}")
-    return value
-
-
 def _instant(opts: Mapping[str, object], name: str) -> datetime | None:
     value = opts.get(name)
     if value is None:
