@@ -67,6 +67,28 @@ async def test_queues_probed_a_few_at_a_time_give_the_same_fetch(
     assert got.empty == set(names)
 
 
+async def test_one_fetch_over_paused_limited_rated_and_drained_queues_reports_each(
+    redis: Redis,
+) -> None:
+    # The worker waits on `empty` queues (paused ones too) for a wake-up and polls `held`
+    # ones again later; a queue drained by its limit exactly is in neither, and a queue
+    # still holding work after its limit is never reported empty.
+    names = ["paused", "none", "lim", "rated", "exact", "more"]
+    await _fill(redis, 1, queue="paused")
+    async with Inspector(redis) as insp:
+        await insp.pause("paused")
+    lim = await _fill(redis, 3, queue="lim")
+    rated = await _fill(redis, 2, queue="rated")
+    exact = await _fill(redis, 1, queue="exact")
+    more = await _fill(redis, 2, queue="more")
+    limits = {"lim": (-1, 1), "rated": (-1, -1, 60_000_000, 1), "exact": (1, -1)}
+    got = await MultiQueue(Broker(redis)).dequeue(names, 10, limits=limits)
+    assert [t.message.id for t in got.tasks] == [lim[0], rated[0], *exact, *more]
+    assert got.empty == {"paused", "none", "more"}
+    assert got.held == {"lim", "rated"}
+    assert await redis.llen(keys.pending_key("paused")) == 1
+
+
 async def test_fleet_limit_caps_a_batched_fetch_by_live_leases(redis: Redis) -> None:
     await _fill(redis, 10)
     mq = MultiQueue(Broker(redis))

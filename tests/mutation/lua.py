@@ -81,6 +81,8 @@ INSPECTOR_TESTS = (
     "tests/test_lua_boundaries.py",
 )
 MULTI_TESTS = (
+    # dequeue_queues.lua called directly, its whole reply compared: fast, so first
+    "tests/test_dequeue_script.py",
     *BROKER_TESTS,
     "tests/test_many_queues.py",
     "tests/test_flow_control.py",
