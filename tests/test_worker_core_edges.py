@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import structlog
+from redis.exceptions import ResponseError
 from structlog.testing import capture_logs
 
 from asyncq._broker.workflow import WORKFLOW_HEADER, WORKFLOW_QUEUE_HEADER, WORKFLOW_STEP_HEADER
@@ -32,7 +33,12 @@ from asyncq._worker.limits import TYPE_RATE_MAX_WAIT_US
 from asyncq._worker.outcome import decide
 from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import RoleDeps
-from asyncq.errors import DeadlineExceededError, RevokeTask, TaskNotFoundError
+from asyncq.errors import (
+    DeadlineExceededError,
+    RevokeTask,
+    TaskCanceledError,
+    TaskNotFoundError,
+)
 from asyncq.hooks import NoWorkerHooks
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 from asyncq.task import Task
@@ -721,3 +727,54 @@ async def test_a_write_for_the_syncer_keeps_its_lease_deadline_and_is_logged() -
     assert (logged["outcome"], logged["error"]) == ("retry", "ConnectionError: fake retry failed")
     assert logged["suppressed_since_last"] == 0
     assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
+
+
+async def test_a_write_redis_refuses_is_logged_and_not_handed_to_the_syncer() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    fake.fail("retry", ResponseError("ERR refused"))
+    with capture_logs() as logs:
+        async with Running(fake, _fails) as run:
+            await wait_until(lambda: fake.called("retry") and not run.active, what="refused")
+    assert not run.deferred.writes  # an error reply would be refused again
+    (logged,) = _events(logs, "task outcome rejected by Redis")
+    assert logged["log_level"] == "error"
+    assert (logged["outcome"], logged["error"]) == ("retry", "ResponseError: ERR refused")
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
+
+
+async def test_an_error_handler_cancelling_itself_after_a_cancel_message_still_writes() -> None:
+    # The cancel message's cancellation of the task's coroutine was handled (uncancelled):
+    # a CancelledError the error handler raises afterwards is its own, not a loop shutdown.
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    started = asyncio.Event()
+    seen: list[str] = []
+
+    async def handler(task: Task) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    def on_error(task: Task, exc: BaseException) -> None:
+        seen.append(str(exc))
+        raise asyncio.CancelledError
+
+    with capture_logs() as logs:
+        async with Running(fake, handler, error_handler=on_error) as run:
+            await asyncio.wait_for(started.wait(), 5)
+            assert run.active.cancel(msg.id, TaskCanceledError()) is not None
+            await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+    assert seen == ["context canceled"]
+    assert fake.tasks[msg.id].error == "context canceled"
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["error_handler raised"]
+
+
+async def test_a_workflow_step_failing_for_good_is_archived_with_its_error() -> None:
+    fake = FakeBroker()
+    headers = {WORKFLOW_HEADER: "wf", WORKFLOW_QUEUE_HEADER: Q, WORKFLOW_STEP_HEADER: "0.0"}
+    msg = fake.enqueue(message(headers=headers, retried=3))
+    async with Running(fake, _fails) as run:
+        await wait_until(lambda: fake.state(msg.id) == "archived", what="archived")
+    assert fake.called("ack_workflow_step") == [(msg.id, "archive")]
+    assert fake.tasks[msg.id].error == "ValueError: boom"
+    assert run.notifier.sent == [msg.id]  # result waiters learn of the archive
