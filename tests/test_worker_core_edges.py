@@ -36,6 +36,7 @@ from asyncq._worker.roles import RoleDeps
 from asyncq.errors import (
     DeadlineExceededError,
     RevokeTask,
+    SkipRetry,
     TaskCanceledError,
     TaskNotFoundError,
 )
@@ -663,28 +664,34 @@ async def test_a_handler_ending_after_its_lease_ran_out_is_left_to_the_recoverer
 
 async def test_a_lease_declared_expired_mid_handler_is_reported_once() -> None:
     fake = FakeBroker(lease_duration=30)
-    msg = fake.enqueue(message())
-    started = asyncio.Event()
+    msgs = [fake.enqueue(message()) for _ in range(2)]
+    started: list[str] = []
 
     async def handler(task: Task) -> None:
-        started.set()
+        started.append(task.id or "")
         await asyncio.sleep(3600)
 
-    run = _debugging(Running(fake, handler))
+    run = _debugging(Running(fake, handler, concurrency=2))
     hooks = run.processor._hooks = _Hooks()
     with capture_logs() as logs:
         async with run:
-            await asyncio.wait_for(started.wait(), 5)
+            await wait_until(lambda: len(started) == 2, what="both running")
             fake.advance(31)
-            assert run.active[msg.id].lease.expire()
+            for msg in msgs:
+                assert run.active[msg.id].lease.expire()
             await wait_until(lambda: not run.active, what="released")
-    assert hooks.calls == [("lease_expired", Q, "t")]  # by the failure report, not again
-    (cancelling,) = _events(logs, "lease expired; cancelling handler")
-    assert cancelling["log_level"] == "debug"
-    assert (cancelling["task_id"], cancelling["task_type"], cancelling["queue"]) == (msg.id, "t", Q)
-    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
-        "task lease expired; handler cancelled"
-    ]
+    assert run.processor.stats.failed == 2
+    # Reported by the failure report, not again when the outcome is dropped.
+    assert hooks.calls == [("lease_expired", Q, "t")] * 2
+    ids = sorted(m.id for m in msgs)
+    cancelling = _events(logs, "lease expired; cancelling handler")
+    assert sorted(e["task_id"] for e in cancelling) == ids
+    for e in cancelling:
+        assert (e["log_level"], e["task_type"], e["queue"]) == ("debug", "t", Q)
+    warned = [e for e in logs if e["log_level"] == "warning"]
+    assert {e["event"] for e in warned} == {"task lease expired; handler cancelled"}
+    assert sorted(e["task_id"] for e in warned) == ids
+    assert all((e["task_type"], e["queue"]) == ("t", Q) for e in warned)
 
 
 async def test_a_lease_declared_expired_while_the_outcome_is_written_cancels_nothing() -> None:
@@ -778,3 +785,49 @@ async def test_a_workflow_step_failing_for_good_is_archived_with_its_error() -> 
     assert fake.called("ack_workflow_step") == [(msg.id, "archive")]
     assert fake.tasks[msg.id].error == "ValueError: boom"
     assert run.notifier.sent == [msg.id]  # result waiters learn of the archive
+
+
+async def _raise_revoke(task: Task) -> None:
+    raise RevokeTask("gone")
+
+
+async def test_revoked_tasks_count_as_successes_and_are_logged() -> None:
+    fake = FakeBroker()
+    msgs = [fake.enqueue(message()) for _ in range(2)]
+    with capture_logs() as logs:
+        async with Running(fake, _raise_revoke, concurrency=2) as run:
+            await wait_until(lambda: not fake.tasks, what="deleted")
+    assert (run.processor.stats.succeeded, run.processor.stats.failed) == (2, 0)
+    revoked = _events(logs, "task revoked")
+    assert sorted(e["task_id"] for e in revoked) == sorted(m.id for m in msgs)
+    assert all((e["log_level"], e["task_type"], e["queue"]) == ("info", "t", Q) for e in revoked)
+
+
+async def test_a_failure_is_counted_and_only_an_unexpected_one_logs_its_traceback() -> None:
+    fake = FakeBroker()
+    bad = fake.enqueue(message("bad", retried=1))
+    skip = fake.enqueue(message("skip"))
+    raised: dict[str, BaseException] = {}
+
+    async def handler(task: Task) -> None:
+        exc = ValueError("boom") if task.type == "bad" else SkipRetry("no")
+        raised[task.type] = exc
+        raise exc
+
+    with capture_logs() as logs:
+        async with Running(fake, handler, concurrency=2) as run:
+            await wait_until(
+                lambda: fake.state(bad.id) == "retry" and fake.state(skip.id) == "archived",
+                what="written",
+            )
+    assert (run.processor.stats.failed, run.processor.stats.succeeded) == (2, 0)
+    failed = {e["task_type"]: e for e in _events(logs, "task failed")}
+    assert failed["bad"]["exc_info"] is raised["bad"]  # a bug: its traceback
+    assert failed["skip"]["exc_info"] is None  # asked for: one line
+    assert failed["bad"]["log_level"] == failed["skip"]["log_level"] == "warning"
+    assert (failed["bad"]["error"], failed["bad"]["retried"], failed["bad"]["max_retry"]) == (
+        "ValueError: boom",
+        1,
+        3,
+    )
+    assert (failed["bad"]["task_id"], failed["bad"]["queue"]) == (bad.id, Q)
