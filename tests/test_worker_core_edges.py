@@ -780,9 +780,14 @@ async def test_a_workflow_step_failing_for_good_is_archived_with_its_error() -> 
     fake = FakeBroker()
     headers = {WORKFLOW_HEADER: "wf", WORKFLOW_QUEUE_HEADER: Q, WORKFLOW_STEP_HEADER: "0.0"}
     msg = fake.enqueue(message(headers=headers, retried=3))
-    async with Running(fake, _fails) as run:
-        await wait_until(lambda: fake.state(msg.id) == "archived", what="archived")
+    run = _debugging(Running(fake, _fails))
+    with capture_logs() as logs:
+        async with run:
+            await wait_until(lambda: fake.state(msg.id) == "archived", what="archived")
     assert fake.called("ack_workflow_step") == [(msg.id, "archive")]
+    (acked,) = _events(logs, "workflow step acknowledged")
+    assert (acked["log_level"], acked["workflow_state"]) == ("debug", "running")
+    assert (acked["task_id"], acked["task_type"], acked["queue"]) == (msg.id, "t", Q)
     assert fake.tasks[msg.id].error == "ValueError: boom"
     assert run.notifier.sent == [msg.id]  # result waiters learn of the archive
 
