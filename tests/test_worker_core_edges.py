@@ -35,6 +35,7 @@ from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import RoleDeps
 from asyncq.errors import (
     DeadlineExceededError,
+    RateLimited,
     RevokeTask,
     SkipRetry,
     TaskCanceledError,
@@ -836,3 +837,22 @@ async def test_a_failure_is_counted_and_only_an_unexpected_one_logs_its_tracebac
         3,
     )
     assert (failed["bad"]["task_id"], failed["bad"]["queue"]) == (bad.id, Q)
+
+
+async def test_a_rate_limited_handler_is_logged_once_and_not_a_failure() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    reported: list[BaseException] = []
+
+    async def limited(task: Task) -> None:
+        raise RateLimited(timedelta(seconds=30))
+
+    with capture_logs() as logs:
+        async with Running(fake, limited, error_handler=lambda t, e: reported.append(e)) as run:
+            await wait_until(lambda: fake.state(msg.id) == "retry", what="rescheduled")
+    assert reported == []  # not a failure: the error handler is not told
+    assert run.processor.stats.failed == 0
+    (logged,) = _events(logs, "task rate limited; rescheduled")
+    assert (logged["log_level"], logged["retry_in"]) == ("info", "0:00:30")
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
+    assert not _events(logs, "task failed")
