@@ -856,3 +856,24 @@ async def test_a_rate_limited_handler_is_logged_once_and_not_a_failure() -> None
     assert (logged["log_level"], logged["retry_in"]) == ("info", "0:00:30")
     assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
     assert not _events(logs, "task failed")
+
+
+async def test_retry_delay_gets_the_task_the_handler_ran() -> None:
+    # The same object, with its result writer: a delay may depend on what the handler did.
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    ran: list[Task] = []
+    seen: list[Task] = []
+
+    async def handler(task: Task) -> None:
+        ran.append(task)
+        raise ValueError("boom")
+
+    def delay(n: int, exc: BaseException, task: Task) -> timedelta:
+        seen.append(task)
+        return timedelta(seconds=5)
+
+    async with Running(fake, handler, retry_delay=delay):
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+    assert len(seen) == 1 and seen[0] is ran[0]
+    assert seen[0].result_writer is not None
