@@ -877,3 +877,16 @@ async def test_retry_delay_gets_the_task_the_handler_ran() -> None:
         await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
     assert len(seen) == 1 and seen[0] is ran[0]
     assert seen[0].result_writer is not None
+
+
+async def test_a_failed_acknowledgement_of_a_kept_task_is_retried_as_its_completion() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message(retention=60))
+    fake.fail("ack_many")
+    async with Running(fake, _returns) as run:
+        await wait_until(lambda: run.deferred.writes, what="write deferred")
+        ((what, write),) = run.deferred.writes
+        assert what == "done"
+        await write()  # what the syncer does once Redis answers again
+    assert fake.called("mark_as_complete") == [msg.id] and not fake.called("done")
+    assert fake.state(msg.id) == "completed"
