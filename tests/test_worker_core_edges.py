@@ -890,3 +890,22 @@ async def test_a_failed_acknowledgement_of_a_kept_task_is_retried_as_its_complet
         await write()  # what the syncer does once Redis answers again
     assert fake.called("mark_as_complete") == [msg.id] and not fake.called("done")
     assert fake.state(msg.id) == "completed"
+
+
+async def test_the_debug_lines_of_a_wake_up_and_of_a_tasks_start_and_end() -> None:
+    fake = FakeBroker()
+    run = _debugging(Running(fake, _returns, task_check_interval=timedelta(seconds=60)))
+    with capture_logs() as logs:
+        async with run:
+            await wait_until(lambda: fake.called("fetch"), what="first fetch")
+            await wait_until(lambda: run.processor.stats.empty_fetches, what="idle")
+            msg = fake.enqueue(message())
+            run.processor._wakeup.set()  # what the subscriber does on a wake-up message
+            await wait_until(lambda: msg.id not in fake.tasks, what="done")
+    assert run.processor.stats.wakeups == 1 and run.processor.stats.idle_timeouts == 0
+    (woken,) = _events(logs, "woken up: a queue has work")
+    assert woken["log_level"] == "debug"
+    for event in ("task started", "task done"):
+        (logged,) = _events(logs, event)
+        assert logged["log_level"] == "debug"
+        assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
