@@ -4,12 +4,14 @@ Each test here pins a behaviour that a mutant of the worker core (``nox -s
 mutation``; docs/testing.md) changed without any test noticing: the forwarder's
 and recoverer's counters across ticks, the recoverer's choice between retry and
 archive and the deadline it writes under, the heartbeater's records, the lease's
-one-way extension, the outcome decision's edges.
+one-way extension, the outcome decision's edges; the processor's type rate limit,
+its lost leases, orphans and failed writes, with the events each is logged as.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -17,23 +19,34 @@ from typing import Any
 
 import pytest
 import structlog
+from redis.exceptions import ResponseError
 from structlog.testing import capture_logs
 
 from asyncq._broker.workflow import WORKFLOW_HEADER, WORKFLOW_QUEUE_HEADER, WORKFLOW_STEP_HEADER
+from asyncq._worker import active as active_module
 from asyncq._worker import policy
 from asyncq._worker.active import ActiveTask, ActiveTasks
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
 from asyncq._worker.lease import Lease, extend_leases
+from asyncq._worker.limits import TYPE_RATE_MAX_WAIT_US
 from asyncq._worker.outcome import decide
 from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import RoleDeps
-from asyncq.errors import RevokeTask, TaskNotFoundError
+from asyncq.errors import (
+    DeadlineExceededError,
+    RateLimited,
+    RevokeTask,
+    SkipRetry,
+    TaskCanceledError,
+    TaskNotFoundError,
+)
+from asyncq.hooks import NoWorkerHooks
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 from asyncq.task import Task
 from tests.fakebroker import FakeBroker
 from tests.helpers import wait_until
-from tests.test_roles_fake_broker import Q, message, role_deps
+from tests.test_roles_fake_broker import Q, Running, _fails, _returns, message, role_deps
 
 
 async def _in_retry(fake: FakeBroker, *due: float) -> list[str]:
@@ -470,3 +483,429 @@ def test_a_raising_is_failure_counts_a_failure_and_is_logged() -> None:
     (logged,) = [e for e in logs if e["event"] == "is_failure raised; counting a failure"]
     assert logged["log_level"] == "error" and isinstance(logged["exc_info"], RuntimeError)
     assert (logged["task_id"], logged["task_type"], logged["queue"]) == ("x", "t", Q)
+
+
+# -- processor -----------------------------------------------------------------------------------
+
+
+def _debugging(run: Running) -> Running:
+    """The processor as with structlog configured at DEBUG: its per-task debug events on."""
+    run.processor._debug = True
+    return run
+
+
+def _events(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == event]
+
+
+async def test_a_type_out_of_tokens_is_put_back_unrun_for_its_buckets_wait() -> None:
+    fake = FakeBroker()
+    msgs = [fake.enqueue(message("api")) for _ in range(2)]
+    fake.tokens["api"] = 0
+    ran: list[str] = []
+
+    async def handler(task: Task) -> None:
+        ran.append(task.id or "")
+
+    run = _debugging(Running(fake, handler, type_rate_limits={"api": "10/s"}))
+    with capture_logs() as logs:
+        async with run:
+            await wait_until(
+                lambda: all(fake.state(m.id) == "retry" for m in msgs), what="rescheduled"
+            )
+    assert ran == []
+    assert {t for t, _ in fake.called("take_type_tokens")} == {"api"}
+    for m in msgs:
+        stored = fake.tasks[m.id]
+        assert stored.score == pytest.approx(fake.now + 0.1)  # 10/s: a token every 100 ms
+        assert stored.msg.retried == 0
+        assert stored.error == "asyncq: rate limit of task type 'api' (10/s) reached; not run"
+    assert run.processor.stats.type_rate_limited == 2
+    logged = _events(logs, "task type over its rate limit; rescheduled")
+    assert sorted(e["task_id"] for e in logged) == sorted(m.id for m in msgs)
+    for e in logged:
+        assert (e["log_level"], e["task_type"], e["queue"]) == ("debug", "api", Q)
+        assert (e["rate"], e["retry_in"]) == ("10/s", str(timedelta(milliseconds=100)))
+
+
+async def test_a_failed_type_token_call_is_logged_with_the_task() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message("api"))
+    fake.fail("take_type_tokens")
+
+    with capture_logs() as logs:
+        async with Running(fake, _returns, type_rate_limits={"api": "10/s"}):
+            await wait_until(lambda: fake.state(msg.id) == "retry", what="rescheduled")
+    (logged,) = _events(
+        logs, "could not take a token of the task type's rate limit; rescheduling the task"
+    )
+    assert logged["log_level"] == "warning"
+    assert logged["error"] == "ConnectionError: fake take_type_tokens failed"
+    assert logged["suppressed_since_last"] == 0
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "api", Q)
+
+
+async def test_the_type_token_call_carries_the_types_rate_for_the_whole_fetch() -> None:
+    fake = FakeBroker()
+    msgs = [fake.enqueue(message("api")) for _ in range(3)]
+    asked: list[tuple[str, int, dict[str, int]]] = []
+    take = fake.take_type_tokens
+
+    async def record(task_type: str, count: int, **kw: int) -> tuple[list[int], int]:
+        asked.append((task_type, count, kw))
+        return await take(task_type, count, **kw)
+
+    fake.take_type_tokens = record  # type: ignore[method-assign]
+    async with Running(fake, _returns, concurrency=3, type_rate_limits={"api": "10/s burst 2"}):
+        await wait_until(lambda: not fake.tasks, what="all done")
+    want = {"interval_us": 100_000, "burst": 2, "max_wait_us": TYPE_RATE_MAX_WAIT_US}
+    assert asked == [("api", 3, want)]  # the three tasks of one fetch ask in one call
+    assert fake.processed == len(msgs)
+
+
+async def test_a_failed_fetch_is_counted_once_and_logged() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    fake.fail("fetch")
+    with capture_logs() as logs:
+        async with Running(fake, _returns) as run:
+            await wait_until(lambda: msg.id not in fake.tasks, what="done after the failure")
+    assert run.processor.stats.fetch_errors == 1
+    (logged,) = _events(logs, "could not dequeue tasks")
+    assert logged["log_level"] == "error"
+    assert logged["error"] == "ConnectionError: fake fetch failed"
+    assert logged["suppressed_since_last"] == 0
+
+
+async def test_an_orphaned_handler_is_logged_with_its_grace_and_its_stop_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(active_module, "CANCEL_GRACE", 0.1)
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    started = asyncio.Event()
+    resume = asyncio.Event()
+
+    async def stubborn(task: Task) -> None:
+        started.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(3600)
+        await resume.wait()
+
+    with capture_logs() as logs:
+        async with Running(fake, stubborn) as run:
+            await asyncio.wait_for(started.wait(), 5)
+            assert run.active.cancel(msg.id, DeadlineExceededError()) is not None
+            await wait_until(lambda: fake.state(msg.id) == "retry", what="failure written")
+            (orphan,) = run.processor.orphans
+        resume.set()
+        await asyncio.wait_for(orphan, 5)
+    (logged,) = [e for e in logs if e["log_level"] == "error"]
+    assert logged["event"].startswith("handler ignored its cancellation")
+    assert logged["grace"] == 0.1  # the cancel grace, not the shutdown's shorter wait
+    assert logged["error"] == "context deadline exceeded"
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
+
+
+class _Hooks(NoWorkerHooks):
+    """Records the processor's lease_expired, task_retried and task_archived calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str]] = []
+
+    def lease_expired(self, queue: str, task_type: str) -> None:
+        self.calls.append(("lease_expired", queue, task_type))
+
+    def task_retried(self, queue: str, task_type: str) -> None:
+        self.calls.append(("task_retried", queue, task_type))
+
+    def task_archived(self, queue: str, task_type: str) -> None:
+        self.calls.append(("task_archived", queue, task_type))
+
+
+@pytest.mark.parametrize(
+    ("raised", "event"),
+    [
+        (None, "task finished after its lease expired; not writing its outcome, the recoverer "
+               "will retry it"),
+        (ValueError("late"), "task lease expired; not writing its outcome, the recoverer will "
+                             "retry it"),
+    ],
+    ids=["returned", "raised"],
+)  # fmt: skip
+async def test_a_handler_ending_after_its_lease_ran_out_is_left_to_the_recoverer(
+    raised: BaseException | None, event: str
+) -> None:
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message())
+    started = asyncio.Event()
+    gate = asyncio.Event()
+
+    async def handler(task: Task) -> None:
+        started.set()
+        await gate.wait()
+        if raised is not None:
+            raise raised
+
+    run = Running(fake, handler)
+    hooks = run.processor._hooks = _Hooks()
+    with capture_logs() as logs:
+        async with run:
+            await asyncio.wait_for(started.wait(), 5)
+            fake.advance(31)  # the lease ran out; no heartbeat has declared it yet
+            gate.set()
+            await wait_until(lambda: not run.active, what="released")
+    assert fake.state(msg.id) == "active"  # nothing written
+    assert hooks.calls == [("lease_expired", Q, "t")]
+    (logged,) = _events(logs, event)
+    assert logged["log_level"] == "warning"
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
+    assert not _events(logs, "task bookkeeping failed")
+
+
+async def test_a_lease_declared_expired_mid_handler_is_reported_once() -> None:
+    fake = FakeBroker(lease_duration=30)
+    msgs = [fake.enqueue(message()) for _ in range(2)]
+    started: list[str] = []
+
+    async def handler(task: Task) -> None:
+        started.append(task.id or "")
+        await asyncio.sleep(3600)
+
+    run = _debugging(Running(fake, handler, concurrency=2))
+    hooks = run.processor._hooks = _Hooks()
+    with capture_logs() as logs:
+        async with run:
+            await wait_until(lambda: len(started) == 2, what="both running")
+            fake.advance(31)
+            for msg in msgs:
+                assert run.active[msg.id].lease.expire()
+            await wait_until(lambda: not run.active, what="released")
+    assert run.processor.stats.failed == 2
+    # Reported by the failure report, not again when the outcome is dropped.
+    assert hooks.calls == [("lease_expired", Q, "t")] * 2
+    ids = sorted(m.id for m in msgs)
+    cancelling = _events(logs, "lease expired; cancelling handler")
+    assert sorted(e["task_id"] for e in cancelling) == ids
+    for e in cancelling:
+        assert (e["log_level"], e["task_type"], e["queue"]) == ("debug", "t", Q)
+    warned = [e for e in logs if e["log_level"] == "warning"]
+    assert {e["event"] for e in warned} == {"task lease expired; handler cancelled"}
+    assert sorted(e["task_id"] for e in warned) == ids
+    assert all((e["task_type"], e["queue"]) == ("t", Q) for e in warned)
+
+
+async def test_a_lease_declared_expired_while_the_outcome_is_written_cancels_nothing() -> None:
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message())
+    write = fake.hold("retry")
+    run = _debugging(Running(fake, _fails))
+    with capture_logs() as logs:
+        async with run:
+            await asyncio.wait_for(write.arrived.wait(), 5)
+            assert run.active[msg.id].lease.expire()  # the handler has already returned
+            write.release.set()
+            await wait_until(lambda: not run.active, what="released")
+    assert not _events(logs, "lease expired; cancelling handler")
+
+
+class _Deferred:
+    """The writes handed to the syncer, with the deadline and message they were given."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, float, TaskMessage]] = []
+
+    def __call__(self, write: Any, *, deadline: float, what: str, msg: TaskMessage) -> None:
+        self.writes.append((what, deadline, msg))
+
+
+async def test_a_write_for_the_syncer_keeps_its_lease_deadline_and_is_logged() -> None:
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message())
+    fake.fail("retry")
+    run = Running(fake, _fails)
+    deferred = run.processor._defer_write = _Deferred()
+    with capture_logs() as logs:
+        async with run:
+            await wait_until(lambda: deferred.writes, what="write deferred")
+    # The syncer may write it until the lease runs out (Redis keeps it in whole seconds).
+    assert deferred.writes == [("retry", int(fake.now + 30), msg)]
+    (logged,) = _events(logs, "could not write task outcome; the syncer will retry it")
+    assert logged["log_level"] == "warning"
+    assert (logged["outcome"], logged["error"]) == ("retry", "ConnectionError: fake retry failed")
+    assert logged["suppressed_since_last"] == 0
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
+
+
+async def test_a_write_redis_refuses_is_logged_and_not_handed_to_the_syncer() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    fake.fail("retry", ResponseError("ERR refused"))
+    with capture_logs() as logs:
+        async with Running(fake, _fails) as run:
+            await wait_until(lambda: fake.called("retry") and not run.active, what="refused")
+    assert not run.deferred.writes  # an error reply would be refused again
+    (logged,) = _events(logs, "task outcome rejected by Redis")
+    assert logged["log_level"] == "error"
+    assert (logged["outcome"], logged["error"]) == ("retry", "ResponseError: ERR refused")
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
+
+
+async def test_an_error_handler_cancelling_itself_after_a_cancel_message_still_writes() -> None:
+    # The cancel message's cancellation of the task's coroutine was handled (uncancelled):
+    # a CancelledError the error handler raises afterwards is its own, not a loop shutdown.
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    started = asyncio.Event()
+    seen: list[str] = []
+
+    async def handler(task: Task) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    def on_error(task: Task, exc: BaseException) -> None:
+        seen.append(str(exc))
+        raise asyncio.CancelledError
+
+    with capture_logs() as logs:
+        async with Running(fake, handler, error_handler=on_error) as run:
+            await asyncio.wait_for(started.wait(), 5)
+            assert run.active.cancel(msg.id, TaskCanceledError()) is not None
+            await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+    assert seen == ["context canceled"]
+    assert fake.tasks[msg.id].error == "context canceled"
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["error_handler raised"]
+
+
+async def test_a_workflow_step_failing_for_good_is_archived_with_its_error() -> None:
+    fake = FakeBroker()
+    headers = {WORKFLOW_HEADER: "wf", WORKFLOW_QUEUE_HEADER: Q, WORKFLOW_STEP_HEADER: "0.0"}
+    msg = fake.enqueue(message(headers=headers, retried=3))
+    run = _debugging(Running(fake, _fails))
+    with capture_logs() as logs:
+        async with run:
+            await wait_until(lambda: fake.state(msg.id) == "archived", what="archived")
+    assert fake.called("ack_workflow_step") == [(msg.id, "archive")]
+    (acked,) = _events(logs, "workflow step acknowledged")
+    assert (acked["log_level"], acked["workflow_state"]) == ("debug", "running")
+    assert (acked["task_id"], acked["task_type"], acked["queue"]) == (msg.id, "t", Q)
+    assert fake.tasks[msg.id].error == "ValueError: boom"
+    assert run.notifier.sent == [msg.id]  # result waiters learn of the archive
+
+
+async def _raise_revoke(task: Task) -> None:
+    raise RevokeTask("gone")
+
+
+async def test_revoked_tasks_count_as_successes_and_are_logged() -> None:
+    fake = FakeBroker()
+    msgs = [fake.enqueue(message()) for _ in range(2)]
+    with capture_logs() as logs:
+        async with Running(fake, _raise_revoke, concurrency=2) as run:
+            await wait_until(lambda: not fake.tasks, what="deleted")
+    assert (run.processor.stats.succeeded, run.processor.stats.failed) == (2, 0)
+    revoked = _events(logs, "task revoked")
+    assert sorted(e["task_id"] for e in revoked) == sorted(m.id for m in msgs)
+    assert all((e["log_level"], e["task_type"], e["queue"]) == ("info", "t", Q) for e in revoked)
+
+
+async def test_a_failure_is_counted_and_only_an_unexpected_one_logs_its_traceback() -> None:
+    fake = FakeBroker()
+    bad = fake.enqueue(message("bad", retried=1))
+    skip = fake.enqueue(message("skip"))
+    raised: dict[str, BaseException] = {}
+
+    async def handler(task: Task) -> None:
+        exc = ValueError("boom") if task.type == "bad" else SkipRetry("no")
+        raised[task.type] = exc
+        raise exc
+
+    with capture_logs() as logs:
+        async with Running(fake, handler, concurrency=2) as run:
+            await wait_until(
+                lambda: fake.state(bad.id) == "retry" and fake.state(skip.id) == "archived",
+                what="written",
+            )
+    assert (run.processor.stats.failed, run.processor.stats.succeeded) == (2, 0)
+    failed = {e["task_type"]: e for e in _events(logs, "task failed")}
+    assert failed["bad"]["exc_info"] is raised["bad"]  # a bug: its traceback
+    assert failed["skip"]["exc_info"] is None  # asked for: one line
+    assert failed["bad"]["log_level"] == failed["skip"]["log_level"] == "warning"
+    assert (failed["bad"]["error"], failed["bad"]["retried"], failed["bad"]["max_retry"]) == (
+        "ValueError: boom",
+        1,
+        3,
+    )
+    assert (failed["bad"]["task_id"], failed["bad"]["queue"]) == (bad.id, Q)
+
+
+async def test_a_rate_limited_handler_is_logged_once_and_not_a_failure() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    reported: list[BaseException] = []
+
+    async def limited(task: Task) -> None:
+        raise RateLimited(timedelta(seconds=30))
+
+    with capture_logs() as logs:
+        async with Running(fake, limited, error_handler=lambda t, e: reported.append(e)) as run:
+            await wait_until(lambda: fake.state(msg.id) == "retry", what="rescheduled")
+    assert reported == []  # not a failure: the error handler is not told
+    assert run.processor.stats.failed == 0
+    (logged,) = _events(logs, "task rate limited; rescheduled")
+    assert (logged["log_level"], logged["retry_in"]) == ("info", "0:00:30")
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
+    assert not _events(logs, "task failed")
+
+
+async def test_retry_delay_gets_the_task_the_handler_ran() -> None:
+    # The same object, with its result writer: a delay may depend on what the handler did.
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    ran: list[Task] = []
+    seen: list[Task] = []
+
+    async def handler(task: Task) -> None:
+        ran.append(task)
+        raise ValueError("boom")
+
+    def delay(n: int, exc: BaseException, task: Task) -> timedelta:
+        seen.append(task)
+        return timedelta(seconds=5)
+
+    async with Running(fake, handler, retry_delay=delay):
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+    assert len(seen) == 1 and seen[0] is ran[0]
+    assert seen[0].result_writer is not None
+
+
+async def test_a_failed_acknowledgement_of_a_kept_task_is_retried_as_its_completion() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message(retention=60))
+    fake.fail("ack_many")
+    async with Running(fake, _returns) as run:
+        await wait_until(lambda: run.deferred.writes, what="write deferred")
+        ((what, write),) = run.deferred.writes
+        assert what == "done"
+        await write()  # what the syncer does once Redis answers again
+    assert fake.called("mark_as_complete") == [msg.id] and not fake.called("done")
+    assert fake.state(msg.id) == "completed"
+
+
+async def test_the_debug_lines_of_a_wake_up_and_of_a_tasks_start_and_end() -> None:
+    fake = FakeBroker()
+    run = _debugging(Running(fake, _returns, task_check_interval=timedelta(seconds=60)))
+    with capture_logs() as logs:
+        async with run:
+            await wait_until(lambda: fake.called("fetch"), what="first fetch")
+            await wait_until(lambda: run.processor.stats.empty_fetches, what="idle")
+            msg = fake.enqueue(message())
+            run.processor._wakeup.set()  # what the subscriber does on a wake-up message
+            await wait_until(lambda: msg.id not in fake.tasks, what="done")
+    assert run.processor.stats.wakeups == 1 and run.processor.stats.idle_timeouts == 0
+    (woken,) = _events(logs, "woken up: a queue has work")
+    assert woken["log_level"] == "debug"
+    for event in ("task started", "task done"):
+        (logged,) = _events(logs, event)
+        assert logged["log_level"] == "debug"
+        assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
