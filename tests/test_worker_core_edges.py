@@ -35,6 +35,7 @@ from asyncq._worker.recoverer import Recoverer
 from asyncq._worker.roles import RoleDeps
 from asyncq.errors import (
     DeadlineExceededError,
+    LeaseExpiredError,
     RateLimited,
     RevokeTask,
     SkipRetry,
@@ -856,6 +857,26 @@ async def test_a_rate_limited_handler_is_logged_once_and_not_a_failure() -> None
     assert (logged["log_level"], logged["retry_in"]) == ("info", "0:00:30")
     assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
     assert not _events(logs, "task failed")
+
+
+async def test_a_lost_lease_is_a_failure_whatever_it_was_raised_from() -> None:
+    # A lease that ran out is never a rate limit, even chained from one: the attempt
+    # counts, is told to the error handler and uses a retry.
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    reported: list[BaseException] = []
+
+    async def handler(task: Task) -> None:
+        try:
+            raise RateLimited(timedelta(seconds=30))
+        except RateLimited as limited:
+            raise LeaseExpiredError("lease lost") from limited
+
+    async with Running(fake, handler, error_handler=lambda t, e: reported.append(e)) as run:
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+    assert [type(e) for e in reported] == [LeaseExpiredError]
+    assert run.processor.stats.failed == 1
+    assert fake.tasks[msg.id].msg.retried == 1
 
 
 async def test_retry_delay_gets_the_task_the_handler_ran() -> None:
