@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from asyncq._redis.scripts import load_script
-from tests.helpers import pexpiretime
+from tests.helpers import pexpiretime, snapshot
 
 # Loaded at import, like the broker's copy: the mutation runner swaps loaded scripts.
 DEQUEUE = load_script("asyncq._broker", "dequeue_queues")
@@ -51,24 +51,12 @@ async def pending(redis: Redis, queue: str, *ids: str) -> None:
 
 
 async def state(redis: Redis) -> dict[str, Any]:
-    """Every key: its value (lists in order, sorted sets with scores) and whether it expires."""
-    out: dict[str, Any] = {}
-    for raw in sorted(await redis.keys("*")):
-        key = raw.decode()
-        kind = (await redis.type(key)).decode()
-        value: Any
-        if kind == "list":
-            value = await redis.lrange(key, 0, -1)
-        elif kind == "zset":
-            value = await redis.zrange(key, 0, -1, withscores=True)
-        elif kind == "hash":
-            value = await redis.hgetall(key)
-        elif kind == "set":
-            value = await redis.smembers(key)
-        else:
-            value = await redis.get(key)
-        out[key] = (kind, value, await redis.pttl(key) >= 0)
-    return out
+    """Every key as :func:`tests.helpers.snapshot` reads it, with its type and whether it
+    expires."""
+    return {
+        key: ((await redis.type(key)).decode(), value, await redis.pttl(key) >= 0)
+        for key, value in (await snapshot(redis)).items()
+    }
 
 
 def active_hash(tid: str) -> tuple[str, dict[bytes, bytes], bool]:
