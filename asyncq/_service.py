@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import types
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal
 
@@ -79,6 +80,7 @@ class Service:
 
     @property
     def service_state(self) -> ServiceState:
+        """Where the service is in its life: new, running, stopping or closed."""
         return self._state
 
     def _refuse_start(self) -> None:
@@ -132,6 +134,15 @@ class Service:
                     await main
             self._state = "closed"
             self._closed.set()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        """Leaving ``async with`` shuts the service down; an error raised inside passes on."""
+        await self.shutdown()
 
     async def wait_closed(self) -> None:
         """Wait until the service has shut down."""

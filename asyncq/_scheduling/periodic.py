@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -218,11 +217,3 @@ class PeriodicTaskManager(Service):
     async def __aenter__(self) -> PeriodicTaskManager:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        await self.shutdown()

@@ -76,7 +76,6 @@ import inspect
 import os
 import socket
 import time
-import types
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -492,14 +491,6 @@ class Scheduler(Service):
     async def __aenter__(self) -> Scheduler:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        await self.shutdown()
 
     async def ping(self) -> None:
         """Raise if Redis cannot be reached."""

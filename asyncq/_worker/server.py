@@ -44,7 +44,6 @@ import fnmatch
 import os
 import socket
 import threading
-import types
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -641,14 +640,6 @@ class Server(Service):
 
     async def __aenter__(self) -> Server:
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        await self.shutdown()
 
     def __repr__(self) -> str:
         return (
