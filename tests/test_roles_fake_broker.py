@@ -72,9 +72,11 @@ def role_deps(fake: FakeBroker, **options: Any) -> RoleDeps:
 class Notifier:
     def __init__(self) -> None:
         self.sent: list[str] = []
+        self.queues: list[str] = []
 
     def notify(self, queue: str, task_id: str) -> None:
         self.sent.append(task_id)
+        self.queues.append(queue)
 
     async def aclose(self) -> None:
         return None

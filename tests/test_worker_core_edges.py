@@ -48,6 +48,7 @@ from asyncq.task import Task
 from tests.fakebroker import FakeBroker
 from tests.helpers import wait_until
 from tests.test_roles_fake_broker import Q, Running, _fails, _returns, message, role_deps
+from tests.test_roles_fake_broker import _rate_limited as _rate_limited_handler
 
 
 async def _in_retry(fake: FakeBroker, *due: float) -> list[str]:
@@ -609,10 +610,12 @@ async def test_an_orphaned_handler_is_logged_with_its_grace_and_its_stop_reason(
 
 
 class _Hooks(NoWorkerHooks):
-    """Records the processor's lease_expired, task_retried and task_archived calls."""
+    """Records the processor's lease_expired, task_retried and task_archived calls, and its
+    task_finished calls apart."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str]] = []
+        self.finished: list[tuple[Any, ...]] = []
 
     def lease_expired(self, queue: str, task_type: str) -> None:
         self.calls.append(("lease_expired", queue, task_type))
@@ -622,6 +625,18 @@ class _Hooks(NoWorkerHooks):
 
     def task_archived(self, queue: str, task_type: str) -> None:
         self.calls.append(("task_archived", queue, task_type))
+
+    def task_finished(
+        self,
+        queue: str,
+        task_type: str,
+        task_id: str,
+        outcome: str,
+        *,
+        error: str = "",
+        exc: BaseException | None = None,
+    ) -> None:
+        self.finished.append((queue, task_type, task_id, outcome, error, exc))
 
 
 @pytest.mark.parametrize(
@@ -930,3 +945,163 @@ async def test_the_debug_lines_of_a_wake_up_and_of_a_tasks_start_and_end() -> No
         (logged,) = _events(logs, event)
         assert logged["log_level"] == "debug"
         assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
+
+
+_STEP = {WORKFLOW_HEADER: "wf", WORKFLOW_QUEUE_HEADER: Q, WORKFLOW_STEP_HEADER: "0.0"}
+
+
+@pytest.mark.parametrize(
+    ("handler", "fields", "method", "what"),
+    [
+        (_fails, {"retried": 3, "headers": _STEP}, "ack_workflow_step", "archive"),
+        (_raise_revoke, {"headers": _STEP}, "ack_workflow_step", "done"),
+        (_raise_revoke, {}, "done", "done"),
+        (_fails, {"retried": 3}, "archive", "archive"),
+    ],
+    ids=["step archived", "step revoked", "revoked", "archived"],
+)
+async def test_each_outcomes_lost_write_reaches_the_syncer_named_by_its_outcome(
+    handler: Any, fields: dict[str, Any], method: str, what: str
+) -> None:
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message(**fields))
+    fake.fail(method)
+    run = Running(fake, handler)
+    deferred = run.processor._defer_write = _Deferred()
+    with capture_logs() as logs:
+        async with run:
+            await wait_until(lambda: deferred.writes, what="write deferred")
+    assert deferred.writes == [(what, int(fake.now + 30), msg)]
+    (logged,) = _events(logs, "could not write task outcome; the syncer will retry it")
+    assert (logged["outcome"], logged["task_id"]) == (what, msg.id)
+
+
+@pytest.mark.parametrize(
+    ("handler", "fields", "state", "error"),
+    [
+        (_fails, {"retried": 3}, "archived", "ValueError: boom"),
+        (_returns, {"retention": 60}, "completed", ""),
+    ],
+    ids=["archived", "completed"],
+)
+async def test_a_kept_outcome_is_stored_and_its_result_waiters_told_on_its_queue(
+    handler: Any, fields: dict[str, Any], state: str, error: str
+) -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message(**fields))
+    async with Running(fake, handler) as run:
+        await wait_until(lambda: fake.state(msg.id) == state, what=state)
+        await wait_until(lambda: run.notifier.sent, what="waiters told")
+    assert fake.tasks[msg.id].error == error
+    assert (run.notifier.sent, run.notifier.queues) == ([msg.id], [Q])
+
+
+async def test_a_raising_retry_delay_in_the_processor_is_logged_and_the_task_retried() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+
+    def broken(n: int, exc: BaseException, task: Task) -> timedelta:
+        raise RuntimeError("bug")
+
+    with capture_logs() as logs:
+        async with Running(fake, _fails, retry_delay=broken):
+            await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+    (logged,) = _events(logs, "retry_delay raised; using the default delay")
+    assert (logged["log_level"], logged["task_id"]) == ("error", msg.id)
+    assert isinstance(logged["exc_info"], RuntimeError)
+
+
+class _History:
+    """Records what the processor counts in the metrics history."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[Any, ...]] = []
+
+    def record(self, *run: Any) -> None:
+        self.runs.append(run)
+
+
+@pytest.mark.parametrize(
+    ("handler", "fields", "flags", "hook"),
+    [
+        (_returns, {}, (False, False, False), None),
+        (_fails, {}, (True, True, False), "task_retried"),
+        (_rate_limited_handler, {}, (True, False, False), None),
+        (_fails, {"retried": 3}, (True, False, True), "task_archived"),
+    ],
+    ids=["done", "retried", "rate limited", "archived"],
+)
+async def test_the_history_counts_each_run_with_what_was_decided_for_it(
+    handler: Any, fields: dict[str, Any], flags: tuple[bool, bool, bool], hook: str | None
+) -> None:
+    # failed: the handler raised; retried: a retry that is not a rate limit; archived.
+    fake = FakeBroker()
+    msg = fake.enqueue(message(**fields))
+    run = Running(fake, handler)
+    history = run.processor._history = _History()  # type: ignore[assignment]
+    hooks = run.processor._hooks = _Hooks()
+    async with run:
+        await wait_until(lambda: history.runs and not run.active, what="counted")
+    ((queue, task_type, began, ended, *decided),) = history.runs
+    assert (queue, task_type, tuple(decided)) == (Q, "t", flags)
+    assert began == ended == fake.now  # the fake clock stands still
+    assert [c[0] for c in hooks.calls] == ([hook] if hook else [])
+    assert fake.tasks.get(msg.id) is None or fake.state(msg.id) != "active"
+
+
+async def test_task_finished_is_told_the_task_its_outcome_and_the_exception() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    raised: list[BaseException] = []
+
+    async def handler(task: Task) -> None:
+        err = ValueError("boom")
+        raised.append(err)
+        raise err
+
+    run = Running(fake, handler)
+    hooks = run.processor._hooks = _Hooks()
+    async with run:
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+    assert hooks.finished == [(Q, "t", msg.id, "retry", "ValueError: boom", raised[0])]
+
+
+async def test_an_async_error_handler_is_awaited_with_the_task_and_its_failure_logged() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    seen: list[tuple[str | None, str]] = []
+
+    async def on_error(task: Task, exc: BaseException) -> None:
+        await asyncio.sleep(0)
+        seen.append((task.id, str(exc)))
+        raise KeyError("handler bug")
+
+    with capture_logs() as logs:
+        async with Running(fake, _fails, error_handler=on_error):
+            await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
+    assert seen == [(msg.id, "boom")]
+    (logged,) = _events(logs, "error_handler raised")
+    assert isinstance(logged["exc_info"], KeyError)
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
+
+
+async def test_a_task_cancelled_from_outside_in_its_error_handler_writes_nothing() -> None:
+    # A loop shutdown cancels the task's coroutine: not the error handler's own failure.
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    entered = asyncio.Event()
+
+    async def on_error(task: Task, exc: BaseException) -> None:
+        entered.set()
+        await asyncio.sleep(3600)
+
+    with capture_logs() as logs:
+        async with Running(fake, _fails, error_handler=on_error) as run:
+            await asyncio.wait_for(entered.wait(), 5)
+            task = run.active[msg.id].task
+            assert task is not None
+            task.cancel()
+            await wait_until(lambda: not run.active, what="released")
+    assert fake.state(msg.id) == "active"  # left to the recoverer
+    assert not _events(logs, "error_handler raised")
+    assert not fake.called("retry")
