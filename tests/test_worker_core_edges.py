@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -1045,7 +1046,7 @@ async def test_the_history_counts_each_run_with_what_was_decided_for_it(
     ((queue, task_type, began, ended, *decided),) = history.runs
     assert (queue, task_type, tuple(decided)) == (Q, "t", flags)
     assert began == ended == fake.now  # the fake clock stands still
-    assert [c[0] for c in hooks.calls] == ([hook] if hook else [])
+    assert hooks.calls == ([(hook, Q, "t")] if hook else [])
     assert fake.tasks.get(msg.id) is None or fake.state(msg.id) != "active"
 
 
@@ -1105,3 +1106,94 @@ async def test_a_task_cancelled_from_outside_in_its_error_handler_writes_nothing
     assert fake.state(msg.id) == "active"  # left to the recoverer
     assert not _events(logs, "error_handler raised")
     assert not fake.called("retry")
+
+
+async def test_an_archived_task_is_logged_with_its_error() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message(retried=3))
+    with capture_logs() as logs:
+        async with Running(fake, _fails):
+            await wait_until(lambda: fake.state(msg.id) == "archived", what="archived")
+    (logged,) = _events(logs, "task archived")
+    assert (logged["log_level"], logged["error"]) == ("warning", "ValueError: boom")
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
+
+
+async def test_the_idle_wait_counts_each_timeout_and_each_wake_up() -> None:
+    processor = Running(FakeBroker(), _returns).processor
+    await processor._idle_wait(0.001, count=True)
+    await processor._idle_wait(0.001, count=True)
+    await processor._idle_wait(0.001, count=False)
+    processor._wakeup.set()
+    await processor._idle_wait(5, count=True)
+    await processor._idle_wait(5, count=True)
+    await processor._idle_wait(5, count=False)
+    assert (processor.stats.idle_timeouts, processor.stats.wakeups) == (2, 2)
+
+
+async def test_shutdown_waits_for_a_handler_that_returns_within_its_grace() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def handler(task: Task) -> None:
+        started.set()
+        await finish.wait()
+
+    with capture_logs() as logs:
+        async with Running(fake, handler) as run:
+            await asyncio.wait_for(started.wait(), 5)
+            drain = asyncio.create_task(run.processor.drain(30))
+            await wait_until(lambda: _events(logs, "waiting for running tasks"), what="waiting")
+            finish.set()
+            await asyncio.wait_for(drain, 5)
+    assert msg.id not in fake.tasks and not fake.called("requeue")  # done, not requeued
+    (logged,) = _events(logs, "waiting for running tasks")
+    assert (logged["log_level"], logged["count"], logged["timeout"]) == ("info", 1, 30)
+
+
+@pytest.mark.parametrize(("forced", "grace"), [(False, 1.0), (True, 0.1)])
+async def test_a_handler_stopped_by_shutdown_gets_a_second_or_a_forced_tenth(
+    forced: bool, grace: float
+) -> None:
+    # After the shutdown's grace the handler is cancelled; one that ignores it is left
+    # behind after 1 s, or after 0.1 s once a second signal forced the shutdown.
+    fake = FakeBroker()
+    fake.enqueue(message())
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def stubborn(task: Task) -> None:
+        started.set()
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+
+    force = asyncio.Event()
+    if forced:
+        force.set()
+    with capture_logs() as logs:
+        async with Running(fake, stubborn) as run:
+            await asyncio.wait_for(started.wait(), 5)
+            await run.processor.drain(0.01, force=force)
+            orphans = list(run.processor.orphans)
+            release.set()
+            await asyncio.gather(*orphans)
+    (logged,) = [e for e in logs if e["event"].startswith("handler ignored its cancellation")]
+    assert logged["grace"] == grace
+
+
+async def test_shutdown_requeues_a_task_whose_coroutine_has_not_started_yet() -> None:
+    fake = FakeBroker(lease_duration=30)
+    msg = fake.enqueue(message())
+    (dequeued,) = (await fake.fetch([Q], 1)).tasks
+    processor = Running(fake, _returns).processor
+    lease = Lease(math.floor(dequeued.lease_expiry), clock=fake.clock)
+    starting = ActiveTask(msg, lease, fake.now + 60, fake.now)
+    processor.active[msg.id] = starting  # fetched, its coroutine not yet run
+
+    await processor.drain(0)
+
+    assert fake.called("requeue") == [msg.id] and fake.state(msg.id) == "pending"
+    assert starting.abandoned and isinstance(starting.cancel_exc, asyncio.CancelledError)
