@@ -73,6 +73,8 @@ class FakeBroker:
         self.queues: set[str] = set()
         self.ordered: set[str] = set()
         self.calls: list[tuple[str, Any]] = []
+        self.fetches: list[dict[str, Any]] = []
+        """Each fetch's queues and options, in order."""
         self.workflow_steps: list[tuple[str, AckMode]] = []
         """Workflow steps acknowledged with their hand-off, by either method, in order."""
         self.completions: list[tuple[str, str]] = []
@@ -164,6 +166,10 @@ class FakeBroker:
         limits: Mapping[str, tuple[int, ...]] | None = None,
     ) -> FetchResult:
         await self._enter("fetch", count)
+        self.fetches.append({
+            "queues": list(qnames), "count": count, "strict": strict, "max_bytes": max_bytes,
+            "first_free": first_free, "limits": limits,
+        })  # fmt: skip
         got: list[DequeuedTask] = []
         empty: set[str] = set()
         expiry = self.now + self.lease_duration

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -44,6 +45,7 @@ from asyncq.errors import (
     TaskNotFoundError,
 )
 from asyncq.hooks import NoWorkerHooks
+from asyncq.mux import ServeMux
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 from asyncq.task import Task
 from tests.fakebroker import FakeBroker
@@ -791,7 +793,10 @@ async def test_an_error_handler_cancelling_itself_after_a_cancel_message_still_w
             await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
     assert seen == ["context canceled"]
     assert fake.tasks[msg.id].error == "context canceled"
-    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["error_handler raised"]
+    (logged,) = [e for e in logs if e["log_level"] == "error"]
+    assert logged["event"] == "error_handler raised"
+    assert isinstance(logged["exc_info"], asyncio.CancelledError)
+    assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
 
 
 async def test_a_workflow_step_failing_for_good_is_archived_with_its_error() -> None:
@@ -1197,3 +1202,132 @@ async def test_shutdown_requeues_a_task_whose_coroutine_has_not_started_yet() ->
 
     assert fake.called("requeue") == [msg.id] and fake.state(msg.id) == "pending"
     assert starting.abandoned and isinstance(starting.cancel_exc, asyncio.CancelledError)
+
+
+async def test_each_fetch_carries_the_servers_order_and_what_room_is_left() -> None:
+    # The byte budget left, whether a task already runs (first_free), the limits.
+    fake = FakeBroker()
+    first = fake.enqueue(message(payload=b"x" * 100))
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def handler(task: Task) -> None:
+        started.set()
+        await finish.wait()
+
+    options = {"queues": {Q: 1}, "strict_priority": True, "max_inflight_bytes": 1000}
+    async with Running(fake, handler, concurrency=2, **options, queue_concurrency={Q: 5}) as run:
+        await asyncio.wait_for(started.wait(), 5)
+        second = fake.enqueue(message(payload=b"y" * 10))
+        run.processor._wakeup.set()
+        await wait_until(lambda: second.id not in fake.pending[Q], what="second fetched")
+        finish.set()
+    one, two = fake.fetches[:2]
+    assert (one["queues"], one["count"], one["strict"]) == ([Q], 2, True)
+    assert (one["max_bytes"], one["first_free"]) == (1000, True)
+    assert one["limits"] == two["limits"] == {Q: (5, -1)}
+    assert (two["count"], two["max_bytes"], two["first_free"]) == (1, 900, False)
+    assert first.id != second.id
+
+
+async def test_a_task_running_does_not_keep_the_next_from_starting_under_the_byte_bound() -> None:
+    fake = FakeBroker()
+    fake.enqueue(message())
+    started: list[str] = []
+    finish = asyncio.Event()
+
+    async def handler(task: Task) -> None:
+        started.append(task.id or "")
+        await finish.wait()
+
+    async with Running(fake, handler, concurrency=2) as run:
+        await wait_until(lambda: len(started) == 1, what="first started")
+        fake.enqueue(message())
+        run.processor._wakeup.set()
+        await wait_until(lambda: len(started) == 2, what="second started beside it")
+        finish.set()
+
+
+async def test_a_full_byte_bound_fetches_nothing_until_a_task_ends() -> None:
+    fake = FakeBroker()
+    fake.enqueue(message(payload=b"x" * 100))
+    started: list[str] = []
+    finish = asyncio.Event()
+
+    async def handler(task: Task) -> None:
+        started.append(task.id or "")
+        await finish.wait()
+
+    async with Running(fake, handler, concurrency=2, max_inflight_bytes=100) as run:
+        await wait_until(lambda: len(started) == 1, what="first started")
+        fetches = len(fake.fetches)
+        fake.enqueue(message(payload=b"y"))
+        run.processor._wakeup.set()
+        for _ in range(20):  # the fetch loop's turns: it waits for freed bytes instead
+            await asyncio.sleep(0)
+        assert len(fake.fetches) == fetches and len(started) == 1
+        finish.set()
+        await wait_until(lambda: len(started) == 2, what="second started after")
+
+
+async def test_a_burst_processor_ends_once_the_queues_are_empty() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    done: list[bool] = []
+    run = Running(fake, _returns, burst=True)
+    run.processor._on_burst_done = lambda: done.append(True)
+    with capture_logs() as logs:
+        async with run:
+            await wait_until(lambda: done, what="burst done")
+    assert msg.id not in fake.tasks and done == [True]
+    assert _events(logs, "burst mode: queues are empty, shutting down")
+
+
+async def test_failed_fetches_count_as_errors_not_as_idle_timeouts() -> None:
+    fake = FakeBroker()
+    fake.down()
+    async with Running(fake, _returns) as run:
+        await wait_until(lambda: run.processor.stats.fetch_errors >= 2, what="two failures")
+    assert run.processor.stats.idle_timeouts == run.processor.stats.empty_fetches == 0
+
+
+async def test_one_empty_fetch_is_counted_once() -> None:
+    fake = FakeBroker()
+    async with Running(fake, _returns, task_check_interval=timedelta(seconds=60)) as run:
+        await wait_until(lambda: run.processor.stats.empty_fetches, what="idle")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert run.processor.stats.empty_fetches == 1
+
+
+async def test_plain_def_handlers_share_the_servers_sync_concurrency() -> None:
+    fake = FakeBroker()
+    for _ in range(3):
+        fake.enqueue(message())
+    lock = threading.Lock()
+    running = [0, 0]  # now, most at once
+
+    def handler(task: Task) -> None:
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        threading.Event().wait(0.05)
+        with lock:
+            running[0] -= 1
+
+    mux = ServeMux()
+    mux.handle("t", handler)
+    async with Running(fake, mux, concurrency=3, sync_concurrency=1):
+        await wait_until(lambda: not fake.tasks, what="all ran")
+    assert running[1] == 1
+
+
+async def test_a_task_stopped_before_its_handler_ran_is_not_counted_in_the_history() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message(deadline=int(fake.now) - 1))  # its deadline passed in the queue
+    run = Running(fake, _returns)
+    history = run.processor._history = _History()  # type: ignore[assignment]
+    async with run:
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="retried unrun")
+    assert history.runs == []
+    assert fake.tasks[msg.id].error == "context deadline exceeded"
