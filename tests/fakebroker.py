@@ -75,6 +75,8 @@ class FakeBroker:
         self.calls: list[tuple[str, Any]] = []
         self.fetches: list[dict[str, Any]] = []
         """Each fetch's queues and options, in order."""
+        self.held: set[str] = set()
+        """Queues every fetch reports held by a limit (the script's ``held`` list)."""
         self.workflow_steps: list[tuple[str, AckMode]] = []
         """Workflow steps acknowledged with their hand-off, by either method, in order."""
         self.completions: list[tuple[str, str]] = []
@@ -183,7 +185,7 @@ class FakeBroker:
                 got.append(DequeuedTask(stored.msg, expiry))
             if not ids:
                 empty.add(q)
-        return FetchResult(got, empty)
+        return FetchResult(got, empty, self.held & set(qnames))
 
     async def ack_many(
         self, items: Sequence[tuple[TaskMessage, bool]]

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import math
 import threading
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -1187,21 +1188,44 @@ async def test_a_handler_stopped_by_shutdown_gets_a_second_or_a_forced_tenth(
             await asyncio.gather(*orphans)
     (logged,) = [e for e in logs if e["event"].startswith("handler ignored its cancellation")]
     assert logged["grace"] == grace
+    (left,) = _events(logs, "handlers ignored cancellation; leaving them")
+    assert (left["log_level"], left["count"]) == ("warning", 1)
 
 
-async def test_shutdown_requeues_a_task_whose_coroutine_has_not_started_yet() -> None:
+async def test_shutdown_requeues_tasks_whose_coroutines_have_not_started_yet() -> None:
     fake = FakeBroker(lease_duration=30)
-    msg = fake.enqueue(message())
-    (dequeued,) = (await fake.fetch([Q], 1)).tasks
+    msgs = [fake.enqueue(message()) for _ in range(2)]
     processor = Running(fake, _returns).processor
-    lease = Lease(math.floor(dequeued.lease_expiry), clock=fake.clock)
-    starting = ActiveTask(msg, lease, fake.now + 60, fake.now)
-    processor.active[msg.id] = starting  # fetched, its coroutine not yet run
+    starting: list[ActiveTask] = []
+    for dequeued in (await fake.fetch([Q], 2)).tasks:  # fetched, their coroutines not yet run
+        lease = Lease(math.floor(dequeued.lease_expiry), clock=fake.clock)
+        active = ActiveTask(dequeued.message, lease, fake.now + 60, fake.now)
+        processor.active[active.msg.id] = active
+        starting.append(active)
 
-    await processor.drain(0)
+    with capture_logs() as logs:
+        await processor.drain(0)
 
-    assert fake.called("requeue") == [msg.id] and fake.state(msg.id) == "pending"
-    assert starting.abandoned and isinstance(starting.cancel_exc, asyncio.CancelledError)
+    ids = [m.id for m in msgs]
+    assert fake.called("requeue") == ids and processor.stats.requeued == 2
+    assert all(fake.state(i) == "pending" for i in ids)
+    assert all(a.abandoned and isinstance(a.cancel_exc, asyncio.CancelledError) for a in starting)
+    requeued = _events(logs, "quitting worker; requeueing task")
+    assert [(e["log_level"], e["task_id"], e["queue"]) for e in requeued] == [
+        ("info", i, Q) for i in ids
+    ]
+
+
+async def test_a_forced_shutdown_does_not_wait_for_an_outcome_redis_holds_forever() -> None:
+    fake = FakeBroker()
+    fake.enqueue(message())
+    held = fake.hold("retry")
+    force = asyncio.Event()
+    force.set()
+    async with Running(fake, _fails) as run:
+        await asyncio.wait_for(held.arrived.wait(), 5)
+        await asyncio.wait_for(run.processor.drain(0.01, force=force), 10)  # returns, no error
+        held.release.set()
 
 
 async def test_each_fetch_carries_the_servers_order_and_what_room_is_left() -> None:
@@ -1331,3 +1355,232 @@ async def test_a_task_stopped_before_its_handler_ran_is_not_counted_in_the_histo
         await wait_until(lambda: fake.state(msg.id) == "retry", what="retried unrun")
     assert history.runs == []
     assert fake.tasks[msg.id].error == "context deadline exceeded"
+
+
+async def test_a_burst_processor_waits_for_its_running_task_before_it_ends() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def handler(task: Task) -> None:
+        started.set()
+        await finish.wait()
+
+    done: list[bool] = []
+    run = Running(fake, handler, burst=True, concurrency=2, task_check_interval=timedelta(hours=1))
+    run.processor._on_burst_done = lambda: done.append(True)
+    async with run:
+        await asyncio.wait_for(started.wait(), 5)
+        await wait_until(lambda: run.processor.stats.empty_fetches, what="an empty fetch")
+        assert not done  # a task still runs: its outcome may enqueue more work
+        finish.set()
+        await wait_until(lambda: done, what="burst done once the task ended")  # not an hour
+    assert msg.id not in fake.tasks
+
+
+async def test_a_queue_held_by_a_limit_is_polled_even_while_key_tracking_is_live(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No invalidation announces room under a limit: the poll interval, not tracking's.
+    from asyncq._worker import wakeup
+
+    monkeypatch.setattr(wakeup, "TRACKED_POLL", 3600.0)
+    fake = FakeBroker()
+    fake.held.add(Q)
+    run = Running(fake, _returns, task_check_interval=timedelta(milliseconds=200))
+    run.processor._wakeup.tracking = True
+    async with run:
+        await wait_until(lambda: len(fake.fetches) >= 3, what="polled fetches")
+
+
+async def test_a_pattern_matching_no_queue_yet_fetches_from_none() -> None:
+    fake = FakeBroker()
+    async with Running(fake, _returns, queues={"tenant-*": 1}) as run:
+        await wait_until(lambda: fake.fetches, what="a fetch")
+        assert fake.fetches[0]["queues"] == []
+        assert run.processor.stats.fetch_errors == 0
+
+
+def test_the_queues_a_pattern_matches_share_its_weight_in_the_draw() -> None:
+    # x and the pattern have the same priority; the pattern's nine queues split its
+    # weight, so x comes first about half the time (1 in 10 if each counted whole).
+    run = Running(FakeBroker(), _returns, queues={"x": 1, "p-*": 1})
+    served = run.deps.queues
+    served.apply(served.plan({f"p-{i}" for i in range(9)}))
+    firsts = [run.processor._order()[0] for _ in range(400)]
+    assert firsts.count("x") >= 120  # expected 200; 40 without the weights
+
+
+def test_a_queue_order_needs_a_queue() -> None:
+    from asyncq._worker.processor import QueueOrder
+
+    with pytest.raises(ValueError, match=r"^at least one queue is needed$"):
+        QueueOrder({})
+
+
+def test_the_weights_replace_the_priorities_in_the_draw() -> None:
+    import random
+
+    from asyncq._worker.processor import QueueOrder
+
+    order = QueueOrder({"a": 1, "b": 1}, rng=random.Random(7), weights={"a": 1e6, "b": 1e-6})
+    assert all(order()[0] == "a" for _ in range(50))
+
+
+async def test_the_room_and_bytes_each_fetch_carries_follow_tasks_starting_and_ending() -> None:
+    fake = FakeBroker()
+    gates: dict[str, asyncio.Event] = {}
+    started: list[str] = []
+
+    async def handler(task: Task) -> None:
+        started.append(task.id or "")
+        await gates.setdefault(task.id or "", asyncio.Event()).wait()
+
+    options = {"concurrency": 3, "max_inflight_bytes": 1000, "local_queue_concurrency": {Q: 2}}
+    async with Running(fake, handler, **options) as run:
+
+        async def fetch_after(step: Any) -> dict[str, Any]:
+            count = len(fake.fetches)
+            step()
+            run.processor._wakeup.set()
+            await wait_until(lambda: len(fake.fetches) > count, what="the next fetch")
+            return fake.fetches[-1]
+
+        a = fake.enqueue(message(payload=b"a" * 100))
+        await fetch_after(lambda: None)
+        await wait_until(lambda: len(started) == 1, what="a started")
+        b = fake.enqueue(message(payload=b"b" * 10))
+        await fetch_after(lambda: None)
+        await wait_until(lambda: len(started) == 2, what="b started")
+        both = await fetch_after(lambda: None)
+        assert (both["max_bytes"], both["limits"]) == (890, {Q: (-1, 0)})
+        gates.setdefault(a.id, asyncio.Event())
+        after_a = await fetch_after(gates[a.id].set)
+        assert (after_a["max_bytes"], after_a["limits"]) == (990, {Q: (-1, 1)})
+        gates.setdefault(b.id, asyncio.Event()).set()
+
+
+class _Progress:
+    def __init__(self) -> None:
+        self.ends: list[bool] = []
+
+    def begin(self, task: Task) -> None:
+        return None
+
+    def end(self, task: Task, ok: bool) -> None:
+        self.ends.append(ok)
+
+
+@pytest.mark.parametrize(("handler", "ok"), [(_returns, True), (_fails, False)])
+async def test_progress_ends_as_the_handler_did(handler: Any, ok: bool) -> None:
+    fake = FakeBroker()
+    fake.enqueue(message())
+    run = Running(fake, handler)
+    progress = run.processor._progress = _Progress()  # type: ignore[assignment]
+    async with run:
+        await wait_until(lambda: progress.ends, what="ended")
+    assert progress.ends == [ok]
+
+
+async def test_progress_of_a_handler_stopped_after_it_returned_is_not_ok() -> None:
+    # A cancel that lands as the handler returns: the run counts as stopped.
+    fake = FakeBroker()
+    msg = fake.enqueue(message())
+    run = Running(fake, _returns)
+    progress = run.processor._progress = _Progress()  # type: ignore[assignment]
+
+    async def handler(task: Task) -> None:
+        run.active.cancel(msg.id, TaskCanceledError())
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0)
+
+    run.processor.handler = handler
+    async with run:
+        await wait_until(lambda: progress.ends, what="ended")
+    assert progress.ends == [False]
+
+
+async def test_a_task_due_exactly_now_is_not_run() -> None:
+    fake = FakeBroker()
+    msg = fake.enqueue(message(timeout=0, deadline=int(fake.now)))
+    ran: list[str] = []
+
+    async def handler(task: Task) -> None:
+        ran.append(task.id or "")
+
+    async with Running(fake, handler):
+        await wait_until(lambda: fake.state(msg.id) == "retry", what="retried unrun")
+    assert ran == []
+
+
+async def test_the_handler_sees_its_deadline_and_writes_its_result() -> None:
+    fake = FakeBroker(now=time.time())  # the result writer checks the deadline on the real clock
+    msg = fake.enqueue(message(retention=60, timeout=30))
+    seen: list[datetime | None] = []
+
+    async def handler(task: Task) -> None:
+        seen.append(task.deadline)
+        assert task.result_writer is not None
+        await task.result_writer.write(b"out")
+
+    async with Running(fake, handler):
+        await wait_until(lambda: fake.state(msg.id) == "completed", what="completed")
+    assert seen == [datetime.fromtimestamp(fake.now + 30, UTC)]
+    assert fake.tasks[msg.id].result == b"out"
+
+
+async def test_a_result_written_after_the_handler_returned_is_refused() -> None:
+    # While its outcome is written, and after: the task is no longer the handler's.
+    from asyncq._worker.result_writer import ResultWriteError
+
+    fake = FakeBroker()
+    msg = fake.enqueue(message(retention=60))
+    tasks: list[Task] = []
+
+    async def handler(task: Task) -> None:
+        tasks.append(task)
+
+    held = fake.hold("ack_many")
+    async with Running(fake, handler) as run:
+        await asyncio.wait_for(held.arrived.wait(), 5)
+        writer = tasks[0].result_writer
+        assert writer is not None
+        with pytest.raises(ResultWriteError, match="the task's handler has returned"):
+            await writer.write(b"late")
+        held.release.set()
+        await wait_until(lambda: not run.active, what="finished")
+        with pytest.raises(ResultWriteError, match="the task's handler has returned"):
+            await writer.write(b"later")
+    assert fake.tasks[msg.id].result is None
+
+
+class _Pool:
+    def __init__(self, size: Any) -> None:
+        self.max_connections = size
+
+
+class _Client:
+    def __init__(self, pool: Any) -> None:
+        self.connection_pool = pool
+
+
+@pytest.mark.parametrize(
+    ("redis", "limit"),
+    [
+        (_Client(_Pool(1)), 1),
+        (_Client(_Pool(3)), 1),
+        (_Client(_Pool(6)), 3),
+        (_Client(_Pool(10_000)), 64),
+        (_Client(_Pool(0)), 64),
+        (_Client(_Pool(None)), 64),
+        (_Client(object()), 64),
+        (object(), 64),
+    ],
+)
+def test_the_write_limit_is_half_the_connection_pool(redis: object, limit: int) -> None:
+    from asyncq._worker import processor
+
+    assert processor._MAX_WRITES == 64
+    assert processor.write_limit(redis) == limit
+    assert type(processor.write_limit(redis)) is int

@@ -394,7 +394,6 @@ class Processor(Role):
         self._defer_write = defer_write
         self._on_burst_done = on_burst_done
         self._fetching = True
-        self.fetch_loop_running = False
         self._fetch_errors = RateLimiter(3.0)
         self._write_errors = RateLimiter(3.0)
         # Outcome writes share the client's connection pool with the fetches, the
@@ -483,13 +482,10 @@ class Processor(Role):
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
-                self.fetch_loop_running = True
                 try:
                     await self._fetch_loop()
                 except Exception as exc:
                     crash = exc
-                finally:
-                    self.fetch_loop_running = False
         finally:
             self._group = None
             self._idle.set()
