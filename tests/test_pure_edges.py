@@ -200,3 +200,80 @@ def test_composed_process_at_is_utc_whatever_the_local_zone(local_new_york: None
     local = datetime(2026, 5, 1, 9, 0, tzinfo=timezone(timedelta(hours=-4)))
     c = compose(Task("t"), process_at=local)
     assert c.process_at == local and c.process_at.utcoffset() == timedelta(0)
+
+
+# -- Go option strings and durations: the edges mutation testing found ---------------------------
+
+
+def test_a_header_option_is_gos_json_with_its_html_and_line_separator_escapes() -> None:
+    from asyncq._gofmt import option_strings
+
+    headers = {"a<b>&": "x\u2028y\u2029z é", "lone": "a\ud800b"}
+    assert option_strings({"headers": headers}) == [
+        'Header(["a\\u003cb\\u003e\\u0026","x\\u2028y\\u2029z é"])',
+        'Header(["lone","a\ufffdb"])',  # Go strings hold UTF-8: an invalid rune is U+FFFD
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"max_retry": "3"}, TypeError, "max_retry must be an int, got str"),
+        ({"queue": 5}, TypeError, "queue must be a str, got int"),
+        ({"deadline": datetime(2026, 1, 1)}, ValueError, "deadline must be a timezone-aware"),
+        ({"unique": 60}, TypeError, "unique must be a timedelta, got int"),
+        ({"process_at": datetime(2026, 1, 1)}, ValueError, "process_at must be a timezone-aware"),
+        ({"process_in": 60}, TypeError, "process_in must be a timedelta, got int"),
+    ],
+)
+def test_each_bad_option_value_is_named_in_its_error(
+    options: dict[str, object], error: type[Exception], message: str
+) -> None:
+    from asyncq._gofmt import option_strings
+
+    with pytest.raises(error, match=f"^{message}"):
+        option_strings(options)
+
+
+@pytest.mark.usefixtures("local_new_york")
+def test_option_dates_are_written_in_utc_whatever_the_local_zone() -> None:
+    from asyncq._gofmt import option_strings
+
+    at = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+    assert option_strings({"process_at": at}) == ["ProcessAt(Fri May  1 12:00:00 UTC 2026)"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "invalid duration '': expected e.g. 30s, 5m or 1h30m"),
+        ("+", "invalid duration '': expected e.g. 30s, 5m or 1h30m"),
+        ("+5", "invalid duration '+5': missing unit (e.g. 30s, 5m or 1h30m)"),
+    ],
+)
+def test_a_cli_duration_error_shows_a_valid_form(text: str, message: str) -> None:
+    from asyncq._duration import parse_cli_duration
+
+    with pytest.raises(ValueError) as raised:
+        parse_cli_duration(text)
+    assert str(raised.value) == message
+
+
+def test_wait_seconds_takes_zero_and_fractions_and_names_a_wrong_type() -> None:
+    from asyncq._duration import wait_seconds
+
+    assert wait_seconds(0, "timeout") == 0.0
+    assert wait_seconds(0.5, "timeout") == 0.5
+    with pytest.raises(TypeError) as raised:
+        wait_seconds("5", "timeout")  # type: ignore[arg-type]
+    assert str(raised.value) == "timeout must be a datetime.timedelta or seconds, got str"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(1, "1s"), (1.5, "1s"), (0.85, "850ms"), (2 * 3600 + 300, "2h5m"), (7200, "2h")],
+)
+def test_format_short_at_its_unit_boundaries(seconds: float, text: str) -> None:
+    from asyncq._duration import format_short
+
+    assert format_short(timedelta(seconds=seconds)) == text
