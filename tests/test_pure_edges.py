@@ -277,3 +277,167 @@ def test_format_short_at_its_unit_boundaries(seconds: float, text: str) -> None:
     from asyncq._duration import format_short
 
     assert format_short(timedelta(seconds=seconds)) == text
+
+
+@pytest.mark.parametrize(
+    ("literal", "text"),
+    [
+        ("``", ""),
+        ('"\\u00e9\\U0001F600\\x41\\101"', "é😀AA"),
+        ('"\\303\\251"', "é"),  # octal bytes of one UTF-8 character
+        ('"\\ue000\\U0010FFFF"', "\ue000\U0010ffff"),  # either side of the excluded ranges
+    ],
+)
+def test_go_unquote_reads_every_escape(literal: str, text: str) -> None:
+    from asyncq._gofmt import go_unquote
+
+    assert go_unquote(literal) == text
+
+
+@pytest.mark.parametrize(
+    ("literal", "message"),
+    [
+        ("x", "invalid Go string literal 'x': expected a quoted string"),
+        ('"\\x4X"', "invalid \\x escape in Go string literal '\"\\\\x4X\"'"),
+        ('"\\X41"', "invalid escape \\X in Go string literal '\"\\\\X41\"'"),
+        ('"\\ud800"', "invalid code point in Go string literal '\"\\\\ud800\"'"),
+        ('"\\udfff"', "invalid code point in Go string literal '\"\\\\udfff\"'"),
+        ('"\\U00110000"', "invalid code point in Go string literal '\"\\\\U00110000\"'"),
+        ('"\\12"', "invalid octal escape in Go string literal '\"\\\\12\"'"),
+        ('"\\1X2"', "invalid octal escape in Go string literal '\"\\\\1X2\"'"),
+        ('"\\400"', "invalid octal escape in Go string literal '\"\\\\400\"'"),
+        ('"\\377"', "Go string literal '\"\\\\377\"' is not valid UTF-8"),
+        ('"a\ud800b"', "Go string literal '\"a\\ud800b\"' is not valid UTF-8"),
+    ],
+)
+def test_go_unquote_names_each_bad_literal(literal: str, message: str) -> None:
+    from asyncq._gofmt import go_unquote
+
+    with pytest.raises(ValueError) as raised:
+        go_unquote(literal)
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(
+    ("tz", "text"),
+    [
+        (timezone(timedelta(hours=-7)), "Fri May  1 12:00:00 -0700 2026"),
+        (timezone(timedelta(hours=5, minutes=30)), "Fri May  1 12:00:00 +0530 2026"),
+        (timezone(timedelta(0), "UTC+00:00"), "Fri May  1 12:00:00 +0000 2026"),
+    ],
+)
+def test_go_unix_date_writes_an_unnamed_offset_as_go_does(tz: timezone, text: str) -> None:
+    from asyncq._gofmt import go_unix_date
+
+    assert go_unix_date(datetime(2026, 5, 1, 12, 0, tzinfo=tz)) == text
+
+
+def test_go_unix_date_names_a_naive_datetime() -> None:
+    from asyncq._gofmt import go_unix_date
+
+    with pytest.raises(ValueError, match=r"^datetime must be a timezone-aware datetime"):
+        go_unix_date(datetime(2026, 5, 1))
+
+
+@pytest.mark.parametrize(
+    ("text", "zone", "offset", "micro"),
+    [
+        ("Fri May  1 12:00:00 UTC 2026", "UTC", 0, 0),
+        ("Fri May  1 12:00:00 GMT 2026", "UTC", 0, 0),
+        ("Fri May  1 12:00:00 GMT+3 2026", "GMT+3", 3, 0),
+        ("Fri May  1 12:00:00 CET 2026", "CET", 0, 0),
+        ("Fri May  1 12:00:00.123456 UTC 2026", "UTC", 0, 123456),
+        ("Fri May  1 12:00:00.1234567 UTC 2026", "UTC", 0, 123456),
+    ],
+)
+def test_parse_go_unix_date_keeps_the_zone_and_the_fraction(
+    text: str, zone: str, offset: int, micro: int
+) -> None:
+    from asyncq._gofmt import parse_go_unix_date
+
+    parsed = parse_go_unix_date(text)
+    assert (parsed.tzname(), parsed.utcoffset(), parsed.microsecond) == (
+        zone, timedelta(hours=offset), micro,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"process_in": "1s"}, "process_in must be a timedelta, got str"),
+        ({"task_id": 7}, "task_id must be a str, got int"),
+        ({"retention": 60}, "retention must be a timedelta, got int"),
+    ],
+)
+def test_more_bad_option_values_are_named(options: dict[str, object], message: str) -> None:
+    from asyncq._gofmt import option_strings
+
+    with pytest.raises(TypeError) as raised:
+        option_strings(options)
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("MaxRetry(x)", "not an integer"),
+        ('Header({"k":"v"})', 'expected a JSON array ["key","value"]'),
+    ],
+)
+def test_a_bad_option_string_argument_says_what_was_expected(text: str, message: str) -> None:
+    from asyncq._gofmt import parse_option_string
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_option_string(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "ns"),
+    [  # Go's own boundary cases (time_test.go)
+        ("9223372036854775807ns", (1 << 63) - 1),
+        ("9223372036854775.807us", (1 << 63) - 1),
+        ("9223372036s854ms775us807ns", (1 << 63) - 1),
+        ("-9223372036854775808ns", -(1 << 63)),
+        ("-9223372036854775.808us", -(1 << 63)),
+        ("0.9223372036854775807s", 922337203),
+        ("0.100000000000000000000h", 360_000_000_000),
+        ("1.0000000000000000000000001s", 1_000_000_000),
+        (".5s", 500_000_000),
+        ("5.s", 5_000_000_000),
+    ],
+)
+def test_parse_go_duration_at_gos_boundaries(text: str, ns: int) -> None:
+    from asyncq._duration import parse_go_duration_ns
+
+    assert parse_go_duration_ns(text) == ns
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "9223372036854775808ns",
+        "9223372036854775.808us",
+        "9223372036854ms775us808ns",
+        "-9223372036854775809ns",
+        "18446744073709551616ns",
+        "9223372036854775808.5ns",
+        ".s",
+        "+.s",
+    ],
+)
+def test_parse_go_duration_refuses_what_go_refuses(text: str) -> None:
+    from asyncq._duration import parse_go_duration_ns
+
+    with pytest.raises(ValueError, match=re.escape(f"invalid duration {text!r}")):
+        parse_go_duration_ns(text)
+
+
+@pytest.mark.parametrize(
+    ("ns", "text"),
+    [(0, "0s"), (1, "1ns"), (-1, "-1ns"), (999_999, "999.999µs"), (1_000_000, "1ms"),
+     (-1_000_000, "-1ms"), (1_500_000, "1.5ms"), (-(1 << 63), "-2562047h47m16.854775808s")],
+)  # fmt: skip
+def test_format_go_duration_like_go(ns: int, text: str) -> None:
+    from asyncq._duration import format_go_duration_ns
+
+    assert format_go_duration_ns(ns) == text
