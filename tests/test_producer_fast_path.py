@@ -241,3 +241,50 @@ def test_task_ids_are_uuid4_and_a_forked_child_makes_its_own() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     ).stdout.split()
     assert out == ["300", "0"]
+
+
+async def test_enqueue_many_learns_one_template_per_option_set_and_keeps_calls_apart(
+    redis: Redis,
+) -> None:
+    # The first task of each option set is composed and its template kept; the others
+    # are built from it. Two calls with other call options never share a template.
+    async with Client(redis) as client:
+        first = await client.enqueue_many(
+            [Task("t", b"1"), Task("t", b"2"), Task("t", b"3", max_retry=7)], queue="qa"
+        )
+        second = await client.enqueue_many(
+            [Task("t", b"4"), Task("t", b"5", max_retry=7)], queue="qb"
+        )
+        cache = client._templates._cache
+        assert len(cache) == 4  # (bare, qa), (max_retry, qa), (bare, qb), (max_retry, qb)
+    infos = [r for r in first + second if isinstance(r, TaskInfo)]
+    assert [(i.queue, i.max_retry) for i in infos] == [
+        ("qa", 25), ("qa", 25), ("qa", 7), ("qb", 25), ("qb", 7),
+    ]  # fmt: skip
+    for info in infos:
+        assert info.next_process_at.tzinfo is not None
+        stored = await redis.hget(keys.task_key(info.queue, info.id), "msg")
+        assert stored is not None
+        msg = decode_task_message(stored)
+        assert (msg.queue, msg.retry) == (info.queue, info.max_retry)
+
+
+async def test_enqueue_many_names_an_unknown_call_option(redis: Redis) -> None:
+    async with Client(redis) as client:
+        with pytest.raises(TypeError, match="the enqueue_many options"):
+            await client.enqueue_many([Task("t")], qeue="x")  # type: ignore[call-arg]
+
+
+async def test_enqueue_many_logs_one_debug_line_per_call(redis: Redis) -> None:
+    import structlog
+    from structlog.testing import capture_logs
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(10))
+    try:
+        with capture_logs() as logs:
+            async with Client(redis) as client:
+                await client.enqueue_many([Task("t"), (Task("t"), {"max_retry": -1})])
+    finally:
+        structlog.reset_defaults()
+    (line,) = [e for e in logs if e["event"] == "batch enqueued"]
+    assert (line["log_level"], line["items"], line["written"]) == ("debug", 2, 1)
