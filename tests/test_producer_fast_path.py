@@ -288,3 +288,36 @@ async def test_enqueue_many_logs_one_debug_line_per_call(redis: Redis) -> None:
         structlog.reset_defaults()
     (line,) = [e for e in logs if e["event"] == "batch enqueued"]
     assert (line["log_level"], line["items"], line["written"]) == ("debug", 2, 1)
+
+
+async def test_enqueue_many_composes_each_option_set_once(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    composed: list[str] = []
+    original = Client._compose_batch_item
+
+    def counting(item: Any, options: Any, now: datetime) -> Any:
+        composed.append(item.type if isinstance(item, Task) else item[0].type)
+        return original(item, options, now)
+
+    monkeypatch.setattr(Client, "_compose_batch_item", staticmethod(counting))
+    async with Client(redis) as client:
+        one = await client.enqueue_many([Task("a"), Task("b"), Task("c", max_retry=3), Task("d")])
+        two = await client.enqueue_many([Task("e"), Task("f", max_retry=3)])
+    assert all(isinstance(r, TaskInfo) for r in one + two)
+    assert composed == ["a", "c"]  # the others are built from the templates learned
+
+
+async def test_enqueue_many_calls_with_other_general_options_share_nothing(redis: Redis) -> None:
+    # A deadline needs the general path: no template is learned for it, so the second
+    # call's tasks carry the second call's deadline.
+    first, second = datetime(2030, 1, 1, tzinfo=UTC), datetime(2031, 1, 1, tzinfo=UTC)
+    async with Client(redis) as client:
+        one = await client.enqueue_many([Task("t"), Task("t")], deadline=first)
+        two = await client.enqueue_many([Task("t"), Task("t")], deadline=second)
+    for infos, deadline in ((one, first), (two, second)):
+        for info in infos:
+            assert isinstance(info, TaskInfo)
+            stored = await redis.hget(keys.task_key(info.queue, info.id), "msg")
+            assert stored is not None
+            assert decode_task_message(stored).deadline == int(deadline.timestamp())
