@@ -321,3 +321,10 @@ async def test_enqueue_many_calls_with_other_general_options_share_nothing(redis
             stored = await redis.hget(keys.task_key(info.queue, info.id), "msg")
             assert stored is not None
             assert decode_task_message(stored).deadline == int(deadline.timestamp())
+
+
+async def test_enqueue_many_names_a_malformed_item(redis: Redis) -> None:
+    async with Client(redis) as client:
+        (result,) = await client.enqueue_many([(Task("t"), {}, "extra")])  # type: ignore[list-item]
+    assert isinstance(result, TypeError)
+    assert str(result) == "a batch item must be a Task or a (Task, options dict) pair"
