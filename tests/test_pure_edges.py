@@ -102,10 +102,11 @@ def test_unknown_fields_of_every_wire_type_are_kept(unknown: bytes) -> None:
 
 @pytest.mark.parametrize("n", [0, 1, 127, 128, 129, 300])
 def test_the_hot_paths_head_is_the_codecs_own_at_every_length(n: int) -> None:
-    # Type and id lengths on both sides of the one-byte varint, and empty (no field).
-    for task_type, task_id in (("t" * n, "i"), ("t", "i" * n), ("t" * n, "i" * n)):
-        whole = encode_task_message(TaskMessage(type=task_type, payload=b"p", id=task_id))
-        assert encode_task_head(task_type, b"p", task_id) == whole
+    # Type, payload and id lengths on both sides of the one-byte varint, and empty (no field).
+    cases = (("t" * n, b"p", "i"), ("t", b"p", "i" * n), ("t" * n, b"p", "i" * n))
+    for task_type, payload, task_id in (*cases, ("t", b"p" * n, "i")):
+        whole = encode_task_message(TaskMessage(type=task_type, payload=payload, id=task_id))
+        assert encode_task_head(task_type, payload, task_id) == whole
 
 
 def test_unsupported_wire_type_is_an_error() -> None:
