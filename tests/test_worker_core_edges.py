@@ -514,12 +514,13 @@ async def test_a_type_out_of_tokens_is_put_back_unrun_for_its_buckets_wait() -> 
         ran.append(task.id or "")
 
     run = _debugging(Running(fake, handler, type_rate_limits={"api": "10/s"}))
+    history = run.processor._history = _History()  # type: ignore[assignment]
     with capture_logs() as logs:
         async with run:
             await wait_until(
                 lambda: all(fake.state(m.id) == "retry" for m in msgs), what="rescheduled"
             )
-    assert ran == []
+    assert ran == [] and history.runs == []  # not run, not counted
     assert {t for t, _ in fake.called("take_type_tokens")} == {"api"}
     for m in msgs:
         stored = fake.tasks[m.id]
@@ -1584,3 +1585,19 @@ def test_the_write_limit_is_half_the_connection_pool(redis: object, limit: int) 
     assert processor._MAX_WRITES == 64
     assert processor.write_limit(redis) == limit
     assert type(processor.write_limit(redis)) is int
+
+
+async def test_a_run_that_waited_for_its_types_token_begins_after_the_wait() -> None:
+    fake = FakeBroker()
+    fake.enqueue(message("api"))
+    held = fake.hold("take_type_tokens")
+    run = Running(fake, _returns, type_rate_limits={"api": "10/s"})
+    history = run.processor._history = _History()  # type: ignore[assignment]
+    async with run:
+        await asyncio.wait_for(held.arrived.wait(), 5)
+        fetched_at = fake.now
+        fake.advance(5)  # the token call took 5 s
+        held.release.set()
+        await wait_until(lambda: history.runs, what="counted")
+    ((_, _, began, ended, *_),) = history.runs
+    assert began == ended == fetched_at + 5
