@@ -515,12 +515,13 @@ async def test_a_type_out_of_tokens_is_put_back_unrun_for_its_buckets_wait() -> 
 
     run = _debugging(Running(fake, handler, type_rate_limits={"api": "10/s"}))
     history = run.processor._history = _History()  # type: ignore[assignment]
+    progress = run.processor._progress = _Progress()  # type: ignore[assignment]
     with capture_logs() as logs:
         async with run:
             await wait_until(
                 lambda: all(fake.state(m.id) == "retry" for m in msgs), what="rescheduled"
             )
-    assert ran == [] and history.runs == []  # not run, not counted
+    assert ran == [] and history.runs == [] and progress.ends == []  # not run, not counted
     assert {t for t, _ in fake.called("take_type_tokens")} == {"api"}
     for m in msgs:
         stored = fake.tasks[m.id]
