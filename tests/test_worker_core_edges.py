@@ -1127,6 +1127,18 @@ async def test_an_archived_task_is_logged_with_its_error() -> None:
     assert (logged["task_id"], logged["task_type"], logged["queue"]) == (msg.id, "t", Q)
 
 
+class _Held:
+    """A handler that records each task it starts and returns once ``finish`` is set."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.finish = asyncio.Event()
+
+    async def __call__(self, task: Task) -> None:
+        self.started.append(task.id or "")
+        await self.finish.wait()
+
+
 async def test_the_idle_wait_counts_each_timeout_and_each_wake_up() -> None:
     processor = Running(FakeBroker(), _returns).processor
     await processor._idle_wait(0.001, count=True)
@@ -1142,19 +1154,14 @@ async def test_the_idle_wait_counts_each_timeout_and_each_wake_up() -> None:
 async def test_shutdown_waits_for_a_handler_that_returns_within_its_grace() -> None:
     fake = FakeBroker()
     msg = fake.enqueue(message())
-    started = asyncio.Event()
-    finish = asyncio.Event()
-
-    async def handler(task: Task) -> None:
-        started.set()
-        await finish.wait()
+    handler = _Held()
 
     with capture_logs() as logs:
         async with Running(fake, handler) as run:
-            await asyncio.wait_for(started.wait(), 5)
+            await wait_until(lambda: handler.started, what="started")
             drain = asyncio.create_task(run.processor.drain(30))
             await wait_until(lambda: _events(logs, "waiting for running tasks"), what="waiting")
-            finish.set()
+            handler.finish.set()
             await asyncio.wait_for(drain, 5)
     assert msg.id not in fake.tasks and not fake.called("requeue")  # done, not requeued
     (logged,) = _events(logs, "waiting for running tasks")
@@ -1234,20 +1241,15 @@ async def test_each_fetch_carries_the_servers_order_and_what_room_is_left() -> N
     # The byte budget left, whether a task already runs (first_free), the limits.
     fake = FakeBroker()
     first = fake.enqueue(message(payload=b"x" * 100))
-    started = asyncio.Event()
-    finish = asyncio.Event()
-
-    async def handler(task: Task) -> None:
-        started.set()
-        await finish.wait()
+    handler = _Held()
 
     options = {"queues": {Q: 1}, "strict_priority": True, "max_inflight_bytes": 1000}
     async with Running(fake, handler, concurrency=2, **options, queue_concurrency={Q: 5}) as run:
-        await asyncio.wait_for(started.wait(), 5)
+        await wait_until(lambda: handler.started, what="started")
         second = fake.enqueue(message(payload=b"y" * 10))
         run.processor._wakeup.set()
         await wait_until(lambda: second.id not in fake.pending[Q], what="second fetched")
-        finish.set()
+        handler.finish.set()
     one, two = fake.fetches[:2]
     assert (one["queues"], one["count"], one["strict"]) == ([Q], 2, True)
     assert (one["max_bytes"], one["first_free"]) == (1000, True)
@@ -1259,41 +1261,31 @@ async def test_each_fetch_carries_the_servers_order_and_what_room_is_left() -> N
 async def test_a_task_running_does_not_keep_the_next_from_starting_under_the_byte_bound() -> None:
     fake = FakeBroker()
     fake.enqueue(message())
-    started: list[str] = []
-    finish = asyncio.Event()
-
-    async def handler(task: Task) -> None:
-        started.append(task.id or "")
-        await finish.wait()
+    handler = _Held()
 
     async with Running(fake, handler, concurrency=2) as run:
-        await wait_until(lambda: len(started) == 1, what="first started")
+        await wait_until(lambda: len(handler.started) == 1, what="first started")
         fake.enqueue(message())
         run.processor._wakeup.set()
-        await wait_until(lambda: len(started) == 2, what="second started beside it")
-        finish.set()
+        await wait_until(lambda: len(handler.started) == 2, what="second started beside it")
+        handler.finish.set()
 
 
 async def test_a_full_byte_bound_fetches_nothing_until_a_task_ends() -> None:
     fake = FakeBroker()
     fake.enqueue(message(payload=b"x" * 100))
-    started: list[str] = []
-    finish = asyncio.Event()
-
-    async def handler(task: Task) -> None:
-        started.append(task.id or "")
-        await finish.wait()
+    handler = _Held()
 
     async with Running(fake, handler, concurrency=2, max_inflight_bytes=100) as run:
-        await wait_until(lambda: len(started) == 1, what="first started")
+        await wait_until(lambda: len(handler.started) == 1, what="first started")
         fetches = len(fake.fetches)
         fake.enqueue(message(payload=b"y"))
         run.processor._wakeup.set()
         for _ in range(20):  # the fetch loop's turns: it waits for freed bytes instead
             await asyncio.sleep(0)
-        assert len(fake.fetches) == fetches and len(started) == 1
-        finish.set()
-        await wait_until(lambda: len(started) == 2, what="second started after")
+        assert len(fake.fetches) == fetches and len(handler.started) == 1
+        handler.finish.set()
+        await wait_until(lambda: len(handler.started) == 2, what="second started after")
 
 
 async def test_a_burst_processor_ends_once_the_queues_are_empty() -> None:
@@ -1362,21 +1354,16 @@ async def test_a_task_stopped_before_its_handler_ran_is_not_counted_in_the_histo
 async def test_a_burst_processor_waits_for_its_running_task_before_it_ends() -> None:
     fake = FakeBroker()
     msg = fake.enqueue(message())
-    started = asyncio.Event()
-    finish = asyncio.Event()
-
-    async def handler(task: Task) -> None:
-        started.set()
-        await finish.wait()
+    handler = _Held()
 
     done: list[bool] = []
     run = Running(fake, handler, burst=True, concurrency=2, task_check_interval=timedelta(hours=1))
     run.processor._on_burst_done = lambda: done.append(True)
     async with run:
-        await asyncio.wait_for(started.wait(), 5)
+        await wait_until(lambda: handler.started, what="started")
         await wait_until(lambda: run.processor.stats.empty_fetches, what="an empty fetch")
         assert not done  # a task still runs: its outcome may enqueue more work
-        finish.set()
+        handler.finish.set()
         await wait_until(lambda: done, what="burst done once the task ended")  # not an hour
     assert msg.id not in fake.tasks
 
