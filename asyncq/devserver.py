@@ -139,6 +139,10 @@ def find_server_binary() -> ServerBinary:
     )
 
 
+_PORT_TRIES = 5
+"""How many fresh ports :meth:`LocalServer.start` tries when its picked one is taken."""
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -188,6 +192,8 @@ class LocalServer:
     ) -> None:
         self.binary = binary if binary is not None else find_server_binary()
         self.port = port if port else free_port()
+        self._port_chosen = not port
+        """Whether the port was picked here: then :meth:`start` may pick another."""
         self.persistent = data_dir is not None
         self.keep_dir = self.persistent
         """Whether :meth:`stop` leaves the directory (a throwaway's is removed)."""
@@ -222,8 +228,25 @@ class LocalServer:
 
     def start(self, timeout: float = 15.0) -> LocalServer:
         """Start the server and wait until it answers PING (RuntimeError otherwise)."""
+        # A port picked at construction can be taken by another process before the
+        # server binds it (tests run in parallel): a picked one is replaced, a given
+        # one is an error.
+        for _ in range(_PORT_TRIES):
+            if self._port_chosen and _port_taken(self.port):
+                self.port = free_port()
+                continue
+            if self._launch(timeout):
+                self._port_chosen = False  # a restart must come back where clients look
+                return self
+            if not self._port_chosen:
+                break
+            self.port = free_port()
+        raise RuntimeError(f"port {self.port} on 127.0.0.1 is already in use")
+
+    def _launch(self, timeout: float) -> bool:
+        """Run the server on :attr:`port`; False when the port was (or became) taken."""
         if _port_taken(self.port):
-            raise RuntimeError(f"port {self.port} on 127.0.0.1 is already in use")
+            return False
         self.dir.mkdir(parents=True, exist_ok=True)
         # Its own session: a Ctrl-C in the terminal reaches the parent, which then
         # stops the server in order, instead of both racing on the same signal.
@@ -240,11 +263,14 @@ class LocalServer:
         while True:
             if self.proc.poll() is not None:
                 self.proc = None
+                tail = self.log_tail()
+                if "already in use" in tail:
+                    return False
                 raise RuntimeError(
-                    f"{self.binary.path} on port {self.port} exited early: {self.log_tail()}"
+                    f"{self.binary.path} on port {self.port} exited early: {tail}"
                 )
             if redis_answers("127.0.0.1", self.port, timeout=0.2):
-                return self
+                return True
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"{self.binary.path} on port {self.port} did not start")

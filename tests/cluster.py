@@ -178,6 +178,8 @@ class SentinelSetup:
                 ),
                 "the replica to sync",
             )
+            # Picked only now: a port picked at construction may be taken meanwhile.
+            self.sentinel_port = free_port()
             conf = self.dir / "sentinel.conf"
             conf.write_text(
                 f"port {self.sentinel_port}\n"

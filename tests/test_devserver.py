@@ -141,6 +141,21 @@ def test_a_taken_port_is_refused() -> None:
         LocalServer(port=first.port).start()
 
 
+def test_a_picked_port_taken_before_the_start_is_replaced() -> None:
+    with LocalServer() as first:
+        second = LocalServer()
+        second.port = first.port  # as if another process bound the picked port meanwhile
+        with second:
+            assert second.port != first.port
+            assert redis_answers("127.0.0.1", second.port)
+            # Once started, the port stays: a restart comes back where clients look.
+            port = second.port
+            second.stop()
+            second.start()
+            assert second.port == port
+            assert redis_answers("127.0.0.1", port)
+
+
 def test_persistent_server_keeps_its_data(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with LocalServer(data_dir=data) as server:
