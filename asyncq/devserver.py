@@ -266,9 +266,7 @@ class LocalServer:
                 tail = self.log_tail()
                 if "already in use" in tail:
                     return False
-                raise RuntimeError(
-                    f"{self.binary.path} on port {self.port} exited early: {tail}"
-                )
+                raise RuntimeError(f"{self.binary.path} on port {self.port} exited early: {tail}")
             if redis_answers("127.0.0.1", self.port, timeout=0.2):
                 return True
             if time.monotonic() > deadline:
