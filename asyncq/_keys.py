@@ -170,6 +170,26 @@ def rate_key(qname: str) -> str:
     return f"asynq:{{{qname}}}:asyncq:rate"
 
 
+def waiters_key(qname: str) -> str:
+    """asyncq-only LIST of the idle workers waiting for this queue's next task (direct delivery).
+
+    Each member is ``<lease seconds>:<delivery channel>`` of one server (see
+    :func:`delivery_channel`); an enqueue rotates through them. Same hash tag as
+    the queue's keys; Go asynq never reads it.
+    """
+    return f"asynq:{{{qname}}}:asyncq:waiters"
+
+
+def delivery_channel(server_id: str) -> str:
+    """asyncq-only name of one server's direct delivery: a Pub/Sub channel and a STRING key.
+
+    The channel carries the tasks an enqueue delivers to the server directly; the
+    key holds how many it may still be delivered (its credit, with a TTL), so a
+    server that stopped waiting, or died, is delivered nothing more.
+    """
+    return f"asyncq:delivery:{server_id}"
+
+
 def type_rate_key(task_type: str) -> str:
     """asyncq-only HASH: a task type's rate-limit bucket (tat, interval, burst), fleet-wide.
 

@@ -29,6 +29,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncq._broker import DequeuedTask
+from asyncq._broker.delivery import DeliveryNote
 from asyncq._broker.multiqueue import FetchResult
 from asyncq._broker.workflow import AckMode, is_workflow_step
 from asyncq.errors import TaskNotFoundError
@@ -77,6 +78,10 @@ class FakeBroker:
         """Each fetch's queues and options, in order."""
         self.held: set[str] = set()
         """Queues every fetch reports held by a limit (the script's ``held`` list)."""
+        self.credits: dict[str, int] = {}
+        """Direct-delivery credit by server id (expiry is not modelled; disarming deletes it)."""
+        self.waiters: dict[str, list[str]] = defaultdict(list)
+        """Server ids registered for direct delivery, by queue."""
         self.workflow_steps: list[tuple[str, AckMode]] = []
         """Workflow steps acknowledged with their hand-off, by either method, in order."""
         self.completions: list[tuple[str, str]] = []
@@ -142,6 +147,22 @@ class FakeBroker:
         self.queues.add(msg.queue)
         return msg
 
+    def deliver(self, msg: TaskMessage, server_id: str) -> bytes | None:
+        """Enqueue *msg* as enqueue.lua does for an armed server: active, leased to it, and
+        the note it would publish; None (and pending) when the server has no credit."""
+        if not msg.id:
+            msg.id = f"t{next(self._ids)}"
+        self.queues.add(msg.queue)
+        if server_id not in self.waiters[msg.queue] or self.credits.get(server_id, 0) <= 0:
+            self.enqueue(msg)
+            return None
+        self.credits[server_id] -= 1
+        self.tasks[msg.id] = StoredTask(msg, "active")
+        expiry = int(self.now + self.lease_duration)
+        self.leases[msg.id] = float(expiry)
+        q, tid = msg.queue.encode(), msg.id.encode()
+        return b"%d %d %d " % (expiry, len(q), len(tid)) + q + tid + bytes(msg)
+
     def state(self, task_id: str) -> str | None:
         stored = self.tasks.get(task_id)
         return None if stored is None else stored.state
@@ -186,6 +207,28 @@ class FakeBroker:
             if not ids:
                 empty.add(q)
         return FetchResult(got, empty, self.held & set(qnames))
+
+    async def arm_delivery(self, server_id: str, ttl: float, qnames: Sequence[str] = ()) -> bool:
+        await self._enter("arm_delivery", (server_id, list(qnames)))
+        if server_id not in self.credits and not qnames:
+            return False
+        self.credits[server_id] = 1
+        for q in qnames:
+            if server_id not in self.waiters[q]:
+                self.waiters[q].append(server_id)
+        return True
+
+    async def disarm_delivery(self, server_id: str, qnames: Sequence[str]) -> None:
+        await self._enter("disarm_delivery", (server_id, list(qnames)))
+        self.credits.pop(server_id, None)
+        for q in qnames:
+            if server_id in self.waiters[q]:
+                self.waiters[q].remove(server_id)
+
+    async def take_delivered(self, note: DeliveryNote) -> DequeuedTask | None:
+        await self._enter("take_delivered", note.task_id)
+        stored = self.tasks.get(note.task_id)
+        return None if stored is None else DequeuedTask(stored.msg, float(note.lease_expiry))
 
     async def ack_many(
         self, items: Sequence[tuple[TaskMessage, bool]]

@@ -500,9 +500,12 @@ async def test_history_and_progress_keys_leave_asynqmons_reads_unchanged(redis: 
         go_names += ("paused", "aggregation_sets", "servers", "workers")
         for key in await redis.keys("asynq:{*}:*"):
             rest = key.decode().split("}:", 1)[1]
-            assert rest.startswith(go_names) or rest.startswith("asyncq:metrics:"), key
+            asyncq_names = ("asyncq:metrics:", "asyncq:waiters")
+            assert rest.startswith(go_names) or rest.startswith(asyncq_names), key
             if rest.startswith("asyncq:"):
-                assert await redis.type(key) == b"hash" and await redis.ttl(key) > 0
+                # metrics history (hashes), idle servers waiting for direct delivery (a list)
+                kind = b"list" if rest == "asyncq:waiters" else b"hash"
+                assert await redis.type(key) == kind and await redis.ttl(key) > 0
 
         # Go's RemoveQueue takes a queue out of asynq:queues: a later flush of its
         # history must not list it again

@@ -99,12 +99,14 @@ class QueueKeys:
         "retry",
         "scheduled",
         "task_prefix",
+        "waiters",
         "wakeup",
     )
 
     def __init__(self, qname: str) -> None:
         self.name = qname
         self.task_prefix = keys.task_key_prefix(qname)
+        self.waiters = keys.waiters_key(qname)
         self.pending = keys.pending_key(qname)
         self.active = keys.active_key(qname)
         self.lease = keys.lease_key(qname)

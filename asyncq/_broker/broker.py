@@ -79,6 +79,7 @@ from asyncq._broker._base import (
     STATS_TTL,
 )
 from asyncq._broker.aggregation import Aggregation
+from asyncq._broker.delivery import DirectDelivery
 from asyncq._broker.multiqueue import FetchResult, MultiQueue
 from asyncq._broker.observations import Observations
 from asyncq._broker.processing import DequeuedTask, ProcessingTransitions
@@ -102,7 +103,9 @@ __all__ = [
 ]
 
 
-class Broker(ProducerWrites, ProcessingTransitions, ServerRecords, Aggregation, Observations):
+class Broker(
+    ProducerWrites, ProcessingTransitions, DirectDelivery, ServerRecords, Aggregation, Observations
+):
     """Awaitable asynq operations on one Redis connection (plain, Sentinel or Cluster).
 
     *redis* must return bytes (``decode_responses=False``): task messages are

@@ -128,6 +128,12 @@ class ProducerWrites(BrokerBase):
         """The extra KEY that registers the queue in the script call (none on a cluster)."""
         return () if isinstance(self.redis, RedisCluster) else (keys.ALL_QUEUES,)
 
+    def _enqueue_keys(self, qk: QueueKeys, task_key: str) -> tuple[str, ...]:
+        """enqueue.lua's KEYS: the registry and the waiters list (hand-off) where there is
+        a registry (neither on a cluster, where they would span slots)."""
+        reg = self._registry()
+        return (task_key, qk.pending, *reg, qk.waiters) if reg else (task_key, qk.pending)
+
     async def _register_once(self, qk: QueueKeys) -> None:
         if qk.name not in self._published and isinstance(self.redis, RedisCluster):
             await self._register_queue(qk)
@@ -158,7 +164,7 @@ class ProducerWrites(BrokerBase):
         qk = self._queues.get(queue) or self._q(queue)
         await self._register_once(qk)
         now_ns = int(self.clock() * 1_000_000_000)
-        keys_ = (qk.task_prefix + task_id, qk.pending, *self._registry())
+        keys_ = self._enqueue_keys(qk, qk.task_prefix + task_id)
         args = (data, task_id, now_ns, qk.wakeup, queue, queue)
         if self.replication is None:
             try:
@@ -347,7 +353,7 @@ class ProducerWrites(BrokerBase):
             )
         return (
             _ENQUEUE,
-            (tkey, qk.pending, *reg),
+            self._enqueue_keys(qk, tkey),
             (encode_task_message(msg), tid, now_ns, qk.wakeup, qk.name, *name),
             qk,
         )

@@ -21,7 +21,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from asyncq._broker.delivery import DeliveryNote
     from asyncq._broker.multiqueue import FetchResult
+    from asyncq._broker.processing import DequeuedTask
     from asyncq._broker.workflow import AckMode
     from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 
@@ -49,6 +51,19 @@ class WorkerBroker(Protocol):
         limits: Mapping[str, tuple[int, ...]] | None = None,
     ) -> FetchResult:
         """Take up to *count* tasks from *qnames* in order, each with its own lease."""
+        ...
+
+    async def arm_delivery(self, server_id: str, ttl: float, qnames: Sequence[str] = ()) -> bool:
+        """Ask for the next task of *qnames* to be delivered directly (none: renew the credit);
+        False when the credit had expired and no queues were given."""
+        ...
+
+    async def disarm_delivery(self, server_id: str, qnames: Sequence[str]) -> None:
+        """Stop being delivered tasks; leave the waiters lists of *qnames*."""
+        ...
+
+    async def take_delivered(self, note: DeliveryNote) -> DequeuedTask | None:
+        """A delivered task, decoded; None when its message was unusable (archived)."""
         ...
 
     async def ack_many(

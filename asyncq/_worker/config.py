@@ -152,6 +152,8 @@ class ServerStats:
     """Idle waits ended by a wake-up (Pub/Sub message or forwarder) rather than a timeout."""
     wakeup_messages: int = 0
     """Wake-up messages received on the queues' channels."""
+    delivered: int = 0
+    """Tasks an enqueue delivered to this server directly (no fetch)."""
     invalidations: int = 0
     """Key-tracking invalidations received (a served queue's pending list or paused flag
     written by anyone, Go asynq included; see :mod:`asyncq._worker.wakeup`)."""

@@ -32,6 +32,13 @@
   wake-up) are picked up within ``task_check_interval``. Since one fetch is one
   script call whatever the number of queues, an idle worker costs about one
   command per ``task_check_interval``.
+* Direct delivery (:mod:`asyncq._broker.delivery`): after an empty fetch the
+  idle processor *arms* itself (a credit of one task in Redis, and its name in
+  the waiters list of each queue without a local limit), so that an asyncq
+  enqueue into an empty queue writes the task active with this server's lease
+  and publishes it on the server's delivery channel. The subscriber passes it to
+  :meth:`Processor.receive_delivery`, which starts it in a free slot without a
+  fetch (or requeues it when there is none) and arms again.
 * A handler is cancelled at min(timeout, deadline) (spec 5.7), on a cancel
   message, or when its lease is declared expired. Its outcome is written
   exactly as asynq's (spec 5.3/5.4) unless the local lease has expired, in
@@ -63,6 +70,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import anyio
 
+from asyncq._broker.delivery import DeliveryNote, parse_note
 from asyncq._broker.workflow import AckMode
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
@@ -105,6 +113,12 @@ __all__ = [
     "compute_deadline",
     "normalize_queues",
 ]
+
+DELIVERY_TTL = 15.0
+"""Seconds a delivery credit lasts: three tracked idle waits, each of which renews it."""
+REGISTER_EVERY = 600.0
+"""Seconds between two registrations of an idle server in its queues' waiters lists (each
+list lasts :data:`~asyncq._broker.delivery.WAITERS_TTL` after the last one)."""
 
 _MAX_WRITES = 64
 
@@ -369,8 +383,15 @@ class Processor(Role):
         hooks: WorkerHooks = NO_HOOKS,
         history: HistoryRecorder | None = None,
         progress: ProgressWriter | None = None,
+        server_id: str = "",
     ) -> None:
         super().__init__(deps)
+        self._server_id = server_id  # whose delivery channel the subscriber listens on
+        self._registered = (-1, 0.0)  # QueueSet version and time of the last registration
+        self._waiting_in: set[str] = set()  # the queues whose waiters lists name us
+        self._armed_at = -math.inf  # when the credit was last renewed
+        self._spent = False  # a task was delivered to us since: the credit is used up
+        self._arm_errors = RateLimiter(3.0)
         self._hooks = hooks
         self._history = history
         self._progress = progress
@@ -423,6 +444,8 @@ class Processor(Role):
         self._wakeup.set()
         self._bytes_freed.set()
         self.slots.close()
+        if self._waiting_in and self._group is not None:
+            self._spawn(self._disarm())
 
     async def drain(self, grace: float, *, force: asyncio.Event | None = None) -> None:
         """Shutdown: wait up to *grace* seconds for running handlers, then requeue and cancel them.
@@ -555,6 +578,8 @@ class Processor(Role):
                 self._fetching = False
                 self._on_burst_done()
                 return
+            if self._wakeup.delivery:
+                await self._arm()
             delay = self._wakeup.idle_delay(self._poll.next_delay(), held=bool(fetched.held))
             await self._idle_wait(delay, count=True)
 
@@ -593,6 +618,95 @@ class Processor(Role):
             self.stats.wakeups += 1
             if self._debug:
                 self.log.debug("woken up: a queue has work")
+
+    # -- direct delivery (see asyncq._broker.delivery) -----------------------------------------
+
+    def _delivery_queues(self) -> list[str]:
+        """The served queues a task may be delivered from: those without a limit or a rate here
+        (the dequeue script applies those; a stored limit stops the delivery in Redis)."""
+        limited = self._limits.for_fetch() or {}
+        return [q for q in self.queues.names() if q not in limited]
+
+    async def _arm(self) -> None:
+        """Ask Redis for the next task of our queues to be delivered to us: after each
+        task delivered (the credit is used up), else after an empty fetch at most every third of
+        :data:`DELIVERY_TTL` (which keeps the credit alive). Writes this server into the
+        queues' waiters lists when the queues changed, every :data:`REGISTER_EVERY`
+        seconds (a ``queue rm`` or FLUSHALL drops the lists), or once the credit expired.
+        Nothing while every slot is taken: the next empty fetch asks."""
+        now = self.clock()
+        if not self._spent and now < self._armed_at + DELIVERY_TTL / 3:
+            return
+        queues = self._delivery_queues()
+        if not queues or self._burst or self.slots.free <= 0:
+            return
+        self._armed_at, self._spent = now, False
+        version, when = self._registered
+        fresh = version == self.queues.version and now < when + REGISTER_EVERY
+        try:
+            if not fresh or not await self.broker.arm_delivery(self._server_id, DELIVERY_TTL):
+                self._waiting_in.update(queues)
+                await self.broker.arm_delivery(self._server_id, DELIVERY_TTL, queues)
+                self._registered = (self.queues.version, now)
+        except REDIS_ERRORS as exc:
+            self._spent = True  # the credit is unknown: ask again after the next empty fetch
+            if self._arm_errors.allow():
+                self.log.warning(
+                    "could not ask for direct delivery; tasks are fetched instead",
+                    error=error_text(exc),
+                    suppressed_since_last=self._arm_errors.take_suppressed(),
+                )
+
+    async def _disarm(self) -> None:
+        try:
+            await self.broker.disarm_delivery(self._server_id, sorted(self._waiting_in))
+        except REDIS_ERRORS as exc:  # the credit expires on its own
+            self.log.info("could not withdraw from direct delivery", error=error_text(exc))
+
+    def receive_delivery(self, note: bytes) -> None:
+        """A task delivered to this server by an enqueue (the subscriber calls this): it is
+        active in Redis, leased to us, and starts here without a fetch."""
+        try:
+            parsed = parse_note(note)
+        except ValueError as exc:
+            self.log.error(
+                "unreadable delivery; the task is recovered when its lease expires",
+                error=error_text(exc),
+            )
+            return
+        if self._group is None:
+            self.log.warning(
+                "task delivered after the processor stopped; it is recovered after its lease",
+                task_id=parsed.task_id,
+                queue=parsed.queue,
+            )
+            return
+        self._spawn(self._take_delivered(parsed))
+
+    async def _take_delivered(self, note: DeliveryNote) -> None:
+        try:
+            dequeued = await self.broker.take_delivered(note)
+        except REDIS_ERRORS as exc:  # archiving an unusable message failed
+            self._fetch_failed(exc)
+            return
+        if dequeued is None:
+            return  # unusable message: archived and logged by the broker
+        self.stats.delivered += 1
+        self._spent = True
+        if self._fetching and self.slots.try_take():
+            self._start(dequeued)
+            await self._arm()
+            return
+        # No slot (a fetch holds them, or we are stopping): back to pending for a fetch.
+        try:
+            await self.broker.requeue(dequeued.message)
+        except REDIS_ERRORS as exc:
+            self.log.error(
+                "could not requeue a delivered task; it is recovered after its lease expires",
+                error=error_text(exc),
+                **task_fields(dequeued.message),
+            )
+        self._wakeup.set()
 
     # -- the life of one task ----------------------------------------------------------------
 

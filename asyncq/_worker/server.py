@@ -49,6 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 from typing_extensions import Unpack
 
@@ -357,9 +358,17 @@ class Server(Service):
             hooks=self._hooks,
             history=self.history,
             progress=self._progress,
+            server_id=self.server_id,
         )
         self._subscriber = Subscriber(
-            deps, active=self.active, wakeup=wakeup, pubsub=self.connection.pubsub
+            deps,
+            active=self.active,
+            wakeup=wakeup,
+            pubsub=self.connection.pubsub,
+            # Not on a cluster: a queue's waiters list and the server's credit would span slots.
+            delivery=None
+            if isinstance(self.redis, RedisCluster)
+            else (keys.delivery_channel(self.server_id), self.processor.receive_delivery),
         )
         independent = self._independent_target
         roles: list[Role] = [

@@ -47,6 +47,14 @@ class Slots:
         self._all_free.clear()
         return taken
 
+    def try_take(self) -> bool:
+        """Take one free slot if there is one (a task delivered without a fetch)."""
+        if self._free <= 0 or self._closed:
+            return False
+        self._free -= 1
+        self._all_free.clear()
+        return True
+
     def release(self, n: int = 1) -> None:
         """Give *n* slots back."""
         if n <= 0:

@@ -8,6 +8,11 @@ scripts when a pending list goes from empty to non-empty), which ends the
 processor's idle wait at once. When the served queues change (patterns, see
 :mod:`asyncq._worker.queueset`) the channels follow within a second.
 
+Where direct delivery is possible (not on Redis Cluster) it also subscribes to
+the server's own delivery channel (``asyncq:delivery:<server id>``): an asyncq
+enqueue publishes there a task it wrote active for this server, which the
+processor starts without a fetch (see :mod:`asyncq._broker.delivery`).
+
 The cancel channel is subscribed first, on its own. When Redis ACLs deny the
 wake-up channels (a user granted only ``&asynq:cancel``, which is all Go asynq
 needs), one warning is logged and the server runs with cancellation only: the
@@ -61,8 +66,11 @@ class Subscriber(Role):
         active: ActiveTasks,
         wakeup: QueueWakeup,
         pubsub: Callable[[], Awaitable[Redis | FastPubSubClient]],
+        delivery: tuple[str, Callable[[bytes], None]] | None = None,
     ) -> None:
         super().__init__(deps)
+        self._delivery_channel = delivery[0].encode() if delivery else b""
+        self._on_delivery = delivery[1] if delivery else None
         self.active = active
         self._wakeup = wakeup
         self._pubsub = pubsub
@@ -127,6 +135,8 @@ class Subscriber(Role):
                 wanted = list(self._wakeups)
                 if tracked:
                     wanted.append(INVALIDATE_CHANNEL)
+                if self._on_delivery is not None:
+                    wanted.append(self._delivery_channel)
                 if wanted:
                     try:
                         if not await self._subscribe(pubsub, wanted, cancel_channel):
@@ -136,6 +146,7 @@ class Subscriber(Role):
                         self._wakeups_denied(pubsub, exc)
                         tracked = False
                 self._wakeup.tracking = tracked
+                self._wakeup.delivery = self._on_delivery is not None and not self._denied
                 self.ready.set()
                 self.attempted.set()
                 backoff.reset()
@@ -232,7 +243,7 @@ class Subscriber(Role):
         # Redis refused the whole SUBSCRIBE, so none of them is subscribed; forget them,
         # or redis-py would ask for them again, together with cancel, on a reconnect.
         self._denied = True
-        for channel in (*self._wakeups, INVALIDATE_CHANNEL):
+        for channel in (*self._wakeups, INVALIDATE_CHANNEL, self._delivery_channel):
             pubsub.channels.pop(channel, None)
         interval = self.config.task_check_interval
         if self._warned_denied:
@@ -261,7 +272,9 @@ class Subscriber(Role):
             if canceled is not None:
                 self.log.info("task canceled", **task_fields(canceled.msg))
             return
-        if channel in self._wakeups:
+        if channel == self._delivery_channel and self._on_delivery is not None:
+            self._on_delivery(data if isinstance(data, bytes) else data.encode())
+        elif channel in self._wakeups:
             self.stats.wakeup_messages += 1
             self._wakeup.set()
         elif channel == INVALIDATE_CHANNEL:

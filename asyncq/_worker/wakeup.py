@@ -59,6 +59,9 @@ class QueueWakeup(asyncio.Event):
         super().__init__()
         self.tracking = False
         """True while Redis invalidations for every served queue's pending list arrive."""
+        self.delivery = False
+        """True while the server's delivery channel is subscribed: the processor may ask
+        to be delivered tasks (see :mod:`asyncq._broker.delivery`)."""
 
     def idle_delay(self, poll: float, *, held: bool) -> float:
         """How long an idle processor waits after an empty fetch.
@@ -72,6 +75,7 @@ class QueueWakeup(asyncio.Event):
 
     def tracking_lost(self) -> None:
         """Invalidations stopped: wake the processor so that it polls again."""
+        self.delivery = False
         if self.tracking:
             self.tracking = False
             self.set()
