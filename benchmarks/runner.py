@@ -5,8 +5,9 @@ virtualenv under ``benchmarks/.envs/<peer>`` (their redis-py pins conflict), cre
 first use and reused while its pinned requirements are unchanged; BullMQ for Node runs
 from ``benchmarks/node/node_modules`` (``npm ci`` from the committed lock file). Every
 system talks to Redis over TCP; ``asyncq-socket`` is asyncq again with its opt-in unix
-socket, an extra row. ``redis-benchmark`` SET with 1 and 32 clients runs in every round
-as the physical reference. Standard library only.
+socket, an extra row. ``redis-benchmark`` SET with 1 and 32 clients, and one Pub/Sub hop
+between two processes (:mod:`benchmarks.pubsub_probe`), run in every round as the
+physical reference. Standard library only.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from benchmarks.pubsub_probe import probe
 from benchmarks.systems._common import Config, Resp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +88,8 @@ DEFAULT_SYSTEMS = (
 )  # fmt: skip
 DEFAULT_QUICK_SYSTEMS = ("asyncq", "bullmq", "bullmq-node", "asyncq-socket")
 REFERENCE = "redis-benchmark"
-"""The physical reference: ``redis-benchmark -t set`` with 1 and with 32 clients."""
+"""The physical reference: ``redis-benchmark -t set`` with 1 and with 32 clients, and one
+Pub/Sub hop between two processes on the latency phase's cadence."""
 REFERENCE_CLIENTS = {"enqueue_serial": 1, "enqueue_c32": 32}
 """Which enqueue phase each reference measurement stands beside (same N, same callers)."""
 
@@ -305,9 +308,13 @@ def run_system(
     return {"system": spec.name, "records": records, "error": error}
 
 
-def run_reference(url: str, sizes: dict[str, int], timeout: float) -> dict[str, Any]:
+def run_reference(
+    url: str, sizes: dict[str, int], timeout: float, latency: Config | None = None
+) -> dict[str, Any]:
     """``redis-benchmark -t set`` with 1 and 32 clients against *url*, as two enqueue
-    records (``enqueue_serial``, ``enqueue_c32``) with *sizes* requests each.
+    records (``enqueue_serial``, ``enqueue_c32``) with *sizes* requests each; with
+    *latency*, also one Pub/Sub hop between two processes on the latency phase's
+    cadence (:mod:`benchmarks.pubsub_probe`), as the ``latency`` record.
 
     Raises :class:`Skipped` when redis-benchmark is not on PATH.
     """
@@ -360,6 +367,15 @@ def run_reference(url: str, sizes: dict[str, int], timeout: float) -> dict[str, 
         for phase, rec in records.items():
             if phase != "meta":
                 log(f"  {REFERENCE}: SET, {rec['callers']} client(s): {rec['tasks_per_s']:,.0f}/s")
+    if error is None and latency is not None:
+        try:
+            hop = probe(url, latency.latency_n, latency.latency_interval_ms, latency.latency_warmup)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            error = f"latency: the Pub/Sub probe failed: {exc}"
+        else:
+            records["latency"] = hop
+            log(f"  {REFERENCE}: one Pub/Sub hop p50 {hop['p50_ms']:.2f} ms, "
+                f"p99 {hop['p99_ms']:.2f} ms")  # fmt: skip
     return {"system": REFERENCE, "records": records, "error": error}
 
 
@@ -453,6 +469,20 @@ def _to_reference(phase: str) -> Callable[[dict[str, Any]], float | None]:
     return get
 
 
+def _over_reference(phase: str, field: str) -> Callable[[dict[str, Any]], float | None]:
+    """A system's *field* of *phase* (a latency) divided by the reference's in the same
+    round: how many physical hops' worth it takes."""
+
+    def get(records: dict[str, Any]) -> float | None:
+        ours = records.get(phase, {}).get(field)
+        ref = records.get(_REF_KEY, {}).get(phase, {}).get(field)
+        if ours is None or not ref or records.get("meta", {}).get("system") == REFERENCE:
+            return None
+        return float(ours) / float(ref)
+
+    return get
+
+
 _REF_KEY = "_reference"
 """Where :func:`summarize` puts the same round's reference records beside a system's."""
 _FAST, _SERIAL, _PROC, _LAT, _LEFT = (
@@ -464,6 +494,7 @@ _FAST, _SERIAL, _PROC, _LAT, _LEFT = (
 )
 SERIAL_RATIO = "enqueue, serial ÷ redis-benchmark SET, 1 client"
 C32_RATIO = "enqueue, 32 callers ÷ redis-benchmark SET, 32 clients"
+PICKUP_RATIO = "pickup p50 ÷ one Pub/Sub hop p50"
 ROWS = (
     Row("enqueue, fast path, tasks/s ¹", _field(_FAST, "tasks_per_s"), "rate", True),
     Row("enqueue, serial `await`, tasks/s", _field(_SERIAL, "tasks_per_s"), "rate", True),
@@ -478,6 +509,7 @@ ROWS = (
     Row("process, 1 worker, conc. 100, tasks/s", _field(_PROC, "tasks_per_s"), "rate", True),
     Row("pickup latency p50, ms", _field(_LAT, "p50_ms"), "ms"),
     Row("pickup latency p99, ms", _field(_LAT, "p99_ms"), "ms"),
+    Row(PICKUP_RATIO, _over_reference(_LAT, "p50_ms"), "ratio"),
     Row("handler calls − N", _field(_PROC, "handler_calls_minus_n"), "count"),
     Row("tasks never run (lost)", _field(_PROC, "lost"), "count"),
     Row("Redis commands / task, enqueue ²", _field(_SERIAL, "redis_cmds_per_task"), "float"),
@@ -609,6 +641,7 @@ HEADLINE = (
     ("process, 1 worker, conc. 100, tasks/s", "process, 1 worker, conc. 100, tasks/s"),
     ("pickup p50 ms", "pickup latency p50, ms"),
     ("pickup p99 ms", "pickup latency p99, ms"),
+    ("÷ 1 hop", PICKUP_RATIO),
     ("worker CPU µs / task", "worker CPU µs / task"),
     ("lost", "tasks never run (lost)"),
     ("extra runs", "handler calls − N"),
@@ -705,8 +738,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m benchmarks",
         description=(
             "asyncq beside arq, saq, streaq, taskiq and BullMQ (Python and Node) on one "
-            "throwaway Redis, every system over TCP, with redis-benchmark SET as the "
-            "physical reference."
+            "throwaway Redis, every system over TCP, with redis-benchmark SET and one "
+            "Pub/Sub hop as the physical reference."
         ),
     )
     p.add_argument(
@@ -783,6 +816,12 @@ def _sizes(args: argparse.Namespace, url: str) -> dict[str, int]:
     return sizes
 
 
+def _latency_config(args: argparse.Namespace, url: str) -> Config:
+    """The latency phase's sizes (n, cadence, warm-up), for the reference's Pub/Sub hop."""
+    over = {"latency_n": args.latency_n} if args.latency_n is not None else {}
+    return Config.quick(url, **over) if args.quick else Config(url=url, **over)
+
+
 def _default_json() -> Path:
     stamp = datetime.now(UTC).strftime("%Y-%m-%d")
     path = RESULTS / f"{stamp}.json"
@@ -856,7 +895,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run: dict[str, dict[str, Any]] = {}
             if with_reference:
                 log(f"run {k + 1}/{args.runs}: {REFERENCE}")
-                run[REFERENCE] = run_reference(url, sizes, timeout)
+                run[REFERENCE] = run_reference(url, sizes, timeout, _latency_config(args, url))
                 if run[REFERENCE]["error"]:
                     log(f"  {REFERENCE} FAILED: {run[REFERENCE]['error']}")
             for name in systems:
@@ -873,7 +912,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     columns = systems + ([REFERENCE] if with_reference else [])
     summary = summarize(runs, columns)
     labels = {s: system_label(SYSTEMS[s], runs[-1][s]["records"]) for s in systems}
-    labels[REFERENCE] = "redis-benchmark SET (physical reference)"
+    labels[REFERENCE] = "redis-benchmark SET, one Pub/Sub hop (physical reference)"
     transports = {s: "unix socket" if s == "asyncq-socket" else "TCP" for s in columns}
     headline = render_headline(summary, systems, labels, transports)
     table = render_table(summary, columns, args.runs)

@@ -74,7 +74,9 @@ def reference_result(redis_url: str) -> dict[str, Any]:
     if shutil.which("redis-benchmark") is None:
         pytest.skip("redis-benchmark is not on PATH")
     sizes = {"enqueue_serial": 200, "enqueue_c32": 500}
-    return runner.run_reference(_bench_url(redis_url), sizes, timeout=60)
+    url = _bench_url(redis_url)
+    latency = _common.Config.quick(url, latency_n=15)
+    return runner.run_reference(url, sizes, timeout=60, latency=latency)
 
 
 def _finite(value: object) -> bool:
@@ -238,6 +240,10 @@ def test_reference_records(reference_result: dict[str, Any], redis_url: str) -> 
         assert (rec["callers"], rec["n"]) == (clients, n)
         assert _finite(rec["tasks_per_s"]) and rec["tasks_per_s"] > 0
         assert rec["p50_ms"] <= rec["p99_ms"]
+    # one Pub/Sub hop between two processes, every message heard
+    hop = records["latency"]
+    assert (hop["n"], hop["samples"]) == (15, 15)
+    assert _finite(hop["p50_ms"]) and 0 < hop["p50_ms"] <= hop["p99_ms"]
     # its key is flushed afterwards
     resp = _common.Resp(_bench_url(redis_url))
     try:
@@ -279,7 +285,7 @@ def test_headline_has_every_row(
     lines = runner.render_headline(summary, systems, labels, transports).splitlines()
     assert len(lines) == 2 + 4
     assert lines[2].startswith("| redis-benchmark SET (physical reference) | TCP |")
-    assert lines[2].count("1.00×") == 2
+    assert lines[2].count("1.00×") == 3
     assert lines[3].startswith("| asyncq ")
     assert lines[5].startswith("| asyncq on its unix socket ⁴ (extra row) | unix socket |")
     for line in lines[3:]:
@@ -293,6 +299,8 @@ def test_headline_has_every_row(
         / ref["enqueue_serial"]["tasks_per_s"]
     )
     assert summary["asyncq"][runner.SERIAL_RATIO]["median"] == pytest.approx(expected)
+    hops = quick_result["records"]["latency"]["p50_ms"] / ref["latency"]["p50_ms"]
+    assert summary["asyncq"][runner.PICKUP_RATIO]["median"] == pytest.approx(hops)
     table = runner.render_table(summary, [*systems, runner.REFERENCE], 1).splitlines()
     assert table[0] == (
         "| metric | asyncq | bullmq | asyncq-socket | redis-benchmark | asyncq ÷ best peer |"
@@ -324,7 +332,7 @@ def test_main_report(redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert document["skipped"]["asyncq-socket"] == "the Redis server has no unix socket"
     assert document["failures"] == []
     if shutil.which("redis-benchmark"):
-        assert "| redis-benchmark SET (physical reference) | TCP |" in out
+        assert "| redis-benchmark SET, one Pub/Sub hop (physical reference) | TCP |" in out
         assert runner.REFERENCE in document["runs"][0]
 
 
