@@ -225,10 +225,12 @@ class FakeBroker:
             if server_id in self.waiters[q]:
                 self.waiters[q].remove(server_id)
 
-    async def take_delivered(self, note: DeliveryNote) -> DequeuedTask | None:
-        await self._enter("take_delivered", note.task_id)
+    async def reject_delivered(self, note: DeliveryNote) -> None:
+        await self._enter("reject_delivered", note.task_id)
         stored = self.tasks.get(note.task_id)
-        return None if stored is None else DequeuedTask(stored.msg, float(note.lease_expiry))
+        if stored is not None:
+            stored.state = "archived"
+            self.leases.pop(note.task_id, None)
 
     async def ack_many(
         self, items: Sequence[tuple[TaskMessage, bool]]

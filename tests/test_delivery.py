@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.delivery import WAITERS_TTL, parse_note
+from asyncq._broker.delivery import WAITERS_TTL, DeliveryNote, delivered_message, parse_note
 from asyncq._producer.client import Client
 from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
@@ -89,9 +89,9 @@ async def test_a_delivered_task_is_active_with_the_workers_lease_as_go_writes_it
         assert stored[b"state"] == b"pending"
         assert notes.empty()
         # The task is then a dequeued task like any other: its completion is asynq's.
-        dequeued = await broker.take_delivered(note)
-        assert dequeued is not None and dequeued.message.id == "w-active"
-        await broker.done(dequeued.message)
+        msg = delivered_message(note)
+        assert msg is not None and msg.id == "w-active"
+        await broker.done(msg)
         assert not await redis.exists(task_key)
         assert await redis.lrange(keys.active_key("work"), 0, -1) == []
         assert await redis.zcard(keys.lease_key("work")) == 0
@@ -146,6 +146,32 @@ async def test_no_delivery_where_the_dequeue_script_must_decide(
         assert notes.empty()
     finally:
         await _close(handle)
+
+
+async def test_an_unusable_delivered_message_is_archived_as_a_fetch_would(
+    redis: Redis, broker: Broker, client: Client
+) -> None:
+    handle, notes = await _listen(redis, SERVER)
+    try:
+        assert await broker.arm_delivery(SERVER, 15.0, ["q"])
+        await client.enqueue(Task("t"), queue="q", task_id="a")
+        note = parse_note(await asyncio.wait_for(notes.get(), 5))
+    finally:
+        await _close(handle)
+    assert delivered_message(note) is not None
+    for bad in (
+        DeliveryNote(note.lease_expiry, "q", "a", b"\xff not protobuf"),
+        DeliveryNote(note.lease_expiry, "other", "a", note.data),  # names another queue
+    ):
+        assert delivered_message(bad) is None
+    await broker.reject_delivered(DeliveryNote(note.lease_expiry, "q", "a", b"\xff"))
+    stored = await redis.hgetall(keys.task_key("q", "a"))
+    assert stored[b"state"] == b"archived"
+    assert b"cannot decode task message" in stored[b"asyncq_error"]
+    assert await redis.zscore(keys.archived_key("q"), "a") is not None
+    assert await redis.zcard(keys.lease_key("q")) == 0
+    with pytest.raises(ValueError, match="is usable"):
+        await broker.reject_delivered(note)
 
 
 async def test_a_member_no_worker_wrote_is_dropped_and_its_key_untouched(

@@ -543,9 +543,9 @@ async def test_a_cancel_before_the_tasks_coroutine_started_fails_it_unrun() -> N
     run = Running(fake, handler)
     start = run.processor._start
 
-    def start_then_cancel(dequeued: Any) -> None:
-        start(dequeued)
-        assert run.active.cancel(dequeued.message.id, TaskCanceledError()) is not None
+    def start_then_cancel(msg: TaskMessage, lease_expiry: float) -> None:
+        start(msg, lease_expiry)
+        assert run.active.cancel(msg.id, TaskCanceledError()) is not None
 
     run.processor._start = start_then_cancel  # type: ignore[method-assign]
     async with run:

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 
 from asyncq import _keys as keys
 from asyncq._broker._base import LUA_PACKAGE, BrokerBase
-from asyncq._broker.processing import DequeuedTask
+from asyncq._codec import decode_task_message
 from asyncq._redis.scripts import load_script
+from asyncq.proto.asynq import TaskMessage
 
-__all__ = ["WAITERS_TTL", "DeliveryNote", "DirectDelivery", "parse_note"]
+__all__ = ["WAITERS_TTL", "DeliveryNote", "DirectDelivery", "delivered_message", "parse_note"]
 
 WAITERS_TTL = 1800.0
 """Seconds a queue's waiters list lasts after the last registration in it: a waiting
@@ -46,6 +47,17 @@ class DeliveryNote:
     data: bytes
 
 
+def delivered_message(note: DeliveryNote) -> TaskMessage | None:
+    """The note's task message, or None when it is unusable here: it cannot be decoded,
+    or names another id or queue (:meth:`DirectDelivery.reject_delivered` archives it,
+    as a fetch would)."""
+    try:
+        msg = decode_task_message(note.data)
+    except Exception:  # whatever is wrong with the bytes: reject_delivered says what
+        return None
+    return msg if msg.id == note.task_id and msg.queue == note.queue else None
+
+
 def parse_note(note: bytes) -> DeliveryNote:
     """Read a delivery note; ValueError names what is wrong with a malformed one."""
     head = note.split(b" ", 3)
@@ -61,7 +73,7 @@ def parse_note(note: bytes) -> DeliveryNote:
 
 
 class DirectDelivery(BrokerBase):
-    """The worker's side of direct delivery: arming, disarming, taking a delivered task."""
+    """The worker's side of direct delivery: arming, disarming, rejecting an unusable task."""
 
     def delivery_member(self, server_id: str) -> str:
         """What the server writes into a queue's waiters list."""
@@ -82,10 +94,12 @@ class DirectDelivery(BrokerBase):
         key = keys.delivery_channel(server_id)
         await _DISARM(self._cmd, (), [key, self.delivery_member(server_id), *qnames])
 
-    async def take_delivered(self, note: DeliveryNote) -> DequeuedTask | None:
-        """The delivered task, decoded; None when its message was unusable (it is archived)."""
+    async def reject_delivered(self, note: DeliveryNote) -> None:
+        """Archive a delivered task whose message is unusable here (see
+        :func:`delivered_message`), with the reason, exactly as a fetch would."""
         qk = self._q(note.queue)
         msg = await self._decode_or_archive(
             qk, note.task_id, note.data, self.clock(), qk.active, check_queue=True
         )
-        return None if msg is None else DequeuedTask(msg, float(note.lease_expiry))
+        if msg is not None:
+            raise ValueError(f"task {note.task_id!r} of queue {note.queue!r} is usable")

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from asyncq._broker.delivery import DeliveryNote
     from asyncq._broker.multiqueue import FetchResult
-    from asyncq._broker.processing import DequeuedTask
     from asyncq._broker.workflow import AckMode
     from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 
@@ -62,8 +61,8 @@ class WorkerBroker(Protocol):
         """Stop being delivered tasks; leave the waiters lists of *qnames*."""
         ...
 
-    async def take_delivered(self, note: DeliveryNote) -> DequeuedTask | None:
-        """A delivered task, decoded; None when its message was unusable (archived)."""
+    async def reject_delivered(self, note: DeliveryNote) -> None:
+        """Archive a delivered task whose message is unusable here, as a fetch would."""
         ...
 
     async def ack_many(

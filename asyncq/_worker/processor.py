@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import anyio
 
-from asyncq._broker.delivery import DeliveryNote, parse_note
+from asyncq._broker.delivery import DeliveryNote, delivered_message, parse_note
 from asyncq._broker.workflow import AckMode
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
@@ -559,7 +559,7 @@ class Processor(Role):
             if got:
                 self._poll.reset()
                 for dequeued in got:
-                    self._start(dequeued)
+                    self._start(dequeued.message, dequeued.lease_expiry)
                 continue
             stats.empty_fetches += 1
             if burst and not self.active:
@@ -681,40 +681,42 @@ class Processor(Role):
                 queue=parsed.queue,
             )
             return
-        self._spawn(self._take_delivered(parsed))
-
-    async def _take_delivered(self, note: DeliveryNote) -> None:
-        try:
-            dequeued = await self.broker.take_delivered(note)
-        except REDIS_ERRORS as exc:  # archiving an unusable message failed
-            self._fetch_failed(exc)
+        msg = delivered_message(parsed)
+        if msg is None:
+            self._spawn(self._reject_delivered(parsed))
             return
-        if dequeued is None:
-            return  # unusable message: archived and logged by the broker
         self.stats.delivered += 1
         self._spent = True
+        # Started here, in the subscriber's turn of the loop: the handler runs next turn.
         if self._fetching and self.slots.try_take():
-            self._start(dequeued)
-            await self._arm()
-            return
-        # No slot (a fetch holds them, or we are stopping): back to pending for a fetch.
+            self._start(msg, parsed.lease_expiry)
+            self._spawn(self._arm())
+        else:  # no slot (a fetch holds them, or we are stopping): back to pending
+            self._spawn(self._requeue_delivered(msg))
+
+    async def _reject_delivered(self, note: DeliveryNote) -> None:
         try:
-            await self.broker.requeue(dequeued.message)
+            await self.broker.reject_delivered(note)  # archived and logged by the broker
+        except REDIS_ERRORS as exc:  # the task stays active; its lease expires
+            self._fetch_failed(exc)
+
+    async def _requeue_delivered(self, msg: TaskMessage) -> None:
+        try:
+            await self.broker.requeue(msg)
         except REDIS_ERRORS as exc:
             self.log.error(
                 "could not requeue a delivered task; it is recovered after its lease expires",
                 error=error_text(exc),
-                **task_fields(dequeued.message),
+                **task_fields(msg),
             )
         self._wakeup.set()
 
     # -- the life of one task ----------------------------------------------------------------
 
-    def _start(self, dequeued: DequeuedTask) -> None:
-        msg = dequeued.message
+    def _start(self, msg: TaskMessage, lease_expiry: float) -> None:
         now = self.clock()
         # Redis holds the lease in whole seconds (truncated): never trust it for longer.
-        lease = Lease(math.floor(dequeued.lease_expiry), clock=self.clock)
+        lease = Lease(math.floor(lease_expiry), clock=self.clock)
         active = ActiveTask(msg, lease, compute_deadline(msg, now), now)
         lease.on_expired = partial(self._lease_lost, active)
         self._inflight_bytes += len(msg.payload)
