@@ -136,14 +136,46 @@ async def test_owned_connection_from_url(redis_url: str, redis: Redis) -> None:
 # -- pickup ---------------------------------------------------------------------------------
 
 
-async def test_idle_worker_is_woken_by_enqueue_not_by_polling(redis: Redis, client: Client) -> None:
+async def test_idle_worker_is_delivered_the_enqueued_task_not_polling(
+    redis: Redis, client: Client
+) -> None:
     done = asyncio.Event()
 
     async def handle(task: Task) -> None:
         done.set()
 
-    # With an hour-long check interval only a wake-up can start the task.
+    # With an hour-long check interval only direct delivery or a wake-up starts the task.
     server = Server(redis, concurrency=2, task_check_interval=timedelta(hours=1))
+    async with server:
+        await server.start(mux_for("ping", handle))
+        armed = keys.delivery_channel(server.server_id)
+
+        async def is_armed() -> bool:
+            return await redis.get(armed) == b"1"
+
+        await wait_until(is_armed, what="the processor to ask for delivery")
+        await client.enqueue(Task("ping"))
+        await asyncio.wait_for(done.wait(), 10)
+        assert server.stats.delivered == 1
+        assert server.stats.wakeups == server.stats.idle_timeouts == 0
+
+
+async def test_idle_worker_is_woken_by_enqueue_where_no_delivery_is_made(
+    redis: Redis, client: Client
+) -> None:
+    done = asyncio.Event()
+
+    async def handle(task: Task) -> None:
+        done.set()
+
+    # A queue limited on this server is never delivered to: the enqueue's wake-up
+    # message ends the idle wait, and the fetch applies the limit.
+    server = Server(
+        redis,
+        concurrency=2,
+        task_check_interval=timedelta(hours=1),
+        local_queue_concurrency={"default": 1},
+    )
     async with server:
         await server.start(mux_for("ping", handle))
         await wait_until(lambda: server.stats.empty_fetches >= 1, what="processor idle")
@@ -152,6 +184,7 @@ async def test_idle_worker_is_woken_by_enqueue_not_by_polling(redis: Redis, clie
         assert server.stats.wakeups >= 1
         assert server.stats.wakeup_messages >= 1
         assert server.stats.idle_timeouts == 0
+        assert server.stats.delivered == 0
 
 
 async def test_task_without_wakeup_is_polled_within_task_check_interval(

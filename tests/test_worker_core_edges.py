@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import threading
 import time
@@ -1589,3 +1590,24 @@ async def test_a_run_that_waited_for_its_types_token_begins_after_the_wait() -> 
         await wait_until(lambda: history.runs, what="counted")
     ((_, _, began, ended, *_),) = history.runs
     assert began == ended == fetched_at + 5
+
+
+async def test_a_finished_task_leaves_no_reference_cycle_behind() -> None:
+    # Freed by reference counting when it ends, not by the cyclic collector later: the
+    # collector's passes over every task's objects cost a quarter of the worker's CPU.
+    fake = FakeBroker()
+    for _ in range(20):
+        fake.enqueue(message())
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        async with Running(fake, _returns, concurrency=5):
+            await wait_until(lambda: not fake.tasks, what="all done")
+        gc.collect()
+        left = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not left & {"ActiveTask", "Lease", "TaskMessage", "TaskResultWriter"}, left

@@ -827,6 +827,11 @@ class Processor(Role):
     def _release(self, active: ActiveTask) -> None:
         """Give the task's slot back and forget it."""
         active.state = "finished"
+        # The active task, its lease's callback and its asyncio task refer to one another:
+        # cut the cycles, so that reference counting frees them now instead of the cyclic
+        # garbage collector later (which cost a quarter of the worker's CPU per task).
+        active.lease.on_expired = None
+        active.task = None
         self._inflight_bytes -= len(active.msg.payload)
         self._bytes_freed.set()
         self._limits.finished(active.msg.queue)
