@@ -147,6 +147,8 @@ class Subscriber(Role):
                         tracked = False
                 self._wakeup.tracking = tracked
                 self._wakeup.delivery = self._on_delivery is not None and not self._denied
+                if self._wakeup.delivery:
+                    self._wakeup.set()  # the processor may ask for delivery now, not next poll
                 self.ready.set()
                 self.attempted.set()
                 backoff.reset()
