@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.processor import DELIVERY_TTL, REGISTER_EVERY, Processor
 from asyncq._worker.wakeup import QueueWakeup
+from asyncq.mux import sync_limiter
 from asyncq.task import Task
 from tests.fakebroker import FakeBroker
 from tests.helpers import wait_until
@@ -228,3 +229,20 @@ async def test_a_failed_arm_is_logged_and_retried_after_the_next_empty_fetch() -
     (warning,) = [e for e in logs if e["log_level"] == "warning"]
     assert warning["event"] == "could not ask for direct delivery; tasks are fetched instead"
     assert warning["error"] == "ConnectionError: fake arm_delivery failed"
+
+
+async def test_a_delivered_task_runs_in_the_processors_context() -> None:
+    # Started from the subscriber's turn of the loop, not the fetch loop's: its handler
+    # still sees the processor's limiter of sync handler threads (sync_concurrency).
+    fake = FakeBroker()
+    seen: list[object] = []
+
+    async def handler(task: Task) -> None:
+        seen.append(sync_limiter.get(None))
+
+    async with Armed(fake, handler, sync_concurrency=3) as run:
+        await wait_until(lambda: fake.credits.get(SERVER) == 1, what="armed")
+        tid = run.deliver()
+        await wait_until(lambda: seen, what=f"task {tid}")
+        assert seen == [run.processor._limiter]
+        assert run.processor._limiter.total_tokens == 3

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import math
 import random
@@ -428,6 +429,7 @@ class Processor(Role):
         self._debug = is_debug_enabled(self.log)
         self._burst = cfg.burst
         self._group: asyncio.TaskGroup | None = None
+        self._context = contextvars.copy_context()  # run() takes its own
         self._idle = asyncio.Event()  # no TaskGroup running: run() has returned
         self._idle.set()
         self._abandon_wait = 1.0  # what an abandoned task's handler gets to return
@@ -499,7 +501,10 @@ class Processor(Role):
         """The fetch loop, inside the TaskGroup that owns every task's coroutine and the
         ack and token senders. Leaving the group waits for them; a crash of the fetch loop
         (a bug) stops fetching, lets the running tasks finish, then reaches ``supervise``."""
-        sync_limiter.set(self._limiter)  # inherited by every handler task created below
+        sync_limiter.set(self._limiter)
+        # Every task's coroutine starts from this context (with the limiter of its sync
+        # handlers), whoever starts it: the fetch loop, or the subscriber's delivery.
+        self._context = contextvars.copy_context()
         crash: Exception | None = None
         self._idle.clear()
         try:
@@ -727,7 +732,7 @@ class Processor(Role):
         self.active[msg.id] = active
         self._limits.started(msg.queue)
         assert self._group is not None  # the fetch loop runs inside run()'s group
-        active.task = self._group.create_task(self._run_task(active))
+        active.task = self._group.create_task(self._run_task(active), context=self._context.copy())
         if self._debug:
             self.log.debug("task started", **task_fields(msg))
 
