@@ -246,3 +246,23 @@ async def test_a_delivered_task_runs_in_the_processors_context() -> None:
         await wait_until(lambda: seen, what=f"task {tid}")
         assert seen == [run.processor._limiter]
         assert run.processor._limiter.total_tokens == 3
+
+
+async def test_a_delivery_after_the_processor_stopped_is_left_to_its_lease() -> None:
+    fake = FakeBroker()
+    run = Armed(fake, _noop)
+    async with run:
+        await wait_until(lambda: fake.credits.get(SERVER) == 1, what="armed")
+        run.processor.stop_fetching()  # Server.stop(): the disarm is sent once...
+        run.processor.stop_fetching()  # ... and a second stop (the shutdown) sends nothing
+    assert len(fake.called("disarm_delivery")) == 1
+    # published before the disarm ran, heard after the stop
+    fake.credits[SERVER] = 1
+    fake.waiters[Q].append(SERVER)
+    note = fake.deliver(message(), SERVER)
+    assert note is not None
+    with capture_logs() as logs:
+        run.processor.receive_delivery(note)
+    (logged,) = logs
+    assert logged["event"].startswith("task delivered after the processor stopped")
+    assert logged["log_level"] == "warning"

@@ -441,13 +441,15 @@ class Processor(Role):
 
     def stop_fetching(self) -> None:
         """Stop taking new tasks (SIGTSTP / ``Server.stop``); running ones continue."""
+        first = self._fetching
         self._fetching = False
         self.request_stop()
         self._wakeup.set()
         self._bytes_freed.set()
         self.slots.close()
-        if self._waiting_in and self._group is not None:
-            self._spawn(self._disarm())
+        if first and self._waiting_in:
+            # The credit expires on its own (DELIVERY_TTL) if the group is gone already.
+            self._spawn_late(self._disarm())
 
     async def drain(self, grace: float, *, force: asyncio.Event | None = None) -> None:
         """Shutdown: wait up to *grace* seconds for running handlers, then requeue and cancel them.
@@ -524,6 +526,24 @@ class Processor(Role):
         """Run *coro* (an ack or token call) in the processor's TaskGroup."""
         assert self._group is not None  # only the tasks' coroutines, inside the group, call
         self._group.create_task(coro)
+
+    def _spawn_late(
+        self, coro: Coroutine[Any, Any, None], note: DeliveryNote | None = None
+    ) -> None:
+        """Run *coro* in the group if it still takes tasks: called from outside it (the
+        server's stop, the subscriber), possibly after the processor stopped."""
+        try:
+            if self._group is None:
+                raise RuntimeError("the processor is not running")
+            self._group.create_task(coro)
+        except RuntimeError:  # the group finished, or never ran
+            coro.close()
+            if note is not None:
+                self.log.warning(
+                    "task delivered after the processor stopped; it is recovered after its lease",
+                    task_id=note.task_id,
+                    queue=note.queue,
+                )
 
     async def _fetch_loop(self) -> None:
         stats = self.stats
@@ -679,16 +699,9 @@ class Processor(Role):
                 error=error_text(exc),
             )
             return
-        if self._group is None:
-            self.log.warning(
-                "task delivered after the processor stopped; it is recovered after its lease",
-                task_id=parsed.task_id,
-                queue=parsed.queue,
-            )
-            return
         msg = delivered_message(parsed)
         if msg is None:
-            self._spawn(self._reject_delivered(parsed))
+            self._spawn_late(self._reject_delivered(parsed), parsed)
             return
         self.stats.delivered += 1
         self._spent = True
@@ -697,7 +710,7 @@ class Processor(Role):
             self._start(msg, parsed.lease_expiry)
             self._spawn(self._arm())
         else:  # no slot (a fetch holds them, or we are stopping): back to pending
-            self._spawn(self._requeue_delivered(msg))
+            self._spawn_late(self._requeue_delivered(msg), parsed)
 
     async def _reject_delivered(self, note: DeliveryNote) -> None:
         try:
