@@ -8,51 +8,30 @@ note. The scripts' side is in test_delivery.py, against Redis.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 from typing import Any
 
 from structlog.testing import capture_logs
 
-from asyncq._worker.active import ActiveTasks
-from asyncq._worker.processor import DELIVERY_TTL, REGISTER_EVERY, Processor
-from asyncq._worker.wakeup import QueueWakeup
+from asyncq._worker.processor import DELIVERY_TTL, REGISTER_EVERY
 from asyncq.mux import sync_limiter
 from asyncq.task import Task
 from tests.fakebroker import FakeBroker
 from tests.helpers import wait_until
-from tests.test_roles_fake_broker import Deferred, Notifier, Q, message, role_deps
+from tests.test_roles_fake_broker import Q, Running, message
 
 SERVER = "server-1"
 
 
-class Armed:
-    """A processor on a fake broker whose subscriber listens on its delivery channel."""
+class Armed(Running):
+    """:class:`Running`, its subscriber listening on the server's delivery channel."""
 
     def __init__(self, fake: FakeBroker, handler: Any, **options: Any) -> None:
-        self.fake = fake
-        deps = role_deps(fake, **{"shutdown_timeout": timedelta(seconds=2), **options})
-        self.wakeup = QueueWakeup()
+        super().__init__(fake, handler, server_id=SERVER, **options)
         self.wakeup.delivery = True
-        self.processor = Processor(
-            deps,
-            handler=handler,
-            active=ActiveTasks(),
-            wakeup=self.wakeup,
-            defer_write=Deferred(),
-            on_burst_done=lambda: None,
-            notifier=Notifier(),
-            server_id=SERVER,
-        )
-        self.loop: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Armed:
-        self.loop = asyncio.create_task(self.processor.run())
+        await super().__aenter__()
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.processor.drain(1.0)
-        assert self.loop is not None
-        await asyncio.wait_for(self.loop, 5)
 
     def deliver(self, **fields: Any) -> str:
         """Enqueue a task the way enqueue.lua delivers it, and pass its note on."""

@@ -101,6 +101,8 @@ class Running:
         self,
         fake: FakeBroker,
         handler: Callable[[Task], Coroutine[Any, Any, None]],
+        *,
+        server_id: str = "",
         **options: Any,
     ) -> None:
         self.fake = fake
@@ -108,14 +110,16 @@ class Running:
         self.active = ActiveTasks()
         self.deferred = Deferred()
         self.notifier = Notifier()
+        self.wakeup = QueueWakeup()
         self.processor = Processor(
             self.deps,
             handler=handler,
             active=self.active,
-            wakeup=QueueWakeup(),
+            wakeup=self.wakeup,
             defer_write=self.deferred,
             on_burst_done=lambda: None,
             notifier=self.notifier,
+            server_id=server_id,
         )
         self.loop_task: asyncio.Task[None] | None = None
 
