@@ -45,7 +45,26 @@ __all__ = [
     "SCHEDULER_HISTORY_CAP",
     "STATS_TTL",
     "BrokerBase",
+    "usable_message",
 ]
+
+
+def usable_message(data: bytes, task_id: str, queue: str | None) -> TaskMessage | str:
+    """A stored msg decoded, or why it is unusable here: it cannot be decoded, its id is
+    not *task_id*, or (with *queue*) it names another queue, whose keys a handler's
+    writes would target."""
+    try:
+        msg = decode_task_message(data)
+    except Exception as exc:  # whatever is wrong with the bytes, never crash the caller
+        return f"asyncq: cannot decode task message ({type(exc).__name__}: {exc})"
+    if msg.id != task_id:
+        problem = f"message id {msg.id!r} does not match task id {task_id!r}"
+    elif queue is not None and msg.queue != queue:
+        problem = f"message queue {msg.queue!r} does not match queue {queue!r}"
+    else:
+        return msg
+    return f"asyncq: task message unusable here ({problem})"
+
 
 LUA_PACKAGE = "asyncq._broker"
 """The package whose ``lua/`` folder holds the scripts this broker runs."""
@@ -301,19 +320,10 @@ class BrokerBase:
         task is left where it is (logged), so the caller keeps the rest of its
         batch and a later pass meets the task again.
         """
-        try:
-            msg = decode_task_message(data)
-        except Exception as exc:  # whatever is wrong with the bytes, never crash the fetch loop
-            err = f"asyncq: cannot decode task message ({type(exc).__name__}: {exc})"
-        else:
-            if msg.id != tid:
-                problem = f"message id {msg.id!r} does not match task id {tid!r}"
-            elif check_queue and msg.queue != qk.name:
-                problem = f"message queue {msg.queue!r} does not match queue {qk.name!r}"
-            else:
-                return msg
-            err = f"asyncq: task message unusable here ({problem})"
-        err += "; raw bytes kept in field msg"
+        found = usable_message(data, tid, qk.name if check_queue else None)
+        if isinstance(found, TaskMessage):
+            return found
+        err = found + "; raw bytes kept in field msg"
         try:
             await self._archive_undecodable(qk, tid, err, now, source)
         except REDIS_ERRORS as exc:  # must not cost the tasks already in hand

@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from asyncq import _keys as keys
-from asyncq._broker._base import LUA_PACKAGE, BrokerBase
-from asyncq._codec import decode_task_message
+from asyncq._broker._base import LUA_PACKAGE, BrokerBase, usable_message
 from asyncq._redis.scripts import load_script
 from asyncq.proto.asynq import TaskMessage
 
@@ -51,11 +50,8 @@ def delivered_message(note: DeliveryNote) -> TaskMessage | None:
     """The note's task message, or None when it is unusable here: it cannot be decoded,
     or names another id or queue (:meth:`DirectDelivery.reject_delivered` archives it,
     as a fetch would)."""
-    try:
-        msg = decode_task_message(note.data)
-    except Exception:  # whatever is wrong with the bytes: reject_delivered says what
-        return None
-    return msg if msg.id == note.task_id and msg.queue == note.queue else None
+    found = usable_message(note.data, note.task_id, note.queue)
+    return found if isinstance(found, TaskMessage) else None
 
 
 def parse_note(note: bytes) -> DeliveryNote:

@@ -129,7 +129,7 @@ class ProducerWrites(BrokerBase):
         return () if isinstance(self.redis, RedisCluster) else (keys.ALL_QUEUES,)
 
     def _enqueue_keys(self, qk: QueueKeys, task_key: str) -> tuple[str, ...]:
-        """enqueue.lua's KEYS: the registry and the waiters list (hand-off) where there is
+        """enqueue.lua's KEYS: the registry and the waiters list (direct delivery) where there is
         a registry (neither on a cluster, where they would span slots)."""
         reg = self._registry()
         return (task_key, qk.pending, *reg, qk.waiters) if reg else (task_key, qk.pending)
