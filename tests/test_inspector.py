@@ -941,6 +941,8 @@ async def test_delete_queue_of_empty_groups_and_kept_locks(redis: Redis, insp: I
     # queue non-empty; the set goes with the queue.
     await go.register_queue(redis, "default")
     await redis.sadd("asynq:{default}:groups", "gone")
+    # An idle worker's direct-delivery registration goes with the queue too.
+    await redis.rpush("asynq:{default}:asyncq:waiters", "30:asyncq:delivery:gone-server")
     await insp.delete_queue("default")
     assert await redis.keys("*") == []
     # A forced removal deletes the locks its tasks own, never one a newer task took over.

@@ -328,9 +328,13 @@ class InspectBroker:
         code = _int(await _lua("inspect_remove_queue")(self.redis, script_keys, args))
         if code == 1:
             await self._r.srem(keys.ALL_QUEUES, qname)
-            # asyncq's flow-control setting and rate bucket
+            # asyncq's flow-control setting, rate bucket and direct-delivery waiters: a
+            # worker still serving the queue arms it again when it next finds it empty
             await self._r.delete(
-                keys.limit_key(qname), keys.rate_key(qname), keys.ordered_key(qname)
+                keys.limit_key(qname),
+                keys.rate_key(qname),
+                keys.ordered_key(qname),
+                keys.waiters_key(qname),
             )
         return code
 
