@@ -186,6 +186,14 @@ async def test_a_member_no_worker_wrote_is_dropped_and_its_key_untouched(
     assert await redis.lrange(keys.pending_key("q"), 0, -1) == [b"a"]
 
 
+async def test_a_member_written_twice_never_fails_an_enqueue(redis: Redis, client: Client) -> None:
+    # One LREM drops both copies, so the list runs out before the tries do.
+    await redis.rpush(keys.waiters_key("q"), "x", "x")
+    await client.enqueue(Task("t"), queue="q", task_id="a")
+    assert await redis.lrange(keys.pending_key("q"), 0, -1) == [b"a"]
+    assert not await redis.exists(keys.waiters_key("q"))
+
+
 async def test_a_hostile_waiters_key_never_fails_an_enqueue(redis: Redis, client: Client) -> None:
     await redis.set(keys.waiters_key("q"), "not a list")
     await client.enqueue(Task("t"), queue="q", task_id="a")

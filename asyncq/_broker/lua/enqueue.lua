@@ -53,6 +53,9 @@ local function deliver(waiters, base)
     for _ = 1, math.min(n, TRIES) do
         -- The tail goes to the head: successive enqueues visit the waiters in turn.
         local token = redis.call("RPOPLPUSH", waiters, waiters)
+        if not token then
+            return false -- emptied by the LREMs below (a member written twice by hand)
+        end
         local sep = string.find(token, ":", 1, true)
         local secs = sep and tonumber(string.sub(token, 1, sep - 1))
         local key = sep and string.sub(token, sep + 1)
