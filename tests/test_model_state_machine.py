@@ -4,15 +4,17 @@ A hypothesis ``RuleBasedStateMachine`` performs what producers, workers and the
 Inspector do (enqueue with every option, batches, task-id and unique conflicts, dequeue
 over several queues with pauses, limits and ordered queues, ack with and without
 retention, retry, archive, requeue, lease recovery, forwarding, group aggregation and
-its recovery, the janitor, Inspector delete/run/archive of one task or a whole state)
-through the real :class:`~asyncq._broker.Broker`,
+its recovery, the janitor, Inspector delete/run/archive of one task or a whole state,
+idle workers arming and disarming direct delivery, listening or gone, and enqueues that
+deliver to them) through the real :class:`~asyncq._broker.Broker`,
 :class:`~asyncq._broker.multiqueue.MultiQueue` and :class:`~asyncq.Inspector`, and the
 same steps on a plain-Python model of asynq's state machine (asynq v0.26's Redis layout
 and transitions). After every step the WHOLE database must equal what the model
 predicts: every key, its type, list order, set and hash members, sorted-set scores, and
-TTLs (exact for the daily counters, present and bounded for unique locks, absent
-elsewhere). The replies (the tasks a dequeue hands out, the expired leases listed, the
-aggregation set read back, each error) are checked too.
+TTLs (exact for the daily counters, present and bounded for unique locks, delivery
+credits and waiters lists, absent elsewhere). The replies (the tasks a dequeue hands
+out, the expired leases listed, the aggregation set read back, each delivery note, each
+error) are checked too.
 
 Time is the broker's injectable clock, moved by a rule, never by sleeping. The
 default suite runs a small derandomized search (the ``default`` profile in
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -38,11 +40,13 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 
 from asyncq import Inspector
 from asyncq import _keys as keys
 from asyncq._broker import BatchItem, Broker, PendingItem
 from asyncq._broker._base import AGGREGATION_TIMEOUT, STATS_TTL
+from asyncq._broker.delivery import WAITERS_TTL, parse_note
 from asyncq._broker.multiqueue import MultiQueue
 from asyncq._codec import decode_task_message, encode_task_message
 from asyncq.errors import (
@@ -63,6 +67,8 @@ GROUPS = ("g1", "g2")
 TYPES = ("email", "sms")
 PAYLOADS = (b"x", b"y")
 LOCK_TTL = 3600
+SERVERS = ("s1", "s2")
+CREDIT_TTL = 600  # real seconds (a Redis TTL): longer than any example runs
 LEASE = 30
 ZSETS = ("scheduled", "retry", "archived", "completed")
 NS = 1_000_000_000
@@ -121,6 +127,8 @@ class Model:
         self.tasks: dict[Key, ModelTask] = {}
         self.locks: dict[str, str] = {}  # unique key -> owner id
         self.daily: dict[str, list[int]] = {}  # counter key -> [value, expireat]
+        self.waiters: dict[str, list[str]] = {q: [] for q in QUEUES}  # index 0 = head
+        self.credit: dict[str, int] = {}  # server -> its delivery credit (the key exists)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -166,7 +174,8 @@ class Model:
     # -- the whole database ----------------------------------------------------------------
 
     def expected(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Every key with (type, value), and each key's expected expiry."""
+        """Every key with (type, value), and each key's expected expiry: a unix time
+        (exact), or ("within", seconds): present, and at most that many real seconds away."""
         out: dict[str, Any] = {}
         ttl: dict[str, Any] = {}
         if self.registered:
@@ -175,7 +184,15 @@ class Model:
             out[keys.task_key(q, tid)] = ("hash", task.hash())
         for ukey, owner in self.locks.items():
             out[ukey] = ("string", owner.encode())
-            ttl[ukey] = "lock"
+            ttl[ukey] = ("within", LOCK_TTL)
+        for server, credit in self.credit.items():
+            name = keys.delivery_channel(server)
+            out[name] = ("string", str(credit).encode())
+            ttl[name] = ("within", CREDIT_TTL)
+        for q, members in self.waiters.items():
+            if members:
+                out[keys.waiters_key(q)] = ("list", [w.encode() for w in members])
+                ttl[keys.waiters_key(q)] = ("within", int(WAITERS_TTL))
         for name, (value, exp) in self.daily.items():
             out[name] = ("string", str(value).encode())
             ttl[name] = exp
@@ -255,6 +272,7 @@ class TaskStateMachine(RuleBasedStateMachine):
         self.broker = Broker(self.r, clock=self.clock)
         self.multi = MultiQueue(self.broker)
         self.inspector = Inspector(self.r, clock=self.clock)
+        self.listening: dict[str, PubSub] = {}  # idle servers whose delivery channel is read
 
     async def _connect(self) -> Redis:
         r = Redis.from_url(self.redis_url)
@@ -265,6 +283,8 @@ class TaskStateMachine(RuleBasedStateMachine):
         return self.runner.run(coro)
 
     def teardown(self) -> None:
+        for pubsub in self.listening.values():
+            self.run(pubsub.aclose())
         self.run(self.r.aclose())
         self.runner.close()
 
@@ -300,8 +320,8 @@ class TaskStateMachine(RuleBasedStateMachine):
             spec = want_ttl.get(name)
             if spec is None:
                 assert exp == -1, f"{name} has an expiry ({exp}); the model has none"
-            elif spec == "lock":
-                assert real - 1 <= exp <= real + LOCK_TTL + 1, (name, exp, real)
+            elif isinstance(spec, tuple):
+                assert real - 1 <= exp <= real + spec[1] + 1, (name, exp, real)
             else:
                 assert exp == spec, (name, exp, spec)
 
@@ -351,6 +371,8 @@ class TaskStateMachine(RuleBasedStateMachine):
             task = ModelTask(msg, "aggregating", {"group": group.encode()})
             mq.g.setdefault(group, {})[tid] = now_s
             mq.groups.add(group)
+        elif kind == "plain" and self.deliver(q, tid, msg):
+            return None
         else:
             task = ModelTask(msg, "pending", {"pending_since": str(now_ns).encode()})
             mq.pending.insert(0, tid)
@@ -358,6 +380,44 @@ class TaskStateMachine(RuleBasedStateMachine):
             task.fields["unique_key"] = msg.unique_key.encode()
         m.tasks[(q, tid)] = task
         return None
+
+    def deliver(self, q: str, tid: str, msg: TaskMessage) -> bool:
+        """enqueue.lua's direct delivery: the waiter the model picks must be the one whose
+        channel received the task. False: nobody could take it, it goes pending."""
+        m = self.model
+        mq, members = m.queues[q], m.waiters[q]
+        if mq.pending or mq.paused is not None or mq.limit is not None or mq.ordered:
+            return False  # tasks wait already, or the dequeue script must decide
+        for _ in range(min(len(members), 4)):  # the script looks at 4 waiters at most
+            member = members.pop()  # the longest waiting goes to the head
+            members.insert(0, member)
+            server = member.rsplit(":", 1)[1]
+            if server not in m.credit:  # a departed server: dropped
+                members[:] = [w for w in members if w != member]
+            elif m.credit[server] > 0:
+                if server not in self.listening:  # the PUBLISH reached nobody
+                    del m.credit[server]
+                    continue
+                m.credit[server] -= 1
+                note = parse_note(self.run(self.next_note(server)))
+                assert (note.queue, note.task_id) == (q, tid)
+                assert note.data == encode_task_message(msg)
+                real = int(time.time())  # the lease is taken on Redis's clock
+                assert real - 1 <= note.lease_expiry - LEASE <= real + 1
+                mq.active.insert(0, tid)
+                mq.lease[tid] = note.lease_expiry
+                m.tasks[(q, tid)] = ModelTask(msg, "active")
+                self.hand[(q, tid)] = msg
+                event("delivered")
+                return True
+        return False
+
+    async def next_note(self, server: str) -> bytes:
+        pubsub = self.listening[server]
+        while (got := await pubsub.get_message(timeout=5.0)) is not None:
+            if got["type"] == "message":
+                return bytes(got["data"])
+        raise AssertionError(f"no delivery note reached {server}")
 
     def plan(
         self,
@@ -452,6 +512,85 @@ class TaskStateMachine(RuleBasedStateMachine):
         name = names[pick % len(names)]
         self.run(self.r.delete(name))
         del self.model.locks[name]
+
+    # -- worker: direct delivery -------------------------------------------------------------
+
+    async def subscribe(self, server: str) -> PubSub:
+        pubsub = self.r.pubsub()
+        await pubsub.subscribe(keys.delivery_channel(server))
+        confirmed = await pubsub.get_message(timeout=5.0)  # Redis has it before any PUBLISH
+        assert confirmed is not None and confirmed["type"] == "subscribe", confirmed
+        return pubsub
+
+    async def unsubscribe(self, pubsub: PubSub) -> None:
+        await pubsub.unsubscribe()
+        while (got := await pubsub.get_message(timeout=5.0)) is not None:
+            assert got["type"] == "unsubscribe", got  # every note was read by its enqueue
+            break
+        else:
+            raise AssertionError("unsubscribe not confirmed")
+        await pubsub.aclose()
+
+    @rule(server=st.sampled_from(SERVERS), on=st.booleans())
+    def listen(self, server: str, on: bool) -> None:
+        """A server's subscriber reads its delivery channel, or it has gone away."""
+        if on and server not in self.listening:
+            self.listening[server] = self.run(self.subscribe(server))
+        elif not on and server in self.listening:
+            self.run(self.unsubscribe(self.listening.pop(server)))
+
+    @rule(
+        server=st.sampled_from(SERVERS),
+        qs=st.lists(st.sampled_from(QUEUES), unique=True, max_size=3),
+        listen=st.sampled_from([True, True, False]),
+    )
+    def arm(self, server: str, qs: list[str], listen: bool) -> None:
+        """An idle server asks to be delivered its next task (no queues: renews its credit)."""
+        if listen:
+            self.listen(server, True)
+        got = self.run(self.broker.arm_delivery(server, CREDIT_TTL, qs))
+        m = self.model
+        assert got == (server in m.credit or bool(qs))
+        if got:
+            m.credit[server] = 1
+        member = self.broker.delivery_member(server)
+        for q in qs:
+            m.waiters[q] = [member, *(w for w in m.waiters[q] if w != member)]
+
+    @rule(
+        server=st.sampled_from(SERVERS),
+        qs=st.lists(st.sampled_from(QUEUES), unique=True, max_size=3),
+    )
+    def disarm(self, server: str, qs: list[str]) -> None:
+        """A server stops: it leaves the waiters lists it names and drops its credit."""
+        self.run(self.broker.disarm_delivery(server, qs))
+        member = self.broker.delivery_member(server)
+        self.model.credit.pop(server, None)
+        for q in qs:
+            self.model.waiters[q] = [w for w in self.model.waiters[q] if w != member]
+
+    @rule(
+        server=st.sampled_from(SERVERS),
+        q=st.sampled_from(QUEUES),
+        tid=st.sampled_from(IDS),
+        hold=st.sampled_from([None, None, "pause", "limit", "ordered"]),
+    )
+    def enqueue_to_idle(self, server: str, q: str, tid: str, hold: str | None) -> None:
+        """A server waits on q (q perhaps paused, limited or ordered) and a task comes."""
+        self.arm(server, [q], True)
+        mq = self.model.queues[q]
+        if hold == "pause" and mq.paused is None and q in self.model.registered:
+            self.pause_or_resume(q)
+        elif hold in ("limit", "ordered"):
+            self.flow_control(q, 1 if hold == "limit" else None, hold == "ordered")
+        self.enqueue_pending(q, tid, 0, 1, False)
+
+    @precondition(lambda self: self.model.credit)
+    @rule(server=st.sampled_from(SERVERS))
+    def credit_expires(self, server: str) -> None:
+        """A server stopped renewing its credit (simulated: the TTL is in real time)."""
+        self.run(self.r.delete(keys.delivery_channel(server)))
+        self.model.credit.pop(server, None)
 
     # -- worker: fetch -----------------------------------------------------------------------
 
