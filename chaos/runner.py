@@ -113,9 +113,6 @@ def main(argv: list[str] | None = None) -> None:
     figures = asyncio.run(_run(names, Size(quick=args.quick)))
     print()
     print(table(figures))
-    for f in figures:
-        if not f.ok:
-            print(f"\n{f.scenario}: FAILED {f.error}\n  {json.dumps(f.as_dict()['notes'])}")
     doc = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "quick": args.quick,
@@ -125,4 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     args.json.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nfigures written to {args.json}")
+    # Last, so that a CI log cut in the middle still ends with what failed and why.
+    for f in figures:
+        if not f.ok:
+            print(f"\n{f.scenario}: FAILED {f.error}\n  {json.dumps(f.as_dict()['notes'])}")
     sys.exit(0 if all(f.ok for f in figures) else 1)
