@@ -18,6 +18,7 @@ from asyncq import _keys as keys
 from asyncq._worker.limits import QueueLimits
 from asyncq._worker.processor import QueueOrder
 from asyncq._worker.queueset import QueueSet, resolve
+from tests.gofixtures import GoTask
 from tests.workers.support import FAST, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,16 +182,17 @@ async def test_a_removed_queue_stops_being_served(redis: Redis) -> None:
             await wait_until(unsubscribed, what="wake-up channel dropped")
             # A task left behind in a queue removed from asynq:queues (as Go's
             # `asynq queue rm --force` can leave): nothing of this server touches it.
-            info = await client.enqueue(
-                Task("rec", b"2", queue="tenant:gone"), process_in=timedelta(seconds=0.3)
-            )
-            await redis.srem(keys.ALL_QUEUES, "tenant:gone")
-            await wait_until(lambda: not server.served_queues, what="queue dropped again")
-            await asyncio.sleep(
-                2.0
-            )  # past due (whole-second scores): the forwarder would have moved it
+            # Written without registering the queue: an enqueue would list it again
+            # (the server could serve it until the test unlisted it).
+            left = GoTask("rec", b"2", queue="tenant:gone")
+            await redis.hset(keys.task_key(left.queue, left.id), mapping={
+                "msg": left.encode(), "state": "scheduled"})  # fmt: skip
+            due = (await redis.time())[0]
+            await redis.zadd(keys.scheduled_key(left.queue), {left.id: due})
+            await asyncio.sleep(2.0)  # past due: a forwarder serving it would have moved it
             assert seen == [("tenant:gone", b"1")]
-            assert await redis.zscore(keys.scheduled_key("tenant:gone"), info.id) is not None
+            assert not server.served_queues
+            assert await redis.zscore(keys.scheduled_key("tenant:gone"), left.id) is not None
 
 
 async def test_ordered_and_limit_patterns_apply_to_new_queues(redis: Redis) -> None:
