@@ -283,8 +283,8 @@ class TaskStateMachine(RuleBasedStateMachine):
         return self.runner.run(coro)
 
     def teardown(self) -> None:
-        for pubsub in self.listening.values():
-            self.run(pubsub.aclose())
+        for pubsub in self.listening.values():  # confirmed: the next example starts unheard
+            self.run(self.unsubscribe(pubsub))
         self.run(self.r.aclose())
         self.runner.close()
 
@@ -404,8 +404,13 @@ class TaskStateMachine(RuleBasedStateMachine):
                 assert note.data == encode_task_message(msg)
                 real = int(time.time())  # the lease is taken on Redis's clock
                 assert real - 1 <= note.lease_expiry - LEASE <= real + 1
+                lease = keys.lease_key(q)
+                assert self.run(self.r.zscore(lease, tid)) == note.lease_expiry
+                # Moved onto the test's clock, as a dequeue's is: the later rules compare
+                # leases with it, and the wall clock's second would make them flaky.
+                self.run(self.r.zadd(lease, {tid: int(self.now + LEASE)}))
                 mq.active.insert(0, tid)
-                mq.lease[tid] = note.lease_expiry
+                mq.lease[tid] = int(self.now + LEASE)
                 m.tasks[(q, tid)] = ModelTask(msg, "active")
                 self.hand[(q, tid)] = msg
                 event("delivered")
