@@ -119,7 +119,9 @@ async def test_nobody_listening_writes_the_task_pending_and_drops_the_credit(
     assert await redis.llen(keys.waiters_key("q")) == 1
 
 
-@pytest.mark.parametrize("setup", ["paused", "limit", "rate", "ordered", "waiting"])
+@pytest.mark.parametrize(
+    "setup", ["paused", "limit", "rate", "ordered", "waiting", "active_type", "lease_type"]
+)
 async def test_no_delivery_where_the_dequeue_script_must_decide(
     redis: Redis, broker: Broker, client: Client, setup: str
 ) -> None:
@@ -133,6 +135,8 @@ async def test_no_delivery_where_the_dequeue_script_must_decide(
             await redis.hset(keys.rate_key("q"), "tat", 0)
         elif setup == "ordered":
             await redis.set(keys.ordered_key("q"), "1")
+        elif setup.endswith("_type"):  # a key of another type where the task would go
+            await redis.set((keys.active_key if setup == "active_type" else keys.lease_key)("q"), 1)
         else:
             await client.enqueue(Task("t"), queue="q", task_id="first")
         assert await broker.arm_delivery(SERVER, 15.0, ["q"])
@@ -184,6 +188,28 @@ async def test_a_member_no_worker_wrote_is_dropped_and_its_key_untouched(
     assert await redis.get("victim") == b"5"
     assert await redis.lrange(keys.waiters_key("q"), 0, -1) == []
     assert await redis.lrange(keys.pending_key("q"), 0, -1) == [b"a"]
+
+
+async def test_an_enqueue_looks_at_four_waiters_at_most(
+    redis: Redis, broker: Broker, client: Client
+) -> None:
+    # A live waiter at the head, four departed ones (no credit) behind it at the tail.
+    handle, notes = await _listen(redis, SERVER)
+    try:
+        assert await broker.arm_delivery(SERVER, 15.0, ["q"])
+        departed = [f"30:asyncq:delivery:gone-{i}" for i in range(4)]
+        await redis.rpush(keys.waiters_key("q"), *departed)
+        await client.enqueue(Task("t"), queue="q", task_id="a")
+        # Four looked at, four dropped: the live one is not reached this time...
+        assert await redis.lrange(keys.pending_key("q"), 0, -1) == [b"a"]
+        live = broker.delivery_member(SERVER).encode()
+        assert await redis.lrange(keys.waiters_key("q"), 0, -1) == [live]
+        # ...and is delivered the next task once the queue is empty again.
+        await redis.delete(keys.pending_key("q"))
+        await client.enqueue(Task("t"), queue="q", task_id="b")
+        assert parse_note(await asyncio.wait_for(notes.get(), 5)).task_id == "b"
+    finally:
+        await _close(handle)
 
 
 async def test_a_member_written_twice_never_fails_an_enqueue(redis: Redis, client: Client) -> None:
