@@ -212,12 +212,29 @@ async def test_an_enqueue_looks_at_four_waiters_at_most(
         await _close(handle)
 
 
-async def test_a_member_written_twice_never_fails_an_enqueue(redis: Redis, client: Client) -> None:
-    # One LREM drops both copies, so the list runs out before the tries do.
-    await redis.rpush(keys.waiters_key("q"), "x", "x")
+async def test_a_member_written_many_times_never_fails_an_enqueue(
+    redis: Redis, client: Client
+) -> None:
+    # One LREM drops every copy, so the list runs out before the tries do.
+    await redis.rpush(keys.waiters_key("q"), *["x"] * 5)
     await client.enqueue(Task("t"), queue="q", task_id="a")
     assert await redis.lrange(keys.pending_key("q"), 0, -1) == [b"a"]
     assert not await redis.exists(keys.waiters_key("q"))
+
+
+async def test_a_credit_that_is_no_number_is_no_credit(
+    redis: Redis, broker: Broker, client: Client
+) -> None:
+    handle, notes = await _listen(redis, SERVER)
+    try:
+        assert await broker.arm_delivery(SERVER, 15.0, ["q"])
+        await redis.set(keys.delivery_channel(SERVER), "junk")
+        await client.enqueue(Task("t"), queue="q", task_id="a")
+        assert await redis.lrange(keys.pending_key("q"), 0, -1) == [b"a"]
+        assert await redis.get(keys.delivery_channel(SERVER)) == b"junk"
+        assert notes.empty()
+    finally:
+        await _close(handle)
 
 
 async def test_a_hostile_waiters_key_never_fails_an_enqueue(redis: Redis, client: Client) -> None:
