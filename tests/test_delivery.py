@@ -265,6 +265,22 @@ async def test_arming_renews_without_rewriting_the_lists(redis: Redis, clock: Fa
     assert await redis.llen(keys.waiters_key("q")) == 1
 
 
+async def test_arming_leaves_one_copy_of_the_member_in_each_list(
+    redis: Redis, broker: Broker
+) -> None:
+    member = broker.delivery_member(SERVER)
+    await redis.rpush(keys.waiters_key("q"), member, "other", member)  # copies by hand
+    assert await broker.arm_delivery(SERVER, 15.0, ["q"])
+    assert await redis.lrange(keys.waiters_key("q"), 0, -1) == [member.encode(), b"other"]
+
+
+async def test_disarming_drops_every_copy_of_the_member(redis: Redis, broker: Broker) -> None:
+    member = broker.delivery_member(SERVER)
+    await redis.rpush(keys.waiters_key("q"), member, "other", member)  # copies by hand
+    await broker.disarm_delivery(SERVER, ["q"])
+    assert await redis.lrange(keys.waiters_key("q"), 0, -1) == [b"other"]
+
+
 def _mux(record: list[tuple[str, str]]) -> ServeMux:
     mux = ServeMux()
 
