@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 
 import pytest
@@ -32,8 +34,9 @@ from tests.workers.worker import DONE, STARTS
 SERVER = "test-server-1"
 
 
-async def _listen(redis: Redis, server_id: str) -> tuple[object, asyncio.Queue[bytes]]:
-    """Subscribe to *server_id*'s delivery channel; the notes arrive on the queue."""
+@asynccontextmanager
+async def _listening(redis: Redis, server_id: str) -> AsyncIterator[asyncio.Queue[bytes]]:
+    """Subscribed to *server_id*'s delivery channel while open; the notes arrive on the queue."""
     pubsub = redis.pubsub()
     await pubsub.subscribe(keys.delivery_channel(server_id))
     notes: asyncio.Queue[bytes] = asyncio.Queue()
@@ -44,21 +47,18 @@ async def _listen(redis: Redis, server_id: str) -> tuple[object, asyncio.Queue[b
                 await notes.put(msg["data"])
 
     task = asyncio.create_task(read())
-    await wait_until(lambda: pubsub.subscribed, what="the subscription")
-    return (pubsub, task), notes
-
-
-async def _close(handle: object) -> None:
-    pubsub, task = handle  # type: ignore[misc]
-    task.cancel()
-    await pubsub.aclose()
+    try:
+        await wait_until(lambda: pubsub.subscribed, what="the subscription")
+        yield notes
+    finally:
+        task.cancel()
+        await pubsub.aclose()
 
 
 async def test_a_delivered_task_is_active_with_the_workers_lease_as_go_writes_it(
     redis: Redis, broker: Broker, client: Client
 ) -> None:
-    handle, notes = await _listen(redis, SERVER)
-    try:
+    async with _listening(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, ["work"])
         waiters = keys.waiters_key("work")
         assert await redis.lrange(waiters, 0, -1) == [broker.delivery_member(SERVER).encode()]
@@ -96,8 +96,6 @@ async def test_a_delivered_task_is_active_with_the_workers_lease_as_go_writes_it
         assert await redis.lrange(keys.active_key("work"), 0, -1) == []
         assert await redis.zcard(keys.lease_key("work")) == 0
         assert await redis.get(keys.processed_total_key("work")) == b"1"
-    finally:
-        await _close(handle)
 
 
 async def test_nobody_listening_writes_the_task_pending_and_drops_the_credit(
@@ -125,8 +123,7 @@ async def test_nobody_listening_writes_the_task_pending_and_drops_the_credit(
 async def test_no_delivery_where_the_dequeue_script_must_decide(
     redis: Redis, broker: Broker, client: Client, setup: str
 ) -> None:
-    handle, notes = await _listen(redis, SERVER)
-    try:
+    async with _listening(redis, SERVER) as notes:
         if setup == "paused":
             await redis.set(keys.paused_key("q"), 1)
         elif setup == "limit":
@@ -148,20 +145,15 @@ async def test_no_delivery_where_the_dequeue_script_must_decide(
             # FIFO: the waiting task stays first in line.
             assert await redis.lrange(keys.pending_key("q"), 0, -1) == [b"x", b"first"]
         assert notes.empty()
-    finally:
-        await _close(handle)
 
 
 async def test_an_unusable_delivered_message_is_archived_as_a_fetch_would(
     redis: Redis, broker: Broker, client: Client
 ) -> None:
-    handle, notes = await _listen(redis, SERVER)
-    try:
+    async with _listening(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, ["q"])
         await client.enqueue(Task("t"), queue="q", task_id="a")
         note = parse_note(await asyncio.wait_for(notes.get(), 5))
-    finally:
-        await _close(handle)
     assert delivered_message(note) is not None
     for bad in (
         DeliveryNote(note.lease_expiry, "q", "a", b"\xff not protobuf"),
@@ -194,8 +186,7 @@ async def test_an_enqueue_looks_at_four_waiters_at_most(
     redis: Redis, broker: Broker, client: Client
 ) -> None:
     # A live waiter at the head, four departed ones (no credit) behind it at the tail.
-    handle, notes = await _listen(redis, SERVER)
-    try:
+    async with _listening(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, ["q"])
         departed = [f"30:asyncq:delivery:gone-{i}" for i in range(4)]
         await redis.rpush(keys.waiters_key("q"), *departed)
@@ -208,8 +199,6 @@ async def test_an_enqueue_looks_at_four_waiters_at_most(
         await redis.delete(keys.pending_key("q"))
         await client.enqueue(Task("t"), queue="q", task_id="b")
         assert parse_note(await asyncio.wait_for(notes.get(), 5)).task_id == "b"
-    finally:
-        await _close(handle)
 
 
 async def test_a_member_written_many_times_never_fails_an_enqueue(
@@ -225,16 +214,13 @@ async def test_a_member_written_many_times_never_fails_an_enqueue(
 async def test_a_credit_that_is_no_number_is_no_credit(
     redis: Redis, broker: Broker, client: Client
 ) -> None:
-    handle, notes = await _listen(redis, SERVER)
-    try:
+    async with _listening(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, ["q"])
         await redis.set(keys.delivery_channel(SERVER), "junk")
         await client.enqueue(Task("t"), queue="q", task_id="a")
         assert await redis.lrange(keys.pending_key("q"), 0, -1) == [b"a"]
         assert await redis.get(keys.delivery_channel(SERVER)) == b"junk"
         assert notes.empty()
-    finally:
-        await _close(handle)
 
 
 async def test_a_hostile_waiters_key_never_fails_an_enqueue(redis: Redis, client: Client) -> None:
