@@ -16,7 +16,7 @@ from asyncq._producer.client import Client
 from tests.cluster import RedisClusterProcs
 from tests.helpers import FakeClock
 from tests.redis_server import RedisServer
-from tests.test_web_browser import ARGS, CHROMIUM, WebProcess, _require_browser
+from tests.test_web_browser import Chromium, WebProcess, _require_browser
 from tests.workers.support import FAST
 
 _SLOW_TOO = ("subprocess", "cluster", "sentinel")
@@ -170,8 +170,11 @@ async def client(redis: Redis) -> AsyncIterator[Client]:
 
 # The web UI's browser tests (test_web_*browser.py): the web process and Debian's chromium
 # through Playwright. Modules whose `web` is something else define their own.
-@pytest.fixture
+@pytest.fixture(scope="session")
 def web(redis_url: str) -> Iterator[WebProcess]:
+    """One ``asyncq web`` for the run: it keeps nothing of a test's but the dashboard's
+    live samples (each test flushes the database); a test about a first view of a new
+    process takes `new_web`."""
     _require_browser()
     w = WebProcess(redis_url)
     yield w
@@ -179,12 +182,30 @@ def web(redis_url: str) -> Iterator[WebProcess]:
 
 
 @pytest.fixture
-async def browser() -> AsyncIterator[object]:
+def new_web(redis_url: str) -> Iterator[WebProcess]:
+    """An ``asyncq web`` of this test's own, with no dashboard samples yet."""
     _require_browser()
+    w = WebProcess(redis_url)
+    yield w
+    w.stop()
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Chromium]:
+    _require_browser()
+    c = Chromium()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+async def browser(chromium: Chromium) -> AsyncIterator[object]:
+    """The shared chromium, through a Playwright connection of this test's event loop;
+    disconnecting closes the contexts the test opened."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        b = await pw.chromium.connect_over_cdp(chromium.endpoint)
         try:
             yield b
         finally:

@@ -7,23 +7,26 @@ missing browser is a failure: these tests must run there.
 
 from __future__ import annotations
 
-import asyncio
 import os
+import re
 import shutil
 import subprocess
 import sys
-import time
+import tempfile
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import IO
 
-import httpx
 import pytest
 from redis.asyncio import Redis
 
 from tests import gofixtures as go
 from tests import webdata
 from tests.gofixtures import GoTask
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisServer
 
 CHROMIUM = os.environ.get("ASYNCQ_CHROMIUM", "/usr/bin/chromium")
 SHOTS = (
@@ -37,6 +40,44 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
     "--no-first-run",
+]
+# What Playwright's own launch adds (playwright 1.65, chromiumSwitches.ts and its headless
+# switches): the one chromium the tests share is started by hand, and its pages must
+# behave as a launched one's do: timers of pages in the background not throttled, no
+# scrollbars taking width, the same hover and pointer media, the same colour profile.
+PLAYWRIGHT_SWITCHES = [
+    "--disable-field-trial-config",
+    "--disable-background-timer-throttling",
+    "--disable-backgrounding-occluded-windows",
+    "--disable-back-forward-cache",
+    "--disable-breakpad",
+    "--disable-component-extensions-with-background-pages",
+    "--no-default-browser-check",
+    "--disable-default-apps",
+    "--disable-dev-shm-usage",
+    "--disable-extensions",
+    "--disable-features=AvoidUnnecessaryBeforeUnloadCheckSync,DestroyProfileOnBrowserClose,"
+    "HttpsUpgrades,HttpsFirstBalancedModeAutoEnable,LensOverlay,MediaRouter,PaintHolding,"
+    "ThirdPartyStoragePartitioning,AvoidCorsURLLoaderRestartOnRedirect,OptimizationHints,"
+    "NetworkTimeServiceQuerying,AimEnabled,PreconnectToSearch",
+    "--enable-features=CDPScreenshotNewSurface,SkipListAccountsWithoutGaiaCookies",
+    "--allow-pre-commit-input",
+    "--disable-hang-monitor",
+    "--disable-ipc-flooding-protection",
+    "--disable-popup-blocking",
+    "--disable-prompt-on-repost",
+    "--disable-renderer-backgrounding",
+    "--force-color-profile=srgb",
+    "--metrics-recording-only",
+    "--password-store=basic",
+    "--use-mock-keychain",
+    "--no-service-autorun",
+    "--disable-search-engine-choice-screen",
+    "--disable-infobars",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--blink-settings=primaryHoverType=2,availableHoverTypes=2,primaryPointerType=4,"
+    "availablePointerTypes=4",
 ]
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
@@ -57,33 +98,84 @@ def _require_browser() -> None:
         pytest.skip(message)
 
 
+def _read_until(pipe: IO[str], pattern: re.Pattern[str], what: str) -> re.Match[str]:
+    """Read *pipe* until a line matches *pattern* (the process said it is ready), then keep
+    draining it in a thread so the process never blocks on a full pipe. An exit before the
+    line ends the read (end of file): the error carries what the process said."""
+    said: list[str] = []
+    for line in pipe:
+        said.append(line)
+        found = pattern.search(line)
+        if found:
+            threading.Thread(target=pipe.read, daemon=True).start()
+            return found
+    raise RuntimeError(f"{what} did not start: {''.join(said)}")
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class WebProcess:
+    """``asyncq web`` started as a user would, on a port the system picks. It listens before
+    it prints its address, so the address line is the sign it is ready: a request made
+    then waits in the listen backlog until the server takes it."""
+
     def __init__(self, redis_url: str, *extra: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "asyncq.cli", "--uri", redis_url, "web", "--port",
-               str(self.port), "--poll", "60", *extra]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(self.url + "/static/app.css", timeout=1)
-                return
-            except httpx.HTTPError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    out = self.proc.stdout.read().decode() if self.proc.stdout else ""
-                    self.stop()
-                    raise RuntimeError(f"asyncq web did not start: {out}") from None
-                time.sleep(0.1)
+        cmd = [sys.executable, "-m", "asyncq.cli", "--uri", redis_url, "web", "--port", "0",
+               "--poll", "60", *extra]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert self.proc.stdout is not None
+        try:
+            ready = _read_until(self.proc.stdout, _WEB_READY, "asyncq web")
+        except BaseException:
+            self.stop()
+            raise
+        self.url = ready.group(1)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _end(self.proc)
+
+
+_WEB_READY = re.compile(r"asyncq web on (http://\S+?)/ ")
+
+
+class Chromium:
+    """One headless chromium for a whole run (per xdist worker): each test connects to it
+    over CDP and works in browser contexts of its own, closed when it disconnects."""
+
+    def __init__(self) -> None:
+        self.profile = tempfile.mkdtemp(prefix="asyncq-chromium-")
+        cmd = [CHROMIUM, *PLAYWRIGHT_SWITCHES, *ARGS, "--remote-debugging-port=0",
+               f"--user-data-dir={self.profile}"]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stderr is not None
+        try:
+            self.endpoint = _read_until(self.proc.stderr, _CDP_READY, "chromium").group(1)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        _end(self.proc)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+_CDP_READY = re.compile(r"DevTools listening on (ws://\S+)")
 
 
 async def _shot(page: object, name: str) -> None:
@@ -103,13 +195,18 @@ async def _page(browser: object, **kw: object) -> object:
     return page
 
 
-async def _wait_for(predicate: object) -> None:
-    """Wait (up to 15 s) until Redis shows what the browser action should have done."""
-    for _ in range(300):
-        if await predicate():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("Redis did not change as the browser action should have made it")
+def _is_mutation(resp: object) -> bool:
+    return "/api/" in resp.url and resp.request.method != "GET"  # type: ignore[attr-defined]
+
+
+@asynccontextmanager
+async def _mutation(page: object) -> AsyncIterator[None]:
+    """Wait for the answer to the API call the actions in the block make (every button
+    calls one); the server answers once Redis holds the change, so it can be read then."""
+    async with page.expect_response(_is_mutation) as answer:  # type: ignore[attr-defined]
+        yield
+    resp = await answer.value
+    assert resp.ok, (resp.url, resp.status, await resp.text())
 
 
 async def test_every_page_opens(web: WebProcess, browser: object, redis: Redis) -> None:
@@ -189,29 +286,34 @@ async def test_actions_change_redis(web: WebProcess, browser: object, redis: Red
 
     # pause a queue from the dashboard; the row refreshes without a reload
     await page.goto(web.url + "/")  # type: ignore[attr-defined]
-    await page.click('tr[data-queue="critical"] button:has-text("Pause")')  # type: ignore[attr-defined]
-    await _wait_for(lambda: _exists(redis, "asynq:{critical}:paused"))
+    async with _mutation(page):
+        await page.click('tr[data-queue="critical"] button:has-text("Pause")')  # type: ignore[attr-defined]
+    assert await redis.exists("asynq:{critical}:paused") == 1
     await page.wait_for_selector('tr[data-queue="critical"] .badge.paused')  # type: ignore[attr-defined]
-    await page.click('tr[data-queue="critical"] button:has-text("Resume")')  # type: ignore[attr-defined]
-    await _wait_for(lambda: _not(_exists(redis, "asynq:{critical}:paused")))
+    async with _mutation(page):
+        await page.click('tr[data-queue="critical"] button:has-text("Resume")')  # type: ignore[attr-defined]
+    assert await redis.exists("asynq:{critical}:paused") == 0
 
     # archive a scheduled task, then run it from the archived tab
     tid = s.scheduled.id
     await page.goto(web.url + "/queues/default?state=scheduled")  # type: ignore[attr-defined]
-    await page.click(f'tr[data-id="{tid}"] button:has-text("Archive")')  # type: ignore[attr-defined]
-    await _wait_for(lambda: _state(redis, tid, b"archived"))
+    async with _mutation(page):
+        await page.click(f'tr[data-id="{tid}"] button:has-text("Archive")')  # type: ignore[attr-defined]
+    assert await _state(redis, tid) == b"archived"
     assert await redis.zscore("asynq:{default}:archived", tid) is not None
     await page.goto(web.url + "/queues/default?state=archived")  # type: ignore[attr-defined]
-    await page.click(f'tr[data-id="{tid}"] button:has-text("Run")')  # type: ignore[attr-defined]
-    await _wait_for(lambda: _state(redis, tid, b"pending"))
+    async with _mutation(page):
+        await page.click(f'tr[data-id="{tid}"] button:has-text("Run")')  # type: ignore[attr-defined]
+    assert await _state(redis, tid) == b"pending"
     assert tid.encode() in await redis.lrange("asynq:{default}:pending", 0, -1)
 
     # bulk delete: select every archived row, delete the selection
     await page.reload()  # type: ignore[attr-defined]
     assert await redis.zcard("asynq:{default}:archived") == 2
     await page.check("input.selall")  # type: ignore[attr-defined]
-    await page.click('button[data-batch="delete"]')  # type: ignore[attr-defined]
-    await _wait_for(lambda: _zcard_is(redis, "asynq:{default}:archived", 0))
+    async with _mutation(page):
+        await page.click('button[data-batch="delete"]')  # type: ignore[attr-defined]
+    assert await redis.zcard("asynq:{default}:archived") == 0
     for t in s.archived:
         assert await redis.exists(t.key) == 0
     await page.wait_for_selector("text=No archived tasks.")  # type: ignore[attr-defined]
@@ -219,8 +321,9 @@ async def test_actions_change_redis(web: WebProcess, browser: object, redis: Red
 
     # delete all pending tasks of a queue with the "Delete all" button
     await page.goto(web.url + "/queues/critical?state=pending")  # type: ignore[attr-defined]
-    await page.click('.toolbar button:has-text("Delete all")')  # type: ignore[attr-defined]
-    await _wait_for(lambda: _llen_is(redis, "asynq:{critical}:pending", 0))
+    async with _mutation(page):
+        await page.click('.toolbar button:has-text("Delete all")')  # type: ignore[attr-defined]
+    assert await redis.llen("asynq:{critical}:pending") == 0
     assert page.js_errors == []  # type: ignore[attr-defined]
 
 
@@ -270,24 +373,8 @@ async def test_auth_refuses_a_missing_token(redis_url: str, browser: object, red
         w.stop()
 
 
-async def _exists(redis: Redis, key: str) -> bool:
-    return bool(await redis.exists(key))
-
-
-async def _not(coro: object) -> bool:
-    return not await coro  # type: ignore[misc]
-
-
-async def _state(redis: Redis, tid: str, state: bytes) -> bool:
-    return await redis.hget(f"asynq:{{default}}:t:{tid}", "state") == state
-
-
-async def _zcard_is(redis: Redis, key: str, n: int) -> bool:
-    return await redis.zcard(key) == n
-
-
-async def _llen_is(redis: Redis, key: str, n: int) -> bool:
-    return await redis.llen(key) == n
+async def _state(redis: Redis, tid: str) -> bytes | None:
+    return await redis.hget(f"asynq:{{default}}:t:{tid}", "state")  # type: ignore[no-any-return]
 
 
 async def test_live_update_and_redis_down_banner(browser: object) -> None:
@@ -340,18 +427,16 @@ async def test_row_actions_on_hostile_ids_address_only_that_task(
     await page.click('a:has-text("ten/ant")')  # type: ignore[attr-defined]
     await page.wait_for_selector("table.tasks")  # type: ignore[attr-defined]
     for tid in hostile:
-        await page.click(f'tr[data-id="{tid}"] button:has-text("Archive")')  # type: ignore[attr-defined]
-
-        async def archived(t: str = tid) -> bool:
-            return await redis.hget(f"asynq:{{ten/ant}}:t:{t}", "state") == b"archived"
-
-        await _wait_for(archived)
+        async with _mutation(page):
+            await page.click(f'tr[data-id="{tid}"] button:has-text("Archive")')  # type: ignore[attr-defined]
+        assert await redis.hget(f"asynq:{{ten/ant}}:t:{tid}", "state") == b"archived"
     # The task page of an id with dots opens, and its Delete button deletes it alone.
     await page.goto(web.url + "/queues/ten%2Fant?state=archived")  # type: ignore[attr-defined]
     await page.click(f'a[title="{hostile[0]}"]')  # type: ignore[attr-defined]
     await page.wait_for_selector(f'code:has-text("{hostile[0]}")')  # type: ignore[attr-defined]
-    await page.click('.actions button:has-text("Delete")')  # type: ignore[attr-defined]
-    await _wait_for(lambda: _not(_exists(redis, "asynq:{ten/ant}:t:" + hostile[0])))
+    async with _mutation(page):
+        await page.click('.actions button:has-text("Delete")')  # type: ignore[attr-defined]
+    assert await redis.exists("asynq:{ten/ant}:t:" + hostile[0]) == 0
     assert await redis.exists("asynq:{victimq}:t:victim1") == 1
     assert await redis.lrange("asynq:{victimq}:pending", 0, -1) == [b"victim1"]
     assert page.js_errors == []  # type: ignore[attr-defined]

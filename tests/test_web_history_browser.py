@@ -136,7 +136,7 @@ async def test_metrics_page(web: WebProcess, browser: object, redis: Redis) -> N
 
 
 async def test_dashboard_throughput_starts_from_history(
-    web: WebProcess, browser: object, redis: Redis, redis_url: str
+    new_web: WebProcess, browser: object, redis: Redis, redis_url: str
 ) -> None:
     page = await _page(browser)
     started: list[WebProcess] = []
@@ -144,7 +144,7 @@ async def test_dashboard_throughput_starts_from_history(
         # README's picture (docs/images/dashboard.png) has queues in every state too
         await webdata.seed(redis)
     try:
-        rates, last_minute = await _throughput_legend(page, web, redis, redis_url, started)
+        rates, last_minute = await _throughput_legend(page, new_web, redis, redis_url, started)
     finally:
         for extra in started:
             extra.stop()

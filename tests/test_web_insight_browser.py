@@ -13,9 +13,9 @@ from tests import webdata
 from tests.test_triage import KEYERR, seed_mixed
 from tests.test_web_browser import (
     WebProcess,
+    _mutation,
     _page,
     _shot,
-    _wait_for,
 )
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
@@ -43,12 +43,12 @@ async def _until(page: object, script: str, arg: object = None) -> None:
 
 
 async def test_dashboard_first_view_says_something(
-    web: WebProcess, browser: object, redis: Redis
+    new_web: WebProcess, browser: object, redis: Redis
 ) -> None:
     await webdata.seed(redis)
     await seed_mixed(redis)
     page = await _page(browser)
-    await page.goto(web.url + "/")  # type: ignore[attr-defined]
+    await page.goto(new_web.url + "/")  # type: ignore[attr-defined]
     await page.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
     # One stacked bar per queue, biggest first, its parts coloured as the state badges.
     names = await page.locator(".sizes .qn").all_inner_texts()  # type: ignore[attr-defined]
@@ -100,7 +100,7 @@ async def test_dashboard_first_view_says_something(
     await redis.incrby("asynq:{default}:processed", 240)
     await redis.incrby("asynq:{default}:failed", 6)
     fresh = await _page(browser)
-    await fresh.goto(web.url + "/")  # type: ignore[attr-defined]
+    await fresh.goto(new_web.url + "/")  # type: ignore[attr-defined]
     await fresh.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
     kept = await fresh.evaluate(samples)  # type: ignore[attr-defined]
     assert kept >= 6  # the first view's and the five above (more when renders fell apart)
@@ -126,12 +126,9 @@ async def test_failure_triage_page_and_a_group_action(
     await _shot(page, "failure-triage")
     card = page.locator(f'.egroup[data-key="{KEYERR.key}"]')  # type: ignore[attr-defined]
     assert "KeyError" in await card.locator(".sig").inner_text()
-    await card.locator("button.danger").click()  # Delete all (the dialog is accepted)
-
-    async def gone() -> bool:
-        return not any([await redis.exists(t.key) for t in made["key"]])
-
-    await _wait_for(gone)
+    async with _mutation(page):
+        await card.locator("button.danger").click()  # Delete all (the dialog is accepted)
+    assert not any([await redis.exists(t.key) for t in made["key"]])
     await _until(page, "(key) => !document.querySelector(`.egroup[data-key='${key}']`)", KEYERR.key)
     assert "5 task(s)" in await page.locator("#toast").inner_text()  # type: ignore[attr-defined]
     assert page.js_errors == []  # type: ignore[attr-defined]
