@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from asyncq import Client
+from asyncq import Client, RetryPolicy
 from asyncq.cli import main
 from asyncq.gateway import create_app
 from tests.gateway_util import gateway_process
@@ -397,7 +397,13 @@ async def test_openapi_and_health(api: httpx.AsyncClient) -> None:
 
 
 async def test_redis_unreachable_is_503() -> None:
-    app = create_app(f"redis://127.0.0.1:{free_port()}/0")
+    # The enqueue retries a refused connection until its deadline (5 s by default) before
+    # the 503; a short one answers the same sooner. The default, built from a URI, is
+    # test_redis_unreachable_is_503_from_the_server's.
+    gone = Client(
+        f"redis://127.0.0.1:{free_port()}/0", retry=RetryPolicy(deadline=timedelta(seconds=0.2))
+    )
+    app = create_app(gone)
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
     async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
         for method, path, body in [
@@ -411,6 +417,7 @@ async def test_redis_unreachable_is_503() -> None:
             assert r.json()["error"]["code"] == "redis_unavailable"
             assert r.headers["retry-after"] == "1"
     await app.state.gateway.aclose()
+    await gone.aclose()
 
 
 def test_redis_unreachable_is_503_from_the_server() -> None:
