@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -15,29 +14,28 @@ from tests import webdata
 from tests.redis_server import free_port
 
 
-def _serve(cmd: list[str], url: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(url, timeout=1)
-            return proc
-        except httpx.HTTPError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                out = proc.communicate()[0].decode()
-                raise AssertionError(f"{cmd} did not start: {out}") from None
-            time.sleep(0.1)
+def _serve(cmd: list[str], ready: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start *cmd* and read its output until the line containing *ready* (both commands
+    print their address once they listen); the process and the lines read so far."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    said: list[str] = []
+    for line in proc.stdout:  # end of file: the process exited
+        said.append(line)
+        if ready in line:
+            return proc, said
+    proc.wait()
+    raise AssertionError(f"{cmd} did not start: {''.join(said)}")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> str:
+def _stop(proc: subprocess.Popen[str], said: list[str]) -> str:
     proc.terminate()
     try:
         out, _ = proc.communicate(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
-    return out.decode()
+    return "".join(said) + out
 
 
 async def test_metrics_command_serves_asynq_names(redis_url: str, redis: Redis) -> None:
@@ -45,12 +43,12 @@ async def test_metrics_command_serves_asynq_names(redis_url: str, redis: Redis) 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "asyncq.cli", "metrics", "--uri", redis_url, "--port", str(port)]
-    proc = _serve(cmd, base + "/")
+    proc, said = _serve(cmd, "asyncq metrics on ")
     try:
-        async with httpx.AsyncClient() as h:
+        async with httpx.AsyncClient(timeout=30) as h:  # the first waits out start-up
             text = (await h.get(base + "/metrics")).text
     finally:
-        out = _stop(proc)
+        out = _stop(proc, said)
     names = {f.name for f in text_string_to_metric_families(text)}
     assert {"asynq_queue_size", "asynq_tasks_enqueued_total", "asynq_tasks_processed"} <= names
     assert f"http://127.0.0.1:{port}/metrics" in out
@@ -60,19 +58,19 @@ async def test_web_command_guards_localhost_against_rebinding(redis_url: str, re
     await webdata.seed(redis)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = _serve(
+    proc, said = _serve(
         [sys.executable, "-m", "asyncq.cli", "--uri", redis_url, "web", "--port", str(port)],
-        base + "/static/app.css",
+        "asyncq web on ",
     )
     try:
-        async with httpx.AsyncClient() as h:
+        async with httpx.AsyncClient(timeout=30) as h:  # the first waits out start-up
             assert (await h.get(base + "/api/queues")).status_code == 200
             rebound = await h.get(base + "/api/queues", headers={"Host": f"evil.example:{port}"})
             assert rebound.status_code == 400
             local = await h.get(base + "/", headers={"Host": f"localhost:{port}"})
             assert local.status_code == 200
     finally:
-        _stop(proc)
+        _stop(proc, said)
 
 
 def test_missing_extra_names_the_install_command() -> None:

@@ -7,7 +7,6 @@ import html
 import re
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from urllib.parse import urljoin
 
@@ -201,16 +200,18 @@ def test_web_command_on_any_loopback_address_checks_host(redis_url: str) -> None
         [*cmd, "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                local = httpx.get(base + "/static/app.css", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert proc.poll() is None and time.monotonic() < deadline, "web did not start"
-                time.sleep(0.1)
+        # It prints its address once it listens (a request then waits in the backlog).
+        assert proc.stdout is not None
+        said = ""
+        while "asyncq web on " not in said:
+            line = proc.stdout.readline()
+            assert line, f"web did not start: {said}"  # end of file: it exited
+            said += line
+        assert f"asyncq web on {base}/" in said, said
+        local = httpx.get(base + "/static/app.css", timeout=30)  # a hang guard: start-up
         assert local.status_code == 200
         rebound = httpx.get(base + "/api/queues", headers={"Host": f"attacker.example:{port}"})
         assert rebound.status_code == 400
