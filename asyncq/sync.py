@@ -28,6 +28,7 @@ from typing_extensions import Unpack
 
 from asyncq._producer.client import DEFAULT_QUEUE, Client
 from asyncq._producer.completion import DEFAULT_POLL_INTERVAL
+from asyncq._producer.failover import DEFAULT_RETRY, RetryPolicy
 from asyncq._redis.options import RedisTarget
 from asyncq.app import TaskCall, TaskHandle, TypedTask
 from asyncq.task import EnqueueOptions, Task, TaskInfo
@@ -77,10 +78,11 @@ class SyncClient:
     """A thread-safe blocking client; see the module docstring.
 
     *redis* is what :class:`~asyncq.Client` takes except a ready
-    ``redis.asyncio`` client (it would belong to another event loop).
+    ``redis.asyncio`` client (it would belong to another event loop);
+    *retry* is the Client's enqueue retry policy.
     """
 
-    def __init__(self, redis: RedisTarget) -> None:
+    def __init__(self, redis: RedisTarget, *, retry: RetryPolicy | None = DEFAULT_RETRY) -> None:
         if hasattr(redis, "execute_command"):
             raise TypeError(
                 "SyncClient needs a URI or connection options: a ready redis.asyncio "
@@ -94,7 +96,7 @@ class SyncClient:
         )
         self._thread.start()
         try:
-            self.client: Client = self._call(_make_client(redis))
+            self.client: Client = self._call(_make_client(redis, retry))
         except BaseException:
             self._stop_loop()
             raise
@@ -204,5 +206,5 @@ class SyncClient:
         return f"<SyncClient closed={self._closed}>"
 
 
-async def _make_client(redis: RedisTarget) -> Client:
-    return Client(redis)
+async def _make_client(redis: RedisTarget, retry: RetryPolicy | None) -> Client:
+    return Client(redis, retry=retry)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -601,10 +602,15 @@ def test_subprocess_entry_point(redis_url: str, state: dict[str, Any]) -> None:
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)[0]["queue"] == "default"
 
-    bad_queue = run_module("-u", redis_url, "queue", "inspect", "nope")
-    unreachable = run_module("-u", f"redis://127.0.0.1:{free_port()}/0", "stats")
-    bad_uri = run_module("-u", "redis://h/notadb", "stats")
-    bad_task = run_module("-u", redis_url, "task", "inspect", "-q", "default", "-i", "x")
+    failing = [
+        ("-u", redis_url, "queue", "inspect", "nope"),
+        ("-u", f"redis://127.0.0.1:{free_port()}/0", "stats"),
+        ("-u", "redis://h/notadb", "stats"),
+        ("-u", redis_url, "task", "inspect", "-q", "default", "-i", "x"),
+    ]
+    # Independent processes, mostly interpreter start-up: run side by side.
+    with ThreadPoolExecutor(len(failing)) as pool:
+        bad_queue, unreachable, bad_uri, bad_task = pool.map(lambda a: run_module(*a), failing)
     for proc, needle in [
         (bad_queue, "queue not found"),
         (unreachable, "cannot connect to Redis"),

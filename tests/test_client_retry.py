@@ -18,6 +18,7 @@ from asyncq import Client, EnqueueRetryError, RetryPolicy, Task, TaskIdConflictE
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from tests.cluster import SentinelSetup
+from tests.helpers import wait_until
 from tests.redis_server import free_port
 
 Q = "retry-q"
@@ -158,7 +159,8 @@ async def test_steady_producer_rides_through_a_master_sigkill(
 
     async with Client(setup.url, retry=policy) as client:
         producers = [asyncio.create_task(produce(client)) for _ in range(3)]
-        await asyncio.sleep(1.5)
+        # Some of each kind on the first master before it dies.
+        await wait_until(lambda: len(ledger) >= 30, within=60, what="tasks on the first master")
         before_kill = len(ledger)
         assert setup.master.proc is not None
         setup.master.proc.kill()  # SIGKILL: no goodbye to replica or sentinel
@@ -166,7 +168,10 @@ async def test_steady_producer_rides_through_a_master_sigkill(
         while setup.master_port() != setup.replica.port:
             assert time.monotonic() < deadline, "no failover"
             await asyncio.sleep(0.2)
-        await asyncio.sleep(1.0)  # keep producing on the new master
+        after_failover = len(ledger)
+        await wait_until(  # keep producing on the new master
+            lambda: len(ledger) >= after_failover + 30, within=60, what="tasks on the new master"
+        )
         stop.set()
         await asyncio.gather(*producers)
 

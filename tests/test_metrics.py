@@ -11,12 +11,15 @@ from datetime import timedelta
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 from asyncq import Client, Inspector, RevokeTask, ServeMux, Server, SkipRetry, Task
+from asyncq import _keys as keys
 from asyncq.metrics import ENQUEUED_STATES, MetricsExporter, WorkerMetrics
 from asyncq.web import create_app
 from tests import webdata
+from tests.helpers import wait_until
 
 X_METRICS = {
     "asynq_tasks_enqueued_total",
@@ -158,6 +161,16 @@ async def test_standalone_exporter_names_an_unreachable_redis() -> None:
     assert b"redis unreachable: ConnectionError" in answer
 
 
+def handled(metrics: WorkerMetrics) -> float:
+    """Handler runs counted so far, every outcome, queue and type together."""
+    return sum(
+        s.value
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if s.name == "asyncq_handler_duration_seconds_count"
+    )
+
+
 @pytest.fixture
 async def worker_metrics() -> AsyncIterator[WorkerMetrics]:
     m = WorkerMetrics(port=0)
@@ -208,7 +221,8 @@ async def test_worker_metrics(redis_url: str, redis: Redis, worker_metrics: Work
         async with Client(redis_url) as client:
             for name in ("ok", "ok", "flaky", "fatal", "revoke"):
                 await client.enqueue(Task(name), queue="m", max_retry=3)
-            await asyncio.sleep(0.5)
+            # The five are counted before "block" stalls the loop.
+            await wait_until(lambda: handled(worker_metrics) == 5, what="the first five counted")
             await client.enqueue(Task("block"), queue="m")
         async with asyncio.timeout(20):
             await done.wait()
@@ -216,7 +230,8 @@ async def test_worker_metrics(redis_url: str, redis: Redis, worker_metrics: Work
             if len(seen) >= 6:
                 break
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)  # let the last outcome be written
+        # "block" set done before returning: its outcome is counted just after.
+        await wait_until(lambda: handled(worker_metrics) == 6, what="block's outcome counted")
         port = worker_metrics.bound_port
         assert port is not None
         async with httpx.AsyncClient() as h:
@@ -266,7 +281,22 @@ async def test_worker_metrics_count_a_lease_expiry(redis_url: str, redis: Redis)
 
     @mux.handler("hog")
     async def hog(task: Task) -> None:
-        time.sleep(5)  # noqa: ASYNC251 - blocks the loop past deadline and lease on purpose
+        # Blocks the loop (time.sleep on purpose) until the lease Redis holds has run out
+        # (the local lease expires with it: the same whole second); the watchdog keeps it
+        # only until the task's 1 s deadline. And at least 1.5 s: the watchdog counts a
+        # stall once the loop was blocked for its 1 s threshold beyond its 0.25 s tick.
+        probe = SyncRedis.from_url(redis_url)
+        started = time.monotonic()
+        try:
+            while (
+                time.monotonic() - started < 1.5
+                or (expiry := probe.zscore(keys.lease_key("lease"), task.id or "")) is None
+                or time.time() <= expiry
+            ):
+                assert time.monotonic() - started < 30, "the lease was never let run out"
+                time.sleep(0.05)  # noqa: ASYNC251
+        finally:
+            probe.close()
         ran.set()
 
     server = Server(

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -50,12 +51,15 @@ async def monitored(redis_url: str) -> AsyncIterator[list[list[str]]]:
                 seen.append(str(info["command"]).split())
 
     task = asyncio.create_task(listen())
-    await asyncio.wait_for(started.wait(), 5)
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(started.wait(), 5)  # set once Redis answered MONITOR with OK
     try:
         yield seen
     finally:
-        await asyncio.sleep(0.3)
+        # MONITOR reports commands in the order Redis ran them: once this marker is
+        # seen, so is every command before it.
+        marker = f"monitored-end-{uuid.uuid4()}"
+        await client.echo(marker)
+        await wait_until(lambda: any(marker in c for c in seen), what="the end marker")
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.xdist_group("replication")
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[tuple[RedisServer, RedisServer]]:
-    master = RedisServer().start()
+    # No 5 s diskless-sync delay before the replica's first full sync.
+    master = RedisServer(extra_args=["--repl-diskless-sync-delay", "0"]).start()
     replica = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(master.port)]).start()
     try:
         yield master, replica

@@ -14,6 +14,8 @@ import redis as sync_redis
 
 from asyncq import (
     DuplicateTaskError,
+    EnqueueRetryError,
+    RetryPolicy,
     Server,
     SyncClient,
     Task,
@@ -21,6 +23,7 @@ from asyncq import (
     TaskFailedError,
     TaskState,
 )
+from asyncq import _keys as keys
 from tests import typed_app as ta
 from tests.workers.support import FAST
 
@@ -113,19 +116,27 @@ def test_close_is_idempotent_and_final(redis_url: str) -> None:
 
 
 def test_close_ends_a_wait_running_in_another_thread(redis_url: str) -> None:
+    # A queue of its own: its completion channel has no subscriber but this test's waiter.
+    queue = "sync-close-wait"
     client = SyncClient(redis_url)
-    info = client.enqueue(Task("never:handled"), retention=timedelta(minutes=1))
+    info = client.enqueue(Task("never:handled"), queue=queue, retention=timedelta(minutes=1))
     errors: list[BaseException] = []
 
     def wait() -> None:
         try:
-            client.wait(info.id, timeout=60)
+            client.wait(info.id, queue=queue, timeout=60)
         except BaseException as exc:
             errors.append(exc)
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    time.sleep(0.3)  # the waiter is blocked in wait()
+    # The waiter is blocked in wait() once it has subscribed to the completion channel.
+    probe = sync_redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 20
+    while probe.pubsub_numsub(keys.completion_channel(queue))[0][1] == 0:
+        assert time.monotonic() < deadline, "wait() never subscribed"
+        time.sleep(0.01)
+    probe.close()
     client.close()
     waiter.join(10)
     assert not waiter.is_alive()
@@ -141,6 +152,12 @@ def test_rejects_a_ready_async_client() -> None:
 
 
 def test_unreachable_redis_raises_the_client_error() -> None:
-    with SyncClient("redis://127.0.0.1:1/0") as client, pytest.raises(Exception) as caught:
+    # A short deadline: the default policy would retry the refused connection for 5 s.
+    policy = RetryPolicy(deadline=timedelta(milliseconds=200))
+    with (
+        SyncClient("redis://127.0.0.1:1/0", retry=policy) as client,
+        pytest.raises(EnqueueRetryError) as caught,
+    ):
         client.enqueue(Task("x"))
-    assert "Connect" in type(caught.value).__name__ or "connect" in str(caught.value).lower()
+    assert "connect" in str(caught.value).lower()
+    assert caught.value.may_have_written is False

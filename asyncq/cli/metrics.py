@@ -158,7 +158,13 @@ def metrics_top(
         return
 
     async def loop(insp: Inspector) -> None:
+        this = asyncio.current_task()
         while True:
+            # Python 3.11's asyncio.wait_for (redis-py writes through it) swallows a
+            # cancellation that lands as its awaitable finishes, so Ctrl-C's one cancel
+            # can be lost; the request is still counted, and honoured here.
+            if this is not None and this.cancelling():
+                raise asyncio.CancelledError
             text = top_text(
                 await read(insp), sort=sort, limit=limit, window=window, now=datetime.now(UTC)
             )
