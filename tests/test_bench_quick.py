@@ -29,7 +29,9 @@ from hypothesis import strategies as st
 from benchmarks import runner
 from benchmarks.systems import _common
 
-# one xdist worker runs the whole module, so the quick run happens once
+# One xdist worker runs the whole module; the runs are session-scoped fixtures because
+# --dist loadgroup interleaves other modules' tests, which would tear down a
+# module-scoped one and run it again.
 pytestmark = pytest.mark.xdist_group("bench_quick")
 
 BENCH_DB = 13  # the harness flushes its database; keep it away from other tests' db 0
@@ -39,7 +41,7 @@ def _bench_url(redis_url: str) -> str:
     return urlsplit(redis_url)._replace(path=f"/{BENCH_DB}").geturl()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def quick_result(redis_url: str) -> dict[str, object]:
     return runner.run_system(
         runner.SYSTEMS["asyncq"], Path(sys.executable), _bench_url(redis_url), ["--quick"],
@@ -59,17 +61,17 @@ def _peer_quick(redis_url: str, name: str) -> dict[str, Any]:
     return runner.run_system(spec, python, _bench_url(redis_url), ["--quick"], timeout=180)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bullmq_result(redis_url: str) -> dict[str, Any]:
     return _peer_quick(redis_url, "bullmq")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bullmq_node_result(redis_url: str) -> dict[str, Any]:
     return _peer_quick(redis_url, "bullmq-node")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference_result(redis_url: str) -> dict[str, Any]:
     if shutil.which("redis-benchmark") is None:
         pytest.skip("redis-benchmark is not on PATH")

@@ -34,7 +34,10 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
+# Session scope: under --dist loadgroup the worker interleaves other modules' tests
+# between this module's, which tears a module-scoped fixture down and would run the
+# benchmark again.
+@pytest.fixture(scope="session")
 def doc(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("scale") / "scale.json"
     proc = subprocess.run(
