@@ -135,9 +135,8 @@ def test_snippet_runs_as_written(snippet: Snippet, redis_url: str, tmp_path: Pat
                     pytest.fail(f"{snippet.id} exited ({proc.returncode}): {proc.communicate()}")
                 assert time.monotonic() < deadline, f"{snippet.id} never started serving"
                 time.sleep(0.05)
-            # Scheduler.run (unlike Server.run) installs its handlers just after it
-            # registered; a SIGTERM in that instant would kill it without a shutdown.
-            time.sleep(1.0)
+            # Registered means started: Server.run and Scheduler.run install their
+            # handlers before they register (Service._run_until_signal).
             proc.send_signal(signal.SIGTERM)
             _out, err = proc.communicate(timeout=30)
         finally:
