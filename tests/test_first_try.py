@@ -164,6 +164,28 @@ async def test_dash_lists_other_states_after_visiting_a_group(redis_url: str) ->
         await pilot.press("q", "q")
 
 
+def _side_by_side(
+    *runs: tuple[list[str], dict[str, str] | None],
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run each (argv, env) at once, not one after another (each is mostly Python start-up
+    or waiting); their outcomes in order."""
+    procs = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for argv, env in runs
+    ]
+    try:
+        outs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return [
+        subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        for proc, (out, err) in zip(procs, outs, strict=True)
+    ]
+
+
 def test_web_and_gateway_on_a_busy_port_fail_in_one_line_without_claiming_to_serve(
     redis_url: str,
 ) -> None:
@@ -173,23 +195,12 @@ def test_web_and_gateway_on_a_busy_port_fail_in_one_line_without_claiming_to_ser
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        for command in (["web"], ["gateway"]):
-            result = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "asyncq.cli",
-                    "-u",
-                    redis_url,
-                    *command,
-                    "--port",
-                    str(port),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+        commands = (["web"], ["gateway"])
+        cli = [sys.executable, "-m", "asyncq.cli", "-u", redis_url]
+        results = _side_by_side(
+            *(([*cli, *command, "--port", str(port)], None) for command in commands)
+        )
+        for command, result in zip(commands, results, strict=True):
             assert result.returncode == 1, (command, result.stderr)
             lines = result.stderr.splitlines()
             assert len(lines) == 1, (command, result.stderr)
@@ -214,33 +225,14 @@ asyncio.run(main())
 """
 
 
-def _finished(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
-    try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
 def test_an_application_that_configured_no_logging_gets_no_debug_lines() -> None:
     script = FAILED_ENQUEUE.replace("{port}", str(free_port()))
     env = {k: v for k, v in os.environ.items() if k != "ASYNCQ_LOG_LEVEL"}
-    # Unconfigured, and asked for (ASYNCQ_LOG_LEVEL=debug); both at once: each mostly
-    # waits out its retries.
-    quiet_proc, loud_proc = (
-        subprocess.Popen(
-            [sys.executable, "-c", script],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=run_env,
-        )
-        for run_env in (env, {**env, "ASYNCQ_LOG_LEVEL": "debug"})
+    # Unconfigured, and asked for (ASYNCQ_LOG_LEVEL=debug).
+    quiet, loud = _side_by_side(
+        ([sys.executable, "-c", script], env),
+        ([sys.executable, "-c", script], {**env, "ASYNCQ_LOG_LEVEL": "debug"}),
     )
-    quiet = _finished(quiet_proc)
-    loud = _finished(loud_proc)
     assert (quiet.stdout, quiet.stderr) == ("caught\n", "")
     # Asked for: on stderr, UTC ISO stamps like the CLI, no colours in a file.
     assert loud.stdout == "caught\n"
