@@ -113,6 +113,8 @@ class Sizes:
     worker_counts: tuple[int, ...] = (1, 2, 4, 8)
     cluster_n: int = 100_000
     cluster_queues: int = 12
+    cluster_workers: tuple[int, ...] = (1, 2)
+    idle_settle: float = 2.0
     idle_window: float = 10.0
     idle_queue_counts: tuple[int, ...] = (1, 10)
     pickup_samples: int = 200
@@ -129,16 +131,18 @@ class Sizes:
             backlog_slices=5,
             batch=1_000,
             queues_n=1_000,
-            queue_counts=(1, 10, 100),
+            queue_counts=(1, 100),
             payloads=((100, 500), (10_000, 300), (1_000_000, 10)),
             workers_n=1_000,
             worker_counts=(1, 2),
             cluster_n=1_000,
             cluster_queues=6,
-            idle_window=2.0,
+            cluster_workers=(1,),
+            idle_settle=0.5,
+            idle_window=1.0,
             idle_queue_counts=(1, 10),
             pickup_samples=20,
-            settled_samples=5,
+            settled_samples=3,
             cap=60.0,
         )
 
@@ -290,9 +294,12 @@ class Monitor:
         self.reader = self.sock.makefile("rb")
         if self.reader.readline().strip() != b"+OK":
             raise RuntimeError("MONITOR was refused")
-        self.window = (math.inf, -math.inf)  # count commands Redis stamped inside it
+        self.window = (math.inf, math.inf)  # count commands Redis stamped inside it
         self.sent: dict[str, int] = {}
         self.in_scripts: dict[str, int] = {}
+        # Set once a command Redis stamped after the window is read: every command
+        # inside the window has then been counted (MONITOR streams in order).
+        self.past_window = threading.Event()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -305,6 +312,8 @@ class Monitor:
                     stamp = float(line[1 : line.index(" ")])
                 except ValueError:
                     continue
+                if stamp > self.window[1]:
+                    self.past_window.set()
                 if not self.window[0] <= stamp <= self.window[1]:
                     continue
                 _, _, rest = line.partition("] ")
@@ -775,7 +784,7 @@ async def _cluster_rows(
     label: str, procs: RedisProcs, nodes: Nodes, names: list[str], sz: Sizes
 ) -> list[dict[str, Any]]:
     rows = []
-    for k in (1, 2):
+    for k in sz.cluster_workers:
 
         async def one(k: int = k) -> dict[str, Any]:
             nodes.flush()
@@ -852,7 +861,7 @@ async def phase_idle(sz: Sizes) -> dict[str, Any]:
             names = ["default"] if nq == 1 else [f"iq{i}" for i in range(nq)]
             async with workers(1, procs.url, dict.fromkeys(names, 1)) as (w,):
                 await w.send("go")
-                await asyncio.sleep(2.0)  # startup writes done, idle polling at its slowest
+                await asyncio.sleep(sz.idle_settle)  # startup writes done, polling at its slowest
                 mon = Monitor(port)
                 nodes.reset()
                 rcpu0 = nodes.cpu()
@@ -863,8 +872,10 @@ async def phase_idle(sz: Sizes) -> dict[str, Any]:
                 window = time.time() - t0
                 wcpu = await w.cpu() - wcpu0
                 rcpu = nodes.cpu() - rcpu0
-                stats = nodes.commands()
-                await asyncio.sleep(0.3)  # let the MONITOR reader catch up
+                stats = nodes.commands()  # INFO: a command stamped after the window
+                # the MONITOR reader has caught up once it has read that INFO
+                if not await asyncio.to_thread(mon.past_window.wait, 30):
+                    raise RuntimeError("MONITOR did not stream past the idle window")
                 mon.close()
                 sent = sum(mon.sent.values())
                 inner = sum(mon.in_scripts.values())
@@ -913,9 +924,14 @@ async def phase_idle(sz: Sizes) -> dict[str, Any]:
 
                 # (c) asyncq's own enqueue, which publishes a wake-up
                 async with Client(procs.url) as client:
-                    for _ in range(5):  # warm the connection and the script cache
-                        await client.enqueue(Task("noop", b"w"), queue="default")
-                    await asyncio.sleep(0.5)
+                    # warm the connection and the script cache; the samples start once
+                    # the worker has run these (it reports the "lat-" ids it picks)
+                    warm = [f"lat-warm-{k}" for k in range(5)]
+                    for tid in warm:
+                        w.pick_waiters[tid] = asyncio.Event()
+                        await client.enqueue(Task("noop", b"w"), queue="default", task_id=tid)
+                    for tid in warm:
+                        await asyncio.wait_for(w.pick_waiters[tid].wait(), 30)
 
                     async def asyncq_style(tid: str) -> None:
                         await client.enqueue(Task("noop", b"0"), queue="default", task_id=tid)
