@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 import redis as sync_redis
+from click.testing import CliRunner, Result
 
 from asyncq import devserver
+from asyncq.cli import main
 from asyncq.devserver import (
     LocalServer,
     ServerBinary,
@@ -266,17 +268,19 @@ def test_asyncq_dev_survives_a_restart_and_stops_on_ctrl_c(
     assert again.returncode == 0 and "stopped" in out
 
 
-@pytest.mark.subprocess
+def _dev_refused(args: list[str], env: dict[str, str | None] | None = None) -> Result:
+    """``asyncq dev ARGS`` in this process: the refusals below end before any server
+    runs, so a subprocess would add only its start-up."""
+    result = CliRunner().invoke(main, ["dev", *args], env=env)
+    # SystemExit: the CLI's own exit, not an exception that escaped it
+    assert isinstance(result.exception, SystemExit), (result.output, result.exception)
+    assert result.exit_code == 1, result.output
+    return result
+
+
 def test_asyncq_dev_refuses_a_port_where_redis_answers(redis_url: str, tmp_path: Path) -> None:
     port = redis_url.split(":")[2].split("/", maxsplit=1)[0]
-    result = subprocess.run(
-        [sys.executable, "-m", "asyncq.cli", "dev", "--port", port, "--data-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 1
+    result = _dev_refused(["--port", port, "--data-dir", str(tmp_path)])
     assert result.stderr.startswith(f"error: a Redis already answers on 127.0.0.1:{port}: use it")
 
 
@@ -318,12 +322,8 @@ def test_main_job_starts_the_embedded_server_when_nothing_answers(bare_path: str
 
 
 def test_asyncq_dev_names_a_missing_server_binary(tmp_path: Path) -> None:
-    env = _env(os.environ["PATH"], ASYNCQ_REDIS_SERVER=str(tmp_path / "no-such-server"))
-    result = subprocess.run(
-        [sys.executable, "-m", "asyncq.cli", "dev", "--port", "0", "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=60, check=False,
-    )  # fmt: skip
-    assert result.returncode == 1
+    env = {"ASYNCQ_REDIS_SERVER": str(tmp_path / "no-such-server")}
+    result = _dev_refused(["--port", "0", "--data-dir", str(tmp_path)], env)
     assert f"ASYNCQ_REDIS_SERVER={tmp_path / 'no-such-server'}" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -337,12 +337,8 @@ def test_asyncq_dev_reports_a_server_that_fails_to_start(tmp_path: Path) -> None
         "echo 'fatal: cannot start' >&2\nexit 3\n"
     )
     fake.chmod(0o755)
-    env = _env(os.environ["PATH"], ASYNCQ_REDIS_SERVER=str(fake))
-    result = subprocess.run(
-        [sys.executable, "-m", "asyncq.cli", "dev", "--port", "0", "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=60, check=False,
-    )  # fmt: skip
-    assert result.returncode == 1
+    env = {"ASYNCQ_REDIS_SERVER": str(fake)}
+    result = _dev_refused(["--port", "0", "--data-dir", str(tmp_path)], env)
     assert "exited early" in result.stderr and "Traceback" not in result.stderr
 
 
