@@ -1,4 +1,5 @@
-"""asyncq's pytest plugin, used by a sample test module run with pytester."""
+"""asyncq's pytest plugin, used by a sample test module run with pytester (in this
+process where a fresh one adds nothing: the plugin loads from its entry point either way)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ def test_the_documented_example_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         tasks=(EXAMPLE / "tasks.py").read_text(), test_tasks=(EXAMPLE / "test_tasks.py").read_text()
     )
+    # A process of its own: with -W error, pytest's warning that asyncq was imported
+    # before it could rewrite asserts (as it is in this process) would fail the run.
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "-W", "error")
     result.assert_outcomes(passed=3)
 
 
 def test_fixtures_are_listed(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest_subprocess("--fixtures", "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess("--fixtures", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(
         [
             "*asyncq_redis_server*",
@@ -59,5 +62,5 @@ async def test_stuck(asyncq_worker, asyncq_client: Client) -> None:
                             shutdown_timeout=timedelta(seconds=1))
 """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(passed=1)
