@@ -41,29 +41,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-class _LoadGroupNodeIds:
-    """Makes ``--dist loadgroup`` honour ``xdist_group`` marks again under pytest 9.
-
-    pytest-xdist (3.8) groups tests by renaming ``item._nodeid`` to ``<nodeid>@<group>``;
-    pytest 9.2 keeps a node's id in ``item._id``, so the rename went unread and every
-    group was spread over all workers (the scale benchmark's fixture ran on both).
-    """
-
-    @pytest.hookimpl(trylast=True)  # after xdist's own rename
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        from _pytest.nodeid import NodeId
-
-        for item in items:
-            renamed = getattr(item, "_nodeid", None)
-            if isinstance(renamed, str) and renamed != item.nodeid:
-                item._id = NodeId.parse(renamed)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if hasattr(pytest.Item, "id"):  # the structured node ids of pytest >= 9.2
-        config.pluginmanager.register(_LoadGroupNodeIds(), "asyncq-loadgroup-node-ids")
-
-
 # The asyncq plugin is loaded here, not by its entry point (-p no:asyncq in
 # pyproject): an entry-point plugin imports asyncq before coverage starts.
 pytest_plugins = ["pytester", "asyncq.testing.pytest_plugin"]
