@@ -609,7 +609,10 @@ async def test_ordered_queue_runs_in_enqueue_order_despite_failures_and_a_kill(
     redis_url: str, redis: Redis
 ) -> None:
     n = 500
-    timings = ["lease=2", "heartbeat=0.3", "recoverer_interval=1", "recoverer_cutoff=1"]
+    # A live worker's lease must outlast whatever stalls a loaded machine puts between its
+    # heartbeats: one that expired would have its task run again by another worker, after
+    # the next tasks, while its own run may still log it. Only the killed worker's expires.
+    timings = ["lease=10", "heartbeat=1", "recoverer_interval=1", "recoverer_cutoff=1"]
     opts = ["concurrency=10", f"ordered={Q}", "forward=0.1", *timings]
     procs = _workers(redis_url, 3, *opts)
     try:
