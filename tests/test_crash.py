@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from redis.asyncio import Redis
+from structlog.testing import capture_logs
 
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
@@ -179,26 +180,43 @@ async def test_task_finished_during_outage_is_written_by_the_syncer() -> None:
     try:
         # A short read timeout so the stalled Redis is noticed quickly.
         opts = RedisClientOpts(host="127.0.0.1", port=rs.port, read_timeout=0.3)
-        server = Server(opts, concurrency=1, **FAST)
-        async with server:
-            await server.start(mux)
-            async with Client(rs.url) as client:
-                info = await client.enqueue(Task("t"))
-            await asyncio.wait_for(started.wait(), 10)
-            # Make Redis unresponsive while the handler finishes.
-            await asyncio.to_thread(rs.proc.send_signal, signal.SIGSTOP)  # type: ignore[union-attr]
-            try:
-                release.set()
-                await wait_until(lambda: server.syncer.pending, within=20, what="write queued")
-            finally:
-                await asyncio.to_thread(rs.proc.send_signal, signal.SIGCONT)  # type: ignore[union-attr]
-            await wait_until(lambda: not server.syncer.pending, within=20, what="syncer flushed")
-            check = Redis.from_url(rs.url)
-            try:
-                assert not await check.exists(keys.task_key(Q, info.id))
-                assert await check.get(keys.processed_total_key(Q)) == b"1"
-            finally:
-                await check.aclose()
+
+        def logged(event: str) -> bool:
+            return any(e["event"] == event for e in logs)
+
+        with capture_logs() as logs:  # before the server binds its loggers
+            server = Server(opts, concurrency=1, **FAST)
+            server.syncer.interval = 0.2  # its first try is an interval after start: not 5 s
+            async with server:
+                await server.start(mux)
+                async with Client(rs.url) as client:
+                    info = await client.enqueue(Task("t"))
+                await asyncio.wait_for(started.wait(), 10)
+                # Make Redis unresponsive while the handler finishes.
+                await asyncio.to_thread(rs.proc.send_signal, signal.SIGSTOP)  # type: ignore[union-attr]
+                try:
+                    release.set()
+                    await wait_until(
+                        lambda: logged("could not write task outcome; the syncer will retry it"),
+                        within=20,
+                        what="write queued",
+                    )
+                finally:
+                    await asyncio.to_thread(rs.proc.send_signal, signal.SIGCONT)  # type: ignore[union-attr]
+                # Written, not merely taken off the queue (the syncer empties it before it
+                # writes): the line is logged once Redis answered the write.
+                await wait_until(
+                    lambda: logged("task outcome written by the syncer"),
+                    within=20,
+                    what="syncer flushed",
+                )
+                assert not server.syncer.pending
+                check = Redis.from_url(rs.url)
+                try:
+                    assert not await check.exists(keys.task_key(Q, info.id))
+                    assert await check.get(keys.processed_total_key(Q)) == b"1"
+                finally:
+                    await check.aclose()
     finally:
         rs.cleanup()
 

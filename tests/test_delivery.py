@@ -283,10 +283,17 @@ async def test_an_idle_server_runs_delivered_tasks_without_fetching(
     ran: list[tuple[str, str]] = []
     server = Server(redis, queues={"default": 1}, concurrency=4, **FAST)
     await server.start(_mux(ran))
+    credit = keys.delivery_channel(server.server_id)
+
+    async def armed() -> bool:
+        return await redis.get(credit) == b"1"
+
     try:
-        await wait_until(lambda: redis.exists(keys.delivery_channel(server.server_id)))
+        await wait_until(armed, what="the server to ask for delivery")
         fetches = server.stats.empty_fetches
         for i in range(20):
+            # The server asks again once it started the last one: no enqueue goes before.
+            await wait_until(armed, what=f"the server to ask again before t{i}")
             await client.enqueue(Task("t"), task_id=f"t{i}")
             await wait_until(lambda i=i: ("default", f"t{i}") in ran, what=f"task t{i}")
         assert server.stats.delivered == 20
@@ -308,11 +315,16 @@ async def test_two_idle_servers_share_delivered_tasks_across_weighted_queues(
     servers = {name: Server(redis, queues=queues, concurrency=2, **FAST) for name in ("a", "b")}
     for name, server in servers.items():
         await server.start(_mux(ran[name]))
+    credits = [keys.delivery_channel(s.server_id) for s in servers.values()]
+
+    async def both_armed() -> bool:
+        return await redis.mget(credits) == [b"1", b"1"]
+
     try:
-        for server in servers.values():
-            await wait_until(lambda s=server: redis.exists(keys.delivery_channel(s.server_id)))
         n = 40
         for i in range(n):
+            # Both ask again once they started their last task: no enqueue goes before.
+            await wait_until(both_armed, what=f"both servers to ask before t{i}")
             queue = "high" if i % 2 else "low"
             await client.enqueue(Task("t"), queue=queue, task_id=f"t{i}")
             await wait_until(

@@ -159,6 +159,31 @@ async def test_a_task_delivered_while_every_slot_is_taken_goes_back_to_pending()
         await wait_until(lambda: not fake.tasks, what="both acknowledged")
 
 
+async def test_a_task_delivered_while_a_fetch_holds_the_slots_starts_when_it_returns() -> None:
+    # An idle processor's poll takes every free slot for its round trip: a task delivered
+    # meanwhile starts in one of them once the fetch gives them back, not via pending.
+    fake = FakeBroker()
+    ran: list[str] = []
+
+    async def handler(task: Task) -> None:
+        ran.append(task.id or "")
+
+    async with Armed(fake, handler, concurrency=2) as run:
+        await wait_until(lambda: fake.credits.get(SERVER) == 1, what="armed")
+        hold = fake.hold("fetch")
+        run.wakeup.set()
+        await asyncio.wait_for(hold.arrived.wait(), 10)
+        assert run.processor.slots.free == 0  # the fetch in flight holds both
+        tid = run.deliver()
+        assert ran == [] and fake.state(tid) == "active"
+        hold.release.set()
+        await wait_until(lambda: tid in ran, what="the delivered task")
+        await wait_until(lambda: not fake.tasks, what="acknowledged")
+        assert fake.called("requeue") == []
+        assert run.processor.stats.delivered == 1
+        assert fake.processed == 1
+
+
 async def test_an_unreadable_note_is_logged_and_starts_nothing() -> None:
     fake = FakeBroker()
     with capture_logs() as logs:

@@ -240,7 +240,10 @@ async def test_killed_workers_expired_lease_does_not_hold_the_limit(
         drain(other)  # it logs every task: keep its pipes from filling
 
         async def done() -> bool:
-            return await redis.hlen(DONE) == len(ids)
+            # Acknowledged too (its hash deleted): the handler writes DONE before the ack
+            # takes the task out of the active list checked below.
+            finished = await redis.hlen(DONE) == len(ids)
+            return finished and not await redis.exists(*(keys.task_key(Q, i) for i in ids))
 
         await wait_until(done, within=30, interval=0.05, what="task behind the dead lease")
         # It ran once the dead lease expired (2 s), long before any recovery.
@@ -609,7 +612,10 @@ async def test_ordered_queue_runs_in_enqueue_order_despite_failures_and_a_kill(
     redis_url: str, redis: Redis
 ) -> None:
     n = 500
-    timings = ["lease=2", "heartbeat=0.3", "recoverer_interval=1", "recoverer_cutoff=1"]
+    # A live worker's lease must outlast whatever stalls a loaded machine puts between its
+    # heartbeats: one that expired would have its task run again by another worker, after
+    # the next tasks, while its own run may still log it. Only the killed worker's expires.
+    timings = ["lease=10", "heartbeat=1", "recoverer_interval=1", "recoverer_cutoff=1"]
     opts = ["concurrency=10", f"ordered={Q}", "forward=0.1", *timings]
     procs = _workers(redis_url, 3, *opts)
     try:

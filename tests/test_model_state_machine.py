@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -1151,6 +1152,8 @@ def model_settings() -> settings:
     )
 
 
+# A hang guard, not a speed bound: about 30 s alone, several times that beside CPU hogs.
+@pytest.mark.timeout(900)
 def test_state_machine_matches_model(redis_url: str) -> None:
     TaskStateMachine.redis_url = redis_url
     run_state_machine_as_test(TaskStateMachine, settings=model_settings())

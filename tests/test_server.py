@@ -150,11 +150,13 @@ async def test_idle_worker_is_delivered_the_enqueued_task_not_polling(
         await server.start(mux_for("ping", handle))
         armed = keys.delivery_channel(server.server_id)
 
-        async def is_armed() -> bool:
-            return await redis.get(armed) == b"1"
+        async def settled() -> bool:
+            # Armed, and the subscriber's wake-up (set before the processor may arm) counted
+            # or absorbed: when it came during a fetch it ends the next idle wait, once.
+            return await redis.get(armed) == b"1" and not server.processor._wakeup.is_set()
 
-        await wait_until(is_armed, what="the processor to ask for delivery")
-        wakeups = server.stats.wakeups  # the subscriber's, once it listened for deliveries
+        await wait_until(settled, what="the processor to ask for delivery")
+        wakeups = server.stats.wakeups
         await client.enqueue(Task("ping"))
         await asyncio.wait_for(done.wait(), 10)
         assert server.stats.delivered == 1
@@ -201,7 +203,12 @@ async def test_task_without_wakeup_is_polled_within_task_check_interval(
     server = Server(redis, task_check_interval=timedelta(milliseconds=200))
     async with server:
         await server.start(mux_for("go", handle))
-        await wait_until(lambda: server.stats.empty_fetches >= 1, what="processor idle")
+        armed = keys.delivery_channel(server.server_id)
+        await wait_until(lambda: redis.get(armed), what="the processor to ask for delivery")
+        # Armed: the subscriber's one wake-up is set. It ends at most the idle wait after the
+        # fetch in flight; the fetch after the next empty one follows an idle timeout.
+        fetches = server.stats.empty_fetches
+        await wait_until(lambda: server.stats.empty_fetches >= fetches + 2, what="two polls")
         msg = TaskMessage(type="go", id="go-task", queue=Q, retry=25, timeout=1800)
         await redis.hset(
             keys.task_key(Q, "go-task"),

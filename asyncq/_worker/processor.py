@@ -392,6 +392,9 @@ class Processor(Role):
         self._waiting_in: set[str] = set()  # the queues whose waiters lists name us
         self._armed_at = -math.inf  # when the credit was last renewed
         self._spent = False  # a task was delivered to us since: the credit is used up
+        self._fetch_in_flight = False  # the fetch loop holds every free slot for its fetch
+        # Delivered while a fetch held the slots: started when it gives back those it left.
+        self._held: list[tuple[TaskMessage, DeliveryNote]] = []
         self._arm_errors = RateLimiter(3.0)
         self._hooks = hooks
         self._history = history
@@ -561,6 +564,9 @@ class Processor(Role):
                 await self._bytes_freed.wait()
                 continue
             self._wakeup.clear()
+            self._fetch_in_flight = True
+            got: Sequence[DequeuedTask] = ()
+            failure: BaseException | None = None
             try:
                 fetched = await self.broker.fetch(
                     order(),
@@ -570,17 +576,18 @@ class Processor(Role):
                     first_free=not self.active,
                     limits=self._limits.for_fetch(),
                 )
-                got: Sequence[DequeuedTask] = fetched.tasks
+                got = fetched.tasks
             except REDIS_ERRORS as exc:
-                self.slots.release(n)
-                self._fetch_failed(exc)
+                failure = exc
+            except BaseException:
+                self._fetch_done(n, start=False)  # a restarted loop needs the slots
+                raise
+            self._fetch_done(n - len(got))
+            if failure is not None:
+                self._fetch_failed(failure)
                 await self._idle_wait(self._backoff.next_delay(), count=False)
                 continue
-            except BaseException:
-                self.slots.release(n)  # the slots were never used; a restarted loop needs them
-                raise
             self._backoff.reset()
-            self.slots.release(n - len(got))
             if got:
                 self._poll.reset()
                 for dequeued in got:
@@ -705,12 +712,33 @@ class Processor(Role):
             return
         self.stats.delivered += 1
         self._spent = True
-        # Started here, in the subscriber's turn of the loop: the handler runs next turn.
+        if self._fetch_in_flight and self._fetching and not self.slots.free:
+            # An idle processor's fetch (a poll, a wake-up) holds the free slots for a round
+            # trip: the task waits for it rather than going back to pending to be fetched.
+            self._held.append((msg, parsed))
+        else:
+            self._start_delivered(msg, parsed)
+
+    def _start_delivered(self, msg: TaskMessage, note: DeliveryNote) -> None:
+        # Started in this turn of the loop: the handler runs next turn.
         if self._fetching and self.slots.try_take():
-            self._start(msg, parsed.lease_expiry)
+            self._start(msg, note.lease_expiry)
             self._spawn(self._arm())
-        else:  # no slot (a fetch holds them, or we are stopping): back to pending
-            self._spawn_late(self._requeue_delivered(msg), parsed)
+        else:  # no slot (all taken, or we are stopping): back to pending
+            self._spawn_late(self._requeue_delivered(msg), note)
+
+    def _fetch_done(self, unused: int, *, start: bool = True) -> None:
+        """The fetch gives back the *unused* slots it held; the tasks delivered meanwhile
+        start in them, or go back to pending when none is left or *start* is False (the
+        fetch loop is being torn down)."""
+        self._fetch_in_flight = False
+        self.slots.release(unused)
+        held, self._held = self._held, []
+        for msg, note in held:
+            if start:
+                self._start_delivered(msg, note)
+            else:
+                self._spawn_late(self._requeue_delivered(msg), note)
 
     async def _reject_delivered(self, note: DeliveryNote) -> None:
         try:
