@@ -288,8 +288,10 @@ def test_reload_restarts_the_worker_when_code_changes(
 ) -> None:
     proc = start_supervisor(redis_url, app_dir, "--reload")
     try:
+        # The supervisor's watcher task runs before it starts any worker, and watchfiles
+        # sets up its watches synchronously in the first step: a running worker means
+        # the change below is seen.
         (first,) = wait_for("the worker process", lambda: server_pids(r), proc)
-        time.sleep(0.5)  # let the watcher settle before the change
         (app_dir / "slowapp.py").write_text(APP + "\n# changed\n")
         wait_for("a reloaded worker process", lambda: server_pids(r) - {first}, proc)
         wait_for("the old process to exit", lambda: not alive(first), proc)
