@@ -25,7 +25,9 @@ from tests.workers.worker import STARTS
 
 Q = "default"
 READY = "send signal TERM or INT"
-LEASE = 4.0
+# A lease is recovered 2 s (the default cutoff) after its expiry: the survivor takes over
+# none of the live victim's unless the victim misses 8 heartbeats in a row.
+LEASE = 2.0
 N = 20
 # Neither the forwarder nor the recoverer's regular interval can run in the test's time.
 TIMINGS = [f"lease={LEASE}", "heartbeat=0.5", "recoverer_interval=3600", "delayed_check=3600"]

@@ -7,9 +7,11 @@ import asyncio
 import os
 import signal
 import time
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
+import structlog
 from redis.asyncio import Redis
 
 from asyncq import DuplicateTaskError, Scheduler, Task
@@ -36,12 +38,19 @@ async def test_raising_hooks_are_logged_and_ticking_goes_on(redis_url: str, redi
         errors.append(exc)
         raise RuntimeError("error handler broke")
 
-    scheduler = Scheduler(redis_url, post_enqueue=post, error_handler=on_error, **FAST)
-    # Unique for an hour: the first tick enqueues, every later one is a duplicate.
-    scheduler.register("@every 1s", Task("once", b"x"), unique=timedelta(hours=1))
-    async with scheduler:
-        # Both hooks raise on every call; ticking goes on regardless.
-        await wait_until(lambda: len(errors) >= 2, within=20, what="two failed ticks")
+    # Captured, not rendered: once an earlier test in this process has configured
+    # structlog (capture_logs does, for good), its default renderer prints each of these
+    # tracebacks with every frame's locals, which took seconds per tick under load.
+    with structlog.testing.capture_logs() as logs:
+        scheduler = Scheduler(redis_url, post_enqueue=post, error_handler=on_error, **FAST)
+        # Unique for an hour: the first tick enqueues, every later one is a duplicate.
+        scheduler.register("@every 1s", Task("once", b"x"), unique=timedelta(hours=1))
+        async with scheduler:
+            # Both hooks raise on every call; ticking goes on regardless.
+            await wait_until(lambda: len(errors) >= 2, within=20, what="two failed ticks")
+    logged = Counter(e["event"] for e in logs if e["log_level"] == "error" and e.get("exc_info"))
+    assert logged["post-enqueue hook failed"] == len(posts)
+    assert logged["scheduler error handler failed"] == len(errors)
     ok = [info for info, exc in posts if exc is None]
     failed = [exc for info, exc in posts if exc is not None]
     assert len(ok) == 1 and ok[0].type == "once"

@@ -77,7 +77,8 @@ class Subscriber(Role):
         self.ready = asyncio.Event()
         """Set once the subscriptions are confirmed by Redis."""
         self.attempted = asyncio.Event()
-        """Set after the first connection attempt, successful or not."""
+        """Set after the first connection attempt, successful or not, or once the
+        subscriber stopped without one (a burst run may end before it connects)."""
         self._task: asyncio.Task[Any] | None = None
         self._reading = False
         self._wakeups = self._channels()
@@ -116,6 +117,12 @@ class Subscriber(Role):
             self._task.cancel()  # interrupt the blocking read; nothing is lost by it
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.attempted.set()  # no attempt is coming: start() must not wait for one
+
+    async def _run(self) -> None:
         self._task = asyncio.current_task()
         backoff = Backoff(0.1, 2.0)
         connected_before = False

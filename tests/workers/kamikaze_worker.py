@@ -3,10 +3,11 @@
     python tests/workers/kamikaze_worker.py REDIS_URL
 
 It records each run (``<task id> <pid>`` on ``asyncq-test:starts``) before
-dying. Timings are short (lease 2 s, heartbeat 0.3 s) and the recoverer keeps
-its default cutoff; the recoverer interval and the forwarder are an hour, so
-the task only comes back through prompt recovery. Prints "send signal TERM or
-INT" once serving.
+dying. Timings are short (lease 2 s, heartbeat 0.3 s, recoverer cutoff 0.5 s:
+only one worker runs at a time, and its own recoverer would take its live task
+over only after 8 missed heartbeats); the recoverer interval and the forwarder
+are an hour, so the task only comes back through prompt recovery. Prints "send
+signal TERM or INT" once serving.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ async def main(url: str) -> None:
         lease_duration=timedelta(seconds=2),
         heartbeat_interval=timedelta(milliseconds=300),
         recoverer_interval=timedelta(hours=1),
+        recoverer_cutoff=timedelta(milliseconds=500),
         delayed_task_check_interval=timedelta(hours=1),
         task_check_interval=timedelta(milliseconds=100),
     )
