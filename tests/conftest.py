@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from hypothesis import Phase, settings
 from redis.asyncio import Redis
 
@@ -44,6 +45,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # The asyncq plugin is loaded here, not by its entry point (-p no:asyncq in
 # pyproject): an entry-point plugin imports asyncq before coverage starts.
 pytest_plugins = ["pytester", "asyncq.testing.pytest_plugin"]
+
+
+@pytest.fixture(autouse=True)
+def _structlog_as_unconfigured() -> Iterator[None]:
+    """Each test ends with structlog as an application that configured nothing leaves it.
+
+    ``structlog.testing.capture_logs`` (and the CLI run in-process) leave structlog marked
+    as configured; asyncq's loggers would then use structlog's defaults for every later
+    test in the process (every level, on stdout, tracebacks with each frame's locals),
+    which made a test's output and time depend on the tests run before it.
+    """
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture(scope="session")
