@@ -150,10 +150,12 @@ async def test_the_first_sync_must_succeed(redis: Redis, redis_url: str) -> None
 
 
 async def test_duplicate_configs_are_registered_once(redis_url: str) -> None:
-    manager = PeriodicTaskManager(
-        redis_url, lambda: [cfg("@hourly", "a", queue="q"), cfg("@hourly", "a", queue="q")]
-    )
+    # Built inside capture_logs: an unconfigured structlog binds the manager's logger at
+    # construction, and a configuration made after it does not reach that logger.
     with capture_logs() as logs:
+        manager = PeriodicTaskManager(
+            redis_url, lambda: [cfg("@hourly", "a", queue="q"), cfg("@hourly", "a", queue="q")]
+        )
         result = await manager.sync()
     assert len(result.added) == 1
     assert any(e["event"] == "duplicate periodic task config ignored" for e in logs)
