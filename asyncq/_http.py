@@ -23,14 +23,18 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from starlette.convertors import Convertor, StringConvertor
+from starlette.datastructures import Headers
+from starlette.responses import PlainTextResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 __all__ = [
+    "LoopbackHosts",
     "SegmentPaths",
-    "host_is_loopback",
     "is_loopback",
     "json_depth",
+    "listening_address",
+    "loopback_host_problem",
     "quote_segment",
     "route_segments",
 ]
@@ -127,24 +131,71 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-def host_is_loopback(header: str | None) -> bool:
-    """Whether a ``Host`` header (with or without a port) names a loopback host, which a page
-    on another site cannot send: a DNS-rebinding page's requests carry its own name."""
-    if not header:
-        return False
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def _host_name(header: str) -> str | None:
+    """The host of a ``Host`` header (brackets and port removed), None when malformed."""
     header = header.strip()
     if header.startswith("["):
         end = header.find("]")
         if end < 0:
-            return False
-        name, rest = header[: end + 1], header[end + 1 :]
-        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
-            return False
-        return is_loopback(name)
-    name, sep, port = header.partition(":")
-    if sep and not port.isdigit():
-        return False
-    return is_loopback(name)
+            return None
+        name, rest = header[1:end], header[end + 1 :]
+    else:
+        name, sep, port = header.partition(":")
+        rest = sep + port
+    if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+        return None
+    return name.lower().rstrip(".")
+
+
+def _same_host(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a.partition("%")[0]) == ipaddress.ip_address(
+            b.partition("%")[0]
+        )
+    except ValueError:
+        return a == b
+
+
+def loopback_host_problem(header: str | None, listening: str | None) -> str | None:
+    """The one ``Host`` rule of a server that serves loopback only (the web UI on a loopback
+    address, the gateway without a token): None when *header* names localhost, 127.0.0.1,
+    ::1 or *listening* (the address the request came in on), with any port; else what is
+    wrong, for the 400 answer. A DNS-rebinding page's requests carry its own name, and
+    another loopback address is not this server either."""
+    name = _host_name(header) if header else None
+    if name is not None and any(
+        _same_host(name, known)
+        for known in (*_LOOPBACK_NAMES, *(() if listening is None else (listening.lower(),)))
+    ):
+        return None
+    shown = ", ".join(_LOOPBACK_NAMES + (() if listening is None else (listening,)))
+    return f"Host header {header!r} does not name this server ({shown}, with any port)"
+
+
+class LoopbackHosts:
+    """ASGI middleware: 400 for a request whose ``Host`` breaks :func:`loopback_host_problem`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            problem = loopback_host_problem(
+                Headers(scope=scope).get("host"), listening_address(scope)
+            )
+            if problem is not None:
+                await PlainTextResponse(problem, status_code=400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def listening_address(scope: Scope) -> str | None:
+    """The address the request came in on (None: not a TCP socket, e.g. a Unix one)."""
+    server = scope.get("server")
+    return str(server[0]) if server else None
 
 
 def json_depth(value: Any) -> int:

@@ -21,6 +21,7 @@ this module.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import platform
 import re
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -180,6 +181,12 @@ class LocalServer:
     Throwaway by default: no persistence, in a temporary directory removed by
     :meth:`stop`. With *data_dir*, persistent: the directory is kept, AOF is on
     (``appendfsync everysec``), and a restart on it finds the data again.
+
+    With *die_with_parent*, on Linux, the kernel sends the server SIGTERM (it
+    writes its AOF and exits) when the thread that started it ends, however it
+    ends: a SIGKILL of the parent leaves no orphan holding the port. Start it
+    from the thread that lives as long as the process (the main thread).
+    Elsewhere (macOS) only :meth:`stop` stops it.
     """
 
     def __init__(
@@ -189,6 +196,7 @@ class LocalServer:
         port: int | None = None,
         data_dir: Path | str | None = None,
         extra_args: Sequence[str] = (),
+        die_with_parent: bool = False,
     ) -> None:
         self.binary = binary if binary is not None else find_server_binary()
         self.port = port if port else free_port()
@@ -202,6 +210,7 @@ class LocalServer:
         else:
             self.dir = Path(tempfile.mkdtemp(prefix=f"asyncq-redis-{self.port}-"))
         self.extra_args = list(extra_args)
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
         self._log = self.dir / "server.log"
 
@@ -258,6 +267,8 @@ class LocalServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # Only with die_with_parent, which its callers use before any thread starts.
+                preexec_fn=_parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
             )
         deadline = time.monotonic() + timeout
         while True:
@@ -299,6 +310,27 @@ class LocalServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to send the child SIGTERM when its parent dies
+    (``prctl(PR_SET_PDEATHSIG)``); None where there is no such call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    # Looked up before the fork: the child only calls it.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def tie() -> None:
+        if prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # the parent died before the call: no signal will come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return tie
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from asyncq._batch import TurnBatcher
 from asyncq._keys import EVENTS_KEY
-from asyncq._logging import get_logger
+from asyncq._logging import LazyLogger
 from asyncq._redis.options import RedisClient
 from asyncq.errors import RateLimited, TaskCanceledError, find_error
 from asyncq.hooks import WorkerHooks
@@ -49,7 +49,11 @@ __all__ = [
     "EventLog",
     "EventStore",
     "QueueFilter",
+    "RecentEvents",
+    "SkippedEvent",
+    "decode_event",
     "event_queues",
+    "log_skipped",
     "read_events",
     "recent_events",
     "stream_id",
@@ -68,7 +72,7 @@ EVENT_KINDS = (
     "archived",
 )
 
-log = get_logger()
+log: Any = LazyLogger()
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,26 +252,98 @@ class EventHooks:
         add("retried" if outcome == "retry" else "archived", queue, task_type, task_id, error=error)
 
 
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+_REQUIRED = ("kind", "id", "type", "queue")
+"""Fields every event has (``id``: the task's); an entry without one is not an event."""
+_SHOWN = 40  # characters of a bad numeric value quoted in a skip notice
+_LOGGED = 10  # skipped entries one warning line names (it gives the count of all)
 
 
-def _event(entry_id: Any, fields: dict[Any, Any]) -> Event:
-    data = {_text(k): _text(v) for k, v in fields.items()}
-    ident = _text(entry_id)
-    ms = int(ident.split("-", 1)[0])
-    fraction = data.get("fraction")
+@dataclass(frozen=True, slots=True)
+class SkippedEvent:
+    """A stream entry that is not a readable event (written by hand, by another program, or
+    damaged): readers leave it out and name it with this instead of failing on it."""
+
+    id: str
+    """The entry's stream ID."""
+    field: str
+    """The field that could not be read."""
+    problem: str
+    """What is wrong with it, e.g. ``is 'nan', not a number between 0 and 1``."""
+
+    @property
+    def message(self) -> str:
+        return f"event {self.id} skipped: field {self.field!r} {self.problem}"
+
+    def as_dict(self) -> dict[str, str]:
+        """JSON-ready form (the web UI's event feed)."""
+        return {"id": self.id, "field": self.field, "problem": self.problem}
+
+
+def _utf8(value: Any) -> str:
+    """*value* as text; UnicodeDecodeError for bytes that are not UTF-8."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _fraction(raw: str) -> float | None:
+    """A stored ``fraction``, or None unless it is a number in [0, 1] as progress() writes."""
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 1.0 else None  # NaN compares False: refused too
+
+
+def decode_event(entry_id: Any, fields: Mapping[Any, Any]) -> Event | SkippedEvent:
+    """One ``asyncq:events`` entry as an :class:`Event`, or a :class:`SkippedEvent` naming the
+    first field that cannot be read. Every reader decodes here, so one bad entry (``fraction
+    nan``, bytes that are not UTF-8, a missing field) never stops a reader."""
+    ident = _utf8(entry_id)
+    data: dict[str, str] = {}
+    for key, value in fields.items():
+        try:
+            name = _utf8(key)
+        except UnicodeDecodeError:
+            return SkippedEvent(ident, repr(key), "is a field name that is not UTF-8")
+        try:
+            data[name] = _utf8(value)
+        except UnicodeDecodeError:
+            return SkippedEvent(ident, name, "is not UTF-8 text")
+    for name in _REQUIRED:
+        if not data.get(name):
+            return SkippedEvent(ident, name, "is missing or empty")
+    try:
+        # Any XADD may give an explicit ID: up to 2**64 - 1 ms, past datetime's year 9999.
+        at = datetime.fromtimestamp(int(ident.split("-", 1)[0]) / 1000, UTC)
+    except (ValueError, OverflowError, OSError):
+        return SkippedEvent(ident, "entry ID", "is not a time this reader can show")
+    raw = data.get("fraction")
+    fraction = None if raw is None else _fraction(raw)
+    if raw is not None and fraction is None:
+        return SkippedEvent(ident, "fraction", f"is {raw[:_SHOWN]!r}, not a number between 0 and 1")
+    if data["kind"] == "progress" and fraction is None:
+        return SkippedEvent(ident, "fraction", "is missing from a progress event")
     return Event(
         id=ident,
-        kind=data.get("kind", ""),
-        task_id=data.get("id", ""),
-        type=data.get("type", ""),
-        queue=data.get("queue", ""),
-        time=datetime.fromtimestamp(ms / 1000, UTC),
+        kind=data["kind"],
+        task_id=data["id"],
+        type=data["type"],
+        queue=data["queue"],
+        time=at,
         error=data.get("error", ""),
-        fraction=None if fraction is None else float(fraction),
+        fraction=fraction,
         message=data.get("message", ""),
     )
+
+
+def log_skipped(skipped: Sequence[SkippedEvent]) -> None:
+    """One warning line naming the entries a reader left out (nothing when there are none)."""
+    if skipped:
+        log.warning(
+            "event stream entries skipped: not readable as events",
+            key=EVENTS_KEY,
+            count=len(skipped),
+            entries=[s.message for s in skipped[:_LOGGED]],
+        )
 
 
 def stream_id(since: str | datetime | None) -> str:
@@ -308,7 +384,8 @@ def read_events(
 
     *queues*, *types* (task types) and *kinds* (:data:`EVENT_KINDS`) filter
     what is yielded (None: all). Bad filters or *since* raise here, not at
-    the first iteration.
+    the first iteration. An entry that is not a readable event
+    (:class:`SkippedEvent`) is left out and named in a warning log line.
     """
     want_kinds = _wanted(kinds, "kinds")
     if want_kinds is not None:
@@ -329,13 +406,16 @@ async def _read(
     want_queues, want_types, want_kinds = wanted
     if last == "$":  # pin "now" so that a reconnect does not skip what came meanwhile
         info: Any = await redis.xrevrange(EVENTS_KEY, count=1)
-        last = _text(info[0][0]) if info else "0"
+        last = _utf8(info[0][0]) if info else "0"
     while True:
         reply: Any = await redis.xread({EVENTS_KEY: last}, count=batch, block=block_ms)
         for _stream, entries in reply or ():
             for entry_id, fields in entries:
-                event = _event(entry_id, fields)
+                event = decode_event(entry_id, fields)
                 last = event.id
+                if isinstance(event, SkippedEvent):
+                    log_skipped([event])  # as it comes: the stream may never end
+                    continue
                 if want_queues is not None and event.queue not in want_queues:
                     continue
                 if want_types is not None and event.type not in want_types:
@@ -345,10 +425,33 @@ async def _read(
                 yield event
 
 
-async def recent_events(redis: RedisClient, *, count: int, after: str | None = None) -> list[Event]:
-    """The newest *count* events (oldest first), or those after the ID *after*."""
+@dataclass(frozen=True, slots=True)
+class RecentEvents:
+    """What :func:`recent_events` read: the events, the entries it skipped, and the ID of
+    the newest entry read (None: none), from which a next read resumes."""
+
+    events: list[Event]
+    skipped: list[SkippedEvent]
+    last: str | None
+
+
+async def recent_events(
+    redis: RedisClient, *, count: int, after: str | None = None
+) -> RecentEvents:
+    """The newest *count* entries (oldest first), or those after the ID *after*, decoded;
+    the unreadable ones are returned as skipped (the caller names them: :func:`log_skipped`)."""
+    entries: Any
     if after:
-        entries: Any = await redis.xrange(EVENTS_KEY, min=f"({stream_id(after)}", count=count)
-        return [_event(i, f) for i, f in entries]
-    entries = await redis.xrevrange(EVENTS_KEY, count=count)
-    return [_event(i, f) for i, f in reversed(entries)]
+        entries = await redis.xrange(EVENTS_KEY, min=f"({stream_id(after)}", count=count)
+    else:
+        entries = await redis.xrevrange(EVENTS_KEY, count=count)
+        entries.reverse()
+    events: list[Event] = []
+    skipped: list[SkippedEvent] = []
+    for entry_id, fields in entries:
+        decoded = decode_event(entry_id, fields)
+        if isinstance(decoded, SkippedEvent):
+            skipped.append(decoded)
+        else:
+            events.append(decoded)
+    return RecentEvents(events, skipped, _utf8(entries[-1][0]) if entries else None)

@@ -87,6 +87,17 @@ def _check(fraction: float, message: str) -> float:
         raise ValueError(
             f"progress message is {len(message)} characters; at most {MAX_MESSAGE_LENGTH}"
         )
+    try:
+        message.encode()
+    except UnicodeEncodeError as exc:
+        # Refused here, where the caller can fix it: the write, in the background later,
+        # could only drop it. A lone surrogate is what os.fsdecode or a
+        # errors="surrogateescape" decode leaves for bytes that are not UTF-8.
+        bad = message[exc.start : exc.end]
+        raise ValueError(
+            f"progress message holds {bad!r} at index {exc.start}: lone surrogates, which "
+            "UTF-8 cannot encode; decode the text with errors='replace', or pass repr() of it"
+        ) from None
     return float(fraction)
 
 
@@ -145,8 +156,9 @@ def progress(fraction: float, message: str = "") -> None:
     a thread started with ``asyncio.to_thread``). It returns at once; the
     value is written to Redis in the background, at most every 100 ms per
     task (the last value always). Raises RuntimeError outside a task handler,
-    TypeError/ValueError for a fraction outside [0, 1] or a message longer
-    than :data:`MAX_MESSAGE_LENGTH`.
+    TypeError/ValueError for a fraction outside [0, 1], a message longer
+    than :data:`MAX_MESSAGE_LENGTH` or one UTF-8 cannot encode (a lone surrogate
+    such as ``"\\udcff"``).
     """
     value = _check(fraction, message)
     current = _current.get()

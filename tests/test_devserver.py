@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -365,3 +366,36 @@ def test_asyncq_dev_says_when_its_server_exits_and_keeps_data_under_xdg(
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 1
     assert "the server exited (status" in err and "Traceback" not in err
+
+
+def _running(pid: int) -> bool:
+    """Whether *pid* is a live process (a zombie waiting for its reaper is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.subprocess
+@needs_embedded
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_asyncq_dev_killed_takes_its_server_along(
+    tmp_path: Path, bare_path: str, dev_procs: list[subprocess.Popen[str]]
+) -> None:
+    proc, url, _ = _start_dev(_env(bare_path), tmp_path / "dev-data")
+    dev_procs.append(proc)
+    port = int(url.split(":")[2][:-2])
+    r = sync_redis.Redis.from_url(url)
+    server_pid = int(r.info("server")["process_id"])
+    r.close()
+    try:
+        proc.kill()  # SIGKILL: no handler of asyncq dev runs
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while _running(server_pid) or redis_answers("127.0.0.1", port):
+            assert time.monotonic() < deadline, "the server outlived asyncq dev"
+            time.sleep(0.05)
+    finally:
+        if _running(server_pid):
+            os.kill(server_pid, signal.SIGKILL)

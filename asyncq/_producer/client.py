@@ -330,7 +330,9 @@ class Client:
         events, an :attr:`Event.id` to resume after it, ``"0"`` for the oldest
         kept, or an aware datetime. It never ends by itself; each caller reads
         the stream independently. Only queues whose servers (and clients)
-        have ``events=`` on produce events: see :mod:`asyncq.events`.
+        have ``events=`` on produce events: see :mod:`asyncq.events`. An
+        entry that is not a readable event is left out and named in a warning
+        log line (:class:`asyncq.events.SkippedEvent`).
         """
         self._check_open()
         return read_events(self.redis, queues=queues, types=types, kinds=kinds, since=since)

@@ -30,7 +30,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from asyncq._keys import expected_type
 from asyncq._redis.options import RedisClient
@@ -234,7 +234,11 @@ def parse_server_version(info: Any) -> tuple[str, str]:
 
 async def check_server_version(redis: RedisClient | FastConnection) -> None:
     """Raise UnsupportedServerError on a Redis older than :data:`MIN_REDIS`."""
-    name, version = parse_server_version(await redis.execute_command("INFO", "server"))
+    try:
+        reply = await redis.execute_command("INFO", "server")
+    except NoPermissionError:
+        return  # an ACL user without INFO: the scripts themselves say what the server lacks
+    name, version = parse_server_version(reply)
     try:
         major_minor = tuple(int(part) for part in version.split(".")[:2])
     except ValueError:

@@ -12,6 +12,7 @@ from redis.exceptions import ResponseError
 from asyncq._duration import format_short, parse_cli_duration
 from asyncq._inspection.inspector import Inspector
 from asyncq._inspection.records import ARCHIVE_LIMIT, ArchiveReport, QueueInfo, ServerInfo
+from asyncq._redis.scripts import parse_server_version
 from asyncq.cli._app import CliError, run_async, settings
 from asyncq.cli._extras import require_extra
 from asyncq.cli._format import (
@@ -151,8 +152,11 @@ def _redis_summary(info: dict[str, Any]) -> dict[str, Any]:
                 info = value
                 break
     uptime = info.get("uptime_in_days")
+    # The server's own name and version: Valkey's redis_version is a compatibility number.
+    server, version = parse_server_version(info)
     return {
-        "version": info.get("redis_version", "?"),
+        "server": server,
+        "version": version or "?",
         "uptime": f"{uptime} day{'s' if uptime != 1 else ''}" if uptime is not None else "?",
         "connections": info.get("connected_clients", "?"),
         "memory_usage": info.get("used_memory_human", "?"),
@@ -221,7 +225,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     click.echo("Redis Info")
     click.echo(
         table(
-            ["version", "uptime", "connections", "memory usage", "peak memory usage"],
+            ["server", "version", "uptime", "connections", "memory usage", "peak memory usage"],
             [[str(v) for v in redis.values()]],
         )
     )

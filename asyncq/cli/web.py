@@ -95,17 +95,10 @@ def web(
     _need("web", "uvicorn")
     import uvicorn
 
-    from asyncq._http import is_loopback
+    from asyncq._http import LoopbackHosts, is_loopback
     from asyncq.web import create_app
 
     uri = _uri(ctx, uri_flag)
-    hosts: list[str] | None = list(allowed_hosts) or None
-    if hosts is None and is_loopback(host):
-        # A page on another site that rebinds its DNS name to a loopback address must not
-        # reach us: only loopback names are accepted in Host, whichever loopback we bind.
-        hosts = ["localhost", "127.0.0.1", "::1", "[::1]"]
-        if host not in hosts:
-            hosts.append(f"[{host}]" if ":" in host else host)
     try:
         app = create_app(
             uri,
@@ -114,10 +107,14 @@ def web(
             password=password,
             token=token,
             poll_interval=timedelta(seconds=poll),
-            allowed_hosts=hosts,
+            allowed_hosts=list(allowed_hosts) or None,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    if not allowed_hosts and is_loopback(host):
+        # A page on another site that rebinds its DNS name to a loopback address must not
+        # reach us: only this server's loopback names pass, the gateway's rule.
+        app.add_middleware(LoopbackHosts)
     if not is_loopback(host) and not (password or token):
         click.echo(
             f"warning: listening on {host} without --password or --token: anyone who can reach "

@@ -42,7 +42,13 @@ from asyncq import (
     TaskInfo,
     TaskNotFoundError,
 )
-from asyncq._http import SegmentPaths, host_is_loopback, is_loopback, route_segments
+from asyncq._http import (
+    SegmentPaths,
+    is_loopback,
+    listening_address,
+    loopback_host_problem,
+    route_segments,
+)
 from asyncq._redis.options import RedisTarget
 from asyncq.gateway._openapi import openapi_document
 from asyncq.gateway._schema import (
@@ -194,16 +200,17 @@ def create_app(
                     "start it with a token to serve other hosts",
                 )
             # A page on another site whose DNS name now points at 127.0.0.1 connects from
-            # loopback too, but its requests carry its own name in Host.
-            named = request.headers.get("host")
-            if not host_is_loopback(named):
+            # loopback too, but its requests carry its own name in Host: the web UI's rule.
+            problem = loopback_host_problem(
+                request.headers.get("host"), listening_address(request.scope)
+            )
+            if problem is not None:
                 raise ApiError(
                     400,
                     "invalid_host",
-                    f"Host header {named!r} does not name this machine (localhost or a "
-                    "loopback address); a gateway without a token serves only those, "
-                    "so a DNS-rebinding page cannot reach it: start it with a token "
-                    "to serve other names",
+                    f"{problem}; a gateway without a token serves only those, so a "
+                    "DNS-rebinding page cannot reach it: start it with a token to serve "
+                    "other names",
                 )
             return
         given = request.headers.get("authorization", "").encode()

@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from asyncq.events import EVENT_KINDS, Event, recent_events
+from asyncq.events import EVENT_KINDS, Event, SkippedEvent, log_skipped, recent_events
 from asyncq.web._api import _inspector, _int, _json
 from asyncq.web._pages import render
 
@@ -33,30 +33,57 @@ def _keep(e: Event, queue: str, task_type: str, kind: str) -> bool:
     )
 
 
-async def _events(request: Request, after: str | None) -> list[Event]:
+def _order(stream_id: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in stream_id.split("-"))
+
+
+async def _events(
+    request: Request, after: str | None
+) -> tuple[list[Event], list[SkippedEvent], str | None]:
+    """The events to show, the unreadable entries among those read (named in one warning
+    line) and the ID the next feed call resumes after (None: nothing read yet)."""
     _, insp = _inspector(request)
     queue, task_type, kind = _filters(request)
     limit = _int(request, "limit", PAGE_EVENTS, hi=PAGE_EVENTS)
     found = await recent_events(insp.redis, count=_SCAN, after=after)
-    kept = [e for e in found if _keep(e, queue, task_type, kind)]
-    return kept[:limit] if after else kept[-limit:]
+    kept = [e for e in found.events if _keep(e, queue, task_type, kind)]
+    skipped, last = found.skipped, found.last
+    if not after:
+        kept = kept[-limit:]
+    elif len(kept) > limit:
+        # The next call resumes after the last event shown: what lies beyond it, the
+        # unreadable entries too, is that call's to show and name.
+        kept = kept[:limit]
+        last = kept[-1].id
+        skipped = [s for s in skipped if _order(s.id) < _order(last)]
+    log_skipped(skipped)
+    return kept, skipped, last
 
 
 async def api_events(request: Request) -> Response:
-    """``GET /api/events?after=<id>&queue=&type=&kind=``: events after *after*, oldest first."""
-    events = await _events(request, request.query_params.get("after") or None)
-    return _json({"events": [e.as_dict() for e in events]})
+    """``GET /api/events?after=<id>&queue=&type=&kind=``: events after *after*, oldest first,
+    the entries skipped as unreadable, and ``last``: the ``after`` of the next call."""
+    events, skipped, last = await _events(request, request.query_params.get("after") or None)
+    return _json(
+        {
+            "events": [e.as_dict() for e in events],
+            "skipped": [s.as_dict() for s in skipped],
+            "last": last,
+        }
+    )
 
 
 async def events_page(request: Request) -> Response:
     _, insp = _inspector(request)
     queue, task_type, kind = _filters(request)
-    events = await _events(request, None)
+    events, skipped, last = await _events(request, None)
     return render(
         request,
         "events.html",
         {
             "events": list(reversed(events)),
+            "skipped": skipped,
+            "last": last or "",
             "queue_filter": queue,
             "type_filter": task_type,
             "kind_filter": kind,

@@ -9,6 +9,7 @@
   const follow = document.getElementById("follow");
   let last = table.dataset.last || "";
   const MAX_ROWS = 500;
+  const MAX_NOTES = 20;
 
   function cell(row, text, cls) {
     const td = row.insertCell();
@@ -41,6 +42,17 @@
     while (body.rows.length > MAX_ROWS) body.deleteRow(body.rows.length - 1);
   }
 
+  // An entry of the stream that is not a readable event: named above the table.
+  function skip(s) {
+    const notes = document.getElementById("skipped-events");
+    if (!notes) return;
+    const p = document.createElement("p");
+    p.className = "banner skipped";
+    p.textContent = "event " + s.id + " skipped: field '" + s.field + "' " + s.problem;
+    notes.appendChild(p);
+    while (notes.children.length > MAX_NOTES) notes.removeChild(notes.firstChild);
+  }
+
   async function poll() {
     if (follow && !follow.checked) return;
     const params = new URLSearchParams();
@@ -52,10 +64,10 @@
       const resp = await fetch(base + "/api/events?" + params, { credentials: "same-origin" });
       if (!resp.ok) return;
       const data = await resp.json();
-      for (const e of data.events) {
-        add(e);
-        last = e.id;
-      }
+      for (const e of data.events) add(e);
+      // Past the skipped entries too, so that each is named once.
+      if (data.last) last = data.last;
+      for (const s of data.skipped || []) skip(s);
       if (data.events.length) {
         const empty = document.getElementById("no-events");
         if (empty) empty.remove();
