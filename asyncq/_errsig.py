@@ -6,7 +6,11 @@ asynq did. Two failures have the same *signature* when their exception type
 is the same and their messages are equal once the parts that vary from one
 occurrence to the next are folded into placeholders:
 
-* quoted strings (``'...'`` or ``"..."``, not an apostrophe inside a word) -> ``'<str>'``
+* quoted strings (``'...'`` or ``"..."``, not an apostrophe inside a word) -> ``'<str>'``,
+  except a name the message labels as a field, argument, parameter, attribute, column
+  or option (``payload field 'user_id'``, ``no attribute 'total'``, ``missing 1
+  required positional argument: 'x'``): that name says *which* one failed, so it is
+  kept, with only the list indices of a dotted path (``'items.3.sku'``) folded to ``<n>``
 * UUIDs -> ``<uuid>``
 * IPv4 addresses with an optional port, bracketed IPv6 addresses with a port,
   and bare IPv6 addresses -> ``<ip>``
@@ -55,6 +59,13 @@ _HEX = re.compile(
     r"(?:0[xX][0-9a-fA-F]+|(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,})(?!\w)"
 )
 _NUMBER = re.compile(r"(?<![A-Za-z\d.])[-+]?\d+(?:\.\d+)*(?:[eE][-+]?\d+)?(?!\d)")
+# A quoted name kept whole: an identifier, or a dotted path of them and list indices
+# (pydantic's locations; ``<n>``, an index folded already), right after a word labelling
+# it as one.
+_LABEL_WORD = re.compile(r"field|argument|parameter|attribute|column|option")
+_LABEL_BEFORE = re.compile(r"(?<!\S)(?:field|argument|parameter|attribute|column|option):?\s+\Z")
+_NAME = re.compile(r"[A-Za-z_]\w*(?:\.(?:[A-Za-z_]\w*|\d+|<n>))*")
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|\Z)")
 _SPACE = re.compile(r"\s+")
 
 
@@ -89,14 +100,47 @@ def split_error(text: str) -> tuple[str, str]:
     return match.group(1), text[match.end() :].strip()
 
 
-def normalise_message(message: str) -> str:
-    """*message* with quoted strings, UUIDs, addresses, hex ids and numbers folded."""
-    out = _QUOTED.sub("'<str>'", message)
+def _fold(text: str) -> str:
+    out = _QUOTED.sub("'<str>'", text)
     out = _UUID.sub("<uuid>", out)
     out = _IP.sub("<ip>", out)
     out = _HEX.sub("<hex>", out)
     out = _NUMBER.sub("<n>", out)
-    out = _SPACE.sub(" ", out).strip()
+    return _SPACE.sub(" ", out)
+
+
+def _kept_name(message: str, quoted: re.Match[str]) -> str | None:
+    """The quoted string *quoted* as kept (its list indices folded), or None to fold it."""
+    text = quoted.group()
+    name = text[1:-1]
+    start = quoted.start()
+    if _NAME.fullmatch(name) is None:
+        return None
+    if not _LABEL_BEFORE.search(message, max(0, start - 40), start):
+        return None
+    return text[0] + _INDEX.sub("<n>", name) + text[0]
+
+
+def normalise_message(message: str) -> str:
+    """*message* with quoted strings, UUIDs, addresses, hex ids and numbers folded; the
+    names of fields, arguments and the like kept."""
+    out = ""
+    if _LABEL_WORD.search(message):
+        pos = 0
+        for quoted in _QUOTED.finditer(message):
+            name = _kept_name(message, quoted)
+            if name is None:
+                continue
+            # The text between kept names is folded on its own: a kept name ends the
+            # quoted strings, numbers and ids before it as the end of the text would.
+            out += _fold(message[pos : quoted.start()])
+            if len(out.lstrip()) + len(name) > MAX_MESSAGE:
+                # Cut short, the name would fold differently when normalised again.
+                return out.strip()[:MAX_MESSAGE].rstrip()
+            out += name
+            pos = quoted.end()
+        message = message[pos:]
+    out = (out + _fold(message)).strip()
     return out[:MAX_MESSAGE].rstrip()
 
 

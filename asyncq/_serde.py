@@ -241,7 +241,9 @@ class ArgumentsCodec:
         try:
             return self._get_adapter().validate_json(payload or b"{}")
         except ValidationError as exc:
-            raise TaskArgumentError(_describe(self._task, exc, "payload field")) from None
+            # The whole sentence a stored error and the Failures page show, the task named once.
+            detail = _describe(self._task, exc, "payload field")
+            raise TaskArgumentError(f"invalid payload for {detail}") from None
 
     def call(self, fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
         """Call *fn* with decoded arguments (positional-only ones positionally)."""

@@ -419,7 +419,7 @@ class TypedTask(TaskCall[P, R]):
         try:
             arguments = self._args.decode(task.payload)
         except TaskArgumentError as exc:
-            raise SkipRetry(f"invalid payload for {self.name}: {exc}") from exc
+            raise SkipRetry(str(exc)) from exc
         token = _current_task.set(task)
         try:
             if inspect.iscoroutinefunction(self.fn):

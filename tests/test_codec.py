@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncq._codec import decode_task_message, encode_task_message
+from asyncq._codec import decode_task_message, encode_task_headers, encode_task_message
 from asyncq.proto.asynq import TaskMessage
 
 int32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
@@ -71,3 +71,14 @@ def test_unknown_fields_survive_a_round_trip() -> None:
 def test_malformed_bytes_raise_value_error(data: bytes) -> None:
     with pytest.raises(ValueError, match="TaskMessage"):
         decode_task_message(data)
+
+
+def test_a_repeated_header_key_keeps_the_last_value() -> None:
+    # Protobuf map semantics (protobuf-go, betterproto2): of two entries with one key, the
+    # last wins. asyncq never writes two, but another producer's message may hold them.
+    first = encode_task_headers({"trace": "old", "tenant": "a"})
+    last = encode_task_headers({"trace": "new"})
+    data = bytes(TaskMessage(type="t", id="i")) + first + last
+    decoded = decode_task_message(data)
+    assert decoded.headers == {"trace": "new", "tenant": "a"}
+    assert decoded.headers == TaskMessage.parse(data).headers

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
+from asyncq._broker.delivery import DeliveryNote, parse_note
 from asyncq._worker.processor import DELIVERY_TTL, REGISTER_EVERY
 from asyncq.mux import sync_limiter
 from asyncq.task import Task
@@ -199,6 +201,17 @@ async def test_an_unreadable_note_is_logged_and_starts_nothing() -> None:
     ] * 2
     assert "malformed delivery note" in errors[0]["error"]
     assert "shorter than its header says" in errors[1]["error"]
+
+
+def test_a_note_exactly_as_long_as_its_header_says_is_read_and_one_byte_less_is_not() -> None:
+    # The boundary of the length check: queue and id filling the rest, with no message,
+    # still parse (the message decodes as unusable later); one byte fewer is refused here.
+    assert parse_note(b"17 7 3 defaultabc") == DeliveryNote(17, "default", "abc", b"")
+    assert parse_note(b"17 7 3 defaultabc\x0a\x01t") == DeliveryNote(
+        17, "default", "abc", b"\x0a\x01t"
+    )
+    with pytest.raises(ValueError, match="shorter than its header says"):
+        parse_note(b"17 7 3 defaultab")
 
 
 async def test_a_task_delivered_during_shutdown_is_requeued() -> None:

@@ -307,8 +307,9 @@ class ErrorGroup:
     """asyncq: failed tasks sharing one error signature (:meth:`Inspector.error_groups`).
 
     The signature is the exception type and the message with numbers, hex ids,
-    UUIDs, addresses and quoted strings folded (``KeyError: '<str>'``), so 4,800
-    failures of one cause form one group whatever ids their messages carry.
+    UUIDs, addresses and quoted strings folded (``KeyError: '<str>'``; the quoted name
+    of a field, argument and the like is kept), so 4,800 failures of one cause form
+    one group whatever ids their messages carry.
     """
 
     key: str

@@ -529,7 +529,9 @@ def _rates(items: tuple[str, ...], option: str = "--rate-limit") -> dict[str, st
     try:
         validate(option, out)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=option) from None
+        # click names the option itself ("Invalid value for --rate-limit: ..."): once is enough.
+        problem = str(exc).removeprefix(f"{option}: ")
+        raise click.BadParameter(problem, param_hint=option) from None
     return out
 
 
