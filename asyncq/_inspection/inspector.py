@@ -90,7 +90,7 @@ from asyncq.errors import (
     QueueNotFoundError,
 )
 from asyncq.history import TypeMetrics, read_history
-from asyncq.progress import parse_progress, progress_key, read_progress
+from asyncq.progress import parse_progress, progress_key, read_progress, settled
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import TaskInfo, TaskState
 
@@ -627,7 +627,7 @@ class Inspector:
         keys.refuse_braces("task ID", task_id)
         await self._require_queue(queue)
         info = self._info(await self._rdb.get_task(queue, task_id))
-        stored = await read_progress(self._conn.redis, queue, task_id)
+        stored = settled(await read_progress(self._conn.redis, queue, task_id), info.state)
         return info if stored is None else replace(info, progress=stored)
 
     async def list_tasks(
