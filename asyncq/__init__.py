@@ -81,6 +81,7 @@ if TYPE_CHECKING:
         current_task,
     )
     from asyncq.errors import (
+        AmbiguousIdError,
         AsyncqError,
         BrokerError,
         DeadlineExceededError,
@@ -112,6 +113,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Aggregation",
+    "AmbiguousIdError",
     "App",
     "ArchiveReport",
     "AsyncqError",
@@ -271,6 +273,7 @@ _HOMES: dict[str, str] = {
     "TypedTask": "asyncq.app",
     "WorkerOptions": "asyncq.app",
     "current_task": "asyncq.app",
+    "AmbiguousIdError": "asyncq.errors",
     "AsyncqError": "asyncq.errors",
     "BrokerError": "asyncq.errors",
     "DeadlineExceededError": "asyncq.errors",

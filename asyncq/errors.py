@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TypeVar
 
 __all__ = [
+    "AmbiguousIdError",
     "AsyncqError",
     "BrokerError",
     "DeadlineExceededError",
@@ -62,12 +64,31 @@ class QueueNotEmptyError(AsyncqError):
 
 
 class TaskNotFoundError(AsyncqError):
-    """No task with that ID exists in the queue."""
+    """No task with that ID exists in the queue (*queue* None: in any queue)."""
 
-    def __init__(self, queue: str, task_id: str) -> None:
+    def __init__(self, queue: str | None, task_id: str) -> None:
         self.queue = queue
         self.task_id = task_id
-        super().__init__(f"task not found: id={task_id!r} queue={queue!r}")
+        where = "in any queue" if queue is None else f"queue={queue!r}"
+        super().__init__(f"task not found: id={task_id!r} {where}")
+
+
+class AmbiguousIdError(AsyncqError):
+    """An ID or ID prefix given by a person names more than one task or workflow.
+
+    *kind* is ``"task"`` or ``"workflow"``; *candidates* are ``<queue>/<id>`` of
+    the matches found (at most a handful: *more* tells that there are others).
+    """
+
+    def __init__(self, kind: str, given: str, candidates: Sequence[str], *, more: bool) -> None:
+        self.kind = kind
+        self.given = given
+        self.candidates = list(candidates)
+        listed = ", ".join(self.candidates) + (", ..." if more else "")
+        super().__init__(
+            f"{kind} ID {given!r} is ambiguous: it matches {listed}; "
+            "give more of the ID, or the queue"
+        )
 
 
 class FailedPreconditionError(AsyncqError):

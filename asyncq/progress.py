@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import json
 import math
 import time
@@ -57,6 +58,7 @@ __all__ = [
     "progress_channel",
     "progress_key",
     "read_progress",
+    "settled",
     "watch_progress",
 ]
 
@@ -323,6 +325,23 @@ async def read_progress(redis: RedisClient, queue: str, task_id: str) -> TaskPro
     return parse_progress(await redis.hgetall(progress_key(queue, task_id)))
 
 
+def settled(stored: TaskProgress | None, state: TaskState | None) -> TaskProgress | None:
+    """*stored* as shown for a task in *state*: a succeeded (completed) task is at 100 %.
+
+    Handlers report before or during each step, so ``progress(i / n)`` in a loop
+    last reports (n-1)/n and the return is the last step. The fraction is settled
+    where progress is read rather than written as 1.0 when the handler returns: the
+    worker writes its last value then, before the acknowledgement decides the
+    outcome (a lost lease still retries the task), so 100 % could show for a task
+    that runs again, while the completed state is the outcome itself. Reading also
+    settles what older asyncq workers stored. The message and time stay the
+    handler's last.
+    """
+    if stored is None or state is not TaskState.COMPLETED or stored.fraction >= 1.0:
+        return stored
+    return dataclasses.replace(stored, fraction=1.0)
+
+
 def _update(data: Any) -> TaskProgress | None:
     try:
         raw = json.loads(data)
@@ -384,7 +403,15 @@ async def watch_progress(
                 current = await state()
                 if current in (None, TaskState.COMPLETED, TaskState.ARCHIVED):
                     final = await read_progress(redis, queue, task_id)
-                    if final is not None and (last is None or final.updated_at > last.updated_at):
+                    if current is TaskState.COMPLETED:
+                        # Succeeded. (Without a retention a succeeded task is deleted, which
+                        # reads as a deletion: the stream then ends at the last report.)
+                        final = settled(final or last, current)
+                    if final is not None and (
+                        last is None
+                        or final.updated_at > last.updated_at
+                        or final.fraction > last.fraction
+                    ):
                         yield final
                     return
     finally:

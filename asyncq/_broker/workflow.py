@@ -86,12 +86,14 @@ AckMode = Literal["done", "complete", "archive", "revoke"]
 
 
 class WorkflowNotFoundError(AsyncqError):
-    """No workflow with that id exists under that queue (never started, or expired)."""
+    """No workflow with that id exists under that queue (never started, or expired;
+    *queue* None: under any queue)."""
 
-    def __init__(self, queue: str, workflow_id: str) -> None:
+    def __init__(self, queue: str | None, workflow_id: str) -> None:
         self.queue = queue
         self.workflow_id = workflow_id
-        super().__init__(f"workflow not found: id={workflow_id!r} queue={queue!r}")
+        where = "in any queue" if queue is None else f"queue={queue!r}"
+        super().__init__(f"workflow not found: id={workflow_id!r} {where}")
 
 
 class WorkflowExistsError(BrokerError):

@@ -34,6 +34,7 @@ Deliberate differences from asynq:
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import time
 import types
@@ -84,13 +85,15 @@ from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._time import GO_ZERO_TIME, utc_from_timestamp
 from asyncq.errors import (
+    AmbiguousIdError,
     BrokerError,
     FailedPreconditionError,
     QueueNotEmptyError,
     QueueNotFoundError,
+    TaskNotFoundError,
 )
 from asyncq.history import TypeMetrics, read_history
-from asyncq.progress import parse_progress, progress_key, read_progress
+from asyncq.progress import parse_progress, progress_key, read_progress, settled
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import TaskInfo, TaskState
 
@@ -104,6 +107,10 @@ _WORKFLOW_SCAN_CALLS = 20
 """SCAN calls one page of workflows may make per queue before it returns what it has
 (with a cursor to go on): a page never walks more than about 20,000 keys of a queue."""
 _FINISHED_STEPS = ("succeeded", "failed", "canceled")
+_LOOKUP_CONCURRENCY = 16
+"""Queues asked at once when looking an ID up in every queue."""
+_MAX_CANDIDATES = 10
+"""Matches of an ID prefix named in an AmbiguousIdError (the SCAN stops after one more)."""
 
 
 def _glob_escape(text: str) -> str:
@@ -182,6 +189,17 @@ _TRIAGE_STATES = (TaskState.RETRY, TaskState.ARCHIVED)
 ERROR_SCAN_LIMIT = 20_000
 """Default number of failed tasks :meth:`Inspector.error_groups` reads (newest first)."""
 _SAMPLE = 5
+
+
+def _given_id(kind: str, text: str) -> str:
+    """An ID as typed (surrounding blanks dropped), refused when empty or holding a brace."""
+    if not isinstance(text, str):
+        raise TypeError(f"{kind} ID must be a str, got {type(text).__name__}")
+    text = text.strip()
+    if not text:
+        raise ValueError(f"{kind} ID cannot be empty")
+    keys.refuse_braces(f"{kind} ID", text)
+    return text
 
 
 def _triage_states(states: Iterable[TaskState | str]) -> tuple[TaskState, ...]:
@@ -627,8 +645,82 @@ class Inspector:
         keys.refuse_braces("task ID", task_id)
         await self._require_queue(queue)
         info = self._info(await self._rdb.get_task(queue, task_id))
-        stored = await read_progress(self._conn.redis, queue, task_id)
+        stored = settled(await read_progress(self._conn.redis, queue, task_id), info.state)
         return info if stored is None else replace(info, progress=stored)
+
+    async def find_task(self, task_id: str) -> list[TaskInfo]:
+        """The task with ID *task_id* in every queue that holds one (usually one or none:
+        asynq's IDs are unique per queue only). Raises ValueError for an empty ID."""
+        task_id = _given_id("task", task_id)
+        names = await self.queues()
+        limit = asyncio.Semaphore(_LOOKUP_CONCURRENCY)
+
+        async def one(name: str) -> TaskInfo | None:
+            async with limit:
+                try:
+                    return await self.get_task(name, task_id)
+                except (TaskNotFoundError, QueueNotFoundError):
+                    return None
+
+        return [t for t in await asyncio.gather(*(one(n) for n in names)) if t is not None]
+
+    async def lookup_task(self, id_or_prefix: str, *, queue: str | None = None) -> TaskInfo:
+        """The task a person names: by its whole ID or, when no task has that ID, by the
+        start of one (the 8 characters the web UI, ``asyncq dash`` and the events show
+        of a UUID); in *queue*, or in any queue when *queue* is None.
+
+        Raises TaskNotFoundError when nothing matches, AmbiguousIdError (naming the
+        candidates) when several tasks do, ValueError for an empty ID. The prefix
+        search SCANs the keys of each queue searched, so it is for people, not loops.
+        """
+        given = _given_id("task", id_or_prefix)
+        if queue is not None:
+            try:
+                return await self.get_task(queue, given)
+            except TaskNotFoundError:
+                names = [queue]
+        else:
+            exact = await self.find_task(given)
+            if len(exact) == 1:
+                return exact[0]
+            if exact:  # one ID in several queues
+                raise AmbiguousIdError(
+                    "task", given, [f"{t.queue}/{t.id}" for t in exact], more=False
+                )
+            names = await self.queues()
+        (found_queue, found_id) = await self._one_by_prefix(
+            "task", names, keys.task_key_prefix, given, TaskNotFoundError(queue, given)
+        )
+        return await self.get_task(found_queue, found_id)
+
+    async def _one_by_prefix(
+        self,
+        kind: str,
+        names: Sequence[str],
+        key_prefix: Callable[[str], str],
+        given: str,
+        not_found: Exception,
+    ) -> tuple[str, str]:
+        """(queue, id) of the one key ``key_prefix(queue) + id`` of *names* whose id starts
+        with *given*; raises *not_found* when there is none, AmbiguousIdError when more."""
+        redis = self._conn.redis
+        found: list[tuple[str, str]] = []
+        for name in names:
+            prefix = key_prefix(name)
+            scan_cursor = 0
+            while len(found) <= _MAX_CANDIDATES:
+                scan_cursor, batch = await _scan_node(
+                    redis, scan_cursor, _glob_escape(prefix + given) + "*", prefix
+                )
+                found += sorted((name, _text(raw)[len(prefix) :]) for raw in batch)
+                if scan_cursor == 0:
+                    break
+        if not found:
+            raise not_found
+        if len(found) > 1:
+            shown = [f"{q}/{i}" for q, i in found[:_MAX_CANDIDATES]]
+            raise AmbiguousIdError(kind, given, shown, more=len(found) > _MAX_CANDIDATES)
+        return found[0]
 
     async def list_tasks(
         self,
@@ -1045,6 +1137,39 @@ class Inspector:
         if info is None:
             raise WorkflowNotFoundError(queue, workflow_id)
         return info
+
+    async def lookup_workflow(self, id_or_prefix: str, *, queue: str | None = None) -> WorkflowInfo:
+        """The workflow a person names: by its whole id or, when no workflow has that
+        id, by the start of one; under *queue* (its first step's) or any queue when None.
+
+        Raises WorkflowNotFoundError when nothing matches, AmbiguousIdError (naming
+        the candidates) when several workflows do, ValueError for an empty id. As
+        :meth:`lookup_task`, the prefix search SCANs the keys of the queues searched.
+        """
+        given = _given_id("workflow", id_or_prefix)
+        names = [queue] if queue is not None else await self.queues()
+        redis = self._conn.redis
+        limit = asyncio.Semaphore(_LOOKUP_CONCURRENCY)
+
+        async def one(name: str) -> WorkflowInfo | None:
+            async with limit:
+                return await read_workflow(redis, name, given)
+
+        exact = [w for w in await asyncio.gather(*(one(n) for n in names)) if w is not None]
+        if len(exact) == 1:
+            return exact[0]
+        if exact:  # one id under several queues
+            raise AmbiguousIdError(
+                "workflow", given, [f"{w.queue}/{w.id}" for w in exact], more=False
+            )
+        found_queue, found_id = await self._one_by_prefix(
+            "workflow",
+            names,
+            lambda name: workflow_key(name, "_")[:-1],
+            given,
+            WorkflowNotFoundError(queue, given),
+        )
+        return await self.get_workflow(found_queue, found_id)
 
     async def workflows(
         self, queue: str | None = None, *, limit: int = 50, cursor: str | None = None

@@ -58,7 +58,8 @@ Other differences from asynq, on purpose:
 
 * the first heartbeat is written at :meth:`Scheduler.start` (asynq waits one
   interval, so a new scheduler is invisible for 10 s), and again right after
-  each ``register``/``unregister`` while running;
+  each ``register``/``unregister`` while running and after each tick (so the
+  listed previous and next runs are current at once, not up to an interval late);
 * ``unregister`` also deletes the entry's history once its in-flight ticks are
   done (asynq only deletes histories at shutdown and leaks the others);
 * the pre/post hooks run in the scheduler that enqueues the tick only;
@@ -539,9 +540,8 @@ class Scheduler(Service):
 
     async def _tick_loop(self, entry: _Entry) -> None:
         grace = self.misfire_grace
-        tick = _next_tick(entry.schedule, datetime.now(UTC))
+        tick = entry.next = _next_tick(entry.schedule, datetime.now(UTC))
         while True:
-            entry.next = tick
             await _sleep_until(tick)
             entry.prev = tick
             self._start_fire(entry, tick)
@@ -559,7 +559,11 @@ class Scheduler(Service):
                     resumed_at=resumed.isoformat(),
                 )
                 following = resumed
-            tick = following
+            tick = entry.next = following
+            # Rewrite the entries record now rather than at the next heartbeat (up to an
+            # interval away): until then `cron ls` and the web UI read the record written
+            # before this tick, "Prev: never" and "Next: <this tick> (now)".
+            self._beat_now.set()
 
     def _start_fire(self, entry: _Entry, tick: datetime) -> None:
         assert self._tg is not None

@@ -30,7 +30,7 @@ from asyncq.cli._format import (
 from asyncq.errors import AsyncqError
 from asyncq.task import TaskInfo, TaskState
 
-__all__ = ["register"]
+__all__ = ["given_id", "lookup_options", "register"]
 
 T = TypeVar("T")
 
@@ -436,14 +436,48 @@ def task_ls(
     click.echo(table(headers, rows, keep=[0]))
 
 
+def lookup_options(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """ID as an argument (or ``--id``/``-i``, the older spelling) and an optional queue."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn = click.option(
+            "--id", "-i", "id_option", metavar="ID", help="The same as ID (the older spelling)."
+        )(fn)
+        fn = click.option(
+            "--queue", "-q", help=f"Queue of the {kind} [default: look in every queue]."
+        )(fn)
+        return click.argument("id_argument", metavar="ID", required=False)(fn)
+
+    return wrap
+
+
+def given_id(id_argument: str | None, id_option: str | None) -> str:
+    """The one ID given, as ID or with --id."""
+    if id_argument is None and id_option is None:
+        raise click.UsageError("Missing argument 'ID'.")
+    if id_argument is not None and id_option is not None and id_argument != id_option:
+        raise click.UsageError(f"two IDs given ({id_argument!r} and --id {id_option!r}): give one")
+    return id_argument if id_argument is not None else str(id_option)
+
+
 @task.command("inspect")
-@queue_option
-@id_option
+@lookup_options("task")
 @json_option
 @click.pass_context
-def task_inspect(ctx: click.Context, queue: str, task_id: str, as_json: bool) -> None:
-    """Show every detail of one task."""
-    info = with_inspector(ctx, lambda insp: insp.get_task(queue, task_id))
+def task_inspect(
+    ctx: click.Context,
+    id_argument: str | None,
+    queue: str | None,
+    id_option: str | None,
+    as_json: bool,
+) -> None:
+    """Show every detail of one task.
+
+    ID is the task's ID or its start (the 8 characters the web UI, dash and
+    events show), looked up in every queue unless --queue is given.
+    """
+    task_id = given_id(id_argument, id_option)
+    info = with_inspector(ctx, lambda insp: insp.lookup_task(task_id, queue=queue))
     click.echo(to_json(info) if as_json else task_text(info))
 
 

@@ -14,6 +14,7 @@ from asyncq import Inspector, WorkflowInfo
 from asyncq._duration import format_short
 from asyncq._inspection.records import WorkflowPage
 from asyncq.cli._app import run_async, settings
+from asyncq.cli._commands import given_id, lookup_options
 from asyncq.cli._format import format_time, table
 
 __all__ = ["register", "workflow"]
@@ -166,27 +167,48 @@ def workflow_ls(
 
 
 @workflow.command("inspect")
-@click.option("--queue", "-q", required=True, help="Queue of the workflow's first step.")
-@click.option("--id", "-i", "workflow_id", required=True, help="Workflow id.")
+@lookup_options("workflow's first step")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def workflow_inspect(ctx: click.Context, queue: str, workflow_id: str, as_json: bool) -> None:
-    """Show a workflow's state and every step's state."""
-    info: WorkflowInfo = _with_inspector(ctx, lambda i: i.get_workflow(queue, workflow_id))
+def workflow_inspect(
+    ctx: click.Context,
+    id_argument: str | None,
+    queue: str | None,
+    id_option: str | None,
+    as_json: bool,
+) -> None:
+    """Show a workflow's state and every step's state.
+
+    ID is the workflow's id or its start, looked up under every queue unless
+    --queue (its first step's queue) is given.
+    """
+    workflow_id = given_id(id_argument, id_option)
+    info: WorkflowInfo = _with_inspector(ctx, lambda i: i.lookup_workflow(workflow_id, queue=queue))
     click.echo(json.dumps(_as_dict(info), indent=2) if as_json else _text(info))
 
 
 @workflow.command("cancel")
-@click.option("--queue", "-q", required=True, help="Queue of the workflow's first step.")
-@click.option("--id", "-i", "workflow_id", required=True, help="Workflow id.")
+@lookup_options("workflow's first step")
 @click.pass_context
-def workflow_cancel(ctx: click.Context, queue: str, workflow_id: str) -> None:
-    """Cancel a workflow: steps not started are deleted, no further step is enqueued."""
-    before: str = _with_inspector(ctx, lambda i: i.cancel_workflow(queue, workflow_id))
+def workflow_cancel(
+    ctx: click.Context, id_argument: str | None, queue: str | None, id_option: str | None
+) -> None:
+    """Cancel a workflow: steps not started are deleted, no further step is enqueued.
+
+    ID is the workflow's id or its start (a prefix must match one workflow
+    only), looked up under every queue unless --queue is given.
+    """
+    workflow_id = given_id(id_argument, id_option)
+
+    async def go(insp: Inspector) -> tuple[str, str]:
+        info = await insp.lookup_workflow(workflow_id, queue=queue)
+        return info.id, await insp.cancel_workflow(info.queue, info.id)
+
+    found_id, before = _with_inspector(ctx, go)
     if before == "running":
-        click.echo(f"Workflow {workflow_id} canceled")
+        click.echo(f"Workflow {found_id} canceled")
     else:
-        click.echo(f"Workflow {workflow_id} was already {before}; nothing changed")
+        click.echo(f"Workflow {found_id} was already {before}; nothing changed")
 
 
 def register(group: click.Group) -> None:

@@ -29,7 +29,7 @@ from asyncq import (
 from asyncq.web._errors import error_body
 from asyncq.web._state import WebState, state
 
-__all__ = ["api_routes", "find_task", "history_totals", "queue_infos", "task_page"]
+__all__ = ["api_routes", "history_totals", "queue_infos", "task_page"]
 
 _log = structlog.get_logger("asyncq.web")
 
@@ -114,24 +114,6 @@ async def history_totals(inspector: Inspector, days: int) -> list[dict[str, Any]
         processed, failed = totals.get(day, [0, 0])
         out.append({"date": day.isoformat(), "processed": processed, "failed": failed})
     return out
-
-
-async def find_task(inspector: Inspector, task_id: str) -> list[TaskInfo]:
-    """The task with this ID in every queue that holds one (usually one or none)."""
-    task_id = task_id.strip()
-    if not task_id:
-        raise ValueError("task ID cannot be empty")
-    names = await inspector.queues()
-    limit = asyncio.Semaphore(_CONCURRENCY)
-
-    async def one(name: str) -> TaskInfo | None:
-        async with limit:
-            try:
-                return await inspector.get_task(name, task_id)
-            except (TaskNotFoundError, QueueNotFoundError):
-                return None
-
-    return [t for t in await asyncio.gather(*(one(n) for n in names)) if t is not None]
 
 
 def _count(info: QueueInfo, st: TaskState, group: str | None, groups: dict[str, int]) -> int:
@@ -256,7 +238,7 @@ async def get_task(request: Request) -> Response:
 
 async def search_task(request: Request) -> Response:
     _, insp = _inspector(request)
-    found = await find_task(insp, request.path_params["task_id"])
+    found = await insp.find_task(request.path_params["task_id"])
     if not found:
         message = f"no task with ID {request.path_params['task_id']!r}"
         return _json(error_body(404, message, code="task_not_found"), 404)

@@ -17,7 +17,7 @@ from asyncq import QueueNotFoundError, SkippedQueue, TaskState
 from asyncq._duration import format_short
 from asyncq._http import quote_segment
 from asyncq._inspection.records import ARCHIVE_LIMIT, WorkerInfo
-from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, find_task, queue_infos, task_page
+from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, queue_infos, task_page
 from asyncq.web._state import state
 
 __all__ = ["STATE_ORDER", "page_routes", "templates"]
@@ -246,7 +246,7 @@ async def redis_page(request: Request) -> Response:
 async def search(request: Request) -> Response:
     insp = state(request).inspector()
     task_id = (request.query_params.get("id") or "").strip()
-    found = await find_task(insp, task_id) if task_id else []
+    found = await insp.find_task(task_id) if task_id else []
     base = request.scope.get("root_path", "").rstrip("/")
     if len(found) == 1:
         t = found[0]
