@@ -120,9 +120,13 @@ def _tests_session(session: nox.Session, *, whole: bool) -> None:
         args += COVERAGE
     if session.posargs:
         args += ["--cov-fail-under=0", *session.posargs]
-    elif not whole and session.python != PYTHON:
+    elif whole:
+        pass
+    elif session.python != PYTHON:
         session.log(f"Python {session.python}: the compatibility subset (noxfile COMPAT)")
         args += [f"tests/{name}" for name in COMPAT]
+    else:
+        args += ["-m", "not bench"]  # the benchmark harness's tests: `nox -s benchcheck`
     session.run("pytest", *args)
 
 
@@ -142,6 +146,18 @@ def tests(session: nox.Session) -> None:
 def full(session: nox.Session) -> None:
     """The whole test suite on every supported Python found (3.11 with coverage)."""
     _tests_session(session, whole=True)
+
+
+@nox.session(python=PYTHON)
+def benchcheck(session: nox.Session) -> None:
+    """The benchmark harness's own tests (``-m bench``): every benchmark of ``nox -s bench``
+    run small against the peers present, its report checked (no timing asserted).
+
+    Not part of ``nox`` (they time nothing of the package and take a minute of CPU);
+    CI runs them after it. Extra arguments go to pytest.
+    """
+    session.install("-e", ".[dev]")
+    session.run("pytest", "-n", "2", "--dist", "loadgroup", "-m", "bench", *session.posargs)
 
 
 SERVER_WHEELS = (

@@ -32,7 +32,7 @@ from benchmarks.systems import _common
 # One xdist worker runs the whole module; the runs are session-scoped fixtures because
 # --dist loadgroup interleaves other modules' tests, which would tear down a
 # module-scoped one and run it again.
-pytestmark = pytest.mark.xdist_group("bench_quick")
+pytestmark = [pytest.mark.bench, pytest.mark.xdist_group("bench_quick")]
 
 BENCH_DB = 13  # the harness flushes its database; keep it away from other tests' db 0
 

@@ -23,6 +23,7 @@ from benchmarks import scale
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [
+    pytest.mark.bench,
     pytest.mark.subprocess,
     pytest.mark.slow,
     pytest.mark.timeout(400),
