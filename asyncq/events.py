@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from asyncq._batch import TurnBatcher
+from asyncq._cancel import raise_if_cancelling
 from asyncq._keys import EVENTS_KEY
 from asyncq._logging import LazyLogger
 from asyncq._redis.options import RedisClient
@@ -409,6 +410,7 @@ async def _read(
         last = _utf8(info[0][0]) if info else "0"
     while True:
         reply: Any = await redis.xread({EVENTS_KEY: last}, count=batch, block=block_ms)
+        raise_if_cancelling()
         for _stream, entries in reply or ():
             for entry_id, fields in entries:
                 event = decode_event(entry_id, fields)

@@ -559,12 +559,6 @@ async def test_tasks_dequeued_by_a_call_whose_reply_was_lost_come_back_by_lease_
     async def handle(task: Task) -> None:
         attempts.append(task.retry_count)
 
-    server = await serve(
-        one_handler("l", handle),
-        lease_duration=timedelta(seconds=2),
-        recoverer_cutoff=timedelta(0),
-        retry_delay=lambda n, e, t: timedelta(0),
-    )
     dequeue = MultiQueue.dequeue
     lost: list[str] = []
 
@@ -580,7 +574,14 @@ async def test_tasks_dequeued_by_a_call_whose_reply_was_lost_come_back_by_lease_
         return got
 
     monkeypatch.setattr(MultiQueue, "dequeue", reply_lost)
+    # Written before the server starts: an idle server would have it delivered, not fetched.
     info = await client.enqueue(Task("l"))
+    server = await serve(
+        one_handler("l", handle),
+        lease_duration=timedelta(seconds=2),
+        recoverer_cutoff=timedelta(0),
+        retry_delay=lambda n, e, t: timedelta(0),
+    )
     await wait_until(lambda: lost, what="a dequeue reply lost")
     assert lost == [info.id]
     assert await redis.zscore(keys.lease_key(Q), info.id) is not None

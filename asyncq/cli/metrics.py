@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import click
 
+from asyncq._cancel import raise_if_cancelling
 from asyncq._duration import format_short
 from asyncq._inspection.inspector import Inspector
 from asyncq.cli._commands import DURATION, json_option, with_inspector
@@ -158,13 +159,8 @@ def metrics_top(
         return
 
     async def loop(insp: Inspector) -> None:
-        this = asyncio.current_task()
         while True:
-            # Python 3.11's asyncio.wait_for (redis-py writes through it) swallows a
-            # cancellation that lands as its awaitable finishes, so Ctrl-C's one cancel
-            # can be lost; the request is still counted, and honoured here.
-            if this is not None and this.cancelling():
-                raise asyncio.CancelledError
+            raise_if_cancelling()  # Ctrl-C's one cancel may have been swallowed by Redis I/O
             text = top_text(
                 await read(insp), sort=sort, limit=limit, window=window, now=datetime.now(UTC)
             )
