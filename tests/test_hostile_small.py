@@ -26,6 +26,7 @@ async def test_progress_refuses_a_lone_surrogate_where_it_is_given(
     redis: Redis, client: Client, serve: Any
 ) -> None:
     refused: list[str] = []
+    read = asyncio.Event()
 
     async def handler(task: Task) -> None:
         try:
@@ -33,6 +34,8 @@ async def test_progress_refuses_a_lone_surrogate_where_it_is_given(
         except ValueError as exc:
             refused.append(str(exc))
         asyncq.progress(0.5, "rows 5/10")
+        # Still running while the test reads it: a succeeded task reads as 100 %.
+        await read.wait()
 
     mux = ServeMux()
     mux.handle("t", handler)
@@ -44,6 +47,7 @@ async def test_progress_refuses_a_lone_surrogate_where_it_is_given(
             return (await insp.get_task("default", info.id)).progress
 
         progress = await wait_until(stored, what="the progress the handler wrote")
+        read.set()
     assert refused == [
         "progress message holds '\\udcff' at index 5: lone surrogates, which UTF-8 cannot "
         "encode; decode the text with errors='replace', or pass repr() of it"
