@@ -152,25 +152,21 @@ def test_the_real_command_takes_a_short_id(
     env = {**os.environ, "ASYNCQ_REDIS_URL": redis_url, "HOME": str(tmp_path)}
     script = Path(sys.executable).with_name("asyncq")  # the installed command
     command = [str(script)] if script.exists() else [sys.executable, "-m", "asyncq.cli"]
-    done = subprocess.run(
-        [*command, "task", "inspect", ALONE[:8]],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+
+    def inspect(task_id: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, "task", "inspect", task_id],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=60,
+            check=False,
+        )
+
+    done = inspect(ALONE[:8])
     assert done.returncode == 0, done.stderr
     assert f"ID:           {ALONE}" in done.stdout
-    ambiguous = subprocess.run(
-        [*command, "task", "inspect", TWIN_A[:8]],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+    ambiguous = inspect(TWIN_A[:8])
     assert ambiguous.returncode == 1
     assert ambiguous.stderr.startswith(f"error: task ID '{TWIN_A[:8]}' is ambiguous")
