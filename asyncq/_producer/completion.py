@@ -26,6 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from asyncq import _keys as keys
+from asyncq._cancel import raise_if_cancelling
 from asyncq._codec import decode_task_message
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisClient
@@ -99,6 +100,7 @@ class ResultWaiter:
             while True:
                 woken.clear()  # a notification from now on makes the next wait return at once
                 info = await self._read(queue, task_id)
+                raise_if_cancelling()  # a cancel landing as the read ended (3.11) still ends the wait
                 if info.state is TaskState.COMPLETED:
                     return info
                 if info.state is TaskState.ARCHIVED:
@@ -170,6 +172,7 @@ class ResultWaiter:
         while not self._closed:
             try:
                 message = await self._pubsub.get_message(timeout=1.0)
+                raise_if_cancelling()  # aclose()'s cancel may have been swallowed by the read (3.11)
                 backoff = 0.05
             except asyncio.CancelledError:
                 raise
