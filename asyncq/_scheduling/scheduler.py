@@ -83,6 +83,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, TypeAlias, TypedDict, Unpack
 
+from anyio.abc import TaskStatus
+
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._gofmt import option_strings
@@ -501,14 +503,16 @@ class Scheduler(Service):
 
     # -- roles ------------------------------------------------------------------------------
 
-    async def _main_loop(self) -> None:
-        """The scheduler's main task: the heartbeat and one runner per entry, in a TaskGroup."""
+    async def _main_loop(self, task_status: TaskStatus[None]) -> None:
+        """The scheduler's main task: the heartbeat and one runner per entry, in a TaskGroup;
+        it serves once they are created (the first heartbeat was written in :meth:`_open`)."""
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             heartbeat = tg.create_task(self._heartbeat_loop(), name="asyncq-scheduler-heartbeat")
             for entry in self._entries.values():
                 if entry.runner is None:
                     self._start_runner(entry)
+            task_status.started()
             await self._stop.wait()
             heartbeat.cancel()
             for entry in [*self._entries.values(), *self._retired.values()]:

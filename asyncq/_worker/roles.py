@@ -3,7 +3,8 @@
 Every role (processor, heartbeater, watchdog, forwarder, recoverer, janitor,
 syncer, subscriber, history, healthchecker, queue watcher, aggregator: the last
 four only when configured) is one asyncio task in the server's TaskGroup, running
-:func:`supervise` around the role's ``run()``. At shutdown the server calls
+:func:`supervise` around the role's ``run()``, started with a handshake (a role
+that cannot start fails the server's ``start()`` with its own error). At shutdown the server calls
 each role's :meth:`Role.drain`, waits for its task, then :meth:`Role.finish`,
 role after role in the order declared in :mod:`asyncq._worker.server`.
 
@@ -26,6 +27,9 @@ import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from anyio import TASK_STATUS_IGNORED
+from anyio.abc import TaskStatus
 
 from asyncq._logging import RateLimiter, error_text
 from asyncq._redis.errors import REDIS_ERRORS
@@ -69,6 +73,10 @@ class Role:
     """A background role of a server: ``run()`` loops until :meth:`request_stop`."""
 
     name: ClassVar[str] = "role"
+    reports_started: ClassVar[bool] = False
+    """True for a role whose ``run()`` calls :meth:`started` itself, once the server may
+    count it started (the subscriber: after its first attempt to subscribe); any other
+    role is started as its ``run()`` begins."""
 
     def __init__(self, deps: RoleDeps) -> None:
         self.broker = deps.broker
@@ -78,6 +86,13 @@ class Role:
         self.log: Any = deps.log.bind(role=self.name)
         self._stop = asyncio.Event()
         self._redis_errors = RateLimiter(3.0)
+        self._task_status: TaskStatus[None] = TASK_STATUS_IGNORED
+        self._started = False
+
+    def started(self) -> None:
+        """The role serves: its :func:`supervise` handshake completes (once)."""
+        self._started = True
+        self._task_status.started()
 
     @property
     def stopping(self) -> bool:
@@ -146,8 +161,16 @@ class PeriodicRole(Role):
             await self.sleep(self.interval)
 
 
-async def supervise(role: Role) -> None:
-    """Run *role* until it stops, restarting it with backoff when it crashes."""
+async def supervise(role: Role, task_status: TaskStatus[None] = TASK_STATUS_IGNORED) -> None:
+    """Run *role* until it stops, restarting it with backoff when it crashes.
+
+    *task_status* is anyio's start handshake (:mod:`asyncq._taskstart`): started once the
+    role is (see :attr:`Role.reports_started`). A crash before that is a failed start, not
+    a crash to restart from: it is raised, to whoever started the role.
+    """
+    role._task_status = task_status
+    if not role.reports_started:
+        role.started()
     attempts = 0
     while True:
         started = time.monotonic()
@@ -157,6 +180,8 @@ async def supervise(role: Role) -> None:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if not role._started:
+                raise
             if time.monotonic() - started >= _HEALTHY_RUN:
                 attempts = 0
             attempts += 1

@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import contextvars
 import fnmatch
+import functools
 import os
 import socket
 import threading
@@ -49,6 +50,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from anyio.abc import TaskStatus
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 from typing_extensions import Unpack
@@ -62,6 +64,7 @@ from asyncq._redis.connection import Connection, check_tls, independent_target
 from asyncq._redis.options import RedisClient, RedisTarget, describe_target
 from asyncq._service import Service
 from asyncq._signals import log_signal_hints
+from asyncq._taskstart import start_task
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.aggregator import GroupAggregatorRole
 from asyncq._worker.completion import CompletionNotifier
@@ -236,7 +239,6 @@ class Server(Service):
         self._lifespan_stack = contextlib.AsyncExitStack()
         self._context = contextvars.copy_context()
         """The roles' context, copied here; start() sets the lifespan state in it."""
-        self._roles_started = asyncio.Event()
         self._role_tasks: dict[str, asyncio.Task[None]] = {}
         self._build_roles()
 
@@ -352,8 +354,9 @@ class Server(Service):
     async def start(self, handler: ServeMux | Callable[[Task], Any]) -> None:
         """Start the roles and begin processing with *handler* (a ServeMux or a handler).
 
-        Returns once the roles run. Raises RuntimeError when already started
-        or stopped, ServerClosedError after shutdown.
+        Returns once every role has started (the subscriber once it tried to subscribe).
+        Raises RuntimeError when already started or stopped, ServerClosedError after
+        shutdown, and the error of a role that could not start (the server then shut down).
         """
         if self.state == "active":
             raise RuntimeError("the server is already running")
@@ -366,13 +369,6 @@ class Server(Service):
         fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
         self.processor.handler = self._hooks.instrument(fn)
         await self._start_service(self._context)
-        await self._roles_started.wait()
-        # Subscribed before returning, so a task enqueued right after start() wakes us;
-        # if Redis is down this returns after the first failed attempt and the
-        # subscriber keeps retrying in the background.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(2.0):
-                await self._subscriber.attempted.wait()
 
     async def _open(self) -> None:
         await check_tls(self.redis)  # an unverifiable certificate fails now, with its reason
@@ -422,14 +418,16 @@ class Server(Service):
                 error=f"{type(exc).__name__}: {exc}",
             )
 
-    async def _main_loop(self) -> None:
-        """The server's main task: every role, supervised, in one TaskGroup."""
+    async def _main_loop(self, task_status: TaskStatus[None]) -> None:
+        """The server's main task: every role, supervised, in one TaskGroup; it serves
+        once each role has started, in order (see :class:`~asyncq._worker.roles.Role`)."""
         async with asyncio.TaskGroup() as tg:
             for role in self.roles:
-                self._role_tasks[role.name] = tg.create_task(
-                    supervise(role), name=f"asyncq-{role.name}"
+                spawn = functools.partial(tg.create_task, name=f"asyncq-{role.name}")
+                self._role_tasks[role.name] = await start_task(
+                    spawn, functools.partial(supervise, role)
                 )
-            self._roles_started.set()
+            task_status.started()
 
     def stop(self) -> None:
         """Stop fetching new tasks; running handlers finish (asynq's Stop, SIGTSTP)."""
@@ -494,11 +492,14 @@ class Server(Service):
 
     async def _stop_role(self, role: Role) -> None:
         force = self._force.is_set()
-        await role.drain(self.config.shutdown_timeout, force=self._force)
+        grace = self.config.shutdown_timeout
+        await role.drain(grace, force=self._force)
         task = self._role_tasks.get(role.name)
         if task is not None and not task.done():
+            # Asked to stop, a role leaves within a Redis round trip; it gets as long as
+            # the handlers got (shutdown_timeout) before it is cancelled.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.5 if force else 5.0):
+                async with asyncio.timeout(0.5 if force else grace):
                     await asyncio.shield(task)
             if not task.done():
                 self.log.warning("role did not stop in time; cancelling it", role=role.name)
@@ -506,6 +507,9 @@ class Server(Service):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         try:
+            # Not shutdown_timeout: cleanup writes what would otherwise be lost (the
+            # syncer's refused writes, the server's records), however short the handlers'
+            # wait was; only a second signal cuts it short.
             async with asyncio.timeout(1.0 if self._force.is_set() else 10.0):
                 await role.finish(forced=force)
         except Exception as exc:
