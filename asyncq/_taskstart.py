@@ -17,7 +17,7 @@ from typing import Any
 
 from anyio.abc import TaskStatus
 
-__all__ = ["Spawn", "start_task"]
+__all__ = ["Spawn", "TaskOwner", "start_task"]
 
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 """Creates the task in its owner: ``task_group.create_task`` with a name, say."""
@@ -65,3 +65,30 @@ async def start_task(
     task = spawn(run())
     await status.ready
     return task
+
+
+class TaskOwner:
+    """The group of an object's background tasks where no ``asyncio.TaskGroup`` can be
+    held open: the object is no task's scope (a Client is made in one task, used from
+    many and closed in another). Like a TaskGroup it keeps every task it created, and
+    :meth:`aclose` cancels those still running, waits for all of them and raises the
+    first error one ended with: no task outlives its owner, and no failure is lost."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def create_task(self, body: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(body, name=name)
+        self._tasks.add(task)
+        return task
+
+    async def aclose(self) -> None:
+        tasks, self._tasks = self._tasks, set()
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return
+        await asyncio.wait(tasks)
+        for task in tasks:
+            if not task.cancelled() and (error := task.exception()) is not None:
+                raise error
