@@ -98,7 +98,8 @@ from asyncq._scheduling.cron import Schedule, normalize_spec, parse_cronspec
 from asyncq._service import Service
 from asyncq._time import GO_ZERO_TIME
 from asyncq.errors import AsyncqError, TaskIdConflictError
-from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry
+from asyncq.proto.asynq import SchedulerEnqueueEvent as SchedulerEnqueueEventProto
+from asyncq.proto.asynq import SchedulerEntry as SchedulerEntryProto
 from asyncq.task import EnqueueOptions, Task, TaskInfo
 
 __all__ = [
@@ -250,8 +251,8 @@ class _Entry:
     def queue(self) -> str:
         return str(_merged_options(self.task, self.options).get("queue") or "default")
 
-    def proto(self) -> SchedulerEntry:
-        return SchedulerEntry(
+    def proto(self) -> SchedulerEntryProto:
+        return SchedulerEntryProto(
             id=self.id,
             spec=self.spec,
             task_type=self.task.type,
@@ -806,7 +807,7 @@ class Scheduler(Service):
         await self._mark_done(entry, tick_unix, info.id, log)
         log.info("enqueued periodic task", task_id=info.id)
         await self._hook_post(info, None, log)
-        event = SchedulerEnqueueEvent(task_id=info.id, enqueue_time=datetime.now(UTC))
+        event = SchedulerEnqueueEventProto(task_id=info.id, enqueue_time=datetime.now(UTC))
         try:
             await self._broker.record_scheduler_enqueue_event(entry.id, event)
         except REDIS_ERRORS as exc:
