@@ -31,8 +31,10 @@ role, the health checker, the queue watcher and the aggregator), each from exact
 what it uses.
 ``start()`` runs them, each an asyncio task in one TaskGroup, the server's main task
 (see :mod:`asyncq._service` for the lifecycle it shares with the Scheduler and the
-PeriodicTaskManager); shutdown stops them in :data:`SHUTDOWN_ORDER`; a role that
-crashes is logged and restarted with backoff (see :mod:`asyncq._worker.roles`).
+PeriodicTaskManager), and returns once each has started (a start handshake: a role that
+cannot start fails ``start()`` with its own error); shutdown stops them in
+:data:`SHUTDOWN_ORDER`; a role that crashes once started is logged and restarted with
+backoff (see :mod:`asyncq._worker.roles`).
 """
 
 from __future__ import annotations
