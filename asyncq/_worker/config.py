@@ -24,6 +24,7 @@ from typing_extensions import Unpack
 
 from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION
+from asyncq._broker.replication import replica_wait_seconds
 from asyncq._duration import positive_seconds
 from asyncq._worker.limits import (
     Rate,
@@ -133,6 +134,10 @@ class ServerConfig:
     events: bool | tuple[str, ...] = False
     """The queues whose task events the server writes: all (True), none, or these names
     and patterns."""
+    min_replicas: int = 0
+    """Replica acknowledgements a finished attempt's outcome waits for (0: none)."""
+    replica_timeout: float = 1.0
+    """How long it waits for them."""
     syncer_interval: float = 5.0
     """How often the syncer retries the writes Redis refused (asynq hard-codes 5 s). Not
     a ``Server`` option: a test that needs it shorter sets ``server.syncer.interval``."""
@@ -356,6 +361,12 @@ class ServerOptions(GroupedOptions, total=False):
     run-time histogram) in Redis: True keeps it 24 h (the default), a timedelta that
     long, False keeps none. Counted in memory where each outcome is decided and written
     every 5 s in aggregate (one script call per queue); see :mod:`asyncq.history`."""
+    min_replicas: int
+    """A finished attempt's outcome (done, completed, retry, archive) counts only once
+    this many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is logged
+    as unconfirmed and the task may run again after a failover (default 0: off)."""
+    replica_timeout: timedelta
+    """How long an outcome waits for ``min_replicas`` acknowledgements (1 s)."""
     events: bool | Sequence[str]
     """Write task events (started, progress, succeeded, failed, ...) to the event stream
     (:mod:`asyncq.events`) for every queue (True) or the listed queue names and
@@ -535,6 +546,10 @@ def build_config(**options: Unpack[ServerOptions]) -> ServerConfig:
         ),
         metrics_history=_history_retention(given.get("metrics_history", DEFAULT_METRICS_HISTORY)),
         events=event_queues("events", given.get("events", False)),
+        min_replicas=given.get("min_replicas", 0),
+        replica_timeout=replica_wait_seconds(
+            given.get("min_replicas", 0), given.get("replica_timeout", timedelta(seconds=1))
+        ),
     )
 
 

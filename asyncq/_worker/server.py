@@ -49,7 +49,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from anyio.abc import TaskStatus
@@ -59,7 +59,6 @@ from typing_extensions import Unpack
 
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from asyncq._broker.replication import replica_wait_seconds
 from asyncq._logging import get_logger
 from asyncq._producer.client import Client
 from asyncq._redis.connection import Connection, check_tls, independent_target
@@ -169,10 +168,6 @@ class Server(Service):
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
     - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
       ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
-    - ``min_replicas`` (0 = off) and ``replica_timeout`` (1 s): a finished
-      attempt's outcome (done, completed, retry, archive) counts only once that
-      many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is
-      logged as unconfirmed and the task may run again after a failover.
     - ``lifespan``: a zero-argument callable returning an async context
       manager, entered at start and exited after shutdown; handlers read what
       it yields with :func:`asyncq.lifespan_state` (see :mod:`asyncq.lifespan`).
@@ -184,14 +179,11 @@ class Server(Service):
         *,
         logger: Any = None,
         metrics: WorkerHooks | None = None,
-        min_replicas: int = 0,
-        replica_timeout: timedelta = timedelta(seconds=1),
         lifespan: Lifespan | None = None,
         **options: Unpack[ServerOptions],
     ) -> None:
         super().__init__()
         self.config: ServerConfig = build_config(**options)
-        replica_wait = replica_wait_seconds(min_replicas, replica_timeout)
         if lifespan is not None and not callable(lifespan):
             raise TypeError(f"lifespan must be callable, got {lifespan.__class__.__name__}")
         cfg = self.config
@@ -211,8 +203,8 @@ class Server(Service):
             self.redis,
             lease_duration=cfg.lease_duration,
             fast=self.connection.fast,
-            min_replicas=min_replicas,
-            replica_timeout=replica_wait,
+            min_replicas=cfg.min_replicas,
+            replica_timeout=cfg.replica_timeout,
         )
         self.history: HistoryRecorder | None = None
         if cfg.metrics_history is not None:
