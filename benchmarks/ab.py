@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import runner
+from benchmarks.systems._common import Config
 
 ROOT = runner.ROOT
 CACHE = runner.ENVS / "ab"
@@ -407,9 +408,12 @@ def render_table(summary: dict[str, Any], a: Revision, b: Revision, n_runs: int)
     return "\n".join(lines)
 
 
-def render_raw(summary: dict[str, Any], n_runs: int) -> str:
-    """Every figure of every round, in the order measured (A1 B1 A2 B2 ...)."""
-    heads = [f"{side}{k + 1}" for k in range(n_runs) for side in SIDES]
+def render_raw(summary: dict[str, Any], orders: Sequence[Sequence[str]]) -> str:
+    """Every figure of every round, in the order measured (A1 B1 A2 B2 ..., or with
+    ``--order abba`` A1 B1 B2 A2 ...); *orders* is each round's order of the sides."""
+    n_runs = len(orders)
+    slots = [(k, side) for k, order in enumerate(orders) for side in order]
+    heads = [f"{side}{k + 1}" for k, side in slots]
     lines = ["| metric | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
 
     def show(v: float | None, kind: str) -> str:
@@ -417,7 +421,7 @@ def render_raw(summary: dict[str, Any], n_runs: int) -> str:
 
     for m in METRICS:
         row = summary[m.label]
-        cells = [show(row[side][k], m.fmt) for k in range(n_runs) for side in SIDES]
+        cells = [show(row[side][k], m.fmt) for k, side in slots]
         lines.append(f"| {m.label} | " + " | ".join(cells) + " |")
     phys_heads = [f"round {k + 1}" for k in range(n_runs)]
     lines += ["", "| physical | " + " | ".join(phys_heads) + " |", "|---|" + "---:|" * n_runs]
@@ -451,7 +455,9 @@ def physical_round(
                 records[ours] = recs[theirs]
         if "latency" in recs:
             records["hop"] = recs["latency"]
-    n = runner._sizes(args, url)["enqueue_serial"]
+    # The serial enqueue's own N, not the reference's raised minimum: CPU per call is
+    # what this row is for, and 20,000 awaited SETs would take 5-10 s of every round.
+    n = args.serial_n or (Config.quick(url) if args.quick else Config(url=url)).serial_n
     env = dict(os.environ, PYTHONPATH=str(harness_root))
     proc = subprocess.run(
         [str(python), "-m", "benchmarks.redispy_set", "--url", url, "--n", str(n)],
@@ -482,6 +488,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("rev_a", metavar="REV_A", help="a commit, branch, HEAD, or a working tree")
     p.add_argument("rev_b", metavar="REV_B", help="the same, measured second in each round")
     p.add_argument("--runs", type=int, default=3, help="rounds, each A then B (3)")
+    p.add_argument(
+        "--order",
+        choices=("ab", "abba"),
+        default="ab",
+        help="ab: every round A then B (default); abba: B first in every other round",
+    )
     p.add_argument("--quick", action="store_true", help="small N: a smoke run, not results")
     p.add_argument("--n", type=int, help="tasks for 32/1,000 callers, batch and process (20000)")
     p.add_argument("--serial-n", type=int, help="tasks for serial enqueue (5000)")
@@ -548,8 +560,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 assert a.python is not None and b.python is not None
                 physical, errors = physical_round(url, args, root, a.python, timeout)
                 failures += [f"round {k + 1}: {e}" for e in errors]
-                rnd: dict[str, Any] = {"physical": physical}
-                for side, rev in zip(SIDES, (a, b), strict=True):
+                # abba: every other round measures B first, so that whatever drifts in
+                # one direction over a round (a neighbour's load starting, Redis's memory)
+                # does not always favour the side measured first.
+                order = SIDES[::-1] if args.order == "abba" and k % 2 else SIDES
+                rnd: dict[str, Any] = {"physical": physical, "order": list(order)}
+                for side in order:
+                    rev = a if side == "A" else b
                     log(f"round {k + 1}/{args.runs}: {side} = {rev.label}")
                     assert rev.python is not None
                     res = runner.run_system(
@@ -570,7 +587,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rounds.append(rnd)
     summary = summarize(rounds)
     table = render_table(summary, a, b, args.runs)
-    raw = render_raw(summary, args.runs)
+    raw = render_raw(summary, [rnd["order"] for rnd in rounds])
     n = rounds[0]["A"]["records"].get("process", {}).get("n", "?") if rounds else "?"
     heading = render_heading(
         started, machine, command, a=a, b=b, differences=differences, n=n, args=args
@@ -626,7 +643,8 @@ def render_heading(
         f"machine: nproc {cpus}, {machine.get('cpu_model', '?')}, Linux {machine['kernel']}"
         + (f", load average {' '.join(str(x) for x in load)} at the start" if load else ""),
         f"Python {machine['python']}, redis-server {machine['redis_version']} over TCP,"
-        f" N = {n}, {args.runs} round(s), each A then B"
+        f" N = {n}, {args.runs} round(s), "
+        + ("each A then B" if args.order == "ab" else "A then B, then B then A, ...")
         + (f", variant {args.variant}" if args.variant else ""),
         f"A: {a.label}" + (f" = {a.commit}" if a.commit else ""),
         f"B: {b.label}" + (f" = {b.commit}" if b.commit else ""),

@@ -123,3 +123,18 @@ def test_ratios_are_taken_within_each_round() -> None:
     assert row["A"] == [100.0, 200.0, 50.0]
     assert row["B"] == [150.0, 220.0, None]
     assert row["B/A"] == [1.5, pytest.approx(1.1), None]
+
+
+def test_raw_figures_follow_the_order_measured() -> None:
+    """With --order abba the second round's B comes first in the raw table."""
+
+    def run(rate: float) -> dict[str, Any]:
+        return {"error": None, "records": {"process": {"tasks_per_s": rate}}}
+
+    rounds = [
+        {"physical": {}, "order": ["A", "B"], "A": run(100.0), "B": run(150.0)},
+        {"physical": {}, "order": ["B", "A"], "A": run(200.0), "B": run(220.0)},
+    ]
+    raw = _rows(ab.render_raw(ab.summarize(rounds), [r["order"] for r in rounds]))
+    assert raw["metric"] == ["A1", "B1", "B2", "A2"]
+    assert raw["process, 1 worker, conc. 100, tasks/s"] == ["100", "150", "220", "200"]
