@@ -42,6 +42,12 @@ ROOT = runner.ROOT
 CACHE = runner.ENVS / "ab"
 """Where ``--cache`` keeps one environment per commit (git-ignored with benchmarks/.envs)."""
 SIDES = ("A", "B")
+INSTALL = "--compile-bytecode"
+"""Byte-compiled at install, as pip installs a package. uv does not compile by default,
+and where PYTHONDONTWRITEBYTECODE is set (it is on the shared machines) every process
+would compile the source of each module it imports: a module a revision imports once
+its worker has started (pydantic, through betterproto2's first heartbeat) would charge
+its compilation to the worker's CPU per task."""
 
 
 def log(message: str) -> None:
@@ -167,7 +173,7 @@ def build(rev: Revision, pins: Sequence[str], work: Path, *, cache: bool) -> Non
     """Install *rev* into a virtualenv of its own, under *work* or, with *cache* and a
     commit, under benchmarks/.envs/ab/ (reused while the pins are the same)."""
     key = hashlib.sha256(
-        "\n".join([platform.python_version(), sys.executable, *pins]).encode()
+        "\n".join([platform.python_version(), sys.executable, INSTALL, *pins]).encode()
     ).hexdigest()[:12]
     if cache and rev.commit:
         env = CACHE / f"{rev.commit[:12]}-{key}"
@@ -194,7 +200,7 @@ def build(rev: Revision, pins: Sequence[str], work: Path, *, cache: bool) -> Non
         # Not editable: the worktree is removed once installed, and an editable install of
         # a working tree would measure whatever the tree holds when the worker starts.
         _uv(
-            "pip", "install", "--quiet", "--python", str(rev.python),
+            "pip", "install", "--quiet", INSTALL, "--python", str(rev.python),
             "--constraint", str(constraints), f"{src}[uvloop]",
         )  # fmt: skip
     except BaseException:
