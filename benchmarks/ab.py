@@ -67,6 +67,7 @@ class Revision:
     path: Path | None  # the working tree, for a path revision
     python: Path | None = None
     freeze: list[str] = dataclasses.field(default_factory=list)
+    variant: str = ""  # the asyncq adapter's --variant for this side ("" = defaults)
 
     def describe_json(self) -> dict[str, str | None]:
         return {
@@ -75,14 +76,17 @@ class Revision:
             "describe": self.describe,
             "path": str(self.path) if self.path else None,
             "label": self.label,
+            "variant": self.variant,
         }
 
     @property
     def label(self) -> str:
         if self.path is not None:
-            return f"{self.spec} (working tree, {self.describe})"
-        short = self.commit[:7]
-        return short if self.spec.startswith(short) else f"{self.spec} ({short})"
+            name = f"{self.spec} (working tree, {self.describe})"
+        else:
+            short = self.commit[:7]
+            name = short if self.spec.startswith(short) else f"{self.spec} ({short})"
+        return f"{name} [{self.variant}]" if self.variant else name
 
 
 def _git(*args: str, cwd: Path = ROOT) -> str:
@@ -509,6 +513,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--settle", type=float, help="seconds to wait for late duplicates (1.0)")
     p.add_argument("--variant", help="asyncq variant for both sides (no-history, socket)")
     p.add_argument(
+        "--variant-a",
+        help="A's variant, instead of --variant: one commit against itself with a setting"
+        " changed (HEAD HEAD --variant-b no-history: what the metrics history costs)",
+    )
+    p.add_argument("--variant-b", help="B's variant, instead of --variant")
+    p.add_argument(
         "--redis-url", help="use this Redis instead of a throwaway one (ITS DATABASE IS FLUSHED)"
     )
     p.add_argument(
@@ -523,10 +533,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _passthrough(args: argparse.Namespace) -> list[str]:
+def _passthrough(args: argparse.Namespace, rev: Revision) -> list[str]:
     out = runner._passthrough(args)
-    if args.variant:
-        out += ["--variant", args.variant]
+    if rev.variant:
+        out += ["--variant", rev.variant]
     return out
 
 
@@ -543,6 +553,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     command = " ".join(["python -m benchmarks.ab", *(argv if argv is not None else sys.argv[1:])])
     a, b = resolve(args.rev_a), resolve(args.rev_b)
+    a.variant = args.variant_a if args.variant_a is not None else args.variant or ""
+    b.variant = args.variant_b if args.variant_b is not None else args.variant or ""
     timeout = 180.0 if args.quick else 1800.0
     started = datetime.now(UTC)
     with _workdir() as work:
@@ -559,7 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = harness(work)
         rounds: list[dict[str, Any]] = []
         failures: list[str] = []
-        with runner.redis_server(args.redis_url, unix_socket=args.variant == "socket") as url:
+        socket = "socket" in (a.variant, b.variant)  # the variant needs the unix socket
+        with runner.redis_server(args.redis_url, unix_socket=socket) as url:
             machine = runner.machine_info(url)
             for k in range(args.runs):
                 log(f"round {k + 1}/{args.runs}: physical rows")
@@ -576,7 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     log(f"round {k + 1}/{args.runs}: {side} = {rev.label}")
                     assert rev.python is not None
                     res = runner.run_system(
-                        runner.SYSTEMS["asyncq"], rev.python, url, _passthrough(args), timeout,
+                        runner.SYSTEMS["asyncq"], rev.python, url, _passthrough(args, rev), timeout,
                         root=root,
                     )  # fmt: skip
                     rnd[side] = res
@@ -651,7 +664,7 @@ def render_heading(
         f"Python {machine['python']}, redis-server {machine['redis_version']} over TCP,"
         f" N = {n}, {args.runs} round(s), "
         + ("each A then B" if args.order == "ab" else "A then B, then B then A, ...")
-        + (f", variant {args.variant}" if args.variant else ""),
+        + (f", variant {args.variant}" if args.variant and a.variant == b.variant else ""),
         f"A: {a.label}" + (f" = {a.commit}" if a.commit else ""),
         f"B: {b.label}" + (f" = {b.commit}" if b.commit else ""),
         f"dependencies of the two environments: {deps}",

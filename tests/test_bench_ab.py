@@ -138,3 +138,14 @@ def test_raw_figures_follow_the_order_measured() -> None:
     raw = _rows(ab.render_raw(ab.summarize(rounds), [r["order"] for r in rounds]))
     assert raw["metric"] == ["A1", "B1", "B2", "A2"]
     assert raw["process, 1 worker, conc. 100, tasks/s"] == ["100", "150", "220", "200"]
+
+
+def test_a_side_variant_is_named_and_passed_on() -> None:
+    """--variant-b names B's variant in its label and passes it to B's runs only."""
+    args = ab.parse_args(["HEAD", "HEAD", "--quick", "--variant-b", "no-history"])
+    a = ab.Revision("HEAD", "0123456789abcdef", "0123456", None)
+    b = ab.Revision("HEAD", "0123456789abcdef", "0123456", None, variant=args.variant_b)
+    assert a.label == "HEAD (0123456)"
+    assert b.label == "HEAD (0123456) [no-history]"
+    assert "--variant" not in ab._passthrough(args, a)
+    assert ab._passthrough(args, b)[-2:] == ["--variant", "no-history"]
