@@ -215,9 +215,6 @@ def build(rev: Revision, pins: Sequence[str], work: Path, *, cache: bool) -> Non
             with contextlib.suppress(RuntimeError):
                 _git("worktree", "remove", "--force", str(src))
         shutil.rmtree(src, ignore_errors=True)
-    if rev.path is None:
-        with contextlib.suppress(RuntimeError):
-            _git("worktree", "prune")
     rev.freeze = _uv("pip", "freeze", "--python", str(rev.python)).splitlines()
     marker.write_text("\n".join(rev.freeze) + "\n")
     log(f"{rev.label}: installed in {env} ({time.monotonic() - started:.0f} s)")
