@@ -217,3 +217,43 @@ async def test_a_workflow_record_of_another_type_is_named(redis: Redis) -> None:
                 await insp.get_workflow(Q, "w")
             assert (await insp.workflows(Q)).workflows == []
     assert len(_naming(logs, key)) == 2, logs
+
+
+@pytest.mark.parametrize("tat", [b"inf", b"nan", b"1e300", b"-5", b"\xff", b"9" * 30])
+async def test_a_garbage_type_rate_tat_is_reset_and_named(broker: Any, tat: bytes) -> None:
+    # Before: inf and 1e300 gave a wait beyond any date, so every task of the type failed
+    # its bookkeeping and came back through the recoverer without end; nan failed the
+    # script (PEXPIRE nan) and rescheduled every task of the type while the key lived.
+    key = keys.type_rate_key("t")
+    await broker.redis.hset(key, mapping={"tat": tat, "interval": "1000", "burst": "5"})
+    with capture_logs() as logs:
+        waits, _ = await broker.take_type_tokens(
+            "t", 3, interval_us=1000, burst=5, max_wait_us=1_000_000
+        )
+    assert len(waits) == 3 and all(0 <= w <= 1_000_000 for w in waits), waits
+    assert len(_naming(logs, key)) == 1, logs
+    stored = await broker.redis.hget(key, "tat")
+    assert stored.isdigit(), stored
+
+
+async def test_a_garbage_limited_count_starts_again_and_is_named(broker: Any) -> None:
+    # Before: HINCRBY failed the script after the bucket was written.
+    key = keys.type_rate_key("t")
+    sec, usec = await broker.redis.time()
+    ahead = int(sec) * 1_000_000 + int(usec) + 10**11  # a day ahead: no token for now
+    await broker.redis.hset(
+        key, mapping={"tat": str(ahead), "interval": str(10**12), "burst": "1", "limited": "x"}
+    )
+    with capture_logs() as logs:
+        waits, _ = await broker.take_type_tokens("t", 2, interval_us=10**12, burst=1, max_wait_us=0)
+    assert waits == []
+    assert await broker.redis.hget(key, "limited") == b"2"
+    assert len(_naming(logs, key)) == 1, logs
+
+
+async def test_a_type_rate_bucket_of_another_type_is_refused_by_name(broker: Any) -> None:
+    key = keys.type_rate_key("t")
+    await broker.redis.set(key, "x")
+    with pytest.raises(Exception, match=r"asyncq:typerate:\{t\}"):
+        await broker.take_type_tokens("t", 1, interval_us=1000, burst=1, max_wait_us=0)
+    assert await broker.redis.get(key) == b"x"
