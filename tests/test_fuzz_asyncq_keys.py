@@ -86,6 +86,19 @@ FIELDS = {
 OTHER_TYPES = ("string", "list", "hash", "zset", "set", "stream")
 
 
+def _delivers_then_fails(v: bytes) -> bool:
+    """A credit enqueue.lua's tonumber reads as a number that DECR then refuses (inf,
+    1.5, 0x10): the known defect of test_a_garbage_delivery_credit_never_fails_an_enqueue,
+    kept out of this search until enqueue.lua is fixed."""
+    if v.isdigit():
+        return False
+    try:
+        float(v)
+    except ValueError:
+        return v.strip().lower().startswith(b"0x")
+    return True
+
+
 @st.composite
 def damage(draw: st.DrawFn, kind: str, natural: str) -> tuple[str, Any]:
     """(Redis type, contents): another type than *natural*, or *natural* full of garbage."""
@@ -101,6 +114,8 @@ def damage(draw: st.DrawFn, kind: str, natural: str) -> tuple[str, Any]:
         fields = ["kind", "queue", "type", "id", "fraction", "time", "retried", "error"]
         chosen = draw(st.lists(st.sampled_from(fields), min_size=1, max_size=len(fields)))
         return "stream", {n: draw(value) for n in chosen}
+    if kind == "credit":
+        return natural, draw(value.filter(lambda v: not _delivers_then_fails(v)))
     return natural, draw(value)
 
 
@@ -387,3 +402,96 @@ def test_damaged_asyncq_keys_strand_nothing_lose_nothing_and_fail_no_reader(
     assert not crashed, crashed
     warned = {str(e.get("key")) for e in logs if e.get("log_level") in ("warning", "error")}
     assert out["unusable"] <= warned, (sorted(out["unusable"] - warned), plan)
+
+
+# Defects in scripts other engineers are changing now (enqueue.lua, dequeue_queues.lua):
+# the reproductions stay here, strict, so that the fix turns them green; the fix for
+# each is in the issue 39 note.
+
+
+async def _serve_and_enqueue(
+    url: str, damage: Any, *, queues: dict[str, int], **options: Any
+) -> tuple[list[str], list[str]]:
+    """Start a worker, apply *damage(redis, server)*, enqueue one task to each queue;
+    the ids that ran within the lease + 5 s, and the enqueues refused."""
+    r = sync_redis.Redis.from_url(url)
+    ran: list[str] = []
+    refused: list[str] = []
+
+    async def handle(task: Task) -> None:
+        ran.append(task.id or "")
+
+    server = Server(
+        url,
+        concurrency=2,
+        queues=queues,
+        lease_duration=timedelta(seconds=LEASE),
+        task_check_interval=timedelta(milliseconds=50),
+        heartbeat_interval=timedelta(milliseconds=200),
+        recoverer_interval=timedelta(milliseconds=100),
+        shutdown_timeout=timedelta(seconds=2),
+        **options,
+    )
+    await server.start(handle)
+    try:
+        async with Client(url) as client:
+            first = next(iter(queues))
+            await client.enqueue(Task(TYPE), queue=first, task_id="warm")
+            # A worker with rate limits is not armed for delivery: then "warm" is enough.
+            armed = "rate_limits" not in options
+            await wait_until(
+                lambda: "warm" in ran and (not armed or r.llen(keys.waiters_key(first))),
+                within=30,
+                what="the worker waiting for work",
+            )
+            damage(r, server)
+            for q in queues:
+                try:
+                    await client.enqueue(Task(TYPE), queue=q, task_id=f"in-{q}")
+                except Exception as exc:
+                    refused.append(repr(exc))
+            with contextlib.suppress(AssertionError):
+                await wait_until(lambda: all(f"in-{q}" in ran for q in queues), within=LEASE + 5)
+    finally:
+        await server.shutdown()
+        r.close()
+    return ran, refused
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="enqueue.lua delivers on a credit tonumber() reads as positive but DECR refuses "
+    "(inf, 1.5): the PUBLISH has gone out, then the enqueue fails with an unnamed "
+    "'value is not an integer' (fix in the issue 39 note)",
+)
+@pytest.mark.parametrize("credit", [b"inf", b"1.5", b"1e3"])
+def test_a_garbage_delivery_credit_never_fails_an_enqueue(
+    redis_url: str, r: sync_redis.Redis, credit: bytes
+) -> None:
+    def damage(r: sync_redis.Redis, server: Server) -> None:
+        r.set(keys.delivery_channel(server.server_id), credit)
+
+    ran, refused = asyncio.run(_serve_and_enqueue(redis_url, damage, queues={Q: 1}))
+    assert not refused, refused
+    assert ran.count(f"in-{Q}") == 1, ran
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="dequeue_queues.lua: a queue rate bucket whose tat is nan fails the whole "
+    "dequeue, every queue of that server, after it moved tasks to active (they wait out "
+    "their lease, again and again; only a task delivered directly still runs); inf holds "
+    "the queue for good, unnamed (fix in the issue 39 note)",
+)
+@pytest.mark.parametrize("tat", [b"nan", b"inf"])
+def test_a_garbage_queue_rate_bucket_holds_no_other_queue_and_is_reset(
+    redis_url: str, r: sync_redis.Redis, tat: bytes
+) -> None:
+    def damage(r: sync_redis.Redis, server: Server) -> None:
+        r.hset(keys.rate_key(Q), mapping={"tat": tat, "interval": "1000", "burst": "5"})
+
+    ran, refused = asyncio.run(
+        _serve_and_enqueue(redis_url, damage, queues={Q: 1, "other": 1}, rate_limits={Q: "1000/s"})
+    )
+    assert not refused, refused
+    assert {f"in-{Q}", "in-other"} <= set(ran), ran
