@@ -798,11 +798,11 @@ class App(Generic[S]):
         An override replaces the App's setting, but a group (``intervals``, ``limits``,
         ``aggregation``) is merged field by field: the fields the override's group sets
         to other than their default replace the App's, the others keep the App's.
-        ``App(intervals=Intervals(heartbeat=2s))`` then ``intervals=Intervals(lease...)``
-        ... keeps the 2 s heartbeat. A field left at its default never overrides (to put
-        an App's field back to its default, give it that value by the App). A
-        deprecated flat name (``heartbeat_interval=``) is the field of its group, given
-        to the App or per call, and resolves the same way (it always overrides).
+        ``App(intervals=Intervals(heartbeat=2s))`` then
+        ``worker_settings(intervals=Intervals(recoverer=30s))`` has both. A field given
+        at its default does not override (to put an App's field back to its default,
+        leave it out of the App). A deprecated flat name (``heartbeat_interval=``) is
+        the field of its group, given to the App or per call, and resolves the same way.
 
         Without ``queues`` in either: ``default`` and every queue a registered
         task declares, each with weight 1.

@@ -4,9 +4,10 @@ The user gives the settings as ``Server`` keywords, :class:`ServerOptions`: the 
 ones by name, the rarely changed ones grouped in :class:`Intervals`, :class:`Limits` and
 :class:`Aggregation` (each field still accepted, for one release and with a
 DeprecationWarning, as the flat keyword it replaced, e.g. ``heartbeat_interval=``: see
-:class:`GroupedOptions`). :func:`build_config` checks every value, naming the option
-of a bad one, and returns the :class:`ServerConfig` the roles read (durations in
-seconds).
+:class:`GroupedOptions`). :func:`regroup` translates those flat names to their groups,
+for the Server and the App alike (:func:`merge_groups` lays options over others, a
+group field by field). :func:`build_config` checks every value, naming the option of a
+bad one, and returns the :class:`ServerConfig` the roles read (durations in seconds).
 """
 
 from __future__ import annotations
