@@ -4,9 +4,10 @@ The user gives the settings as ``Server`` keywords, :class:`ServerOptions`: the 
 ones by name, the rarely changed ones grouped in :class:`Intervals`, :class:`Limits` and
 :class:`Aggregation` (each field still accepted, for one release and with a
 DeprecationWarning, as the flat keyword it replaced, e.g. ``heartbeat_interval=``: see
-:class:`GroupedOptions`). :func:`build_config` checks every value, naming the option
-of a bad one, and returns the :class:`ServerConfig` the roles read (durations in
-seconds).
+:class:`GroupedOptions`). :func:`regroup` translates those flat names to their groups,
+for the Server and the App alike (:func:`merge_groups` lays options over others, a
+group field by field). :func:`build_config` checks every value, naming the option of a
+bad one, and returns the :class:`ServerConfig` the roles read (durations in seconds).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "DEFAULT_METRICS_HISTORY",
     "DEFAULT_QUEUES",
     "GROUPED_OPTION_NAMES",
+    "GROUP_KEYWORDS",
     "SERVER_OPTION_NAMES",
     "Aggregation",
     "ErrorHandler",
@@ -52,11 +54,16 @@ __all__ = [
     "Intervals",
     "IsFailure",
     "Limits",
+    "Regrouped",
     "RetryDelay",
     "ServerConfig",
     "ServerOptions",
     "ServerStats",
     "build_config",
+    "flat_name_warning",
+    "merge_groups",
+    "overlay",
+    "regroup",
 ]
 
 DEFAULT_QUEUES: Mapping[str, int] = types.MappingProxyType({"default": 1})
@@ -401,40 +408,102 @@ _GROUP_KEYWORD: Final[dict[type[Any], str]] = {
     Limits: "limits",
     Aggregation: "aggregation",
 }
+GROUP_KEYWORDS: Final = tuple(_GROUP_KEYWORD.values())
+"""The keywords of the three groups: ``intervals``, ``limits``, ``aggregation``."""
+_GROUP_CLASS: Final[dict[str, type[Any]]] = {kw: cls for cls, kw in _GROUP_KEYWORD.items()}
 
 
-def _grouped(
-    options: Mapping[str, object], given: Mapping[str, object]
-) -> tuple[dict[type[Any], Any], dict[str, str]]:
-    """The three groups (*given* as ``intervals=``... or the defaults) with the deprecated
-    flat keywords in *options* applied, and for each flat name the name the user gave that
-    setting by (``heartbeat_interval`` or ``intervals.heartbeat``), so that an error
-    names what the user wrote. A setting given both ways is refused."""
-    groups: dict[type[Any], Any] = {}
-    for cls, keyword in _GROUP_KEYWORD.items():
-        value = given[keyword]
+@dataclass(frozen=True, slots=True)
+class Regrouped:
+    """Some options with their deprecated flat names translated (:func:`regroup`)."""
+
+    options: dict[str, Any]
+    """The options without the flat names; a group keyword given is its group (or None)."""
+    changes: dict[str, dict[str, Any]]
+    """Group keyword -> ``{field: value}`` from the flat names, for every group keyword."""
+    flat: tuple[str, ...]
+    """The deprecated flat names given, in the order given (the caller warns for each:
+    :func:`flat_name_warning`)."""
+    names: dict[str, str]
+    """For each flat name, the name the user gave that setting by (``heartbeat_interval``
+    or ``intervals.heartbeat``), so that an error names what the user wrote."""
+
+
+def regroup(options: Mapping[str, object]) -> Regrouped:
+    """*options* with each deprecated flat name (:class:`GroupedOptions`) taken out and
+    translated to the field of its group: the one translation the ``Server`` and the
+    ``App`` share. Pure: it warns about nothing (the caller does, at its user's call).
+
+    Raises TypeError if a group keyword is not its group, ValueError if a setting is
+    given both ways (the flat name and a group field other than its default).
+    """
+    for keyword, cls in _GROUP_CLASS.items():
+        value = options.get(keyword)
         if value is not None and not isinstance(value, cls):
             raise TypeError(
                 f"{keyword} must be an asyncq.{cls.__name__}, got {value.__class__.__name__}"
             )
-        groups[cls] = cls() if value is None else value
-    changes: dict[type[Any], dict[str, Any]] = {cls: {} for cls in groups}
+    changes: dict[str, dict[str, Any]] = {keyword: {} for keyword in GROUP_KEYWORDS}
     names: dict[str, str] = {}
     for name, (attr, cls) in _GROUPS.items():
-        names[name] = f"{_GROUP_KEYWORD[cls]}.{attr}"
+        keyword = _GROUP_KEYWORD[cls]
+        names[name] = f"{keyword}.{attr}"
         if name not in options:
             continue
-        if getattr(groups[cls], attr) != getattr(cls(), attr):
+        group = options.get(keyword)
+        if group is not None and getattr(group, attr) != getattr(cls(), attr):
             raise ValueError(f"{name} and {names[name]} are both given; give one of them")
-        warnings.warn(
-            f"Server({name}=...) is deprecated and goes in asyncq 0.3.0; give "
-            f"{_GROUP_KEYWORD[cls]}=asyncq.{cls.__name__}({attr}=...) instead",
-            DeprecationWarning,
-            stacklevel=4,  # the Server(...) call: _grouped < build_config < Server.__init__
-        )
-        changes[cls][attr] = options[name]
+        changes[keyword][attr] = options[name]
         names[name] = name
-    return {cls: replace(groups[cls], **changes[cls]) for cls in groups}, names
+    return Regrouped(
+        options={key: value for key, value in options.items() if key not in _GROUPS},
+        changes=changes,
+        flat=tuple(name for name in options if name in _GROUPS),
+        names=names,
+    )
+
+
+def flat_name_warning(where: str, name: str) -> str:
+    """The DeprecationWarning's message for the flat name *name* given to *where*
+    (``Server``, ``App``, ``app.server``...)."""
+    attr, cls = _GROUPS[name]
+    return (
+        f"{where}({name}=...) is deprecated and goes in asyncq 0.3.0; give "
+        f"{_GROUP_KEYWORD[cls]}=asyncq.{cls.__name__}({attr}=...) instead"
+    )
+
+
+def overlay(base: Any, override: Any) -> Any:
+    """The group *base* with the fields *override* sets, a field being set when its value
+    differs from the group's default (a field left at its default keeps *base*'s)."""
+    if override is None:
+        return base
+    if base is None:
+        return override
+    default = type(override)()
+    return replace(
+        base,
+        **{
+            f.name: getattr(override, f.name)
+            for f in fields(override)
+            if getattr(override, f.name) != getattr(default, f.name)
+        },
+    )
+
+
+def merge_groups(base: Mapping[str, object], regrouped: Regrouped) -> dict[str, Any]:
+    """The options *regrouped* over *base* (options without flat names): a setting
+    replaces the base's, but a group is merged field by field: the base's group,
+    then the fields the given group sets (:func:`overlay`), then the fields given by
+    their flat names. A group keyword given in neither (nor by a flat name) stays out."""
+    merged: dict[str, Any] = {**base, **regrouped.options}
+    for keyword, cls in _GROUP_CLASS.items():
+        group = overlay(base.get(keyword), regrouped.options.get(keyword))
+        if regrouped.changes[keyword]:
+            group = replace(cls() if group is None else group, **regrouped.changes[keyword])
+        if group is not None:
+            merged[keyword] = group
+    return merged
 
 
 def _queues(queues: object) -> Mapping[str, int]:
@@ -464,12 +533,15 @@ def build_config(**options: Unpack[ServerOptions]) -> ServerConfig:
     for key in given:
         if key not in SERVER_OPTION_NAMES:
             raise TypeError(f"Server() got an unexpected keyword argument {key!r}")
-    groups, name = _grouped(
-        given, {key: given.get(key) for key in ("intervals", "limits", "aggregation")}
-    )
-    every: Intervals = groups[Intervals]
-    bound: Limits = groups[Limits]
-    agg: Aggregation = groups[Aggregation]
+    regrouped = regroup(given)
+    for flat in regrouped.flat:
+        # stacklevel 3: the Server(...) call (build_config < Server.__init__ < caller)
+        warnings.warn(flat_name_warning("Server", flat), DeprecationWarning, stacklevel=3)
+    name = regrouped.names
+    groups = merge_groups({}, regrouped)
+    every: Intervals = groups.get("intervals") or Intervals()
+    bound: Limits = groups.get("limits") or Limits()
+    agg: Aggregation = groups.get("aggregation") or Aggregation()
     concurrency = given.get("concurrency")
     concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
     concurrency = _positive_int("concurrency", concurrency)
