@@ -169,7 +169,7 @@ class Watchdog(Role):
         if current is None:
             return {"blocking": "event loop callback"}
         for act in self._running():
-            if act.task is current:
+            if current in (act.handling, act.task):
                 return {"blocking": "handler", **task_fields(act.msg)}
         return {"blocking": current.get_name()}
 
