@@ -44,7 +44,6 @@ class ActiveTask:
         "began",
         "cancel_exc",
         "deadline",
-        "handling",
         "lease",
         "msg",
         "ran",
@@ -62,9 +61,7 @@ class ActiveTask:
         self.abandoned = False
         """Shutdown requeued the task (or left it to recovery): nothing more is written."""
         self.task: asyncio.Task[None] | None = None
-        """The asyncio task of the processor's coroutine for this task (it decides and writes)."""
-        self.handling: asyncio.Task[object] | None = None
-        """The asyncio task the handler runs in, once it started."""
+        """The asyncio task of the processor's coroutine for this task (it runs the handler)."""
         self.cancel_exc: BaseException | None = None
         """Why the handler was stopped before it returned (the attempt's failure)."""
         self._cancelled: asyncio.Future[None] | None = None

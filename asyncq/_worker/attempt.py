@@ -6,19 +6,18 @@ and a slot; :meth:`Attempts.start` registers it in the server's
 :meth:`Attempts.live`, in the processor's TaskGroup. That coroutine is asynq's
 ``exec``:
 
-* **run**: the handler runs in an asyncio task of its own, started from the
-  coroutine's context (its type's rate token is taken there first,
-  :meth:`Attempts.handle`). The coroutine waits for the first of {the handler
-  done, its lease's :attr:`~asyncq._worker.lease.Lease.expired` event, a cancel
-  request (:attr:`~asyncq._worker.active.ActiveTask.cancelled`), its deadline}, as
+* **run** (:meth:`Attempts.run`): its type's rate token, then the handler,
+  awaited inline inside a :class:`~asyncq._worker.select.FirstOf`: the
+  coroutine waits for the first of {the handler done, its lease's
+  :attr:`~asyncq._worker.lease.Lease.expired` event, a cancel request
+  (:attr:`~asyncq._worker.active.ActiveTask.cancelled`), its deadline}, as
   asynq's ``select`` does, and acts on which came first. When it is not the
   handler, the handler is cancelled and gets ``CANCEL_GRACE`` (5 s; 1 s, 0.1 s
-  on shutdown) to return; one that ignores its cancellation past that is left
-  running as an *orphan* (:attr:`Attempts.orphans`: logged, counted by shutdown,
-  awaited by nothing, as asynq does not wait for a handler that ignores its
-  context), and its failure is written at once. A handler's own task is what
-  lets its cleanup (``finally`` blocks, anyio's shielded scopes, a client closing
-  its connection) finish where it began while the coroutine moves on.
+  on shutdown) to return; one that ignores its cancellation past that goes on
+  as an *orphan* in a task of its own (:mod:`asyncq._worker.swallowed`;
+  :attr:`Attempts.orphans`: logged, counted by shutdown, awaited by nothing, as
+  asynq does not wait for a handler that ignores its context), and its failure
+  is written at once.
 * **decide** (:func:`~asyncq._worker.outcome.decide`) and **write**
   (:class:`OutcomeWriter`): exactly as asynq (spec 5.3/5.4), unless the local
   lease expired, in which case nothing is written and the recoverer takes over.
@@ -49,6 +48,8 @@ from asyncq._worker.limits import Rate
 from asyncq._worker.outcome import LeaseState, Outcome, decide, not_run
 from asyncq._worker.result_writer import TaskResultWriter
 from asyncq._worker.roles import RoleDeps
+from asyncq._worker.select import DEADLINE, FirstOf
+from asyncq._worker.swallowed import Rest, outlive, until_swallowed
 from asyncq.errors import (
     DeadlineExceededError,
     HandlerNotFoundError,
@@ -111,35 +112,7 @@ _Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 """Starts a coroutine as a task of the processor's TaskGroup."""
 
 _Ran = tuple[BaseException | None, timedelta | None]
-"""What the handler's task returns: the handler's failure, or its type's wait for a token."""
-
-
-async def first_of(
-    events: tuple[asyncio.Future[Any], ...], deadline: float
-) -> asyncio.Future[Any] | None:
-    """The first of *events* to be done, or None once the loop time is *deadline*.
-
-    asynq's ``select``: one future is awaited, resolved by whichever comes first.
-    """
-    for event in events:
-        if event.done():
-            return event
-    loop = asyncio.get_running_loop()
-    first: asyncio.Future[asyncio.Future[Any] | None] = loop.create_future()
-
-    def came(event: asyncio.Future[Any] | None) -> None:
-        if not first.done():
-            first.set_result(event)
-
-    for event in events:
-        event.add_done_callback(came)
-    timer = loop.call_at(deadline, came, None)
-    try:
-        return await first
-    finally:
-        timer.cancel()
-        for event in events:
-            event.remove_done_callback(came)
+"""How the handler's run ended: its failure (or the stop's), or its type's wait for a token."""
 
 
 class Attempts:
@@ -171,7 +144,7 @@ class Attempts:
         self._tokens = TypeTokens(deps.broker, writer.spawn)
         self._debug = debug
         self.abandon_wait = 1.0  # what an abandoned task's handler gets to return
-        self.orphans: set[asyncio.Task[object]] = set()
+        self.orphans: set[asyncio.Task[None]] = set()
         """Handlers that ignored their cancellation past the grace: their failure is written
         and their slot freed; they run on, not awaited by anything (shutdown included)."""
 
@@ -197,7 +170,10 @@ class Attempts:
         task._deadline_ts = active.deadline
         task.result_writer = TaskResultWriter(self.broker, active)
         try:
-            exc, limited = await self.run(active, task)
+            try:
+                exc, limited = await self.run(active, task)
+            except GeneratorExit as err:  # a sync handler's, thrown in here by the event loop:
+                exc, limited = err, None  # PEP 380 closed run() instead of throwing it there
             active.state = "writing"  # from here on a cancel request changes nothing
             if active.abandoned:
                 return  # shutdown requeued it, or left it to recovery
@@ -214,8 +190,9 @@ class Attempts:
             self._release(active)
 
     async def run(self, active: ActiveTask, task: Task) -> _Ran:
-        """Run the handler in its own task and wait for the first of its end, the lease's
-        expiry, a cancel request and the deadline; the handler's failure or the stop's."""
+        """Await the handler until the first of its end, its lease's expiry, a cancel request
+        and its deadline (:class:`~asyncq._worker.select.FirstOf`, asynq's ``select``); the
+        handler's failure or the stop's, or its type's wait for a token."""
         now = self.clock()
         if active.cancel_exc is None and now >= active.deadline:
             active.cancel_exc = DeadlineExceededError()
@@ -223,73 +200,67 @@ class Attempts:
             return active.cancel_exc, None  # stopped before it started
         active.state = "running"
         loop = asyncio.get_running_loop()
-        handling = active.handling = loop.create_task(self.handle(active, task))
-        expired, cancelled = active.lease.expired, active.cancelled
-        returned = False  # the handler came first and did not fail
+        lease_lost = active.lease.expired
+        select = FirstOf((lease_lost, active.cancelled), loop.time() + active.deadline - now)
+        exc: BaseException | None = None
+        limited: timedelta | None = None  # its type's rate had no token: put back unrun
+        returned = False  # the handler returned (did not raise or swallow a stop)
         try:
-            first = await first_of(
-                (handling, expired, cancelled), loop.time() + active.deadline - now
-            )
-            if first is handling:
-                returned = not handling.cancelled() and handling.result()[0] is None
-            else:
-                if first is expired:  # a later request's reason is not the stop's
-                    active.cancel_exc = LeaseExpiredError()
-                    if self._debug:
-                        self.log.debug(
-                            "lease expired; cancelling handler", **task_fields(active.msg)
-                        )
-                elif first is None:
-                    active.cancel_exc = DeadlineExceededError()
-                await self._stop(active, handling)
-        except asyncio.CancelledError:  # from outside (loop shutdown): write nothing
-            handling.cancel()
-            raise
+            async with select:
+                rate = self._type_rates.get(active.msg.type) if self._type_rates else None
+                if rate is not None:
+                    limited = await self._type_token(active, rate)
+                if limited is None:
+                    active.began = now if rate is None else self.clock()
+                    handler = self.handler(task)
+                    if self._progress is not None:
+                        self._progress.begin(task)
+                    rest = await until_swallowed(handler, select.came, partial(self._grace, active))
+                    returned = rest is None
+                    if rest is not None:
+                        self._orphan(active, rest)
+        except asyncio.CancelledError as err:
+            if not select.came():
+                current = asyncio.current_task()
+                if current is not None and current.cancelling() > 0:
+                    raise  # cancelled from outside (loop shutdown): write nothing
+                exc = err  # raised by the handler's own code: a failure
+        except BaseException as err:  # SystemExit & co. from a handler: a failure too
+            exc = err
         finally:
-            if active.began and self._progress is not None:
-                self._progress.end(task, returned)
-        if active.began and self.writer.history is not None:
-            active.ran = (active.began, self.clock())
-        if first is not handling:  # a done context wins over what the handler did after it
+            active.state = "writing"  # from here on a cancel request changes nothing
+            if active.began:
+                if self.writer.history is not None:
+                    active.ran = (active.began, self.clock())
+                if self._progress is not None:
+                    self._progress.end(task, returned and not select.came())
+        first = select.first
+        if first is lease_lost:
+            active.cancel_exc = LeaseExpiredError()
+            if self._debug:
+                self.log.debug("lease expired; cancelling handler", **task_fields(active.msg))
+        elif first is DEADLINE:
+            active.cancel_exc = DeadlineExceededError()
+        if first is not None:  # a done context wins over what the handler did after it
             return active.cancel_exc, None
-        if handling.cancelled():  # raised by the handler's own code: a failure
-            return asyncio.CancelledError(), None
-        return handling.result()
+        return exc, limited
 
-    async def handle(self, active: ActiveTask, task: Task) -> _Ran:
-        """The handler's own task: its type's token, then the handler."""
-        try:
-            rate = self._type_rates.get(active.msg.type) if self._type_rates else None
-            if rate is not None:
-                limited = await self._type_token(active, rate)
-                if limited is not None:
-                    return None, limited
-            active.began = self.clock()
-            handler = self.handler(task)
-            if self._progress is not None:
-                self._progress.begin(task)  # in this task's context, the handler's
-            await handler
-        except asyncio.CancelledError:
-            raise  # this task ends cancelled: a stop's, or the handler's own
-        except BaseException as exc:  # SystemExit & co. too: out of a task they stop the loop
-            active.state = "writing"  # a cancel request from now on changes nothing
-            return exc, None
-        active.state = "writing"
-        return None, None
+    def _grace(self, active: ActiveTask) -> float:
+        """How long a stopped handler may take to return before it is left behind."""
+        return self.abandon_wait if active.abandoned else registry.CANCEL_GRACE
 
-    async def _stop(self, active: ActiveTask, handling: asyncio.Task[Any]) -> None:
-        """Cancel the handler and give it its grace to return; past that it is an orphan."""
-        handling.cancel()
-        grace = self.abandon_wait if active.abandoned else registry.CANCEL_GRACE
-        await asyncio.wait((handling,), timeout=grace)
-        if handling.done():
+    def _orphan(self, active: ActiveTask, rest: Rest) -> None:
+        """The handler ignored its cancellation past its grace: it goes on in a task of
+        its own, as an orphan, and the caller writes its failure."""
+        orphan = asyncio.get_running_loop().create_task(outlive(rest))
+        if orphan.done():
             return
-        self.orphans.add(handling)
-        handling.add_done_callback(self.orphans.discard)
+        self.orphans.add(orphan)
+        orphan.add_done_callback(self.orphans.discard)
         self.log.error(
             "handler ignored its cancellation; freeing its slot (the handler goes on in the "
             "background, its return writes nothing)",
-            grace=grace, error=error_text(active.cancel_exc or TaskCanceledError()),
+            grace=self._grace(active), error=error_text(active.cancel_exc or TaskCanceledError()),
             **task_fields(active.msg),
         )  # fmt: skip
 
@@ -323,10 +294,10 @@ class Attempts:
     def _release(self, active: ActiveTask) -> None:
         """Forget the task and give its slot back."""
         active.state = "finished"
-        # The active task, its coroutine's task and its handler's refer to one another: cut
-        # the cycles, so that reference counting frees them now instead of the cyclic
-        # garbage collector later (which cost a quarter of the worker's CPU per task).
-        active.task = active.handling = None
+        # The active task and its coroutine's task refer to one another: cut the cycle, so
+        # that reference counting frees them now instead of the cyclic garbage collector
+        # later (which cost a quarter of the worker's CPU per task).
+        active.task = None
         if self.active.get(active.msg.id) is active:
             del self.active[active.msg.id]
         self._released(active)

@@ -7,10 +7,10 @@ once its lease may have passed to another server (:meth:`Lease.valid`).
 Expiry is an event of the lease itself, as asynq's ``Lease.Done()`` channel:
 when the heartbeater finds a running task's lease already run out it calls
 :meth:`Lease.expire`, which resolves the lease's :attr:`Lease.expired` future
-(once). Each task's coroutine waits for the first of its handler, this event and
-a cancel request (see :mod:`asyncq._worker.attempt`), as asynq's ``exec`` selects
-on ``<-lease.Done()``; the future is created by that first wait, so a lease
-nobody waits on costs none.
+(once). Each task's coroutine waits for the first of its handler, this event, a
+cancel request and its deadline (:mod:`asyncq._worker.select`), as asynq's
+``exec`` selects on ``<-lease.Done()``; the future is created by that first wait,
+so a lease nobody waits on costs none.
 
 Extension has one place, :func:`extend_leases`, used by the two callers that
 keep leases alive: the heartbeater every ``heartbeat_interval`` and, while the

@@ -222,7 +222,7 @@ class Processor(Role):
         self.attempts.handler = handler
 
     @property
-    def orphans(self) -> set[asyncio.Task[object]]:
+    def orphans(self) -> set[asyncio.Task[None]]:
         """Handlers that ignored their cancellation past the grace; see ``Attempts.orphans``."""
         return self.attempts.orphans
 

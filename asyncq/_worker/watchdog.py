@@ -169,7 +169,7 @@ class Watchdog(Role):
         if current is None:
             return {"blocking": "event loop callback"}
         for act in self._running():
-            if current in (act.handling, act.task):
+            if act.task is current:
                 return {"blocking": "handler", **task_fields(act.msg)}
         return {"blocking": current.get_name()}
 
