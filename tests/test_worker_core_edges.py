@@ -1453,7 +1453,7 @@ class _Progress:
     def __init__(self) -> None:
         self.ends: list[bool] = []
 
-    def begin(self, task: Task) -> None:
+    def begin(self, task: Task, spawn: object) -> None:
         return None
 
     def end(self, task: Task, ok: bool) -> None:

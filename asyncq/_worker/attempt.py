@@ -214,7 +214,7 @@ class Attempts:
                     active.began = now if rate is None else self.clock()
                     handler = self.handler(task)
                     if self._progress is not None:
-                        self._progress.begin(task)
+                        self._progress.begin(task, self.writer.spawn)
                     rest = await until_swallowed(handler, select.came, partial(self._grace, active))
                     returned = rest is None
                     if rest is not None:
