@@ -58,6 +58,7 @@ from asyncq._broker.delivery import DeliveryNote, read_note
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._worker.active import ActiveTask, ActiveTasks
+from asyncq._worker.arming import Arming
 from asyncq._worker.attempt import Attempts, DeferWrite, Notifier, OutcomeWriter
 from asyncq._worker.limits import QueueLimits
 from asyncq._worker.roles import Role, RoleDeps
@@ -72,12 +73,6 @@ if TYPE_CHECKING:
     from asyncq._broker import DequeuedTask
 
 __all__ = ["Processor", "QueueOrder", "normalize_queues", "write_limit"]
-
-DELIVERY_TTL = 15.0
-"""Seconds a delivery credit lasts: three tracked idle waits, each of which renews it."""
-REGISTER_EVERY = 600.0
-"""Seconds between two registrations of an idle server in its queues' waiters lists (each
-list lasts :data:`~asyncq._broker.delivery.WAITERS_TTL` after the last one)."""
 
 _MAX_WRITES = 64
 
@@ -166,15 +161,9 @@ class Processor(Role):
         server_id: str = "",
     ) -> None:
         super().__init__(deps)
-        self._server_id = server_id  # whose delivery channel the subscriber listens on
-        self._registered = (-1, 0.0)  # QueueSet version and time of the last registration
-        self._waiting_in: set[str] = set()  # the queues whose waiters lists name us
-        self._armed_at = -math.inf  # when the credit was last renewed
-        self._spent = False  # a task was delivered to us since: the credit is used up
         self._fetch_in_flight = False  # the fetch loop holds every free slot for its fetch
         # Delivered while a fetch held the slots: started when it gives back those it left.
         self._held: list[DequeuedTask] = []
-        self._arm_errors = RateLimiter(3.0)
         cfg = deps.config
         self.clock: Callable[[], float] = deps.broker.clock
         self.active = active
@@ -184,6 +173,11 @@ class Processor(Role):
         self._limits = QueueLimits(
             cfg.queue_concurrency, cfg.local_queue_concurrency, cfg.rate_limits, deps.queues
         )
+        self._arming = Arming(
+            deps.broker, server_id=server_id, queues=deps.queues, limits=self._limits,
+            slots=self.slots, log=self.log,
+        )  # fmt: skip
+        """Direct delivery: the credit this server asks for while idle."""
         self._max_bytes = cfg.max_inflight_bytes
         self._inflight_bytes = 0
         self._bytes_freed = asyncio.Event()
@@ -236,9 +230,9 @@ class Processor(Role):
         self._wakeup.set()
         self._bytes_freed.set()
         self.slots.close()
-        if first and self._waiting_in:
+        if first and self._arming.waiting_in:
             # The credit expires on its own (DELIVERY_TTL) if the group is gone already.
-            self._spawn_late(self._disarm())
+            self._spawn_late(self._arming.disarm())
 
     async def drain(self, grace: float, *, force: asyncio.Event | None = None) -> None:
         """Shutdown: wait up to *grace* seconds for running handlers, then requeue and stop them.
@@ -406,8 +400,8 @@ class Processor(Role):
                 self._fetching = False
                 self._on_burst_done()
                 return
-            if self._wakeup.delivery:
-                await self._arm()
+            if self._wakeup.delivery and not burst:
+                await self._arming.arm()
             delay = self._wakeup.idle_delay(self._poll.next_delay(), held=bool(fetched.held))
             await self._idle_wait(delay, count=True)
 
@@ -469,42 +463,6 @@ class Processor(Role):
 
     # -- direct delivery (see asyncq._broker.delivery) -----------------------------------------
 
-    async def _arm(self) -> None:
-        """Ask Redis for the next task of our queues to be delivered to us: after each
-        task delivered (the credit is used up), else after an empty fetch at most every third of
-        :data:`DELIVERY_TTL` (which keeps the credit alive). Writes this server into the
-        queues' waiters lists when the queues changed, every :data:`REGISTER_EVERY`
-        seconds (a ``queue rm`` or FLUSHALL drops the lists), or once the credit expired.
-        Nothing while every slot is taken: the next empty fetch asks."""
-        now = self.clock()
-        if not self._spent and now < self._armed_at + DELIVERY_TTL / 3:
-            return
-        queues = self._limits.unlimited(self.queues.names())
-        if not queues or self._burst or self.slots.free <= 0:
-            return
-        self._armed_at, self._spent = now, False
-        version, when = self._registered
-        fresh = version == self.queues.version and now < when + REGISTER_EVERY
-        try:
-            if not fresh or not await self.broker.arm_delivery(self._server_id, DELIVERY_TTL):
-                self._waiting_in.update(queues)
-                await self.broker.arm_delivery(self._server_id, DELIVERY_TTL, queues)
-                self._registered = (self.queues.version, now)
-        except REDIS_ERRORS as exc:
-            self._spent = True  # the credit is unknown: ask again after the next empty fetch
-            if self._arm_errors.allow():
-                self.log.warning(
-                    "could not ask for direct delivery; tasks are fetched instead",
-                    error=error_text(exc),
-                    suppressed_since_last=self._arm_errors.take_suppressed(),
-                )
-
-    async def _disarm(self) -> None:
-        try:
-            await self.broker.disarm_delivery(self._server_id, sorted(self._waiting_in))
-        except REDIS_ERRORS as exc:  # the credit expires on its own
-            self.log.info("could not withdraw from direct delivery", error=error_text(exc))
-
     def receive_delivery(self, note: bytes) -> None:
         """A task delivered to this server by an enqueue (the subscriber calls this): it is
         active in Redis, leased to us, and starts here without a fetch."""
@@ -520,7 +478,7 @@ class Processor(Role):
             self._spawn_late(self._reject_delivered(got), got)
             return
         self.stats.delivered += 1
-        self._spent = True
+        self._arming.spent()
         if self._fetch_in_flight and self._fetching and not self.slots.free:
             # An idle processor's fetch (a poll, a wake-up) holds the free slots for a round
             # trip: the task waits for it rather than going back to pending to be fetched.
@@ -532,7 +490,7 @@ class Processor(Role):
         # Started in this turn of the loop: the handler runs next turn.
         if self._fetching and self.slots.try_take():
             self._start(got)
-            self._spawn(self._arm())
+            self._spawn(self._arming.arm())
         else:  # no slot (all taken, or we are stopping): back to pending
             self._spawn_late(self._requeue_delivered(got), got)
 
