@@ -206,7 +206,7 @@ class Attempts:
         limited: timedelta | None = None  # its type's rate had no token: put back unrun
         returned = False  # the handler returned (did not raise or swallow a stop)
         try:
-            async with select:
+            with select:
                 rate = self._type_rates.get(active.msg.type) if self._type_rates else None
                 if rate is not None:
                     limited = await self._type_token(active, rate)

@@ -28,7 +28,10 @@ DEADLINE = "deadline"
 
 
 class FirstOf:
-    """``async with FirstOf(events, deadline): await handler``; see the module docstring."""
+    """``with FirstOf(events, deadline): await handler``; see the module docstring.
+
+    A plain (not async) context manager: entering and leaving it await nothing, and
+    two coroutines fewer per task is worker CPU saved."""
 
     __slots__ = ("_deadline", "_events", "_task", "_timer", "first")
 
@@ -49,14 +52,14 @@ class FirstOf:
             self.first = event
             self._task.cancel()
 
-    async def __aenter__(self) -> FirstOf:
+    def __enter__(self) -> FirstOf:
         self._task = asyncio.current_task()
         for event in self._events:
             event.add_done_callback(self._come)
         self._timer = asyncio.get_running_loop().call_at(self._deadline, self._come, DEADLINE)
         return self
 
-    async def __aexit__(
+    def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
