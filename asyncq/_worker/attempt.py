@@ -174,7 +174,6 @@ class Attempts:
                 exc, limited = await self.run(active, task)
             except GeneratorExit as err:  # a sync handler's, thrown in here by the event loop:
                 exc, limited = err, None  # PEP 380 closed run() instead of throwing it there
-            active.state = "writing"  # from here on a cancel request changes nothing
             if active.abandoned:
                 return  # shutdown requeued it, or left it to recovery
             if limited is not None:
