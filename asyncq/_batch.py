@@ -1,14 +1,26 @@
-"""One event-loop turn of small writes sent as one pipeline, in order.
+"""One event-loop turn of small calls sent as one, the coalescer every batcher shares.
 
-Completion notices and task events are written by many tasks at about the same
-moment. :class:`TurnBatcher` collects what is added during one turn of the event loop
-and hands the whole batch to a *send* coroutine (one pipeline), so N writes cost one
-round trip instead of N. One send is in flight at a time: what is added meanwhile
-goes out in the next batch once it returns, so batches land in the order they were
-added (two sends on two pooled connections could land in either order: a progress
-event before its task's ``started``) and grow, rather than multiply, under load. It
-never blocks the caller and never raises to it: *send* owns its errors (these writes
-are best effort).
+Acknowledgements, type-token requests, completion notices and task events are
+made by many tasks at about the same moment. :class:`TurnBatcher` collects what
+is added during one turn of the event loop and hands the whole batch to a *send*
+coroutine (one script call or pipeline), so N calls cost one round trip instead
+of N. It never blocks the caller and never raises to it: *send* owns its errors
+(it resolves the callers' futures, or drops best-effort writes).
+
+Two ways to send, by who owns the sends:
+
+* Given *spawn* (the owner's TaskGroup): each turn's batch is sent at the end of
+  that turn as a task of the owner's group, so leaving the group waits for it;
+  sends may overlap (the processor's acknowledgements and type tokens, whose
+  callers each wait for their own answer, and must not wait behind another batch).
+* Without: one send in flight at a time, as a task of the batcher's own, which
+  :meth:`TurnBatcher.aclose` awaits. What is added meanwhile goes out in the next
+  batch once it returns, so batches land in the order they were added (two sends
+  on two pooled connections could land in either order: a progress event before
+  its task's ``started``) and grow, rather than multiply, under load. These are
+  the writes that outlive the groups of the tasks that add them (completion
+  notices and events are added by a task's last step), so their owner is the
+  ``aclose`` that the shutdown awaits after those groups end.
 """
 
 from __future__ import annotations
@@ -17,24 +29,30 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
-__all__ = ["TurnBatcher"]
+__all__ = ["Spawn", "TurnBatcher"]
 
 T = TypeVar("T")
+
+Spawn = Callable[[Coroutine[Any, Any, None]], object]
+"""Starts a coroutine as a task of its owner's TaskGroup."""
 
 
 class TurnBatcher(Generic[T]):
     """Collects the items added during one event-loop turn and sends them together."""
 
-    __slots__ = ("_flushing", "_pending", "_send", "_sending")
+    __slots__ = ("_flushing", "_pending", "_send", "_sending", "_spawn")
 
-    def __init__(self, send: Callable[[list[T]], Coroutine[Any, Any, None]]) -> None:
+    def __init__(
+        self, send: Callable[[list[T]], Coroutine[Any, Any, None]], *, spawn: Spawn | None = None
+    ) -> None:
         self._send = send
+        self._spawn = spawn
         self._pending: list[T] = []
         self._flushing = False  # a flush is scheduled for the end of this turn
-        self._sending: asyncio.Task[None] | None = None
+        self._sending: asyncio.Task[None] | None = None  # in order only
 
     def add(self, item: T) -> None:
-        """Queue *item*: sent at the end of this turn, or after the send in flight."""
+        """Queue *item*: sent at the end of this turn, or (in order) after the send in flight."""
         self._pending.append(item)
         if not self._flushing and self._sending is None:
             self._flushing = True
@@ -45,6 +63,9 @@ class TurnBatcher(Generic[T]):
         if self._sending is not None or not self._pending:
             return
         batch, self._pending = self._pending, []
+        if self._spawn is not None:
+            self._spawn(self._send(batch))
+            return
         self._sending = asyncio.get_running_loop().create_task(self._send(batch))
         self._sending.add_done_callback(self._sent)
 
@@ -56,7 +77,7 @@ class TurnBatcher(Generic[T]):
             self._flush()  # what was added while it was in flight
 
     async def aclose(self) -> None:
-        """Send what is pending and wait until every send has returned."""
+        """Send what is pending and wait until every send of its own has returned."""
         while True:
             self._flush()
             sending = self._sending

@@ -107,6 +107,10 @@ def _check(fraction: float, message: str) -> float:
     return float(fraction)
 
 
+Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+"""Starts a write as a task of the TaskGroup that runs the handlers (the processor's)."""
+
+
 class ProgressStore(Protocol):
     """Where a worker writes progress: its broker (:mod:`asyncq._broker.observations`)."""
 
@@ -186,14 +190,19 @@ class ProgressWriter:
         self._sending: set[asyncio.Future[None]] = set()
         self._last: dict[str, asyncio.Future[None]] = {}  # per task: its latest write
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._spawn: Spawn | None = None
 
-    def begin(self, task: Task) -> None:
+    def begin(self, task: Task, spawn: Spawn) -> None:
         """*task*'s handler starts: :func:`progress` reports for it from here on.
 
         Called by the worker in the task's own asyncio task, just before the handler:
         the context variable set here is that task's (and the threads' it starts), so
         it needs no reset, and an unused progress costs no wrapper around the handler.
+        Its writes are tasks of the group *spawn* starts them in, the processor's:
+        every write is started while the task's coroutine runs (a report after the
+        handler returned is dropped), so leaving that group waits for them.
         """
+        self._spawn = spawn
         _current.set((self, task))
         self._running.add(task.id or "")
 
@@ -253,7 +262,8 @@ class ProgressWriter:
         # could land in either order and leave an older value stored.
         assert task.id is not None
         previous = self._last.get(task.id)
-        sending = asyncio.ensure_future(self._after(previous, write))
+        assert self._spawn is not None  # begin() came first: reports are taken from there on
+        sending = self._spawn(self._after(previous, write))
         self._last[task.id] = sending
         self._sending.add(sending)
         sending.add_done_callback(self._sending.discard)
@@ -302,7 +312,7 @@ class ProgressWriter:
             log.debug("progress expiry not set", task_id=task.id, error=str(exc))
 
     async def aclose(self) -> None:
-        """Wait for the writes in flight."""
+        """Wait for the writes in flight (none is left once their group has ended)."""
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
 

@@ -14,7 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from asyncq._broker.delivery import DeliveryNote, parse_note
-from asyncq._worker.processor import DELIVERY_TTL, REGISTER_EVERY
+from asyncq._worker.arming import DELIVERY_TTL, REGISTER_EVERY
 from asyncq.mux import sync_limiter
 from asyncq.task import Task
 from tests.fakebroker import FakeBroker

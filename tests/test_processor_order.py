@@ -15,13 +15,9 @@ from redis.asyncio import Redis
 from asyncq import _keys as keys
 from asyncq._logging import error_text
 from asyncq._producer.client import Client
+from asyncq._worker.attempt import DEFAULT_TIMEOUT, compute_deadline
 from asyncq._worker.policy import default_retry_delay
-from asyncq._worker.processor import (
-    DEFAULT_TIMEOUT,
-    QueueOrder,
-    compute_deadline,
-    normalize_queues,
-)
+from asyncq._worker.processor import QueueOrder, normalize_queues
 from asyncq._worker.server import Server
 from asyncq.errors import RevokeTask, SkipRetry, wraps_error
 from asyncq.mux import ServeMux

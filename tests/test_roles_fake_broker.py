@@ -19,6 +19,7 @@ import pytest
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from asyncq._broker import DequeuedTask
 from asyncq._worker import active as active_module
 from asyncq._worker.active import ActiveTask, ActiveTasks
 from asyncq._worker.aggregator import GroupAggregatorRole
@@ -547,9 +548,9 @@ async def test_a_cancel_before_the_tasks_coroutine_started_fails_it_unrun() -> N
     run = Running(fake, handler)
     start = run.processor._start
 
-    def start_then_cancel(msg: TaskMessage, lease_expiry: float) -> None:
-        start(msg, lease_expiry)
-        assert run.active.cancel(msg.id, TaskCanceledError()) is not None
+    def start_then_cancel(got: DequeuedTask) -> None:
+        start(got)
+        assert run.active.cancel(got.message.id, TaskCanceledError()) is not None
 
     run.processor._start = start_then_cancel  # type: ignore[method-assign]
     async with run:

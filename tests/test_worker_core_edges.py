@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from typing import Any
 
 import pytest
@@ -184,10 +183,8 @@ async def test_the_heartbeat_extends_only_live_leases_it_still_owns() -> None:
         fake.enqueue(message())
     live, lost, left = (await fake.fetch([Q], 3)).tasks
     active = ActiveTasks()
-    cancelled: list[str] = []
     for got in (live, lost, left):
         lease = Lease(got.lease_expiry, clock=fake.clock)
-        lease.on_expired = partial(cancelled.append, got.message.id)
         active[got.message.id] = ActiveTask(got.message, lease, fake.now + 60, fake.now)
     active[lost.message.id].lease.expires_at = fake.now + 5  # its extension never landed
     active[left.message.id].abandoned = True  # requeued at shutdown: another worker's now
@@ -195,9 +192,9 @@ async def test_the_heartbeat_extends_only_live_leases_it_still_owns() -> None:
     await _heartbeater(role_deps(fake), active).tick()
     assert fake.called("extend_lease") == [(Q, [live.message.id])]
     assert active[live.message.id].lease.expires_at == int(fake.now + 30)
-    assert cancelled == [lost.message.id]  # declared expired: its handler is cancelled
-    assert active[lost.message.id].lease.is_expired
-    assert not active[left.message.id].lease.is_expired
+    # Declared expired (its coroutine stops the handler): the lost lease's event alone.
+    expired = [tid for tid, act in active.items() if act.lease.expired.done()]
+    assert expired == [lost.message.id]
     assert len(fake.servers["srv-1"][1]) == 3  # all three still run here
 
 
@@ -398,26 +395,26 @@ async def test_the_recoverer_checks_again_on_its_own_until_stopped() -> None:
 # -- lease ---------------------------------------------------------------------------------------
 
 
-def test_a_lease_is_valid_up_to_and_including_its_expiry_second() -> None:
+async def test_a_lease_is_valid_up_to_and_including_its_expiry_second() -> None:
     now = [129.0]
     lease = Lease(130.0, clock=lambda: now[0])
-    assert lease.is_expired is False
+    assert not lease.expired.done()
     now[0] = 130.0
     assert lease.valid()  # asynq: the lease holds while its expiry is at or after now
     now[0] = 130.001
-    assert not lease.valid() and lease.is_expired is False  # run out, not yet declared
+    assert not lease.valid() and not lease.expired.done()  # run out, not yet declared
 
 
-def test_a_lease_declared_expired_is_invalid_at_once_and_declared_once() -> None:
-    calls: list[str] = []
-    lease = Lease(130.0, clock=lambda: 100.0, on_expired=lambda: calls.append("cancel"))
+async def test_a_lease_declared_expired_is_invalid_at_once_and_declared_once() -> None:
+    lease = Lease(130.0, clock=lambda: 100.0)
+    expired = lease.expired
     assert lease.extend(140.0) is True and lease.expires_at == 140.0
     assert lease.extend(135.0) is True and lease.expires_at == 140.0  # never shortened
     assert lease.expire() is True
-    assert lease.is_expired and not lease.valid()  # 30 s left, but another server owns it
+    assert expired.done() and not lease.valid()  # 30 s left, but another server owns it
     assert not lease.extend(200.0) and lease.expires_at == 140.0
     assert lease.expire() is False
-    assert calls == ["cancel"]
+    assert lease.expired is expired  # one event, set once
 
 
 async def test_a_queue_whose_extension_fails_leaves_the_next_queues_extended() -> None:
@@ -497,7 +494,8 @@ def test_a_raising_is_failure_counts_a_failure_and_is_logged() -> None:
 
 def _debugging(run: Running) -> Running:
     """The processor as with structlog configured at DEBUG: its per-task debug events on."""
-    run.processor._debug = True
+    attempts = run.processor.attempts
+    run.processor._debug = attempts._debug = attempts.writer._debug = True
     return run
 
 
@@ -515,8 +513,8 @@ async def test_a_type_out_of_tokens_is_put_back_unrun_for_its_buckets_wait() -> 
         ran.append(task.id or "")
 
     run = _debugging(Running(fake, handler, type_rate_limits={"api": "10/s"}))
-    history = run.processor._history = _History()  # type: ignore[assignment]
-    progress = run.processor._progress = _Progress()  # type: ignore[assignment]
+    history = run.processor.attempts.writer.history = _History()  # type: ignore[assignment]
+    progress = run.processor.attempts._progress = _Progress()  # type: ignore[assignment]
     with capture_logs() as logs:
         async with run:
             await wait_until(
@@ -671,7 +669,7 @@ async def test_a_handler_ending_after_its_lease_ran_out_is_left_to_the_recoverer
             raise raised
 
     run = Running(fake, handler)
-    hooks = run.processor._hooks = _Hooks()
+    hooks = run.processor.attempts.writer.hooks = _Hooks()
     with capture_logs() as logs:
         async with run:
             await asyncio.wait_for(started.wait(), 5)
@@ -696,7 +694,7 @@ async def test_a_lease_declared_expired_mid_handler_is_reported_once() -> None:
         await asyncio.sleep(3600)
 
     run = _debugging(Running(fake, handler, concurrency=2))
-    hooks = run.processor._hooks = _Hooks()
+    hooks = run.processor.attempts.writer.hooks = _Hooks()
     with capture_logs() as logs:
         async with run:
             await wait_until(lambda: len(started) == 2, what="both running")
@@ -747,7 +745,7 @@ async def test_a_write_for_the_syncer_keeps_its_lease_deadline_and_is_logged() -
     msg = fake.enqueue(message())
     fake.fail("retry")
     run = Running(fake, _fails)
-    deferred = run.processor._defer_write = _Deferred()
+    deferred = run.processor.attempts.writer.defer_write = _Deferred()
     with capture_logs() as logs:
         async with run:
             await wait_until(lambda: deferred.writes, what="write deferred")
@@ -977,7 +975,7 @@ async def test_each_outcomes_lost_write_reaches_the_syncer_named_by_its_outcome(
     msg = fake.enqueue(message(**fields))
     fake.fail(method)
     run = Running(fake, handler)
-    deferred = run.processor._defer_write = _Deferred()
+    deferred = run.processor.attempts.writer.defer_write = _Deferred()
     with capture_logs() as logs:
         async with run:
             await wait_until(lambda: deferred.writes, what="write deferred")
@@ -1048,8 +1046,8 @@ async def test_the_history_counts_each_run_with_what_was_decided_for_it(
     fake = FakeBroker()
     msg = fake.enqueue(message(**fields))
     run = Running(fake, handler)
-    history = run.processor._history = _History()  # type: ignore[assignment]
-    hooks = run.processor._hooks = _Hooks()
+    history = run.processor.attempts.writer.history = _History()  # type: ignore[assignment]
+    hooks = run.processor.attempts.writer.hooks = _Hooks()
     async with run:
         await wait_until(lambda: history.runs and not run.active, what="counted")
     ((queue, task_type, began, ended, *decided),) = history.runs
@@ -1070,7 +1068,7 @@ async def test_task_finished_is_told_the_task_its_outcome_and_the_exception() ->
         raise err
 
     run = Running(fake, handler)
-    hooks = run.processor._hooks = _Hooks()
+    hooks = run.processor.attempts.writer.hooks = _Hooks()
     async with run:
         await wait_until(lambda: fake.state(msg.id) == "retry", what="retried")
     assert hooks.finished == [(Q, "t", msg.id, "retry", "ValueError: boom", raised[0])]
@@ -1345,7 +1343,7 @@ async def test_a_task_stopped_before_its_handler_ran_is_not_counted_in_the_histo
     fake = FakeBroker()
     msg = fake.enqueue(message(deadline=int(fake.now) - 1))  # its deadline passed in the queue
     run = Running(fake, _returns)
-    history = run.processor._history = _History()  # type: ignore[assignment]
+    history = run.processor.attempts.writer.history = _History()  # type: ignore[assignment]
     async with run:
         await wait_until(lambda: fake.state(msg.id) == "retry", what="retried unrun")
     assert history.runs == []
@@ -1455,7 +1453,7 @@ class _Progress:
     def __init__(self) -> None:
         self.ends: list[bool] = []
 
-    def begin(self, task: Task) -> None:
+    def begin(self, task: Task, spawn: object) -> None:
         return None
 
     def end(self, task: Task, ok: bool) -> None:
@@ -1467,7 +1465,7 @@ async def test_progress_ends_as_the_handler_did(handler: Any, ok: bool) -> None:
     fake = FakeBroker()
     fake.enqueue(message())
     run = Running(fake, handler)
-    progress = run.processor._progress = _Progress()  # type: ignore[assignment]
+    progress = run.processor.attempts._progress = _Progress()  # type: ignore[assignment]
     async with run:
         await wait_until(lambda: progress.ends, what="ended")
     assert progress.ends == [ok]
@@ -1478,7 +1476,7 @@ async def test_progress_of_a_handler_stopped_after_it_returned_is_not_ok() -> No
     fake = FakeBroker()
     msg = fake.enqueue(message())
     run = Running(fake, _returns)
-    progress = run.processor._progress = _Progress()  # type: ignore[assignment]
+    progress = run.processor.attempts._progress = _Progress()  # type: ignore[assignment]
 
     async def handler(task: Task) -> None:
         run.active.cancel(msg.id, TaskCanceledError())
@@ -1581,7 +1579,7 @@ async def test_a_run_that_waited_for_its_types_token_begins_after_the_wait() -> 
     fake.enqueue(message("api"))
     held = fake.hold("take_type_tokens")
     run = Running(fake, _returns, type_rate_limits={"api": "10/s"})
-    history = run.processor._history = _History()  # type: ignore[assignment]
+    history = run.processor.attempts.writer.history = _History()  # type: ignore[assignment]
     async with run:
         await asyncio.wait_for(held.arrived.wait(), 5)
         fetched_at = fake.now

@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncq import _keys as keys
-from asyncq._broker import Broker
+from asyncq._broker import Broker, DequeuedTask
 from asyncq._broker.multiqueue import FetchResult, MultiQueue
 from asyncq._producer.client import Client
 from asyncq._redis.options import RedisClientOpts
@@ -131,11 +131,11 @@ async def test_cancel_landing_before_the_handler_starts_fails_the_task_and_frees
     assert proc is not None
     start = proc._start
 
-    def start_then_cancel(msg: TaskMessage, lease_expiry: float) -> None:
+    def start_then_cancel(got: DequeuedTask) -> None:
         # A cancel message dispatched in the same event-loop turn as the fetch that
         # started the task: the task's coroutine has not run its first step yet.
-        start(msg, lease_expiry)
-        assert proc.active.cancel(msg.id, TaskCanceledError()) is not None
+        start(got)
+        assert proc.active.cancel(got.message.id, TaskCanceledError()) is not None
 
     monkeypatch.setattr(proc, "_start", start_then_cancel)
     info = await client.enqueue(Task("c"))

@@ -12,7 +12,8 @@ lease. Go asynq's enqueue never delivers directly: its tasks wake the worker thr
 tracking and are fetched, as before.
 
 The note published is ``b"<lease expiry> <len(queue)> <len(id)> " + queue + id +
-msg``; :func:`parse_note` reads it.
+msg``; :func:`read_note` reads it into the :class:`~asyncq._broker.DequeuedTask` a
+fetch returns, so a delivered task enters the worker by the same door as a fetched one.
 """
 
 from __future__ import annotations
@@ -22,10 +23,18 @@ from dataclasses import dataclass
 
 from asyncq import _keys as keys
 from asyncq._broker._base import LUA_PACKAGE, BrokerBase, usable_message
+from asyncq._broker.processing import DequeuedTask
 from asyncq._redis.scripts import load_script
 from asyncq.proto.asynq import TaskMessage
 
-__all__ = ["WAITERS_TTL", "DeliveryNote", "DirectDelivery", "delivered_message", "parse_note"]
+__all__ = [
+    "WAITERS_TTL",
+    "DeliveryNote",
+    "DirectDelivery",
+    "delivered_message",
+    "parse_note",
+    "read_note",
+]
 
 WAITERS_TTL = 1800.0
 """Seconds a queue's waiters list lasts after the last registration in it: a waiting
@@ -66,6 +75,15 @@ def parse_note(note: bytes) -> DeliveryNote:
     queue = rest[:qlen].decode("utf-8", "surrogateescape")
     task_id = rest[qlen : qlen + idlen].decode("utf-8", "surrogateescape")
     return DeliveryNote(expiry, queue, task_id, rest[qlen + idlen :])
+
+
+def read_note(note: bytes) -> DequeuedTask | DeliveryNote:
+    """The task a delivery note carries, as a fetch returns it; the note itself when its
+    message is unusable here (:meth:`DirectDelivery.reject_delivered` archives it). ValueError
+    (from :func:`parse_note`) for a malformed note."""
+    parsed = parse_note(note)
+    msg = delivered_message(parsed)
+    return parsed if msg is None else DequeuedTask(msg, parsed.lease_expiry)
 
 
 class DirectDelivery(BrokerBase):

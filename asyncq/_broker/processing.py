@@ -58,7 +58,8 @@ _ARCHIVE = load_script(LUA_PACKAGE, "archive")
 
 @dataclass(slots=True)
 class DequeuedTask:
-    """A task taken from a queue: the decoded message and its lease expiry (unix s)."""
+    """A task leased to this worker, fetched from its queue or delivered by an enqueue: the
+    decoded message and its lease expiry (unix s)."""
 
     message: TaskMessage
     lease_expiry: float

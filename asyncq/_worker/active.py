@@ -5,10 +5,12 @@ processor adds and removes tasks; the heartbeater reads their leases, the
 recoverer asks whether a task still runs here, and the subscriber cancels a
 task by ID through it.
 
-A cancel request (:meth:`ActiveTask.cancel`: a cancel message, the deadline,
-the loss of the lease) cancels the asyncio task of the processor's per-task
-coroutine, which awaits the handler; the first request is the attempt's
-failure, and once the handler has returned requests change nothing.
+A cancel request (:meth:`ActiveTask.cancel`: a cancel message; shutdown's
+:meth:`ActiveTask.stop_abandoned`) records its reason and resolves the task's
+:attr:`ActiveTask.cancelled` future, one of the events its coroutine waits on
+beside the handler, the lease's expiry and the deadline (see
+:mod:`asyncq._worker.attempt`); the first request is the attempt's failure, and
+once the handler has returned requests change nothing.
 """
 
 from __future__ import annotations
@@ -34,10 +36,20 @@ TaskState = Literal["starting", "running", "writing", "finished"]
 
 
 class ActiveTask:
-    """A task this server is running: message, lease, deadline, its coroutine's asyncio task."""
+    """A task this server is running: message, lease, deadline, why and when it was stopped."""
 
     __slots__ = (
-        "abandoned", "cancel_exc", "deadline", "lease", "msg", "ran", "started", "state", "task"
+        "_cancelled",
+        "abandoned",
+        "began",
+        "cancel_exc",
+        "deadline",
+        "lease",
+        "msg",
+        "ran",
+        "started",
+        "state",
+        "task",
     )  # fmt: skip
 
     def __init__(self, msg: TaskMessage, lease: Lease, deadline: float, started: float) -> None:
@@ -52,6 +64,9 @@ class ActiveTask:
         """The asyncio task of the processor's coroutine for this task (it runs the handler)."""
         self.cancel_exc: BaseException | None = None
         """Why the handler was stopped before it returned (the attempt's failure)."""
+        self._cancelled: asyncio.Future[None] | None = None
+        self.began = 0.0
+        """When the handler was called (unix time); 0 while it has not been."""
         self.ran: tuple[float, float] | None = None
         """When the handler started and ended (unix time), for the metrics history; None
         without one, while it runs, or if it never ran (stopped before its start, or put
@@ -78,33 +93,34 @@ class ActiveTask:
         return None
 
     def cancel(self, exc: BaseException) -> bool:
-        """Stop the handler with *exc* as the failure; False once it returned or was stopped.
-
-        Before the coroutine's first step only the reason is recorded: cancelling
-        its task then would throw into a coroutine whose ``finally`` never ran.
-        """
+        """Ask the handler to stop with *exc* as the failure; False once it returned or was
+        stopped. Before the coroutine's first step only the reason is recorded: it starts
+        nothing then."""
         if self.abandoned or self.cancel_exc is not None or self.state not in _STOPPABLE:
             return False
         self.cancel_exc = exc
-        if self.state == "running" and self.task is not None:
-            self.task.cancel()
+        self._request()
         return True
 
-    def stop_requested(self) -> bool:
-        """Whether the processor asked this task's handler to stop (a cancellation thrown
-        into the handler then is the processor's, not one of the handler's own scopes)."""
-        return self.cancel_exc is not None
+    @property
+    def cancelled(self) -> asyncio.Future[None]:
+        """Done once a cancel request came (its reason is :attr:`cancel_exc`); created on
+        first use, by the task's coroutine when it starts waiting."""
+        if self._cancelled is None:
+            self._cancelled = asyncio.get_running_loop().create_future()
+            if self.cancel_exc is not None:
+                self._cancelled.set_result(None)
+        return self._cancelled
 
-    def deadline_exceeded(self) -> None:
-        """The deadline timer fired (the exception is built only then)."""
-        self.cancel(DeadlineExceededError())
+    def _request(self) -> None:
+        if self._cancelled is not None and not self._cancelled.done():
+            self._cancelled.set_result(None)
 
     def stop_abandoned(self) -> None:
         """Shutdown, once the task is requeued: stop its handler (nothing is written)."""
         if self.cancel_exc is None:
             self.cancel_exc = asyncio.CancelledError()
-        if self.state == "running" and self.task is not None:
-            self.task.cancel()
+        self._request()
 
 
 _STOPPABLE = ("starting", "running")

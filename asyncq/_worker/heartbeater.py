@@ -73,7 +73,7 @@ class Heartbeater(PeriodicRole):
             if act.lease.valid():
                 by_queue[act.msg.queue].append((act.msg.id, act.lease))
             else:
-                act.lease.expire()  # cancels the task's handler
+                act.lease.expire()  # its task's coroutine stops the handler
         for qname, ids, exc in await extend_leases(self.broker, by_queue):
             if isinstance(exc, ValueError):
                 # A malformed message (blank queue field): its lease cannot be extended

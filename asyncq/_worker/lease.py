@@ -6,11 +6,11 @@ once its lease may have passed to another server (:meth:`Lease.valid`).
 
 Expiry is an event of the lease itself, as asynq's ``Lease.Done()`` channel:
 when the heartbeater finds a running task's lease already run out it calls
-:meth:`Lease.expire`, which sets the lease's :attr:`Lease.expired` event (once)
-and calls its ``on_expired`` callback, with which the processor cancels that
-task's handler (``LeaseExpiredError``). Nothing waits on the event per task:
-the callback costs no task or future, and the event exists (created on first
-use) for whoever wants to await the loss.
+:meth:`Lease.expire`, which resolves the lease's :attr:`Lease.expired` future
+(once). Each task's coroutine waits for the first of its handler, this event, a
+cancel request and its deadline (:mod:`asyncq._worker.select`), as asynq's
+``exec`` selects on ``<-lease.Done()``; the future is created by that first wait,
+so a lease nobody waits on costs none.
 
 Extension has one place, :func:`extend_leases`, used by the two callers that
 keep leases alive: the heartbeater every ``heartbeat_interval`` and, while the
@@ -43,21 +43,13 @@ _EXTEND_ERRORS: tuple[type[Exception], ...] = (
 class Lease:
     """A lease expiring at a unix time, with its own expiry event; see the module docstring."""
 
-    __slots__ = ("_clock", "_event", "_expired", "expires_at", "on_expired")
+    __slots__ = ("_clock", "_event", "_expired", "expires_at")
 
-    def __init__(
-        self,
-        expires_at: float,
-        *,
-        clock: Callable[[], float] = time.time,
-        on_expired: Callable[[], object] | None = None,
-    ) -> None:
+    def __init__(self, expires_at: float, *, clock: Callable[[], float] = time.time) -> None:
         self.expires_at = expires_at
         self._clock = clock
         self._expired = False
-        self._event: asyncio.Event | None = None
-        self.on_expired = on_expired
-        """Called once by :meth:`expire` (the processor cancels the task's handler)."""
+        self._event: asyncio.Future[None] | None = None
 
     def valid(self) -> bool:
         """True while the lease has not run out (asynq: expiry at or after now)."""
@@ -75,31 +67,25 @@ class Lease:
         return True
 
     @property
-    def expired(self) -> asyncio.Event:
-        """Set once the lease has been declared lost (:meth:`expire`)."""
+    def expired(self) -> asyncio.Future[None]:
+        """Done once the lease has been declared lost (:meth:`expire`): await it, or
+        wait for it beside other events. Created on first use, in the running loop."""
         if self._event is None:
-            self._event = asyncio.Event()
+            self._event = asyncio.get_running_loop().create_future()
             if self._expired:
-                self._event.set()
+                self._event.set_result(None)
         return self._event
 
-    @property
-    def is_expired(self) -> bool:
-        """True once :meth:`expire` has been called."""
-        return self._expired
-
     def expire(self) -> bool:
-        """Declare the lease lost: set :attr:`expired` and call ``on_expired``, once.
+        """Declare the lease lost: :attr:`expired` is done from now on.
 
         True the first time, False afterwards.
         """
         if self._expired:
             return False
         self._expired = True
-        if self._event is not None:
-            self._event.set()
-        if self.on_expired is not None:
-            self.on_expired()
+        if self._event is not None and not self._event.done():
+            self._event.set_result(None)
         return True
 
     def __repr__(self) -> str:

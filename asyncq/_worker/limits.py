@@ -281,6 +281,13 @@ class QueueLimits:
             out[qname] = entry
         return out
 
+    def unlimited(self, names: Sequence[str]) -> list[str]:
+        """Those of *names* with no limit or rate here: the only queues a worker may ask
+        to be delivered tasks from, since the enqueue that delivers does not know this
+        server's limits (the fetch hands them to the dequeue script, :meth:`for_fetch`)."""
+        limited = self.for_fetch() or {}
+        return [q for q in names if q not in limited]
+
 
 def _expand(given: Mapping[str, _V], names: Sequence[str]) -> dict[str, _V]:
     """*given* for the concrete *names*: explicit entries, then pattern matches."""
