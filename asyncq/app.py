@@ -52,11 +52,13 @@ from asyncq._scheduling.scheduler import Scheduler
 from asyncq._serde import ArgumentsCodec, ResultCodec, TaskArgumentError, TaskResultError
 from asyncq._suggest import suggest
 from asyncq._worker.config import Aggregation, GroupAggregator, Intervals, Limits
+from asyncq._worker.result_writer import TaskResultWriter
 from asyncq._worker.server import ErrorHandler, HealthCheck, IsFailure, RetryDelay, Server
 from asyncq.errors import SkipRetry, TaskNotFoundError
 from asyncq.hooks import WorkerHooks
 from asyncq.lifespan import Lifespan, lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter
+from asyncq.progress import EagerProgress, settled
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskProgress, TaskState
 
 __all__ = [
@@ -182,6 +184,31 @@ class _Eager:
     state: Any
 
 
+class _EagerRun:
+    """One eager task run: what its result writer stores, and whether it may still write.
+
+    It is both the writer's context and its store, so a handler's
+    ``current_task().result_writer.write(...)`` behaves as under a worker: the
+    bytes become the task's result, and a write after the handler returned is
+    refused with ResultWriteError.
+    """
+
+    __slots__ = ("done", "queue", "result", "task_id")
+
+    def __init__(self, task_id: str, queue: str) -> None:
+        self.task_id = task_id
+        self.queue = queue
+        self.result: bytes | None = None
+        self.done = False
+
+    def done_reason(self) -> str | None:
+        return "the handler returned" if self.done else None
+
+    async def write_result(self, qname: str, task_id: str, data: bytes) -> int:
+        self.result = bytes(data)
+        return len(data)
+
+
 class TaskHandle(Generic[R]):
     """An enqueued typed task: its ``id``, ``queue``, and ``await result()``.
 
@@ -189,7 +216,7 @@ class TaskHandle(Generic[R]):
     from a task ID with ``task.handle_of(...)``).
     """
 
-    __slots__ = ("_appear", "_client", "_codec", "_eager", "id", "info", "queue")
+    __slots__ = ("_appear", "_client", "_codec", "_eager", "_reports", "id", "info", "queue")
 
     def __init__(
         self,
@@ -200,6 +227,7 @@ class TaskHandle(Generic[R]):
         *,
         info: TaskInfo | None = None,
         eager: tuple[Any, BaseException | None] | None = None,
+        reports: Sequence[TaskProgress] = (),
         appear: bool = False,
     ) -> None:
         self.id = task_id
@@ -208,6 +236,7 @@ class TaskHandle(Generic[R]):
         self._codec = codec
         self._client = client
         self._eager = eager
+        self._reports = tuple(reports)
         self._appear = appear
 
     async def result(
@@ -259,19 +288,46 @@ class TaskHandle(Generic[R]):
     ) -> AsyncIterator[TaskProgress]:
         """Stream the task's progress (``async for update in handle.progress()``).
 
-        See :meth:`asyncq.Client.progress`; ends when the task is finished.
+        See :meth:`asyncq.Client.progress`; ends when the task is finished. In
+        eager mode it replays what the handler reported, in order (the task has
+        finished by then: a succeeded task's last report reads 100 %).
         """
         if self._client is None:
-            raise RuntimeError("an eagerly run task reports no progress")
+            return _replay(self._reports)
         return self._client.progress(self.id, queue=self.queue, poll_interval=poll_interval)
 
     def __repr__(self) -> str:
         return f"<TaskHandle id={self.id!r} queue={self.queue!r}>"
 
 
+async def _replay(reports: Sequence[TaskProgress]) -> AsyncIterator[TaskProgress]:
+    for report in reports:
+        yield report
+
+
 def _failed_info(info: TaskInfo, error: BaseException) -> TaskInfo:
     return replace(
         info, state=TaskState.ARCHIVED, last_error=f"{error.__class__.__name__}: {error}"
+    )
+
+
+def _eager_deadline(timeout: timedelta | None, deadline: datetime | None) -> float | None:
+    """The eager attempt's deadline (unix seconds) as a worker computes it: the earlier
+    of now + timeout and the task's deadline; None when it has neither."""
+    ends = [time.time() + timeout.total_seconds()] if timeout else []
+    if deadline is not None:
+        ends.append(deadline.timestamp())
+    return min(ends) if ends else None
+
+
+def _ran(info: TaskInfo, run: _EagerRun, reports: EagerProgress, data: bytes | None) -> TaskInfo:
+    """*info* after the eager run: its result and its last progress (settled when it
+    succeeded, as the Inspector shows a completed task)."""
+    last = reports.reports[-1] if reports.reports else None
+    return replace(
+        info,
+        result=data if data is not None else run.result,
+        progress=settled(last, info.state) if data is not None else last,
     )
 
 
@@ -468,22 +524,50 @@ class TypedTask(TaskCall[P, R]):
             result=None,
             headers=dict(task.headers),
         )
+        # The handler sees the Task a worker would give it: identity, attempt, deadline,
+        # a result writer, and progress() (eager runs are task runs).
         task.id, task.queue = info.id, info.queue
+        task.retry_count, task.max_retry = 0, info.max_retry
+        task._deadline_ts = _eager_deadline(info.timeout, info.deadline)
+        run = _EagerRun(info.id, info.queue)
+        task.result_writer = TaskResultWriter(run, run)
+        reports = EagerProgress()
         token = _current_task.set(task)
         state_token = state_var.set(eager.state) if self.app.lifespan is not None else None
+        progress_token = reports.begin(task)
         try:
             value = await self._args.call(self.__call__, arguments)
             data = self._results.encode(value)
         except Exception as exc:
             return TaskHandle(
-                info.id, info.queue, self._results, None, info=info, eager=(None, exc)
+                info.id,
+                info.queue,
+                self._results,
+                None,
+                info=_failed_info(_ran(info, run, reports, None), exc),
+                eager=(None, exc),
+                reports=reports.reports,
             )
         finally:
+            run.done = True
+            reports.end(progress_token)
             _current_task.reset(token)
             if state_token is not None:
                 state_var.reset(state_token)
         value = self._results.decode(data)
-        return TaskHandle(info.id, info.queue, self._results, None, info=info, eager=(value, None))
+        # As TypedTask.serve: the return value is the result, over what the handler wrote.
+        ran = _ran(info, run, reports, data)
+        last = ran.progress
+        replayed = [*reports.reports[:-1], last] if last is not None else []
+        return TaskHandle(
+            info.id,
+            info.queue,
+            self._results,
+            None,
+            info=ran,
+            eager=(value, None),
+            reports=replayed,
+        )
 
     async def _eager_step(self, task: Task) -> tuple[bytes | None, str | None]:
         """One workflow step in eager mode: its result bytes, or its error."""

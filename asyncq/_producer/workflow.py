@@ -382,7 +382,15 @@ class Workflow(Generic[R]):
                     )
                 signature = _signature(step.task)
                 assert signature is not None and signature.run_eager is not None
-                result, error = await signature.run_eager(task)
+                # The handler's current_task() names the step as status() shows it.
+                given = {o: v for o, v in options.items() if o != "headers"}
+                run = Task(
+                    task.type,
+                    task.payload,
+                    headers=dict(task.headers),
+                    **cast(TaskOptions, {**given, "task_id": tid, "queue": queue}),
+                )
+                result, error = await signature.run_eager(run)
                 done = "failed" if error is not None else "succeeded"
                 row.append(WorkflowStepInfo(tid, queue, task.type, done, result, error))
             rows.append(row)
