@@ -178,7 +178,8 @@ class Server(Service):
       single Redis server key tracking of the pending lists announces tasks
       enqueued by Go asynq or redis-cli too, and idle workers then poll only
       every 5 s. Elsewhere this bounds the pickup of those tasks.
-    - ``delayed_task_check_interval``: forwarder period (5 s).
+    - ``delayed_task_check_interval``: the longest time between two forwarder
+      passes (5 s); it also passes when the next scheduled or retry task is due.
     - ``janitor_interval`` (8 s), ``janitor_batch_size`` (100).
     - ``heartbeat_interval`` (5 s), ``lease_duration`` (30 s),
       ``recoverer_interval`` (1 min: the longest time between two recoverer
@@ -390,13 +391,16 @@ class Server(Service):
         ]
         if cfg.health_check is not None:
             roles.append(HealthChecker(deps, cfg.health_check_interval, ping=self.redis.ping))
+        forwarder = Forwarder(deps, cfg.delayed_task_check_interval, wakeup=wakeup)
+        # The retries this server writes wake its forwarder when they are due.
+        self.broker.on_retry = forwarder.due_at
         roles += [
             self._subscriber,
             self.syncer,
             Recoverer(
                 deps, cfg.recoverer_interval, active=self.active, wakeup=wakeup, hooks=self._hooks
             ),
-            Forwarder(deps, cfg.delayed_task_check_interval, wakeup=wakeup),
+            forwarder,
             self.processor,
             Janitor(deps, cfg.janitor_interval),
         ]
