@@ -2,11 +2,13 @@
 
 It subscribes to asynq's ``asynq:cancel`` channel (a message is a task ID;
 the running handler of that task is cancelled, which counts as a failure, so
-the task is retried, as in asynq) and to asyncq's wake-up channel of every
-served queue (``asyncq:wakeup:{<queue>}``, published by asyncq's enqueue
-scripts when a pending list goes from empty to non-empty), which ends the
-processor's idle wait at once. When the served queues change (patterns, see
-:mod:`asyncq._worker.queueset`) the channels follow within a second.
+the task is retried, as in asynq; an ID after :data:`asyncq._keys.STOP_MARK`
+cancels it with :class:`~asyncq.TaskStoppedError`, which archives it) and to
+asyncq's wake-up channel of every served queue (``asyncq:wakeup:{<queue>}``,
+published by asyncq's enqueue scripts when a pending list goes from empty to
+non-empty), which ends the processor's idle wait at once. When the served
+queues change (patterns, see :mod:`asyncq._worker.queueset`) the channels
+follow within a second.
 
 Where direct delivery is possible (not on Redis Cluster) it also subscribes to
 the server's own delivery channel (``asyncq:delivery:<server id>``): an asyncq
@@ -47,7 +49,7 @@ from asyncq._redis.pubsub import FastPubSub, FastPubSubClient
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.roles import Role, RoleDeps
 from asyncq._worker.wakeup import INVALIDATE_CHANNEL, QueueWakeup, tracked_prefixes
-from asyncq.errors import TaskCanceledError
+from asyncq.errors import TaskCanceledError, TaskStoppedError
 
 __all__ = ["Subscriber"]
 
@@ -277,6 +279,14 @@ class Subscriber(Role):
         if channel == cancel_channel:
             # Anyone may publish here: bytes that are not UTF-8 match no task, never crash.
             task_id = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+            if task_id.startswith(keys.STOP_MARK):
+                # Cancelled for good: the exception decides the outcome (SkipRetry:
+                # archived). The plain ID that follows finds the handler stopped already.
+                task_id = task_id[len(keys.STOP_MARK) :]
+                stopped = self.active.cancel(task_id, TaskStoppedError())
+                if stopped is not None:
+                    self.log.info("task canceled for good (no retry)", **task_fields(stopped.msg))
+                return
             canceled = self.active.cancel(task_id, TaskCanceledError())
             if canceled is not None:
                 self.log.info("task canceled", **task_fields(canceled.msg))

@@ -33,7 +33,7 @@ STATE_ORDER = (
 )
 # Per-row and bulk actions each state allows (asynq's rules).
 ROW_ACTIONS: dict[TaskState, tuple[str, ...]] = {
-    TaskState.ACTIVE: ("cancel",),
+    TaskState.ACTIVE: ("cancel", "stop"),
     TaskState.PENDING: ("archive", "delete"),
     TaskState.AGGREGATING: ("run", "archive", "delete"),
     TaskState.SCHEDULED: ("run", "archive", "delete"),
@@ -42,7 +42,7 @@ ROW_ACTIONS: dict[TaskState, tuple[str, ...]] = {
     TaskState.COMPLETED: ("delete",),
 }
 BULK_ACTIONS: dict[TaskState, tuple[str, ...]] = {
-    TaskState.ACTIVE: ("cancel_all",),
+    TaskState.ACTIVE: ("cancel_all", "stop_all"),
     TaskState.PENDING: ("archive_all", "delete_all"),
     TaskState.AGGREGATING: ("run_all", "archive_all", "delete_all"),
     TaskState.SCHEDULED: ("run_all", "archive_all", "delete_all"),
@@ -77,6 +77,11 @@ def short_id(task_id: str) -> str:
 
 
 templates.env.filters["bytes"] = _bytes
+# What the two cancellations of an active task do, on their buttons.
+templates.env.filters["action_title"] = lambda action: {
+    "cancel": "Cancel the running handler; the task is retried (as in asynq)",
+    "stop": "Cancel the running handler for good: the task is archived, not retried",
+}.get(action.removesuffix("_all"), "")
 templates.env.filters["shortid"] = short_id
 templates.env.filters["dur"] = format_short
 templates.env.filters["iso"] = r.iso
