@@ -39,12 +39,20 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import anyio.to_thread
 from typing_extensions import Unpack
 
+from asyncq import _keys as keys
+from asyncq._broker.workflow import read_workflow
 from asyncq._duration import go_duration, wait_seconds
 from asyncq._logging import get_logger
 from asyncq._producer.client import Client
 from asyncq._producer.completion import DEFAULT_POLL_INTERVAL, TaskFailedError
 from asyncq._producer.compose import compose
-from asyncq._producer.workflow import BoundTask, Pipe, TypedSignature
+from asyncq._producer.workflow import (
+    BoundTask,
+    Pipe,
+    TypedSignature,
+    WorkflowHandle,
+    WorkflowNotFoundError,
+)
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._scheduling.cron import parse_cronspec
@@ -54,7 +62,7 @@ from asyncq._suggest import suggest
 from asyncq._worker.config import Aggregation, GroupAggregator, Intervals, Limits
 from asyncq._worker.result_writer import TaskResultWriter
 from asyncq._worker.server import ErrorHandler, HealthCheck, IsFailure, RetryDelay, Server
-from asyncq.errors import SkipRetry, TaskNotFoundError
+from asyncq.errors import AmbiguousIdError, SkipRetry, TaskNotFoundError
 from asyncq.hooks import WorkerHooks
 from asyncq.lifespan import Lifespan, lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter
@@ -855,6 +863,57 @@ class App(Generic[S]):
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+
+    async def workflow_of(
+        self,
+        workflow_id: str,
+        *,
+        queue: str | None = None,
+        client: Client | None = None,
+    ) -> WorkflowHandle[Any]:
+        """A handle on a started workflow by its id (e.g. one a web client sent back):
+        ``await handle.result()``, ``status()``, ``cancel()``, as the handle
+        ``enqueue()`` returned.
+
+        *queue* is the workflow's first step's queue (where its state lives); without
+        it every queue is looked in. The final steps' results decode as their
+        ``@app.task`` return types (the raw bytes for a type this App does not
+        register). Raises WorkflowNotFoundError when there is no such workflow (never
+        started, or its state expired), AmbiguousIdError when the id is in several
+        queues, ValueError for an empty id, RuntimeError in eager mode.
+        """
+        if not isinstance(workflow_id, str) or not workflow_id.strip():
+            raise ValueError("workflow ID cannot be empty")
+        if self._eager is not None:
+            raise RuntimeError(
+                "workflow_of() is not available in eager mode: eager workflows run at "
+                "enqueue and are not stored; keep the handle enqueue() returned"
+            )
+        client = client or self.client
+        redis = client.broker.redis
+        if queue is not None:
+            names = [queue]
+        else:
+            stored = await redis.smembers(keys.ALL_QUEUES)
+            names = sorted(q.decode() if isinstance(q, bytes) else q for q in stored)
+        limit = asyncio.Semaphore(16)  # a few reads in flight, not one per queue at once
+
+        async def read(name: str) -> Any:
+            async with limit:
+                return await read_workflow(redis, name, workflow_id)
+
+        found = [info for info in await asyncio.gather(*map(read, names)) if info is not None]
+        if not found:
+            raise WorkflowNotFoundError(queue, workflow_id)
+        if len(found) > 1:
+            where = [f"{w.queue}/{w.id}" for w in found]
+            raise AmbiguousIdError("workflow", workflow_id, where, more=False)
+        info = found[0]
+        final = tuple(
+            typed._signature if (typed := self.tasks.get(step.type)) is not None else None
+            for step in info.stages[-1]
+        )
+        return WorkflowHandle(info, client, final)
 
     async def wait(
         self,

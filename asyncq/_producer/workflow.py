@@ -46,6 +46,7 @@ from asyncq._broker.workflow import (
     WorkflowInfo,
     WorkflowNotFoundError,
     WorkflowStepInfo,
+    cancel_workflow,
     read_workflow,
     start_workflow,
     workflow_key,
@@ -198,7 +199,8 @@ class WorkflowFailedError(AsyncqError):
 
 
 class WorkflowHandle(Generic[R]):
-    """A started workflow: ``await result()`` for the final step's result, ``status()``.
+    """A started workflow: ``await result()`` for the final step's result, ``status()``,
+    ``cancel()``. ``enqueue()`` returns one; ``App.workflow_of(id)`` makes one from an id.
 
     The attributes of the :class:`WorkflowInfo` the start returned (``id``,
     ``queue``, ``stages``...) read through :attr:`info`, as at the start.
@@ -287,6 +289,22 @@ class WorkflowHandle(Generic[R]):
             else:
                 values.append(signature.results.decode(step.result))
         return cast(R, values if len(values) > 1 or self._is_group() else values[0])
+
+    async def cancel(self) -> str:
+        """Cancel the workflow if it still runs: no further hand-off, its steps not
+        started yet deleted (:meth:`asyncq.Inspector.cancel_workflow`).
+
+        Returns its state before the call (only ``running`` changes; ``result()``
+        then raises WorkflowFailedError). Steps already running finish; stop them
+        with ``Inspector.cancel(step_id, retry=False)``. Raises WorkflowNotFoundError
+        when the state expired. In eager mode the workflow has finished: its state.
+        """
+        if self._client is None:
+            return self.info.state
+        state = await cancel_workflow(self._client.broker.redis, self.queue, self.id, time.time())
+        if state is None:
+            raise WorkflowNotFoundError(self.queue, self.id)
+        return state
 
     def _is_group(self) -> bool:
         return len(self.info.stages[-1]) > 1
