@@ -847,7 +847,8 @@ class App(Generic[S]):
         """The App's Client, made on first use in the running event loop."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._client.closed or self._client_loop is not loop:
-            self._client = Client(self.redis)
+            # App(events=...) covers the App's own enqueues too (``enqueued`` events).
+            self._client = Client(self.redis, events=self.worker_options.get("events", False))
             self._client_loop = loop
         return self._client
 

@@ -42,6 +42,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from datetime import timedelta
 from typing import Any, Protocol
 
+from asyncq._broker.workflow import WORKFLOW_HEADER
 from asyncq._keys import completion_channel, progress_channel, progress_key
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisClient
@@ -279,8 +280,9 @@ class ProgressWriter:
             # Queued now, so it precedes the task's outcome event in the stream.
             fraction, message, _ = value
             self._events.add(
-                "progress", task.queue, task.type, task.id, fraction=repr(fraction), message=message
-            )
+                "progress", task.queue, task.type, task.id, fraction=repr(fraction),
+                message=message, workflow=task.headers.get(WORKFLOW_HEADER, ""),
+            )  # fmt: skip
         self._send(task, self._write(task, value, final_ttl))
 
     def _send(self, task: Task, write: Coroutine[Any, Any, None]) -> None:

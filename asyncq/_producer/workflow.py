@@ -518,6 +518,10 @@ class Workflow(Generic[R]):
         await start_workflow(
             broker, qname, wid, fields=fields, first=msgs[0], now_ns=time.time_ns()
         )
+        events = client._events
+        if events is not None:  # the first stage is enqueued now (the later ones by handoff)
+            for msg in msgs[0]:
+                events.add("enqueued", msg.queue, msg.type, msg.id, workflow=wid)
         return WorkflowInfo(
             id=wid,
             queue=qname,
