@@ -398,8 +398,9 @@ class Server(Service):
             self._subscriber,
             self.syncer,
             Recoverer(
-                deps, cfg.recoverer_interval, active=self.active, wakeup=wakeup, hooks=self._hooks
-            ),
+                deps, cfg.recoverer_interval, active=self.active, wakeup=wakeup,
+                hooks=self._hooks, history=self.history,
+            ),  # fmt: skip
             forwarder,
             self.processor,
             Janitor(deps, cfg.janitor_interval),
