@@ -17,6 +17,7 @@ from asyncq import QueueNotFoundError, SkippedQueue, TaskState
 from asyncq._duration import format_short
 from asyncq._http import quote_segment
 from asyncq._inspection.records import ARCHIVE_LIMIT, WorkerInfo
+from asyncq._redis.scripts import parse_server_version
 from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, queue_infos, task_page
 from asyncq.web._state import state
 
@@ -245,7 +246,18 @@ async def redis_page(request: Request) -> Response:
             except QueueNotFoundError:
                 continue
             cluster.append({"queue": name, "slot": slot, "nodes": nodes})
-    return render(request, "redis.html", {"info": info, "cluster": cluster, "nav": "redis"})
+    # The server's own name and version: Valkey's redis_version is a compatibility number.
+    server, version = parse_server_version(info) if info else ("Redis", "")
+    return render(
+        request,
+        "redis.html",
+        {
+            "info": info,
+            "server": f"{server} {version or '?'}",
+            "cluster": cluster,
+            "nav": "redis",
+        },
+    )
 
 
 async def search(request: Request) -> Response:
