@@ -86,6 +86,7 @@ templates.env.filters["action_title"] = lambda action: {
 templates.env.filters["shortid"] = short_id
 templates.env.filters["dur"] = format_short
 templates.env.filters["iso"] = r.iso
+templates.env.filters["stamp"] = r.stamp
 # Every path segment a page builds (queue names and task ids may hold "/" or be "..").
 templates.env.filters["seg"] = quote_segment
 templates.env.globals["body"] = r.body
@@ -170,6 +171,17 @@ async def task_detail(request: Request) -> Response:
     task = await insp.get_task(request.path_params["queue"], request.path_params["task_id"])
     now = datetime.now(UTC)
     actions = ROW_ACTIONS[task.state]
+    started = None
+    if task.state is TaskState.ACTIVE:  # the worker running it records when it started
+        started = next(
+            (
+                w.started
+                for s in await insp.servers()
+                for w in s.active_workers
+                if w.task_id == task.id and w.queue == task.queue
+            ),
+            None,
+        )
     return render(
         request,
         "task.html",
@@ -177,7 +189,7 @@ async def task_detail(request: Request) -> Response:
             "task": task,
             "payload": r.body(task.payload),
             "result": r.body(task.result) if task.result is not None else None,
-            "timeline": r.task_timeline(task, now),
+            "timeline": r.task_timeline(task, now, started=started),
             "actions": actions,
             "nav": "task",
         },
