@@ -30,12 +30,15 @@ queues change the connection is replaced.
 
 The connection is re-established with a backoff of 0.1 s doubling up to 2 s
 (asynq waits 5 s) while Redis is unreachable; after a reconnect the processor
-is woken once, since a wake-up may have been missed meanwhile.
+is woken once, since a wake-up may have been missed meanwhile, and one line
+(``reconnected to Redis``, with ``down_for`` in seconds) tells the log that
+the outage is over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
@@ -128,6 +131,10 @@ class Subscriber(Role):
         self._task = asyncio.current_task()
         backoff = Backoff(0.1, 2.0)
         connected_before = False
+        # When the connection was lost (monotonic seconds): the next subscription says,
+        # once, that Redis is back. The other roles only log their failures, at a bounded
+        # rate, so without this line an operator cannot tell from the log that it ended.
+        lost_at: float | None = None
         cancel_channel = keys.CANCEL_CHANNEL.encode()
         while not self.stopping:
             pubsub: Any = None
@@ -164,6 +171,11 @@ class Subscriber(Role):
                 if connected_before:
                     self._wakeup.set()
                 connected_before = True
+                if lost_at is not None:
+                    self.log.info(
+                        "reconnected to Redis", down_for=round(time.monotonic() - lost_at, 1)
+                    )
+                    lost_at = None
                 if is_debug_enabled(self.log):
                     self.log.debug("subscribed", channels=channels)
                 while not self.stopping:
@@ -188,6 +200,8 @@ class Subscriber(Role):
             except REDIS_ERRORS as exc:
                 self._wakeup.tracking_lost()
                 self.attempted.set()
+                if lost_at is None and connected_before:
+                    lost_at = time.monotonic()
                 self.redis_error("subscriber lost its connection; reconnecting", exc)
                 await self.sleep(backoff.next_delay())
             finally:
