@@ -72,8 +72,9 @@ async def test_a_run_this_worker_still_holds_is_counted_once() -> None:
     # The processor counts the run when its handler ends; the recoverer adds the decision.
     recorder = HistoryRecorder(_NoStore(), log=structlog.get_logger())
     recorder.record("q", "t", 100.0, 101.0, True, False, False)  # the processor's "lost"
-    recorder.record_recovered("q", "t", 102.0, True, True, False)
-    recorder.record_recovered("q", "t", 102.0, False, False, True)  # a dead worker's
+    recorder.record_recovered("q", "t", 102.0, ran_here=True, retried=True, archived=False)
+    # a dead worker's
+    recorder.record_recovered("q", "t", 102.0, ran_here=False, retried=False, archived=True)
     assert recorder._cells[(1, "q", "t")][:4] == [2, 2, 1, 1]
 
 

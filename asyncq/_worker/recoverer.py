@@ -164,9 +164,13 @@ class Recoverer(PeriodicRole):
                 )
                 if self._history is not None:
                     self._history.record_recovered(
-                        msg.queue, msg.type, now.timestamp(), local is not None,
-                        outcome.kind == "retry", outcome.kind == "archive",
-                    )  # fmt: skip
+                        msg.queue,
+                        msg.type,
+                        now.timestamp(),
+                        ran_here=local is not None,
+                        retried=outcome.kind == "retry",
+                        archived=outcome.kind == "archive",
+                    )
             self.stats.recovered += 1
             return True
         except TaskNotFoundError:

@@ -398,9 +398,13 @@ class Server(Service):
             self._subscriber,
             self.syncer,
             Recoverer(
-                deps, cfg.recoverer_interval, active=self.active, wakeup=wakeup,
-                hooks=self._hooks, history=self.history,
-            ),  # fmt: skip
+                deps,
+                cfg.recoverer_interval,
+                active=self.active,
+                wakeup=wakeup,
+                hooks=self._hooks,
+                history=self.history,
+            ),
             forwarder,
             self.processor,
             Janitor(deps, cfg.janitor_interval),

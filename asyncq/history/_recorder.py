@@ -143,7 +143,14 @@ class HistoryRecorder:
         cell[_FIRST_BUCKET + bisect_left(UPPER_BOUNDS, seconds)] += 1
 
     def record_recovered(
-        self, queue: str, task_type: str, at: float, ran_here: bool, retried: bool, archived: bool
+        self,
+        queue: str,
+        task_type: str,
+        at: float,
+        *,
+        ran_here: bool,
+        retried: bool,
+        archived: bool,
     ) -> None:
         """Count the recoverer's decision for a task whose lease expired, at *at* (unix s).
 
