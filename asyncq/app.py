@@ -29,11 +29,12 @@ import functools
 import inspect
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, cast, overload
+from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio.to_thread
@@ -59,9 +60,14 @@ from asyncq._scheduling.cron import parse_cronspec
 from asyncq._scheduling.scheduler import Scheduler
 from asyncq._serde import ArgumentsCodec, ResultCodec, TaskArgumentError, TaskResultError
 from asyncq._suggest import suggest
-from asyncq._worker.config import Aggregation, GroupAggregator, Intervals, Limits
+from asyncq._worker.config import (
+    ServerOptions,
+    flat_name_warning,
+    merge_groups,
+    regroup,
+)
 from asyncq._worker.result_writer import TaskResultWriter
-from asyncq._worker.server import ErrorHandler, HealthCheck, IsFailure, RetryDelay, Server
+from asyncq._worker.server import Server
 from asyncq.errors import AmbiguousIdError, SkipRetry, TaskNotFoundError
 from asyncq.hooks import WorkerHooks
 from asyncq.lifespan import Lifespan, lifespan_state, state_var
@@ -88,58 +94,31 @@ DEFAULT_RESULT_RETENTION = timedelta(minutes=5)
 """How long a typed task's result stays readable after success, unless the task says otherwise."""
 
 
-class WorkerOptions(TypedDict, total=False):
-    """The :class:`~asyncq.Server` keyword options an App carries for its workers.
+class WorkerOptions(ServerOptions, total=False):
+    """The :class:`~asyncq.Server` keyword options an App carries for its workers: the
+    :class:`~asyncq.ServerOptions` (grouped: ``intervals=``, ``limits=``,
+    ``aggregation=``) and the Server's ``logger`` and ``metrics``.
 
     Given to ``App(...)`` (``App(redis, queues={"email": 3}, concurrency=20)``)
-    and, per call, to ``app.server(...)`` / ``app.run_worker(...)``, which
-    override them key by key. Each has the meaning and default of the
-    ``Server`` option of the same name; a key left out is not given at all
-    (so ``queues`` left out means "every queue the App's tasks use"). Being a
-    ``TypedDict`` unpacked into the signatures, a misspelled or mistyped
-    option is a mypy error, and an unknown name a ``TypeError`` at run time.
+    and, per call, to ``app.server(...)`` / ``app.run_worker(...)`` /
+    ``app.worker_settings(...)``, which override them: a setting replaces the App's,
+    and a group is merged field by field (the fields the call's group sets to other
+    than their default replace the App's, the others keep the App's; see
+    :meth:`App.worker_settings`). Each has the meaning and default of the ``Server``
+    option of the same name; a key left out is not given at all (so ``queues`` left out
+    means "every queue the App's tasks use"). Being a ``TypedDict`` unpacked into the
+    signatures, a misspelled or mistyped option is a mypy error, and an unknown name a
+    ``TypeError`` at run time.
+
+    The flat names of the grouped settings (``heartbeat_interval=``,
+    ``queue_concurrency=``... :class:`~asyncq._worker.config.GroupedOptions`) are
+    deprecated here as on the Server: each still works for this release, warns
+    (DeprecationWarning, at the call that gave it) and goes in 0.3.0. The App
+    translates them to their group, so its Server gets grouped options only.
     """
 
-    concurrency: int | None
-    queues: Mapping[str, int] | None
-    strict_priority: bool
-    queue_concurrency: Mapping[str, int] | None
-    local_queue_concurrency: Mapping[str, int] | None
-    rate_limits: Mapping[str, str] | None
-    type_rate_limits: Mapping[str, str] | None
-    ordered_queues: Sequence[str]
-    lease_duration: timedelta
-    heartbeat_interval: timedelta
-    recoverer_interval: timedelta
-    recoverer_cutoff: timedelta
-    shutdown_timeout: timedelta
-    retry_delay: RetryDelay | None
-    is_failure: IsFailure | None
-    error_handler: ErrorHandler | None
-    health_check: HealthCheck | None
-    health_check_interval: timedelta
-    task_check_interval: timedelta
-    delayed_task_check_interval: timedelta
-    janitor_interval: timedelta
-    janitor_batch_size: int
-    group_aggregator: GroupAggregator | None
-    group_grace_period: timedelta
-    group_max_delay: timedelta | None
-    group_max_size: int | None
-    group_check_interval: timedelta | None
-    burst: bool
-    sync_concurrency: int | None
-    max_inflight_bytes: int
-    queue_refresh_interval: timedelta
     logger: Any
     metrics: WorkerHooks | None
-    metrics_history: bool | timedelta
-    events: bool | Sequence[str]
-    min_replicas: int
-    replica_timeout: timedelta
-    intervals: Intervals | None
-    limits: Limits | None
-    aggregation: Aggregation | None
 
 
 WORKER_OPTION_NAMES = frozenset(WorkerOptions.__annotations__)
@@ -153,6 +132,20 @@ def _check_worker_options(options: Mapping[str, object], where: str) -> None:
                 f"{where} got an unknown worker option {name!r}"
                 + (f"; did you mean {hint!r}?" if hint else "")
             )
+
+
+def _worker_options(
+    base: Mapping[str, object], options: Mapping[str, object], where: str
+) -> WorkerOptions:
+    """*options* (given to *where*) over the App's *base*, grouped (see
+    :meth:`App.worker_settings`): each deprecated flat name warns at the caller of the
+    App method that called this one, which must call it directly."""
+    _check_worker_options(options, f"{where}()")
+    regrouped = regroup(options)
+    for name in regrouped.flat:
+        # stacklevel 3: the user's call (_worker_options < the App method < caller)
+        warnings.warn(flat_name_warning(where, name), DeprecationWarning, stacklevel=3)
+    return cast(WorkerOptions, merge_groups(base, regrouped))
 
 
 _current_task: contextvars.ContextVar[Task | None] = contextvars.ContextVar(
@@ -649,12 +642,12 @@ class App(Generic[S]):
                 f"result_retention must be a datetime.timedelta, got "
                 f"{type(result_retention).__name__}"
             )
-        _check_worker_options(worker, "App()")
         self._redis = redis
         self.lifespan = lifespan
         self.result_retention = result_retention
-        self.worker_options: WorkerOptions = cast(WorkerOptions, dict(worker))
-        """The worker settings given to ``App(...)``; every worker of the App starts with them."""
+        self.worker_options: WorkerOptions = _worker_options({}, worker, "App")
+        """The worker settings given to ``App(...)``, grouped (a deprecated flat name given
+        is in its group); every worker of the App starts with them."""
         self.mux = ServeMux()
         self.tasks: dict[str, TypedTask[Any, Any]] = {}
         self.crons: list[CronEntry] = []
@@ -944,13 +937,23 @@ class App(Generic[S]):
         return out
 
     def worker_settings(self, **overrides: Unpack[WorkerOptions]) -> WorkerOptions:
-        """The options a worker of this App gets: the App's, then *overrides*, key by key.
+        """The options a worker of this App gets: the App's, then *overrides*, grouped.
+
+        An override replaces the App's setting, but a group (``intervals``, ``limits``,
+        ``aggregation``) is merged field by field: the fields the override's group sets
+        to other than their default replace the App's, the others keep the App's.
+        ``App(intervals=Intervals(heartbeat=2s))`` then
+        ``worker_settings(intervals=Intervals(recoverer=30s))`` has both. A field given
+        at its default does not override (to put an App's field back to its default,
+        leave it out of the App). A deprecated flat name (``heartbeat_interval=``) is
+        the field of its group, given to the App or per call, and resolves the same way.
 
         Without ``queues`` in either: ``default`` and every queue a registered
         task declares, each with weight 1.
         """
-        _check_worker_options(overrides, "worker_settings()")
-        merged = cast(WorkerOptions, {**self.worker_options, **overrides})
+        return self._settings(_worker_options(self.worker_options, overrides, "worker_settings"))
+
+    def _settings(self, merged: WorkerOptions) -> WorkerOptions:
         if merged.get("queues") is None:
             queues = dict.fromkeys(["default", *sorted(self.task_queues())], 1)
             merged["queues"] = queues
@@ -961,13 +964,16 @@ class App(Generic[S]):
     ) -> Server:
         """A :class:`Server` for this App (its Redis unless *redis*), lifespan and settings.
 
-        *options* override the App's worker settings key by key (see
-        :meth:`worker_settings`). Unless it is a burst run, the server also runs
+        *options* override the App's worker settings (merged as
+        :meth:`worker_settings` says). Unless it is a burst run, the server also runs
         the App's ``@app.cron`` schedules (started and stopped with its
         lifespan). Logs a warning naming every registered task whose queue this
         server does not serve.
         """
-        settings = self.worker_settings(**options)
+        settings = _worker_options(self.worker_options, options, "app.server")
+        return self._server(redis, self._settings(settings))
+
+    def _server(self, redis: RedisTarget | None, settings: WorkerOptions) -> Server:
         target: RedisTarget | Connection = self.redis if redis is None else redis
         if isinstance(target, Connection):
             target = target.redis
@@ -991,12 +997,19 @@ class App(Generic[S]):
                 served=served,
             )
 
-    async def run_worker(self, **options: Unpack[WorkerOptions]) -> None:
-        """Run a worker until SIGTERM/SIGINT (or, with ``burst=True``, until the queues empty).
+    def run_worker(self, **options: Unpack[WorkerOptions]) -> Coroutine[Any, Any, None]:
+        """Run a worker until SIGTERM/SIGINT (or, with ``burst=True``, until the queues
+        empty): ``await app.run_worker(...)``.
 
-        *options* override the App's worker settings (see :meth:`server`).
+        *options* override the App's worker settings (see :meth:`server`); they are read
+        at the call (an unknown name raises there, a deprecated one warns there), the
+        server is made when the coroutine runs.
         """
-        await self.server(**options).run(self.mux)
+        settings = _worker_options(self.worker_options, options, "app.run_worker")
+        return self._run_worker(settings)
+
+    async def _run_worker(self, settings: WorkerOptions) -> None:
+        await self._server(None, self._settings(settings)).run(self.mux)
 
     @contextlib.asynccontextmanager
     async def eager(self) -> AsyncIterator[App[S]]:

@@ -37,13 +37,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from redis.exceptions import ResponseError
+
 from asyncq._batch import TurnBatcher
 from asyncq._broker.workflow import WORKFLOW_HEADER
 from asyncq._cancel import raise_if_cancelling
 from asyncq._keys import EVENTS_KEY
 from asyncq._logging import LazyLogger
 from asyncq._redis.options import RedisClient
-from asyncq.errors import RateLimited, TaskCanceledError, find_error
+from asyncq.errors import BrokerError, RateLimited, TaskCanceledError, find_error
 from asyncq.hooks import WorkerHooks
 from asyncq.mux import Handler
 from asyncq.task import Task
@@ -372,6 +374,16 @@ def log_skipped(skipped: Sequence[SkippedEvent]) -> None:
         )
 
 
+def _not_a_stream(exc: ResponseError) -> Exception:
+    """The error a live reader raises when Redis refuses to read the stream: named by key
+    (WRONGTYPE: the key holds another type, which no asyncq writer leaves)."""
+    if "WRONGTYPE" not in str(exc):
+        return exc
+    return BrokerError(
+        f"{EVENTS_KEY} holds another type than a stream, so no event can be read: {exc}"
+    )
+
+
 def stream_id(since: str | datetime | None) -> str:
     """XREAD's start ID for *since*: None (only new events), an event ID, or a time."""
     if since is None:
@@ -477,11 +489,17 @@ async def _read(
     block_ms: int,
     batch: int,
 ) -> AsyncIterator[Event]:
-    if last == "$":  # pin "now" so that a reconnect does not skip what came meanwhile
-        info: Any = await redis.xrevrange(EVENTS_KEY, count=1)
-        last = _utf8(info[0][0]) if info else "0"
+    try:
+        if last == "$":  # pin "now" so that a reconnect does not skip what came meanwhile
+            info: Any = await redis.xrevrange(EVENTS_KEY, count=1)
+            last = _utf8(info[0][0]) if info else "0"
+    except ResponseError as exc:
+        raise _not_a_stream(exc) from exc
     while True:
-        reply: Any = await redis.xread({EVENTS_KEY: last}, count=batch, block=block_ms)
+        try:
+            reply: Any = await redis.xread({EVENTS_KEY: last}, count=batch, block=block_ms)
+        except ResponseError as exc:
+            raise _not_a_stream(exc) from exc
         raise_if_cancelling()
         for _stream, entries in reply or ():
             for entry_id, fields in entries:
@@ -510,11 +528,18 @@ async def recent_events(
     """The newest *count* entries (oldest first), or those after the ID *after*, decoded;
     the unreadable ones are returned as skipped (the caller names them: :func:`log_skipped`)."""
     entries: Any
-    if after:
-        entries = await redis.xrange(EVENTS_KEY, min=f"({stream_id(after)}", count=count)
-    else:
-        entries = await redis.xrevrange(EVENTS_KEY, count=count)
-        entries.reverse()
+    try:
+        if after:
+            entries = await redis.xrange(EVENTS_KEY, min=f"({stream_id(after)}", count=count)
+        else:
+            entries = await redis.xrevrange(EVENTS_KEY, count=count)
+            entries.reverse()
+    except ResponseError as exc:
+        if "WRONGTYPE" not in str(exc):
+            raise
+        # Nothing to show, but the page and its callers keep working (and say why).
+        log.warning("ignored an asyncq key of the wrong type", key=EVENTS_KEY, expected="stream")
+        return RecentEvents([], [], after)
     events: list[Event] = []
     skipped: list[SkippedEvent] = []
     for entry_id, fields in entries:

@@ -42,9 +42,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from datetime import timedelta
 from typing import Any, Protocol
 
+from redis.exceptions import ResponseError
+
 from asyncq._broker.workflow import WORKFLOW_HEADER
 from asyncq._keys import completion_channel, progress_channel, progress_key
-from asyncq._logging import get_logger
+from asyncq._logging import LazyLogger, get_logger
 from asyncq._redis.options import RedisClient
 from asyncq.task import Task, TaskProgress, TaskState
 
@@ -59,6 +61,7 @@ __all__ = [
     "progress",
     "progress_channel",
     "progress_key",
+    "progress_of",
     "read_progress",
     "settled",
     "watch_progress",
@@ -72,6 +75,7 @@ MAX_MESSAGE_LENGTH = 1024
 """Longest progress message, in characters."""
 
 log = get_logger()
+_stored_log = LazyLogger()  # the readers' warnings: the application's setup applies
 
 
 class EventSink(Protocol):
@@ -348,22 +352,55 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def parse_progress(fields: dict[Any, Any]) -> TaskProgress | None:
-    """A stored progress hash as a TaskProgress (None when empty or unreadable)."""
+def parse_progress(fields: dict[Any, Any], key: str = "") -> TaskProgress | None:
+    """A stored progress hash as a TaskProgress (None when empty or unreadable).
+
+    What a worker never writes (a fraction outside 0..1 or not finite, a time a
+    datetime cannot hold, a missing field) reads as no progress, with a warning
+    naming *key*: shown as a number it would fail the page or the command that
+    reads it, or claim a task is 300 % done.
+    """
     if not fields:
         return None
     data = {_text(k): _text(v) for k, v in fields.items()}
     try:
-        return TaskProgress.of(
-            float(data["fraction"]), data.get("message", ""), float(data["time"])
+        fraction, unix = float(data["fraction"]), float(data["time"])
+        if not (0.0 <= fraction <= 1.0 and math.isfinite(unix)):
+            raise ValueError("out of range")
+        return TaskProgress.of(fraction, data.get("message", ""), unix)
+    except (KeyError, ValueError, OverflowError, OSError) as exc:
+        _stored_log.warning(
+            "ignored an unreadable stored progress",
+            key=key,
+            error=f"{type(exc).__name__}: {exc}"[:120],
+            value=repr(fields)[:120],
         )
-    except (KeyError, ValueError):
         return None
 
 
 async def read_progress(redis: RedisClient, queue: str, task_id: str) -> TaskProgress | None:
-    """The task's last stored progress, or None."""
-    return parse_progress(await redis.hgetall(progress_key(queue, task_id)))
+    """The task's last stored progress, or None (also, with a warning naming the key,
+    when the key holds another type than a hash)."""
+    key = progress_key(queue, task_id)
+    fields: Any
+    try:
+        fields = await redis.hgetall(key)
+    except ResponseError as exc:
+        if "WRONGTYPE" not in str(exc):
+            raise
+        fields = exc
+    return progress_of(fields, key)
+
+
+def progress_of(reply: Any, key: str) -> TaskProgress | None:
+    """*reply* to HGETALL of the progress *key* (or the error a pipeline returned for it)
+    as a TaskProgress: an error is warned about with the key and reads as none."""
+    if isinstance(reply, ResponseError):
+        if "WRONGTYPE" not in str(reply):
+            raise reply
+        _stored_log.warning("ignored an asyncq key of the wrong type", key=key, expected="hash")
+        return None
+    return parse_progress(reply, key)
 
 
 def settled(stored: TaskProgress | None, state: TaskState | None) -> TaskProgress | None:

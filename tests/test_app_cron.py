@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from redis.asyncio import Redis
 
-from asyncq import App, Inspector, TaskArgumentError
+from asyncq import App, Inspector, Intervals, TaskArgumentError
 from asyncq._keys import ALL_SCHEDULERS
 from asyncq.cli import main
 from asyncq.proto.asynq import SchedulerEntry
@@ -80,7 +80,7 @@ async def test_a_burst_worker_does_not_run_the_schedules(redis_url: str, redis: 
     @app.cron(every=timedelta(seconds=1))
     async def tick() -> None: ...
 
-    await app.run_worker(burst=True, task_check_interval=timedelta(milliseconds=50))
+    await app.run_worker(burst=True, intervals=Intervals(task_check=timedelta(milliseconds=50)))
     assert await redis.zcard(ALL_SCHEDULERS) == 0
 
 

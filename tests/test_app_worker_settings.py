@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 import asyncq.app as app_module
 from asyncq import Aggregation, App, Intervals, Limits, Server
-from asyncq._worker.config import GROUPED_OPTION_NAMES
+from asyncq._worker.config import GROUPED_OPTION_NAMES, SERVER_OPTION_NAMES
 from asyncq.app import WORKER_OPTION_NAMES, WorkerOptions
 from asyncq.hooks import WorkerHooks
 
@@ -49,65 +49,78 @@ EVERY_OPTION: WorkerOptions = {
     "concurrency": 7,
     "queues": {"email": 3, "partner": 1},
     "strict_priority": True,
-    "queue_concurrency": {"partner": 2},
-    "local_queue_concurrency": {"email": 4},
-    "rate_limits": {"partner": "10/s"},
-    "type_rate_limits": {"api:call": "600/min"},
-    "ordered_queues": ["ledger"],
     "lease_duration": timedelta(seconds=45),
-    "heartbeat_interval": timedelta(seconds=3),
-    "recoverer_interval": timedelta(seconds=20),
-    "recoverer_cutoff": timedelta(seconds=9),
     "shutdown_timeout": timedelta(seconds=25),
     "retry_delay": _retry_delay,
     "is_failure": _is_failure,
     "error_handler": _error_handler,
     "health_check": _health_check,
-    "health_check_interval": timedelta(seconds=30),
-    "task_check_interval": timedelta(milliseconds=300),
-    "delayed_task_check_interval": timedelta(seconds=2),
-    "janitor_interval": timedelta(seconds=4),
-    "janitor_batch_size": 50,
-    "group_aggregator": _aggregate,
-    "group_grace_period": timedelta(seconds=5),
-    "group_max_delay": timedelta(seconds=50),
-    "group_max_size": 20,
-    "group_check_interval": timedelta(seconds=2),
     "burst": True,
-    "sync_concurrency": 3,
-    "max_inflight_bytes": 1024,
-    "queue_refresh_interval": timedelta(seconds=2),
     "logger": object(),
     "metrics": cast(WorkerHooks, object()),
     "metrics_history": timedelta(hours=2),
     "events": ["default"],
     "min_replicas": 1,
     "replica_timeout": timedelta(seconds=2),
-    "intervals": Intervals(),
-    "limits": Limits(),
-    "aggregation": Aggregation(),
+    "intervals": Intervals(
+        heartbeat=timedelta(seconds=3),
+        recoverer=timedelta(seconds=20),
+        recoverer_cutoff=timedelta(seconds=9),
+        health_check=timedelta(seconds=30),
+        task_check=timedelta(milliseconds=300),
+        delayed_task_check=timedelta(seconds=2),
+        janitor=timedelta(seconds=4),
+        queue_refresh=timedelta(seconds=2),
+    ),
+    "limits": Limits(
+        queue_concurrency={"partner": 2},
+        local_queue_concurrency={"email": 4},
+        rate_limits={"partner": "10/s"},
+        type_rate_limits={"api:call": "600/min"},
+        ordered_queues=["ledger"],
+        janitor_batch_size=50,
+        sync_concurrency=3,
+        max_inflight_bytes=1024,
+    ),
+    "aggregation": Aggregation(
+        aggregator=_aggregate,
+        grace_period=timedelta(seconds=5),
+        max_delay=timedelta(seconds=50),
+        max_size=20,
+        check_interval=timedelta(seconds=2),
+    ),
 }
 
 
 def test_worker_options_name_every_server_option_but_the_target_and_lifespan() -> None:
     params = inspect.signature(Server.__init__).parameters
-    # The named keywords, and the flat keywords of the grouped settings (**options).
+    # The named keywords, and the settings (**options: ServerOptions).
     server_options = {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
-    server_options |= GROUPED_OPTION_NAMES
+    server_options |= SERVER_OPTION_NAMES
     assert server_options - {"lifespan"} == set(WORKER_OPTION_NAMES)
-    assert set(EVERY_OPTION) == set(WORKER_OPTION_NAMES)  # the table below covers them all
+    # The table below covers them all, the deprecated flat ones by their groups.
+    assert set(EVERY_OPTION) | GROUPED_OPTION_NAMES == set(WORKER_OPTION_NAMES)
 
 
-def test_every_app_setting_reaches_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+class _Recording:
+    seen: list[tuple[Any, dict[str, Any]]]
+
+    def __init__(self, redis: Any, **options: Any) -> None:
+        self.seen.append((redis, options))
+        self.config = type("Config", (), {"queues": options["queues"]})()
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, dict[str, Any]]]:
+    """The (redis, options) of every Server the App makes (none is made)."""
     seen: list[tuple[Any, dict[str, Any]]] = []
+    monkeypatch.setattr(app_module, "Server", type("Recording", (_Recording,), {"seen": seen}))
+    return seen
 
-    class Recording:
-        def __init__(self, redis: Any, **options: Any) -> None:
-            seen.append((redis, options))
-            self.config = type("Config", (), {"queues": options["queues"]})()
 
-    monkeypatch.setattr(app_module, "Server", Recording)
-
+def test_every_app_setting_reaches_the_server(
+    recorded: list[tuple[Any, dict[str, Any]]],
+) -> None:
     async def lifespan_cm() -> Any:
         yield None
 
@@ -116,15 +129,15 @@ def test_every_app_setting_reaches_the_server(monkeypatch: pytest.MonkeyPatch) -
     lifespan = asynccontextmanager(lifespan_cm)
     app = App("redis://example:6379/3", lifespan=lifespan, **EVERY_OPTION)
     app.server()
-    redis, options = seen[-1]
+    redis, options = recorded[-1]
     assert redis == "redis://example:6379/3"
     assert options == {**EVERY_OPTION, "lifespan": lifespan}
     # A per-call option overrides its key only; the others stay the App's.
     app.server(concurrency=2, redis="redis://other:6379/0")
-    redis, options = seen[-1]
+    redis, options = recorded[-1]
     assert redis == "redis://other:6379/0"
     assert options["concurrency"] == 2
-    assert options["rate_limits"] == {"partner": "10/s"}
+    assert options["limits"].rate_limits == {"partner": "10/s"}
     assert options["queues"] == {"email": 3, "partner": 1}
 
 
@@ -134,11 +147,13 @@ async def test_a_real_server_gets_the_app_settings() -> None:
         concurrency=5,
         queues={"email": 3, "partner": 1},
         strict_priority=True,
-        queue_concurrency={"partner": 2},
-        rate_limits={"partner": "10/s"},
-        ordered_queues=["email"],
+        limits=Limits(
+            queue_concurrency={"partner": 2},
+            rate_limits={"partner": "10/s"},
+            ordered_queues=["email"],
+        ),
         lease_duration=timedelta(seconds=40),
-        recoverer_cutoff=timedelta(seconds=7),
+        intervals=Intervals(recoverer_cutoff=timedelta(seconds=7)),
     )
     server = app.server()
     try:

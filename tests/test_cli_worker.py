@@ -293,4 +293,4 @@ def test_heartbeat_not_shorter_than_the_lease_is_refused(
     args = ["-u", redis_url, "worker", "myapp:mux", "--burst", "--lease-duration", "5s"]
     result = CliRunner().invoke(main, [*args, "--heartbeat-interval", "5s"])
     assert result.exit_code != 0
-    assert "must be longer than heartbeat_interval" in result.stderr, result.stderr
+    assert "must be longer than intervals.heartbeat" in result.stderr, result.stderr

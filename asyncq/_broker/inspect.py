@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
@@ -33,13 +33,11 @@ from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import Script, load_script
 from asyncq._time import from_unix
 from asyncq.errors import BrokerError, FailedPreconditionError, TaskNotFoundError
-from asyncq.proto.asynq import (
-    SchedulerEnqueueEvent,
-    SchedulerEntry,
-    ServerInfo,
-    TaskMessage,
-    WorkerInfo,
-)
+from asyncq.proto.asynq import SchedulerEnqueueEvent as SchedulerEnqueueEventProto
+from asyncq.proto.asynq import SchedulerEntry as SchedulerEntryProto
+from asyncq.proto.asynq import ServerInfo as ServerInfoProto
+from asyncq.proto.asynq import TaskMessage
+from asyncq.proto.asynq import WorkerInfo as WorkerInfoProto
 from asyncq.task import TaskState
 
 __all__ = [
@@ -130,6 +128,26 @@ def _int(value: Any) -> int:
     return int(value)
 
 
+def _whole(value: Any) -> int | None:
+    """A stored whole number (as the scripts' tonumber and Redis's counters read it), or
+    None for anything else: not UTF-8, empty, a fraction, nan, inf, beyond int64."""
+    try:
+        number = _int(value)
+    except (ValueError, UnicodeDecodeError, TypeError):
+        return None
+    return number if -_INT64 - 1 <= number <= _INT64 else None
+
+
+def _unreadable_flow(key: str, what: str, value: Any) -> None:
+    _log.warning("ignored an unreadable asyncq value", key=key, field=what, value=repr(value)[:80])
+
+
+def _text_map(raw: dict[Any, Any] | None) -> dict[str, str]:
+    """A stored hash of names and texts (a server's flow record) as str, undecodable bytes
+    as U+FFFD: shown to a user, never a reason to fail the listing."""
+    return {} if raw is None else {_text(k): _text(v) for k, v in raw.items()}
+
+
 _INT64 = 2**63 - 1
 
 
@@ -154,7 +172,10 @@ def _stored_int(value: Any, what: str, key: str) -> int:
         return 0
 
 
-_M = TypeVar("_M", ServerInfo, WorkerInfo, SchedulerEntry, SchedulerEnqueueEvent)
+_R = TypeVar("_R")
+_M = TypeVar(
+    "_M", ServerInfoProto, WorkerInfoProto, SchedulerEntryProto, SchedulerEnqueueEventProto
+)
 
 
 _FIELD_TYPES: dict[str, type] = {"str": str, "int": int, "bytes": bytes}
@@ -164,7 +185,7 @@ def _parse_record(cls: type[_M], data: bytes) -> _M:
     """Decode a server/worker/scheduler record; ValueError when a field has the wrong type.
 
     betterproto2 accepts some malformed bytes and leaves a field of another type
-    (``WorkerInfo.parse(b"\\x00...")`` gives ``task_id == 0``), which would break
+    (``WorkerInfoProto.parse(b"\\x00...")`` gives ``task_id == 0``), which would break
     every comparison and formatter downstream.
     """
     record = cls.parse(data)
@@ -341,9 +362,21 @@ class InspectBroker:
     # -- flow control (asyncq-only keys; Go asynq never reads them) ---------------------------
 
     async def queue_limit(self, qname: str) -> int | None:
-        """The fleet-wide concurrency limit stored for the queue, or None."""
-        raw = await self._r.get(keys.limit_key(qname))
-        return None if raw is None else _int(raw)
+        """The fleet-wide concurrency limit stored for the queue, or None.
+
+        A value no asyncq writer stores (another type, not a whole number, negative)
+        reads as None, with a warning naming the key: dequeue_queues.lua applies no
+        stored limit for it either, so None is what holds.
+        """
+        key = keys.limit_key(qname)
+        raw = await self._flow_read(key, "string", self._r.get(key))
+        if raw is None:
+            return None
+        limit = _whole(raw)
+        if limit is None or limit < 0:
+            _unreadable_flow(key, "limit", raw)
+            return None
+        return limit
 
     async def set_queue_limit(self, qname: str, limit: int | None) -> None:
         """Store (or, with None, delete) the queue's fleet-wide concurrency limit."""
@@ -354,7 +387,12 @@ class InspectBroker:
 
     async def queue_ordered(self, qname: str) -> bool:
         """Whether the queue is marked ordered (dequeue_queues.lua reads the same key)."""
-        return await self._r.get(keys.ordered_key(qname)) in (b"1", "1")
+        key = keys.ordered_key(qname)
+        raw = await self._flow_read(key, "string", self._r.get(key))
+        if raw is not None and raw not in (b"1", "1"):
+            # The scripts take only "1" as ordered: anything else leaves the queue unordered.
+            _unreadable_flow(key, "ordered", raw)
+        return raw in (b"1", "1")
 
     async def set_queue_ordered(self, qname: str, ordered: bool) -> None:
         """Mark the queue ordered, or not."""
@@ -372,30 +410,53 @@ class InspectBroker:
         return await self._bucket(keys.type_rate_key(task_type))
 
     async def _bucket(self, key: str) -> RateBucket | None:
-        tat, interval, burst, limited = await self._r.hmget(
-            key, ["tat", "interval", "burst", "limited"]
-        )
+        fields = ["tat", "interval", "burst", "limited"]
+        stored = await self._flow_read(key, "hash", self._r.hmget(key, fields))
+        if stored is None:
+            return None
+        tat, interval, burst, limited = stored
         if tat is None or interval is None or burst is None:
             return None
+        numbers = [_whole(v) for v in (tat, interval, burst)]
+        if None in numbers or (limited is not None and _whole(limited) is None):
+            # Not a bucket a worker wrote: the read shows none rather than failing
+            # every queue's summary (the scripts set tat, interval and burst anew).
+            _unreadable_flow(key, "rate bucket", stored)
+            return None
+        stored_tat, stored_iv, cap = (int(v or 0) for v in numbers)
+        if cap < 1:  # a bucket of no token has no rate (and would divide by zero)
+            _unreadable_flow(key, "rate bucket", stored)
+            return None
         sec, usec = await self._r.time()
-        iv, cap = max(1, _int(interval)), _int(burst)
+        iv = max(1, stored_iv)
         now = int(sec) * 1_000_000 + int(usec)
-        tat_now = max(_int(tat), now)
+        tat_now = max(stored_tat, now)
         tokens = max(0, min(cap, (now + cap * iv - tat_now) // iv))
         # The GCRA of type_rate.lua: the next token may be used from tat + iv - cap * iv.
         next_us = 0 if tokens else max(0, tat_now + iv - cap * iv - now)
-        return RateBucket(cap, cap * iv, tokens, next_us, 0 if limited is None else _int(limited))
+        return RateBucket(cap, cap * iv, tokens, next_us, _whole(limited) or 0)
 
     async def server_type_rates(self, host: str, pid: int, server_id: str) -> dict[str, str]:
         """``{task type: rate}`` a live asyncq server configures (empty for others)."""
-        raw = await self._r.hgetall(keys.server_type_rates_key(host, pid, server_id))
-        return {_str(k): _str(v) for k, v in raw.items()}
+        key = keys.server_type_rates_key(host, pid, server_id)
+        return _text_map(await self._flow_read(key, "hash", self._r.hgetall(key)))
 
     async def server_queue_flow(self, host: str, pid: int, server_id: str) -> dict[str, str]:
         """A live asyncq server's queue flow control record (empty for others); see
         :func:`asyncq._keys.server_queue_flow_key`."""
-        raw = await self._r.hgetall(keys.server_queue_flow_key(host, pid, server_id))
-        return {_str(k): _str(v) for k, v in raw.items()}
+        key = keys.server_queue_flow_key(host, pid, server_id)
+        return _text_map(await self._flow_read(key, "hash", self._r.hgetall(key)))
+
+    async def _flow_read(self, key: str, kind: str, read: Awaitable[_R]) -> _R | None:
+        """*read* of one asyncq flow-control key; None, with a warning naming the key,
+        when the key holds another type than *kind* (Redis answers WRONGTYPE)."""
+        try:
+            return await read
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            _log.warning("ignored an asyncq key of the wrong type", key=key, expected=kind)
+            return None
 
     async def live_leases(self, qname: str) -> int:
         """Active tasks of the queue whose lease has not expired (what a limit counts)."""
@@ -660,53 +721,53 @@ class InspectBroker:
                 _skipped(index, exc)
         return live
 
-    async def list_servers(self) -> list[ServerInfo]:
-        """ServerInfo records of live servers (undecodable or expired ones skipped)."""
-        servers: list[ServerInfo] = []
+    async def list_servers(self) -> list[ServerInfoProto]:
+        """The ServerInfo protobufs of live servers (undecodable or expired ones skipped)."""
+        servers: list[ServerInfoProto] = []
         for key in await self._live_keys(keys.ALL_SERVERS):
             data = await self._r.get(key)
             if data is None:
                 continue
             try:
-                servers.append(_parse_record(ServerInfo, data))
+                servers.append(_parse_record(ServerInfoProto, data))
             except Exception as exc:
                 _skipped(key, exc)
         return servers
 
-    async def list_workers(self) -> list[WorkerInfo]:
-        """WorkerInfo records of every live server (undecodable ones skipped)."""
-        workers: list[WorkerInfo] = []
+    async def list_workers(self) -> list[WorkerInfoProto]:
+        """The WorkerInfo protobufs of every live server (undecodable ones skipped)."""
+        workers: list[WorkerInfoProto] = []
         for key in await self._live_keys(keys.ALL_WORKERS):
             for data in await self._r.hvals(key):
                 try:
-                    workers.append(_parse_record(WorkerInfo, data))
+                    workers.append(_parse_record(WorkerInfoProto, data))
                 except Exception as exc:
                     _skipped(key, exc)
         return workers
 
-    async def list_scheduler_entries(self) -> list[SchedulerEntry]:
-        """SchedulerEntry records of every live scheduler (undecodable ones skipped)."""
-        entries: list[SchedulerEntry] = []
+    async def list_scheduler_entries(self) -> list[SchedulerEntryProto]:
+        """The SchedulerEntry protobufs of every live scheduler (undecodable ones skipped)."""
+        entries: list[SchedulerEntryProto] = []
         for key in await self._live_keys(keys.ALL_SCHEDULERS):
             for data in await self._r.lrange(key, 0, -1):
                 try:
-                    entries.append(_parse_record(SchedulerEntry, data))
+                    entries.append(_parse_record(SchedulerEntryProto, data))
                 except Exception as exc:
                     _skipped(key, exc)
         return entries
 
     async def list_scheduler_enqueue_events(
         self, entry_id: str, page: int, size: int
-    ) -> list[SchedulerEnqueueEvent]:
+    ) -> list[SchedulerEnqueueEventProto]:
         """One page of an entry's enqueue events, newest first (page is 0-based)."""
         start = page * size
         members = await self._r.zrevrange(
             keys.scheduler_history_key(entry_id), start, start + size - 1
         )
-        events: list[SchedulerEnqueueEvent] = []
+        events: list[SchedulerEnqueueEventProto] = []
         for data in members:
             try:
-                events.append(_parse_record(SchedulerEnqueueEvent, data))
+                events.append(_parse_record(SchedulerEnqueueEventProto, data))
             except Exception as exc:
                 _skipped(keys.scheduler_history_key(entry_id), exc)
         return events

@@ -36,6 +36,7 @@ from asyncq._broker._base import (
     script_error,
 )
 from asyncq._codec import encode_task_message
+from asyncq._logging import LazyLogger
 from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import Script, load_script
 from asyncq.errors import AsyncqError, BrokerError
@@ -64,6 +65,8 @@ __all__ = [
 WORKFLOW_HEADER = "asyncq-workflow"
 WORKFLOW_QUEUE_HEADER = "asyncq-workflow-queue"
 WORKFLOW_STEP_HEADER = "asyncq-workflow-step"
+
+_log = LazyLogger()  # resolved at each use: the application's structlog setup applies
 
 _START = load_script(LUA_PACKAGE, "workflow_start")
 
@@ -299,20 +302,44 @@ class WorkflowInfo:
 
 
 async def read_workflow(redis: RedisClient, qname: str, workflow_id: str) -> WorkflowInfo | None:
-    """The workflow's record, or None when it does not exist (never or expired)."""
-    raw = cast(dict[bytes, bytes], await redis.hgetall(workflow_key(qname, workflow_id)))
+    """The workflow's record, or None when it does not exist (never or expired).
+
+    A record no asyncq script writes reads as far as it goes: a key of another type
+    as None, a number that is not one as 0 (or no finish time), undecodable text with
+    U+FFFD, a stage or member count beyond the fields stored as those stored; each
+    with a warning naming the key, so that one damaged record neither fails a listing
+    nor makes it loop over a count of a billion.
+    """
+    key = workflow_key(qname, workflow_id)
+    try:
+        raw = cast(dict[bytes, bytes], await redis.hgetall(key))
+    except ResponseError as exc:
+        if "WRONGTYPE" not in str(exc):
+            raise
+        _log.warning("ignored an asyncq key of the wrong type", key=key, expected="hash")
+        return None
     if not raw:
         return None
-    h = {k.decode(): v for k, v in raw.items()}
+    h = {k.decode("utf-8", "replace"): v for k, v in raw.items()}
+    bad: list[str] = []
 
     def text(name: str, default: str = "") -> str:
         value = h.get(name)
-        return value.decode() if value is not None else default
+        return value.decode("utf-8", "replace") if value is not None else default
+
+    def number(name: str, default: int = 0, most: int = _INT64) -> int:
+        value = text(name)
+        if not value:
+            return default
+        if value.lstrip("-").isdigit() and -_INT64 - 1 <= int(value) <= most:
+            return int(value)
+        bad.append(name)
+        return default
 
     stages: list[list[WorkflowStepInfo]] = []
-    for k in range(int(text("stages", "0"))):
+    for k in range(number("stages", most=len(h))):
         members: list[WorkflowStepInfo] = []
-        for j in range(int(text(f"n:{k}", "0"))):
+        for j in range(number(f"n:{k}", most=len(h))):
             m = f"{k}:{j}"
             members.append(
                 WorkflowStepInfo(
@@ -325,15 +352,22 @@ async def read_workflow(redis: RedisClient, qname: str, workflow_id: str) -> Wor
                 )
             )
         stages.append(members)
-    fin = text("finished")
-    return WorkflowInfo(
+    finished = number("finished", -1)
+    info = WorkflowInfo(
         id=workflow_id,
         queue=qname,
         state=text("state"),
-        stage=int(text("stage", "0")),
+        stage=number("stage"),
         policy=text("policy"),
-        created=int(text("created", "0")),
-        finished=int(fin) if fin else None,
-        retention=timedelta(seconds=int(text("ttl", "0"))),
+        created=number("created"),
+        finished=None if finished == -1 else finished,
+        retention=timedelta(seconds=number("ttl", most=_MAX_TTL)),
         stages=stages,
     )
+    if bad:
+        _log.warning("ignored unreadable workflow fields", key=key, fields=bad)
+    return info
+
+
+_INT64 = 2**63 - 1
+_MAX_TTL = 10**12  # seconds: far beyond any retention, within what a timedelta holds

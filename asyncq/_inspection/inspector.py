@@ -93,7 +93,7 @@ from asyncq.errors import (
     TaskNotFoundError,
 )
 from asyncq.history import TypeMetrics, read_history
-from asyncq.progress import parse_progress, progress_key, read_progress, settled
+from asyncq.progress import progress_key, progress_of, read_progress, settled
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import TaskInfo, TaskState
 
@@ -418,7 +418,9 @@ class Inspector:
         configured = _configured_for(queue, await self._fleet_flow())
         if limit is None and "limit" in configured:
             # Each server enforces its own; the smallest is what holds under load.
-            limit = min(int(v) for v in configured["limit"])
+            # (A value that is no number was written by something else: not a limit.)
+            limits = [int(v) for v in configured["limit"] if v.isdigit()]
+            limit = min(limits) if limits else None
         rate_text = None if bucket is None else _bucket_rate_text(bucket)
         if rate_text is None and "rate" in configured:  # no task taken yet
             rate_text = max(configured["rate"].items(), key=lambda kv: kv[1])[0]
@@ -758,15 +760,19 @@ class Inspector:
             return infos
         redis = self._conn.redis
         if hasattr(redis, "get_nodes"):  # one slot per queue, but no cluster pipeline here
-            stored = [await redis.hgetall(progress_key(queue, i.id)) for i in infos]
+            stored = [await read_progress(redis, queue, i.id) for i in infos]
         else:
             pipe = redis.pipeline(transaction=False)
             for i in infos:
                 pipe.hgetall(progress_key(queue, i.id))
-            stored = await pipe.execute()
+            # A progress key of another type spoils one row, not the listing.
+            replies = await pipe.execute(raise_on_error=False)
+            stored = [
+                progress_of(reply, progress_key(queue, i.id))
+                for i, reply in zip(infos, replies, strict=True)
+            ]
         out = []
-        for info, fields in zip(infos, stored, strict=True):
-            found = parse_progress(fields)
+        for info, found in zip(infos, stored, strict=True):
             out.append(info if found is None else replace(info, progress=found))
         return out
 

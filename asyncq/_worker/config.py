@@ -1,25 +1,31 @@
 """A server's settings, validated, and its in-process counters, shared by every role.
 
-The user gives the settings as ``Server`` keywords: the common ones by name, the rarely
-changed ones grouped in :class:`Intervals`, :class:`Limits` and :class:`Aggregation`
-(each also accepted as the flat keyword it replaces, e.g. ``heartbeat_interval=``, see
-:class:`GroupedOptions`). :func:`build_config` checks every value, naming the option
-of a bad one, and returns the :class:`ServerConfig` the roles read (durations in
-seconds).
+The user gives the settings as ``Server`` keywords, :class:`ServerOptions`: the common
+ones by name, the rarely changed ones grouped in :class:`Intervals`, :class:`Limits` and
+:class:`Aggregation` (each field still accepted, for one release and with a
+DeprecationWarning, as the flat keyword it replaced, e.g. ``heartbeat_interval=``: see
+:class:`GroupedOptions`). :func:`regroup` translates those flat names to their groups,
+for the Server and the App alike (:func:`merge_groups` lays options over others, a
+group field by field). :func:`build_config` checks every value, naming the option of a
+bad one, and returns the :class:`ServerConfig` the roles read (durations in seconds).
 """
 
 from __future__ import annotations
 
 import os
 import types
+import warnings
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any, Final, TypeAlias, TypedDict
 
+from typing_extensions import Unpack
+
 from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION
+from asyncq._broker.replication import replica_wait_seconds
 from asyncq._duration import positive_seconds
 from asyncq._worker.limits import (
     Rate,
@@ -38,6 +44,8 @@ __all__ = [
     "DEFAULT_METRICS_HISTORY",
     "DEFAULT_QUEUES",
     "GROUPED_OPTION_NAMES",
+    "GROUP_KEYWORDS",
+    "SERVER_OPTION_NAMES",
     "Aggregation",
     "ErrorHandler",
     "GroupAggregator",
@@ -46,10 +54,16 @@ __all__ = [
     "Intervals",
     "IsFailure",
     "Limits",
+    "Regrouped",
     "RetryDelay",
     "ServerConfig",
+    "ServerOptions",
     "ServerStats",
     "build_config",
+    "flat_name_warning",
+    "merge_groups",
+    "overlay",
+    "regroup",
 ]
 
 DEFAULT_QUEUES: Mapping[str, int] = types.MappingProxyType({"default": 1})
@@ -127,6 +141,10 @@ class ServerConfig:
     events: bool | tuple[str, ...] = False
     """The queues whose task events the server writes: all (True), none, or these names
     and patterns."""
+    min_replicas: int = 0
+    """Replica acknowledgements a finished attempt's outcome waits for (0: none)."""
+    replica_timeout: float = 1.0
+    """How long it waits for them."""
     syncer_interval: float = 5.0
     """How often the syncer retries the writes Redis refused (asynq hard-codes 5 s). Not
     a ``Server`` option: a test that needs it shorter sets ``server.syncer.interval``."""
@@ -194,8 +212,8 @@ def _callable(name: str, value: object) -> None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Intervals:
     """How often the server's background roles act (asynq hard-codes these; the
-    defaults are asynq's but for ``task_check``). Each field is also a ``Server``
-    keyword of its own (the name in brackets)."""
+    defaults are asynq's but for ``task_check``). The name in brackets is the field's
+    old flat ``Server`` keyword (deprecated: see :class:`GroupedOptions`)."""
 
     task_check: timedelta = timedelta(milliseconds=80)
     """[task_check_interval] Longest idle wait between fetches when polling (asynq: 1 s).
@@ -224,19 +242,26 @@ class Intervals:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
-    """Bounds on what runs, beyond ``concurrency`` (see docs/flow-control.md). Each
-    field is also a ``Server`` keyword of its own, of the same name."""
+    """Bounds on what runs, beyond ``concurrency`` (see docs/flow-control.md). Queue
+    names may be patterns (each match gets its own limit). Each field's old flat
+    ``Server`` keyword has its name (deprecated: see :class:`GroupedOptions`)."""
 
     queue_concurrency: Mapping[str, int] | None = None
-    """``{queue: N}``: at most N tasks of the queue at once across every asyncq server."""
+    """``{queue: N}``: at most N tasks of the queue at once across every asyncq server
+    (counted in Redis from the live leases; a limit stored with ``Inspector.set_limit``
+    overrides it)."""
     local_queue_concurrency: Mapping[str, int] | None = None
     """``{queue: N}``: the same for this server alone."""
     rate_limits: Mapping[str, str] | None = None
-    """``{queue: "100/s"}``: a token bucket in Redis shared by every asyncq server."""
+    """``{queue: "100/s"}``: a token bucket in Redis shared by every asyncq server
+    (periods s, min, h; holds N tokens, or B with ``"N/s burst B"``)."""
     type_rate_limits: Mapping[str, str] | None = None
-    """``{task type: "600/min"}``: the same per task type, taken after the dequeue."""
+    """``{task type: "600/min"}``: the same per task type, taken after the dequeue (a
+    task without a token goes back to the retry set unrun, without using a retry)."""
     ordered_queues: Sequence[str] = ()
-    """Queues this server marks ordered in Redis when it starts."""
+    """Queues this server marks ordered in Redis when it starts (one task at a time
+    fleet-wide, in enqueue order, a failed task first; the same flag as ``asyncq queue
+    ordered Q on``)."""
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
     """Bound on the payload bytes of the running handlers (a larger task runs alone)."""
     sync_concurrency: int | None = None
@@ -247,8 +272,8 @@ class Limits:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Aggregation:
-    """Group aggregation: on when *aggregator* is set. Each field is also a ``Server``
-    keyword of its own (the name in brackets)."""
+    """Group aggregation: on when *aggregator* is set. The name in brackets is the
+    field's old flat ``Server`` keyword (deprecated: see :class:`GroupedOptions`)."""
 
     aggregator: GroupAggregator | None = None
     """[group_aggregator] Turns a group's tasks into one task."""
@@ -264,7 +289,11 @@ class Aggregation:
 
 
 class GroupedOptions(TypedDict, total=False):
-    """The flat ``Server`` keywords of the grouped settings, each one field of a group."""
+    """The old flat ``Server`` keywords of the grouped settings, each one field of a group.
+
+    Deprecated since 0.2.0, removed in 0.3.0: each still works for this release and
+    warns (DeprecationWarning) naming the grouped option to give instead.
+    """
 
     task_check_interval: timedelta
     delayed_task_check_interval: timedelta
@@ -289,6 +318,73 @@ class GroupedOptions(TypedDict, total=False):
     group_check_interval: timedelta | None
 
 
+class ServerOptions(GroupedOptions, total=False):
+    """The :class:`~asyncq.Server`'s settings, all keyword, all optional:
+    ``Server(redis, concurrency=20, queues={"critical": 6, "default": 3})``.
+
+    Durations are ``timedelta``s; defaults are asynq's. The rarely changed settings
+    come in groups: :class:`~asyncq.Intervals`, :class:`~asyncq.Limits` and
+    :class:`~asyncq.Aggregation`. A bad value raises TypeError or ValueError naming
+    the option; an unknown name raises TypeError.
+    """
+
+    concurrency: int | None
+    """Handlers running at once (default: the number of CPUs)."""
+    queues: Mapping[str, int] | None
+    """Queue name -> priority (default ``{"default": 1}``). Names may be fnmatch-style
+    patterns (``{"tenant:*": 1}``): the server serves every queue of ``asynq:queues``
+    that matches, re-read every ``intervals.queue_refresh`` (1 s), so queues created
+    later are served and removed ones are dropped. An explicit name wins over a
+    pattern. With ``strict_priority`` each match has the pattern's priority; in weighted
+    order the pattern's weight is split among its matches. The :class:`Limits` accept
+    patterns too (each match gets its own limit; see docs/flow-control.md)."""
+    strict_priority: bool
+    """Always empty higher-priority queues first (default False: weighted order)."""
+    retry_delay: RetryDelay | None
+    """``retry_delay(n, exc, task)``: the delay before retry *n* (default: asynq's
+    n**4 + 15 + rand(30)*(n+1) s)."""
+    is_failure: IsFailure | None
+    """``is_failure(exc)``: False retries without counting the attempt."""
+    error_handler: ErrorHandler | None
+    """``error_handler(task, exc)``, sync or async: called on every failure."""
+    shutdown_timeout: timedelta
+    """How long shutdown waits for running handlers before requeueing them (8 s)."""
+    health_check: HealthCheck | None
+    """``health_check(exc | None)``, sync or async: called every
+    ``intervals.health_check`` (15 s) with the outcome of a Redis ping."""
+    lease_duration: timedelta
+    """A running task's lease (30 s; asynq hard-codes it), extended by every heartbeat.
+    A killed worker's tasks run again on another worker about ``lease_duration`` +
+    ``intervals.recoverer_cutoff`` after the kill."""
+    burst: bool
+    """Shut down once the queues are empty and nothing runs."""
+    intervals: Intervals | None
+    """How often the background roles act (:class:`Intervals`)."""
+    limits: Limits | None
+    """Bounds on what runs beyond ``concurrency`` (:class:`Limits`)."""
+    aggregation: Aggregation | None
+    """Group aggregation, on when its ``aggregator`` is set (:class:`Aggregation`)."""
+    metrics_history: bool | timedelta
+    """Keep the per-minute history of each task type (processed, failed, retried,
+    run-time histogram) in Redis: True keeps it 24 h (the default), a timedelta that
+    long, False keeps none. Counted in memory where each outcome is decided and written
+    every 5 s in aggregate (one script call per queue); see :mod:`asyncq.history`."""
+    min_replicas: int
+    """A finished attempt's outcome (done, completed, retry, archive) counts only once
+    this many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is logged
+    as unconfirmed and the task may run again after a failover (default 0: off)."""
+    replica_timeout: timedelta
+    """How long an outcome waits for ``min_replicas`` acknowledgements (1 s)."""
+    events: bool | Sequence[str]
+    """Write task events (started, progress, succeeded, failed, ...) to the event stream
+    (:mod:`asyncq.events`) for every queue (True) or the listed queue names and
+    patterns; off by default (docs/events.md)."""
+
+
+SERVER_OPTION_NAMES: Final = frozenset(ServerOptions.__annotations__)
+"""Every name :class:`ServerOptions` takes, the deprecated flat ones included."""
+
+
 _GROUPS: Final[dict[str, tuple[str, type[Any]]]] = {
     # flat keyword: (group field, group)
     **{
@@ -305,6 +401,7 @@ _GROUPS: Final[dict[str, tuple[str, type[Any]]]] = {
     },
 }
 GROUPED_OPTION_NAMES: Final = frozenset(GroupedOptions.__annotations__)
+"""The deprecated flat names (:class:`GroupedOptions`)."""
 
 
 _GROUP_KEYWORD: Final[dict[type[Any], str]] = {
@@ -312,37 +409,102 @@ _GROUP_KEYWORD: Final[dict[type[Any], str]] = {
     Limits: "limits",
     Aggregation: "aggregation",
 }
+GROUP_KEYWORDS: Final = tuple(_GROUP_KEYWORD.values())
+"""The keywords of the three groups: ``intervals``, ``limits``, ``aggregation``."""
+_GROUP_CLASS: Final[dict[str, type[Any]]] = {kw: cls for cls, kw in _GROUP_KEYWORD.items()}
 
 
-def _grouped(
-    options: Mapping[str, object], given: Mapping[str, object]
-) -> tuple[dict[type[Any], Any], dict[str, str]]:
-    """The three groups (*given* as ``intervals=``... or the defaults) with the flat
-    keywords in *options* applied, and for each flat name the name the user gave that
-    setting by (``heartbeat_interval`` or ``intervals.heartbeat``), so that an error
-    names what the user wrote. A setting given both ways is refused."""
-    for name in options:
-        if name not in _GROUPS:
-            raise TypeError(f"Server() got an unexpected keyword argument {name!r}")
-    groups: dict[type[Any], Any] = {}
-    for cls, keyword in _GROUP_KEYWORD.items():
-        value = given[keyword]
+@dataclass(frozen=True, slots=True)
+class Regrouped:
+    """Some options with their deprecated flat names translated (:func:`regroup`)."""
+
+    options: dict[str, Any]
+    """The options without the flat names; a group keyword given is its group (or None)."""
+    changes: dict[str, dict[str, Any]]
+    """Group keyword -> ``{field: value}`` from the flat names, for every group keyword."""
+    flat: tuple[str, ...]
+    """The deprecated flat names given, in the order given (the caller warns for each:
+    :func:`flat_name_warning`)."""
+    names: dict[str, str]
+    """For each flat name, the name the user gave that setting by (``heartbeat_interval``
+    or ``intervals.heartbeat``), so that an error names what the user wrote."""
+
+
+def regroup(options: Mapping[str, object]) -> Regrouped:
+    """*options* with each deprecated flat name (:class:`GroupedOptions`) taken out and
+    translated to the field of its group: the one translation the ``Server`` and the
+    ``App`` share. Pure: it warns about nothing (the caller does, at its user's call).
+
+    Raises TypeError if a group keyword is not its group, ValueError if a setting is
+    given both ways (the flat name and a group field other than its default).
+    """
+    for keyword, cls in _GROUP_CLASS.items():
+        value = options.get(keyword)
         if value is not None and not isinstance(value, cls):
             raise TypeError(
                 f"{keyword} must be an asyncq.{cls.__name__}, got {value.__class__.__name__}"
             )
-        groups[cls] = cls() if value is None else value
-    changes: dict[type[Any], dict[str, Any]] = {cls: {} for cls in groups}
+    changes: dict[str, dict[str, Any]] = {keyword: {} for keyword in GROUP_KEYWORDS}
     names: dict[str, str] = {}
     for name, (attr, cls) in _GROUPS.items():
-        names[name] = f"{_GROUP_KEYWORD[cls]}.{attr}"
+        keyword = _GROUP_KEYWORD[cls]
+        names[name] = f"{keyword}.{attr}"
         if name not in options:
             continue
-        if getattr(groups[cls], attr) != getattr(cls(), attr):
+        group = options.get(keyword)
+        if group is not None and getattr(group, attr) != getattr(cls(), attr):
             raise ValueError(f"{name} and {names[name]} are both given; give one of them")
-        changes[cls][attr] = options[name]
+        changes[keyword][attr] = options[name]
         names[name] = name
-    return {cls: replace(groups[cls], **changes[cls]) for cls in groups}, names
+    return Regrouped(
+        options={key: value for key, value in options.items() if key not in _GROUPS},
+        changes=changes,
+        flat=tuple(name for name in options if name in _GROUPS),
+        names=names,
+    )
+
+
+def flat_name_warning(where: str, name: str) -> str:
+    """The DeprecationWarning's message for the flat name *name* given to *where*
+    (``Server``, ``App``, ``app.server``...)."""
+    attr, cls = _GROUPS[name]
+    return (
+        f"{where}({name}=...) is deprecated and goes in asyncq 0.3.0; give "
+        f"{_GROUP_KEYWORD[cls]}=asyncq.{cls.__name__}({attr}=...) instead"
+    )
+
+
+def overlay(base: Any, override: Any) -> Any:
+    """The group *base* with the fields *override* sets, a field being set when its value
+    differs from the group's default (a field left at its default keeps *base*'s)."""
+    if override is None:
+        return base
+    if base is None:
+        return override
+    default = type(override)()
+    return replace(
+        base,
+        **{
+            f.name: getattr(override, f.name)
+            for f in fields(override)
+            if getattr(override, f.name) != getattr(default, f.name)
+        },
+    )
+
+
+def merge_groups(base: Mapping[str, object], regrouped: Regrouped) -> dict[str, Any]:
+    """The options *regrouped* over *base* (options without flat names): a setting
+    replaces the base's, but a group is merged field by field: the base's group,
+    then the fields the given group sets (:func:`overlay`), then the fields given by
+    their flat names. A group keyword given in neither (nor by a flat name) stays out."""
+    merged: dict[str, Any] = {**base, **regrouped.options}
+    for keyword, cls in _GROUP_CLASS.items():
+        group = overlay(base.get(keyword), regrouped.options.get(keyword))
+        if regrouped.changes[keyword]:
+            group = replace(cls() if group is None else group, **regrouped.changes[keyword])
+        if group is not None:
+            merged[keyword] = group
+    return merged
 
 
 def _queues(queues: object) -> Mapping[str, int]:
@@ -362,46 +524,32 @@ def _queues(queues: object) -> Mapping[str, int]:
     return types.MappingProxyType(dict(queues))
 
 
-def build_config(
-    *,
-    concurrency: int | None = None,
-    queues: Mapping[str, int] | None = None,
-    strict_priority: bool = False,
-    retry_delay: RetryDelay | None = None,
-    is_failure: IsFailure | None = None,
-    error_handler: ErrorHandler | None = None,
-    shutdown_timeout: timedelta = timedelta(seconds=8),
-    health_check: HealthCheck | None = None,
-    lease_duration: timedelta = timedelta(seconds=LEASE_DURATION),
-    burst: bool = False,
-    intervals: Intervals | None = None,
-    limits: Limits | None = None,
-    aggregation: Aggregation | None = None,
-    metrics_history: bool | timedelta = DEFAULT_METRICS_HISTORY,
-    events: bool | Sequence[str] = False,
-    options: Mapping[str, object] | None = None,
-) -> ServerConfig:
-    """The ``Server`` keywords, checked, as the config its roles read.
+def build_config(**options: Unpack[ServerOptions]) -> ServerConfig:
+    """The ``Server`` keywords (:class:`ServerOptions`), checked, as the config its roles read.
 
-    *options* are the flat keywords of the grouped settings (:class:`GroupedOptions`).
-    A bad value raises TypeError or ValueError naming the option as the user wrote it.
+    A bad value raises TypeError or ValueError naming the option as the user wrote it;
+    an unknown name raises TypeError; each deprecated flat name warns.
     """
-    groups, name = _grouped(
-        options or {}, {"intervals": intervals, "limits": limits, "aggregation": aggregation}
-    )
-    every: Intervals = groups[Intervals]
-    bound: Limits = groups[Limits]
-    agg: Aggregation = groups[Aggregation]
+    given: dict[str, Any] = dict(options)
+    for key in given:
+        if key not in SERVER_OPTION_NAMES:
+            raise TypeError(f"Server() got an unexpected keyword argument {key!r}")
+    regrouped = regroup(given)
+    for flat in regrouped.flat:
+        # stacklevel 3: the Server(...) call (build_config < Server.__init__ < caller)
+        warnings.warn(flat_name_warning("Server", flat), DeprecationWarning, stacklevel=3)
+    name = regrouped.names
+    groups = merge_groups({}, regrouped)
+    every: Intervals = groups.get("intervals") or Intervals()
+    bound: Limits = groups.get("limits") or Limits()
+    agg: Aggregation = groups.get("aggregation") or Aggregation()
+    concurrency = given.get("concurrency")
     concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
     concurrency = _positive_int("concurrency", concurrency)
-    for label, fn in (
-        ("retry_delay", retry_delay),
-        ("is_failure", is_failure),
-        ("error_handler", error_handler),
-        ("health_check", health_check),
-        (name["group_aggregator"], agg.aggregator),
-    ):
-        _callable(label, fn)
+    for label in ("retry_delay", "is_failure", "error_handler", "health_check"):
+        _callable(label, given.get(label))
+    _callable(name["group_aggregator"], agg.aggregator)
+    lease_duration = given.get("lease_duration", timedelta(seconds=LEASE_DURATION))
     second = timedelta(seconds=1)
     grace = positive_seconds(agg.grace_period, name["group_grace_period"], minimum=second)
     max_delay = 0.0
@@ -431,13 +579,15 @@ def build_config(
     sync_concurrency = concurrency if bound.sync_concurrency is None else bound.sync_concurrency
     return ServerConfig(
         concurrency=concurrency,
-        queues=_queues(queues),
-        strict_priority=bool(strict_priority),
-        retry_delay=retry_delay,
-        is_failure=is_failure,
-        error_handler=error_handler,
-        shutdown_timeout=positive_seconds(shutdown_timeout, "shutdown_timeout"),
-        health_check=health_check,
+        queues=_queues(given.get("queues")),
+        strict_priority=bool(given.get("strict_priority", False)),
+        retry_delay=given.get("retry_delay"),
+        is_failure=given.get("is_failure"),
+        error_handler=given.get("error_handler"),
+        shutdown_timeout=positive_seconds(
+            given.get("shutdown_timeout", timedelta(seconds=8)), "shutdown_timeout"
+        ),
+        health_check=given.get("health_check"),
         health_check_interval=positive_seconds(every.health_check, name["health_check_interval"]),
         task_check_interval=positive_seconds(every.task_check, name["task_check_interval"]),
         delayed_task_check_interval=positive_seconds(
@@ -454,7 +604,7 @@ def build_config(
         group_max_delay=max_delay,
         group_max_size=max_size,
         group_check_interval=check_interval,
-        burst=bool(burst),
+        burst=bool(given.get("burst", False)),
         sync_concurrency=_positive_int(name["sync_concurrency"], sync_concurrency),
         max_inflight_bytes=_positive_int(name["max_inflight_bytes"], bound.max_inflight_bytes),
         queue_concurrency=validate_limits(name["queue_concurrency"], bound.queue_concurrency),
@@ -467,8 +617,12 @@ def build_config(
         queue_refresh_interval=positive_seconds(
             every.queue_refresh, name["queue_refresh_interval"]
         ),
-        metrics_history=_history_retention(metrics_history),
-        events=event_queues("events", events),
+        metrics_history=_history_retention(given.get("metrics_history", DEFAULT_METRICS_HISTORY)),
+        events=event_queues("events", given.get("events", False)),
+        min_replicas=given.get("min_replicas", 0),
+        replica_timeout=replica_wait_seconds(
+            given.get("min_replicas", 0), given.get("replica_timeout", timedelta(seconds=1))
+        ),
     )
 
 

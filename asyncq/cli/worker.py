@@ -16,6 +16,7 @@ import click
 from redis.exceptions import RedisError
 
 from asyncq._redis.options import redact_uri
+from asyncq._worker.config import Intervals, Limits
 from asyncq._worker.queueset import is_pattern, validate_pattern
 from asyncq.app import App, WorkerOptions
 from asyncq.cli._app import (
@@ -423,7 +424,8 @@ def worker(
     supervisor_pid = os.environ.get(SUPERVISOR_ENV, "")
     if supervisor_pid.isdigit():  # started by a supervisor: end when it is gone
         watch_supervisor(int(supervisor_pid))
-    # Only the flags given: they override an App's worker settings one by one.
+    # Only the flags given: they override an App's worker settings one by one (a group's
+    # fields too: the App's other fields of the group stay, see App.worker_settings).
     options: WorkerOptions = {}
     if concurrency is not None:
         options["concurrency"] = concurrency
@@ -435,24 +437,24 @@ def worker(
         options["burst"] = True
     if metrics_history is not None:
         options["metrics_history"] = metrics_history
-    if queue_concurrency:
-        options["queue_concurrency"] = queue_concurrency
-    if local_queue_concurrency:
-        options["local_queue_concurrency"] = local_queue_concurrency
-    if rates:
-        options["rate_limits"] = rates
-    if type_rates:
-        options["type_rate_limits"] = type_rates
     if shutdown_timeout is not None:
         options["shutdown_timeout"] = shutdown_timeout
     if lease_duration is not None:
         options["lease_duration"] = lease_duration
-    if heartbeat_interval is not None:
-        options["heartbeat_interval"] = heartbeat_interval
-    if recoverer_interval is not None:
-        options["recoverer_interval"] = recoverer_interval
-    if recoverer_cutoff is not None:
-        options["recoverer_cutoff"] = recoverer_cutoff
+    if queue_concurrency or local_queue_concurrency or rates or type_rates:
+        options["limits"] = Limits(
+            queue_concurrency=queue_concurrency or None,
+            local_queue_concurrency=local_queue_concurrency or None,
+            rate_limits=rates or None,
+            type_rate_limits=type_rates or None,
+        )
+    intervals = {
+        "heartbeat": heartbeat_interval,
+        "recoverer": recoverer_interval,
+        "recoverer_cutoff": recoverer_cutoff,
+    }
+    if any(value is not None for value in intervals.values()):
+        options["intervals"] = Intervals(**{k: v for k, v in intervals.items() if v is not None})
 
     def build(loaded: ServeMux | App[Any]) -> tuple[str, Server, ServeMux]:
         if isinstance(loaded, ServeMux):

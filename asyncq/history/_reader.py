@@ -7,10 +7,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from asyncq import _keys as keys
+from asyncq._logging import LazyLogger
 from asyncq._redis.options import RedisClient
 from asyncq.history._buckets import BUCKETS, percentile
 
 __all__ = ["MetricsPoint", "TypeMetrics", "read_history"]
+
+_log = LazyLogger()  # resolved at each use: the application's structlog setup applies
 
 _SCALARS = {"p": 0, "f": 1, "r": 2, "a": 3, "us": 4}
 _WIDTH = len(_SCALARS) + BUCKETS
@@ -82,9 +85,20 @@ def _point(start_minute: int, row: list[int]) -> MetricsPoint:
     )
 
 
-def _parse(raw: dict[bytes, bytes]) -> dict[str, list[int]]:
-    """{task type: [processed, failed, retried, archived, micros, *buckets]} of one hash."""
+def _parse(raw: dict[bytes, bytes] | Exception, key: str) -> dict[str, list[int]]:
+    """{task type: [processed, failed, retried, archived, micros, *buckets]} of one hash.
+
+    *raw* is HGETALL's reply, or the error the pipeline returned for *key*. A key of
+    another type, or a count no worker writes (not a whole number, negative), is left
+    out with a warning naming the key: one minute's damage must not hide the window.
+    """
+    if isinstance(raw, Exception):
+        if "WRONGTYPE" not in str(raw):
+            raise raw
+        _log.warning("ignored an asyncq key of the wrong type", key=key, expected="hash")
+        return {}
     rows: dict[str, list[int]] = {}
+    bad: list[str] = []
     for name, value in raw.items():
         kind, sep, task_type = name.decode("utf-8", "replace").partition(":")
         if not sep:
@@ -95,11 +109,25 @@ def _parse(raw: dict[bytes, bytes]) -> dict[str, list[int]]:
             index = len(_SCALARS) + int(kind[1:])
         else:
             continue  # a field a later asyncq writes: not this reader's to interpret
+        count = _count(value)
+        if count is None:
+            bad.append(name.decode("utf-8", "replace"))
+            continue
         row = rows.get(task_type)
         if row is None:
             row = rows[task_type] = [0] * _WIDTH
-        row[index] += int(value)
+        row[index] += count
+    if bad:
+        _log.warning("ignored unreadable metrics history counts", key=key, fields=bad[:10])
     return rows
+
+
+def _count(value: bytes) -> int | None:
+    """A stored count (HINCRBY's text: a whole number from 0 to 2**63 - 1), else None."""
+    if not value.isdigit() or len(value) > 19:
+        return None
+    count = int(value)
+    return count if count < 2**63 else None
 
 
 async def read_history(
@@ -119,13 +147,14 @@ async def read_history(
     for queue in queues:
         for minute in minutes:
             pipe.hgetall(keys.metrics_history_key(queue, minute))
-    replies = await pipe.execute()
+    replies = await pipe.execute(raise_on_error=False)
     steps = (len(minutes) + step - 1) // step
     result: list[TypeMetrics] = []
     for qi, queue in enumerate(queues):
         series: dict[str, list[list[int]]] = {}
         for mi in range(len(minutes)):
-            for task_type, row in _parse(replies[qi * len(minutes) + mi]).items():
+            key = keys.metrics_history_key(queue, minutes[mi])
+            for task_type, row in _parse(replies[qi * len(minutes) + mi], key).items():
                 rows = series.get(task_type)
                 if rows is None:
                     rows = series[task_type] = [[0] * _WIDTH for _ in range(steps)]

@@ -14,6 +14,7 @@ from typing import assert_type
 
 from asyncq import (
     App,
+    Limits,
     PeriodicTaskManager,
     Scheduler,
     SyncClient,
@@ -90,7 +91,9 @@ def sync_producer(client: SyncClient) -> None:
     client.send(add, 1, 2, 3)  # E: call-arg
 
 
-configured = App("redis://localhost:6379/0", queues={"email": 3}, rate_limits={"email": "5/s"})
+configured = App(
+    "redis://localhost:6379/0", queues={"email": 3}, limits=Limits(rate_limits={"email": "5/s"})
+)
 App("redis://localhost:6379/0", queue_concurency={"email": 1})  # E: call-overload
 App("redis://localhost:6379/0", concurrency="20")  # E: call-overload
 
@@ -98,7 +101,7 @@ App("redis://localhost:6379/0", concurrency="20")  # E: call-overload
 async def worker() -> None:
     await configured.run_worker(burst=True, lease_duration=timedelta(seconds=60))
     await configured.run_worker(concurency=4)  # E: call-arg
-    configured.server(rate_limits={"email": 5})  # E: dict-item
+    configured.server(limits=Limits(rate_limits={"email": 5}))  # E: dict-item
 
 
 @app.task

@@ -12,14 +12,41 @@
 -- away is taken for that moment (tat moves on by one interval); the first that is
 -- further away stops the call.
 -- Returns {n, wait_1, ..., wait_n, next}: n tokens taken, the wait (microseconds
--- from now) of each, and, when n < ARGV[4], the wait until the next token.
+-- from now) of each, and, when n < ARGV[4], the wait until the next token; then, when
+-- the stored bucket held a value no worker writes, that value ("tat=..." as a string).
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local iv = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local want = tonumber(ARGV[4])
-local tat = math.max(tonumber(redis.call("HGET", KEYS[1], "tat") or "0") or 0, now)
+-- A bucket of another type is refused by name (the worker logs it and retries the task).
+local kind = redis.call("TYPE", KEYS[1]).ok
+if kind ~= "none" and kind ~= "hash" then
+    return redis.error_reply("WRONGTYPE " .. KEYS[1] .. " is not a hash")
+end
+-- A stored tat no worker writes (not a number, nan, inf, or further ahead than a token
+-- can be reserved under this rate or the stored one) would refuse every task of the
+-- type for good, or fail the PEXPIRE below: the bucket starts full again instead, and
+-- the value is returned (last element) for the worker to name in a warning.
+local stored = redis.call("HGET", KEYS[1], "tat")
+local bad = false
+local tat = tonumber(stored or "0")
+local function sane(v)
+    return v and v == v and v >= 0 and v < 2 ^ 62
+end
+if stored then
+    local ahead = burst * iv
+    local siv, sburst = tonumber(redis.call("HGET", KEYS[1], "interval") or ""),
+        tonumber(redis.call("HGET", KEYS[1], "burst") or "")
+    if sane(siv) and sane(sburst) and siv * sburst > ahead then
+        ahead = siv * sburst
+    end
+    if not sane(tat) or tat > now + ahead + max_wait then
+        bad, tat = "tat=" .. string.sub(stored, 1, 40), now
+    end
+end
+tat = math.max(tat or 0, now)
 local out = {0}
 local n = 0
 while n < want do
@@ -45,6 +72,14 @@ if n < want then
     -- refuses them, so seeing how many a rate holds back costs no extra command.
     -- n = 0 happens only when the stored tat is ahead of now, so the bucket exists
     -- and keeps the expiry its last taker set (tat is unchanged).
-    redis.call("HINCRBY", KEYS[1], "limited", want - n)
+    local counted = redis.pcall("HINCRBY", KEYS[1], "limited", want - n)
+    if type(counted) == "table" then -- a count no worker wrote: it starts again
+        local old = redis.call("HGET", KEYS[1], "limited")
+        redis.call("HSET", KEYS[1], "limited", want - n)
+        bad = bad or "limited=" .. string.sub(old, 1, 40)
+    end
+end
+if bad then
+    out[#out + 1] = bad
 end
 return out
