@@ -70,25 +70,23 @@ async def test_events_carry_the_workflow_and_filter_by_workflow_and_task(
         flow = await _collect(client.events(workflows=[wid], since="0"), both_done)
         assert {e.workflow for e in flow} == {wid}
         assert {e.task_id for e in flow} == {first, second}
-        assert [e.kind for e in flow if e.task_id == first] == [
-            "enqueued",  # the workflow's start
-            "started",
-            "progress",
-            "succeeded",
-        ]
+
+        # The client writes "enqueued" just after the enqueue (batched per loop turn), so a
+        # task picked up at once may show "started" first (docs/events.md): order the rest.
+        def kinds(events: list[Event], task_id: str) -> list[str]:
+            got = [e.kind for e in events if e.task_id == task_id]
+            return ["enqueued"] * got.count("enqueued") + [k for k in got if k != "enqueued"]
+
+        assert kinds(flow, first) == ["enqueued", "started", "progress", "succeeded"]
         # The second step is enqueued by the first's acknowledgement, inside Redis.
-        assert [e.kind for e in flow if e.task_id == second] == ["started", "progress", "succeeded"]
+        assert kinds(flow, second) == ["started", "progress", "succeeded"]
 
         def other_done(got: list[Event]) -> bool:
-            return any(e.kind == "succeeded" for e in got)
+            return {"enqueued", "succeeded"} <= {e.kind for e in got}
 
         alone = await _collect(client.events(task_ids=[other], since="0"), other_done)
-        assert [(e.kind, e.task_id, e.workflow) for e in alone] == [
-            ("enqueued", other, ""),
-            ("started", other, ""),
-            ("progress", other, ""),
-            ("succeeded", other, ""),
-        ]
+        assert {(e.task_id, e.workflow) for e in alone} == {(other, "")}
+        assert kinds(alone, other) == ["enqueued", "started", "progress", "succeeded"]
         with pytest.raises(TypeError, match="workflows must be a collection"):
             client.events(workflows=wid)
 
