@@ -106,6 +106,7 @@ if TYPE_CHECKING:
         TaskCanceledError,
         TaskIdConflictError,
         TaskNotFoundError,
+        TaskStoppedError,
         UnsupportedServerError,
     )
     from asyncq.events import Event
@@ -193,6 +194,7 @@ __all__ = [
     "TaskProgress",
     "TaskResultError",
     "TaskState",
+    "TaskStoppedError",
     "TypeRateInfo",
     "TypedTask",
     "UnsupportedServerError",
@@ -298,6 +300,7 @@ _HOMES: dict[str, str] = {
     "ServerClosedError": "asyncq.errors",
     "SkipRetry": "asyncq.errors",
     "TaskCanceledError": "asyncq.errors",
+    "TaskStoppedError": "asyncq.errors",
     "TaskIdConflictError": "asyncq.errors",
     "TaskNotFoundError": "asyncq.errors",
     "UnsupportedServerError": "asyncq.errors",

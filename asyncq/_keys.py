@@ -18,6 +18,7 @@ __all__ = [
     "ALL_WORKERS",
     "CANCEL_CHANNEL",
     "EVENTS_KEY",
+    "STOP_MARK",
     "active_key",
     "aggregation_set_key",
     "all_aggregation_sets",
@@ -65,6 +66,10 @@ ALL_SCHEDULERS = "asynq:schedulers"
 ALL_QUEUES = "asynq:queues"
 """SET of every queue name ever enqueued to."""
 CANCEL_CHANNEL = "asynq:cancel"
+STOP_MARK = "{asyncq:stop}"
+"""asyncq: a message on :data:`CANCEL_CHANNEL` that is this mark and a task ID cancels the
+task for good (archived, not retried). Task IDs hold no braces, so no ID reads as one;
+Go asynq servers match no task with it and ignore it."""
 """Pub/Sub channel; message payload is a task ID to cancel."""
 
 

@@ -40,12 +40,20 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import anyio.to_thread
 from typing_extensions import Unpack
 
+from asyncq import _keys as keys
+from asyncq._broker.workflow import read_workflow
 from asyncq._duration import go_duration, wait_seconds
 from asyncq._logging import get_logger
 from asyncq._producer.client import Client
 from asyncq._producer.completion import DEFAULT_POLL_INTERVAL, TaskFailedError
 from asyncq._producer.compose import compose
-from asyncq._producer.workflow import BoundTask, Pipe, TypedSignature
+from asyncq._producer.workflow import (
+    BoundTask,
+    Pipe,
+    TypedSignature,
+    WorkflowHandle,
+    WorkflowNotFoundError,
+)
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._scheduling.cron import parse_cronspec
@@ -58,11 +66,13 @@ from asyncq._worker.config import (
     merge_groups,
     regroup,
 )
+from asyncq._worker.result_writer import TaskResultWriter
 from asyncq._worker.server import Server
-from asyncq.errors import SkipRetry, TaskNotFoundError
+from asyncq.errors import AmbiguousIdError, SkipRetry, TaskNotFoundError
 from asyncq.hooks import WorkerHooks
 from asyncq.lifespan import Lifespan, lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter
+from asyncq.progress import EagerProgress, settled
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskProgress, TaskState
 
 __all__ = [
@@ -175,6 +185,31 @@ class _Eager:
     state: Any
 
 
+class _EagerRun:
+    """One eager task run: what its result writer stores, and whether it may still write.
+
+    It is both the writer's context and its store, so a handler's
+    ``current_task().result_writer.write(...)`` behaves as under a worker: the
+    bytes become the task's result, and a write after the handler returned is
+    refused with ResultWriteError.
+    """
+
+    __slots__ = ("done", "queue", "result", "task_id")
+
+    def __init__(self, task_id: str, queue: str) -> None:
+        self.task_id = task_id
+        self.queue = queue
+        self.result: bytes | None = None
+        self.done = False
+
+    def done_reason(self) -> str | None:
+        return "the handler returned" if self.done else None
+
+    async def write_result(self, qname: str, task_id: str, data: bytes) -> int:
+        self.result = bytes(data)
+        return len(data)
+
+
 class TaskHandle(Generic[R]):
     """An enqueued typed task: its ``id``, ``queue``, and ``await result()``.
 
@@ -182,7 +217,7 @@ class TaskHandle(Generic[R]):
     from a task ID with ``task.handle_of(...)``).
     """
 
-    __slots__ = ("_appear", "_client", "_codec", "_eager", "id", "info", "queue")
+    __slots__ = ("_appear", "_client", "_codec", "_eager", "_reports", "id", "info", "queue")
 
     def __init__(
         self,
@@ -193,6 +228,7 @@ class TaskHandle(Generic[R]):
         *,
         info: TaskInfo | None = None,
         eager: tuple[Any, BaseException | None] | None = None,
+        reports: Sequence[TaskProgress] = (),
         appear: bool = False,
     ) -> None:
         self.id = task_id
@@ -201,6 +237,7 @@ class TaskHandle(Generic[R]):
         self._codec = codec
         self._client = client
         self._eager = eager
+        self._reports = tuple(reports)
         self._appear = appear
 
     async def result(
@@ -252,19 +289,46 @@ class TaskHandle(Generic[R]):
     ) -> AsyncIterator[TaskProgress]:
         """Stream the task's progress (``async for update in handle.progress()``).
 
-        See :meth:`asyncq.Client.progress`; ends when the task is finished.
+        See :meth:`asyncq.Client.progress`; ends when the task is finished. In
+        eager mode it replays what the handler reported, in order (the task has
+        finished by then: a succeeded task's last report reads 100 %).
         """
         if self._client is None:
-            raise RuntimeError("an eagerly run task reports no progress")
+            return _replay(self._reports)
         return self._client.progress(self.id, queue=self.queue, poll_interval=poll_interval)
 
     def __repr__(self) -> str:
         return f"<TaskHandle id={self.id!r} queue={self.queue!r}>"
 
 
+async def _replay(reports: Sequence[TaskProgress]) -> AsyncIterator[TaskProgress]:
+    for report in reports:
+        yield report
+
+
 def _failed_info(info: TaskInfo, error: BaseException) -> TaskInfo:
     return replace(
         info, state=TaskState.ARCHIVED, last_error=f"{error.__class__.__name__}: {error}"
+    )
+
+
+def _eager_deadline(timeout: timedelta | None, deadline: datetime | None) -> float | None:
+    """The eager attempt's deadline (unix seconds) as a worker computes it: the earlier
+    of now + timeout and the task's deadline; None when it has neither."""
+    ends = [time.time() + timeout.total_seconds()] if timeout else []
+    if deadline is not None:
+        ends.append(deadline.timestamp())
+    return min(ends) if ends else None
+
+
+def _ran(info: TaskInfo, run: _EagerRun, reports: EagerProgress, data: bytes | None) -> TaskInfo:
+    """*info* after the eager run: its result and its last progress (settled when it
+    succeeded, as the Inspector shows a completed task)."""
+    last = reports.reports[-1] if reports.reports else None
+    return replace(
+        info,
+        result=data if data is not None else run.result,
+        progress=settled(last, info.state) if data is not None else last,
     )
 
 
@@ -461,22 +525,50 @@ class TypedTask(TaskCall[P, R]):
             result=None,
             headers=dict(task.headers),
         )
+        # The handler sees the Task a worker would give it: identity, attempt, deadline,
+        # a result writer, and progress() (eager runs are task runs).
         task.id, task.queue = info.id, info.queue
+        task.retry_count, task.max_retry = 0, info.max_retry
+        task._deadline_ts = _eager_deadline(info.timeout, info.deadline)
+        run = _EagerRun(info.id, info.queue)
+        task.result_writer = TaskResultWriter(run, run)
+        reports = EagerProgress()
         token = _current_task.set(task)
         state_token = state_var.set(eager.state) if self.app.lifespan is not None else None
+        progress_token = reports.begin(task)
         try:
             value = await self._args.call(self.__call__, arguments)
             data = self._results.encode(value)
         except Exception as exc:
             return TaskHandle(
-                info.id, info.queue, self._results, None, info=info, eager=(None, exc)
+                info.id,
+                info.queue,
+                self._results,
+                None,
+                info=_failed_info(_ran(info, run, reports, None), exc),
+                eager=(None, exc),
+                reports=reports.reports,
             )
         finally:
+            run.done = True
+            reports.end(progress_token)
             _current_task.reset(token)
             if state_token is not None:
                 state_var.reset(state_token)
         value = self._results.decode(data)
-        return TaskHandle(info.id, info.queue, self._results, None, info=info, eager=(value, None))
+        # As TypedTask.serve: the return value is the result, over what the handler wrote.
+        ran = _ran(info, run, reports, data)
+        last = ran.progress
+        replayed = [*reports.reports[:-1], last] if last is not None else []
+        return TaskHandle(
+            info.id,
+            info.queue,
+            self._results,
+            None,
+            info=ran,
+            eager=(value, None),
+            reports=replayed,
+        )
 
     async def _eager_step(self, task: Task) -> tuple[bytes | None, str | None]:
         """One workflow step in eager mode: its result bytes, or its error."""
@@ -748,7 +840,8 @@ class App(Generic[S]):
         """The App's Client, made on first use in the running event loop."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._client.closed or self._client_loop is not loop:
-            self._client = Client(self.redis)
+            # App(events=...) covers the App's own enqueues too (``enqueued`` events).
+            self._client = Client(self.redis, events=self.worker_options.get("events", False))
             self._client_loop = loop
         return self._client
 
@@ -764,6 +857,57 @@ class App(Generic[S]):
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+
+    async def workflow_of(
+        self,
+        workflow_id: str,
+        *,
+        queue: str | None = None,
+        client: Client | None = None,
+    ) -> WorkflowHandle[Any]:
+        """A handle on a started workflow by its id (e.g. one a web client sent back):
+        ``await handle.result()``, ``status()``, ``cancel()``, as the handle
+        ``enqueue()`` returned.
+
+        *queue* is the workflow's first step's queue (where its state lives); without
+        it every queue is looked in. The final steps' results decode as their
+        ``@app.task`` return types (the raw bytes for a type this App does not
+        register). Raises WorkflowNotFoundError when there is no such workflow (never
+        started, or its state expired), AmbiguousIdError when the id is in several
+        queues, ValueError for an empty id, RuntimeError in eager mode.
+        """
+        if not isinstance(workflow_id, str) or not workflow_id.strip():
+            raise ValueError("workflow ID cannot be empty")
+        if self._eager is not None:
+            raise RuntimeError(
+                "workflow_of() is not available in eager mode: eager workflows run at "
+                "enqueue and are not stored; keep the handle enqueue() returned"
+            )
+        client = client or self.client
+        redis = client.broker.redis
+        if queue is not None:
+            names = [queue]
+        else:
+            stored = await redis.smembers(keys.ALL_QUEUES)
+            names = sorted(q.decode() if isinstance(q, bytes) else q for q in stored)
+        limit = asyncio.Semaphore(16)  # a few reads in flight, not one per queue at once
+
+        async def read(name: str) -> Any:
+            async with limit:
+                return await read_workflow(redis, name, workflow_id)
+
+        found = [info for info in await asyncio.gather(*map(read, names)) if info is not None]
+        if not found:
+            raise WorkflowNotFoundError(queue, workflow_id)
+        if len(found) > 1:
+            where = [f"{w.queue}/{w.id}" for w in found]
+            raise AmbiguousIdError("workflow", workflow_id, where, more=False)
+        info = found[0]
+        final = tuple(
+            typed._signature if (typed := self.tasks.get(step.type)) is not None else None
+            for step in info.stages[-1]
+        )
+        return WorkflowHandle(info, client, final)
 
     async def wait(
         self,

@@ -47,6 +47,7 @@ __all__ = [
     "example_redis",
     "find_server_binary",
     "free_port",
+    "port_in_use",
     "redis_answers",
 ]
 
@@ -162,6 +163,11 @@ def redis_answers(host: str = "127.0.0.1", port: int = 6379, timeout: float = 0.
     except OSError:
         return False
     return reply.startswith((b"+PONG", b"-NOAUTH", b"-WRONGPASS"))
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something holds *port* on 127.0.0.1 (binding it fails)."""
+    return _port_taken(port)
 
 
 def _port_taken(port: int) -> bool:

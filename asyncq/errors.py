@@ -25,6 +25,7 @@ __all__ = [
     "TaskCanceledError",
     "TaskIdConflictError",
     "TaskNotFoundError",
+    "TaskStoppedError",
     "UnsupportedServerError",
 ]
 
@@ -179,6 +180,15 @@ class TaskCanceledError(AsyncqError):
 
     def __init__(self, message: str = "context canceled") -> None:
         super().__init__(message)
+
+
+class TaskStoppedError(TaskCanceledError, SkipRetry):
+    """The task was cancelled for good (``Inspector.cancel(id, retry=False)``): archived,
+    not retried. A :class:`TaskCanceledError` (what a handler catching cancellations sees)
+    and a :class:`SkipRetry` (which archives)."""
+
+    def __init__(self, message: str = "context canceled: stopped, not retried") -> None:
+        AsyncqError.__init__(self, message)
 
 
 class DeadlineExceededError(AsyncqError, TimeoutError):

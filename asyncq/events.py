@@ -15,6 +15,12 @@ Who writes what:
   (a failed attempt gives ``failed`` or ``cancelled``, then ``retried`` or
   ``archived``; a rate-limited task only ``retried``).
 
+Each event names its task (``id``) and, for a workflow step, its workflow
+(``workflow``: the step's ``asyncq-workflow`` header), so a reader follows one
+task or one workflow (:func:`read_events`'s *task_ids* and *workflows*). The
+events the recoverer writes for a dead worker's tasks carry no workflow id (it
+reads the task's lease, not its headers).
+
 Events are opt-in per queue (``events=True`` for every queue, or a list of
 queue names and patterns) because they cost a stream write per event: see
 docs/events.md for the measured cost. Writes are best effort: the events of
@@ -34,6 +40,7 @@ from typing import Any, Protocol
 from redis.exceptions import ResponseError
 
 from asyncq._batch import TurnBatcher
+from asyncq._broker.workflow import WORKFLOW_HEADER
 from asyncq._cancel import raise_if_cancelling
 from asyncq._keys import EVENTS_KEY
 from asyncq._logging import LazyLogger
@@ -48,6 +55,7 @@ __all__ = [
     "EVENTS_KEY",
     "EVENT_KINDS",
     "Event",
+    "EventFilter",
     "EventHooks",
     "EventLog",
     "EventStore",
@@ -93,6 +101,8 @@ class Event:
     """``progress`` events: the reported fraction."""
     message: str = ""
     """``progress`` events: the reported message."""
+    workflow: str = ""
+    """The workflow the task is a step of ("" when none, or not known to the writer)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (the web UI's event feed)."""
@@ -106,6 +116,7 @@ class Event:
             "error": self.error,
             "fraction": self.fraction,
             "message": self.message,
+            "workflow": self.workflow,
         }
 
 
@@ -181,9 +192,12 @@ class EventLog:
         self._batch: TurnBatcher[dict[str, str]] = TurnBatcher(self._send)
 
     def add(self, kind: str, queue: str, task_type: str, task_id: str, **fields: str) -> None:
-        """Queue one event (dropped when *queue* has no events)."""
+        """Queue one event (dropped when *queue* has no events). An empty ``workflow``
+        field is left out: most tasks are no workflow's step."""
         if queue not in self._queues:
             return
+        if "workflow" in fields and not fields["workflow"]:
+            del fields["workflow"]
         self._batch.add({"kind": kind, "id": task_id, "type": task_type, "queue": queue, **fields})
 
     async def _send(self, batch: Sequence[dict[str, str]]) -> None:
@@ -203,13 +217,20 @@ class EventHooks:
     def __init__(self, inner: WorkerHooks, log_: EventLog) -> None:
         self._inner = inner
         self.log = log_
+        # The workflow of each running step, from its headers when it started: the
+        # outcome hooks get the task's id only (their signature is public).
+        self._workflows: dict[str, str] = {}
 
     def instrument(self, handler: Handler) -> Handler:
         inner = self._inner.instrument(handler)
         add = self.log.add
+        workflows = self._workflows
 
         async def started(task: Task) -> None:
-            add("started", task.queue or "", task.type, task.id or "")
+            wid = task.headers.get(WORKFLOW_HEADER, "")
+            if wid and task.id:
+                workflows[task.id] = wid
+            add("started", task.queue or "", task.type, task.id or "", workflow=wid)
             await inner(task)
 
         return started
@@ -244,15 +265,18 @@ class EventHooks:
     ) -> None:
         self._inner.task_finished(queue, task_type, task_id, outcome, error=error, exc=exc)
         add = self.log.add
+        wid = self._workflows.pop(task_id, "")  # the attempt is over: its next one starts anew
         if outcome in ("done", "complete", "revoke"):
-            add("succeeded", queue, task_type, task_id)
+            add("succeeded", queue, task_type, task_id, workflow=wid)
             return
         if outcome not in ("retry", "archive"):
             return
         if exc is not None and find_error(exc, RateLimited) is None:  # a real failure
             cancelled = isinstance(exc, TaskCanceledError | asyncio.CancelledError)
-            add("cancelled" if cancelled else "failed", queue, task_type, task_id, error=error)
-        add("retried" if outcome == "retry" else "archived", queue, task_type, task_id, error=error)
+            kind = "cancelled" if cancelled else "failed"
+            add(kind, queue, task_type, task_id, error=error, workflow=wid)
+        kind = "retried" if outcome == "retry" else "archived"
+        add(kind, queue, task_type, task_id, error=error, workflow=wid)
 
 
 _REQUIRED = ("kind", "id", "type", "queue")
@@ -335,6 +359,7 @@ def decode_event(entry_id: Any, fields: Mapping[Any, Any]) -> Event | SkippedEve
         error=data.get("error", ""),
         fraction=fraction,
         message=data.get("message", ""),
+        workflow=data.get("workflow", ""),
     )
 
 
@@ -383,40 +408,87 @@ def _wanted(values: Collection[str] | None, name: str) -> frozenset[str] | None:
     return frozenset(values)
 
 
+@dataclass(frozen=True, slots=True)
+class EventFilter:
+    """Which events a reader keeps: each field None (any) or the values wanted."""
+
+    queues: frozenset[str] | None = None
+    types: frozenset[str] | None = None
+    kinds: frozenset[str] | None = None
+    workflows: frozenset[str] | None = None
+    task_ids: frozenset[str] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        queues: Collection[str] | None = None,
+        types: Collection[str] | None = None,
+        kinds: Collection[str] | None = None,
+        workflows: Collection[str] | None = None,
+        task_ids: Collection[str] | None = None,
+    ) -> EventFilter:
+        """The filter checked: a str where a collection belongs, or an unknown kind, raises."""
+        want_kinds = _wanted(kinds, "kinds")
+        if want_kinds is not None:
+            unknown = sorted(want_kinds - set(EVENT_KINDS))
+            if unknown:
+                raise ValueError(
+                    f"unknown event kinds {unknown}; expected some of {list(EVENT_KINDS)}"
+                )
+        return cls(
+            _wanted(queues, "queues"),
+            _wanted(types, "types"),
+            want_kinds,
+            _wanted(workflows, "workflows"),
+            _wanted(task_ids, "task_ids"),
+        )
+
+    def keeps(self, event: Event) -> bool:
+        return (
+            (self.queues is None or event.queue in self.queues)
+            and (self.types is None or event.type in self.types)
+            and (self.kinds is None or event.kind in self.kinds)
+            and (self.workflows is None or event.workflow in self.workflows)
+            and (self.task_ids is None or event.task_id in self.task_ids)
+        )
+
+
 def read_events(
     redis: RedisClient,
     *,
     queues: Collection[str] | None = None,
     types: Collection[str] | None = None,
     kinds: Collection[str] | None = None,
+    workflows: Collection[str] | None = None,
+    task_ids: Collection[str] | None = None,
     since: str | datetime | None = None,
     block: float = 1.0,
     batch: int = 500,
 ) -> AsyncIterator[Event]:
     """Yield events after *since*, waiting for new ones (XREAD BLOCK) without end.
 
-    *queues*, *types* (task types) and *kinds* (:data:`EVENT_KINDS`) filter
-    what is yielded (None: all). Bad filters or *since* raise here, not at
-    the first iteration. An entry that is not a readable event
+    *queues*, *types* (task types), *kinds* (:data:`EVENT_KINDS`), *workflows*
+    (workflow ids: the events of their steps) and *task_ids* filter what is
+    yielded (None: all; several filters: events matching all of them). The
+    stream is one for every queue, so a filtered reader still reads every
+    event and drops the others here. Bad filters or *since* raise here, not
+    at the first iteration. An entry that is not a readable event
     (:class:`SkippedEvent`) is left out and named in a warning log line.
     """
-    want_kinds = _wanted(kinds, "kinds")
-    if want_kinds is not None:
-        unknown = sorted(want_kinds - set(EVENT_KINDS))
-        if unknown:
-            raise ValueError(f"unknown event kinds {unknown}; expected some of {list(EVENT_KINDS)}")
-    wanted = (_wanted(queues, "queues"), _wanted(types, "types"), want_kinds)
+    wanted = EventFilter.of(
+        queues=queues, types=types, kinds=kinds, workflows=workflows, task_ids=task_ids
+    )
     return _read(redis, wanted, stream_id(since), max(1, int(block * 1000)), batch)
 
 
 async def _read(
     redis: RedisClient,
-    wanted: tuple[frozenset[str] | None, frozenset[str] | None, frozenset[str] | None],
+    wanted: EventFilter,
     last: str,
     block_ms: int,
     batch: int,
 ) -> AsyncIterator[Event]:
-    want_queues, want_types, want_kinds = wanted
     try:
         if last == "$":  # pin "now" so that a reconnect does not skip what came meanwhile
             info: Any = await redis.xrevrange(EVENTS_KEY, count=1)
@@ -436,13 +508,8 @@ async def _read(
                 if isinstance(event, SkippedEvent):
                     log_skipped([event])  # as it comes: the stream may never end
                     continue
-                if want_queues is not None and event.queue not in want_queues:
-                    continue
-                if want_types is not None and event.type not in want_types:
-                    continue
-                if want_kinds is not None and event.kind not in want_kinds:
-                    continue
-                yield event
+                if wanted.keeps(event):
+                    yield event
 
 
 @dataclass(frozen=True, slots=True)

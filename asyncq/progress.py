@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import ResponseError
 
+from asyncq._broker.workflow import WORKFLOW_HEADER
 from asyncq._keys import completion_channel, progress_channel, progress_key
 from asyncq._logging import LazyLogger, get_logger
 from asyncq._redis.options import RedisClient
@@ -53,6 +54,7 @@ __all__ = [
     "KEEP_AFTER_FAILURE",
     "MAX_MESSAGE_LENGTH",
     "MIN_INTERVAL",
+    "EagerProgress",
     "ProgressStore",
     "ProgressWriter",
     "parse_progress",
@@ -154,7 +156,13 @@ class _Reporter:
         self.writer.write(self.task, value, final_ttl)
 
 
-_current: contextvars.ContextVar[tuple[ProgressWriter, Task] | None] = contextvars.ContextVar(
+class _Reporting(Protocol):
+    """Where :func:`progress` hands a report: a worker's writer, or eager mode's record."""
+
+    def report(self, task: Task, fraction: float, message: str) -> None: ...
+
+
+_current: contextvars.ContextVar[tuple[_Reporting, Task] | None] = contextvars.ContextVar(
     "asyncq_progress", default=None
 )
 
@@ -176,6 +184,38 @@ def progress(fraction: float, message: str = "") -> None:
         raise RuntimeError("asyncq.progress() is only available inside a task handler")
     writer, task = current
     writer.report(task, value, message)
+
+
+class EagerProgress:
+    """Eager mode (``App.eager()``): one task's reports, kept in memory in order.
+
+    Eager runs are task runs, so a handler's :func:`progress` must work there as
+    under a worker; nothing goes to Redis, and the handle replays the reports
+    (``handle.progress()``). Every report is kept: a test asserts what the
+    handler reported, and the worker's rate limit exists for Redis's sake.
+    """
+
+    __slots__ = ("_open", "reports")
+
+    def __init__(self) -> None:
+        self.reports: list[TaskProgress] = []
+        self._open = False
+
+    def begin(self, task: Task) -> contextvars.Token[tuple[_Reporting, Task] | None]:
+        """*task*'s handler starts: :func:`progress` records here until :meth:`end`."""
+        self._open = True
+        return _current.set((self, task))
+
+    def end(self, token: contextvars.Token[tuple[_Reporting, Task] | None]) -> None:
+        """The handler is over: later reports (from a thread it left behind) are dropped,
+        as a worker drops them."""
+        self._open = False
+        _current.reset(token)
+
+    def report(self, task: Task, fraction: float, message: str) -> None:
+        # list.append is atomic, so a report from a handler's thread needs no lock.
+        if self._open:
+            self.reports.append(TaskProgress.of(fraction, message, time.time()))
 
 
 class ProgressWriter:
@@ -253,8 +293,9 @@ class ProgressWriter:
             # Queued now, so it precedes the task's outcome event in the stream.
             fraction, message, _ = value
             self._events.add(
-                "progress", task.queue, task.type, task.id, fraction=repr(fraction), message=message
-            )
+                "progress", task.queue, task.type, task.id, fraction=repr(fraction),
+                message=message, workflow=task.headers.get(WORKFLOW_HEADER, ""),
+            )  # fmt: skip
         self._send(task, self._write(task, value, final_ttl))
 
     def _send(self, task: Task, write: Coroutine[Any, Any, None]) -> None:

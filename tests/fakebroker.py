@@ -333,6 +333,15 @@ class FakeBroker:
                 moved += 1
         return moved
 
+    async def forward_due(self, qnames: Sequence[str]) -> tuple[int, float | None]:
+        moved = await self.forward_queues(qnames)
+        left = [
+            stored.score
+            for stored in self.tasks.values()
+            if stored.state in ("retry", "scheduled") and stored.msg.queue in qnames
+        ]
+        return moved, min(left, default=None)
+
     async def scan_leases(
         self, cutoff: datetime, qnames: Sequence[str]
     ) -> tuple[list[tuple[str, TaskMessage]], float | None]:

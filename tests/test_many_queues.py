@@ -375,17 +375,37 @@ async def test_lease_scan_reports_the_earliest_lease_still_running(
 async def test_forward_reply_asks_again_only_when_a_set_had_a_full_batch(
     broker: Broker, redis: Redis, clock: FakeClock
 ) -> None:
-    # {moved, more}: more is 1 only when a scheduled or retry set still had
+    # {moved, more, earliest}: more is 1 only when a scheduled or retry set still had
     # FORWARD_BATCH due ids (the forwarder calls again); otherwise one call is enough.
+    # Nothing left scheduled: no earliest score.
     multi = MultiQueue(broker)
     for i in range(3):
         await broker.schedule(make_msg(f"s{i}", "default"), clock.dt - timedelta(seconds=5))
     args = (int(clock.now), int(clock.now * 1_000_000_000), 3, _PROBE_CHUNK)
-    assert await multi._call(_FORWARD, None, ["default"], args) == [3, 1]
-    assert await multi._call(_FORWARD, None, ["default"], args) == [0, 0]
+    assert await multi._call(_FORWARD, None, ["default"], args) == [3, 1, b""]
+    assert await multi._call(_FORWARD, None, ["default"], args) == [0, 0, b""]
     await broker.schedule(make_msg("s9", "default"), clock.dt - timedelta(seconds=5))
-    assert await multi._call(_FORWARD, None, ["default"], args) == [1, 0]
+    assert await multi._call(_FORWARD, None, ["default"], args) == [1, 0, b""]
     assert await redis.llen(keys.pending_key("default")) == 4
+
+
+async def test_forward_answers_the_earliest_score_left_after_its_moves(
+    broker: Broker, redis: Redis, clock: FakeClock
+) -> None:
+    # The forwarder sleeps until the earliest score left in any scheduled or retry set
+    # of its queues: the smallest over both sets and every queue, read after the moves
+    # (a due id moved is not "left"), None when every set is empty.
+    now = int(clock.now)
+    await broker.schedule(make_msg("due", "a"), clock.dt - timedelta(seconds=1))
+    await broker.schedule(make_msg("a-later", "a"), clock.dt + timedelta(seconds=30))
+    await broker.schedule(make_msg("b-sched", "b"), clock.dt + timedelta(seconds=9))
+    await redis.zadd(keys.retry_key("b"), {"b-retry": now + 7})
+    await redis.hset(keys.task_key("b", "b-retry"), mapping={"state": "retry"})
+    await broker.schedule(make_msg("c-later", "c"), clock.dt + timedelta(seconds=8))
+    assert await broker.forward_due(["a", "b", "c"]) == (1, float(now + 7))
+    assert await broker.forward_due(["a", "c"]) == (0, float(now + 8))
+    assert await broker.forward_due(["a"]) == (0, float(now + 30))
+    assert await broker.forward_due(["empty"]) == (0, None)
 
 
 async def test_forward_moves_a_due_grouped_task_to_its_group(

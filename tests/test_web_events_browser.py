@@ -61,13 +61,19 @@ async def test_progress_bars_and_live_event_tail(
         # after the enqueue, so a task picked up at once may show it after "started".
         assert [k for k in kinds if k != "enqueued"] == ["archived", "failed", "started"]
         assert "enqueued" in kinds
-        assert await page.locator(f"#events a[title='{done.id}']").count() == 4
+        # enqueued, started, succeeded: its progress event is hidden by default (a running
+        # task writes up to 10 a second), shown with the "progress" box ticked.
+        assert await page.locator(f"#events a[title='{done.id}']").count() == 3
+        assert await page.locator("#events tr.ev-progress").count() == 0
         # Live: a new task's events appear without reloading.
         later = await client.enqueue(Task.from_json("steps", {"n": 0}))
         await page.wait_for_selector(f"#events tr.ev-succeeded a[title='{later.id}']")
         await redis.rpush(pa.GATE + running.id, 1)
         await page.wait_for_selector(f"#events tr.ev-succeeded a[title='{running.id}']")
         await _shot(page, "events")
+        await page.check("input[name=progress]")
+        await page.click("form.filters button[type=submit]")
+        await page.wait_for_selector(f"#events tr.ev-progress a[title='{done.id}']")
         # Filters: one kind only.
         await page.goto(web.url + "/events?kind=failed")
         badges = await page.locator("#events .badge").all_inner_texts()

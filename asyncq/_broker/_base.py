@@ -232,6 +232,9 @@ class BrokerBase:
         self._cmd: RedisClient | FastConnection = redis if fast is None else fast
         self.clock = clock
         self.lease_duration = lease_duration
+        self.on_retry: Callable[[float], None] | None = None
+        """Told the time (unix s) of each retry :meth:`retry` wrote: a worker's forwarder
+        wakes then instead of at its next fixed pass."""
         self._queues: dict[str, QueueKeys] = {}
         self._published: set[str] = set()
         self.replication: Replication | None = None

@@ -147,6 +147,11 @@ class Broker(
         """Move the due scheduled and retry tasks of every queue to pending (or their group)."""
         return await self._multi.forward(qnames)
 
+    async def forward_due(self, qnames: Sequence[str]) -> tuple[int, float | None]:
+        """:meth:`forward_queues`, and the earliest score left in the queues' scheduled and
+        retry sets (unix s; None when empty), in the same script call per node."""
+        return await self._multi.forward_due(qnames)
+
     async def scan_leases(
         self, cutoff: datetime, qnames: Sequence[str]
     ) -> tuple[list[tuple[str, TaskMessage]], float | None]:

@@ -687,6 +687,19 @@ class InspectBroker:
         """PUBLISH the ID on ``asynq:cancel``; returns the number of subscribers reached."""
         return int(await self._r.publish(keys.CANCEL_CHANNEL, task_id))
 
+    async def publish_stop(self, task_id: str) -> int:
+        """Cancel *task_id* for good: PUBLISH :data:`~asyncq._keys.STOP_MARK` + the ID,
+        then the ID itself, on ``asynq:cancel``; the subscribers the first reached.
+
+        An asyncq server takes the first and archives the task; the plain ID then finds
+        it stopped already. A Go asynq server ignores the first and cancels on the second
+        (retried, its only cancellation). One channel, so one ACL grant serves both, and
+        Pub/Sub keeps one connection's messages in order.
+        """
+        reached = int(await self._r.publish(keys.CANCEL_CHANNEL, keys.STOP_MARK + task_id))
+        await self._r.publish(keys.CANCEL_CHANNEL, task_id)
+        return reached
+
     async def publish_wakeup(self, qname: str) -> None:
         """Tell idle asyncq workers that *qname* has pending work.
 

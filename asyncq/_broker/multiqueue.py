@@ -294,18 +294,27 @@ class MultiQueue:
 
     async def forward(self, qnames: Sequence[str]) -> int:
         """Move due scheduled/retry tasks of every queue to pending (or their group)."""
+        return (await self.forward_due(qnames))[0]
+
+    async def forward_due(self, qnames: Sequence[str]) -> tuple[int, float | None]:
+        """:meth:`forward`, and the earliest score left in the queues' scheduled and retry
+        sets (unix seconds; None when they are empty), read in the same script call."""
         broker = self._broker
         total = 0
+        earliest: float | None = None
         for node, names in await self._groups(qnames, runs=False):
             while True:
                 now = broker.clock()
                 args = (int(now), int(now * 1_000_000_000), FORWARD_BATCH, _probe(node))
-                moved, more, *damaged = await self._call(_FORWARD, node, names, args)
+                moved, more, first, *damaged = await self._call(_FORWARD, node, names, args)
                 self._skipped("forward", damaged[0] if damaged else ())
                 total += int(moved)
                 if not more:
                     break
-        return total
+            score = as_text(first)
+            if score and (earliest is None or float(score) < earliest):
+                earliest = float(score)
+        return total, earliest
 
     async def scan_leases(
         self, cutoff: datetime, qnames: Sequence[str]

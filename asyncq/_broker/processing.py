@@ -293,6 +293,8 @@ class ProcessingTransitions(BrokerBase):
         if lease_expired_by is not None:
             args += (lease_expired_by,)
         await self._run(_RETRY, keys_, args, qk.name, tid)
+        if self.on_retry is not None:
+            self.on_retry(at)
 
     async def archive(
         self, msg: TaskMessage, err_msg: str, *, lease_expired_by: float | None = None

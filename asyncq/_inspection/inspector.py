@@ -933,15 +933,24 @@ class Inspector:
         await self._rdb.update_task_message(queue, task.message)
         return self._info(await self._rdb.get_task(queue, task_id))
 
-    async def cancel(self, task_id: str) -> None:
+    async def cancel(self, task_id: str, *, retry: bool = True) -> None:
         """Ask every server to cancel the running task *task_id* (best effort, Pub/Sub).
 
-        A canceled task fails with a cancellation error and is retried, as in asynq.
+        A canceled task fails with a cancellation error (:class:`~asyncq.TaskCanceledError`)
+        and is retried, as in asynq. With ``retry=False`` it is stopped for good: an
+        asyncq server archives it (:class:`~asyncq.TaskStoppedError`, ``context canceled:
+        stopped, not retried``; a workflow step fails its workflow); a Go asynq server
+        running it can only cancel it, so there it is retried.
         """
+        if not isinstance(retry, bool):
+            raise TypeError(f"retry must be True or False, got {retry!r}")
         keys.refuse_braces("task ID", task_id)
         if not task_id.strip():
             raise ValueError("task ID cannot be empty")
-        await self._rdb.publish_cancelation(task_id)
+        if retry:
+            await self._rdb.publish_cancelation(task_id)
+        else:
+            await self._rdb.publish_stop(task_id)
 
     # -- failure triage (asyncq extension) ---------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing_extensions import Unpack
 
 from asyncq._broker import BatchItem, Broker, PendingItem
 from asyncq._broker.replication import replica_wait_seconds
+from asyncq._broker.workflow import WORKFLOW_HEADER
 from asyncq._duration import wait_seconds
 from asyncq._keys import task_key
 from asyncq._logging import LazyLogger, is_debug_enabled
@@ -231,7 +232,8 @@ class Client:
                 state=info.state.value,
             )
         if self._events is not None:
-            self._events.add("enqueued", info.queue, info.type, info.id)
+            wid = info.headers.get(WORKFLOW_HEADER, "")
+            self._events.add("enqueued", info.queue, info.type, info.id, workflow=wid)
         return info
 
     async def _write(
@@ -307,13 +309,16 @@ class Client:
         queues: Collection[str] | None = None,
         types: Collection[str] | None = None,
         kinds: Collection[str] | None = None,
+        workflows: Collection[str] | None = None,
+        task_ids: Collection[str] | None = None,
         since: str | datetime | None = None,
     ) -> AsyncIterator[Event]:
         """Stream task events: ``async for event in client.events(queues=["emails"])``.
 
         Filters: *queues*, *types* (task types), *kinds* (``enqueued``,
         ``started``, ``progress``, ``succeeded``, ``failed``, ``cancelled``,
-        ``retried``, ``archived``); None means all. *since*: None for only new
+        ``retried``, ``archived``), *workflows* (workflow ids: their steps'
+        events) and *task_ids*; None means all. *since*: None for only new
         events, an :attr:`Event.id` to resume after it, ``"0"`` for the oldest
         kept, or an aware datetime. It never ends by itself; each caller reads
         the stream independently. Only queues whose servers (and clients)
@@ -322,7 +327,10 @@ class Client:
         log line (:class:`asyncq.events.SkippedEvent`).
         """
         self._check_open()
-        return read_events(self.redis, queues=queues, types=types, kinds=kinds, since=since)
+        return read_events(
+            self.redis, queues=queues, types=types, kinds=kinds, workflows=workflows,
+            task_ids=task_ids, since=since,
+        )  # fmt: skip
 
     async def enqueue_many(
         self,
@@ -397,7 +405,8 @@ class Client:
         if self._events is not None:
             for info in final:
                 if isinstance(info, TaskInfo):
-                    self._events.add("enqueued", info.queue, info.type, info.id)
+                    wid = info.headers.get(WORKFLOW_HEADER, "")
+                    self._events.add("enqueued", info.queue, info.type, info.id, workflow=wid)
         if is_debug_enabled(log):
             written = sum(isinstance(r, TaskInfo) for r in final)
             log.debug("batch enqueued", items=len(final), written=written)

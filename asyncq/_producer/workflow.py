@@ -46,6 +46,7 @@ from asyncq._broker.workflow import (
     WorkflowInfo,
     WorkflowNotFoundError,
     WorkflowStepInfo,
+    cancel_workflow,
     read_workflow,
     start_workflow,
     workflow_key,
@@ -198,7 +199,8 @@ class WorkflowFailedError(AsyncqError):
 
 
 class WorkflowHandle(Generic[R]):
-    """A started workflow: ``await result()`` for the final step's result, ``status()``.
+    """A started workflow: ``await result()`` for the final step's result, ``status()``,
+    ``cancel()``. ``enqueue()`` returns one; ``App.workflow_of(id)`` makes one from an id.
 
     The attributes of the :class:`WorkflowInfo` the start returned (``id``,
     ``queue``, ``stages``...) read through :attr:`info`, as at the start.
@@ -287,6 +289,22 @@ class WorkflowHandle(Generic[R]):
             else:
                 values.append(signature.results.decode(step.result))
         return cast(R, values if len(values) > 1 or self._is_group() else values[0])
+
+    async def cancel(self) -> str:
+        """Cancel the workflow if it still runs: no further hand-off, its steps not
+        started yet deleted (:meth:`asyncq.Inspector.cancel_workflow`).
+
+        Returns its state before the call (only ``running`` changes; ``result()``
+        then raises WorkflowFailedError). Steps already running finish; stop them
+        with ``Inspector.cancel(step_id, retry=False)``. Raises WorkflowNotFoundError
+        when the state expired. In eager mode the workflow has finished: its state.
+        """
+        if self._client is None:
+            return self.info.state
+        state = await cancel_workflow(self._client.broker.redis, self.queue, self.id, time.time())
+        if state is None:
+            raise WorkflowNotFoundError(self.queue, self.id)
+        return state
 
     def _is_group(self) -> bool:
         return len(self.info.stages[-1]) > 1
@@ -382,7 +400,15 @@ class Workflow(Generic[R]):
                     )
                 signature = _signature(step.task)
                 assert signature is not None and signature.run_eager is not None
-                result, error = await signature.run_eager(task)
+                # The handler's current_task() names the step as status() shows it.
+                given = {o: v for o, v in options.items() if o != "headers"}
+                run = Task(
+                    task.type,
+                    task.payload,
+                    headers=dict(task.headers),
+                    **cast(TaskOptions, {**given, "task_id": tid, "queue": queue}),
+                )
+                result, error = await signature.run_eager(run)
                 done = "failed" if error is not None else "succeeded"
                 row.append(WorkflowStepInfo(tid, queue, task.type, done, result, error))
             rows.append(row)
@@ -492,6 +518,10 @@ class Workflow(Generic[R]):
         await start_workflow(
             broker, qname, wid, fields=fields, first=msgs[0], now_ns=time.time_ns()
         )
+        events = client._events
+        if events is not None:  # the first stage is enqueued now (the later ones by handoff)
+            for msg in msgs[0]:
+                events.add("enqueued", msg.queue, msg.type, msg.id, workflow=wid)
         return WorkflowInfo(
             id=wid,
             queue=qname,

@@ -117,6 +117,11 @@ class WorkerBroker(Protocol):
         """Move due scheduled and retry tasks to pending (or their group); how many."""
         ...
 
+    async def forward_due(self, qnames: Sequence[str]) -> tuple[int, float | None]:
+        """:meth:`forward_queues`, and the earliest score (unix s) left in the queues'
+        scheduled and retry sets, None when they are empty."""
+        ...
+
     async def scan_leases(
         self, cutoff: datetime, qnames: Sequence[str]
     ) -> tuple[list[tuple[str, TaskMessage]], float | None]:

@@ -221,7 +221,8 @@ class Intervals:
     the pending lists announces tasks enqueued by Go asynq or redis-cli too, and idle
     workers then poll only every 5 s. Elsewhere this bounds the pickup of those tasks."""
     delayed_task_check: timedelta = timedelta(seconds=5)
-    """[delayed_task_check_interval] The forwarder's period (scheduled and retry tasks)."""
+    """[delayed_task_check_interval] Longest time between two forwarder passes (scheduled
+    and retry tasks); it also passes when the next of those tasks is due."""
     heartbeat: timedelta = timedelta(seconds=5)
     """[heartbeat_interval] Server records and lease extension; shorter than the lease."""
     recoverer: timedelta = timedelta(minutes=1)

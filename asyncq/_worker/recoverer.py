@@ -36,6 +36,7 @@ from asyncq._worker.active import ActiveTasks
 from asyncq._worker.outcome import Outcome, decide
 from asyncq._worker.roles import PeriodicRole, RoleDeps
 from asyncq.errors import LeaseExpiredError, TaskNotFoundError
+from asyncq.history import HistoryRecorder
 from asyncq.hooks import NO_HOOKS, WorkerHooks
 from asyncq.proto.asynq import TaskMessage
 
@@ -61,6 +62,7 @@ class Recoverer(PeriodicRole):
         active: ActiveTasks,
         wakeup: asyncio.Event | None = None,
         hooks: WorkerHooks = NO_HOOKS,
+        history: HistoryRecorder | None = None,
     ) -> None:
         super().__init__(deps, interval)
         self.active = active
@@ -68,6 +70,9 @@ class Recoverer(PeriodicRole):
         # Told of each task it retries or archives, as the processor's hooks are of the
         # tasks it finishes: the event stream and the metrics see a dead worker's tasks too.
         self._hooks = hooks
+        # The metrics history counts the recovery where it is decided, here (asynq's stats
+        # count it as a failure in the same script).
+        self._history = history
         self.next_wait = min(interval, deps.config.lease_duration)
         """Seconds from the last check to the next one (see the module docstring)."""
 
@@ -157,6 +162,15 @@ class Recoverer(PeriodicRole):
                 self._hooks.task_finished(
                     msg.queue, msg.type, msg.id, outcome.kind, error=outcome.err_msg, exc=exc
                 )
+                if self._history is not None:
+                    self._history.record_recovered(
+                        msg.queue,
+                        msg.type,
+                        now.timestamp(),
+                        ran_here=local is not None,
+                        retried=outcome.kind == "retry",
+                        archived=outcome.kind == "archive",
+                    )
             self.stats.recovered += 1
             return True
         except TaskNotFoundError:

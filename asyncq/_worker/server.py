@@ -288,13 +288,21 @@ class Server(Service):
         ]
         if cfg.health_check is not None:
             roles.append(HealthChecker(deps, cfg.health_check_interval, ping=self.redis.ping))
+        forwarder = Forwarder(deps, cfg.delayed_task_check_interval, wakeup=wakeup)
+        # The retries this server writes wake its forwarder when they are due.
+        self.broker.on_retry = forwarder.due_at
         roles += [
             self._subscriber,
             self.syncer,
             Recoverer(
-                deps, cfg.recoverer_interval, active=self.active, wakeup=wakeup, hooks=self._hooks
+                deps,
+                cfg.recoverer_interval,
+                active=self.active,
+                wakeup=wakeup,
+                hooks=self._hooks,
+                history=self.history,
             ),
-            Forwarder(deps, cfg.delayed_task_check_interval, wakeup=wakeup),
+            forwarder,
             self.processor,
             Janitor(deps, cfg.janitor_interval),
         ]

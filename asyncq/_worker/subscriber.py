@@ -2,11 +2,13 @@
 
 It subscribes to asynq's ``asynq:cancel`` channel (a message is a task ID;
 the running handler of that task is cancelled, which counts as a failure, so
-the task is retried, as in asynq) and to asyncq's wake-up channel of every
-served queue (``asyncq:wakeup:{<queue>}``, published by asyncq's enqueue
-scripts when a pending list goes from empty to non-empty), which ends the
-processor's idle wait at once. When the served queues change (patterns, see
-:mod:`asyncq._worker.queueset`) the channels follow within a second.
+the task is retried, as in asynq; an ID after :data:`asyncq._keys.STOP_MARK`
+cancels it with :class:`~asyncq.TaskStoppedError`, which archives it) and to
+asyncq's wake-up channel of every served queue (``asyncq:wakeup:{<queue>}``,
+published by asyncq's enqueue scripts when a pending list goes from empty to
+non-empty), which ends the processor's idle wait at once. When the served
+queues change (patterns, see :mod:`asyncq._worker.queueset`) the channels
+follow within a second.
 
 Where direct delivery is possible (not on Redis Cluster) it also subscribes to
 the server's own delivery channel (``asyncq:delivery:<server id>``): an asyncq
@@ -28,12 +30,15 @@ queues change the connection is replaced.
 
 The connection is re-established with a backoff of 0.1 s doubling up to 2 s
 (asynq waits 5 s) while Redis is unreachable; after a reconnect the processor
-is woken once, since a wake-up may have been missed meanwhile.
+is woken once, since a wake-up may have been missed meanwhile, and one line
+(``reconnected to Redis``, with ``down_for`` in seconds) tells the log that
+the outage is over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
@@ -47,7 +52,7 @@ from asyncq._redis.pubsub import FastPubSub, FastPubSubClient
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.roles import Role, RoleDeps
 from asyncq._worker.wakeup import INVALIDATE_CHANNEL, QueueWakeup, tracked_prefixes
-from asyncq.errors import TaskCanceledError
+from asyncq.errors import TaskCanceledError, TaskStoppedError
 
 __all__ = ["Subscriber"]
 
@@ -125,6 +130,10 @@ class Subscriber(Role):
         self._task = asyncio.current_task()
         backoff = Backoff(0.1, 2.0)
         connected_before = False
+        # When the connection was lost (monotonic seconds): the next subscription says,
+        # once, that Redis is back. The other roles only log their failures, at a bounded
+        # rate, so without this line an operator cannot tell from the log that it ended.
+        lost_at: float | None = None
         cancel_channel = keys.CANCEL_CHANNEL.encode()
         while not self.stopping:
             pubsub: Any = None
@@ -161,6 +170,11 @@ class Subscriber(Role):
                 if connected_before:
                     self._wakeup.set()
                 connected_before = True
+                if lost_at is not None:
+                    self.log.info(
+                        "reconnected to Redis", down_for=round(time.monotonic() - lost_at, 1)
+                    )
+                    lost_at = None
                 if is_debug_enabled(self.log):
                     self.log.debug("subscribed", channels=channels)
                 while not self.stopping:
@@ -185,6 +199,8 @@ class Subscriber(Role):
             except REDIS_ERRORS as exc:
                 self._wakeup.tracking_lost()
                 self.started()
+                if lost_at is None and connected_before:
+                    lost_at = time.monotonic()
                 self.redis_error("subscriber lost its connection; reconnecting", exc)
                 await self.sleep(backoff.next_delay())
             finally:
@@ -276,6 +292,14 @@ class Subscriber(Role):
         if channel == cancel_channel:
             # Anyone may publish here: bytes that are not UTF-8 match no task, never crash.
             task_id = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+            if task_id.startswith(keys.STOP_MARK):
+                # Cancelled for good: the exception decides the outcome (SkipRetry:
+                # archived). The plain ID that follows finds the handler stopped already.
+                task_id = task_id[len(keys.STOP_MARK) :]
+                stopped = self.active.cancel(task_id, TaskStoppedError())
+                if stopped is not None:
+                    self.log.info("task canceled for good (no retry)", **task_fields(stopped.msg))
+                return
             canceled = self.active.cancel(task_id, TaskCanceledError())
             if canceled is not None:
                 self.log.info("task canceled", **task_fields(canceled.msg))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import tomllib
@@ -125,6 +126,36 @@ def configure_logging(level: str) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+class _ToStructlog(logging.Handler):
+    """Hands a stdlib logger's records to structlog, so that a library's lines (uvicorn's
+    "Started server process", ...) come out in the same format as asyncq's own."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # a library's bad format string must not break the server
+            message = str(record.msg)
+        log = structlog.get_logger()
+        level = record.levelname.lower()
+        method = getattr(log, level if level in ("debug", "info", "warning", "error") else "error")
+        if record.exc_info:
+            method(message, logger=record.name, exc_info=record.exc_info)
+        else:
+            method(message, logger=record.name)
+
+
+def route_library_logs(*names: str, level: str) -> None:
+    """Send the stdlib loggers *names* (and their children) through structlog at *level*
+    and above, instead of their own handlers and format (call after
+    :func:`configure_logging`; give the library no logging config of its own)."""
+    handler = _ToStructlog()
+    for name in names:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(LOG_LEVELS[level])
+        logger.propagate = False
 
 
 def _one_line(text: str) -> str:

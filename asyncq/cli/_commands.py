@@ -481,19 +481,30 @@ def task_inspect(
     click.echo(to_json(info) if as_json else task_text(info))
 
 
-@task.command("cancel", short_help="Cancel running tasks (they are then retried).")
+@task.command("cancel", short_help="Cancel running tasks (retried; --no-retry: archived).")
 @click.argument("task_ids", nargs=-1, required=True)
+@click.option(
+    "--retry/--no-retry",
+    default=True,
+    show_default=True,
+    help="Retry the canceled tasks (asynq's cancel), or stop them for good: archived, "
+    "not retried (asyncq servers; a Go server retries them).",
+)
 @click.pass_context
-def task_cancel(ctx: click.Context, task_ids: tuple[str, ...]) -> None:
-    """Ask the servers running TASK_IDS to cancel them (the tasks are then retried)."""
+def task_cancel(ctx: click.Context, task_ids: tuple[str, ...], retry: bool) -> None:
+    """Ask the servers running TASK_IDS to cancel them.
+
+    The tasks are then retried, as in asynq; with --no-retry they are archived instead.
+    """
 
     async def go(insp: Inspector) -> list[tuple[str, None, str | None]]:
-        return await each(task_ids, insp.cancel)
+        return await each(task_ids, lambda tid: insp.cancel(tid, retry=retry))
 
     results = with_inspector(ctx, go)
     for tid, _, err in results:
         if err is None:
-            click.echo(f"Sent cancelation signal for task {tid}")
+            what = "cancelation" if retry else "cancelation (no retry)"
+            click.echo(f"Sent {what} signal for task {tid}")
     report_errors(results)
 
 

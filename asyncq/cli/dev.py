@@ -16,16 +16,21 @@ from asyncq.devserver import (
     ServerBinary,
     ServerNotFoundError,
     find_server_binary,
+    free_port,
+    port_in_use,
     redis_answers,
 )
 
 __all__ = ["default_data_dir", "dev", "register"]
 
 
-def default_data_dir() -> Path:
-    """``$XDG_DATA_HOME/asyncq/dev``, by default ``~/.local/share/asyncq/dev``."""
+def default_data_dir(port: int = 6379) -> Path:
+    """``$XDG_DATA_HOME/asyncq/dev`` (by default ``~/.local/share/asyncq/dev``) for the
+    default port 6379, ``.../asyncq/dev-<port>`` for another: two servers on two ports
+    never share (and corrupt) one append-only file, and each port finds its own data
+    again."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path("~/.local/share").expanduser())
-    return Path(base) / "asyncq" / "dev"
+    return Path(base) / "asyncq" / ("dev" if port == 6379 else f"dev-{port}")
 
 
 @click.command("dev", short_help="Run a local Redis-compatible server for development.")
@@ -41,7 +46,8 @@ def default_data_dir() -> Path:
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Where the data is kept between runs (AOF) [default: $XDG_DATA_HOME/asyncq/dev].",
+    help="Where the data is kept between runs (AOF) [default: $XDG_DATA_HOME/asyncq/dev, "
+    "dev-<port> for a port other than 6379].",
 )
 def dev(port: int, data_dir: Path | None) -> None:
     """Run a Redis-compatible server on 127.0.0.1 until Ctrl-C, keeping its data.
@@ -57,19 +63,25 @@ def dev(port: int, data_dir: Path | None) -> None:
         version = binary.version()
     except ServerNotFoundError as exc:
         raise CliError(str(exc)) from None
-    directory = data_dir if data_dir is not None else default_data_dir()
-    if port and redis_answers("127.0.0.1", port):
+    if not port:
+        port = free_port()  # picked now: the data directory is named after it
+    directory = data_dir if data_dir is not None else default_data_dir(port)
+    if redis_answers("127.0.0.1", port):
         raise CliError(
             f"a Redis already answers on 127.0.0.1:{port}: use it "
             f"(ASYNCQ_REDIS_URL=redis://127.0.0.1:{port}/0), or pick another port "
             "with --port N (0: any free port)"
         )
+    if port_in_use(port):
+        raise CliError(
+            f"port {port} on 127.0.0.1 is held by a program that is not a Redis (it does "
+            f"not answer PING): stop it, or pick another port with --port N (0: any free "
+            f"port); `ss -ltnp 'sport = :{port}'` or `lsof -i :{port}` names the program"
+        )
     try:
         # Tied to this process: a SIGKILL of `asyncq dev` must not leave the server
         # running unseen, holding the port and the data directory.
-        server = LocalServer(
-            binary=binary, port=port or None, data_dir=directory, die_with_parent=True
-        )
+        server = LocalServer(binary=binary, port=port, data_dir=directory, die_with_parent=True)
         server.start()
     except (RuntimeError, OSError) as exc:
         raise CliError(str(exc)) from None

@@ -14,10 +14,13 @@ __all__ = ["events", "register"]
 
 
 def event_line(e: Event) -> str:
-    """``12:00:01.250  succeeded  default  email:send  <task id>  <detail>``."""
+    """``12:00:01.250  succeeded  default  email:send  <task id>  <detail>``; a workflow
+    step's detail starts with ``workflow=<id>``."""
     detail = f"{int((e.fraction or 0) * 100)}% {e.message}" if e.kind == "progress" else e.error
     when = e.time.strftime("%H:%M:%S.%f")[:-3]
     detail = " ".join(detail.split())
+    if e.workflow:
+        detail = f"workflow={e.workflow} {detail}"
     return f"{when}  {e.kind:<9}  {e.queue}  {e.type}  {e.task_id}  {detail}".rstrip()
 
 
@@ -33,6 +36,11 @@ def events() -> None:
     "-k", "--kind", "kinds", multiple=True, type=click.Choice(EVENT_KINDS),
     help="Only this event kind (repeatable).",
 )  # fmt: skip
+@click.option(
+    "-w", "--workflow", "workflows", multiple=True,
+    help="Only the events of this workflow's steps (repeatable).",
+)  # fmt: skip
+@click.option("--task", "task_ids", multiple=True, help="Only this task's events (repeatable).")
 @click.option("--since", default=None, help="Start after this event ID ('0': the oldest kept).")
 @click.option(
     "-n", "--count", type=click.IntRange(min=1), default=None, help="Stop after N events."
@@ -45,6 +53,8 @@ def tail(
     queues: tuple[str, ...],
     types: tuple[str, ...],
     kinds: tuple[str, ...],
+    workflows: tuple[str, ...],
+    task_ids: tuple[str, ...],
     since: str | None,
     count: int | None,
     as_json: bool,
@@ -54,7 +64,7 @@ def tail(
     async def go(insp: Inspector) -> None:
         stream = read_events(
             insp.redis, queues=queues or None, types=types or None, kinds=kinds or None,
-            since=since,
+            workflows=workflows or None, task_ids=task_ids or None, since=since,
         )  # fmt: skip
         seen = 0
         async for event in stream:

@@ -8,7 +8,7 @@ import os
 import click
 
 from asyncq._redis.options import redact_uri
-from asyncq.cli._app import LOG_LEVELS, CliError, configure_logging, settings
+from asyncq.cli._app import LOG_LEVELS, CliError, configure_logging, route_library_logs, settings
 from asyncq.cli._listen import bound_port, listen
 
 __all__ = ["ENV_TOKEN", "gateway", "require_extra"]
@@ -124,8 +124,12 @@ def gateway(
         f"(OpenAPI: /api/openapi.json, token {'required' if token else 'off: local only'})",
         err=True,
     )
+    # uvicorn's own lines ("Started server process", ...) in asyncq's log format: no
+    # logging config of uvicorn's, its loggers handed to structlog.
+    route_library_logs("uvicorn", level=level)
     config = uvicorn.Config(
         app,
+        log_config=None,
         log_level=level,
         access_log=level == "debug",
         server_header=False,

@@ -65,8 +65,10 @@ class TypeMetrics:
 
     @property
     def mean(self) -> float | None:
-        """The mean run time in seconds (None without runs)."""
-        return self.run_seconds / self.processed if self.processed else None
+        """The mean run time in seconds of the timed runs (None without any): a run the
+        recoverer counted for a dead worker has no run time."""
+        timed = sum(self.buckets)
+        return self.run_seconds / timed if timed else None
 
 
 def _point(start_minute: int, row: list[int]) -> MetricsPoint:

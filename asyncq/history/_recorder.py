@@ -142,6 +142,31 @@ class HistoryRecorder:
         cell[_MICROS] += int(seconds * 1_000_000)
         cell[_FIRST_BUCKET + bisect_left(UPPER_BOUNDS, seconds)] += 1
 
+    def record_recovered(
+        self,
+        queue: str,
+        task_type: str,
+        at: float,
+        *,
+        ran_here: bool,
+        retried: bool,
+        archived: bool,
+    ) -> None:
+        """Count the recoverer's decision for a task whose lease expired, at *at* (unix s).
+
+        It is retried or archived (asynq's stats count it as failed too). A run this
+        worker's processor still holds (*ran_here*: its local lease ran out) is counted
+        by the processor when its handler ends, so only the decision is added here;
+        otherwise the run (a killed or unreachable worker's) never reports, and it is
+        counted here as a processed, failed run without a run time: it has none to
+        give, and the mean and percentiles are those of the timed runs."""
+        cell = self._cell_at((int(at) // 60, queue, task_type))
+        if not ran_here:
+            cell[_PROCESSED] += 1
+            cell[_FAILED] += 1
+        cell[_RETRIED] += retried
+        cell[_ARCHIVED] += archived
+
     # -- flushing ------------------------------------------------------------------------
 
     async def flush(self) -> None:

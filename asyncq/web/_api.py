@@ -327,10 +327,10 @@ async def task_action(request: Request) -> Response:
         await insp.archive_task(queue, task_id)
     elif action == "delete":
         await insp.delete_task(queue, task_id)
-    elif action == "cancel":
-        await _cancel(insp, queue, task_id)
+    elif action in ("cancel", "stop"):
+        await _cancel(insp, queue, task_id, retry=action == "cancel")
     else:
-        message = f"unknown action {action!r} (run, archive, delete, cancel)"
+        message = f"unknown action {action!r} (run, archive, delete, cancel, stop)"
         return _json(error_body(404, message), 404)
     return _json({"ok": True})
 
@@ -341,16 +341,17 @@ async def delete_task(request: Request) -> Response:
     return _json({"ok": True})
 
 
-async def _cancel(insp: Inspector, queue: str, task_id: str) -> None:
+async def _cancel(insp: Inspector, queue: str, task_id: str, *, retry: bool = True) -> None:
+    """Cancel an active task: retried (``cancel``), or archived (``stop``: no retry)."""
     task = await insp.get_task(queue, task_id)  # a clear 404 for an unknown ID
     if task.state is not TaskState.ACTIVE:
         raise FailedPreconditionError(
             f"cannot cancel a task in {task.state.value} state; only active tasks can be canceled"
         )
-    await insp.cancel(task_id)
+    await insp.cancel(task_id, retry=retry)
 
 
-async def _cancel_all(insp: Inspector, queue: str) -> int:
+async def _cancel_all(insp: Inspector, queue: str, *, retry: bool = True) -> int:
     ids: list[str] = []
     page = 1
     while True:
@@ -360,7 +361,7 @@ async def _cancel_all(insp: Inspector, queue: str) -> int:
             break
         page += 1
     for task_id in ids:
-        await insp.cancel(task_id)
+        await insp.cancel(task_id, retry=retry)
     return len(ids)
 
 
@@ -371,10 +372,10 @@ async def bulk_action(request: Request) -> Response:
     action = request.path_params["action"]
     group = request.query_params.get("group") or None
     extra: dict[str, Any] = {}
-    if action == "cancel_all":
+    if action in ("cancel_all", "stop_all"):
         if st is not TaskState.ACTIVE:
-            raise ValueError("cancel_all applies to active tasks only")
-        count = await _cancel_all(insp, queue)
+            raise ValueError(f"{action} applies to active tasks only")
+        count = await _cancel_all(insp, queue, retry=action == "cancel_all")
     elif action == "run_all":
         count = await insp.run_all(queue, st, group=group)
     elif action == "archive_all":
@@ -384,7 +385,9 @@ async def bulk_action(request: Request) -> Response:
     elif action == "delete_all":
         count = await insp.delete_all(queue, st, group=group)
     else:
-        message = f"unknown action {action!r} (run_all, archive_all, delete_all, cancel_all)"
+        message = (
+            f"unknown action {action!r} (run_all, archive_all, delete_all, cancel_all, stop_all)"
+        )
         return _json(error_body(404, message), 404)
     return _json({"ok": True, "count": count, **extra})
 
@@ -411,10 +414,14 @@ async def batch_action(request: Request) -> Response:
     async def cancel(q: str, task_id: str) -> None:
         await _cancel(insp, q, task_id)
 
+    async def stop(q: str, task_id: str) -> None:
+        await _cancel(insp, q, task_id, retry=False)
+
     ops["cancel"] = cancel
+    ops["stop"] = stop
     op = ops.get(action)
     if op is None:
-        message = f"unknown batch action {action!r} (run, archive, delete, cancel)"
+        message = f"unknown batch action {action!r} (run, archive, delete, cancel, stop)"
         return _json(error_body(404, message), 404)
     done: list[str] = []
     errors: dict[str, str] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -17,19 +19,44 @@ PAGE_EVENTS = 200
 _SCAN = 5_000  # stream entries one feed call reads to find filtered events
 
 
-def _filters(request: Request) -> tuple[str, str, str]:
+@dataclass(frozen=True, slots=True)
+class _Filters:
+    queue: str
+    task_type: str
+    kind: str
+    workflow: str
+    task: str
+    progress: bool
+    """Whether ``progress`` events are shown (several a second per running task, they
+    would push every other event off the Events page; the page hides them unless asked)."""
+
+    def keeps(self, e: Event) -> bool:
+        return (
+            (not self.queue or e.queue == self.queue)
+            and (not self.task_type or e.type == self.task_type)
+            and (not self.kind or e.kind == self.kind)
+            and (not self.workflow or e.workflow == self.workflow)
+            and (not self.task or e.task_id == self.task)
+            and (self.progress or e.kind != "progress")
+        )
+
+
+def _filters(request: Request, *, progress_default: bool) -> _Filters:
     params = request.query_params
     kind = params.get("kind") or ""
     if kind and kind not in EVENT_KINDS:
         raise ValueError(f"unknown event kind {kind!r}; expected one of {', '.join(EVENT_KINDS)}")
-    return params.get("queue") or "", params.get("type") or "", kind
-
-
-def _keep(e: Event, queue: str, task_type: str, kind: str) -> bool:
-    return (
-        (not queue or e.queue == queue)
-        and (not task_type or e.type == task_type)
-        and (not kind or e.kind == kind)
+    raw = params.get("progress")
+    if raw not in (None, "", "0", "1"):
+        raise ValueError(f"progress must be 0 or 1, got {raw!r}")
+    progress = progress_default if not raw else raw == "1"
+    return _Filters(
+        params.get("queue") or "",
+        params.get("type") or "",
+        kind,
+        params.get("workflow") or "",
+        params.get("task") or "",
+        progress or kind == "progress",  # asking for progress events shows them
     )
 
 
@@ -38,15 +65,14 @@ def _order(stream_id: str) -> tuple[int, ...]:
 
 
 async def _events(
-    request: Request, after: str | None
+    request: Request, after: str | None, filters: _Filters
 ) -> tuple[list[Event], list[SkippedEvent], str | None]:
     """The events to show, the unreadable entries among those read (named in one warning
     line) and the ID the next feed call resumes after (None: nothing read yet)."""
     _, insp = _inspector(request)
-    queue, task_type, kind = _filters(request)
     limit = _int(request, "limit", PAGE_EVENTS, hi=PAGE_EVENTS)
     found = await recent_events(insp.redis, count=_SCAN, after=after)
-    kept = [e for e in found.events if _keep(e, queue, task_type, kind)]
+    kept = [e for e in found.events if filters.keeps(e)]
     skipped, last = found.skipped, found.last
     if not after:
         kept = kept[-limit:]
@@ -61,9 +87,13 @@ async def _events(
 
 
 async def api_events(request: Request) -> Response:
-    """``GET /api/events?after=<id>&queue=&type=&kind=``: events after *after*, oldest first,
-    the entries skipped as unreadable, and ``last``: the ``after`` of the next call."""
-    events, skipped, last = await _events(request, request.query_params.get("after") or None)
+    """``GET /api/events?after=<id>&queue=&type=&kind=&workflow=&task=&progress=``: events
+    after *after*, oldest first, the entries skipped as unreadable, and ``last``: the
+    ``after`` of the next call. ``progress=0`` leaves out ``progress`` events (kept by
+    default here; the Events page asks for them with ``progress=1``)."""
+    filters = _filters(request, progress_default=True)
+    after = request.query_params.get("after") or None
+    events, skipped, last = await _events(request, after, filters)
     return _json(
         {
             "events": [e.as_dict() for e in events],
@@ -75,8 +105,8 @@ async def api_events(request: Request) -> Response:
 
 async def events_page(request: Request) -> Response:
     _, insp = _inspector(request)
-    queue, task_type, kind = _filters(request)
-    events, skipped, last = await _events(request, None)
+    filters = _filters(request, progress_default=False)
+    events, skipped, last = await _events(request, None, filters)
     return render(
         request,
         "events.html",
@@ -84,9 +114,12 @@ async def events_page(request: Request) -> Response:
             "events": list(reversed(events)),
             "skipped": skipped,
             "last": last or "",
-            "queue_filter": queue,
-            "type_filter": task_type,
-            "kind_filter": kind,
+            "queue_filter": filters.queue,
+            "type_filter": filters.task_type,
+            "kind_filter": filters.kind,
+            "workflow_filter": filters.workflow,
+            "task_filter": filters.task,
+            "show_progress": filters.progress,
             "kinds": EVENT_KINDS,
             "all_queues": await insp.queues(),
             "nav": "events",

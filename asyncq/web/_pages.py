@@ -17,6 +17,7 @@ from asyncq import QueueNotFoundError, SkippedQueue, TaskState
 from asyncq._duration import format_short
 from asyncq._http import quote_segment
 from asyncq._inspection.records import ARCHIVE_LIMIT, WorkerInfo
+from asyncq._redis.scripts import parse_server_version
 from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, queue_infos, task_page
 from asyncq.web._state import state
 
@@ -33,7 +34,7 @@ STATE_ORDER = (
 )
 # Per-row and bulk actions each state allows (asynq's rules).
 ROW_ACTIONS: dict[TaskState, tuple[str, ...]] = {
-    TaskState.ACTIVE: ("cancel",),
+    TaskState.ACTIVE: ("cancel", "stop"),
     TaskState.PENDING: ("archive", "delete"),
     TaskState.AGGREGATING: ("run", "archive", "delete"),
     TaskState.SCHEDULED: ("run", "archive", "delete"),
@@ -42,7 +43,7 @@ ROW_ACTIONS: dict[TaskState, tuple[str, ...]] = {
     TaskState.COMPLETED: ("delete",),
 }
 BULK_ACTIONS: dict[TaskState, tuple[str, ...]] = {
-    TaskState.ACTIVE: ("cancel_all",),
+    TaskState.ACTIVE: ("cancel_all", "stop_all"),
     TaskState.PENDING: ("archive_all", "delete_all"),
     TaskState.AGGREGATING: ("run_all", "archive_all", "delete_all"),
     TaskState.SCHEDULED: ("run_all", "archive_all", "delete_all"),
@@ -77,9 +78,15 @@ def short_id(task_id: str) -> str:
 
 
 templates.env.filters["bytes"] = _bytes
+# What the two cancellations of an active task do, on their buttons.
+templates.env.filters["action_title"] = lambda action: {
+    "cancel": "Cancel the running handler; the task is retried (as in asynq)",
+    "stop": "Cancel the running handler for good: the task is archived, not retried",
+}.get(action.removesuffix("_all"), "")
 templates.env.filters["shortid"] = short_id
 templates.env.filters["dur"] = format_short
 templates.env.filters["iso"] = r.iso
+templates.env.filters["stamp"] = r.stamp
 # Every path segment a page builds (queue names and task ids may hold "/" or be "..").
 templates.env.filters["seg"] = quote_segment
 templates.env.globals["body"] = r.body
@@ -164,6 +171,17 @@ async def task_detail(request: Request) -> Response:
     task = await insp.get_task(request.path_params["queue"], request.path_params["task_id"])
     now = datetime.now(UTC)
     actions = ROW_ACTIONS[task.state]
+    started = None
+    if task.state is TaskState.ACTIVE:  # the worker running it records when it started
+        started = next(
+            (
+                w.started
+                for s in await insp.servers()
+                for w in s.active_workers
+                if w.task_id == task.id and w.queue == task.queue
+            ),
+            None,
+        )
     return render(
         request,
         "task.html",
@@ -171,7 +189,7 @@ async def task_detail(request: Request) -> Response:
             "task": task,
             "payload": r.body(task.payload),
             "result": r.body(task.result) if task.result is not None else None,
-            "timeline": r.task_timeline(task, now),
+            "timeline": r.task_timeline(task, now, started=started),
             "actions": actions,
             "nav": "task",
         },
@@ -240,7 +258,18 @@ async def redis_page(request: Request) -> Response:
             except QueueNotFoundError:
                 continue
             cluster.append({"queue": name, "slot": slot, "nodes": nodes})
-    return render(request, "redis.html", {"info": info, "cluster": cluster, "nav": "redis"})
+    # The server's own name and version: Valkey's redis_version is a compatibility number.
+    server, version = parse_server_version(info) if info else ("Redis", "")
+    return render(
+        request,
+        "redis.html",
+        {
+            "info": info,
+            "server": f"{server} {version or '?'}",
+            "cluster": cluster,
+            "nav": "redis",
+        },
+    )
 
 
 async def search(request: Request) -> Response:

@@ -33,6 +33,7 @@ __all__ = [
     "relative",
     "scheduler_dict",
     "server_dict",
+    "stamp",
     "task_dict",
     "task_timeline",
     "type_rate_dict",
@@ -96,6 +97,14 @@ def iso(value: datetime | None) -> str | None:
     if value is None:
         return None
     return value.astimezone(UTC).isoformat()
+
+
+def stamp(value: datetime | None) -> str:
+    """``2026-11-28 12:00:05 UTC``: how a page shows a moment, to the second (the times
+    Redis keeps are whole seconds; a page mixing those with microseconds reads badly)."""
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def relative(value: datetime | None, now: datetime) -> str:
@@ -184,9 +193,14 @@ def task_dict(task: TaskInfo, *, limit: int | None = None) -> dict[str, Any]:
     return out
 
 
-def task_timeline(task: TaskInfo, now: datetime) -> list[tuple[datetime, str]]:
-    """The moments the stored task records, oldest first (Redis keeps no full history)."""
+def task_timeline(
+    task: TaskInfo, now: datetime, *, started: datetime | None = None
+) -> list[tuple[datetime, str]]:
+    """The moments the stored task records, oldest first (Redis keeps no full history);
+    *started*: when the running attempt started (the worker running it says)."""
     events: list[tuple[datetime, str]] = []
+    if started is not None and task.state.value == "active":
+        events.append((started, f"started (attempt {task.retried + 1} of {task.max_retry + 1})"))
     if task.last_failed_at is not None:
         # A failure that leads to a retry counts in `retried`; the one that archives the
         # task does not (asynq), so an archived task's last failure is attempt retried + 1.

@@ -12,17 +12,20 @@
 -- asyncq ordered queues (asynq:{<q>}:asyncq:ordered = "1"): a due retry goes to
 -- the tail of pending (RPUSH, the end dequeued next) instead of the head, so the
 -- failed task runs again before the tasks enqueued after it.
--- Returns {moved, more}: the number of ids handled, and 1 when a set still had
--- ARGV[3] due ids (call again), else 0.
+-- Returns {moved, more, earliest}: the number of ids handled, 1 when a set still had
+-- ARGV[3] due ids (call again) else 0, and the earliest score left in the scheduled
+-- and retry sets of the queues looked at ("" when none): the forwarder sleeps until
+-- then, so a task moves when it is due rather than at the next fixed pass.
 -- A queue with a key of another type (its scheduled or retry set, pending list,
 -- groups set, a due task's hash or group) is skipped whole before anything of it
 -- is written, so one damaged queue does not stop the others of the call; the
--- reply then has a third element listing "WRONGTYPE <key> is not a <kind>".
+-- reply then has a fourth element listing "WRONGTYPE <key> is not a <kind>".
 local limit = tonumber(ARGV[3])
 local NAMES = 4
 local CHUNK = tonumber(ARGV[4])
 local moved = 0
 local more = 0
+local earliest = nil
 local problems = {}
 local function forward_queue(name)
     local base = "asynq:{" .. name .. "}:"
@@ -99,6 +102,15 @@ local function forward_queue(name)
             moved = moved + #ids
         end
     end
+    if not problem then
+        for _, w in ipairs(work) do
+            -- After the moves: the first id left is the next one due.
+            local head = redis.call("ZRANGE", w[1], 0, 0, "WITHSCORES")
+            if #head == 2 and (not earliest or tonumber(head[2]) < tonumber(earliest)) then
+                earliest = head[2]
+            end
+        end
+    end
     if wake then
         redis.pcall("PUBLISH", "asyncq:wakeup:{" .. name .. "}", name)
     end
@@ -119,6 +131,6 @@ while first <= #ARGV do
     first = last + 1
 end
 if #problems > 0 then
-    return {moved, more, problems}
+    return {moved, more, earliest or "", problems}
 end
-return {moved, more}
+return {moved, more, earliest or ""}

@@ -38,7 +38,17 @@
     a.title = e.task_id;
     idCell.appendChild(a);
     const detail = e.kind === "progress" ? Math.floor(e.fraction * 100) + "% " + e.message : e.error;
-    cell(row, detail, "err");
+    const td = cell(row, detail, "err");
+    if (e.workflow) {
+      // A workflow step: a link to that workflow's events, before the detail.
+      const wf = document.createElement("a");
+      wf.className = "wf";
+      wf.href = base + "/events?workflow=" + encodeURIComponent(e.workflow);
+      wf.title = "this workflow's events: " + e.workflow;
+      wf.textContent = "workflow " + e.workflow.slice(0, 8);
+      td.insertBefore(document.createTextNode(" "), td.firstChild);
+      td.insertBefore(wf, td.firstChild);
+    }
     while (body.rows.length > MAX_ROWS) body.deleteRow(body.rows.length - 1);
   }
 
@@ -57,7 +67,7 @@
     if (follow && !follow.checked) return;
     const params = new URLSearchParams();
     if (last) params.set("after", last);
-    for (const name of ["queue", "type", "kind"]) {
+    for (const name of ["queue", "type", "kind", "workflow", "task", "progress"]) {
       if (table.dataset[name]) params.set(name, table.dataset[name]);
     }
     try {

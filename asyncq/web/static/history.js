@@ -59,23 +59,35 @@
     const offset = Date.now() / 1000 - d.now; // server clock -> this browser's
     return d.t.map((t) => t + offset);
   }
+  // A value with no value beside it (a type with one minute of runs, a p50 between empty
+  // minutes) has no line to draw: uPlot hides points where they are dense, so such a value
+  // would not show at all while its legend reads it. Draw the point of each lone value.
+  function lone(u, si, show) {
+    const ys = u.data[si];
+    const out = [];
+    for (let i = 0; i < ys.length; i++) {
+      if (ys[i] != null && (i === 0 || ys[i - 1] == null) && (i === ys.length - 1 || ys[i + 1] == null)) out.push(i);
+    }
+    return show ? null : out; // where uPlot draws points anyway, all of them
+  }
+  const pts = { size: 6, filter: lone };
   const perMin = (d, arr) => arr.map((n) => n * 60 / d.step);
   const toMs = (arr) => arr.map((v) => (v == null ? null : v * 1000));
 
   function runsPlot(el, d, processed, failed) {
     return new uPlot({
       width: width(el), height: HEIGHT, hooks,
-      series: [{}, { label: "processed/min", stroke: css("--accent"), width: 2, value: num, points: { size: 4 } },
-        { label: "failed/min", stroke: css("--danger"), width: 2, value: num, points: { size: 4 } }],
+      series: [{}, { label: "processed/min", stroke: css("--accent"), width: 2, value: num, points: pts },
+        { label: "failed/min", stroke: css("--danger"), width: 2, value: num, points: pts }],
       axes: axes(), scales: { x: { time: true } },
     }, [xs(d), perMin(d, processed), perMin(d, failed)], el);
   }
   function latencyPlot(el, d, s) {
     return new uPlot({
       width: width(el), height: HEIGHT, hooks,
-      series: [{}, { label: "p50", stroke: css("--pending"), width: 2, value: ms, spanGaps: true, points: { size: 4 } },
-        { label: "p95", stroke: css("--scheduled"), width: 2, value: ms, spanGaps: true, points: { size: 4 } },
-        { label: "p99", stroke: css("--danger"), width: 2, value: ms, spanGaps: true, points: { size: 4 } }],
+      series: [{}, { label: "p50", stroke: css("--pending"), width: 2, value: ms, spanGaps: true, points: pts },
+        { label: "p95", stroke: css("--scheduled"), width: 2, value: ms, spanGaps: true, points: pts },
+        { label: "p99", stroke: css("--danger"), width: 2, value: ms, spanGaps: true, points: pts }],
       axes: (() => { const a = axes(58); a[1].values = msAxis; return a; })(),
       scales: { x: { time: true } },
     }, [xs(d), toMs(s.p50), toMs(s.p95), toMs(s.p99)], el);

@@ -1,0 +1,62 @@
+"""The Metrics page draws a type's single minute of data (issue 41, item 6): a value with
+no value beside it has no line, and uPlot hides points where they are dense, so the
+run-time chart stayed empty while its legend read ``p50: 14 ms``. In a real browser
+(Playwright driving chromium, as tests/test_web_browser.py); the canvas is read back."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from asyncq import _keys as keys
+from asyncq.history import bucket_of
+from tests.test_web_browser import WebProcess, _page, _shot
+
+pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
+
+# Pixels of the run-time chart's canvas in the p50 series' colour (the CSS variable the
+# chart strokes it with): its point, when drawn.
+INKED = """() => {
+  const canvases = document.querySelectorAll('#history-charts canvas');
+  const c = canvases[canvases.length - 1];  // the last type's run-time chart
+  const probe = document.createElement('canvas').getContext('2d');
+  probe.fillStyle = getComputedStyle(document.documentElement).getPropertyValue('--pending').trim();
+  probe.fillRect(0, 0, 1, 1);
+  const [pr, pg, pb] = probe.getImageData(0, 0, 1, 1).data;
+  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let inked = 0;
+  for (let i = 0; i < d.length; i += 4) {
+    const near = Math.abs(d[i] - pr) + Math.abs(d[i + 1] - pg) + Math.abs(d[i + 2] - pb);
+    if (d[i + 3] > 200 && near < 30) inked++;
+  }
+  return inked;
+}"""
+
+
+async def test_one_minute_of_a_type_is_drawn(web: WebProcess, browser: Any, redis: Redis) -> None:
+    minute = int(time.time()) // 60 - 2  # a minute that is over
+    key = keys.metrics_history_key("default", minute)
+    await redis.hset(
+        key,
+        mapping={
+            "p:report:build": 120,
+            "f:report:build": 3,
+            "us:report:build": 120 * 14_000,
+            f"h{bucket_of(0.014)}:report:build": 120,
+        },
+    )
+    await redis.expire(key, 3600)
+    await redis.sadd(keys.ALL_QUEUES, "default")
+    page = await _page(browser)
+    await page.goto(web.url + "/history")
+    await page.wait_for_function(
+        "() => document.querySelectorAll('#history-charts canvas').length === 3"
+    )
+    legend = await page.locator("#history-charts .uplot").nth(2).inner_text()
+    assert "p50" in legend and " ms" in legend
+    inked = await page.evaluate(INKED)
+    assert inked > 0  # the lone p50 point
+    await _shot(page, "metrics-one-minute")
