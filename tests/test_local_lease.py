@@ -1,4 +1,4 @@
-"""The worker's local lease of a fetched task, on the fake broker of tests/fakebroker.py.
+"""The worker's local lease of a fetched task, on the fake broker of tests/support/fakebroker.py.
 
 Redis stores a lease's expiry in whole seconds, truncated (asynq's ``ZADD`` of a unix
 second); a fetch made at a fractional time hands the processor the exact expiry. The
@@ -13,8 +13,8 @@ import asyncio
 from structlog.testing import capture_logs
 
 from asyncq.task import Task
-from tests.fakebroker import FakeBroker
 from tests.helpers import wait_until
+from tests.support.fakebroker import FakeBroker
 from tests.test_roles_fake_broker import Running, message
 
 

@@ -298,7 +298,7 @@ async def test_the_history_role_flushes_each_interval_and_at_shutdown(redis: Red
     """A supervised role of its own writes the counts; its finish writes the last ones."""
     from asyncq._worker.history_flusher import HistoryFlusher
     from asyncq._worker.roles import supervise
-    from tests.fakebroker import FakeBroker
+    from tests.support.fakebroker import FakeBroker
     from tests.test_roles_fake_broker import role_deps
 
     recorder = HistoryRecorder(

@@ -1,4 +1,4 @@
-"""Each worker role alone, on the in-memory broker of tests/fakebroker.py (no Redis).
+"""Each worker role alone, on the in-memory broker of tests/support/fakebroker.py (no Redis).
 
 The failure paths the Redis tests can only reach with a killed server or a
 patched method: a write that fails, a lease lost mid-handler, a cancel racing
@@ -47,8 +47,8 @@ from asyncq.hooks import NoWorkerHooks
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task, TaskInfo
-from tests.fakebroker import FakeBroker
 from tests.helpers import wait_until
+from tests.support.fakebroker import FakeBroker
 
 Q = "default"
 

@@ -12,7 +12,7 @@ import pytest
 
 from asyncq._broker.broker import Broker
 from asyncq._worker.broker import WorkerBroker
-from tests.fakebroker import FakeBroker
+from tests.support.fakebroker import FakeBroker
 
 CALLS = sorted(
     name
