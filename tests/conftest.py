@@ -14,11 +14,11 @@ from redis.asyncio import Redis
 from asyncq import Server
 from asyncq._broker import Broker
 from asyncq._producer.client import Client
-from tests.cluster import RedisClusterProcs
-from tests.helpers import FakeClock
-from tests.redis_server import RedisServer
+from tests.support.cluster import RedisClusterProcs
+from tests.support.helpers import FakeClock
+from tests.support.procs import FAST
+from tests.support.redis_server import RedisServer
 from tests.test_web_browser import Chromium, WebProcess, _require_browser
-from tests.workers.support import FAST
 
 _SLOW_TOO = ("subprocess", "cluster", "sentinel")
 

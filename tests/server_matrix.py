@@ -6,7 +6,7 @@ this script downloads itself (see :data:`DOWNLOADED`). Each is asked ``--version
 binary that cannot start here (a missing shared library, another platform) is
 reported as such, not skipped silently. Then the subset runs with
 ``ASYNCQ_REDIS_SERVER`` pointing at it, so that every throwaway server of the tests
-(tests/redis_server.py) is that one, and the Lua files the subset ran are checked:
+(tests/support/redis_server.py) is that one, and the Lua files the subset ran are checked:
 every one of them must have run on every server.
 
 ``python -m tests.server_matrix [--quick] [--only NAME] [--markdown FILE] [pytest args...]``

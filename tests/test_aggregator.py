@@ -20,8 +20,8 @@ from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task
-from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
-from tests.workers.worker import AGGREGATING
+from tests.support.procs import FAST, spawn, stop_process, wait_for_line, wait_until
+from tests.support.workers.worker import AGGREGATING
 
 Q = "default"
 READY = "send signal TERM or INT"

@@ -12,7 +12,7 @@ from asyncq._worker.aggregator import GroupAggregatorRole
 from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.task import Task
-from tests.workers.support import FAST, wait_until
+from tests.support.procs import FAST, wait_until
 
 # -- 5. the aggregator enqueues through the server's Connection --------------------------------
 

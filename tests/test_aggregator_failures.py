@@ -11,8 +11,8 @@ from typing import Any
 from redis.asyncio import Redis
 
 from asyncq import Client, ServeMux, Server, Task
-from tests.helpers import wait_until
-from tests.workers.support import FAST
+from tests.support.helpers import wait_until
+from tests.support.procs import FAST
 
 GROUPING: dict[str, Any] = {
     "group_grace_period": timedelta(seconds=1),

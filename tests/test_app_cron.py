@@ -22,7 +22,7 @@ from asyncq._keys import ALL_SCHEDULERS
 from asyncq.cli import main
 from asyncq.proto.asynq import SchedulerEntry
 from asyncq.web import create_app
-from tests.workers.support import stop_process, wait_until
+from tests.support.procs import stop_process, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 

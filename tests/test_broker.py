@@ -20,8 +20,8 @@ from asyncq import _keys as keys
 from asyncq._broker import BatchItem, Broker, PendingItem
 from asyncq._redis.scripts import Script
 from asyncq.errors import BrokerError, DuplicateTaskError, TaskIdConflictError
-from tests import transitions
-from tests.helpers import (
+from tests.support import transitions
+from tests.support.helpers import (
     NS,
     PENDING,
     SCHEDULED,

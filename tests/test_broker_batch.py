@@ -1,5 +1,5 @@
 """Batched acknowledgement: Broker.ack_many (done_many / mark_as_complete_many of
-tests/transitions.py call it).
+tests/support/transitions.py call it).
 
 The reference is the single-task path: the same tasks acknowledged one by one
 with done() / mark_as_complete() on the same starting state must leave exactly
@@ -24,8 +24,8 @@ from asyncq._broker import Broker, processing
 from asyncq._redis.scripts import load_script
 from asyncq.errors import BrokerError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
-from tests import transitions
-from tests.helpers import FakeClock, assert_ids_have_hashes, expiretime, make_msg
+from tests.support import transitions
+from tests.support.helpers import FakeClock, assert_ids_have_hashes, expiretime, make_msg
 
 MAXI64 = 9223372036854775807
 DAY90 = 90 * 24 * 3600

@@ -14,8 +14,8 @@ from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION, BatchItem, Broker
 from asyncq.errors import TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
-from tests import transitions
-from tests.helpers import (
+from tests.support import transitions
+from tests.support.helpers import (
     NS,
     PENDING,
     SCHEDULED,

@@ -18,8 +18,8 @@ from asyncq.proto.asynq import (
     TaskMessage,
     WorkerInfo,
 )
-from tests import transitions
-from tests.helpers import (
+from tests.support import transitions
+from tests.support.helpers import (
     T_PREFIX,
     FakeClock,
     assert_ids_have_hashes,

@@ -17,8 +17,8 @@ from asyncq._producer.client import Client
 from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.task import Task
-from tests.acl import temporary_acl_user
-from tests.workers.support import FAST, stored_message, task_hash, wait_until
+from tests.support.acl import temporary_acl_user
+from tests.support.procs import FAST, stored_message, task_hash, wait_until
 
 Q = "default"
 

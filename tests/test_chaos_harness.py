@@ -17,7 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from chaos.ledger import Fault, LedgerView, Run, duplicates
 from chaos.proxy import PartitionProxy
 from chaos.runner import markdown
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """The ``asyncq`` command line through its real entry point (asyncq.cli:main).
 
-Redis states are written the way Go asynq writes them (tests/gofixtures.py).
+Redis states are written the way Go asynq writes them (tests/support/gofixtures.py).
 These tests are synchronous: the CLI runs its own event loop, as from a shell.
 """
 
@@ -27,9 +27,9 @@ from redis.asyncio import Redis
 from asyncq._duration import parse_cli_duration
 from asyncq.cli import main
 from asyncq.cli._format import format_payload, parse_time, table
-from tests import gofixtures as go
-from tests.gofixtures import GoTask, GoWorker
-from tests.redis_server import free_port
+from tests.support import gofixtures as go
+from tests.support.gofixtures import GoTask, GoWorker
+from tests.support.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime.now(UTC).replace(microsecond=0)

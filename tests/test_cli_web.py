@@ -10,8 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from tests import webdata
-from tests.redis_server import free_port
+from tests.support import webdata
+from tests.support.redis_server import free_port
 
 
 def _serve(cmd: list[str], ready: str) -> tuple[subprocess.Popen[str], list[str]]:

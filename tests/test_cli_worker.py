@@ -22,8 +22,8 @@ from click.testing import CliRunner
 from asyncq._worker.config import DEFAULT_METRICS_HISTORY
 from asyncq.cli import main
 from asyncq.cli.worker import parse_queues
-from tests import gofixtures as go
-from tests.gofixtures import GoTask
+from tests.support import gofixtures as go
+from tests.support.gofixtures import GoTask
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -179,7 +179,7 @@ def test_bad_worker_arguments(
 
 
 def test_worker_unreachable_redis(app_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.redis_server import free_port
+    from tests.support.redis_server import free_port
 
     monkeypatch.syspath_prepend(str(app_dir))
     uri = f"redis://127.0.0.1:{free_port()}/0"

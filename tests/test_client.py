@@ -817,7 +817,7 @@ async def test_shared_connection_stays_open(redis: Redis) -> None:
 async def test_ping_fails_without_redis() -> None:
     from redis.exceptions import ConnectionError
 
-    from tests.redis_server import free_port
+    from tests.support.redis_server import free_port
 
     async with Client(f"redis://127.0.0.1:{free_port()}") as c:
         with pytest.raises(ConnectionError):

@@ -22,7 +22,7 @@ from asyncq._redis.connection import Connection
 from asyncq._scheduling.scheduler import Scheduler
 from asyncq.errors import DuplicateTaskError, TaskIdConflictError
 from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskState
-from tests.helpers import pexpiretime
+from tests.support.helpers import pexpiretime
 
 Item = Task | tuple[Task, dict[str, Any]]
 

@@ -17,9 +17,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from asyncq import Client, EnqueueRetryError, RetryPolicy, Task, TaskIdConflictError
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from tests.cluster import SentinelSetup, redis_cli
-from tests.helpers import wait_until
-from tests.redis_server import free_port
+from tests.support.cluster import SentinelSetup, redis_cli
+from tests.support.helpers import wait_until
+from tests.support.redis_server import free_port
 
 Q = "retry-q"
 

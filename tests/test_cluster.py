@@ -14,8 +14,8 @@ from asyncq._broker import Broker
 from asyncq._producer.client import Client
 from asyncq._redis.connection import Connection
 from asyncq.task import Task, TaskState
-from tests import transitions
-from tests.cluster import RedisClusterProcs
+from tests.support import transitions
+from tests.support.cluster import RedisClusterProcs
 
 pytestmark = pytest.mark.cluster
 

@@ -17,9 +17,9 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from asyncq import Client, Inspector, Scheduler, ServeMux, Server, Task
-from tests.cluster import RedisClusterProcs
-from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
-from tests.workers.worker import STARTS
+from tests.support.cluster import RedisClusterProcs
+from tests.support.procs import FAST, spawn, stop_process, wait_for_line, wait_until
+from tests.support.workers.worker import STARTS
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.xdist_group("cluster-server")]
 

@@ -22,8 +22,8 @@ from asyncq._redis.options import (
     TLSConfig,
     parse_redis_uri,
 )
-from tests.cluster import TLSServer, redis_cli
-from tests.redis_server import RedisServer
+from tests.support.cluster import TLSServer, redis_cli
+from tests.support.redis_server import RedisServer
 
 # -- URI parsing ------------------------------------------------------------------------
 
@@ -392,7 +392,7 @@ async def test_live_wrong_password(secured_server: RedisServer) -> None:
 
 
 async def test_live_refused_connection() -> None:
-    from tests.redis_server import free_port
+    from tests.support.redis_server import free_port
 
     async with Connection(f"redis://127.0.0.1:{free_port()}/0") as conn:
         with pytest.raises(ConnectionError):

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from asyncq import Client, ServeMux, Server, Task, parse_redis_uri
 from asyncq import _keys as keys
 from asyncq._redis.options import redact_uri
-from tests.workers.support import (
+from tests.support.procs import (
     spawn,
     stop_process,
     stored_message,

@@ -18,9 +18,9 @@ from asyncq._redis.options import RedisClientOpts
 from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.task import Task
-from tests.redis_server import RedisServer
-from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
-from tests.workers.worker import DONE, STARTS
+from tests.support.procs import FAST, spawn, stop_process, wait_for_line, wait_until
+from tests.support.redis_server import RedisServer
+from tests.support.workers.worker import DONE, STARTS
 
 Q = "default"
 READY = "send signal TERM or INT"

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from asyncq import Inspector, Scheduler, Task
 from asyncq._inspection.records import SchedulerEntry
 from asyncq.cli import main
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 
 async def test_the_listing_shows_the_tick_just_run_and_the_next(

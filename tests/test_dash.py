@@ -12,9 +12,9 @@ from textual.widgets import DataTable, Static
 
 from asyncq.cli.dash import DashApp, HelpScreen, QueueScreen, QueuesScreen, TaskScreen
 from asyncq.task import TaskState
-from tests import gofixtures as go
-from tests.gofixtures import GoTask
-from tests.redis_server import free_port
+from tests.support import gofixtures as go
+from tests.support.gofixtures import GoTask
+from tests.support.redis_server import free_port
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 SIZE = (160, 40)
@@ -157,7 +157,7 @@ def test_refresh_must_be_positive() -> None:
 
 
 async def test_type_rates_and_queue_rate_are_shown(redis_url: str, redis: Redis) -> None:
-    from tests import webdata
+    from tests.support import webdata
 
     await webdata.seed(redis)
     await webdata.seed_flow(redis)  # type rates, and a rate and the ordered flag on critical

@@ -10,8 +10,8 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
 from asyncq.cli.dash import DashApp, QueuesScreen, SchedulersScreen, ServersScreen
-from tests import gofixtures as go
-from tests.gofixtures import GoTask, GoWorker
+from tests.support import gofixtures as go
+from tests.support.gofixtures import GoTask, GoWorker
 
 SIZE = (180, 45)
 ENTRY = "7d3c9a6e-2b1f-4e8a-9f5d-0c1b2a3d4e5f"

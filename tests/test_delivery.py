@@ -26,10 +26,10 @@ from asyncq._producer.client import Client
 from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.task import Task
-from tests import golden
-from tests.helpers import FakeClock
-from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
-from tests.workers.worker import DONE, STARTS
+from tests.support import golden
+from tests.support.helpers import FakeClock
+from tests.support.procs import FAST, spawn, stop_process, wait_for_line, wait_until
+from tests.support.workers.worker import DONE, STARTS
 
 SERVER = "test-server-1"
 

@@ -17,8 +17,8 @@ from asyncq._broker.delivery import DeliveryNote, parse_note
 from asyncq._worker.processor import DELIVERY_TTL, REGISTER_EVERY
 from asyncq.mux import sync_limiter
 from asyncq.task import Task
-from tests.helpers import wait_until
 from tests.support.fakebroker import FakeBroker
+from tests.support.helpers import wait_until
 from tests.test_roles_fake_broker import Q, Running, message
 
 SERVER = "server-1"

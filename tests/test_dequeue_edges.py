@@ -15,9 +15,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq.proto.asynq import TaskMessage
-from tests import transitions
-from tests.helpers import assert_ids_have_hashes
-from tests.workers.support import task_hash
+from tests.support import transitions
+from tests.support.helpers import assert_ids_have_hashes
+from tests.support.procs import task_hash
 
 Q = "default"
 

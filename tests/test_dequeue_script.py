@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from asyncq._redis.scripts import load_script
-from tests.helpers import pexpiretime, snapshot
+from tests.support.helpers import pexpiretime, snapshot
 
 # Loaded at import, like the broker's copy: the mutation runner swaps loaded scripts.
 DEQUEUE = load_script("asyncq._broker", "dequeue_queues")
@@ -51,7 +51,7 @@ async def pending(redis: Redis, queue: str, *ids: str) -> None:
 
 
 async def state(redis: Redis) -> dict[str, Any]:
-    """Every key as :func:`tests.helpers.snapshot` reads it, with its type and whether it
+    """Every key as :func:`tests.support.helpers.snapshot` reads it, with its type and whether it
     expires."""
     return {
         key: ((await redis.type(key)).decode(), value, await redis.pttl(key) >= 0)

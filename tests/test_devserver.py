@@ -29,7 +29,7 @@ from asyncq.devserver import (
     free_port,
     redis_answers,
 )
-from tests.workers.support import ROOT
+from tests.support.procs import ROOT
 
 EMBEDDED = embedded_binary()
 needs_embedded = pytest.mark.skipif(EMBEDDED is None, reason="the embedded extra is not installed")

@@ -18,8 +18,8 @@ from asyncq import _keys as keys
 from asyncq._worker.limits import QueueLimits
 from asyncq._worker.processor import QueueOrder
 from asyncq._worker.queueset import QueueSet, resolve
-from tests.gofixtures import GoTask
-from tests.workers.support import FAST, wait_until
+from tests.support.gofixtures import GoTask
+from tests.support.procs import FAST, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 REFRESH = {"queue_refresh_interval": timedelta(milliseconds=100)}

@@ -20,8 +20,8 @@ from asyncq import App, Task, TaskFailedError
 from asyncq._errsig import MAX_MESSAGE, error_signature, normalise_message
 from asyncq._inspection.inspector import Inspector
 from asyncq.cli import main
-from tests import typed_app as ta
-from tests.workers.support import FAST
+from tests.support import typed_app as ta
+from tests.support.procs import FAST
 
 MISSING_USER = "invalid payload for email:welcome: payload field 'user_id': Field required"
 BAD_LANG = "invalid payload for email:welcome: payload field 'lang': Input should be a valid string"

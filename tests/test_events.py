@@ -16,8 +16,8 @@ from redis.asyncio import Redis
 from asyncq import Client, Event, Task
 from asyncq._broker import Broker
 from asyncq.events import EVENTS_KEY, EventLog, QueueFilter, read_events
-from tests import progress_app as pa
-from tests.workers.support import ROOT, wait_until
+from tests.support import progress_app as pa
+from tests.support.procs import ROOT, wait_until
 
 READY = b"send signal TERM or INT"
 
@@ -27,7 +27,7 @@ async def _spawn(redis_url: str) -> asyncio.subprocess.Process:
     env.pop("ASYNCQ_REDIS_URL", None)
     proc = await asyncio.create_subprocess_exec(
         *[sys.executable, "-m", "asyncq.cli", "-u", redis_url, "worker",
-          "tests.progress_app:app", "-q", "default", "-c", "4"],
+          "tests.support.progress_app:app", "-q", "default", "-c", "4"],
         env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert proc.stderr is not None

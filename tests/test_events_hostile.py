@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 from asyncq.cli import main
 from asyncq.events import EVENTS_KEY, SkippedEvent, decode_event, read_events
 from asyncq.web import create_app
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 GOOD = {"kind": "started", "id": "t-1", "type": "email", "queue": "default"}
 

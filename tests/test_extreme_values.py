@@ -17,7 +17,7 @@ from asyncq._inspection.inspector import Inspector
 from asyncq._producer.client import Client
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task, TaskInfo, TaskState
-from tests.workers.support import stored_message
+from tests.support.procs import stored_message
 
 Q = "default"
 MAX_I64 = 2**63 - 1

@@ -17,9 +17,9 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq import Client, ServeMux, Server, Task
-from tests.cluster import SentinelSetup
-from tests.redis_server import RedisServer
-from tests.workers.support import FAST, wait_until
+from tests.support.cluster import SentinelSetup
+from tests.support.procs import FAST, wait_until
+from tests.support.redis_server import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("failover")]
 

@@ -11,7 +11,7 @@ from redis.exceptions import NoPermissionError
 
 from asyncq._redis.connection import Connection
 from asyncq._redis.pubsub import FastPubSub, FastPubSubClient
-from tests.acl import temporary_acl_user
+from tests.support.acl import temporary_acl_user
 
 
 async def _confirmed(ps: FastPubSub, n: int) -> list[dict[str, object]]:

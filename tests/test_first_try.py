@@ -12,7 +12,7 @@ import redis as sync_redis
 from click.testing import CliRunner
 
 from asyncq.cli import main
-from tests.redis_server import free_port
+from tests.support.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -112,7 +112,7 @@ async def test_dash_lists_other_states_after_visiting_a_group(redis_url: str) ->
     from textual.widgets import DataTable, Static
 
     from asyncq.cli.dash import DashApp, QueueScreen, QueuesScreen
-    from tests import gofixtures as go
+    from tests.support import gofixtures as go
 
     now = datetime.now(UTC).replace(microsecond=0)
     r = Redis.from_url(redis_url)

@@ -15,8 +15,8 @@ from asyncq import Client, Inspector, RateLimited, ServeMux, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.multiqueue import MultiQueue
-from tests.workers.flow_worker import DONE, LOG, MAX, STAMPS, STARTS
-from tests.workers.support import FAST, drain, spawn, stop_process, wait_for_line, wait_until
+from tests.support.procs import FAST, drain, spawn, stop_process, wait_for_line, wait_until
+from tests.support.workers.flow_worker import DONE, LOG, MAX, STAMPS, STARTS
 
 READY = "send signal TERM or INT"
 Q = "limited"

@@ -17,7 +17,7 @@ from asyncq import Client, Inspector, ServeMux, Server, Task
 from asyncq.cli import main
 from asyncq.metrics._queues import collect_queue_metrics, render
 from asyncq.web import create_app
-from tests.workers.support import FAST, wait_until
+from tests.support.procs import FAST, wait_until
 
 QUEUES = {"partner": 1, "ledger": 1, "tenant:*": 1}
 

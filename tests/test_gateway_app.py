@@ -24,8 +24,8 @@ from starlette.routing import Mount
 from asyncq import Client, RetryPolicy
 from asyncq.cli import main
 from asyncq.gateway import create_app
-from tests.gateway_util import gateway_process
-from tests.redis_server import free_port
+from tests.support.gateway_util import gateway_process
+from tests.support.redis_server import free_port
 
 TOKEN = "t0ken-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

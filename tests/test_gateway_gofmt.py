@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 
 from asyncq import ServeMux, Server, Task
 from asyncq.gateway import create_app
-from tests.workers.support import FAST
+from tests.support.procs import FAST
 
 FIXTURE = Path(__file__).parent / "fixtures" / "go-asynq-v0.26" / "enqueue_bytes.json"
 GO = json.loads(FIXTURE.read_text())

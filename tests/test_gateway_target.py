@@ -39,8 +39,8 @@ from asyncq.gateway import (
     sign,
     verify_signature,
 )
-from tests.gateway_util import cli_env, serve_in_loop
-from tests.workers.support import FAST, wait_until
+from tests.support.gateway_util import cli_env, serve_in_loop
+from tests.support.procs import FAST, wait_until
 
 SECRET = "shared-secret-for-tests"
 
@@ -303,7 +303,7 @@ async def test_signature_is_verified_by_the_target(redis: Redis, target: Target)
 
 
 async def test_unreachable_target_fails_the_attempt(redis: Redis) -> None:
-    from tests.redis_server import free_port
+    from tests.support.redis_server import free_port
 
     url = f"http://127.0.0.1:{free_port()}/tasks"
     info = await run_one(redis, mux_for(url), Task("php:x"), until={TaskState.RETRY})

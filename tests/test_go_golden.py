@@ -1,8 +1,8 @@
-"""asyncq against Redis data written by the real Go asynq v0.26.0 (tests/golden.py).
+"""asyncq against Redis data written by the real Go asynq v0.26.0 (tests/support/golden.py).
 
 The snapshot is restored key by key (type, value, TTL) into a throwaway Redis.
 Expected values come from the fixture's scenario (what the Go program did), written
-out here by hand and encoded with the independent encoder of tests/gofixtures.py:
+out here by hand and encoded with the independent encoder of tests/support/gofixtures.py:
 nothing below is derived from asyncq's own encoding.
 """
 
@@ -23,11 +23,11 @@ from redis.asyncio import Redis
 
 from asyncq import Client, Inspector, ServeMux, Server, Task, TaskState
 from asyncq.cli import main
-from tests import golden
-from tests.gofixtures import GoTask
-from tests.helpers import expiretime
-from tests.redis_server import RedisServer
-from tests.workers.support import FAST, wait_until
+from tests.support import golden
+from tests.support.gofixtures import GoTask
+from tests.support.helpers import expiretime
+from tests.support.procs import FAST, wait_until
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.xdist_group("golden")
 

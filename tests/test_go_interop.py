@@ -4,7 +4,7 @@ The Go side is simulated by Lua written here from the spec (sections 3.2 and 3.4
 from asyncq: Go's dequeue, done, mark-as-complete, retry and forward, and the memory-usage
 script of *released* asynq (v0.26.0 and the v0.24.1 inside asynqmon 0.7), which has no nil
 guard and fails on any task ID whose ``t:<id>`` hash is missing (spec 3.4, gotcha 17).
-Key names are spelled by hand, as in tests/gofixtures.py.
+Key names are spelled by hand, as in tests/support/gofixtures.py.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from asyncq._worker.server import Server
 from asyncq.errors import FailedPreconditionError, RevokeTask, SkipRetry, TaskIdConflictError
 from asyncq.mux import ServeMux
 from asyncq.task import Task, TaskState
-from tests import gofixtures as go
-from tests import transitions
-from tests.acl import temporary_acl_user
-from tests.gofixtures import GoTask
-from tests.workers.support import FAST, wait_until
+from tests.support import gofixtures as go
+from tests.support import transitions
+from tests.support.acl import temporary_acl_user
+from tests.support.gofixtures import GoTask
+from tests.support.procs import FAST, wait_until
 
 MAXI64 = 9223372036854775807
 DAY90 = 90 * 24 * 3600

@@ -20,9 +20,9 @@ from asyncq._broker.workflow import workflow_key
 from asyncq._redis.scripts import _NO_FLAGS, Script
 from asyncq.errors import RedisOutOfMemoryError
 from asyncq.gateway import create_app as create_gateway
-from tests import transitions
-from tests.redis_server import RedisServer
-from tests.workers.support import FAST, wait_until
+from tests.support import transitions
+from tests.support.procs import FAST, wait_until
+from tests.support.redis_server import RedisServer
 
 Enqueue = Callable[[Client, str, int], Awaitable[Any]]
 

@@ -29,8 +29,8 @@ from asyncq import Client, ServeMux, Server, Task
 from asyncq.cli import main
 from asyncq.cli.dash import DashApp, QueuesScreen
 from asyncq.web import create_app
-from tests import webdata
-from tests.workers.support import FAST, wait_until
+from tests.support import webdata
+from tests.support.procs import FAST, wait_until
 
 pytestmark = [pytest.mark.xdist_group("fuzz"), pytest.mark.timeout(300)]
 

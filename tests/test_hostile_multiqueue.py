@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from asyncq import Inspector, TaskState
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from tests.helpers import FakeClock, make_msg, snapshot
+from tests.support.helpers import FakeClock, make_msg, snapshot
 
 BAD, GOOD = "bad", "good"
 QUEUES = [BAD, GOOD]  # the damaged queue comes first in the call

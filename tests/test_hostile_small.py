@@ -18,8 +18,8 @@ from asyncq import Client, Inspector, Task
 from asyncq.cli import main
 from asyncq.mux import ServeMux
 from asyncq.task import TaskProgress
-from tests.acl import temporary_acl_user
-from tests.helpers import wait_until
+from tests.support.acl import temporary_acl_user
+from tests.support.helpers import wait_until
 
 
 async def test_progress_refuses_a_lone_surrogate_where_it_is_given(

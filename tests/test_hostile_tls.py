@@ -12,7 +12,7 @@ import pytest
 
 from asyncq import Client, EnqueueRetryError, Inspector, ServeMux, Server, Task
 from asyncq._producer.failover import is_retryable
-from tests.redis_server import RedisServer, free_port
+from tests.support.redis_server import RedisServer, free_port
 
 
 def _self_signed(directory: Path) -> tuple[Path, Path]:

@@ -17,7 +17,7 @@ from asyncq import Client, Inspector, Task
 from asyncq.cli import main
 from asyncq.cli.dash import DashApp, QueuesScreen
 from asyncq.web import create_app
-from tests.acl import temporary_acl_user
+from tests.support.acl import temporary_acl_user
 
 BAD_NAMES = [b"x{y}", b"\xff\xfe", b" ", b"a}b"]
 

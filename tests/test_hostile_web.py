@@ -18,7 +18,7 @@ from asyncq import Client, Inspector, Task
 from asyncq._http import quote_segment
 from asyncq.gateway import create_app as create_gateway
 from asyncq.web import create_app
-from tests.redis_server import free_port
+from tests.support.redis_server import free_port
 
 H = {"X-Asyncq-Request": "1"}
 BASE = "http://127.0.0.1"

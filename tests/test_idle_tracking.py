@@ -20,10 +20,10 @@ from asyncq import Server, Task
 from asyncq import _keys as keys
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
-from tests.acl import temporary_acl_user
-from tests.redis_server import RedisServer
+from tests.support.acl import temporary_acl_user
+from tests.support.procs import wait_until
+from tests.support.redis_server import RedisServer
 from tests.test_many_queues import push_go_task
-from tests.workers.support import wait_until
 
 QUEUES = {f"iq{i:03d}": 1 for i in range(300)}
 

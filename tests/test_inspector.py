@@ -1,4 +1,4 @@
-"""Inspector on Redis states written the way Go asynq writes them (tests/gofixtures.py)."""
+"""Inspector on Redis states written the way Go asynq writes them (tests/support/gofixtures.py)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from asyncq.errors import (
     TaskNotFoundError,
 )
 from asyncq.task import TaskState
-from tests import gofixtures as go
-from tests.gofixtures import GoTask, GoWorker
-from tests.redis_server import RedisServer, free_port, server_binary
+from tests.support import gofixtures as go
+from tests.support.gofixtures import GoTask, GoWorker
+from tests.support.redis_server import RedisServer, free_port, server_binary
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 

@@ -24,7 +24,7 @@ from asyncq.proto.asynq import (
     WorkerInfo,
 )
 from asyncq.task import Task, TaskState
-from tests import transitions
+from tests.support import transitions
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 

@@ -16,7 +16,7 @@ from asyncq._inspection.inspector import Inspector
 from asyncq._producer.client import Client
 from asyncq.cli import main
 from asyncq.task import Task, TaskState
-from tests.cluster import RedisClusterProcs
+from tests.support.cluster import RedisClusterProcs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("inspector-cluster")]
 

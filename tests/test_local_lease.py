@@ -13,8 +13,8 @@ import asyncio
 from structlog.testing import capture_logs
 
 from asyncq.task import Task
-from tests.helpers import wait_until
 from tests.support.fakebroker import FakeBroker
+from tests.support.helpers import wait_until
 from tests.test_roles_fake_broker import Running, message
 
 

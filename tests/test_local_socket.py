@@ -13,7 +13,7 @@ from asyncq import Task
 from asyncq._producer.client import Client
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import parse_redis_uri
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
 
 def _with_socket(path: Path) -> RedisServer:

@@ -19,8 +19,8 @@ from asyncq._broker import Broker, PendingItem
 from asyncq._broker.multiqueue import MultiQueue
 from asyncq._broker.workflow import ack_step
 from asyncq._codec import encode_task_message
-from tests import transitions
-from tests.helpers import FakeClock, make_msg
+from tests.support import transitions
+from tests.support.helpers import FakeClock, make_msg
 
 Q = "edge"
 

@@ -17,11 +17,11 @@ from asyncq._broker.multiqueue import _DELETE_EXPIRED_COMPLETED, _FORWARD, _PROB
 from asyncq._worker.processor import QueueOrder
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
-from tests.cluster import RedisClusterProcs
-from tests.helpers import FakeClock, make_msg, snapshot
-from tests.redis_server import RedisServer
-from tests.resp_proxy import CountingProxy
-from tests.workers.support import wait_until
+from tests.support.cluster import RedisClusterProcs
+from tests.support.helpers import FakeClock, make_msg, snapshot
+from tests.support.procs import wait_until
+from tests.support.redis_server import RedisServer
+from tests.support.resp_proxy import CountingProxy
 
 QUEUES = {f"mq{i:04d}": 1 + i for i in range(1000)}  # strict: mq0999 first
 

@@ -18,8 +18,8 @@ from asyncq import Client, Inspector, RevokeTask, ServeMux, Server, SkipRetry, T
 from asyncq import _keys as keys
 from asyncq.metrics import ENQUEUED_STATES, MetricsExporter, WorkerMetrics
 from asyncq.web import create_app
-from tests import webdata
-from tests.helpers import wait_until
+from tests.support import webdata
+from tests.support.helpers import wait_until
 
 X_METRICS = {
     "asynq_tasks_enqueued_total",

@@ -26,7 +26,7 @@ from asyncq.history import BUCKETS, HistoryRecorder, bucket_of, percentile, uppe
 from asyncq.hooks import NO_HOOKS, CombinedHooks, NoWorkerHooks, combine_hooks
 from asyncq.metrics import WorkerMetrics
 from asyncq.mux import Handler
-from tests.helpers import expiretime, wait_until
+from tests.support.helpers import expiretime, wait_until
 
 QUEUES = ("hist-a", "hist-b")
 TIMED_MS = [4] * 20 + [30] * 15 + [120] * 5

@@ -14,8 +14,8 @@ from redis.asyncio import Redis
 from asyncq import Client, ReplicationTimeoutError, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
-from tests.redis_server import RedisServer
-from tests.workers.support import FAST, wait_until
+from tests.support.procs import FAST, wait_until
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.xdist_group("replication")
 

@@ -59,8 +59,8 @@ from asyncq.errors import (
     TaskNotFoundError,
 )
 from asyncq.proto.asynq import TaskMessage
-from tests import transitions
-from tests.helpers import FakeClock
+from tests.support import transitions
+from tests.support.helpers import FakeClock
 
 QUEUES = ("qa", "qb", "qc")
 IDS = tuple(f"t{i}" for i in range(10))

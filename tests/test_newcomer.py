@@ -25,8 +25,8 @@ from redis.asyncio import Redis
 from asyncq import Client, EnqueueOptions, ServeMux, Server, Task
 from asyncq import _keys as keys
 from asyncq.cli import main
-from tests.redis_server import free_port
-from tests.workers.support import FAST, wait_until
+from tests.support.procs import FAST, wait_until
+from tests.support.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -16,8 +16,8 @@ from asyncq._worker.processor import Processor
 from asyncq._worker.wakeup import QueueWakeup
 from asyncq.history import HistoryRecorder
 from asyncq.progress import ProgressWriter
-from tests.helpers import wait_until
 from tests.support.fakebroker import FakeBroker
+from tests.support.helpers import wait_until
 from tests.test_roles_fake_broker import Deferred, Q, message, role_deps
 
 

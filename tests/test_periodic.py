@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 from asyncq._scheduling.periodic import PeriodicTaskConfig, PeriodicTaskManager
 from asyncq.proto.asynq import SchedulerEntry
 from asyncq.task import Task, TaskInfo
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 FAST: dict[str, Any] = {
     "heartbeat_interval": timedelta(seconds=1),

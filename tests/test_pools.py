@@ -11,7 +11,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncq import Client, Inspector, Task
 from asyncq._redis.options import RedisClusterOpts, RedisSentinelOpts, parse_redis_uri
-from tests.cluster import RedisClusterProcs, SentinelSetup
+from tests.support.cluster import RedisClusterProcs, SentinelSetup
 
 
 @pytest.fixture(scope="module")

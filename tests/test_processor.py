@@ -25,8 +25,8 @@ from asyncq.errors import (
 )
 from asyncq.mux import ServeMux
 from asyncq.task import Task
-from tests.helpers import one_handler, wait_gone, wait_state
-from tests.workers.support import (
+from tests.support.helpers import one_handler, wait_gone, wait_state
+from tests.support.procs import (
     list_ids,
     stored_message,
     task_hash,

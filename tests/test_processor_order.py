@@ -27,7 +27,7 @@ from asyncq.errors import RevokeTask, SkipRetry, wraps_error
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task
-from tests.workers.support import FAST, wait_until
+from tests.support.procs import FAST, wait_until
 
 queue_maps = st.dictionaries(
     st.text(alphabet="abcdefgh", min_size=1, max_size=4),

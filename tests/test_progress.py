@@ -18,10 +18,10 @@ import asyncq
 from asyncq import Client, Inspector, Server, Task, TaskProgress, TaskState
 from asyncq import _keys as keys
 from asyncq.progress import KEEP_AFTER_FAILURE, progress_key
-from tests import progress_app as pa
-from tests.gofixtures import GoTask
-from tests.helpers import pexpiretime
-from tests.workers.support import FAST, ROOT, wait_until
+from tests.support import progress_app as pa
+from tests.support.gofixtures import GoTask
+from tests.support.helpers import pexpiretime
+from tests.support.procs import FAST, ROOT, wait_until
 
 READY = b"send signal TERM or INT"
 
@@ -171,7 +171,7 @@ async def test_progress_across_processes_leaves_go_bytes_unchanged(
     env.pop("ASYNCQ_REDIS_URL", None)
     proc = await asyncio.create_subprocess_exec(
         *[sys.executable, "-m", "asyncq.cli", "-u", redis_url, "worker",
-          "tests.progress_app:app", "-q", "default", "-c", "4"],
+          "tests.support.progress_app:app", "-q", "default", "-c", "4"],
         env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -204,7 +204,7 @@ async def test_progress_across_processes_leaves_go_bytes_unchanged(
         q = await redis.hgetall(keys.task_key("default", quiet.id))
         assert set(h) == set(q)
         decoded = GoTask.decode(h[b"msg"])
-        assert decoded.id == handle.id and decoded.type == "tests.progress_app.crunch"
+        assert decoded.id == handle.id and decoded.type == "tests.support.progress_app.crunch"
         asynq_keys = {k for k in await redis.keys("asynq:*") if b"progress" in k}
         assert asynq_keys == set()
     finally:

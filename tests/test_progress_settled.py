@@ -19,7 +19,7 @@ import asyncq
 from asyncq import App, Inspector, Server, Task, TaskProgress, TaskState, current_task
 from asyncq.cli import main
 from asyncq.progress import settled
-from tests.workers.support import FAST, wait_until
+from tests.support.procs import FAST, wait_until
 
 GATE = "progress-settled:go:"
 N = 50

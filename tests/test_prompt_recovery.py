@@ -20,8 +20,8 @@ from redis.asyncio import Redis
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
 from asyncq.task import Task
-from tests.workers.support import spawn, stop_process, stored_message, wait_for_line, wait_until
-from tests.workers.worker import STARTS
+from tests.support.procs import spawn, stop_process, stored_message, wait_for_line, wait_until
+from tests.support.workers.worker import STARTS
 
 Q = "default"
 READY = "send signal TERM or INT"

@@ -20,7 +20,7 @@ from asyncq.proto.asynq import (
     TaskMessage,
     WorkerInfo,
 )
-from tests.gofixtures import varint
+from tests.support.gofixtures import varint
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,7 +21,7 @@ from asyncq._producer.compose import compose as compose_task
 from asyncq._scheduling.cron import parse_cronspec
 from asyncq._time import to_unix
 from asyncq.proto.asynq import TaskMessage
-from tests.gofixtures import GoTask
+from tests.support.gofixtures import GoTask
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 

@@ -21,8 +21,8 @@ from asyncq._broker import Broker
 from asyncq._broker.multiqueue import MultiQueue
 from asyncq._worker.limits import QueueLimits, parse_rate
 from asyncq.cli import main
-from tests.workers.flow_worker import STAMPS
-from tests.workers.support import drain, spawn, stop_process, wait_for_line, wait_until
+from tests.support.procs import drain, spawn, stop_process, wait_for_line, wait_until
+from tests.support.workers.flow_worker import STAMPS
 
 Q = "limited"
 READY = "send signal TERM or INT"

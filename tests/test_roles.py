@@ -18,8 +18,8 @@ from asyncq._worker.lease import Lease
 from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.task import Task
-from tests.redis_server import free_port
-from tests.workers.support import FAST, wait_until
+from tests.support.procs import FAST, wait_until
+from tests.support.redis_server import free_port
 
 
 async def test_crashing_role_is_logged_and_restarted(

@@ -47,8 +47,8 @@ from asyncq.hooks import NoWorkerHooks
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task, TaskInfo
-from tests.helpers import wait_until
 from tests.support.fakebroker import FakeBroker
+from tests.support.helpers import wait_until
 
 Q = "default"
 

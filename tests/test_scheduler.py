@@ -27,8 +27,8 @@ from asyncq._time import GO_ZERO_TIME
 from asyncq.errors import DuplicateTaskError
 from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry, TaskMessage
 from asyncq.task import Task, TaskInfo
-from tests.helpers import wait_until
-from tests.redis_server import free_port
+from tests.support.helpers import wait_until
+from tests.support.redis_server import free_port
 
 FAST = {
     "heartbeat_interval": timedelta(seconds=1),

@@ -16,8 +16,8 @@ from redis.asyncio import Redis
 
 from asyncq import DuplicateTaskError, Scheduler, Task
 from asyncq._scheduling.scheduler import entry_identity, tick_task_id
-from tests.redis_server import RedisServer
-from tests.workers.support import wait_until
+from tests.support.procs import wait_until
+from tests.support.redis_server import RedisServer
 
 FAST: dict[str, Any] = {
     "heartbeat_interval": timedelta(seconds=1),

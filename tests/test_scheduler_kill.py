@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from asyncq._scheduling.scheduler import entry_identity, tick_task_id
 from asyncq.task import Task
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.subprocess
 

@@ -17,8 +17,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from asyncq._redis.scripts import load_script
-from tests import transitions
-from tests.helpers import expiretime
+from tests.support import transitions
+from tests.support.helpers import expiretime
 
 Q = "asynq:{default}:"
 TP = Q + "t:"

@@ -13,9 +13,9 @@ from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._producer.client import Client
 from asyncq.task import Task
-from tests import transitions
-from tests.cluster import SentinelSetup, redis_cli
-from tests.helpers import wait_until
+from tests.support import transitions
+from tests.support.cluster import SentinelSetup, redis_cli
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.sentinel
 

@@ -18,9 +18,9 @@ from asyncq.errors import ServerClosedError
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 from asyncq.task import Task
-from tests import transitions
-from tests.redis_server import free_port
-from tests.workers.support import FAST, stored_message, task_hash, wait_until, zset_ids
+from tests.support import transitions
+from tests.support.procs import FAST, stored_message, task_hash, wait_until, zset_ids
+from tests.support.redis_server import free_port
 
 Q = "default"
 
@@ -431,7 +431,7 @@ async def test_start_with_redis_unreachable_says_so_once_and_serves_when_it_come
     cannot reach it, keeps retrying, and serves once Redis is up."""
     import structlog
 
-    from tests.redis_server import RedisServer
+    from tests.support.redis_server import RedisServer
 
     port = free_port()
     uri = f"redis://127.0.0.1:{port}/0"

@@ -9,8 +9,8 @@ import sys
 import pytest
 from redis.asyncio import Redis
 
-from tests.redis_server import free_port
-from tests.workers.support import ROOT
+from tests.support.procs import ROOT
+from tests.support.redis_server import free_port
 
 pytestmark = pytest.mark.subprocess
 

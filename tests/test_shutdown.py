@@ -16,7 +16,7 @@ from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import ServerInfo
 from asyncq.task import Task
-from tests.workers.support import (
+from tests.support.procs import (
     FAST,
     list_ids,
     spawn,
@@ -25,7 +25,7 @@ from tests.workers.support import (
     wait_for_line,
     wait_until,
 )
-from tests.workers.worker import DONE, STARTS
+from tests.support.workers.worker import DONE, STARTS
 
 pytestmark = pytest.mark.subprocess
 

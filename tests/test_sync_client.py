@@ -24,8 +24,8 @@ from asyncq import (
     TaskState,
 )
 from asyncq import _keys as keys
-from tests import typed_app as ta
-from tests.workers.support import FAST
+from tests.support import typed_app as ta
+from tests.support.procs import FAST
 
 
 @pytest.fixture

@@ -41,9 +41,9 @@ from asyncq._redis.transport import FastConnection
 from asyncq.errors import TaskIdConflictError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task
-from tests import transitions
-from tests.cluster import TLSServer, redis_cli
-from tests.redis_server import RedisServer, free_port
+from tests.support import transitions
+from tests.support.cluster import TLSServer, redis_cli
+from tests.support.redis_server import RedisServer, free_port
 
 
 def _opts(redis_url: str) -> RedisClientOpts:

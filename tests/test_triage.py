@@ -26,8 +26,8 @@ from asyncq._logging import error_text
 from asyncq.cli import main
 from asyncq.errors import BrokerError, QueueNotFoundError
 from asyncq.task import TaskState
-from tests import gofixtures as go
-from tests.gofixtures import GoTask
+from tests.support import gofixtures as go
+from tests.support.gofixtures import GoTask
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 

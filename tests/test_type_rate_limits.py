@@ -15,8 +15,8 @@ from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.typerate import take_type_tokens
 from asyncq.cli import main
-from tests.workers.flow_worker import RETRIED, STAMPS
-from tests.workers.support import FAST, drain, spawn, stop_process, wait_for_line, wait_until
+from tests.support.procs import FAST, drain, spawn, stop_process, wait_for_line, wait_until
+from tests.support.workers.flow_worker import RETRIED, STAMPS
 
 READY = "send signal TERM or INT"
 

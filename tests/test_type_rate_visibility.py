@@ -16,7 +16,7 @@ from asyncq._broker import Broker
 from asyncq._broker.typerate import take_type_tokens
 from asyncq.cli import main
 from asyncq.proto.asynq import ServerInfo as ServerInfoProto
-from tests.workers.support import FAST, wait_until
+from tests.support.procs import FAST, wait_until
 
 
 async def test_bucket_counts_refused_tokens_and_tells_the_next_one(redis: Redis) -> None:

@@ -35,8 +35,8 @@ from asyncq import (
 )
 from asyncq._keys import completion_channel
 from asyncq._worker.completion import CompletionNotifier
-from tests import typed_app as ta
-from tests.workers.support import FAST, ROOT, task_hash, wait_until
+from tests.support import typed_app as ta
+from tests.support.procs import FAST, ROOT, task_hash, wait_until
 
 
 @pytest.fixture
@@ -329,7 +329,7 @@ async def test_results_across_processes(app: App[Any], redis_url: str, tmp_path:
     env.pop("ASYNCQ_REDIS_URL", None)
     proc = await asyncio.create_subprocess_exec(
         *[sys.executable, "-m", "asyncq.cli", "-u", redis_url, "worker",
-          "tests.typed_app:create_app_async", "-q", "default", "-c", "4"],
+          "tests.support.typed_app:create_app_async", "-q", "default", "-c", "4"],
         env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -459,9 +459,9 @@ async def test_eager_mode_runs_in_process(app: App[ta.State], redis: Redis) -> N
 def test_worker_command_loads_an_app_or_a_factory() -> None:
     from asyncq.cli.worker import load_app
 
-    assert load_app("tests.typed_app:app") is ta.app
-    assert load_app("tests.typed_app:create_app") is ta.app
-    made = load_app("tests.typed_app:create_app_async")
+    assert load_app("tests.support.typed_app:app") is ta.app
+    assert load_app("tests.support.typed_app:create_app") is ta.app
+    made = load_app("tests.support.typed_app:create_app_async")
     assert asyncio.iscoroutine(made)  # awaited in the worker's event loop
     assert asyncio.run(made) is ta.app
 

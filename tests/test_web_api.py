@@ -15,8 +15,8 @@ from redis.asyncio import Redis
 
 from asyncq import Client, Inspector, Task
 from asyncq.web import Auth, create_app
-from tests import webdata
-from tests.redis_server import RedisServer
+from tests.support import webdata
+from tests.support.redis_server import RedisServer
 
 H = {"X-Asyncq-Request": "1"}
 

@@ -23,10 +23,10 @@ from typing import IO
 import pytest
 from redis.asyncio import Redis
 
-from tests import gofixtures as go
-from tests import webdata
-from tests.gofixtures import GoTask
-from tests.redis_server import RedisServer
+from tests.support import gofixtures as go
+from tests.support import webdata
+from tests.support.gofixtures import GoTask
+from tests.support.redis_server import RedisServer
 
 CHROMIUM = os.environ.get("ASYNCQ_CHROMIUM", "/usr/bin/chromium")
 SHOTS = (

@@ -9,7 +9,7 @@ from redis.crc import key_slot
 
 from asyncq import Client, Inspector, Task
 from asyncq.web import create_app
-from tests.cluster import RedisClusterProcs
+from tests.support.cluster import RedisClusterProcs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("inspector-cluster")]
 

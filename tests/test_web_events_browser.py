@@ -11,9 +11,9 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq import Client, Inspector, Server, Task
-from tests import progress_app as pa
+from tests.support import progress_app as pa
+from tests.support.procs import FAST, wait_until
 from tests.test_web_browser import WebProcess, _page, _shot
-from tests.workers.support import FAST, wait_until
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
 

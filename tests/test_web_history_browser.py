@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq.history import bucket_of
-from tests import webdata
+from tests.support import webdata
 from tests.test_web_browser import SHOTS, WebProcess, _page, _shot
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]

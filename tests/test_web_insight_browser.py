@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from redis.asyncio import Redis
 
-from tests import webdata
+from tests.support import webdata
 from tests.test_triage import KEYERR, seed_mixed
 from tests.test_web_browser import (
     WebProcess,

@@ -50,8 +50,8 @@ from asyncq.hooks import NoWorkerHooks
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 from asyncq.task import Task
-from tests.helpers import wait_until
 from tests.support.fakebroker import FakeBroker
+from tests.support.helpers import wait_until
 from tests.test_roles_fake_broker import Q, Running, _fails, _returns, message, role_deps
 from tests.test_roles_fake_broker import _rate_limited as _rate_limited_handler
 

@@ -40,10 +40,10 @@ from asyncq.errors import LeaseExpiredError, TaskCanceledError
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task
-from tests import transitions
-from tests.helpers import one_handler, wait_gone, wait_state
-from tests.redis_server import RedisServer
-from tests.workers.support import FAST, list_ids, stored_message, wait_until
+from tests.support import transitions
+from tests.support.helpers import one_handler, wait_gone, wait_state
+from tests.support.procs import FAST, list_ids, stored_message, wait_until
+from tests.support.redis_server import RedisServer
 
 Q = "default"
 SERVE_CONCURRENCY = 2

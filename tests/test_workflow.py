@@ -35,8 +35,8 @@ from asyncq._broker import Broker
 from asyncq._broker.workflow import ack_step, is_workflow_step, workflow_key
 from asyncq.cli import main
 from asyncq.proto.asynq import TaskMessage
-from tests import transitions
-from tests.workers.support import FAST, wait_until
+from tests.support import transitions
+from tests.support.procs import FAST, wait_until
 
 Q = "default"
 

@@ -23,10 +23,10 @@ from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.workflow import ack_step, cancel_workflow, read_workflow, workflow_key
 from asyncq.errors import TaskNotFoundError
-from tests import transitions
-from tests.helpers import FakeClock
-from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
-from tests.workers.workflow_worker import CALLBACKS, STARTS
+from tests.support import transitions
+from tests.support.helpers import FakeClock
+from tests.support.procs import FAST, spawn, stop_process, wait_for_line, wait_until
+from tests.support.workers.workflow_worker import CALLBACKS, STARTS
 
 Q = "default"
 

@@ -9,8 +9,8 @@ import pytest
 from redis.crc import key_slot
 
 from asyncq import Client, Inspector, ServeMux, Server, Task, chain, chord, group_results
-from tests.cluster import RedisClusterProcs
-from tests.workers.support import FAST, wait_until
+from tests.support.cluster import RedisClusterProcs
+from tests.support.procs import FAST, wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -16,8 +16,8 @@ from redis.asyncio import Redis
 from asyncq import Server, Step, Task, TaskNotFoundError, chain, chord
 from asyncq import _keys as keys
 from asyncq._producer.workflow import WorkflowFailedError, typed_group
-from tests import wf_app as wf
-from tests.workers.support import FAST, ROOT, stop_process
+from tests.support import wf_app as wf
+from tests.support.procs import FAST, ROOT, stop_process
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def _worker_process(redis_url: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TEST_REDIS_URL": redis_url}
     env.pop("ASYNCQ_REDIS_URL", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "asyncq.cli", "worker", "tests.wf_app:app", "-c", "4"],
+        [sys.executable, "-m", "asyncq.cli", "worker", "tests.support.wf_app:app", "-c", "4"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -17,8 +17,8 @@ from redis.asyncio import Redis
 from asyncq import Client, Task, WorkflowInfo, chain, chord
 from asyncq import _keys as keys
 from asyncq._broker.workflow import workflow_key
-from tests.workers.support import ROOT, spawn, stop_process, wait_for_line, wait_until
-from tests.workers.workflow_worker import CALLBACKS, DONE, STARTS
+from tests.support.procs import ROOT, spawn, stop_process, wait_for_line, wait_until
+from tests.support.workers.workflow_worker import CALLBACKS, DONE, STARTS
 
 Q = "default"
 READY = "send signal TERM or INT"
@@ -109,7 +109,7 @@ async def check_outcome(
 def spawn_logged(url: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
     """A workflow worker whose output goes to *log* (read after the run, never blocking it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    script = str(ROOT / "tests" / "workers" / "workflow_worker.py")
+    script = str(ROOT / "tests" / "support" / "workers" / "workflow_worker.py")
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, script, url, *args], stdout=out, stderr=subprocess.STDOUT, env=env

@@ -39,8 +39,8 @@ from asyncq._broker.workflow import (
 from asyncq._codec import decode_task_message
 from asyncq.errors import TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
-from tests import transitions
-from tests.helpers import FakeClock, expiretime, pexpiretime
+from tests.support import transitions
+from tests.support.helpers import FakeClock, expiretime, pexpiretime
 
 Q = "default"
 WEEK_MS = 7 * 24 * 3600 * 1000

@@ -1,5 +1,5 @@
 """Typed tasks for the workflow-handle tests (imported by the tests and by
-``asyncq worker tests.wf_app:app`` in a subprocess)."""
+``asyncq worker tests.support.wf_app:app`` in a subprocess)."""
 
 from __future__ import annotations
 

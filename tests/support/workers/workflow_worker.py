@@ -1,6 +1,6 @@
 """A worker process for the workflow crash tests.
 
-    python tests/workers/workflow_worker.py REDIS_URL [option=value ...]
+    python tests/support/workers/workflow_worker.py REDIS_URL [option=value ...]
 
 Options (seconds as floats): concurrency, lease, heartbeat, recoverer_interval,
 recoverer_cutoff, task_check, delayed_check, shutdown_timeout.

@@ -37,7 +37,7 @@ DIGESTS = {
 
 def fixture_dir() -> Path:
     """The fixture directory; a clear error when a file is missing (never a silent skip)."""
-    path = Path(__file__).resolve().parent / "fixtures" / FIXTURE_NAME
+    path = Path(__file__).resolve().parents[1] / "fixtures" / FIXTURE_NAME
     missing = [n for n in ("state.json", "enqueue_bytes.json") if not (path / n).is_file()]
     if missing:
         raise FileNotFoundError(

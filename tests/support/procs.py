@@ -20,12 +20,12 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq.proto.asynq import TaskMessage
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 __all__ = ["FAST", "spawn", "stop_process", "wait_for_line", "wait_until"]
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKERS = Path(__file__).resolve().parent
+WORKERS = Path(__file__).resolve().parent / "workers"
 
 FAST: dict[str, Any] = {
     "task_check_interval": timedelta(milliseconds=100),
@@ -63,7 +63,7 @@ def quiet_logging(level: int = logging.INFO) -> None:
 
 
 def spawn(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """Start ``tests/workers/<script>`` with the project on the path; stdout is piped."""
+    """Start ``tests/support/workers/<script>`` with the project on the path; stdout is piped."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     return subprocess.Popen(

@@ -14,8 +14,8 @@ from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
 
-from tests import gofixtures as go
-from tests.gofixtures import GoTask, GoWorker
+from tests.support import gofixtures as go
+from tests.support.gofixtures import GoTask, GoWorker
 
 
 @dataclass

@@ -145,7 +145,7 @@ async def loop_kind() -> str:
 
 
 def create_app() -> App[State]:
-    """A zero-argument factory, as ``asyncq worker tests.typed_app:create_app`` calls it."""
+    """A zero-argument factory, as ``asyncq worker tests.support.typed_app:create_app`` calls it."""
     return app
 
 

@@ -1,6 +1,6 @@
 """Throwaway Redis Cluster, Sentinel and TLS setups for the connection tests.
 
-Each helper starts real server processes (see tests/redis_server.py: redis-server
+Each helper starts real server processes (see tests/support/redis_server.py: redis-server
 from PATH or the embedded Valkey) on free ports in temporary directories and
 removes everything in ``cleanup()``. Nothing here needs redis-cli.
 """
@@ -18,7 +18,7 @@ from typing import BinaryIO
 import pytest
 from redis.cluster import RedisCluster as SyncRedisCluster
 
-from tests.redis_server import RedisServer, free_port, server_binary
+from tests.support.redis_server import RedisServer, free_port, server_binary
 
 __all__ = ["RedisClusterProcs", "SentinelSetup", "TLSServer", "redis_cli"]
 

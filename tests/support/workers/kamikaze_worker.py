@@ -1,6 +1,6 @@
 """A worker whose ``die`` handler SIGKILLs its own process: a task that kills every worker.
 
-    python tests/workers/kamikaze_worker.py REDIS_URL
+    python tests/support/workers/kamikaze_worker.py REDIS_URL
 
 It records each run (``<task id> <pid>`` on ``asyncq-test:starts``) before
 dying. Timings are short (lease 2 s, heartbeat 0.3 s, recoverer cutoff 0.5 s:

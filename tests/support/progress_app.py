@@ -1,7 +1,7 @@
 """Handlers that report progress and write events (imported by a worker subprocess too).
 
-``asyncq worker tests.progress_app:app`` serves the typed task ``crunch`` and,
-through ``tests.progress_app:mux``, the plain handler ``steps``. Both report
+``asyncq worker tests.support.progress_app:app`` serves the typed task ``crunch`` and,
+through ``tests.support.progress_app:mux``, the plain handler ``steps``. Both report
 ``n`` steps, then wait for the key ``progress-test:go:<id>`` before the last
 one (a list the test pushes to), so a test can look at a task that is still running.
 """

@@ -1,6 +1,6 @@
 """A worker whose handlers raise BaseExceptions, for the failure-containment tests.
 
-    python tests/workers/poison_worker.py REDIS_URL
+    python tests/support/workers/poison_worker.py REDIS_URL
 
 ``poison`` (async) and ``poison_sync`` (a plain ``def``, run in a thread) raise
 by payload: ``exit`` -> SystemExit, ``interrupt`` -> KeyboardInterrupt,

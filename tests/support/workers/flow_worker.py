@@ -1,6 +1,6 @@
 """A worker process for the flow-control tests.
 
-    python tests/workers/flow_worker.py REDIS_URL [option=value ...]
+    python tests/support/workers/flow_worker.py REDIS_URL [option=value ...]
 
 Options: concurrency, rate (``queue:N/period``, rate_limits), limits
 (``queue:N;queue:N``, fleet-wide queue_concurrency), local (the same for

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import uvicorn
 
-from tests.redis_server import free_port
+from tests.support.redis_server import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli_env(**extra: str) -> dict[str, str]:

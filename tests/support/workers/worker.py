@@ -1,6 +1,6 @@
 """A worker process for the signal, crash and aggregation tests.
 
-    python tests/workers/worker.py REDIS_URL [option=value ...]
+    python tests/support/workers/worker.py REDIS_URL [option=value ...]
 
 Options (seconds as floats): concurrency, shutdown_timeout, lease, heartbeat,
 recoverer_interval, recoverer_cutoff, task_check, delayed_check, retry_delay,

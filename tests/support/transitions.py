@@ -1,4 +1,4 @@
-"""Per-queue broker transitions that only the tests use, with their Lua scripts (tests/lua/).
+"""Per-queue broker transitions that only the tests use, with their Lua scripts (lua/ here).
 
 The worker calls the multi-queue variants (``Broker.fetch``, ``forward_queues``,
 ``scan_leases``, ``delete_expired_completed_queues``,
@@ -45,7 +45,7 @@ _ALLOW_OOM = frozenset({"dequeue_many", "delete_expired_completed"})  # as the p
 def _load(name: str) -> Script:
     source = (LUA / f"{name}.lua").read_text("utf-8")
     lib = resources.files(LUA_PACKAGE).joinpath("lua", "_lib")
-    source = expand_includes(source, f"tests/lua/{name}.lua", lib)
+    source = expand_includes(source, f"tests/support/lua/{name}.lua", lib)
     return Script(name, source, allow_oom=name in _ALLOW_OOM)
 
 
@@ -57,7 +57,7 @@ _dequeue_errors = RateLimiter(3.0)
 
 
 def script(name: str) -> Script:
-    """A script by name: a test-only one of tests/lua, else the package's."""
+    """A script by name: a test-only one of tests/support/lua, else the package's."""
     return SCRIPTS[name] if name in SCRIPTS else load_script(LUA_PACKAGE, name)
 
 

@@ -1,6 +1,6 @@
 """An embedded Server with structlog left unconfigured, for the log-capture test.
 
-    python tests/workers/leaky_worker.py REDIS_URL
+    python tests/support/workers/leaky_worker.py REDIS_URL
 
 Its handlers hold a secret in a local variable and receive a secret payload;
 ``leaky`` fails unexpectedly, ``skip`` raises SkipRetry and ``nobody`` has no
