@@ -14,11 +14,11 @@ from redis.asyncio import Redis
 from asyncq import Server
 from asyncq._broker import Broker
 from asyncq._producer.client import Client
+from tests.support.browser import Chromium, WebProcess, require_browser
 from tests.support.cluster import RedisClusterProcs
 from tests.support.helpers import FakeClock
 from tests.support.procs import FAST
 from tests.support.redis_server import RedisServer
-from tests.test_web_browser import Chromium, WebProcess, _require_browser
 
 _SLOW_TOO = ("subprocess", "cluster", "sentinel")
 
@@ -189,7 +189,7 @@ def web(redis_url: str) -> Iterator[WebProcess]:
     """One ``asyncq web`` for the run: it keeps nothing of a test's but the dashboard's
     live samples (each test flushes the database); a test about a first view of a new
     process takes `new_web`."""
-    _require_browser()
+    require_browser()
     w = WebProcess(redis_url)
     yield w
     w.stop()
@@ -198,7 +198,7 @@ def web(redis_url: str) -> Iterator[WebProcess]:
 @pytest.fixture
 def new_web(redis_url: str) -> Iterator[WebProcess]:
     """An ``asyncq web`` of this test's own, with no dashboard samples yet."""
-    _require_browser()
+    require_browser()
     w = WebProcess(redis_url)
     yield w
     w.stop()
@@ -206,7 +206,7 @@ def new_web(redis_url: str) -> Iterator[WebProcess]:
 
 @pytest.fixture(scope="session")
 def chromium() -> Iterator[Chromium]:
-    _require_browser()
+    require_browser()
     c = Chromium()
     yield c
     c.stop()

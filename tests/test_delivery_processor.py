@@ -19,7 +19,7 @@ from asyncq.mux import sync_limiter
 from asyncq.task import Task
 from tests.support.fakebroker import FakeBroker
 from tests.support.helpers import wait_until
-from tests.test_roles_fake_broker import Q, Running, message
+from tests.support.roles import Q, Running, message
 
 SERVER = "server-1"
 

@@ -21,9 +21,9 @@ from asyncq import _keys as keys
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
 from tests.support.acl import temporary_acl_user
+from tests.support.helpers import push_go_task
 from tests.support.procs import wait_until
 from tests.support.redis_server import RedisServer
-from tests.test_many_queues import push_go_task
 
 QUEUES = {f"iq{i:03d}": 1 for i in range(300)}
 

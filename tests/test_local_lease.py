@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from asyncq.task import Task
 from tests.support.fakebroker import FakeBroker
 from tests.support.helpers import wait_until
-from tests.test_roles_fake_broker import Running, message
+from tests.support.roles import Running, message
 
 
 async def test_a_task_finishing_past_the_truncated_lease_writes_nothing() -> None:

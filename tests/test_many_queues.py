@@ -16,9 +16,8 @@ from asyncq._broker import Broker
 from asyncq._broker.multiqueue import _DELETE_EXPIRED_COMPLETED, _FORWARD, _PROBE_CHUNK, MultiQueue
 from asyncq._worker.processor import QueueOrder
 from asyncq.mux import ServeMux
-from asyncq.proto.asynq import TaskMessage
 from tests.support.cluster import RedisClusterProcs
-from tests.support.helpers import FakeClock, make_msg, snapshot
+from tests.support.helpers import FakeClock, make_msg, push_go_task, snapshot
 from tests.support.procs import wait_until
 from tests.support.redis_server import RedisServer
 from tests.support.resp_proxy import CountingProxy
@@ -73,16 +72,6 @@ IN_SCRIPT = {
 def script_calls(calls: dict[str, int]) -> dict[str, int]:
     """The delta without the commands scripts ran inside Redis."""
     return {k: n for k, n in calls.items() if k not in IN_SCRIPT}
-
-
-async def push_go_task(redis: Redis, queue: str, task_id: str, payload: bytes = b"") -> None:
-    """A pending task written as Go asynq (or redis-cli) writes it: no wake-up message."""
-    msg = TaskMessage(type="t", payload=payload, id=task_id, queue=queue, retry=25, timeout=1800)
-    await redis.hset(
-        keys.task_key(queue, task_id),
-        mapping={"msg": bytes(msg), "state": "pending", "pending_since": time.time_ns()},
-    )
-    await redis.lpush(keys.pending_key(queue), task_id)
 
 
 async def test_a_strict_fetch_over_1000_queues_is_one_script_call(own: Redis) -> None:

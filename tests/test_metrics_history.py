@@ -299,7 +299,7 @@ async def test_the_history_role_flushes_each_interval_and_at_shutdown(redis: Red
     from asyncq._worker.history_flusher import HistoryFlusher
     from asyncq._worker.roles import supervise
     from tests.support.fakebroker import FakeBroker
-    from tests.test_roles_fake_broker import role_deps
+    from tests.support.roles import role_deps
 
     recorder = HistoryRecorder(
         Broker(redis), flush_interval=timedelta(milliseconds=50), log=structlog.get_logger()

@@ -18,7 +18,7 @@ from asyncq.history import HistoryRecorder
 from asyncq.progress import ProgressWriter
 from tests.support.fakebroker import FakeBroker
 from tests.support.helpers import wait_until
-from tests.test_roles_fake_broker import Deferred, Q, message, role_deps
+from tests.support.roles import Deferred, Q, message, role_deps
 
 
 async def test_notices_progress_and_history_go_through_the_broker() -> None:

@@ -22,24 +22,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from asyncq._worker import active as active_module
 from asyncq._worker.active import ActiveTask, ActiveTasks
 from asyncq._worker.aggregator import GroupAggregatorRole
-from asyncq._worker.config import ServerStats
 from asyncq._worker.forwarder import Forwarder
 from asyncq._worker.heartbeater import Heartbeater, ServerIdentity
 from asyncq._worker.janitor import Janitor
 from asyncq._worker.lease import Lease
 from asyncq._worker.processor import Processor
-from asyncq._worker.queueset import QueueSet
 from asyncq._worker.queuewatcher import QueueWatcher
 from asyncq._worker.recoverer import Recoverer
-from asyncq._worker.roles import RoleDeps
-from asyncq._worker.server import Server
 from asyncq._worker.syncer import Syncer
-from asyncq._worker.wakeup import QueueWakeup
 from asyncq.errors import (
     LeaseExpiredError,
-    RateLimited,
-    RevokeTask,
-    SkipRetry,
     TaskCanceledError,
     TaskNotFoundError,
 )
@@ -49,90 +41,18 @@ from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task, TaskInfo
 from tests.support.fakebroker import FakeBroker
 from tests.support.helpers import wait_until
-
-Q = "default"
-
-
-def message(task_type: str = "t", **fields: Any) -> TaskMessage:
-    base: dict[str, Any] = {"type": task_type, "queue": Q, "retry": 3, "timeout": 60}
-    return TaskMessage(**{**base, **fields})
-
-
-def role_deps(fake: FakeBroker, **options: Any) -> RoleDeps:
-    config = Server("redis://127.0.0.1:9/0", **options).config  # validated; never connects
-    return RoleDeps(
-        broker=fake,  # type: ignore[arg-type]
-        config=config,
-        log=structlog.get_logger("test"),
-        stats=ServerStats(),
-        queues=QueueSet(config.queues),
-    )
-
-
-class Notifier:
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-        self.queues: list[str] = []
-
-    def notify(self, queue: str, task_id: str) -> None:
-        self.sent.append(task_id)
-        self.queues.append(queue)
-
-    async def aclose(self) -> None:
-        return None
-
-
-class Deferred:
-    """Records the writes the processor hands to the syncer."""
-
-    def __init__(self) -> None:
-        self.writes: list[tuple[str, Callable[[], Awaitable[None]]]] = []
-
-    def __call__(
-        self, write: Callable[[], Awaitable[None]], *, deadline: float, what: str, msg: TaskMessage
-    ) -> None:
-        self.writes.append((what, write))
-
-
-class Running:
-    """A processor on a fake broker, its fetch loop running in the test's task group."""
-
-    def __init__(
-        self,
-        fake: FakeBroker,
-        handler: Callable[[Task], Coroutine[Any, Any, None]],
-        *,
-        server_id: str = "",
-        **options: Any,
-    ) -> None:
-        self.fake = fake
-        self.deps = role_deps(fake, **{"shutdown_timeout": timedelta(seconds=2), **options})
-        self.active = ActiveTasks()
-        self.deferred = Deferred()
-        self.notifier = Notifier()
-        self.wakeup = QueueWakeup()
-        self.processor = Processor(
-            self.deps,
-            handler=handler,
-            active=self.active,
-            wakeup=self.wakeup,
-            defer_write=self.deferred,
-            on_burst_done=lambda: None,
-            notifier=self.notifier,
-            server_id=server_id,
-        )
-        self.loop_task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Running:
-        self.loop_task = asyncio.create_task(self.processor.run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.processor.drain(1.0)
-        assert self.loop_task is not None
-        await asyncio.wait_for(self.loop_task, 5)
-        await self.processor.cleanup()
-
+from tests.support.roles import (
+    Q,
+    Running,
+    _exits,
+    _fails,
+    _rate_limited,
+    _returns,
+    _revokes,
+    _skips,
+    message,
+    role_deps,
+)
 
 # -- processor -----------------------------------------------------------------------------------
 
@@ -360,30 +280,6 @@ async def test_processor_survives_a_broker_that_is_down() -> None:
 
 
 # -- the per-task coroutine -------------------------------------------------------------------
-
-
-async def _returns(task: Task) -> None:
-    return None
-
-
-async def _fails(task: Task) -> None:
-    raise ValueError("boom")
-
-
-async def _skips(task: Task) -> None:
-    raise SkipRetry("no")
-
-
-async def _revokes(task: Task) -> None:
-    raise RevokeTask("gone")
-
-
-async def _rate_limited(task: Task) -> None:
-    raise RateLimited(timedelta(seconds=30))
-
-
-async def _exits(task: Task) -> None:
-    raise SystemExit(3)
 
 
 @pytest.mark.parametrize(

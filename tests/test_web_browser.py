@@ -7,213 +7,25 @@ missing browser is a failure: these tests must run there.
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
-import sys
-import tempfile
-import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import IO
 
 import pytest
 from redis.asyncio import Redis
 
 from tests.support import gofixtures as go
 from tests.support import webdata
+from tests.support.browser import WebProcess, mutation, new_page, shot
 from tests.support.gofixtures import GoTask
 from tests.support.redis_server import RedisServer
 
-CHROMIUM = os.environ.get("ASYNCQ_CHROMIUM", "/usr/bin/chromium")
-SHOTS = (
-    Path(os.environ.get("ASYNCQ_SCREENSHOTS", "")) if os.environ.get("ASYNCQ_SCREENSHOTS") else None
-)
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-# What Playwright's own launch adds (playwright 1.65, chromiumSwitches.ts and its headless
-# switches): the one chromium the tests share is started by hand, and its pages must
-# behave as a launched one's do: timers of pages in the background not throttled, no
-# scrollbars taking width, the same hover and pointer media, the same colour profile.
-PLAYWRIGHT_SWITCHES = [
-    "--disable-field-trial-config",
-    "--disable-background-timer-throttling",
-    "--disable-backgrounding-occluded-windows",
-    "--disable-back-forward-cache",
-    "--disable-breakpad",
-    "--disable-component-extensions-with-background-pages",
-    "--no-default-browser-check",
-    "--disable-default-apps",
-    "--disable-dev-shm-usage",
-    "--disable-extensions",
-    "--disable-features=AvoidUnnecessaryBeforeUnloadCheckSync,DestroyProfileOnBrowserClose,"
-    "HttpsUpgrades,HttpsFirstBalancedModeAutoEnable,LensOverlay,MediaRouter,PaintHolding,"
-    "ThirdPartyStoragePartitioning,AvoidCorsURLLoaderRestartOnRedirect,OptimizationHints,"
-    "NetworkTimeServiceQuerying,AimEnabled,PreconnectToSearch",
-    "--enable-features=CDPScreenshotNewSurface,SkipListAccountsWithoutGaiaCookies",
-    "--allow-pre-commit-input",
-    "--disable-hang-monitor",
-    "--disable-ipc-flooding-protection",
-    "--disable-popup-blocking",
-    "--disable-prompt-on-repost",
-    "--disable-renderer-backgrounding",
-    "--force-color-profile=srgb",
-    "--metrics-recording-only",
-    "--password-store=basic",
-    "--use-mock-keychain",
-    "--no-service-autorun",
-    "--disable-search-engine-choice-screen",
-    "--disable-infobars",
-    "--hide-scrollbars",
-    "--mute-audio",
-    "--blink-settings=primaryHoverType=2,availableHoverTypes=2,primaryPointerType=4,"
-    "availablePointerTypes=4",
-]
-
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
-
-
-def _require_browser() -> None:
-    missing = []
-    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-        missing.append(f"chromium at {CHROMIUM}")
-    try:
-        import playwright.async_api  # noqa: F401
-    except ImportError:
-        missing.append("the playwright package")
-    if missing:
-        message = "browser tests need " + " and ".join(missing)
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message + " (CI=true: these tests must run, not be skipped)")
-        pytest.skip(message)
-
-
-def _read_until(pipe: IO[str], pattern: re.Pattern[str], what: str) -> re.Match[str]:
-    """Read *pipe* until a line matches *pattern* (the process said it is ready), then keep
-    draining it in a thread so the process never blocks on a full pipe. An exit before the
-    line ends the read (end of file): the error carries what the process said."""
-    said: list[str] = []
-    for line in pipe:
-        said.append(line)
-        found = pattern.search(line)
-        if found:
-            threading.Thread(target=pipe.read, daemon=True).start()
-            return found
-    raise RuntimeError(f"{what} did not start: {''.join(said)}")
-
-
-def _end(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-class WebProcess:
-    """``asyncq web`` started as a user would, on a port the system picks. It listens before
-    it prints its address, so the address line is the sign it is ready: a request made
-    then waits in the listen backlog until the server takes it."""
-
-    def __init__(self, redis_url: str, *extra: str) -> None:
-        cmd = [sys.executable, "-m", "asyncq.cli", "--uri", redis_url, "web", "--port", "0",
-               "--poll", "60", *extra]  # fmt: skip
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        assert self.proc.stdout is not None
-        try:
-            ready = _read_until(self.proc.stdout, _WEB_READY, "asyncq web")
-        except BaseException:
-            self.stop()
-            raise
-        self.url = ready.group(1)
-
-    def stop(self) -> None:
-        _end(self.proc)
-
-
-_WEB_READY = re.compile(r"asyncq web on (http://\S+?)/ ")
-
-
-class Chromium:
-    """One headless chromium for a whole run (per xdist worker): each test connects to it
-    over CDP and works in browser contexts of its own, closed when it disconnects."""
-
-    def __init__(self) -> None:
-        self.profile = tempfile.mkdtemp(prefix="asyncq-chromium-")
-        cmd = [CHROMIUM, *PLAYWRIGHT_SWITCHES, *ARGS, "--remote-debugging-port=0",
-               f"--user-data-dir={self.profile}"]  # fmt: skip
-        self.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stderr is not None
-        try:
-            self.endpoint = _read_until(self.proc.stderr, _CDP_READY, "chromium").group(1)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        _end(self.proc)
-        shutil.rmtree(self.profile, ignore_errors=True)
-
-
-_CDP_READY = re.compile(r"DevTools listening on (ws://\S+)")
-
-
-async def _shot(page: object, name: str) -> None:
-    if SHOTS is not None:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        await page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)  # type: ignore[attr-defined]
-
-
-async def _page(browser: object, **kw: object) -> object:
-    ctx = await browser.new_context(viewport={"width": 1400, "height": 900}, **kw)  # type: ignore[attr-defined]
-    ctx.set_default_timeout(60_000)  # the machine may be busy; never a speed assertion
-    page = await ctx.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.on("dialog", lambda d: d.accept())
-    page.js_errors = errors
-    return page
-
-
-def _is_mutation(resp: object) -> bool:
-    return "/api/" in resp.url and resp.request.method != "GET"  # type: ignore[attr-defined]
-
-
-@asynccontextmanager
-async def _mutation(page: object) -> AsyncIterator[None]:
-    """Wait for the answer to the API call the actions in the block make (every button
-    calls one); the server answers once Redis holds the change, so it can be read then."""
-    async with page.expect_response(_is_mutation) as answer:  # type: ignore[attr-defined]
-        yield
-    resp = await answer.value
-    assert resp.ok, (resp.url, resp.status, await resp.text())
 
 
 async def test_every_page_opens(web: WebProcess, browser: object, redis: Redis) -> None:
     s = await webdata.seed(redis)
     await webdata.seed_flow(redis)  # the servers page shows an asyncq server's type rates
     assert s.completed is not None
-    page = await _page(browser)
+    page = await new_page(browser)
     pages = {
         "dashboard": ("/", "Queues"),
         "queue-pending": ("/queues/critical?state=pending", "critical"),
@@ -233,7 +45,7 @@ async def test_every_page_opens(web: WebProcess, browser: object, redis: Redis) 
         if name == "dashboard":  # both charts drawn before the screenshot
             await page.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
         assert text in await page.content(), (path, text)  # type: ignore[attr-defined]
-        await _shot(page, name)
+        await shot(page, name)
     # the dashboard drew both charts (uPlot canvases)
     await page.goto(web.url + "/")  # type: ignore[attr-defined]
     await page.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
@@ -257,7 +69,7 @@ async def test_type_rates_on_the_servers_page(
 ) -> None:
     await webdata.seed(redis)
     await webdata.seed_flow(redis)
-    page = await _page(browser)
+    page = await new_page(browser)
     await page.goto(web.url + "/servers")  # type: ignore[attr-defined]
     rows = page.locator("#type-rates tbody tr")  # type: ignore[attr-defined]
     assert await rows.count() == 2
@@ -282,27 +94,27 @@ async def test_type_rates_on_the_servers_page(
 async def test_actions_change_redis(web: WebProcess, browser: object, redis: Redis) -> None:
     s = await webdata.seed(redis)
     assert s.scheduled is not None
-    page = await _page(browser)
+    page = await new_page(browser)
 
     # pause a queue from the dashboard; the row refreshes without a reload
     await page.goto(web.url + "/")  # type: ignore[attr-defined]
-    async with _mutation(page):
+    async with mutation(page):
         await page.click('tr[data-queue="critical"] button:has-text("Pause")')  # type: ignore[attr-defined]
     assert await redis.exists("asynq:{critical}:paused") == 1
     await page.wait_for_selector('tr[data-queue="critical"] .badge.paused')  # type: ignore[attr-defined]
-    async with _mutation(page):
+    async with mutation(page):
         await page.click('tr[data-queue="critical"] button:has-text("Resume")')  # type: ignore[attr-defined]
     assert await redis.exists("asynq:{critical}:paused") == 0
 
     # archive a scheduled task, then run it from the archived tab
     tid = s.scheduled.id
     await page.goto(web.url + "/queues/default?state=scheduled")  # type: ignore[attr-defined]
-    async with _mutation(page):
+    async with mutation(page):
         await page.click(f'tr[data-id="{tid}"] button:has-text("Archive")')  # type: ignore[attr-defined]
     assert await _state(redis, tid) == b"archived"
     assert await redis.zscore("asynq:{default}:archived", tid) is not None
     await page.goto(web.url + "/queues/default?state=archived")  # type: ignore[attr-defined]
-    async with _mutation(page):
+    async with mutation(page):
         await page.click(f'tr[data-id="{tid}"] button:has-text("Run")')  # type: ignore[attr-defined]
     assert await _state(redis, tid) == b"pending"
     assert tid.encode() in await redis.lrange("asynq:{default}:pending", 0, -1)
@@ -311,17 +123,17 @@ async def test_actions_change_redis(web: WebProcess, browser: object, redis: Red
     await page.reload()  # type: ignore[attr-defined]
     assert await redis.zcard("asynq:{default}:archived") == 2
     await page.check("input.selall")  # type: ignore[attr-defined]
-    async with _mutation(page):
+    async with mutation(page):
         await page.click('button[data-batch="delete"]')  # type: ignore[attr-defined]
     assert await redis.zcard("asynq:{default}:archived") == 0
     for t in s.archived:
         assert await redis.exists(t.key) == 0
     await page.wait_for_selector("text=No archived tasks.")  # type: ignore[attr-defined]
-    await _shot(page, "queue-after-bulk-delete")
+    await shot(page, "queue-after-bulk-delete")
 
     # delete all pending tasks of a queue with the "Delete all" button
     await page.goto(web.url + "/queues/critical?state=pending")  # type: ignore[attr-defined]
-    async with _mutation(page):
+    async with mutation(page):
         await page.click('.toolbar button:has-text("Delete all")')  # type: ignore[attr-defined]
     assert await redis.llen("asynq:{critical}:pending") == 0
     assert page.js_errors == []  # type: ignore[attr-defined]
@@ -331,7 +143,7 @@ async def test_read_only_refuses_mutations(redis_url: str, browser: object, redi
     await webdata.seed(redis)
     w = WebProcess(redis_url, "--read-only")
     try:
-        page = await _page(browser)
+        page = await new_page(browser)
         await page.goto(w.url + "/queues/default?state=retry")  # type: ignore[attr-defined]
         assert await page.locator("button[data-api]").count() == 0  # type: ignore[attr-defined]
         assert await page.locator(".badge.ro").count() == 1  # type: ignore[attr-defined]
@@ -341,7 +153,7 @@ async def test_read_only_refuses_mutations(redis_url: str, browser: object, redi
         )
         assert status == 405
         assert await redis.exists("asynq:{default}:paused") == 0
-        await _shot(page, "read-only")
+        await shot(page, "read-only")
     finally:
         w.stop()
 
@@ -350,7 +162,7 @@ async def test_auth_refuses_a_missing_token(redis_url: str, browser: object, red
     await webdata.seed(redis)
     w = WebProcess(redis_url, "--token", "s3cret")
     try:
-        anon = await _page(browser)
+        anon = await new_page(browser)
         # A navigation without credentials gets a 401 with a basic-auth challenge
         # (headless chromium turns that into a navigation error), so ask through
         # the browser context's own request API.
@@ -365,7 +177,7 @@ async def test_auth_refuses_a_missing_token(redis_url: str, browser: object, red
             w.url + "/api/queues", headers={"Authorization": "Bearer s3cret"}
         )
         assert resp.status == 200
-        authed = await _page(browser, http_credentials={"username": "ops", "password": "s3cret"})
+        authed = await new_page(browser, http_credentials={"username": "ops", "password": "s3cret"})
         resp = await authed.goto(w.url + "/")  # type: ignore[attr-defined]
         assert resp.status == 200
         assert "critical" in await authed.content()  # type: ignore[attr-defined]
@@ -385,7 +197,7 @@ async def test_live_update_and_redis_down_banner(browser: object) -> None:
         r = Redis.from_url(server.url)
         await webdata.seed(r)
         w = WebProcess(server.url, "--poll", "1")
-        page = await _page(browser)
+        page = await new_page(browser)
         await page.goto(w.url + "/queues/critical?state=pending")  # type: ignore[attr-defined]
         assert await page.locator("tbody tr").count() == 4  # type: ignore[attr-defined]
         extra = GoTask("email:send", b'{"to": "new@example.com"}', queue="critical")
@@ -397,7 +209,7 @@ async def test_live_update_and_redis_down_banner(browser: object) -> None:
         banner = page.locator("#banner")  # type: ignore[attr-defined]
         await banner.wait_for(state="visible")
         assert "unreachable" in await banner.text_content()
-        await _shot(page, "redis-down")
+        await shot(page, "redis-down")
         # the rows stay on screen (no stack trace, no blank page)
         assert await page.locator(f'tr[data-id="{extra.id}"]').count() == 1  # type: ignore[attr-defined]
         direct = await page.context.request.get(w.url + "/")  # type: ignore[attr-defined]
@@ -422,19 +234,19 @@ async def test_row_actions_on_hostile_ids_address_only_that_task(
         await client.enqueue(Task("t", b"victim"), queue="victimq", task_id="victim1")
         for tid in hostile:
             await client.enqueue(Task("t", b"h"), queue="ten/ant", task_id=tid)
-    page = await _page(browser)
+    page = await new_page(browser)
     await page.goto(web.url + "/")  # type: ignore[attr-defined]
     await page.click('a:has-text("ten/ant")')  # type: ignore[attr-defined]
     await page.wait_for_selector("table.tasks")  # type: ignore[attr-defined]
     for tid in hostile:
-        async with _mutation(page):
+        async with mutation(page):
             await page.click(f'tr[data-id="{tid}"] button:has-text("Archive")')  # type: ignore[attr-defined]
         assert await redis.hget(f"asynq:{{ten/ant}}:t:{tid}", "state") == b"archived"
     # The task page of an id with dots opens, and its Delete button deletes it alone.
     await page.goto(web.url + "/queues/ten%2Fant?state=archived")  # type: ignore[attr-defined]
     await page.click(f'a[title="{hostile[0]}"]')  # type: ignore[attr-defined]
     await page.wait_for_selector(f'code:has-text("{hostile[0]}")')  # type: ignore[attr-defined]
-    async with _mutation(page):
+    async with mutation(page):
         await page.click('.actions button:has-text("Delete")')  # type: ignore[attr-defined]
     assert await redis.exists("asynq:{ten/ant}:t:" + hostile[0]) == 0
     assert await redis.exists("asynq:{victimq}:t:victim1") == 1
@@ -453,7 +265,7 @@ async def test_active_tab_and_workflow_list(
         for i in range(3):
             await chain(Task("fetch"), Task("parse")).enqueue(client, workflow_id=f"import-{i}")
         await chord([Task("m"), Task("m")], Task("sum")).enqueue(client, workflow_id="rep/Q4 x")
-    page = await _page(browser)
+    page = await new_page(browser)
     await page.goto(web.url + "/queues/default?state=active")  # type: ignore[attr-defined]
     headers = await page.locator("table.tasks thead th").all_inner_texts()  # type: ignore[attr-defined]
     assert headers[headers.index("Status") : headers.index("Status") + 3] == [
@@ -465,14 +277,14 @@ async def test_active_tab_and_workflow_list(
     cells = await row.all_inner_texts()
     at = headers.index("Started")
     assert cells[at].endswith(" ago") and cells[at + 1].startswith("in "), cells
-    await _shot(page, "queue-active")
+    await shot(page, "queue-active")
 
     await page.click("nav >> text=Workflows")  # type: ignore[attr-defined]
     await page.wait_for_url("**/workflows")  # type: ignore[attr-defined]
     rows = page.locator("#workflows tbody tr")  # type: ignore[attr-defined]
     assert await rows.count() == 4
     assert "chord" in await page.locator("#workflows tr", has_text="rep/Q4 x").inner_text()  # type: ignore[attr-defined]
-    await _shot(page, "workflows")
+    await shot(page, "workflows")
     await page.click("#workflows a:text-is('rep/Q4 x')")  # type: ignore[attr-defined]
     await page.wait_for_url("**/queues/default/workflows/rep%2FQ4%20x")  # type: ignore[attr-defined]
     assert "Workflow rep/Q4 x" in await page.locator("h1").inner_text()  # type: ignore[attr-defined]

@@ -12,8 +12,8 @@ from redis.asyncio import Redis
 
 from asyncq import Client, Inspector, Server, Task
 from tests.support import progress_app as pa
+from tests.support.browser import WebProcess, new_page, shot
 from tests.support.procs import FAST, wait_until
-from tests.test_web_browser import WebProcess, _page, _shot
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
 
@@ -43,14 +43,14 @@ async def test_progress_bars_and_live_event_tail(
             return p is not None and p.message == "step 4/5"
 
         await wait_until(at_last_step, what="the running task's last step")
-        page = await _page(browser)
+        page = await new_page(browser)
         await page.goto(web.url + "/queues/default?state=active")
         bar = page.locator("progress.task-progress")
         assert await bar.get_attribute("value") == "0.8"
         await page.goto(f"{web.url}/queues/default/tasks/{running.id}")
         row = page.locator(".progress-row")
         assert "80%" in await row.inner_text() and "step 4/5" in await row.inner_text()
-        await _shot(page, "task-progress")
+        await shot(page, "task-progress")
 
         await page.goto(web.url + "/events")
         await page.wait_for_selector(f"#events a[title='{failed.id}']")
@@ -67,7 +67,7 @@ async def test_progress_bars_and_live_event_tail(
         await page.wait_for_selector(f"#events tr.ev-succeeded a[title='{later.id}']")
         await redis.rpush(pa.GATE + running.id, 1)
         await page.wait_for_selector(f"#events tr.ev-succeeded a[title='{running.id}']")
-        await _shot(page, "events")
+        await shot(page, "events")
         # Filters: one kind only.
         await page.goto(web.url + "/events?kind=failed")
         badges = await page.locator("#events .badge").all_inner_texts()

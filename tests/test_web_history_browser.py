@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from asyncq import _keys as keys
 from asyncq.history import bucket_of
 from tests.support import webdata
-from tests.test_web_browser import SHOTS, WebProcess, _page, _shot
+from tests.support.browser import SHOTS, WebProcess, new_page, shot
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
 
@@ -65,7 +65,7 @@ LEGENDS = f"""(sel) => Array.from(document.querySelectorAll(sel)).map((chart) =>
 async def test_metrics_page(web: WebProcess, browser: object, redis: Redis) -> None:
     seeded = int(time.time()) // 60
     await seed_history(redis)
-    page = await _page(browser)
+    page = await new_page(browser)
     await page.goto(web.url + "/")  # type: ignore[attr-defined]
     await page.click("header nav >> text=Metrics")  # type: ignore[attr-defined]
     await page.wait_for_url("**/history")  # type: ignore[attr-defined]
@@ -111,7 +111,7 @@ async def test_metrics_page(web: WebProcess, browser: object, redis: Redis) -> N
     await page.wait_for_function(  # type: ignore[attr-defined]
         "() => document.querySelectorAll('#history-charts canvas').length === 7"
     )
-    await _shot(page, "metrics")
+    await shot(page, "metrics")
     # 400 px: nothing pushes the page sideways
     await page.set_viewport_size({"width": 400, "height": 860})  # type: ignore[attr-defined]
     await page.reload()  # type: ignore[attr-defined]
@@ -120,7 +120,7 @@ async def test_metrics_page(web: WebProcess, browser: object, redis: Redis) -> N
     )
     width = await page.evaluate("() => document.documentElement.scrollWidth")  # type: ignore[attr-defined]
     assert width <= 400, width
-    await _shot(page, "narrow-metrics")
+    await shot(page, "narrow-metrics")
     assert page.js_errors == []  # type: ignore[attr-defined]
     # Prometheus keeps its URL
     async with httpx.AsyncClient() as h:
@@ -138,7 +138,7 @@ async def test_metrics_page(web: WebProcess, browser: object, redis: Redis) -> N
 async def test_dashboard_throughput_starts_from_history(
     new_web: WebProcess, browser: object, redis: Redis, redis_url: str
 ) -> None:
-    page = await _page(browser)
+    page = await new_page(browser)
     started: list[WebProcess] = []
     if SHOTS is not None:
         # README's picture (docs/images/dashboard.png) has queues in every state too
@@ -151,7 +151,7 @@ async def test_dashboard_throughput_starts_from_history(
     processed = float(rates[0][0].replace(",", ""))
     assert processed == pytest.approx(last_minute / 60, abs=0.01)
     assert float(rates[0][1]) == pytest.approx(4 / 60, abs=0.01)
-    await _shot(page, "dashboard-history")
+    await shot(page, "dashboard-history")
     assert page.js_errors == []  # type: ignore[attr-defined]
 
 

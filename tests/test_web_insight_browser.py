@@ -10,13 +10,13 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.support import webdata
-from tests.test_triage import KEYERR, seed_mixed
-from tests.test_web_browser import (
+from tests.support.browser import (
     WebProcess,
-    _mutation,
-    _page,
-    _shot,
+    mutation,
+    new_page,
+    shot,
 )
+from tests.support.triage import KEYERR, seed_mixed
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
 
@@ -47,7 +47,7 @@ async def test_dashboard_first_view_says_something(
 ) -> None:
     await webdata.seed(redis)
     await seed_mixed(redis)
-    page = await _page(browser)
+    page = await new_page(browser)
     await page.goto(new_web.url + "/")  # type: ignore[attr-defined]
     await page.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
     # One stacked bar per queue, biggest first, its parts coloured as the state badges.
@@ -99,7 +99,7 @@ async def test_dashboard_first_view_says_something(
     # newest throughput is not zero whether it does or not.
     await redis.incrby("asynq:{default}:processed", 240)
     await redis.incrby("asynq:{default}:failed", 6)
-    fresh = await _page(browser)
+    fresh = await new_page(browser)
     await fresh.goto(new_web.url + "/")  # type: ignore[attr-defined]
     await fresh.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
     kept = await fresh.evaluate(samples)  # type: ignore[attr-defined]
@@ -107,7 +107,7 @@ async def test_dashboard_first_view_says_something(
     await _until(fresh, script, ["#size-chart", "#history-chart", "#rate-chart"])
     rates = await _legend(fresh, "#rate-chart")
     assert float(rates[0]) > 0 and float(rates[1]) > 0
-    await _shot(fresh, "dashboard-live")
+    await shot(fresh, "dashboard-live")
     assert page.js_errors == [] and fresh.js_errors == []  # type: ignore[attr-defined]
 
 
@@ -116,17 +116,17 @@ async def test_failure_triage_page_and_a_group_action(
 ) -> None:
     await webdata.seed(redis)
     made = await seed_mixed(redis)
-    page = await _page(browser)
+    page = await new_page(browser)
     await page.goto(web.url + "/errors")  # type: ignore[attr-defined]
     groups = page.locator(".egroup")  # type: ignore[attr-defined]
     # seed_mixed's five groups and webdata's two (a retry "gateway timeout", two "gave up")
     assert await groups.count() == 7
     counts = await page.locator(".egroup .ecount b").all_inner_texts()  # type: ignore[attr-defined]
     assert counts == ["9", "5", "3", "2", "2", "1", "1"]
-    await _shot(page, "failure-triage")
+    await shot(page, "failure-triage")
     card = page.locator(f'.egroup[data-key="{KEYERR.key}"]')  # type: ignore[attr-defined]
     assert "KeyError" in await card.locator(".sig").inner_text()
-    async with _mutation(page):
+    async with mutation(page):
         await card.locator("button.danger").click()  # Delete all (the dialog is accepted)
     assert not any([await redis.exists(t.key) for t in made["key"]])
     await _until(page, "(key) => !document.querySelector(`.egroup[data-key='${key}']`)", KEYERR.key)
@@ -139,7 +139,7 @@ async def test_json_payloads_and_results_are_highlighted(
 ) -> None:
     s = await webdata.seed(redis)
     assert s.completed is not None
-    page = await _page(browser)
+    page = await new_page(browser)
     await page.goto(f"{web.url}/queues/default/tasks/{s.completed.id}")  # type: ignore[attr-defined]
     payload = page.locator("#payload")  # type: ignore[attr-defined]
     result = page.locator("#result")  # type: ignore[attr-defined]
@@ -147,7 +147,7 @@ async def test_json_payloads_and_results_are_highlighted(
     assert await payload.locator(".token.property").all_inner_texts() == ['"id"']
     assert await result.locator(".token.number").all_inner_texts() == ["12"]
     assert await result.inner_text() == '{\n  "rows": 12,\n  "ok": true\n}'  # text unchanged
-    await _shot(page, "task-json")
+    await shot(page, "task-json")
     await page.goto(web.url + "/queues/critical?state=pending")  # type: ignore[attr-defined]
     cells = page.locator("td.payload .token.property")  # type: ignore[attr-defined]
     assert await cells.count() == 3  # the three JSON payloads; the binary one stays plain
@@ -157,7 +157,7 @@ async def test_json_payloads_and_results_are_highlighted(
 async def test_dark_theme_is_remembered(web: WebProcess, browser: object, redis: Redis) -> None:
     s = await webdata.seed(redis)
     await seed_mixed(redis)
-    page = await _page(browser, color_scheme="light")
+    page = await new_page(browser, color_scheme="light")
     await page.goto(web.url + "/")  # type: ignore[attr-defined]
     bg = "() => getComputedStyle(document.body).backgroundColor"
     assert await page.evaluate(bg) == "rgb(247, 247, 249)"  # type: ignore[attr-defined]
@@ -169,9 +169,9 @@ async def test_dark_theme_is_remembered(web: WebProcess, browser: object, redis:
     await page.goto(web.url + "/")  # type: ignore[attr-defined]
     await page.wait_for_selector("#history-chart canvas")  # type: ignore[attr-defined]
     await _until(page, RATE_SHOWN)
-    await _shot(page, "dashboard-dark")
+    await shot(page, "dashboard-dark")
     await page.goto(web.url + "/errors")  # type: ignore[attr-defined]
-    await _shot(page, "failure-triage-dark")
+    await shot(page, "failure-triage-dark")
     await page.click("#theme")  # type: ignore[attr-defined]
     await page.reload()  # type: ignore[attr-defined]
     assert await page.evaluate(bg) == "rgb(247, 247, 249)"  # type: ignore[attr-defined]
@@ -182,7 +182,7 @@ async def test_pages_fit_a_400px_screen(web: WebProcess, browser: object, redis:
     s = await webdata.seed(redis)
     await seed_mixed(redis)
     assert s.completed is not None
-    page = await _page(browser)
+    page = await new_page(browser)
     await page.set_viewport_size({"width": 400, "height": 860})  # type: ignore[attr-defined]
     paths = {
         "narrow-dashboard": "/",
@@ -202,5 +202,5 @@ async def test_pages_fit_a_400px_screen(web: WebProcess, browser: object, redis:
         width = await page.evaluate("() => document.documentElement.scrollWidth")  # type: ignore[attr-defined]
         assert width <= 400, (path, width)
         if name in ("narrow-dashboard", "narrow-failure-triage", "narrow-task"):
-            await _shot(page, name)
+            await shot(page, name)
     assert page.js_errors == []  # type: ignore[attr-defined]

@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq.web import create_app
-from tests.test_triage import CONN, DIAL, KEYERR, VALUE, seed_mixed
+from tests.support.triage import CONN, DIAL, KEYERR, VALUE, seed_mixed
 
 H = {"X-Asyncq-Request": "1"}
 

@@ -52,8 +52,8 @@ from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 from asyncq.task import Task
 from tests.support.fakebroker import FakeBroker
 from tests.support.helpers import wait_until
-from tests.test_roles_fake_broker import Q, Running, _fails, _returns, message, role_deps
-from tests.test_roles_fake_broker import _rate_limited as _rate_limited_handler
+from tests.support.roles import Q, Running, _fails, _returns, message, role_deps
+from tests.support.roles import _rate_limited as _rate_limited_handler
 
 
 async def _in_retry(fake: FakeBroker, *due: float) -> list[str]:

@@ -172,3 +172,13 @@ async def wait_gone(redis: Redis, task_id: str, queue: str = Q) -> None:
         return not await redis.exists(keys.task_key(queue, task_id))
 
     await wait_until(gone, what=f"task {task_id} deleted")
+
+
+async def push_go_task(redis: Redis, queue: str, task_id: str, payload: bytes = b"") -> None:
+    """A pending task written as Go asynq (or redis-cli) writes it: no wake-up message."""
+    msg = TaskMessage(type="t", payload=payload, id=task_id, queue=queue, retry=25, timeout=1800)
+    await redis.hset(
+        keys.task_key(queue, task_id),
+        mapping={"msg": bytes(msg), "state": "pending", "pending_since": time.time_ns()},
+    )
+    await redis.lpush(keys.pending_key(queue), task_id)
