@@ -68,7 +68,13 @@ if TYPE_CHECKING:
     from asyncq._scheduling.periodic import PeriodicTaskConfig, PeriodicTaskManager
     from asyncq._scheduling.scheduler import EntryNotFoundError, Scheduler
     from asyncq._serde import TaskArgumentError, TaskResultError
-    from asyncq._worker.config import Aggregation, GroupAggregator, Intervals, Limits
+    from asyncq._worker.config import (
+        Aggregation,
+        GroupAggregator,
+        Intervals,
+        Limits,
+        ServerOptions,
+    )
     from asyncq._worker.result_writer import ResultWriteError
     from asyncq._worker.server import Server, ServerStats
     from asyncq.app import (
@@ -165,6 +171,7 @@ __all__ = [
     "Server",
     "ServerClosedError",
     "ServerInfo",
+    "ServerOptions",
     "ServerStats",
     "SkipRetry",
     "SkippedQueue",
@@ -263,6 +270,7 @@ _HOMES: dict[str, str] = {
     "GroupAggregator": "asyncq._worker.config",
     "Intervals": "asyncq._worker.config",
     "Limits": "asyncq._worker.config",
+    "ServerOptions": "asyncq._worker.config",
     "ResultWriteError": "asyncq._worker.result_writer",
     "Server": "asyncq._worker.server",
     "ServerStats": "asyncq._worker.server",

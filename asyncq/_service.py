@@ -8,8 +8,10 @@ States, in order (a service lives them once; it cannot start again after closing
 A service owns one **main task**: what it runs while ``running`` (the Server's and
 the Scheduler's TaskGroup of roles, the PeriodicTaskManager's sync loop). ``start()``
 does the service's set-up (:meth:`Service._open`: connect, first heartbeat or sync),
-then creates the main task and returns; a set-up that raises leaves the service
-``closed``, with what it held released (:meth:`Service._release`). ``shutdown()``
+then starts the main task and returns once it says it serves (a start handshake, see
+:mod:`asyncq._taskstart`); a set-up that raises leaves the service ``closed``, with what
+it held released (:meth:`Service._release`), and a main task that fails before it serves
+shuts the service down and raises its error from ``start()``. ``shutdown()``
 runs the service's :meth:`Service._close` once, in one task whoever asks (several
 callers, a signal, a burst run ending): it stops the main task's work, waits for it,
 and releases what the service holds. The main task is never left running after ``closed``.
@@ -25,10 +27,13 @@ import asyncio
 import contextlib
 import contextvars
 import types
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ClassVar, Literal
 
+from anyio.abc import TaskStatus
+
 from asyncq._signals import signal_handlers
+from asyncq._taskstart import start_task
 
 __all__ = ["Service", "ServiceState"]
 
@@ -57,8 +62,9 @@ class Service:
     async def _open(self) -> None:
         """Set-up before the main task starts (raising here leaves the service closed)."""
 
-    async def _main_loop(self) -> None:
-        """The main task's body; it returns once :meth:`_close` asked it to stop."""
+    async def _main_loop(self, task_status: TaskStatus[None]) -> None:
+        """The main task's body: ``task_status.started()`` once it serves (``start()``
+        returns then); it returns once :meth:`_close` asked it to stop."""
         raise NotImplementedError
 
     async def _close(self) -> None:
@@ -88,7 +94,9 @@ class Service:
             raise RuntimeError(f"the {self.kind} cannot start: it is {self._state}")
 
     async def _start_service(self, context: contextvars.Context | None = None) -> None:
-        """Set up, then start the main task (in *context*, default a copy of the current)."""
+        """Set up, then start the main task (in *context*, default a copy of the current)
+        and wait for its handshake (:func:`asyncq._taskstart.start_task`): a main task that
+        fails before it serves raises its error here, after the service shut down."""
         self._refuse_start()
         try:
             await self._open()
@@ -96,9 +104,17 @@ class Service:
             await self._open_failed()
             raise
         self._state = "running"
-        self._main = asyncio.create_task(
-            self._main_loop(), name=f"asyncq-{self.kind}", context=context
-        )
+
+        def spawn(body: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+            # Kept at once: whatever happens to the handshake, _close awaits this task.
+            self._main = asyncio.create_task(body, name=f"asyncq-{self.kind}", context=context)
+            return self._main
+
+        try:
+            await start_task(spawn, self._main_loop)
+        except BaseException:
+            await self.shutdown()
+            raise
 
     async def shutdown(self) -> None:
         """Stop the service and wait until it is closed. Safe to call more than once, from

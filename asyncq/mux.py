@@ -11,7 +11,7 @@ order, the first one registered outermost; it also wraps the not-found path.
 Handlers are ``async def handle(task) -> None``. A plain ``def`` handler runs in
 a worker thread (anyio) bounded by its own :class:`anyio.CapacityLimiter`, so
 blocking code never stalls the event loop; the server sets that limit with
-``Server(sync_concurrency=...)``.
+``Server(limits=Limits(sync_concurrency=...))``.
 """
 
 from __future__ import annotations

@@ -248,9 +248,21 @@ def redis_server(url: str | None, *, unix_socket: bool = True) -> Iterator[str]:
 
 
 def run_system(
-    spec: SystemSpec, python: Path, url: str, passthrough: Sequence[str], timeout: float
+    spec: SystemSpec,
+    python: Path,
+    url: str,
+    passthrough: Sequence[str],
+    timeout: float,
+    *,
+    root: Path = ROOT,
 ) -> dict[str, Any]:
-    """Run one system script; its records by phase, plus ``error`` when it failed."""
+    """Run one system script; its records by phase, plus ``error`` when it failed.
+
+    *root* is the directory that holds the ``benchmarks`` package the script is run from
+    (its working directory and PYTHONPATH): :mod:`benchmarks.ab` gives a copy of it
+    without ``asyncq`` beside it, so that the revision installed in *python*'s
+    environment is the one imported.
+    """
     resp = Resp(url)
     resp.call("FLUSHDB")
     resp.close()
@@ -258,12 +270,12 @@ def run_system(
     if spec.variant:
         cmd += ["--variant", spec.variant]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(root), env.get("PYTHONPATH"))))
     records: dict[str, Any] = {}
     started = time.monotonic()
     # its own session, so that a hung system can be killed together with its worker processes
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+        cmd, cwd=root, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
     )
     assert proc.stdout is not None
 

@@ -2,8 +2,8 @@
 
 Notifications for a user are enqueued into a group; the worker's aggregator
 turns each ready group into one ``email:digest`` task. A group is ready when
-it holds ``group_max_size`` tasks, when its oldest task waited
-``group_max_delay``, or when no task joined for ``group_grace_period``::
+it holds ``max_size`` tasks, when its oldest task waited ``max_delay``, or when
+no task joined for ``grace_period`` (the fields of ``Aggregation``)::
 
     python examples/aggregation.py      # ASYNCQ_REDIS_URL overrides the Redis address
 
@@ -25,7 +25,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from asyncq import Client, ServeMux, Server, Task
+from asyncq import Aggregation, Client, ServeMux, Server, Task
 
 REDIS_URL = os.environ.get("ASYNCQ_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -58,11 +58,13 @@ async def main() -> int:
         REDIS_URL,
         concurrency=4,
         queues={"notifications": 1},
-        group_aggregator=aggregate,
-        group_max_size=5,
-        group_grace_period=timedelta(seconds=1),
-        group_max_delay=timedelta(seconds=30),
-        group_check_interval=timedelta(milliseconds=250),
+        aggregation=Aggregation(
+            aggregator=aggregate,
+            max_size=5,
+            grace_period=timedelta(seconds=1),
+            max_delay=timedelta(seconds=30),
+            check_interval=timedelta(milliseconds=250),
+        ),
     )
     try:
         async with Client(REDIS_URL) as client, server:

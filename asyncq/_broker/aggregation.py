@@ -1,4 +1,5 @@
-"""Aggregation: groups, aggregation sets and their recovery."""
+"""Group transitions: groups, aggregation sets and their recovery (the broker's side of
+group aggregation; the ``Server`` setting is :class:`asyncq.Aggregation`)."""
 
 from __future__ import annotations
 
@@ -23,14 +24,14 @@ from asyncq.proto.asynq import (
     TaskMessage,
 )
 
-__all__ = ["Aggregation"]
+__all__ = ["GroupTransitions"]
 
 _AGGREGATION_CHECK = load_script(LUA_PACKAGE, "aggregation_check")
 _READ_AGGREGATION_SET = load_script(LUA_PACKAGE, "read_aggregation_set")
 _DELETE_AGGREGATION_SET = load_script(LUA_PACKAGE, "delete_aggregation_set")
 
 
-class Aggregation(BrokerBase):
+class GroupTransitions(BrokerBase):
     """Group aggregation of asynq's aggregating tasks."""
 
     # -- aggregation (spec section 3.3) -----------------------------------------------------

@@ -78,13 +78,13 @@ from asyncq._broker._base import (
     SCHEDULER_HISTORY_CAP,
     STATS_TTL,
 )
-from asyncq._broker.aggregation import Aggregation
+from asyncq._broker.aggregation import GroupTransitions
 from asyncq._broker.delivery import DirectDelivery
+from asyncq._broker.heartbeats import HeartbeatWrites
 from asyncq._broker.multiqueue import FetchResult, MultiQueue
 from asyncq._broker.observations import Observations
 from asyncq._broker.processing import DequeuedTask, ProcessingTransitions
 from asyncq._broker.producer import BatchItem, ProducerWrites
-from asyncq._broker.records import ServerRecords
 from asyncq._broker.typerate import take_type_tokens
 from asyncq._broker.workflow import AckMode, ack_step
 from asyncq.proto.asynq import TaskMessage
@@ -104,7 +104,12 @@ __all__ = [
 
 
 class Broker(
-    ProducerWrites, ProcessingTransitions, DirectDelivery, ServerRecords, Aggregation, Observations
+    ProducerWrites,
+    ProcessingTransitions,
+    DirectDelivery,
+    HeartbeatWrites,
+    GroupTransitions,
+    Observations,
 ):
     """Awaitable asynq operations on one Redis connection (plain, Sentinel or Cluster).
 

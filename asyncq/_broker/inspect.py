@@ -33,13 +33,11 @@ from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import Script, load_script
 from asyncq._time import from_unix
 from asyncq.errors import BrokerError, FailedPreconditionError, TaskNotFoundError
-from asyncq.proto.asynq import (
-    SchedulerEnqueueEvent,
-    SchedulerEntry,
-    ServerInfo,
-    TaskMessage,
-    WorkerInfo,
-)
+from asyncq.proto.asynq import SchedulerEnqueueEvent as SchedulerEnqueueEventProto
+from asyncq.proto.asynq import SchedulerEntry as SchedulerEntryProto
+from asyncq.proto.asynq import ServerInfo as ServerInfoProto
+from asyncq.proto.asynq import TaskMessage
+from asyncq.proto.asynq import WorkerInfo as WorkerInfoProto
 from asyncq.task import TaskState
 
 __all__ = [
@@ -154,7 +152,9 @@ def _stored_int(value: Any, what: str, key: str) -> int:
         return 0
 
 
-_M = TypeVar("_M", ServerInfo, WorkerInfo, SchedulerEntry, SchedulerEnqueueEvent)
+_M = TypeVar(
+    "_M", ServerInfoProto, WorkerInfoProto, SchedulerEntryProto, SchedulerEnqueueEventProto
+)
 
 
 _FIELD_TYPES: dict[str, type] = {"str": str, "int": int, "bytes": bytes}
@@ -164,7 +164,7 @@ def _parse_record(cls: type[_M], data: bytes) -> _M:
     """Decode a server/worker/scheduler record; ValueError when a field has the wrong type.
 
     betterproto2 accepts some malformed bytes and leaves a field of another type
-    (``WorkerInfo.parse(b"\\x00...")`` gives ``task_id == 0``), which would break
+    (``WorkerInfoProto.parse(b"\\x00...")`` gives ``task_id == 0``), which would break
     every comparison and formatter downstream.
     """
     record = cls.parse(data)
@@ -647,53 +647,53 @@ class InspectBroker:
                 _skipped(index, exc)
         return live
 
-    async def list_servers(self) -> list[ServerInfo]:
-        """ServerInfo records of live servers (undecodable or expired ones skipped)."""
-        servers: list[ServerInfo] = []
+    async def list_servers(self) -> list[ServerInfoProto]:
+        """The ServerInfo protobufs of live servers (undecodable or expired ones skipped)."""
+        servers: list[ServerInfoProto] = []
         for key in await self._live_keys(keys.ALL_SERVERS):
             data = await self._r.get(key)
             if data is None:
                 continue
             try:
-                servers.append(_parse_record(ServerInfo, data))
+                servers.append(_parse_record(ServerInfoProto, data))
             except Exception as exc:
                 _skipped(key, exc)
         return servers
 
-    async def list_workers(self) -> list[WorkerInfo]:
-        """WorkerInfo records of every live server (undecodable ones skipped)."""
-        workers: list[WorkerInfo] = []
+    async def list_workers(self) -> list[WorkerInfoProto]:
+        """The WorkerInfo protobufs of every live server (undecodable ones skipped)."""
+        workers: list[WorkerInfoProto] = []
         for key in await self._live_keys(keys.ALL_WORKERS):
             for data in await self._r.hvals(key):
                 try:
-                    workers.append(_parse_record(WorkerInfo, data))
+                    workers.append(_parse_record(WorkerInfoProto, data))
                 except Exception as exc:
                     _skipped(key, exc)
         return workers
 
-    async def list_scheduler_entries(self) -> list[SchedulerEntry]:
-        """SchedulerEntry records of every live scheduler (undecodable ones skipped)."""
-        entries: list[SchedulerEntry] = []
+    async def list_scheduler_entries(self) -> list[SchedulerEntryProto]:
+        """The SchedulerEntry protobufs of every live scheduler (undecodable ones skipped)."""
+        entries: list[SchedulerEntryProto] = []
         for key in await self._live_keys(keys.ALL_SCHEDULERS):
             for data in await self._r.lrange(key, 0, -1):
                 try:
-                    entries.append(_parse_record(SchedulerEntry, data))
+                    entries.append(_parse_record(SchedulerEntryProto, data))
                 except Exception as exc:
                     _skipped(key, exc)
         return entries
 
     async def list_scheduler_enqueue_events(
         self, entry_id: str, page: int, size: int
-    ) -> list[SchedulerEnqueueEvent]:
+    ) -> list[SchedulerEnqueueEventProto]:
         """One page of an entry's enqueue events, newest first (page is 0-based)."""
         start = page * size
         members = await self._r.zrevrange(
             keys.scheduler_history_key(entry_id), start, start + size - 1
         )
-        events: list[SchedulerEnqueueEvent] = []
+        events: list[SchedulerEnqueueEventProto] = []
         for data in members:
             try:
-                events.append(_parse_record(SchedulerEnqueueEvent, data))
+                events.append(_parse_record(SchedulerEnqueueEventProto, data))
             except Exception as exc:
                 _skipped(keys.scheduler_history_key(entry_id), exc)
         return events

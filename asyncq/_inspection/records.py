@@ -240,7 +240,7 @@ class ServerInfo:
 
 @dataclass(frozen=True, slots=True)
 class TypeRateInfo:
-    """asyncq: one task type's fleet-wide rate limit (``Server(type_rate_limits=...)``).
+    """asyncq: one task type's fleet-wide rate limit (``Limits(type_rate_limits=...)``).
 
     A type is known from the live servers that configure it and from its
     Redis bucket, which the first token taken creates and which expires an

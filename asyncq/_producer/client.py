@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import types
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -194,70 +202,49 @@ class Client:
         templates = self._templates
         key = templates.key(task, templates.call_key(options)) if isinstance(task, Task) else None
         template = None if key is None else templates.get(key)
-        if template is None:
-            return await self._enqueue_composed(task, options, now, key)
-        # The hot path: a plain pending task whose option set was composed before.
-        plain = template.encode(task)
-        queue, task_id, data = template.queue, plain.task_id, plain.data
-        try:
-            await self.broker.write_pending(queue, task_id, data)
-        except BaseException as exc:
-            if self.retry is None or not is_retryable(exc):
-                raise
-            written = Written(task_id, queue, plain.task_type, data, "")
-            await write_with_retry(
-                self.retry,
-                self.redis,
-                written,
+        if template is not None:
+            # The hot path: a plain pending task whose option set was composed before.
+            plain = template.encode(task)
+            queue, task_id, data = template.queue, plain.task_id, plain.data
+            await self._write(
                 lambda: self.broker.write_pending(queue, task_id, data),
-                first_error=exc,
+                lambda: Written(task_id, queue, plain.task_type, data, ""),
             )
+            info = plain.info(now)
+        else:
+            # The general path: every option, through compose (which also teaches the
+            # template). The client describes the write; the broker plans and runs it (as
+            # for a batch). The task id is fixed in msg: a retry after a lost reply finds
+            # its own task.
+            c = compose(task, [options], now)
+            item = c.batch_item()
+            await self._write(lambda: self.broker.write(item), lambda: Written.of(c.message))
+            if key is not None:
+                templates.learn(key, c)
+            info = info_of(c, now)
         if is_debug_enabled(log):
             log.debug(
                 "task enqueued",
-                task_id=task_id,
-                task_type=plain.task_type,
-                queue=queue,
-                state="pending",
+                task_id=info.id,
+                task_type=info.type,
+                queue=info.queue,
+                state=info.state.value,
             )
         if self._events is not None:
-            self._events.add("enqueued", queue, plain.task_type, task_id)
-        return plain.info(now)
+            self._events.add("enqueued", info.queue, info.type, info.id)
+        return info
 
-    async def _enqueue_composed(
-        self, task: Task, options: Mapping[str, Any], now: datetime, key: object | None
-    ) -> TaskInfo:
-        """The general path: every option, through compose (which also teaches the template)."""
-        c = compose(task, [options], now)
-        msg = c.message
-        # The client describes the write; the broker plans and runs it (as for a batch).
-        # The task id is fixed in msg: a retry after a lost reply finds its own task.
-        item = c.batch_item()
+    async def _write(
+        self, write: Callable[[], Awaitable[object]], written: Callable[[], Written]
+    ) -> None:
+        """One enqueue write; after a connection-level failure, the retry policy's attempts
+        (*written* describes the task for them, built only then)."""
         try:
-            await self.broker.write(item)
+            await write()
         except BaseException as exc:
             if self.retry is None or not is_retryable(exc):
                 raise
-            await write_with_retry(
-                self.retry,
-                self.redis,
-                Written.of(msg),
-                lambda: self.broker.write(item),
-                first_error=exc,
-            )
-        if key is not None:
-            self._templates.learn(key, c)
-        if is_debug_enabled(log):
-            log.debug(
-                "task enqueued",
-                task_id=msg.id,
-                task_type=msg.type,
-                queue=msg.queue,
-                state=c.state.value,
-            )
-        if self._events is not None:
-            self._events.add("enqueued", msg.queue, msg.type, msg.id)
-        return info_of(c, now)
+            await write_with_retry(self.retry, self.redis, written(), write, first_error=exc)
 
     async def wait(
         self,

@@ -30,6 +30,7 @@ from asyncq._cancel import raise_if_cancelling
 from asyncq._codec import decode_task_message
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisClient
+from asyncq._taskstart import TaskOwner
 from asyncq.errors import AsyncqError, TaskNotFoundError
 from asyncq.task import TaskInfo, TaskState
 
@@ -78,6 +79,8 @@ class ResultWaiter:
         self._subscribed: dict[str, asyncio.Event] = {}  # channel -> confirmed
         self._waiters: dict[str, set[asyncio.Event]] = {}  # task ID -> wake-up events
         self._reader: asyncio.Task[None] | None = None
+        self._tasks = TaskOwner()
+        """The owner of the notification reader: :meth:`aclose` ends it."""
         self._closed = False
 
     async def wait(
@@ -100,7 +103,8 @@ class ResultWaiter:
             while True:
                 woken.clear()  # a notification from now on makes the next wait return at once
                 info = await self._read(queue, task_id)
-                raise_if_cancelling()  # a cancel landing as the read ended (3.11) still ends the wait
+                # A cancel landing as the read ended (3.11) still ends the wait.
+                raise_if_cancelling()
                 if info.state is TaskState.COMPLETED:
                     return info
                 if info.state is TaskState.ARCHIVED:
@@ -154,7 +158,7 @@ class ResultWaiter:
                 log.debug("completion channel not subscribed; polling", error=str(exc))
                 return
             if self._reader is None or self._reader.done():
-                self._reader = asyncio.get_running_loop().create_task(
+                self._reader = self._tasks.create_task(
                     self._read_notifications(), name="asyncq-result-waiter"
                 )
         if confirmed.is_set():
@@ -172,7 +176,8 @@ class ResultWaiter:
         while not self._closed:
             try:
                 message = await self._pubsub.get_message(timeout=1.0)
-                raise_if_cancelling()  # aclose()'s cancel may have been swallowed by the read (3.11)
+                # aclose()'s cancel may have been swallowed by the read (3.11).
+                raise_if_cancelling()
                 backoff = 0.05
             except asyncio.CancelledError:
                 raise
@@ -208,10 +213,9 @@ class ResultWaiter:
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-        if self._pubsub is not None:
-            with contextlib.suppress(Exception):
-                await self._pubsub.aclose()
+        try:
+            await self._tasks.aclose()
+        finally:
+            if self._pubsub is not None:
+                with contextlib.suppress(Exception):
+                    await self._pubsub.aclose()

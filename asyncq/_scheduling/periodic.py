@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeAlias, Unpack
 
+from anyio.abc import TaskStatus
+
 from asyncq._logging import get_logger
 from asyncq._redis.options import RedisTarget
 from asyncq._scheduling.cron import parse_cronspec
@@ -174,8 +176,10 @@ class PeriodicTaskManager(Service):
         await self.sync()
         await self.scheduler.start()
 
-    async def _main_loop(self) -> None:
-        """The manager's main task: the sync loop (the scheduler runs its own)."""
+    async def _main_loop(self, task_status: TaskStatus[None]) -> None:
+        """The manager's main task: the sync loop (the scheduler runs its own). It serves
+        at once: the first sync ran in :meth:`_open`."""
+        task_status.started()
         await self._sync_loop()
 
     async def _close(self) -> None:

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import inspect
 import os
@@ -83,6 +84,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, TypeAlias, TypedDict, Unpack
 
+from anyio.abc import TaskStatus
+
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._gofmt import option_strings
@@ -93,10 +96,14 @@ from asyncq._redis.connection import Connection
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._redis.options import RedisTarget
 from asyncq._scheduling.cron import Schedule, normalize_spec, parse_cronspec
+from asyncq._scheduling.roles import EntryTicker, SchedulerHeartbeat, next_tick
 from asyncq._service import Service
+from asyncq._supervision import supervise
+from asyncq._taskstart import start_task
 from asyncq._time import GO_ZERO_TIME
 from asyncq.errors import AsyncqError, TaskIdConflictError
-from asyncq.proto.asynq import SchedulerEnqueueEvent, SchedulerEntry
+from asyncq.proto.asynq import SchedulerEnqueueEvent as SchedulerEnqueueEventProto
+from asyncq.proto.asynq import SchedulerEntry as SchedulerEntryProto
 from asyncq.task import EnqueueOptions, Task, TaskInfo
 
 __all__ = [
@@ -241,15 +248,15 @@ class _Entry:
     jitter: timedelta | None = None
     next: datetime | None = None
     prev: datetime | None = None
-    runner: asyncio.Task[None] | None = None
+    ticker: EntryTicker | None = None
     fires: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
     def queue(self) -> str:
         return str(_merged_options(self.task, self.options).get("queue") or "default")
 
-    def proto(self) -> SchedulerEntry:
-        return SchedulerEntry(
+    def proto(self) -> SchedulerEntryProto:
+        return SchedulerEntryProto(
             id=self.id,
             spec=self.spec,
             task_type=self.task.type,
@@ -344,7 +351,9 @@ class Scheduler(Service):
         self._client: Client | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._stop = asyncio.Event()
-        self._beat_now = asyncio.Event()
+        self._heartbeat_role = SchedulerHeartbeat(
+            self.log, heartbeat_interval.total_seconds(), self._heartbeat
+        )
         self._enqueuing: set[asyncio.Task[None]] = set()
         self._redis_errors = RateLimiter(3.0)
 
@@ -398,7 +407,7 @@ class Scheduler(Service):
             identity=identity,
             jitter=jitter,
         )
-        entry.next = _next_tick(schedule, datetime.now(UTC))
+        entry.next = next_tick(schedule, datetime.now(UTC))
         if any(e.identity == identity for e in self._entries.values()):
             self.log.warning(
                 "identical scheduler entry already registered; its ticks are enqueued once",
@@ -414,9 +423,9 @@ class Scheduler(Service):
             queue=entry.queue,
         )
         if self._state == "running":
-            if self._tg is not None:  # else _supervise, about to run, starts it
-                self._start_runner(entry)
-            self._beat_now.set()
+            if self._tg is not None:  # else _main_loop, about to run, starts it
+                self._start_ticker(entry)
+            self._heartbeat_role.beat_now()
         return entry.id
 
     def unregister(self, entry_id: str) -> None:
@@ -426,14 +435,14 @@ class Scheduler(Service):
             raise EntryNotFoundError(entry_id)
         self.log.info("unregistered periodic task", entry_id=entry_id, task_type=entry.task.type)
         self._retired[entry.id] = entry
-        if entry.runner is not None:
-            entry.runner.cancel()
+        if entry.ticker is not None:
+            entry.ticker.request_stop()
         if self._state == "running":
             if self._tg is not None:  # else its history is deleted at shutdown
                 self._tg.create_task(
                     self._retire(entry), name=f"asyncq-scheduler-retire-{entry.id}"
                 )
-            self._beat_now.set()
+            self._heartbeat_role.beat_now()
 
     @property
     def entries(self) -> dict[str, tuple[str, Task, dict[str, Any]]]:
@@ -455,7 +464,7 @@ class Scheduler(Service):
         self._client = Client(self._conn)
         now = datetime.now(UTC)
         for entry in self._entries.values():
-            entry.next = _next_tick(entry.schedule, now)
+            entry.next = next_tick(entry.schedule, now)
         await self._heartbeat()
 
     async def _release(self) -> None:
@@ -501,19 +510,24 @@ class Scheduler(Service):
 
     # -- roles ------------------------------------------------------------------------------
 
-    async def _main_loop(self) -> None:
-        """The scheduler's main task: the heartbeat and one runner per entry, in a TaskGroup."""
+    async def _main_loop(self, task_status: TaskStatus[None]) -> None:
+        """The scheduler's main task: its roles (:mod:`asyncq._scheduling.roles`: the
+        heartbeat and one ticker per entry) and the ticks they fire, in one TaskGroup; it
+        serves once the roles started (the first heartbeat was written in :meth:`_open`)."""
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
-            heartbeat = tg.create_task(self._heartbeat_loop(), name="asyncq-scheduler-heartbeat")
+            heartbeat = self._heartbeat_role
+            spawn = functools.partial(tg.create_task, name=f"asyncq-scheduler-{heartbeat.name}")
+            await start_task(spawn, functools.partial(supervise, heartbeat))
             for entry in self._entries.values():
-                if entry.runner is None:
-                    self._start_runner(entry)
+                if entry.ticker is None:
+                    self._start_ticker(entry)
+            task_status.started()
             await self._stop.wait()
-            heartbeat.cancel()
+            heartbeat.request_stop()
             for entry in [*self._entries.values(), *self._retired.values()]:
-                if entry.runner is not None:
-                    entry.runner.cancel()
+                if entry.ticker is not None:
+                    entry.ticker.request_stop()
                 for fire in entry.fires:
                     # Ticks still waiting on another scheduler's claim are that one's
                     # to finish; ticks being enqueued here get to complete.
@@ -521,49 +535,28 @@ class Scheduler(Service):
                         fire.cancel()
         self._tg = None
 
-    def _start_runner(self, entry: _Entry) -> None:
+    def _start_ticker(self, entry: _Entry) -> None:
         assert self._tg is not None
-        entry.runner = self._tg.create_task(
-            self._run_entry(entry), name=f"asyncq-scheduler-entry-{entry.id}"
+
+        def moved(prev: datetime | None, following: datetime) -> None:
+            entry.next = following
+            if prev is not None:
+                entry.prev = prev
+                # Rewrite the entries record now rather than at the next heartbeat (up
+                # to an interval away): until then `cron ls` and the web UI read the
+                # record written before this tick, "Prev: never", "Next: <it> (now)".
+                self._heartbeat_role.beat_now()
+
+        entry.ticker = EntryTicker(
+            self.log.bind(entry_id=entry.id, task_type=entry.task.type),
+            entry.schedule,
+            self.misfire_grace,
+            fire=functools.partial(self._start_fire, entry),
+            moved=moved,
         )
-
-    async def _run_entry(self, entry: _Entry) -> None:
-        try:
-            await self._tick_loop(entry)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            # Only this entry stops; the others and the heartbeat keep running.
-            self.log.exception(
-                "scheduler entry stopped ticking", entry_id=entry.id, task_type=entry.task.type
-            )
-
-    async def _tick_loop(self, entry: _Entry) -> None:
-        grace = self.misfire_grace
-        tick = entry.next = _next_tick(entry.schedule, datetime.now(UTC))
-        while True:
-            await _sleep_until(tick)
-            entry.prev = tick
-            self._start_fire(entry, tick)
-            following = _next_tick(entry.schedule, tick)
-            now = datetime.now(UTC)
-            if following + grace < now:
-                # The loop was blocked or the process suspended: ticks older than the
-                # grace window are beyond saving here; say so instead of bursting.
-                resumed = _next_tick(entry.schedule, now - grace)
-                self.log.warning(
-                    "scheduler fell behind; skipping ticks older than the misfire grace",
-                    entry_id=entry.id,
-                    task_type=entry.task.type,
-                    first_skipped=following.isoformat(),
-                    resumed_at=resumed.isoformat(),
-                )
-                following = resumed
-            tick = entry.next = following
-            # Rewrite the entries record now rather than at the next heartbeat (up to an
-            # interval away): until then `cron ls` and the web UI read the record written
-            # before this tick, "Prev: never" and "Next: <this tick> (now)".
-            self._beat_now.set()
+        # Supervised, not started with a handshake: a ticker has nothing to fail before
+        # it serves, and register() (which starts one while the scheduler runs) is sync.
+        self._tg.create_task(supervise(entry.ticker), name=f"asyncq-scheduler-entry-{entry.id}")
 
     def _start_fire(self, entry: _Entry, tick: datetime) -> None:
         assert self._tg is not None
@@ -573,19 +566,6 @@ class Scheduler(Service):
         )
         entry.fires.add(fire)
         fire.add_done_callback(entry.fires.discard)
-
-    async def _heartbeat_loop(self) -> None:
-        interval = self.heartbeat_interval.total_seconds()
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._beat_now.wait(), interval)
-            self._beat_now.clear()
-            try:
-                await self._heartbeat()
-            except REDIS_ERRORS as exc:
-                self._log_redis_error("could not write scheduler heartbeat", exc)
-            except Exception:
-                self.log.exception("scheduler heartbeat failed")
 
     async def _heartbeat(self) -> None:
         assert self._broker is not None
@@ -802,7 +782,7 @@ class Scheduler(Service):
         await self._mark_done(entry, tick_unix, info.id, log)
         log.info("enqueued periodic task", task_id=info.id)
         await self._hook_post(info, None, log)
-        event = SchedulerEnqueueEvent(task_id=info.id, enqueue_time=datetime.now(UTC))
+        event = SchedulerEnqueueEventProto(task_id=info.id, enqueue_time=datetime.now(UTC))
         try:
             await self._broker.record_scheduler_enqueue_event(entry.id, event)
         except REDIS_ERRORS as exc:
@@ -887,17 +867,3 @@ class Scheduler(Service):
 def _text(value: bytes | str | None) -> str | None:
     # Works whether or not a caller's client decodes responses.
     return value.decode() if isinstance(value, bytes) else value
-
-
-def _next_tick(schedule: Schedule, after: datetime) -> datetime:
-    # Ticks are kept in UTC: same-zone datetime arithmetic runs on the wall clock,
-    # and an ambiguous local time never compares equal across zones.
-    return schedule.next_after(after).astimezone(UTC)
-
-
-async def _sleep_until(when: datetime) -> None:
-    target = when.timestamp()
-    # The event loop sleeps on the monotonic clock while ticks are wall-clock
-    # instants, so check the wall clock again after waking.
-    while (delay := target - time.time()) > 0:  # noqa: ASYNC110 - no event to wait on
-        await asyncio.sleep(delay)

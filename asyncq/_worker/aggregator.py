@@ -1,6 +1,6 @@
 """The aggregator role: group aggregation (asynq's aggregator, spec 5.10).
 
-Only started when ``Server(group_aggregator=...)`` is given. Every
+Only started when ``Server(aggregation=Aggregation(aggregator=...))`` is given. Every
 ``group_check_interval`` (asynq: min(7 s, ``group_grace_period``)) it runs
 asynq's aggregation check on every group of every configured queue, with at
 most three checks in flight (an overdue tick is skipped with a warning, as in

@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from asyncq._broker.delivery import DeliveryNote
     from asyncq._broker.multiqueue import FetchResult
     from asyncq._broker.workflow import AckMode
-    from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
+    from asyncq.proto.asynq import ServerInfo as ServerInfoProto
+    from asyncq.proto.asynq import TaskMessage
+    from asyncq.proto.asynq import WorkerInfo as WorkerInfoProto
 
 __all__ = ["WorkerBroker"]
 
@@ -136,8 +138,8 @@ class WorkerBroker(Protocol):
 
     async def write_server_state(
         self,
-        info: ServerInfo,
-        workers: Sequence[WorkerInfo],
+        info: ServerInfoProto,
+        workers: Sequence[WorkerInfoProto],
         ttl: float,
         *,
         type_rates: Mapping[str, str] | None = None,

@@ -1,8 +1,9 @@
 """A server's settings, validated, and its in-process counters, shared by every role.
 
-The user gives the settings as ``Server`` keywords: the common ones by name, the rarely
-changed ones grouped in :class:`Intervals`, :class:`Limits` and :class:`Aggregation`
-(each also accepted as the flat keyword it replaces, e.g. ``heartbeat_interval=``, see
+The user gives the settings as ``Server`` keywords, :class:`ServerOptions`: the common
+ones by name, the rarely changed ones grouped in :class:`Intervals`, :class:`Limits` and
+:class:`Aggregation` (each field still accepted, for one release and with a
+DeprecationWarning, as the flat keyword it replaced, e.g. ``heartbeat_interval=``: see
 :class:`GroupedOptions`). :func:`build_config` checks every value, naming the option
 of a bad one, and returns the :class:`ServerConfig` the roles read (durations in
 seconds).
@@ -12,14 +13,18 @@ from __future__ import annotations
 
 import os
 import types
+import warnings
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any, Final, TypeAlias, TypedDict
 
+from typing_extensions import Unpack
+
 from asyncq import _keys as keys
 from asyncq._broker import LEASE_DURATION
+from asyncq._broker.replication import replica_wait_seconds
 from asyncq._duration import positive_seconds
 from asyncq._worker.limits import (
     Rate,
@@ -38,6 +43,7 @@ __all__ = [
     "DEFAULT_METRICS_HISTORY",
     "DEFAULT_QUEUES",
     "GROUPED_OPTION_NAMES",
+    "SERVER_OPTION_NAMES",
     "Aggregation",
     "ErrorHandler",
     "GroupAggregator",
@@ -48,6 +54,7 @@ __all__ = [
     "Limits",
     "RetryDelay",
     "ServerConfig",
+    "ServerOptions",
     "ServerStats",
     "build_config",
 ]
@@ -127,6 +134,10 @@ class ServerConfig:
     events: bool | tuple[str, ...] = False
     """The queues whose task events the server writes: all (True), none, or these names
     and patterns."""
+    min_replicas: int = 0
+    """Replica acknowledgements a finished attempt's outcome waits for (0: none)."""
+    replica_timeout: float = 1.0
+    """How long it waits for them."""
     syncer_interval: float = 5.0
     """How often the syncer retries the writes Redis refused (asynq hard-codes 5 s). Not
     a ``Server`` option: a test that needs it shorter sets ``server.syncer.interval``."""
@@ -194,8 +205,8 @@ def _callable(name: str, value: object) -> None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Intervals:
     """How often the server's background roles act (asynq hard-codes these; the
-    defaults are asynq's but for ``task_check``). Each field is also a ``Server``
-    keyword of its own (the name in brackets)."""
+    defaults are asynq's but for ``task_check``). The name in brackets is the field's
+    old flat ``Server`` keyword (deprecated: see :class:`GroupedOptions`)."""
 
     task_check: timedelta = timedelta(milliseconds=80)
     """[task_check_interval] Longest idle wait between fetches when polling (asynq: 1 s).
@@ -223,19 +234,26 @@ class Intervals:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
-    """Bounds on what runs, beyond ``concurrency`` (see docs/flow-control.md). Each
-    field is also a ``Server`` keyword of its own, of the same name."""
+    """Bounds on what runs, beyond ``concurrency`` (see docs/flow-control.md). Queue
+    names may be patterns (each match gets its own limit). Each field's old flat
+    ``Server`` keyword has its name (deprecated: see :class:`GroupedOptions`)."""
 
     queue_concurrency: Mapping[str, int] | None = None
-    """``{queue: N}``: at most N tasks of the queue at once across every asyncq server."""
+    """``{queue: N}``: at most N tasks of the queue at once across every asyncq server
+    (counted in Redis from the live leases; a limit stored with ``Inspector.set_limit``
+    overrides it)."""
     local_queue_concurrency: Mapping[str, int] | None = None
     """``{queue: N}``: the same for this server alone."""
     rate_limits: Mapping[str, str] | None = None
-    """``{queue: "100/s"}``: a token bucket in Redis shared by every asyncq server."""
+    """``{queue: "100/s"}``: a token bucket in Redis shared by every asyncq server
+    (periods s, min, h; holds N tokens, or B with ``"N/s burst B"``)."""
     type_rate_limits: Mapping[str, str] | None = None
-    """``{task type: "600/min"}``: the same per task type, taken after the dequeue."""
+    """``{task type: "600/min"}``: the same per task type, taken after the dequeue (a
+    task without a token goes back to the retry set unrun, without using a retry)."""
     ordered_queues: Sequence[str] = ()
-    """Queues this server marks ordered in Redis when it starts."""
+    """Queues this server marks ordered in Redis when it starts (one task at a time
+    fleet-wide, in enqueue order, a failed task first; the same flag as ``asyncq queue
+    ordered Q on``)."""
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
     """Bound on the payload bytes of the running handlers (a larger task runs alone)."""
     sync_concurrency: int | None = None
@@ -246,8 +264,8 @@ class Limits:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Aggregation:
-    """Group aggregation: on when *aggregator* is set. Each field is also a ``Server``
-    keyword of its own (the name in brackets)."""
+    """Group aggregation: on when *aggregator* is set. The name in brackets is the
+    field's old flat ``Server`` keyword (deprecated: see :class:`GroupedOptions`)."""
 
     aggregator: GroupAggregator | None = None
     """[group_aggregator] Turns a group's tasks into one task."""
@@ -263,7 +281,11 @@ class Aggregation:
 
 
 class GroupedOptions(TypedDict, total=False):
-    """The flat ``Server`` keywords of the grouped settings, each one field of a group."""
+    """The old flat ``Server`` keywords of the grouped settings, each one field of a group.
+
+    Deprecated since 0.2.0, removed in 0.3.0: each still works for this release and
+    warns (DeprecationWarning) naming the grouped option to give instead.
+    """
 
     task_check_interval: timedelta
     delayed_task_check_interval: timedelta
@@ -288,6 +310,73 @@ class GroupedOptions(TypedDict, total=False):
     group_check_interval: timedelta | None
 
 
+class ServerOptions(GroupedOptions, total=False):
+    """The :class:`~asyncq.Server`'s settings, all keyword, all optional:
+    ``Server(redis, concurrency=20, queues={"critical": 6, "default": 3})``.
+
+    Durations are ``timedelta``s; defaults are asynq's. The rarely changed settings
+    come in groups: :class:`~asyncq.Intervals`, :class:`~asyncq.Limits` and
+    :class:`~asyncq.Aggregation`. A bad value raises TypeError or ValueError naming
+    the option; an unknown name raises TypeError.
+    """
+
+    concurrency: int | None
+    """Handlers running at once (default: the number of CPUs)."""
+    queues: Mapping[str, int] | None
+    """Queue name -> priority (default ``{"default": 1}``). Names may be fnmatch-style
+    patterns (``{"tenant:*": 1}``): the server serves every queue of ``asynq:queues``
+    that matches, re-read every ``intervals.queue_refresh`` (1 s), so queues created
+    later are served and removed ones are dropped. An explicit name wins over a
+    pattern. With ``strict_priority`` each match has the pattern's priority; in weighted
+    order the pattern's weight is split among its matches. The :class:`Limits` accept
+    patterns too (each match gets its own limit; see docs/flow-control.md)."""
+    strict_priority: bool
+    """Always empty higher-priority queues first (default False: weighted order)."""
+    retry_delay: RetryDelay | None
+    """``retry_delay(n, exc, task)``: the delay before retry *n* (default: asynq's
+    n**4 + 15 + rand(30)*(n+1) s)."""
+    is_failure: IsFailure | None
+    """``is_failure(exc)``: False retries without counting the attempt."""
+    error_handler: ErrorHandler | None
+    """``error_handler(task, exc)``, sync or async: called on every failure."""
+    shutdown_timeout: timedelta
+    """How long shutdown waits for running handlers before requeueing them (8 s)."""
+    health_check: HealthCheck | None
+    """``health_check(exc | None)``, sync or async: called every
+    ``intervals.health_check`` (15 s) with the outcome of a Redis ping."""
+    lease_duration: timedelta
+    """A running task's lease (30 s; asynq hard-codes it), extended by every heartbeat.
+    A killed worker's tasks run again on another worker about ``lease_duration`` +
+    ``intervals.recoverer_cutoff`` after the kill."""
+    burst: bool
+    """Shut down once the queues are empty and nothing runs."""
+    intervals: Intervals | None
+    """How often the background roles act (:class:`Intervals`)."""
+    limits: Limits | None
+    """Bounds on what runs beyond ``concurrency`` (:class:`Limits`)."""
+    aggregation: Aggregation | None
+    """Group aggregation, on when its ``aggregator`` is set (:class:`Aggregation`)."""
+    metrics_history: bool | timedelta
+    """Keep the per-minute history of each task type (processed, failed, retried,
+    run-time histogram) in Redis: True keeps it 24 h (the default), a timedelta that
+    long, False keeps none. Counted in memory where each outcome is decided and written
+    every 5 s in aggregate (one script call per queue); see :mod:`asyncq.history`."""
+    min_replicas: int
+    """A finished attempt's outcome (done, completed, retry, archive) counts only once
+    this many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is logged
+    as unconfirmed and the task may run again after a failover (default 0: off)."""
+    replica_timeout: timedelta
+    """How long an outcome waits for ``min_replicas`` acknowledgements (1 s)."""
+    events: bool | Sequence[str]
+    """Write task events (started, progress, succeeded, failed, ...) to the event stream
+    (:mod:`asyncq.events`) for every queue (True) or the listed queue names and
+    patterns; off by default (docs/events.md)."""
+
+
+SERVER_OPTION_NAMES: Final = frozenset(ServerOptions.__annotations__)
+"""Every name :class:`ServerOptions` takes, the deprecated flat ones included."""
+
+
 _GROUPS: Final[dict[str, tuple[str, type[Any]]]] = {
     # flat keyword: (group field, group)
     **{
@@ -304,6 +393,7 @@ _GROUPS: Final[dict[str, tuple[str, type[Any]]]] = {
     },
 }
 GROUPED_OPTION_NAMES: Final = frozenset(GroupedOptions.__annotations__)
+"""The deprecated flat names (:class:`GroupedOptions`)."""
 
 
 _GROUP_KEYWORD: Final[dict[type[Any], str]] = {
@@ -316,13 +406,10 @@ _GROUP_KEYWORD: Final[dict[type[Any], str]] = {
 def _grouped(
     options: Mapping[str, object], given: Mapping[str, object]
 ) -> tuple[dict[type[Any], Any], dict[str, str]]:
-    """The three groups (*given* as ``intervals=``... or the defaults) with the flat
-    keywords in *options* applied, and for each flat name the name the user gave that
+    """The three groups (*given* as ``intervals=``... or the defaults) with the deprecated
+    flat keywords in *options* applied, and for each flat name the name the user gave that
     setting by (``heartbeat_interval`` or ``intervals.heartbeat``), so that an error
     names what the user wrote. A setting given both ways is refused."""
-    for name in options:
-        if name not in _GROUPS:
-            raise TypeError(f"Server() got an unexpected keyword argument {name!r}")
     groups: dict[type[Any], Any] = {}
     for cls, keyword in _GROUP_KEYWORD.items():
         value = given[keyword]
@@ -339,6 +426,12 @@ def _grouped(
             continue
         if getattr(groups[cls], attr) != getattr(cls(), attr):
             raise ValueError(f"{name} and {names[name]} are both given; give one of them")
+        warnings.warn(
+            f"Server({name}=...) is deprecated and goes in asyncq 0.3.0; give "
+            f"{_GROUP_KEYWORD[cls]}=asyncq.{cls.__name__}({attr}=...) instead",
+            DeprecationWarning,
+            stacklevel=4,  # the Server(...) call: _grouped < build_config < Server.__init__
+        )
         changes[cls][attr] = options[name]
         names[name] = name
     return {cls: replace(groups[cls], **changes[cls]) for cls in groups}, names
@@ -361,46 +454,29 @@ def _queues(queues: object) -> Mapping[str, int]:
     return types.MappingProxyType(dict(queues))
 
 
-def build_config(
-    *,
-    concurrency: int | None = None,
-    queues: Mapping[str, int] | None = None,
-    strict_priority: bool = False,
-    retry_delay: RetryDelay | None = None,
-    is_failure: IsFailure | None = None,
-    error_handler: ErrorHandler | None = None,
-    shutdown_timeout: timedelta = timedelta(seconds=8),
-    health_check: HealthCheck | None = None,
-    lease_duration: timedelta = timedelta(seconds=LEASE_DURATION),
-    burst: bool = False,
-    intervals: Intervals | None = None,
-    limits: Limits | None = None,
-    aggregation: Aggregation | None = None,
-    metrics_history: bool | timedelta = DEFAULT_METRICS_HISTORY,
-    events: bool | Sequence[str] = False,
-    options: Mapping[str, object] | None = None,
-) -> ServerConfig:
-    """The ``Server`` keywords, checked, as the config its roles read.
+def build_config(**options: Unpack[ServerOptions]) -> ServerConfig:
+    """The ``Server`` keywords (:class:`ServerOptions`), checked, as the config its roles read.
 
-    *options* are the flat keywords of the grouped settings (:class:`GroupedOptions`).
-    A bad value raises TypeError or ValueError naming the option as the user wrote it.
+    A bad value raises TypeError or ValueError naming the option as the user wrote it;
+    an unknown name raises TypeError; each deprecated flat name warns.
     """
+    given: dict[str, Any] = dict(options)
+    for key in given:
+        if key not in SERVER_OPTION_NAMES:
+            raise TypeError(f"Server() got an unexpected keyword argument {key!r}")
     groups, name = _grouped(
-        options or {}, {"intervals": intervals, "limits": limits, "aggregation": aggregation}
+        given, {key: given.get(key) for key in ("intervals", "limits", "aggregation")}
     )
     every: Intervals = groups[Intervals]
     bound: Limits = groups[Limits]
     agg: Aggregation = groups[Aggregation]
+    concurrency = given.get("concurrency")
     concurrency = (os.cpu_count() or 1) if concurrency is None else concurrency
     concurrency = _positive_int("concurrency", concurrency)
-    for label, fn in (
-        ("retry_delay", retry_delay),
-        ("is_failure", is_failure),
-        ("error_handler", error_handler),
-        ("health_check", health_check),
-        (name["group_aggregator"], agg.aggregator),
-    ):
-        _callable(label, fn)
+    for label in ("retry_delay", "is_failure", "error_handler", "health_check"):
+        _callable(label, given.get(label))
+    _callable(name["group_aggregator"], agg.aggregator)
+    lease_duration = given.get("lease_duration", timedelta(seconds=LEASE_DURATION))
     second = timedelta(seconds=1)
     grace = positive_seconds(agg.grace_period, name["group_grace_period"], minimum=second)
     max_delay = 0.0
@@ -430,13 +506,15 @@ def build_config(
     sync_concurrency = concurrency if bound.sync_concurrency is None else bound.sync_concurrency
     return ServerConfig(
         concurrency=concurrency,
-        queues=_queues(queues),
-        strict_priority=bool(strict_priority),
-        retry_delay=retry_delay,
-        is_failure=is_failure,
-        error_handler=error_handler,
-        shutdown_timeout=positive_seconds(shutdown_timeout, "shutdown_timeout"),
-        health_check=health_check,
+        queues=_queues(given.get("queues")),
+        strict_priority=bool(given.get("strict_priority", False)),
+        retry_delay=given.get("retry_delay"),
+        is_failure=given.get("is_failure"),
+        error_handler=given.get("error_handler"),
+        shutdown_timeout=positive_seconds(
+            given.get("shutdown_timeout", timedelta(seconds=8)), "shutdown_timeout"
+        ),
+        health_check=given.get("health_check"),
         health_check_interval=positive_seconds(every.health_check, name["health_check_interval"]),
         task_check_interval=positive_seconds(every.task_check, name["task_check_interval"]),
         delayed_task_check_interval=positive_seconds(
@@ -453,7 +531,7 @@ def build_config(
         group_max_delay=max_delay,
         group_max_size=max_size,
         group_check_interval=check_interval,
-        burst=bool(burst),
+        burst=bool(given.get("burst", False)),
         sync_concurrency=_positive_int(name["sync_concurrency"], sync_concurrency),
         max_inflight_bytes=_positive_int(name["max_inflight_bytes"], bound.max_inflight_bytes),
         queue_concurrency=validate_limits(name["queue_concurrency"], bound.queue_concurrency),
@@ -466,8 +544,12 @@ def build_config(
         queue_refresh_interval=positive_seconds(
             every.queue_refresh, name["queue_refresh_interval"]
         ),
-        metrics_history=_history_retention(metrics_history),
-        events=event_queues("events", events),
+        metrics_history=_history_retention(given.get("metrics_history", DEFAULT_METRICS_HISTORY)),
+        events=event_queues("events", given.get("events", False)),
+        min_replicas=given.get("min_replicas", 0),
+        replica_timeout=replica_wait_seconds(
+            given.get("min_replicas", 0), given.get("replica_timeout", timedelta(seconds=1))
+        ),
     )
 
 

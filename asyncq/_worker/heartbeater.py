@@ -1,7 +1,7 @@
 """The heartbeater role (asynq's heartbeater).
 
 Every ``heartbeat_interval`` (5 s), starting at once, it writes the server's
-ServerInfo and one WorkerInfo per running task with a TTL of twice the
+ServerInfo and one WorkerInfo protobuf per running task with a TTL of twice the
 interval, so ``asynq server ls``, asynqmon and asyncq's inspector see the
 server and its active workers. In the same beat it extends the Redis lease of
 every running task whose local lease is still valid; a running task whose
@@ -25,7 +25,8 @@ from asyncq._worker.active import ActiveTasks
 from asyncq._worker.lease import Lease, extend_leases
 from asyncq._worker.limits import flow_record
 from asyncq._worker.roles import PeriodicRole, RoleDeps
-from asyncq.proto.asynq import ServerInfo, WorkerInfo
+from asyncq.proto.asynq import ServerInfo as ServerInfoProto
+from asyncq.proto.asynq import WorkerInfo as WorkerInfoProto
 
 __all__ = ["Heartbeater", "ServerIdentity"]
 
@@ -84,7 +85,7 @@ class Heartbeater(PeriodicRole):
             else:
                 self.redis_error("could not extend task leases", exc, queue=qname)
 
-        info = ServerInfo(
+        info = ServerInfoProto(
             host=server.host,
             pid=server.pid,
             server_id=server.server_id,
@@ -96,7 +97,7 @@ class Heartbeater(PeriodicRole):
             active_worker_count=len(active),
         )
         workers = [
-            WorkerInfo(
+            WorkerInfoProto(
                 host=server.host,
                 pid=server.pid,
                 server_id=server.server_id,

@@ -23,7 +23,7 @@ matching the pattern gets that limit (or rate, or the ordered flag) for itself,
 an explicit name winning over a pattern (see :mod:`asyncq._worker.queueset`).
 
 ``type_rate_limits`` (fleet-wide, per task type) are checked after the dequeue,
-by the processor: see :mod:`asyncq._worker.typerate`.
+by the processor, against the bucket of :mod:`asyncq._broker.typerate`.
 """
 
 from __future__ import annotations

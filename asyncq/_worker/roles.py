@@ -1,34 +1,31 @@
-"""Role supervision shared by the server's background roles.
+"""The server's roles: :class:`Role` (a :class:`~asyncq._supervision.ServiceRole` given
+the server's broker, settings and counters) and :class:`PeriodicRole`.
 
 Every role (processor, heartbeater, watchdog, forwarder, recoverer, janitor,
 syncer, subscriber, history, healthchecker, queue watcher, aggregator: the last
 four only when configured) is one asyncio task in the server's TaskGroup, running
-:func:`supervise` around the role's ``run()``. At shutdown the server calls
-each role's :meth:`Role.drain`, waits for its task, then :meth:`Role.finish`,
-role after role in the order declared in :mod:`asyncq._worker.server`.
+:func:`~asyncq._supervision.supervise` around the role's ``run()``, started with a
+handshake (a role that cannot start fails the server's ``start()`` with its own
+error). At shutdown the server calls each role's :meth:`Role.drain`, waits for its
+task, then :meth:`Role.finish`, role after role in the order declared in
+:mod:`asyncq._worker.server`.
 
-Crash policy: **restart with exponential backoff**. A role whose ``run()``
-raises anything but a Redis error is logged at ERROR level with its
-traceback, counted in ``Server.stats.role_restarts[<role>]`` and restarted
-after a delay that doubles from 0.1 s up to 30 s (reset once the role has run
-for a minute without crashing). Failing the whole server instead would turn
-a bug in, say, the janitor into lost throughput for every queue, while the
-processor's running handlers do not depend on any other role; restarting keeps
-the worker serving and the ERROR lines keep the problem loud. Redis errors are
-not crashes: the periodic roles log them at a bounded rate (one line per 3 s)
-and try again at their next interval.
+Crash policy (:mod:`asyncq._supervision`): **restart with exponential backoff**, each
+crash counted in ``Server.stats.role_restarts[<role>]``. Failing the whole server
+instead would turn a bug in, say, the janitor into lost throughput for every queue,
+while the processor's running handlers do not depend on any other role. Redis errors
+are not crashes: the periodic roles log them at a bounded rate (one line per 3 s) and
+try again at their next interval.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from asyncq._logging import RateLimiter, error_text
 from asyncq._redis.errors import REDIS_ERRORS
+from asyncq._supervision import ServiceRole, supervise
 
 if TYPE_CHECKING:
     from asyncq._worker.broker import WorkerBroker
@@ -60,43 +57,18 @@ class RoleDeps:
     """The queues served now (names and the current matches of patterns)."""
 
 
-_RESTART_MIN = 0.1
-_RESTART_MAX = 30.0
-_HEALTHY_RUN = 60.0
-
-
-class Role:
+class Role(ServiceRole):
     """A background role of a server: ``run()`` loops until :meth:`request_stop`."""
 
-    name: ClassVar[str] = "role"
-
     def __init__(self, deps: RoleDeps) -> None:
+        super().__init__(deps.log)
         self.broker = deps.broker
         self.config = deps.config
         self.stats = deps.stats
         self.queues = deps.queues
-        self.log: Any = deps.log.bind(role=self.name)
-        self._stop = asyncio.Event()
-        self._redis_errors = RateLimiter(3.0)
 
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
-
-    def request_stop(self) -> None:
-        """Ask the role to leave its loop at the next opportunity."""
-        self._stop.set()
-
-    async def sleep(self, seconds: float) -> None:
-        """Sleep up to *seconds*, returning early when the role is asked to stop."""
-        if self._stop.is_set() or seconds <= 0:
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._stop.wait()
-
-    async def run(self) -> None:
-        raise NotImplementedError
+    def crashed(self) -> None:
+        self.stats.role_restarts[self.name] += 1
 
     async def cleanup(self) -> None:
         """Runs once after the role stopped (flushes, clearing server state)."""
@@ -110,17 +82,6 @@ class Role:
         """Shutdown, last step, once ``run()`` returned: :meth:`cleanup`. A forced
         shutdown (a second signal) may skip what would wait on Redis."""
         await self.cleanup()
-
-    def redis_error(self, event: str, exc: BaseException, **kw: Any) -> None:
-        """Log a Redis failure, at most once per 3 s per role."""
-        if self._redis_errors.allow():
-            suppressed = self._redis_errors.take_suppressed()
-            self.log.warning(
-                event,
-                error=error_text(exc),
-                suppressed_since_last=suppressed,
-                **kw,
-            )
 
 
 class PeriodicRole(Role):
@@ -144,31 +105,3 @@ class PeriodicRole(Role):
             except REDIS_ERRORS as exc:
                 self.redis_error(f"{self.name} failed", exc)
             await self.sleep(self.interval)
-
-
-async def supervise(role: Role) -> None:
-    """Run *role* until it stops, restarting it with backoff when it crashes."""
-    attempts = 0
-    while True:
-        started = time.monotonic()
-        try:
-            await role.run()
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if time.monotonic() - started >= _HEALTHY_RUN:
-                attempts = 0
-            attempts += 1
-            role.stats.role_restarts[role.name] += 1
-            if role.stopping:
-                role.log.error("role crashed while stopping", exc_info=exc)
-                return
-            delay = min(_RESTART_MAX, _RESTART_MIN * 2 ** (attempts - 1))
-            role.log.error(
-                "role crashed; restarting", restart_in=round(delay, 3), crashes=attempts,
-                exc_info=exc,
-            )  # fmt: skip
-            await role.sleep(delay)
-            if role.stopping:
-                return

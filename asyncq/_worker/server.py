@@ -31,8 +31,10 @@ role, the health checker, the queue watcher and the aggregator), each from exact
 what it uses.
 ``start()`` runs them, each an asyncio task in one TaskGroup, the server's main task
 (see :mod:`asyncq._service` for the lifecycle it shares with the Scheduler and the
-PeriodicTaskManager); shutdown stops them in :data:`SHUTDOWN_ORDER`; a role that
-crashes is logged and restarted with backoff (see :mod:`asyncq._worker.roles`).
+PeriodicTaskManager), and returns once each has started (a start handshake: a role that
+cannot start fails ``start()`` with its own error); shutdown stops them in
+:data:`SHUTDOWN_ORDER`; a role that crashes once started is logged and restarted with
+backoff (see :mod:`asyncq._worker.roles`).
 """
 
 from __future__ import annotations
@@ -41,43 +43,44 @@ import asyncio
 import contextlib
 import contextvars
 import fnmatch
+import functools
 import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
+from anyio.abc import TaskStatus
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 from typing_extensions import Unpack
 
 from asyncq import _keys as keys
-from asyncq._broker import LEASE_DURATION, Broker
-from asyncq._broker.replication import replica_wait_seconds
+from asyncq._broker import Broker
 from asyncq._logging import get_logger
 from asyncq._producer.client import Client
 from asyncq._redis.connection import Connection, check_tls, independent_target
 from asyncq._redis.options import RedisClient, RedisTarget, describe_target
 from asyncq._service import Service
 from asyncq._signals import log_signal_hints
+from asyncq._taskstart import start_task
 from asyncq._worker.active import ActiveTasks
 from asyncq._worker.aggregator import GroupAggregatorRole
 from asyncq._worker.completion import CompletionNotifier
 from asyncq._worker.config import (
     DEFAULT_MAX_INFLIGHT_BYTES,
-    DEFAULT_METRICS_HISTORY,
     DEFAULT_QUEUES,
     Aggregation,
     ErrorHandler,
-    GroupedOptions,
     HealthCheck,
     Intervals,
     IsFailure,
     Limits,
     RetryDelay,
     ServerConfig,
+    ServerOptions,
     ServerStats,
     build_config,
 )
@@ -116,6 +119,7 @@ __all__ = [
     "RetryDelay",
     "Server",
     "ServerConfig",
+    "ServerOptions",
     "ServerStats",
 ]
 
@@ -157,83 +161,13 @@ class Server(Service):
     """Runs task handlers from Redis queues; see the module docstring.
 
     *redis* is a URI, connection options or a ``redis.asyncio`` client (a
-    client is shared: the server leaves it open). All durations are
-    ``timedelta``s; defaults are asynq's. The rarely changed settings come in
-    groups, :class:`~asyncq.Intervals` (``intervals=``), :class:`~asyncq.Limits`
-    (``limits=``) and :class:`~asyncq.Aggregation` (``aggregation=``); each of
-    their fields is also accepted as the keyword of its own named below
-    (``heartbeat_interval=`` is ``intervals=Intervals(heartbeat=...)``).
+    client is shared: the server leaves it open). The settings are keywords,
+    :class:`~asyncq.ServerOptions` (``concurrency``, ``queues``, ``intervals=``,
+    ``limits=``, ...); beside them the server takes what it is wired with:
 
-    - ``concurrency``: handlers running at once (default: the number of CPUs).
-    - ``queues``: queue name -> priority (default ``{"default": 1}``).
-    - ``strict_priority``: always empty higher-priority queues first.
-    - ``retry_delay(n, exc, task)``: delay before retry *n* (default: asynq's
-      n**4 + 15 + rand(30)*(n+1) s).
-    - ``is_failure(exc)``: False = retry without counting the attempt.
-    - ``error_handler(task, exc)``: called on every failure (sync or async).
-    - ``shutdown_timeout``: wait for running handlers at shutdown (8 s).
-    - ``health_check(exc | None)`` every ``health_check_interval`` (15 s).
-    - ``task_check_interval``: longest idle wait between fetches when polling
-      (80 ms; asynq: 1 s). asyncq clients wake idle workers at once; on a
-      single Redis server key tracking of the pending lists announces tasks
-      enqueued by Go asynq or redis-cli too, and idle workers then poll only
-      every 5 s. Elsewhere this bounds the pickup of those tasks.
-    - ``delayed_task_check_interval``: forwarder period (5 s).
-    - ``janitor_interval`` (8 s), ``janitor_batch_size`` (100).
-    - ``heartbeat_interval`` (5 s), ``lease_duration`` (30 s),
-      ``recoverer_interval`` (1 min: the longest time between two recoverer
-      checks; it also checks at the earliest lease expiry it saw and at least
-      once per lease duration), ``recoverer_cutoff`` (2 s: how long after
-      expiry a lease is recovered, the allowance for clock skew between
-      hosts; asynq's is 30 s): asynq hard-codes these. A killed worker's
-      tasks run again on another worker about ``lease_duration`` +
-      ``recoverer_cutoff`` after the kill.
-    - ``group_aggregator(group, tasks) -> Task`` enables aggregation (*tasks*
-      in joining order to the second; within one second in task-id order), with
-      ``group_grace_period`` (1 min, at least 1 s), ``group_max_delay`` and
-      ``group_max_size`` (None/0 = no limit) and ``group_check_interval``
-      (default min(7 s, grace period)).
-    - ``burst``: shut down once the queues are empty and nothing runs.
-    - ``sync_concurrency``: worker threads for plain ``def`` handlers
-      (default: ``concurrency``).
-    - ``max_inflight_bytes``: bound on the payload bytes of the running
-      handlers (64 MiB); a fetch takes no task that would pass it, except
-      that a single larger task runs alone.
-    - ``queues`` may hold fnmatch-style patterns (``{"tenant:*": 1}``): the
-      server serves every queue of ``asynq:queues`` that matches, re-read every
-      ``queue_refresh_interval`` (1 s), so queues created later are served and
-      removed ones are dropped. An explicit name wins over a pattern. With
-      ``strict_priority`` each match has the pattern's priority; in weighted
-      order the pattern's weight is split among its matches. The flow-control
-      options below accept patterns too (each match gets its own limit).
-    - ``queue_concurrency``: ``{queue: N}``, at most N tasks of the queue run
-      at once across every asyncq server (counted in Redis from the live
-      leases; a limit stored with ``Inspector.set_limit`` overrides it);
-      ``local_queue_concurrency``: ``{queue: N}`` for this server alone;
-      ``rate_limits``: ``{queue: "100/s"}``, a token bucket in Redis shared by
-      every asyncq server (periods s, min, h; holds N tokens, or B with "N/s burst B");
-      ``type_rate_limits``: ``{task type: "600/min"}``, the same per task type,
-      fleet-wide, taken by the worker after the dequeue (a task without a token
-      goes back to the retry set unrun, without using a retry);
-      ``ordered_queues``: queues this server marks ordered in Redis when it
-      starts (one task at a time fleet-wide, in enqueue order, a failed task
-      first; the same flag as ``asyncq queue ordered Q on``). See
-      docs/flow-control.md.
     - ``logger``: a structlog logger (default ``structlog.get_logger("asyncq")``).
     - ``metrics``: a :class:`~asyncq.hooks.WorkerHooks` such as
       ``asyncq.metrics.WorkerMetrics(port=9877)`` (worker-side Prometheus metrics).
-    - ``metrics_history``: keep the per-minute history of each task type
-      (processed, failed, retried, run-time histogram) in Redis: True keeps it
-      24 h (the default), a timedelta that long, False keeps none. Counted in
-      memory where each outcome is decided and written every 5 s in aggregate
-      (one script call per queue, not a write per task); see :mod:`asyncq.history`.
-    - ``events``: write task events (started, progress, succeeded, failed, ...)
-      to the event stream (:mod:`asyncq.events`) for every queue (True) or
-      the listed queue names and patterns; off by default (docs/events.md).
-    - ``min_replicas`` (0 = off) and ``replica_timeout`` (1 s): a finished
-      attempt's outcome (done, completed, retry, archive) counts only once that
-      many replicas acknowledged it (Redis ``WAIT``); otherwise the outcome is
-      logged as unconfirmed and the task may run again after a failover.
     - ``lifespan``: a zero-argument callable returning an async context
       manager, entered at start and exited after shutdown; handlers read what
       it yields with :func:`asyncq.lifespan_state` (see :mod:`asyncq.lifespan`).
@@ -243,48 +177,13 @@ class Server(Service):
         self,
         redis: RedisTarget,
         *,
-        concurrency: int | None = None,
-        queues: Mapping[str, int] | None = None,
-        strict_priority: bool = False,
-        retry_delay: RetryDelay | None = None,
-        is_failure: IsFailure | None = None,
-        error_handler: ErrorHandler | None = None,
-        shutdown_timeout: timedelta = timedelta(seconds=8),
-        health_check: HealthCheck | None = None,
-        lease_duration: timedelta = timedelta(seconds=LEASE_DURATION),
-        burst: bool = False,
-        intervals: Intervals | None = None,
-        limits: Limits | None = None,
-        aggregation: Aggregation | None = None,
         logger: Any = None,
         metrics: WorkerHooks | None = None,
-        metrics_history: bool | timedelta = DEFAULT_METRICS_HISTORY,
-        events: bool | Sequence[str] = False,
-        min_replicas: int = 0,
-        replica_timeout: timedelta = timedelta(seconds=1),
         lifespan: Lifespan | None = None,
-        **options: Unpack[GroupedOptions],
+        **options: Unpack[ServerOptions],
     ) -> None:
         super().__init__()
-        self.config: ServerConfig = build_config(
-            concurrency=concurrency,
-            queues=queues,
-            strict_priority=strict_priority,
-            retry_delay=retry_delay,
-            is_failure=is_failure,
-            error_handler=error_handler,
-            shutdown_timeout=shutdown_timeout,
-            health_check=health_check,
-            lease_duration=lease_duration,
-            burst=burst,
-            intervals=intervals,
-            limits=limits,
-            aggregation=aggregation,
-            metrics_history=metrics_history,
-            events=events,
-            options=options,
-        )
-        replica_wait = replica_wait_seconds(min_replicas, replica_timeout)
+        self.config: ServerConfig = build_config(**options)
         if lifespan is not None and not callable(lifespan):
             raise TypeError(f"lifespan must be callable, got {lifespan.__class__.__name__}")
         cfg = self.config
@@ -304,8 +203,8 @@ class Server(Service):
             self.redis,
             lease_duration=cfg.lease_duration,
             fast=self.connection.fast,
-            min_replicas=min_replicas,
-            replica_timeout=replica_wait,
+            min_replicas=cfg.min_replicas,
+            replica_timeout=cfg.replica_timeout,
         )
         self.history: HistoryRecorder | None = None
         if cfg.metrics_history is not None:
@@ -334,7 +233,6 @@ class Server(Service):
         self._lifespan_stack = contextlib.AsyncExitStack()
         self._context = contextvars.copy_context()
         """The roles' context, copied here; start() sets the lifespan state in it."""
-        self._roles_started = asyncio.Event()
         self._role_tasks: dict[str, asyncio.Task[None]] = {}
         self._build_roles()
 
@@ -450,8 +348,9 @@ class Server(Service):
     async def start(self, handler: ServeMux | Callable[[Task], Any]) -> None:
         """Start the roles and begin processing with *handler* (a ServeMux or a handler).
 
-        Returns once the roles run. Raises RuntimeError when already started
-        or stopped, ServerClosedError after shutdown.
+        Returns once every role has started (the subscriber once it tried to subscribe).
+        Raises RuntimeError when already started or stopped, ServerClosedError after
+        shutdown, and the error of a role that could not start (the server then shut down).
         """
         if self.state == "active":
             raise RuntimeError("the server is already running")
@@ -464,13 +363,6 @@ class Server(Service):
         fn = handler if isinstance(handler, ServeMux) else as_async_handler(handler)
         self.processor.handler = self._hooks.instrument(fn)
         await self._start_service(self._context)
-        await self._roles_started.wait()
-        # Subscribed before returning, so a task enqueued right after start() wakes us;
-        # if Redis is down this returns after the first failed attempt and the
-        # subscriber keeps retrying in the background.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(2.0):
-                await self._subscriber.attempted.wait()
 
     async def _open(self) -> None:
         await check_tls(self.redis)  # an unverifiable certificate fails now, with its reason
@@ -520,14 +412,16 @@ class Server(Service):
                 error=f"{type(exc).__name__}: {exc}",
             )
 
-    async def _main_loop(self) -> None:
-        """The server's main task: every role, supervised, in one TaskGroup."""
+    async def _main_loop(self, task_status: TaskStatus[None]) -> None:
+        """The server's main task: every role, supervised, in one TaskGroup; it serves
+        once each role has started, in order (see :class:`~asyncq._worker.roles.Role`)."""
         async with asyncio.TaskGroup() as tg:
             for role in self.roles:
-                self._role_tasks[role.name] = tg.create_task(
-                    supervise(role), name=f"asyncq-{role.name}"
+                spawn = functools.partial(tg.create_task, name=f"asyncq-{role.name}")
+                self._role_tasks[role.name] = await start_task(
+                    spawn, functools.partial(supervise, role)
                 )
-            self._roles_started.set()
+            task_status.started()
 
     def stop(self) -> None:
         """Stop fetching new tasks; running handlers finish (asynq's Stop, SIGTSTP)."""
@@ -592,11 +486,14 @@ class Server(Service):
 
     async def _stop_role(self, role: Role) -> None:
         force = self._force.is_set()
-        await role.drain(self.config.shutdown_timeout, force=self._force)
+        grace = self.config.shutdown_timeout
+        await role.drain(grace, force=self._force)
         task = self._role_tasks.get(role.name)
         if task is not None and not task.done():
+            # Asked to stop, a role leaves within a Redis round trip; it gets as long as
+            # the handlers got (shutdown_timeout) before it is cancelled.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.5 if force else 5.0):
+                async with asyncio.timeout(0.5 if force else grace):
                     await asyncio.shield(task)
             if not task.done():
                 self.log.warning("role did not stop in time; cancelling it", role=role.name)
@@ -604,6 +501,9 @@ class Server(Service):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         try:
+            # Not shutdown_timeout: cleanup writes what would otherwise be lost (the
+            # syncer's refused writes, the server's records), however short the handlers'
+            # wait was; only a second signal cuts it short.
             async with asyncio.timeout(1.0 if self._force.is_set() else 10.0):
                 await role.finish(forced=force)
         except Exception as exc:

@@ -58,6 +58,10 @@ class Subscriber(Role):
     """Listens on the cancel channel and the queues' wake-up channels."""
 
     name: ClassVar[str] = "subscriber"
+    # Started after its first attempt to subscribe, so that a task enqueued right after
+    # the server's start() wakes it; with Redis down, after the first failed attempt
+    # (it keeps retrying in the background).
+    reports_started: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -76,9 +80,6 @@ class Subscriber(Role):
         self._pubsub = pubsub
         self.ready = asyncio.Event()
         """Set once the subscriptions are confirmed by Redis."""
-        self.attempted = asyncio.Event()
-        """Set after the first connection attempt, successful or not, or once the
-        subscriber stopped without one (a burst run may end before it connects)."""
         self._task: asyncio.Task[Any] | None = None
         self._reading = False
         self._wakeups = self._channels()
@@ -117,10 +118,8 @@ class Subscriber(Role):
             self._task.cancel()  # interrupt the blocking read; nothing is lost by it
 
     async def run(self) -> None:
-        try:
-            await self._run()
-        finally:
-            self.attempted.set()  # no attempt is coming: start() must not wait for one
+        await self._run()
+        self.started()  # stopped before an attempt (a burst run may end first): none is coming
 
     async def _run(self) -> None:
         self._task = asyncio.current_task()
@@ -157,7 +156,7 @@ class Subscriber(Role):
                 if self._wakeup.delivery:
                     self._wakeup.set()  # the processor may ask for delivery now, not next poll
                 self.ready.set()
-                self.attempted.set()
+                self.started()
                 backoff.reset()
                 if connected_before:
                     self._wakeup.set()
@@ -185,7 +184,7 @@ class Subscriber(Role):
                 raise
             except REDIS_ERRORS as exc:
                 self._wakeup.tracking_lost()
-                self.attempted.set()
+                self.started()
                 self.redis_error("subscriber lost its connection; reconnecting", exc)
                 await self.sleep(backoff.next_delay())
             finally:

@@ -18,13 +18,13 @@ import subprocess
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import structlog
 
-from asyncq._producer.client import Client
-from asyncq._worker.server import Server
-from asyncq.mux import ServeMux
-from asyncq.task import Task
+# The package's public names, not their modules: `python -m benchmarks.ab` runs this
+# script against older revisions too, whose modules had other paths (asyncq.client).
+from asyncq import Client, ServeMux, Server, Task
 from benchmarks.systems._common import Config, Producer, System, main
 
 QUEUE = "default"
@@ -92,12 +92,11 @@ class Asyncq(System):
         async def noop(task: Task) -> None:
             on_task(int(task.payload or b"-1"))
 
-        server = Server(
-            _url(cfg),
-            concurrency=cfg.concurrency,
-            queues={QUEUE: 1},
-            metrics_history=cfg.variant != "no-history",
-        )
+        # metrics_history is passed only to turn it off, so that every revision runs with
+        # its own default: one from before the option (`python -m benchmarks.ab` runs older
+        # revisions) has no such argument.
+        options: dict[str, Any] = {"metrics_history": False} if cfg.variant == "no-history" else {}
+        server = Server(_url(cfg), concurrency=cfg.concurrency, queues={QUEUE: 1}, **options)
         async with server:
             await server.start(mux)
             await stop.wait()

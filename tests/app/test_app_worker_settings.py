@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 import asyncq.app as app_module
 from asyncq import Aggregation, App, Intervals, Limits, Server
-from asyncq._worker.config import GROUPED_OPTION_NAMES
+from asyncq._worker.config import SERVER_OPTION_NAMES
 from asyncq.app import WORKER_OPTION_NAMES, WorkerOptions
 from asyncq.hooks import WorkerHooks
 
@@ -91,9 +91,9 @@ EVERY_OPTION: WorkerOptions = {
 
 def test_worker_options_name_every_server_option_but_the_target_and_lifespan() -> None:
     params = inspect.signature(Server.__init__).parameters
-    # The named keywords, and the flat keywords of the grouped settings (**options).
+    # The named keywords, and the settings (**options: ServerOptions).
     server_options = {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
-    server_options |= GROUPED_OPTION_NAMES
+    server_options |= SERVER_OPTION_NAMES
     assert server_options - {"lifespan"} == set(WORKER_OPTION_NAMES)
     assert set(EVERY_OPTION) == set(WORKER_OPTION_NAMES)  # the table below covers them all
 

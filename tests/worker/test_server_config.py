@@ -123,12 +123,10 @@ def test_history_and_events_are_settings_like_the_others() -> None:
 
 def test_a_group_and_the_flat_keywords_give_the_same_config() -> None:
     flat = build_config(
-        options={
-            "heartbeat_interval": timedelta(seconds=2),
-            "recoverer_cutoff": timedelta(0),
-            "rate_limits": {"q": "5/s"},
-            "group_grace_period": timedelta(seconds=3),
-        }
+        heartbeat_interval=timedelta(seconds=2),
+        recoverer_cutoff=timedelta(0),
+        rate_limits={"q": "5/s"},
+        group_grace_period=timedelta(seconds=3),
     )
     grouped = build_config(
         intervals=Intervals(heartbeat=timedelta(seconds=2), recoverer_cutoff=timedelta(0)),
@@ -152,7 +150,7 @@ def test_the_defaults_are_asynqs() -> None:
 def test_flat_and_group_may_set_different_fields() -> None:
     cfg = build_config(
         intervals=Intervals(janitor=timedelta(seconds=4)),
-        options={"heartbeat_interval": timedelta(seconds=2)},
+        heartbeat_interval=timedelta(seconds=2),
     )
     assert cfg.janitor_interval == 4.0 and cfg.heartbeat_interval == 2.0
 

@@ -8,6 +8,7 @@ import signal
 from collections.abc import Callable
 
 import pytest
+from anyio.abc import TaskStatus
 
 from asyncq import PeriodicTaskManager, Scheduler, ServeMux, Server
 from asyncq._service import Service
@@ -31,8 +32,9 @@ class Probe(Service):
         if self.fail_open:
             raise OSError("cannot connect")
 
-    async def _main_loop(self) -> None:
+    async def _main_loop(self, task_status: TaskStatus[None]) -> None:
         self.calls.append("main")
+        task_status.started()
         if self.crash:
             raise ValueError("a role failed")
         await self.stop.wait()

@@ -1,4 +1,10 @@
-"""Server and scheduler records: server state, scheduler entries and enqueue events."""
+"""Heartbeat writes: what servers and schedulers write about themselves.
+
+A server's state and a scheduler's entries, each rewritten every heartbeat with a TTL,
+and a scheduler's enqueue history (asynq's ``WriteServerState``,
+``WriteSchedulerEntries`` and ``RecordSchedulerEnqueueEvent``). The Inspector reads
+them back as its records (:mod:`asyncq._inspection.records`).
+"""
 
 from __future__ import annotations
 
@@ -14,14 +20,12 @@ from asyncq._broker._base import (
 )
 from asyncq._redis.scripts import load_script
 from asyncq._time import to_unix
-from asyncq.proto.asynq import (
-    SchedulerEnqueueEvent,
-    SchedulerEntry,
-    ServerInfo,
-    WorkerInfo,
-)
+from asyncq.proto.asynq import SchedulerEnqueueEvent as SchedulerEnqueueEventProto
+from asyncq.proto.asynq import SchedulerEntry as SchedulerEntryProto
+from asyncq.proto.asynq import ServerInfo as ServerInfoProto
+from asyncq.proto.asynq import WorkerInfo as WorkerInfoProto
 
-__all__ = ["ServerRecords"]
+__all__ = ["HeartbeatWrites"]
 
 _WRITE_SERVER_STATE = load_script(LUA_PACKAGE, "write_server_state")
 _WRITE_SERVER_TYPE_RATES = load_script(LUA_PACKAGE, "write_server_type_rates")
@@ -29,19 +33,19 @@ _WRITE_SCHEDULER_ENTRIES = load_script(LUA_PACKAGE, "write_scheduler_entries")
 _RECORD_SCHEDULER_ENQUEUE_EVENT = load_script(LUA_PACKAGE, "record_scheduler_enqueue_event")
 
 
-class ServerRecords(BrokerBase):
+class HeartbeatWrites(BrokerBase):
     """What servers and schedulers publish about themselves for the Inspector and the CLI."""
 
     async def write_server_state(
         self,
-        info: ServerInfo,
-        workers: Sequence[WorkerInfo],
+        info: ServerInfoProto,
+        workers: Sequence[WorkerInfoProto],
         ttl: float,
         *,
         type_rates: Mapping[str, str] | None = None,
         queue_flow: Mapping[str, str] | None = None,
     ) -> None:
-        """Heartbeat: ServerInfo and WorkerInfo records with *ttl* seconds to live.
+        """Heartbeat: the ServerInfo and WorkerInfo protobufs with *ttl* seconds to live.
 
         *type_rates* (``{task type: "600/min"}``) and *queue_flow* (see
         :func:`asyncq._keys.server_queue_flow_key`), when not empty, go to
@@ -91,7 +95,7 @@ class ServerRecords(BrokerBase):
         await pipe.execute()
 
     async def write_scheduler_entries(
-        self, scheduler_id: str, entries: Sequence[SchedulerEntry], ttl: float
+        self, scheduler_id: str, entries: Sequence[SchedulerEntryProto], ttl: float
     ) -> None:
         """Scheduler heartbeat: replace the scheduler's entry list, expiring after *ttl*."""
         secs = record_ttl(ttl)
@@ -108,7 +112,7 @@ class ServerRecords(BrokerBase):
         await self.redis.execute_command("DEL", key)
 
     async def record_scheduler_enqueue_event(
-        self, entry_id: str, event: SchedulerEnqueueEvent
+        self, entry_id: str, event: SchedulerEnqueueEventProto
     ) -> None:
         """Append to an entry's history, keeping the newest 1,000 events."""
         if event.enqueue_time is None:
