@@ -61,6 +61,7 @@ RULES = (
     ("test_events", "events"),
     ("test_progress", "events"),
     ("test_client", "producer"),
+    ("test_task_owner", "producer"),
     ("test_producer", "producer"),
     ("test_sync_client", "producer"),
     ("test_delivery_processor", "worker"),
