@@ -84,25 +84,29 @@ COVERAGE = ["--cov=asyncq", "--cov-branch", "--cov-report=term-missing:skip-cove
 COMPAT = (
     # The worker core, on the fake broker and on a real server: task groups, cancellation,
     # timeouts and shutdown are where asyncio changes between Python versions.
-    "test_roles_fake_broker.py", "test_processor.py", "test_processor_order.py",
-    "test_shutdown.py", "test_server.py", "test_delivery_processor.py", "test_outcome.py",
-    "test_signal_handlers.py", "test_service.py",
+    "worker/test_roles_fake_broker.py", "worker/test_processor.py",
+    "worker/test_processor_order.py", "worker/test_shutdown.py", "worker/test_server.py",
+    "worker/test_delivery_processor.py", "worker/test_outcome.py",
+    "worker/test_signal_handlers.py", "worker/test_service.py",
     # The producer side and the broker's scripts, the codec and the generated protobuf.
-    "test_client.py", "test_producer_fast_path.py", "test_client_batch.py",
-    "test_workflow.py", "test_workflow_handles.py", "test_broker.py",
-    "test_broker_processing.py", "test_codec.py", "test_proto.py", "test_keys.py",
-    "test_duration.py", "test_go_golden.py", "test_pure_edges.py", "test_transport.py",
-    "test_connection.py",
+    "producer/test_client.py", "producer/test_producer_fast_path.py",
+    "producer/test_client_batch.py", "workflow/test_workflow.py",
+    "workflow/test_workflow_handles.py", "broker/test_broker.py",
+    "broker/test_broker_processing.py", "wire/test_codec.py", "wire/test_proto.py",
+    "wire/test_keys.py", "wire/test_duration.py", "wire/test_go_golden.py",
+    "wire/test_pure_edges.py", "redis/test_transport.py", "redis/test_connection.py",
     # The typed API (signature and annotation introspection changes between versions),
     # the sync client's thread, cron, the aggregator, triage.
-    "test_typed_api.py", "test_sync_client.py", "test_app_cron.py", "test_cron.py",
-    "test_aggregator.py", "test_triage.py", "test_mux.py",
+    "app/test_typed_api.py", "producer/test_sync_client.py", "scheduling/test_app_cron.py",
+    "scheduling/test_cron.py", "worker/test_aggregator.py", "inspection/test_triage.py",
+    "app/test_mux.py",
     # What users touch: the inspector, the CLI, the dashboard's views, the web API, the
     # gateway's schema, events, progress, metrics history, tracing, packaging, the dev server.
-    "test_inspector.py", "test_cli.py", "test_dash_views.py", "test_console.py",
-    "test_web_api.py", "test_web_render.py", "test_gateway_schema.py", "test_events.py",
-    "test_progress.py", "test_metrics_history.py", "test_otel.py", "test_packaging.py",
-    "test_smoke.py", "test_devserver.py",
+    "inspection/test_inspector.py", "cli/test_cli.py", "cli/test_dash_views.py",
+    "app/test_console.py", "web/test_web_api.py", "web/test_web_render.py",
+    "gateway/test_gateway_schema.py", "events/test_events.py", "events/test_progress.py",
+    "metrics/test_metrics_history.py", "app/test_otel.py", "project/test_packaging.py",
+    "redis/test_smoke.py", "testing/test_devserver.py",
 )  # fmt: skip
 """The compatibility subset run on every Python other than 3.11 by the default ``nox``:
 the files that exercise what differs between Python versions (asyncio's cancellation and
@@ -190,14 +194,14 @@ def fuzz(session: nox.Session) -> None:
     The default suite searches a fixed set of examples (hypothesis profile ``default`` in
     tests/conftest.py, derandomized); this runs the ``fuzz`` profile: a new random search
     each time, 500 examples per property and a longer model run of the task state machine
-    (tests/test_model_state_machine.py). Extra arguments go to pytest, for example
-    ``nox -s fuzz -- tests/test_model_state_machine.py``. A failure prints the
+    (tests/broker/test_model_state_machine.py). Extra arguments go to pytest, for example
+    ``nox -s fuzz -- tests/broker/test_model_state_machine.py``. A failure prints the
     ``@reproduce_failure`` blob that replays it.
     """
     session.install("-e", ".[dev]")
     targets = session.posargs or sorted(
         str(p.relative_to(ROOT))
-        for p in (ROOT / "tests").glob("test_*.py")
+        for p in (ROOT / "tests").rglob("test_*.py")
         if "from hypothesis" in p.read_text(encoding="utf-8")
     )
     session.run(
@@ -291,7 +295,7 @@ def proto(session: nox.Session) -> None:
     with tempfile.TemporaryDirectory() as work, tempfile.TemporaryDirectory() as gen:
         # The compiler formats its output with the ruff settings of the working
         # directory; an empty ruff.toml gives ruff's defaults, which the committed
-        # code (and the drift test in tests/test_proto.py) uses.
+        # code (and the drift test in tests/wire/test_proto.py) uses.
         (Path(work) / "ruff.toml").write_text("")
         with session.chdir(work):
             session.run(

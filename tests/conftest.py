@@ -14,11 +14,10 @@ from redis.asyncio import Redis
 from asyncq import Server
 from asyncq._broker import Broker
 from asyncq._producer.client import Client
-from tests.cluster import RedisClusterProcs
-from tests.helpers import FakeClock
-from tests.redis_server import RedisServer
-from tests.test_web_browser import Chromium, WebProcess, _require_browser
-from tests.workers.support import FAST
+from tests.support.cluster import RedisClusterProcs
+from tests.support.helpers import FakeClock
+from tests.support.procs import FAST
+from tests.support.redis_server import RedisServer
 
 _SLOW_TOO = ("subprocess", "cluster", "sentinel")
 
@@ -180,47 +179,3 @@ async def client(redis: Redis) -> AsyncIterator[Client]:
     """An asyncq Client sharing the test's redis-py client."""
     async with Client(redis) as c:
         yield c
-
-
-# The web UI's browser tests (test_web_*browser.py): the web process and Debian's chromium
-# through Playwright. Modules whose `web` is something else define their own.
-@pytest.fixture(scope="session")
-def web(redis_url: str) -> Iterator[WebProcess]:
-    """One ``asyncq web`` for the run: it keeps nothing of a test's but the dashboard's
-    live samples (each test flushes the database); a test about a first view of a new
-    process takes `new_web`."""
-    _require_browser()
-    w = WebProcess(redis_url)
-    yield w
-    w.stop()
-
-
-@pytest.fixture
-def new_web(redis_url: str) -> Iterator[WebProcess]:
-    """An ``asyncq web`` of this test's own, with no dashboard samples yet."""
-    _require_browser()
-    w = WebProcess(redis_url)
-    yield w
-    w.stop()
-
-
-@pytest.fixture(scope="session")
-def chromium() -> Iterator[Chromium]:
-    _require_browser()
-    c = Chromium()
-    yield c
-    c.stop()
-
-
-@pytest.fixture
-async def browser(chromium: Chromium) -> AsyncIterator[object]:
-    """The shared chromium, through a Playwright connection of this test's event loop;
-    disconnecting closes the contexts the test opened."""
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        b = await pw.chromium.connect_over_cdp(chromium.endpoint)
-        try:
-            yield b
-        finally:
-            await b.close()

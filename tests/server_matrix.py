@@ -6,7 +6,7 @@ this script downloads itself (see :data:`DOWNLOADED`). Each is asked ``--version
 binary that cannot start here (a missing shared library, another platform) is
 reported as such, not skipped silently. Then the subset runs with
 ``ASYNCQ_REDIS_SERVER`` pointing at it, so that every throwaway server of the tests
-(tests/redis_server.py) is that one, and the Lua files the subset ran are checked:
+(tests/support/redis_server.py) is that one, and the Lua files the subset ran are checked:
 every one of them must have run on every server.
 
 ``python -m tests.server_matrix [--quick] [--only NAME] [--markdown FILE] [pytest args...]``
@@ -35,34 +35,34 @@ LUA = ROOT / "asyncq" / "_broker" / "lua"
 
 SUBSET = [
     # every Lua script: producer, processing, records, aggregation, inspector, workflows
-    "tests/test_broker.py",
-    "tests/test_client.py",
-    "tests/test_broker_batch.py",
-    "tests/test_broker_processing.py",
-    "tests/test_broker_records.py",
-    "tests/test_inspector_broker.py",
-    "tests/test_script_no_partial_write.py",
-    "tests/test_dequeue_edges.py",
-    "tests/test_aggregator.py",
-    "tests/test_many_queues.py",
-    "tests/test_idle_tracking.py",
+    "tests/broker/test_broker.py",
+    "tests/producer/test_client.py",
+    "tests/broker/test_broker_batch.py",
+    "tests/broker/test_broker_processing.py",
+    "tests/broker/test_broker_records.py",
+    "tests/inspection/test_inspector_broker.py",
+    "tests/broker/test_script_no_partial_write.py",
+    "tests/broker/test_dequeue_edges.py",
+    "tests/worker/test_aggregator.py",
+    "tests/broker/test_many_queues.py",
+    "tests/worker/test_idle_tracking.py",
     # leases and recovery (the recoverer, killed workers), the other roles
-    "tests/test_roles.py",
-    "tests/test_crash.py",
+    "tests/worker/test_roles.py",
+    "tests/worker/test_crash.py",
     # workflows, flow control (limits, rates, ordered queues), type rates
-    "tests/test_workflow.py",
-    "tests/test_workflow_scripts.py",
-    "tests/test_flow_control.py",
-    "tests/test_type_rate_limits.py",
+    "tests/workflow/test_workflow.py",
+    "tests/workflow/test_workflow_scripts.py",
+    "tests/worker/test_flow_control.py",
+    "tests/worker/test_type_rate_limits.py",
     # the Inspector and its failure triage, the scheduler, Pub/Sub wake-ups, the golden
     # Go fixtures
-    "tests/test_inspector.py",
-    "tests/test_triage.py",
-    "tests/test_scheduler.py",
-    "tests/test_fast_pubsub.py",
-    "tests/test_go_golden.py",
+    "tests/inspection/test_inspector.py",
+    "tests/inspection/test_triage.py",
+    "tests/scheduling/test_scheduler.py",
+    "tests/redis/test_fast_pubsub.py",
+    "tests/wire/test_go_golden.py",
     # the version check at first contact
-    "tests/test_server_version.py",
+    "tests/redis/test_server_version.py",
 ]
 """What ``nox -s servers`` runs on each server."""
 
@@ -73,8 +73,8 @@ add_to_group_unique.lua); the system's redis-server is left out, as ``nox`` ran 
 suite on it."""
 
 QUICK_CLIENT = (
-    "tests/test_client.py::test_enqueue_unique_scheduled",
-    "tests/test_client.py::test_enqueue_unique_group",
+    "tests/producer/test_client.py::test_enqueue_unique_scheduled",
+    "tests/producer/test_client.py::test_enqueue_unique_group",
 )
 
 
@@ -272,7 +272,7 @@ def run_subset(binary: Path, quick: bool, extra: list[str]) -> tuple[int, str, s
         env.pop("ASYNCQ_TEST_REDIS_URL", None)  # every test on this server, none elsewhere
         files = SUBSET
         if quick:
-            files = [f for f in SUBSET if f != "tests/test_client.py"] + list(QUICK_CLIENT)
+            files = [f for f in SUBSET if f != "tests/producer/test_client.py"] + list(QUICK_CLIENT)
         args = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:randomly", *files]
         if quick:
             args += ["-m", QUICK_DESELECT]

@@ -6,7 +6,7 @@ it: exactly the calls the roles make (processor, heartbeater, recoverer,
 forwarder, janitor, syncer, aggregator, queue watcher, history) and the
 processor's observers make (completion notices, events, progress), nothing else.
 :class:`asyncq._broker.Broker` implements it on Redis (each multi-queue call
-is one script call per Redis node); ``tests/fakebroker.py`` implements it in
+is one script call per Redis node); ``tests/support/fakebroker.py`` implements it in
 memory, with failure injection, so each role can be tested alone.
 
 What the roles do not get here: the Redis client itself. The subscriber gets

@@ -65,49 +65,49 @@ CMP = {"==": "~=", "~=": "==", "<": "<=", "<=": "<", ">": ">=", ">=": ">"}
 # tests (Redis state before and after, key by key), the no-partial-write checks and
 # the model of the state machine. Others fall back to DEFAULT_TESTS.
 BROKER_TESTS = (
-    "tests/test_broker.py",
-    "tests/test_broker_processing.py",
-    "tests/test_broker_batch.py",
-    "tests/test_dequeue_edges.py",
-    "tests/test_script_no_partial_write.py",
-    "tests/test_model_state_machine.py",
-    "tests/test_lua_boundaries.py",
+    "tests/broker/test_broker.py",
+    "tests/broker/test_broker_processing.py",
+    "tests/broker/test_broker_batch.py",
+    "tests/broker/test_dequeue_edges.py",
+    "tests/broker/test_script_no_partial_write.py",
+    "tests/broker/test_model_state_machine.py",
+    "tests/broker/test_lua_boundaries.py",
 )
 INSPECTOR_TESTS = (
-    "tests/test_inspector.py",
-    "tests/test_inspector_broker.py",
-    "tests/test_script_no_partial_write.py",
-    "tests/test_model_state_machine.py",
-    "tests/test_lua_boundaries.py",
+    "tests/inspection/test_inspector.py",
+    "tests/inspection/test_inspector_broker.py",
+    "tests/broker/test_script_no_partial_write.py",
+    "tests/broker/test_model_state_machine.py",
+    "tests/broker/test_lua_boundaries.py",
 )
 MULTI_TESTS = (
     # dequeue_queues.lua called directly, its whole reply compared: fast, so first
-    "tests/test_dequeue_script.py",
+    "tests/broker/test_dequeue_script.py",
     *BROKER_TESTS,
-    "tests/test_many_queues.py",
-    "tests/test_flow_control.py",
-    "tests/test_hostile_multiqueue.py",
+    "tests/broker/test_many_queues.py",
+    "tests/worker/test_flow_control.py",
+    "tests/broker/test_hostile_multiqueue.py",
 )
 WORKFLOW_TESTS = (
     # the scripts driven without a worker first: a mutant they kill costs no wait
-    "tests/test_workflow_scripts.py",
-    "tests/test_workflow.py",
-    "tests/test_workflow_batch.py",
-    "tests/test_script_no_partial_write.py",
-    "tests/test_lua_boundaries.py",
+    "tests/workflow/test_workflow_scripts.py",
+    "tests/workflow/test_workflow.py",
+    "tests/workflow/test_workflow_batch.py",
+    "tests/broker/test_script_no_partial_write.py",
+    "tests/broker/test_lua_boundaries.py",
 )
 DEFAULT_TESTS = BROKER_TESTS
 TESTS: dict[str, tuple[str, ...]] = {
     # ack_many.lua acknowledges workflow steps too (the w/W kinds)
     "ack_many": (
         *BROKER_TESTS,
-        "tests/test_workflow_scripts.py",
-        "tests/test_workflow_batch.py",
-        "tests/test_workflow.py",
+        "tests/workflow/test_workflow_scripts.py",
+        "tests/workflow/test_workflow_batch.py",
+        "tests/workflow/test_workflow.py",
     ),
-    "ack_queues": (*BROKER_TESTS, "tests/test_workflow_batch.py"),
+    "ack_queues": (*BROKER_TESTS, "tests/workflow/test_workflow_batch.py"),
     # enqueue.lua's direct delivery: its own tests first (a real subscriber, fast)
-    "enqueue": ("tests/test_delivery.py", *BROKER_TESTS),
+    "enqueue": ("tests/broker/test_delivery.py", *BROKER_TESTS),
     "dequeue_queues": MULTI_TESTS,
     "forward_queues": MULTI_TESTS,
     "list_lease_expired_queues": MULTI_TESTS,
@@ -115,13 +115,13 @@ TESTS: dict[str, tuple[str, ...]] = {
     "reclaim_stale_aggregation_sets_queues": MULTI_TESTS,
     "aggregation_check": (
         *BROKER_TESTS,
-        "tests/test_broker_records.py",
-        "tests/test_aggregator.py",
+        "tests/broker/test_broker_records.py",
+        "tests/worker/test_aggregator.py",
     ),
-    "read_aggregation_set": (*BROKER_TESTS, "tests/test_broker_records.py"),
-    "delete_aggregation_set": (*BROKER_TESTS, "tests/test_broker_records.py"),
+    "read_aggregation_set": (*BROKER_TESTS, "tests/broker/test_broker_records.py"),
+    "delete_aggregation_set": (*BROKER_TESTS, "tests/broker/test_broker_records.py"),
     # the failure triage's bulk actions are tested with the error groups they act on
-    "inspect_error_group_action": (*INSPECTOR_TESTS, "tests/test_triage.py"),
+    "inspect_error_group_action": (*INSPECTOR_TESTS, "tests/inspection/test_triage.py"),
 }
 STATE_TRANSITIONS = (
     "enqueue", "enqueue_unique", "enqueue_many", "schedule", "schedule_unique", "add_to_group",

@@ -37,7 +37,7 @@ from pytest_timeout import _get_item_settings  # type: ignore[import-untyped]
 
 from asyncq._broker._base import LUA_PACKAGE
 from asyncq._redis.scripts import Script, expand_includes, load_script
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
 SPEC = "ASYNCQ_MUTATION_SPEC"
 ROOT = Path(__file__).resolve().parents[2]

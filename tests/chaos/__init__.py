@@ -1,0 +1,1 @@
+"""The chaos suite's own parts (chaos/)."""

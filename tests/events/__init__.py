@@ -1,0 +1,1 @@
+"""The task event stream and progress (asyncq/events, asyncq/progress)."""

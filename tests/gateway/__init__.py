@@ -1,0 +1,1 @@
+"""The HTTP enqueue gateway and HTTP-target tasks (asyncq/gateway)."""

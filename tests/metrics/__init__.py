@@ -1,0 +1,1 @@
+"""Prometheus metrics and the metrics history (asyncq/metrics, asyncq/history)."""

@@ -1,0 +1,2 @@
+"""The producer side (asyncq/_producer: Client, compose, the fast path, completion;
+asyncq/sync: SyncClient)."""

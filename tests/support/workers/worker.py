@@ -1,0 +1,121 @@
+"""A worker process for the signal, crash and aggregation tests.
+
+    python tests/support/workers/worker.py REDIS_URL [option=value ...]
+
+Options (seconds as floats): concurrency, shutdown_timeout, lease, heartbeat,
+recoverer_interval, recoverer_cutoff, task_check, delayed_check, retry_delay,
+aggregate (``block`` = an aggregator that never returns, ``join`` = one that
+joins the payloads), grace, max_size, check_interval.
+
+Handlers record what happened in Redis so the test can check it after a kill:
+``work`` (payload = milliseconds to sleep) RPUSHes ``<id> <pid>`` on
+``asyncq-test:starts`` before running and HINCRBYs ``asyncq-test:done <id>``
+after; ``block`` records its start and waits until cancelled;
+``aggregated`` stores its payload in ``asyncq-test:aggregated``.
+
+The server runs through ``Server.run``, so signals behave as in production;
+the test waits for the "send signal TERM or INT" log line before signalling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+
+from asyncq import parse_redis_uri
+from asyncq._worker.server import Server
+from asyncq.mux import ServeMux
+from asyncq.task import Task
+
+STARTS = "asyncq-test:starts"
+DONE = "asyncq-test:done"
+AGGREGATED = "asyncq-test:aggregated"
+AGGREGATING = "asyncq-test:aggregating"
+
+
+def seconds(value: str) -> timedelta:
+    return timedelta(seconds=float(value))
+
+
+async def main(url: str, raw: dict[str, str]) -> None:
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+    )
+    # A plain URL or a redis-cluster:// one (the Cluster tests kill workers too).
+    redis = parse_redis_uri(url).make_client()
+    pid = str(os.getpid())
+    mux = ServeMux()
+
+    @mux.handler("work")
+    async def work(task: Task) -> None:
+        await redis.rpush(STARTS, f"{task.id} {pid}")
+        await asyncio.sleep(int(task.payload or b"0") / 1000)
+        await redis.hincrby(DONE, task.id or "", 1)
+
+    @mux.handler("block")
+    async def block(task: Task) -> None:
+        await redis.rpush(STARTS, f"{task.id} {pid}")
+        await asyncio.Event().wait()
+
+    @mux.handler("aggregated")
+    async def aggregated(task: Task) -> None:
+        await redis.rpush(AGGREGATED, task.payload or b"")
+
+    options: dict[str, Any] = {}
+    mapping = {
+        "shutdown_timeout": "shutdown_timeout",
+        "lease": "lease_duration",
+        "heartbeat": "heartbeat_interval",
+        "recoverer_interval": "recoverer_interval",
+        "recoverer_cutoff": "recoverer_cutoff",
+        "task_check": "task_check_interval",
+        "delayed_check": "delayed_task_check_interval",
+        "grace": "group_grace_period",
+        "check_interval": "group_check_interval",
+    }
+    for key, value in raw.items():
+        if key in mapping:
+            options[mapping[key]] = seconds(value)
+        elif key in ("concurrency", "max_size"):
+            options["group_max_size" if key == "max_size" else key] = int(value)
+        elif key == "retry_delay":
+            delay = seconds(value)
+            options["retry_delay"] = lambda n, e, t, d=delay: d
+        elif key == "aggregate":
+            options["group_aggregator"] = _aggregator(value, redis)
+        else:
+            raise SystemExit(f"unknown option {key!r}")
+    server = Server(redis, **options)
+    await server.run(mux)
+    await redis.aclose()
+    print("worker exited cleanly", flush=True)
+
+
+def _aggregator(mode: str, redis: Redis) -> Any:
+    async def block(group: str, tasks: Sequence[Task]) -> Task:
+        await redis.set(AGGREGATING, len(tasks))
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def join(group: str, tasks: Sequence[Task]) -> Task:
+        return Task("aggregated", b",".join(t.payload or b"" for t in tasks))
+
+    return {"block": block, "join": join}[mode]
+
+
+if __name__ == "__main__":
+    url, *rest = sys.argv[1:]
+    asyncio.run(main(url, dict(arg.split("=", 1) for arg in rest)))

@@ -1,0 +1,2 @@
+"""What asyncq gives applications for their tests (asyncq/testing: the pytest plugin;
+asyncq/devserver)."""

@@ -1,1 +1,0 @@
-"""Worker-runtime test helpers and the scripts the tests run as subprocesses."""
