@@ -87,7 +87,8 @@ COMPAT = (
     "worker/test_roles_fake_broker.py", "worker/test_processor.py",
     "worker/test_processor_order.py", "worker/test_shutdown.py", "worker/test_server.py",
     "worker/test_delivery_processor.py", "worker/test_outcome.py",
-    "worker/test_signal_handlers.py", "worker/test_service.py",
+    "worker/test_signal_handlers.py", "worker/test_service.py", "worker/test_attempt_race.py",
+    "worker/test_delivery_doors.py",
     # The producer side and the broker's scripts, the codec and the generated protobuf.
     "producer/test_client.py", "producer/test_producer_fast_path.py",
     "producer/test_client_batch.py", "workflow/test_workflow.py",

@@ -132,3 +132,26 @@ async def _rate_limited(task: Task) -> None:
 
 async def _exits(task: Task) -> None:
     raise SystemExit(3)
+
+
+SERVER = "server-1"
+
+
+class Armed(Running):
+    """:class:`Running`, its subscriber listening on the server's delivery channel."""
+
+    def __init__(self, fake: FakeBroker, handler: Any, **options: Any) -> None:
+        super().__init__(fake, handler, server_id=SERVER, **options)
+        self.wakeup.delivery = True
+
+    async def __aenter__(self) -> Armed:
+        await super().__aenter__()
+        return self
+
+    def deliver(self, **fields: Any) -> str:
+        """Enqueue a task the way enqueue.lua delivers it, and pass its note on."""
+        msg = message(**fields)
+        note = self.fake.deliver(msg, SERVER)
+        assert note is not None, "the processor was not armed"
+        self.processor.receive_delivery(note)
+        return msg.id

@@ -8,7 +8,6 @@ note. The scripts' side is in test_delivery.py, against Redis.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -19,29 +18,7 @@ from asyncq.mux import sync_limiter
 from asyncq.task import Task
 from tests.support.fakebroker import FakeBroker
 from tests.support.helpers import wait_until
-from tests.support.roles import Q, Running, message
-
-SERVER = "server-1"
-
-
-class Armed(Running):
-    """:class:`Running`, its subscriber listening on the server's delivery channel."""
-
-    def __init__(self, fake: FakeBroker, handler: Any, **options: Any) -> None:
-        super().__init__(fake, handler, server_id=SERVER, **options)
-        self.wakeup.delivery = True
-
-    async def __aenter__(self) -> Armed:
-        await super().__aenter__()
-        return self
-
-    def deliver(self, **fields: Any) -> str:
-        """Enqueue a task the way enqueue.lua delivers it, and pass its note on."""
-        msg = message(**fields)
-        note = self.fake.deliver(msg, SERVER)
-        assert note is not None, "the processor was not armed"
-        self.processor.receive_delivery(note)
-        return msg.id
+from tests.support.roles import SERVER, Armed, Q, message
 
 
 def _arms(fake: FakeBroker) -> list[list[str]]:

@@ -15,10 +15,9 @@ import pytest
 
 from asyncq.mux import sync_limiter
 from asyncq.task import Task
-from tests.fakebroker import FakeBroker
-from tests.helpers import wait_until
-from tests.test_delivery_processor import SERVER, Armed
-from tests.test_roles_fake_broker import Q, message
+from tests.support.fakebroker import FakeBroker
+from tests.support.helpers import wait_until
+from tests.support.roles import SERVER, Armed, Q, message
 
 
 @pytest.mark.parametrize("door", ["fetched", "delivered"])

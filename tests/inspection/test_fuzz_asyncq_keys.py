@@ -46,7 +46,7 @@ from asyncq.cli import main
 from asyncq.events import recent_events
 from asyncq.progress import progress
 from asyncq.web import create_app
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 pytestmark = [pytest.mark.xdist_group("fuzz"), pytest.mark.timeout(600)]
 

@@ -11,8 +11,8 @@ from redis.asyncio import Redis
 
 from asyncq import AmbiguousIdError, Server, Task, WorkflowNotFoundError, chain
 from asyncq._producer.workflow import WorkflowFailedError, typed_group
-from tests import wf_app as wf
-from tests.workers.support import FAST
+from tests.support import wf_app as wf
+from tests.support.procs import FAST
 
 RAW = "wf-of:raw"  # a plain handler of the App's mux, not an @app.task
 

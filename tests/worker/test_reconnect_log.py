@@ -10,8 +10,8 @@ from structlog.testing import capture_logs
 
 from asyncq import ServeMux, Server, Task
 from asyncq._producer.client import Client
-from tests.redis_server import RedisServer
-from tests.workers.support import FAST, wait_until
+from tests.support.procs import FAST, wait_until
+from tests.support.redis_server import RedisServer
 
 
 async def test_the_worker_logs_once_that_it_reconnected() -> None:

@@ -27,7 +27,7 @@ from asyncq import (
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
 from asyncq.web import create_app
-from tests.workers.support import FAST, ROOT, wait_until
+from tests.support.procs import FAST, ROOT, wait_until
 
 H = {"X-Asyncq-Request": "1"}
 HOUR = timedelta(hours=1)

@@ -16,9 +16,9 @@ from structlog.testing import capture_logs
 
 from asyncq.errors import TaskCanceledError
 from asyncq.task import Task
-from tests.fakebroker import FakeBroker
-from tests.helpers import wait_until
-from tests.test_roles_fake_broker import Running, message
+from tests.support.fakebroker import FakeBroker
+from tests.support.helpers import wait_until
+from tests.support.roles import Running, message
 
 
 def _racing(fake: FakeBroker, event: str, order: str) -> Running:

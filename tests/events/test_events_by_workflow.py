@@ -20,7 +20,7 @@ import asyncq
 from asyncq import App, Client, Event, ServeMux, Server, Task, chain
 from asyncq.events import EVENTS_KEY
 from asyncq.web import create_app
-from tests.workers.support import FAST, ROOT, wait_until
+from tests.support.procs import FAST, ROOT, wait_until
 
 
 async def _collect(stream: AsyncIterator[Event], until: Any, within: float = 30) -> list[Event]:

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from asyncq.cli import main
 from asyncq.cli.dev import default_data_dir
 from asyncq.devserver import free_port
-from tests.workers.support import ROOT
+from tests.support.procs import ROOT
 
 
 def test_each_port_has_its_own_default_data_directory(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from asyncq.devserver import free_port
-from tests.workers.support import ROOT
+from tests.support.procs import ROOT
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z \[(info|warning|error)\s*\] ")
 

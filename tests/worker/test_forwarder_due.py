@@ -19,7 +19,7 @@ from asyncq import ServeMux, Server, Task
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
 from asyncq.task import TaskState
-from tests.workers.support import FAST, wait_until
+from tests.support.procs import FAST, wait_until
 
 HOUR = timedelta(hours=1)
 SETTINGS = {**FAST, "delayed_task_check_interval": HOUR, "recoverer_interval": HOUR}

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from asyncq import Inspector, ServeMux, Server, Task
 from asyncq._producer.client import Client
 from asyncq.web import create_app
-from tests.workers.support import FAST, wait_until
+from tests.support.procs import FAST, wait_until
 
 STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$")
 

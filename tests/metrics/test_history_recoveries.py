@@ -13,7 +13,7 @@ from asyncq import Inspector, ServeMux, Server, Task
 from asyncq._broker import Broker
 from asyncq._producer.client import Client
 from asyncq.history import HistoryRecorder
-from tests.workers.support import FAST, wait_until
+from tests.support.procs import FAST, wait_until
 
 Q = "hist-recover"
 LEASE = timedelta(seconds=1)

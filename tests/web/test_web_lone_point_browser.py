@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq.history import bucket_of
-from tests.test_web_browser import WebProcess, _page, _shot
+from tests.support.browser import WebProcess, new_page, shot
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
 
@@ -50,7 +50,7 @@ async def test_one_minute_of_a_type_is_drawn(web: WebProcess, browser: Any, redi
     )
     await redis.expire(key, 3600)
     await redis.sadd(keys.ALL_QUEUES, "default")
-    page = await _page(browser)
+    page = await new_page(browser)
     await page.goto(web.url + "/history")
     await page.wait_for_function(
         "() => document.querySelectorAll('#history-charts canvas').length === 3"
@@ -59,4 +59,4 @@ async def test_one_minute_of_a_type_is_drawn(web: WebProcess, browser: Any, redi
     assert "p50" in legend and " ms" in legend
     inked = await page.evaluate(INKED)
     assert inked > 0  # the lone p50 point
-    await _shot(page, "metrics-one-minute")
+    await shot(page, "metrics-one-minute")
