@@ -105,7 +105,7 @@ def test_a_flat_name_given_to_the_app_warns_at_the_caller(
 def test_every_flat_name_given_to_the_app_is_its_group_field(
     recorded: list[dict[str, Any]],
 ) -> None:
-    from asyncq._worker.config import _GROUPS
+    from asyncq._worker.groups import _GROUPS
 
     grouped = {
         "intervals": Intervals(heartbeat=2 * SECOND, janitor=3 * SECOND),

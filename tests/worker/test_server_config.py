@@ -10,11 +10,11 @@ import pytest
 
 from asyncq import Aggregation, Intervals, Limits, ServeMux, Server
 from asyncq._worker.config import (
-    _GROUPS,
     DEFAULT_METRICS_HISTORY,
     GROUPED_OPTION_NAMES,
     build_config,
 )
+from asyncq._worker.groups import _GROUPS
 from asyncq._worker.processor import Processor
 
 NOWHERE = "redis://127.0.0.1:1/0"  # never connected: these tests build servers only
