@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -126,12 +127,17 @@ async def test_no_delivery_where_the_dequeue_script_must_decide(
     async with _listening(redis, SERVER) as notes:
         if setup == "paused":
             await redis.set(keys.paused_key("q"), 1)
-        elif setup == "limit":
-            await redis.set(keys.limit_key("q"), 5)
-        elif setup == "rate":
-            await redis.hset(keys.rate_key("q"), "tat", 0)
-        elif setup == "ordered":
+        elif setup == "limit":  # a limit of 1, taken by a live lease
+            await redis.set(keys.limit_key("q"), 1)
+            await redis.zadd(keys.lease_key("q"), {"busy": time.time() + 600})
+        elif setup == "rate":  # a bucket a worker emptied for a long while
+            tat = (time.time() + 600) * 1_000_000
+            await redis.hset(
+                keys.rate_key("q"), mapping={"tat": f"{tat:.0f}", "interval": 10**6, "burst": 1}
+            )
+        elif setup == "ordered":  # an ordered queue with a task running
             await redis.set(keys.ordered_key("q"), "1")
+            await redis.lpush(keys.active_key("q"), "busy")
         elif setup.endswith("_type"):  # a key of another type where the task would go
             await redis.set((keys.active_key if setup == "active_type" else keys.lease_key)("q"), 1)
         else:
