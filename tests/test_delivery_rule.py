@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
+import pytest
 import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -300,6 +301,7 @@ async def test_a_pattern_subscriber_does_not_make_a_worker_that_never_listened_l
         assert not await redis.exists(keys.delivery_channel(SERVER))  # the credit is gone
 
 
+@pytest.mark.subprocess
 async def test_a_task_is_not_delivered_to_a_killed_worker_while_a_pattern_listens(
     redis_url: str, redis: Redis, client: Client
 ) -> None:

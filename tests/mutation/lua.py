@@ -107,7 +107,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     ),
     "ack_queues": (*BROKER_TESTS, "tests/test_workflow_batch.py"),
     # enqueue.lua's direct delivery: its own tests first (a real subscriber, fast)
-    "enqueue": ("tests/test_delivery.py", *BROKER_TESTS),
+    "enqueue": ("tests/test_delivery.py", "tests/test_delivery_rule.py", *BROKER_TESTS),
     "dequeue_queues": MULTI_TESTS,
     "forward_queues": MULTI_TESTS,
     "list_lease_expired_queues": MULTI_TESTS,
