@@ -256,11 +256,12 @@ async def test_a_credit_of_another_type_or_no_count_is_dropped_named_and_costs_n
     redis: Redis, client: Client
 ) -> None:
     # Each kind in turn, with a subscriber on the channel: before, a list stayed forever,
-    # and "1.5" or a 20-digit credit was published and then failed the DECR half-written.
+    # and "1.5", "01" or a 20-digit credit was published and then failed the DECR
+    # half-written.
     async with _listening(redis, SERVER):
         channel = keys.delivery_channel(SERVER)
         member = f"30:{channel}"
-        for i, kind in enumerate(["list", "hash", "zset", "1.5", "9" * 20, "-1x"]):
+        for i, kind in enumerate(["list", "hash", "zset", "1.5", "9" * 20, "-1x", "01"]):
             await _set_as(redis, channel, kind)
             await redis.rpush(keys.waiters_key(Q), member)
             with structlog.testing.capture_logs() as logs:
@@ -270,7 +271,8 @@ async def test_a_credit_of_another_type_or_no_count_is_dropped_named_and_costs_n
             assert not await redis.exists(keys.waiters_key(Q)), kind
             named = [e["member"] for e in logs if e.get("key") == keys.waiters_key(Q)]
             assert named == [member], kind
-            assert await redis.type(channel) == (b"string" if kind[0] in "19-" else kind.encode())
+            typed = kind in ("list", "hash", "zset")
+            assert await redis.type(channel) == (kind.encode() if typed else b"string")
             await redis.delete(keys.pending_key(Q))
 
 

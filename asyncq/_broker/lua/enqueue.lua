@@ -95,14 +95,16 @@ local function deliver(waiters, base)
         if secs and string.sub(key, 1, #DELIVERY) == DELIVERY then
             credit = redis.pcall("GET", key)
         end
+        -- A count DECR takes: "0", or no leading zero ("01" would fail it after the PUBLISH).
+        local count = type(credit) == "string" and (credit == "0" and 0 or whole(credit, 18))
         if credit == false then
             -- Its credit expired: a departed worker (a live one that waits again writes
             -- itself back).
             redis.call("LREM", waiters, 0, token)
-        elseif type(credit) ~= "string" or #credit > 18 or not string.match(credit, "^%d+$") then
+        elseif not count then
             redis.call("LREM", waiters, 0, token)
             dropped[#dropped + 1] = token
-        elseif tonumber(credit) > 0 then
+        elseif count > 0 then
             -- Subscribers by name only: PUBLISH's count includes pattern subscribers.
             local channel = redis.pcall("PUBSUB", "NUMSUB", key)
             if channel.err then
