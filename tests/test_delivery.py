@@ -119,7 +119,7 @@ async def test_nobody_listening_writes_the_task_pending_and_drops_the_credit(
 
 
 @pytest.mark.parametrize(
-    "setup", ["paused", "limit", "rate", "ordered", "waiting", "active_type", "lease_type"]
+    "setup", ["paused", "limit", "ordered", "waiting", "active_type", "lease_type"]
 )
 async def test_no_delivery_where_the_dequeue_script_must_decide(
     redis: Redis, broker: Broker, client: Client, setup: str
@@ -130,11 +130,6 @@ async def test_no_delivery_where_the_dequeue_script_must_decide(
         elif setup == "limit":  # a limit of 1, taken by a live lease
             await redis.set(keys.limit_key("q"), 1)
             await redis.zadd(keys.lease_key("q"), {"busy": time.time() + 600})
-        elif setup == "rate":  # a bucket a worker emptied for a long while
-            tat = (time.time() + 600) * 1_000_000
-            await redis.hset(
-                keys.rate_key("q"), mapping={"tat": f"{tat:.0f}", "interval": 10**6, "burst": 1}
-            )
         elif setup == "ordered":  # an ordered queue with a task running
             await redis.set(keys.ordered_key("q"), "1")
             await redis.lpush(keys.active_key("q"), "busy")

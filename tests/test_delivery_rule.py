@@ -1,8 +1,8 @@
 """Direct delivery under one rule, one clock, and whatever Redis holds.
 
-Against a real Redis: an enqueue delivers its task exactly when a fetch of the queue
-would take it (paused, limited, rate-limited, ordered: the rule of _lib/room.lua,
-shared by enqueue.lua and dequeue_queues.lua); the delivered lease runs from the
+Against a real Redis: an enqueue delivers its task exactly when the waiting worker's
+fetch would take it (paused, limited, ordered, another worker's rate: the rule of
+_lib/room.lua, shared by enqueue.lua and dequeue_queues.lua); the delivered lease runs from the
 enqueuer's clock, as a fetched one runs from the fetcher's; a waiters member no worker
 wrote (odd lease seconds, a credit of another type) is dropped, named, and costs no
 task; a pattern subscriber does not make a worker that is gone look alive.
@@ -69,7 +69,7 @@ class QueueState:
     dead: int  # ids in active whose lease expired (a killed worker's)
     ordered: bool
     retry: bool  # a task in the retry set
-    rate: str | None  # None, "full" (a token to give) or "empty" (none for a long while)
+    rate: str | None  # another worker's bucket: None, "full" or "empty" for a long while
 
 
 _states = st.builds(
@@ -83,10 +83,11 @@ _states = st.builds(
     rate=st.sampled_from([None, "full", "empty"]),
 )
 
-RATE = (1_000_000, 1)  # a task a second, a burst of one
+RATE = (1_000_000, 1)  # the other worker's: a task a second, a burst of one
 
 
-async def _seed(redis: Redis, now: float, state: QueueState) -> None:
+async def _seed(redis: Redis, now: float, state: QueueState) -> int | None:
+    """A flushed database holding *state*; the rate bucket's tat written (None: no bucket)."""
     await redis.flushdb()
     if state.paused:
         await redis.set(keys.paused_key(Q), "1")
@@ -102,11 +103,13 @@ async def _seed(redis: Redis, now: float, state: QueueState) -> None:
         await redis.set(keys.ordered_key(Q), "1")
     if state.retry:
         await redis.zadd(keys.retry_key(Q), {"failed": now + 600})
-    if state.rate is not None:
-        secs, micros = await redis.time()
-        tat = 0 if state.rate == "full" else (secs + 600) * 1_000_000 + micros
-        iv, burst = RATE
-        await redis.hset(keys.rate_key(Q), mapping={"tat": tat, "interval": iv, "burst": burst})
+    if state.rate is None:
+        return None
+    secs, micros = await redis.time()
+    tat = 0 if state.rate == "full" else (secs + 600) * 1_000_000 + micros
+    iv, burst = RATE
+    await redis.hset(keys.rate_key(Q), mapping={"tat": tat, "interval": iv, "burst": burst})
+    return tat
 
 
 @settings(
@@ -116,14 +119,14 @@ async def _seed(redis: Redis, now: float, state: QueueState) -> None:
 async def test_an_enqueue_delivers_exactly_when_a_fetch_would_take_the_task(
     redis: Redis, broker: Broker, clock: FakeClock, state: QueueState
 ) -> None:
-    # What a fetch does with the task in that state (a worker with the stored rate)...
+    # What the waiting worker's fetch does with the task in that state (it has no limit nor
+    # rate of its own: a worker with one for the queue does not wait for deliveries)...
     await _seed(redis, clock.now, state)
     await broker.enqueue(make_msg("x", queue=Q))
-    limits = {Q: (-1, -1, *RATE)} if state.rate is not None else None
-    fetched = await broker.fetch([Q], 1, limits=limits)
+    fetched = await broker.fetch([Q], 1)
     taken = [t.message.id for t in fetched.tasks] == ["x"]
     # ...is what an enqueue does with a waiting worker: deliver it, or leave it pending.
-    await _seed(redis, clock.now, state)
+    tat = await _seed(redis, clock.now, state)
     async with _listening(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, [Q])
         await broker.enqueue(make_msg("x", queue=Q))
@@ -134,10 +137,8 @@ async def test_an_enqueue_delivers_exactly_when_a_fetch_would_take_the_task(
             assert note.task_id == "x"
         else:
             assert await redis.get(keys.delivery_channel(SERVER)) == b"1"  # credit kept
-    if taken and state.rate is not None:  # the delivery took the bucket's token
-        tat = int(await redis.hget(keys.rate_key(Q), "tat") or 0)
-        secs, micros = await redis.time()
-        assert tat > secs * 1_000_000 + micros
+    if tat is not None:  # another worker's bucket: a delivery takes none of its tokens
+        assert await redis.hget(keys.rate_key(Q), "tat") == str(tat).encode()
 
 
 async def test_the_delivered_lease_runs_from_the_enqueuers_clock(

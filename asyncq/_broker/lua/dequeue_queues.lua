@@ -150,7 +150,14 @@ while first <= nqueues and not done do
                     taken[#taken + 1] = msg
                 end
                 if tat and here > 0 then
-                    took(base, tat, here, rate_iv[q], rate_burst[q])
+                    local rate_key = base .. "asyncq:rate"
+                    local new = tat + here * rate_iv[q]
+                    -- Numbers written as text: Redis 7.2 would store 900000000 as "9e+8".
+                    redis.call("HSET", rate_key, "tat", string.format("%.0f", new),
+                        "interval", string.format("%.0f", rate_iv[q]),
+                        "burst", string.format("%.0f", rate_burst[q]))
+                    -- Kept an hour past a full bucket, so the Inspector can show the rate.
+                    redis.call("PEXPIRE", rate_key, math.ceil((new - now_us()) / 1000) + 3600000)
                 end
                 if problem then
                     if #taken == 0 then

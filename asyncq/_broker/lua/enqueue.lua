@@ -21,11 +21,11 @@
 -- KEYS[4] asyncq (optional, with KEYS[3]): asynq:{q}:asyncq:waiters, the idle asyncq
 -- workers waiting for this queue (members "<lease seconds>:<delivery key>", see
 -- delivery_arm.lua), and ARGV[7] now, unix seconds (the caller's clock). When the queue
--- has no pending task and may give one now (_lib/room.lua: the rule a fetch applies,
--- with the stored limit and the stored rate), and a waiting worker still has credit, the
--- task skips pending: it is written active with that worker's lease, exactly as a
--- dequeue leaves it (state=active, in active, leased in lease), and published on the
--- worker's delivery channel, so it starts without a fetch.
+-- has no pending task and may give one now (_lib/room.lua: the rule a fetch applies),
+-- and a waiting worker still has credit, the task skips pending: it is written active
+-- with that worker's lease, exactly as a dequeue leaves it (state=active, in active,
+-- leased in lease), and published on the worker's delivery channel, so it starts
+-- without a fetch.
 -- The lease expires at ARGV[7] + the member's lease seconds: the caller's clock, as for
 -- every lease (a fetch's comes from the worker's clock, ARGV of dequeue_queues.lua, and
 -- the recoverer compares with its own), since asynq computes leases and recovery from
@@ -67,18 +67,11 @@ local function deliver(waiters, base)
     if type(n) ~= "number" or n == 0 or redis.call("LLEN", KEYS[2]) > 0 then
         return false -- no waiter, or tasks wait already (they go first)
     end
-    -- The rate a worker applies to this queue, as its last fetch stored it (none when
-    -- the bucket is not one it wrote).
-    local iv, burst = nil, nil
-    local rate = redis.pcall("HMGET", base .. "asyncq:rate", "interval", "burst")
-    if type(rate) == "table" and not rate.err then
-        iv, burst = whole(rate[1], 15), whole(rate[2], 15)
-        if not (iv and burst) then
-            iv, burst = nil, nil
-        end
-    end
+    -- As the waiting worker's own fetch would decide: the stored limit applies, and no
+    -- rate (a worker with a rate or a configured limit for the queue does not wait for
+    -- deliveries from it; taking a token here would spend another worker's rate).
     local now = tonumber(ARGV[7])
-    local room, tat, problem = queue_room(base, 1, now, nil, nil, iv, burst)
+    local room, _, problem = queue_room(base, 1, now)
     if not room or room <= 0 or problem then
         return false -- paused, held, or a key of another type (the fetch reports it)
     end
@@ -122,9 +115,6 @@ local function deliver(waiters, base)
                 redis.call("LPUSH", base .. "active", id)
                 redis.call("HSET", KEYS[1], "msg", ARGV[1], "state", "active")
                 redis.call("ZADD", base .. "lease", expiry, id)
-                if tat then
-                    took(base, tat, 1, iv, burst)
-                end
                 return true
             end
             redis.call("DEL", key) -- nobody listens: the worker is gone

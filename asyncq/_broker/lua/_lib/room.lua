@@ -16,7 +16,7 @@ end
 -- queue_room(base, want, now, fleet, loc, iv, burst): how many of want tasks the queue whose
 -- keys start with base ("asynq:{q}:") may give now. Returns nil when the queue is
 -- paused; else n (<= 0: held by its limit, its rate or its order), the rate bucket's tat
--- to move on when tasks are given (nil without a rate: see took), and the error reply
+-- to move on when tasks are given (nil without a rate), and the error reply
 -- text when a key read or written for the queue holds another type (n is 0 then, and
 -- nothing may be written).
 --   now: unix seconds of the caller's clock; only live leases (ZCOUNT lease now +inf)
@@ -68,15 +68,4 @@ local function queue_room(base, want, now, fleet, loc, iv, burst)
         n = math.min(n, math.floor((t + burst * iv - tat) / iv))
     end
     return n, tat
-end
--- took(base, tat, n, iv, burst): n tasks were given under the rate whose bucket queue_room
--- read (tat): the bucket moves on, with the rate that wrote it for the Inspector.
-local function took(base, tat, n, iv, burst)
-    local rate_key = base .. "asyncq:rate"
-    local new = tat + n * iv
-    -- Numbers written as text: Redis 7.2 would store 900000000 as "9e+8".
-    redis.call("HSET", rate_key, "tat", string.format("%.0f", new),
-        "interval", string.format("%.0f", iv), "burst", string.format("%.0f", burst))
-    -- Kept an hour past a full bucket, so the Inspector can show the rate.
-    redis.call("PEXPIRE", rate_key, math.ceil((new - now_us()) / 1000) + 3600000)
 end
