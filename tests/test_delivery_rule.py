@@ -241,6 +241,23 @@ async def test_each_bad_member_is_named_once_and_a_live_worker_behind_them_is_re
         ]
 
 
+async def test_the_longest_lease_and_largest_credit_a_member_may_name_are_taken(
+    redis: Redis, broker: Broker, clock: FakeClock
+) -> None:
+    # 15 digits of lease seconds and an 18-digit credit: still exact integers, so the task is
+    # delivered with a finite lease and the credit goes down by one.
+    secs, credit = 10**15 - 1, "9" * 18
+    async with _listening(redis, SERVER) as notes:
+        channel = keys.delivery_channel(SERVER)
+        await redis.set(channel, credit)
+        await redis.rpush(keys.waiters_key(Q), f"{secs}:{channel}")
+        await broker.enqueue(make_msg("x", queue=Q))
+        note = parse_note(await asyncio.wait_for(notes.get(), 5))
+    assert note.lease_expiry == int(clock.now) + secs
+    assert await redis.zscore(keys.lease_key(Q), "x") == note.lease_expiry
+    assert await redis.get(channel) == str(int(credit) - 1).encode()
+
+
 async def _set_as(redis: Redis, key: str, kind: str) -> None:
     await redis.delete(key)
     if kind == "list":
@@ -257,12 +274,12 @@ async def test_a_credit_of_another_type_or_no_count_is_dropped_named_and_costs_n
     redis: Redis, client: Client
 ) -> None:
     # Each kind in turn, with a subscriber on the channel: before, a list stayed forever,
-    # and "1.5", "01" or a 20-digit credit was published and then failed the DECR
-    # half-written.
+    # and "1.5", "01" or a 19-digit credit (past the largest integer) was published and
+    # then failed the DECR half-written.
     async with _listening(redis, SERVER):
         channel = keys.delivery_channel(SERVER)
         member = f"30:{channel}"
-        for i, kind in enumerate(["list", "hash", "zset", "1.5", "9" * 20, "-1x", "01"]):
+        for i, kind in enumerate(["list", "hash", "zset", "1.5", "9" * 19, "-1x", "01"]):
             await _set_as(redis, channel, kind)
             await redis.rpush(keys.waiters_key(Q), member)
             with structlog.testing.capture_logs() as logs:
