@@ -29,6 +29,7 @@ from asyncq._broker import Broker
 from asyncq._broker.delivery import parse_note
 from asyncq._producer.client import Client
 from asyncq._worker.server import Server
+from asyncq.errors import BrokerError
 from asyncq.mux import ServeMux
 from asyncq.task import Task
 from tests.helpers import FakeClock, make_msg
@@ -171,6 +172,23 @@ async def test_a_stored_limit_counts_live_leases_by_the_enqueuers_clock(
         clock.now += 101
         await broker.enqueue(make_msg("y", queue=Q))
         assert parse_note(await asyncio.wait_for(notes.get(), 5)).task_id == "y"
+
+
+@pytest.mark.parametrize("waiting", [False, True])
+async def test_a_registry_of_another_type_fails_the_enqueue_with_nothing_written(
+    redis: Redis, broker: Broker, waiting: bool
+) -> None:
+    # asynq:queues is checked before any write, whether the task would go pending or be
+    # delivered: the error names the key, and no note goes out.
+    await redis.set(keys.ALL_QUEUES, "not a set")
+    async with _listening(redis, SERVER) as notes:
+        if waiting:
+            assert await broker.arm_delivery(SERVER, 15.0, [Q])
+        before = {k: await redis.dump(k) for k in await redis.keys("*")}
+        with pytest.raises(BrokerError, match="asynq:queues is not a set"):
+            await broker.enqueue(make_msg("x", queue=Q))
+        assert {k: await redis.dump(k) for k in await redis.keys("*")} == before
+        assert notes.empty()
 
 
 # -- a waiters member no worker wrote ---------------------------------------------------------
