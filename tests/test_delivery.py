@@ -345,6 +345,7 @@ async def test_two_idle_servers_share_delivered_tasks_across_weighted_queues(
             await server.shutdown()
 
 
+@pytest.mark.subprocess
 async def test_a_task_delivered_to_a_worker_killed_before_it_finished_runs_again_once(
     redis_url: str, redis: Redis, client: Client
 ) -> None:
