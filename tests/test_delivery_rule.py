@@ -276,6 +276,19 @@ async def test_the_longest_lease_and_largest_credit_a_member_may_name_are_taken(
     assert await redis.get(channel) == str(int(credit) - 1).encode()
 
 
+async def test_a_departed_workers_member_is_dropped_without_a_warning(
+    redis: Redis, broker: Broker
+) -> None:
+    # Its credit expired: the usual end of a worker, not a value to report.
+    assert await broker.arm_delivery(SERVER, 15.0, [Q])
+    await redis.delete(keys.delivery_channel(SERVER))
+    with structlog.testing.capture_logs() as logs:
+        await broker.enqueue(make_msg("x", queue=Q))
+    assert not await redis.exists(keys.waiters_key(Q))
+    assert await redis.hget(keys.task_key(Q, "x"), "state") == b"pending"
+    assert [e for e in logs if e.get("key") == keys.waiters_key(Q)] == []
+
+
 async def _set_as(redis: Redis, key: str, kind: str) -> None:
     await redis.delete(key)
     if kind == "list":
