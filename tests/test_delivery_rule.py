@@ -32,6 +32,7 @@ from asyncq._worker.server import Server
 from asyncq.errors import BrokerError
 from asyncq.mux import ServeMux
 from asyncq.task import Task
+from tests.acl import temporary_acl_user
 from tests.helpers import FakeClock, make_msg
 from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
 
@@ -51,9 +52,14 @@ async def _listening(redis: Redis, server_id: str) -> AsyncIterator[asyncio.Queu
             if msg["type"] == "message":
                 await notes.put(msg["data"])
 
+    async def counted() -> bool:
+        # Subscribed once the server counts it (what the enqueue asks), not once sent.
+        reply = await redis.execute_command("PUBSUB", "NUMSUB", keys.delivery_channel(server_id))
+        return bool(reply[1] > 0)
+
     task = asyncio.create_task(read())
     try:
-        await wait_until(lambda: pubsub.subscribed, what="the subscription")
+        await wait_until(counted, what="the subscription")
         yield notes
     finally:
         task.cancel()
@@ -287,6 +293,37 @@ async def test_a_departed_workers_member_is_dropped_without_a_warning(
     assert not await redis.exists(keys.waiters_key(Q))
     assert await redis.hget(keys.task_key(Q, "x"), "state") == b"pending"
     assert [e for e in logs if e.get("key") == keys.waiters_key(Q)] == []
+
+
+async def test_a_departed_workers_member_written_many_times_goes_in_one_look(
+    redis: Redis, broker: Broker
+) -> None:
+    member = f"30:{keys.delivery_channel('gone')}"  # no credit: a departed worker
+    await redis.rpush(keys.waiters_key(Q), *[member] * 6)
+    await broker.enqueue(make_msg("x", queue=Q))
+    assert not await redis.exists(keys.waiters_key(Q))
+
+
+@pytest.mark.parametrize("rules", [("-pubsub",), ("resetchannels",)])
+async def test_a_user_refused_pubsub_numsub_or_the_channel_enqueues_pending(
+    redis_url: str, redis: Redis, rules: tuple[str, ...]
+) -> None:
+    # A producer whose ACL forbids PUBSUB, or every channel: a worker waits with credit and
+    # listens, and the task is written pending, the credit kept.
+    async with _listening(redis, SERVER) as notes:
+        assert await Broker(redis).arm_delivery(SERVER, 15.0, [Q])
+        allowed = (
+            ("~*", "+@all", *rules) if "resetchannels" in rules else ("~*", "&*", "+@all", *rules)
+        )
+        async with temporary_acl_user(redis, redis_url, "nodeliver", *allowed) as url:
+            limited = Redis.from_url(url)
+            try:
+                await Broker(limited).enqueue(make_msg("x", queue=Q))
+            finally:
+                await limited.aclose()
+        assert await redis.hget(keys.task_key(Q, "x"), "state") == b"pending"
+        assert await redis.get(keys.delivery_channel(SERVER)) == b"1"
+        assert notes.empty()
 
 
 async def _set_as(redis: Redis, key: str, kind: str) -> None:
