@@ -47,9 +47,14 @@ async def _listening(redis: Redis, server_id: str) -> AsyncIterator[asyncio.Queu
             if msg["type"] == "message":
                 await notes.put(msg["data"])
 
+    async def counted() -> bool:
+        # Subscribed once the server counts it (what the enqueue asks), not once sent.
+        reply = await redis.execute_command("PUBSUB", "NUMSUB", keys.delivery_channel(server_id))
+        return bool(reply[1] > 0)
+
     task = asyncio.create_task(read())
     try:
-        await wait_until(lambda: pubsub.subscribed, what="the subscription")
+        await wait_until(counted, what="the subscription")
         yield notes
     finally:
         task.cancel()
