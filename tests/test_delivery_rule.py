@@ -433,3 +433,19 @@ async def test_a_task_is_not_delivered_to_a_killed_worker_while_a_pattern_listen
         finally:
             await server.shutdown()
         assert ran == ["after-kill"]
+
+
+async def test_a_queue_its_limit_holds_is_held_before_its_order_is_read(
+    redis: Redis, broker: Broker
+) -> None:
+    # A limit of 0 holds the queue: its ordered flag and retry set are not read, so a retry
+    # key of another type is reported only once the queue could give a task.
+    await broker.enqueue(make_msg("x", queue=Q))
+    await redis.set(keys.limit_key(Q), 0)
+    await redis.set(keys.ordered_key(Q), "1")
+    await redis.set(keys.retry_key(Q), "not a zset")
+    fetched = await broker.fetch([Q], 1)
+    assert (fetched.tasks, fetched.held) == ([], {Q})
+    await redis.delete(keys.limit_key(Q))
+    with pytest.raises(BrokerError, match="is not a zset"):
+        await broker.fetch([Q], 1)
