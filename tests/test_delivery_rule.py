@@ -449,3 +449,17 @@ async def test_a_queue_its_limit_holds_is_held_before_its_order_is_read(
     await redis.delete(keys.limit_key(Q))
     with pytest.raises(BrokerError, match="is not a zset"):
         await broker.fetch([Q], 1)
+
+
+async def test_an_ordered_queue_with_a_wrong_typed_retry_set_still_takes_the_enqueue(
+    redis: Redis, broker: Broker
+) -> None:
+    # The retry set is read for an ordered queue's delivery: one of another type means no
+    # delivery (the fetch reports it), never a failed enqueue.
+    await redis.set(keys.ordered_key(Q), "1")
+    await redis.set(keys.retry_key(Q), "not a zset")
+    async with _listening(redis, SERVER) as notes:
+        assert await broker.arm_delivery(SERVER, 15.0, [Q])
+        await broker.enqueue(make_msg("x", queue=Q))
+        assert await redis.hget(keys.task_key(Q, "x"), "state") == b"pending"
+        assert notes.empty()
