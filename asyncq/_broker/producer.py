@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import structlog
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
@@ -37,6 +38,8 @@ from asyncq.proto.asynq import (
 )
 
 __all__ = ["MANY_CHUNK", "BatchItem", "PendingItem", "ProducerWrites"]
+
+_log = structlog.get_logger("asyncq")
 
 _ENQUEUE = load_script(LUA_PACKAGE, "enqueue")
 _ENQUEUE_UNIQUE = load_script(LUA_PACKAGE, "enqueue_unique")
@@ -134,6 +137,29 @@ class ProducerWrites(BrokerBase):
         reg = self._registry()
         return (task_key, qk.pending, *reg, qk.waiters) if reg else (task_key, qk.pending)
 
+    def _enqueue_args(self, qk: QueueKeys, data: bytes, tid: str, now: float) -> tuple[Any, ...]:
+        """enqueue.lua's ARGV; with the waiters list (see :meth:`_enqueue_keys`), the queue name
+        and this process's clock in whole seconds, which a delivered task's lease starts
+        from, as every lease does (see enqueue.lua)."""
+        head = (data, tid, int(now * 1_000_000_000), qk.wakeup, qk.name)
+        return (*head, qk.name, int(now)) if self._registry() else head
+
+    def _dropped(self, reply: Any, qk: QueueKeys) -> Any:
+        """enqueue.lua's *reply* as 1 or 0, with each waiters member it dropped (one no
+        worker wrote: see enqueue.lua) named in a warning."""
+        if not isinstance(reply, list):
+            return reply
+        for member in reply[1:]:
+            text = (
+                member.decode("utf-8", "backslashreplace") if isinstance(member, bytes) else member
+            )
+            _log.warning(
+                "dropped a member no worker wrote from a waiters list; the task was enqueued",
+                key=qk.waiters,
+                member=text,
+            )
+        return reply[0]
+
     async def _register_once(self, qk: QueueKeys) -> None:
         if qk.name not in self._published and isinstance(self.redis, RedisCluster):
             await self._register_queue(qk)
@@ -145,10 +171,10 @@ class ProducerWrites(BrokerBase):
         the item's unique lock is held, ValueError for an invalid item.
         """
         now = self.clock()
-        script, keys_, args, qk = self._plan(item, int(now), int(now * 1_000_000_000))
+        script, keys_, args, qk = self._plan(item, now)
         await self._register_once(qk)
         tid = item.message.id
-        res = await self._run(script, keys_, args, qk.name, tid)
+        res = self._dropped(await self._run(script, keys_, args, qk.name, tid), qk)
         if res == 0:
             raise conflict_error(qk.name, tid)
         if res == -1:
@@ -163,9 +189,8 @@ class ProducerWrites(BrokerBase):
         """
         qk = self._queues.get(queue) or self._q(queue)
         await self._register_once(qk)
-        now_ns = int(self.clock() * 1_000_000_000)
         keys_ = self._enqueue_keys(qk, qk.task_prefix + task_id)
-        args = (data, task_id, now_ns, qk.wakeup, queue, queue)
+        args = self._enqueue_args(qk, data, task_id, self.clock())
         if self.replication is None:
             try:
                 res = await self._cmd.evalsha(_ENQUEUE.sha, len(keys_), *keys_, *args)
@@ -175,7 +200,7 @@ class ProducerWrites(BrokerBase):
                 raise script_error(exc, _ENQUEUE, queue, task_id) from exc
         else:
             res = await self._run(_ENQUEUE, keys_, args, queue, task_id)
-        if res == 0:
+        if self._dropped(res, qk) == 0:
             raise conflict_error(queue, task_id)
 
     async def enqueue(self, msg: TaskMessage) -> None:
@@ -201,7 +226,6 @@ class ProducerWrites(BrokerBase):
         """
         results: list[Exception | None] = [None] * len(items)
         now = self.clock()
-        now_s = int(now)
         now_ns = int(now * 1_000_000_000)
         calls: list[_Call] = []
         run: _Call | None = None
@@ -223,7 +247,7 @@ class ProducerWrites(BrokerBase):
                     run.args += (tid, item.data)
                     continue
                 run = None
-                script, keys_, args, qk = self._plan(item, now_s, now_ns)
+                script, keys_, args, qk = self._plan(item, now)
                 calls.append(_Call(script, list(keys_), list(args), qk, i))
             except ValueError as exc:
                 results[i] = exc
@@ -269,6 +293,7 @@ class ProducerWrites(BrokerBase):
                         results[i] = self._outcome(outcome, c, tid, items[i], waited)
             else:
                 i = c.indices[0]
+                reply = self._dropped(reply, c.qk) if c.script is _ENQUEUE else reply
                 results[i] = self._outcome(reply, c, c.first_id, items[i], waited)
         return results
 
@@ -299,9 +324,10 @@ class ProducerWrites(BrokerBase):
         return None
 
     def _plan(
-        self, item: BatchItem, now_s: int, now_ns: int
+        self, item: BatchItem, now: float
     ) -> tuple[Script, tuple[str, ...], tuple[Any, ...], QueueKeys]:
         """The one place that knows each enqueue-like script's KEYS and ARGV."""
+        now_s, now_ns = int(now), int(now * 1_000_000_000)
         msg = item.message
         qk = self._msg_queue(msg)
         reg = self._registry()
@@ -354,6 +380,6 @@ class ProducerWrites(BrokerBase):
         return (
             _ENQUEUE,
             self._enqueue_keys(qk, tkey),
-            (encode_task_message(msg), tid, now_ns, qk.wakeup, qk.name, *name),
+            self._enqueue_args(qk, encode_task_message(msg), tid, now),
             qk,
         )

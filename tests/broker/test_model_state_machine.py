@@ -387,8 +387,8 @@ class TaskStateMachine(RuleBasedStateMachine):
         channel received the task. False: nobody could take it, it goes pending."""
         m = self.model
         mq, members = m.queues[q], m.waiters[q]
-        if mq.pending or mq.paused is not None or mq.limit is not None or mq.ordered:
-            return False  # tasks wait already, or the dequeue script must decide
+        if mq.pending or mq.paused is not None or self.room(mq, 1) <= 0:
+            return False  # tasks wait already, or a fetch would not take it now
         for _ in range(min(len(members), 4)):  # the script looks at 4 waiters at most
             member = members.pop()  # the longest waiting goes to the head
             members.insert(0, member)
@@ -396,20 +396,16 @@ class TaskStateMachine(RuleBasedStateMachine):
             if server not in m.credit:  # a departed server: dropped
                 members[:] = [w for w in members if w != member]
             elif m.credit[server] > 0:
-                if server not in self.listening:  # the PUBLISH reached nobody
+                if server not in self.listening:  # nobody subscribed to its channel
                     del m.credit[server]
                     continue
                 m.credit[server] -= 1
                 note = parse_note(self.run(self.next_note(server)))
                 assert (note.queue, note.task_id) == (q, tid)
                 assert note.data == encode_task_message(msg)
-                real = int(time.time())  # the lease is taken on Redis's clock
-                assert real - 1 <= note.lease_expiry - LEASE <= real + 1
-                lease = keys.lease_key(q)
-                assert self.run(self.r.zscore(lease, tid)) == note.lease_expiry
-                # Moved onto the test's clock, as a dequeue's is: the later rules compare
-                # leases with it, and the wall clock's second would make them flaky.
-                self.run(self.r.zadd(lease, {tid: int(self.now + LEASE)}))
+                # The lease runs from the enqueuer's clock (the test's), as a dequeue's does.
+                assert note.lease_expiry == int(self.now) + LEASE
+                assert self.run(self.r.zscore(keys.lease_key(q), tid)) == note.lease_expiry
                 mq.active.insert(0, tid)
                 mq.lease[tid] = int(self.now + LEASE)
                 m.tasks[(q, tid)] = ModelTask(msg, "active")
@@ -610,7 +606,6 @@ class TaskStateMachine(RuleBasedStateMachine):
         else:
             got = self.run(transitions.dequeue_many(self.broker, order, count))
         m = self.model
-        now_s = int(self.now)
         want: list[Key] = []
         for q in order:
             mq = m.queues[q]
@@ -618,11 +613,7 @@ class TaskStateMachine(RuleBasedStateMachine):
                 continue
             room = count - len(want)
             if multi:  # the worker's script honours limits and ordered queues
-                if mq.limit is not None:
-                    live = sum(1 for s in mq.lease.values() if s >= now_s)
-                    room = min(room, mq.limit - live)
-                if room > 0 and mq.ordered:
-                    room = 0 if mq.z["retry"] else min(room, 1 - len(mq.active))
+                room = self.room(mq, room)
             while room > 0 and mq.pending:
                 tid = mq.pending.pop()
                 mq.active.insert(0, tid)
@@ -639,6 +630,18 @@ class TaskStateMachine(RuleBasedStateMachine):
             assert encode_task_message(t.message) == encode_task_message(m.tasks[key].msg)
             assert t.lease_expiry == self.now + LEASE
             self.hand[key] = t.message
+
+    def room(self, mq: ModelQueue, want: int) -> int:
+        """_lib/room.lua's rule, shared by a fetch and a delivery: how many of *want* tasks
+        the queue may give now (a stored limit counts the live leases; an ordered queue
+        gives one at a time, and none while it holds a retry)."""
+        room = want
+        if mq.limit is not None:
+            live = sum(1 for s in mq.lease.values() if s >= int(self.now))
+            room = min(room, mq.limit - live)
+        if room > 0 and mq.ordered:
+            room = 0 if mq.z["retry"] else min(room, 1 - len(mq.active))
+        return room
 
     def held(self, pick: int) -> Key:
         names = sorted(self.hand)

@@ -149,7 +149,9 @@ class FakeBroker:
 
     def deliver(self, msg: TaskMessage, server_id: str) -> bytes | None:
         """Enqueue *msg* as enqueue.lua does for an armed server: active, leased to it, and
-        the note it would publish; None (and pending) when the server has no credit."""
+        the note it would publish; None (and pending) when the server has no credit. The
+        lease runs from the enqueuer's clock (this broker's), in whole seconds, as
+        enqueue.lua's does: its ARGV now plus the member's lease seconds."""
         if not msg.id:
             msg.id = f"t{next(self._ids)}"
         self.queues.add(msg.queue)
@@ -158,7 +160,7 @@ class FakeBroker:
             return None
         self.credits[server_id] -= 1
         self.tasks[msg.id] = StoredTask(msg, "active")
-        expiry = int(self.now + self.lease_duration)
+        expiry = int(self.now) + int(self.lease_duration)
         self.leases[msg.id] = float(expiry)
         q, tid = msg.queue.encode(), msg.id.encode()
         return b"%d %d %d " % (expiry, len(q), len(tid)) + q + tid + bytes(msg)

@@ -1,3 +1,4 @@
+-- include: guard
 -- Add an aggregating task guarded by a uniqueness lock (asynq AddToGroupUnique).
 -- KEYS[1] task key
 -- KEYS[2] group
@@ -16,14 +17,9 @@
 -- the queue is registered with the write, so a queue removed under a long-lived client
 -- (`queue rm`, FLUSHALL) is listed again by its next enqueue.
 local registry = KEYS[5]
-if registry and not ({none=true, set=true})[redis.call("TYPE", registry).ok] then
-    return redis.error_reply("WRONGTYPE " .. registry .. " is not a set")
-end
-if not ({none=true, zset=true})[redis.call("TYPE", KEYS[2]).ok] then
-    return redis.error_reply("WRONGTYPE " .. KEYS[2] .. " is not a zset")
-end
-if not ({none=true, set=true})[redis.call("TYPE", KEYS[3]).ok] then
-    return redis.error_reply("WRONGTYPE " .. KEYS[3] .. " is not a set")
+local problem = (registry and bad(registry, "set")) or bad(KEYS[2], "zset") or bad(KEYS[3], "set")
+if problem then
+    return redis.error_reply(problem)
 end
 if not redis.call("SET", KEYS[4], ARGV[2], "NX", "EX", ARGV[5]) then
     return -1

@@ -1,3 +1,4 @@
+-- include: guard
 -- asyncq: an idle worker asks to be delivered its next task directly (see enqueue.lua).
 -- ARGV[1] the worker's delivery key asyncq:delivery:<server id> (also its channel)
 -- ARGV[2] how long the credit lasts, milliseconds (the worker renews it while idle)
@@ -16,7 +17,7 @@ end
 redis.call("SET", ARGV[1], "1", "PX", ARGV[2])
 for i = 5, #ARGV do
     local waiters = "asynq:{" .. ARGV[i] .. "}:asyncq:waiters"
-    if ({none=true, list=true})[redis.call("TYPE", waiters).ok] then
+    if not bad(waiters, "list") then -- a key of another type is left alone
         redis.call("LREM", waiters, 0, ARGV[3])
         redis.call("LPUSH", waiters, ARGV[3]) -- the tail is the longest waiting
         redis.call("PEXPIRE", waiters, ARGV[4])

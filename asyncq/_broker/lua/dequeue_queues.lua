@@ -1,3 +1,4 @@
+-- include: guard, room
 -- Take up to ARGV[2] tasks from many queues in one call, trying them in order
 -- (asyncq; each task moves exactly as asynq's Dequeue moves it, same keys).
 -- ARGV[1] lease expiry, unix seconds
@@ -63,15 +64,6 @@ for entry in string.gmatch(ARGV[7], "[^;]+") do
         end
     end
 end
-local clock = nil
--- Redis TIME in microseconds, read once per call (scripts are replicated by effects).
-local function now_us()
-    if not clock then
-        local t = redis.call("TIME")
-        clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    end
-    return clock
-end
 local held = {}
 local bytes = 0
 local got = 0
@@ -100,62 +92,25 @@ while first <= nqueues and not done do
             local prefix = base .. "t:"
             local lease = base .. "lease"
             local room = want - got
-            local rate_key = base .. "asyncq:rate"
             local tat = nil
             local stopped = false
             local problem = nil
-            if redis.call("LLEN", pending) == 0 or redis.call("EXISTS", base .. "paused") == 1 then
+            if redis.call("LLEN", pending) == 0 then
                 empty[#empty + 1] = q
                 stopped = true
             else
-                -- asyncq: nothing is written for a queue whose active list, lease set or
-                -- limit holds another type, and an id is moved only once its hash is
-                -- read, so a failure never leaves an id in active without its lease or
-                -- state. It is an error when nothing was taken yet, else the fetch stops.
-                local checks = {{active, "list"}, {lease, "zset"}, {base .. "asyncq:limit", "string"}}
-                if rate_iv[q] then
-                    checks[4] = {rate_key, "hash"}
-                end
-                for _, pair in ipairs(checks) do
-                    local t = redis.call("TYPE", pair[1]).ok
-                    if not problem and t ~= "none" and t ~= pair[2] then
-                        problem = "WRONGTYPE " .. pair[1] .. " is not a " .. pair[2]
-                    end
-                end
-                if not problem then
-                    local limit = tonumber(redis.call("GET", base .. "asyncq:limit") or fleet_cfg[q] or -1)
-                    if limit and limit >= 0 then
-                        local live = redis.call("ZCOUNT", lease, now, "+inf")
-                        room = math.min(room, limit - live)
-                    end
-                    local loc = local_room[q]
-                    if loc and loc >= 0 then
-                        room = math.min(room, loc)
-                    end
-                    -- asyncq ordered queue (asynq:{q}:asyncq:ordered = "1"): one task at a
-                    -- time, counting every id in active (a dead worker's task too, until the
-                    -- recoverer moves it on), and none while the retry set holds a task
-                    -- (head-of-line: the failed task goes first; forward_queues.lua puts
-                    -- it back at the tail of pending, the end taken next).
-                    if room > 0 and redis.pcall("GET", base .. "asyncq:ordered") == "1" then
-                        if redis.call("ZCARD", base .. "retry") > 0 then
-                            room = 0
-                        else
-                            room = math.min(room, 1 - redis.call("LLEN", active))
-                        end
-                    end
-                    local iv = rate_iv[q]
-                    if iv and room > 0 then
-                        -- GCRA: the bucket is full when tat <= now; each task moves tat
-                        -- on by iv; a task may start while tat - now <= (burst - 1) * iv.
-                        local t = now_us()
-                        tat = math.max(tonumber(redis.call("HGET", rate_key, "tat") or "0") or 0, t)
-                        room = math.min(room, math.floor((t + rate_burst[q] * iv - tat) / iv))
-                    end
-                    if room <= 0 then
-                        held[#held + 1] = q
-                        stopped = true
-                    end
+                -- asyncq: nothing is written for a queue with a key of another type (see
+                -- queue_room), and an id is moved only once its hash is read, so a failure
+                -- never leaves an id in active without its lease or state. It is an
+                -- error when nothing was taken yet, else the fetch stops.
+                room, tat, problem = queue_room(base, room, now, fleet_cfg[q], local_room[q],
+                    rate_iv[q], rate_burst[q])
+                if not room then -- paused
+                    empty[#empty + 1] = q
+                    stopped = true
+                elseif room <= 0 and not problem then
+                    held[#held + 1] = q
+                    stopped = true
                 end
             end
             if not stopped then
@@ -195,6 +150,7 @@ while first <= nqueues and not done do
                     taken[#taken + 1] = msg
                 end
                 if tat and here > 0 then
+                    local rate_key = base .. "asyncq:rate"
                     local new = tat + here * rate_iv[q]
                     -- Numbers written as text: Redis 7.2 would store 900000000 as "9e+8".
                     redis.call("HSET", rate_key, "tat", string.format("%.0f", new),

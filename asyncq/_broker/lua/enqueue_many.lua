@@ -1,3 +1,4 @@
+-- include: guard
 -- Enqueue many pending tasks of one queue in one call (asyncq's batch path). Each task
 -- ends exactly as asynq's Enqueue leaves it: its hash (msg, state, pending_since) and
 -- its id pushed onto the pending list, in argument order.
@@ -12,13 +13,11 @@
 -- is registered with the writes, so a queue removed under a long-lived client (`queue rm`,
 -- FLUSHALL) is listed again by its next enqueue.
 -- asyncq: nothing is written when the pending key (or asynq:queues) holds another type.
-if not ({none=true, list=true})[redis.call("TYPE", KEYS[1]).ok] then
-    return redis.error_reply("WRONGTYPE " .. KEYS[1] .. " is not a list")
-end
 local tasks = (#ARGV - 3) / 2
 local registry = KEYS[tasks + 2]
-if registry and not ({none=true, set=true})[redis.call("TYPE", registry).ok] then
-    return redis.error_reply("WRONGTYPE " .. registry .. " is not a set")
+local problem = bad(KEYS[1], "list") or (registry and bad(registry, "set"))
+if problem then
+    return redis.error_reply(problem)
 end
 local out, ids, n = {}, {}, 0
 for i = 2, tasks + 1 do

@@ -1,3 +1,4 @@
+-- include: guard
 -- Enqueue a pending task guarded by a uniqueness lock (asynq EnqueueUnique).
 -- KEYS[1] unique key  asynq:{q}:unique:<type>:<md5>
 -- KEYS[2] task key
@@ -17,11 +18,9 @@
 -- the queue is registered with the write, so a queue removed under a long-lived client
 -- (`queue rm`, FLUSHALL) is listed again by its next enqueue.
 local registry = KEYS[4]
-if registry and not ({none=true, set=true})[redis.call("TYPE", registry).ok] then
-    return redis.error_reply("WRONGTYPE " .. registry .. " is not a set")
-end
-if not ({none=true, list=true})[redis.call("TYPE", KEYS[3]).ok] then
-    return redis.error_reply("WRONGTYPE " .. KEYS[3] .. " is not a list")
+local problem = (registry and bad(registry, "set")) or bad(KEYS[3], "list")
+if problem then
+    return redis.error_reply(problem)
 end
 if not redis.call("SET", KEYS[1], ARGV[1], "NX", "EX", ARGV[2]) then
     return -1

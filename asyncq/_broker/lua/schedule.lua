@@ -1,3 +1,4 @@
+-- include: guard
 -- Write a scheduled task (asynq Schedule).
 -- KEYS[1] task key
 -- KEYS[2] scheduled
@@ -11,11 +12,9 @@
 -- the queue is registered with the write, so a queue removed under a long-lived client
 -- (`queue rm`, FLUSHALL) is listed again by its next enqueue.
 local registry = KEYS[3]
-if registry and not ({none=true, set=true})[redis.call("TYPE", registry).ok] then
-    return redis.error_reply("WRONGTYPE " .. registry .. " is not a set")
-end
-if not ({none=true, zset=true})[redis.call("TYPE", KEYS[2]).ok] then
-    return redis.error_reply("WRONGTYPE " .. KEYS[2] .. " is not a zset")
+local problem = (registry and bad(registry, "set")) or bad(KEYS[2], "zset")
+if problem then
+    return redis.error_reply(problem)
 end
 if redis.call("EXISTS", KEYS[1]) == 1 then
     return 0
