@@ -86,19 +86,6 @@ FIELDS = {
 OTHER_TYPES = ("string", "list", "hash", "zset", "set", "stream")
 
 
-def _delivers_then_fails(v: bytes) -> bool:
-    """A credit enqueue.lua's tonumber reads as a number that DECR then refuses (inf,
-    1.5, 0x10): the known defect of test_a_garbage_delivery_credit_never_fails_an_enqueue,
-    kept out of this search until enqueue.lua is fixed."""
-    if v.isdigit():
-        return False
-    try:
-        float(v)
-    except ValueError:
-        return v.strip().lower().startswith(b"0x")
-    return True
-
-
 @st.composite
 def damage(draw: st.DrawFn, kind: str, natural: str) -> tuple[str, Any]:
     """(Redis type, contents): another type than *natural*, or *natural* full of garbage."""
@@ -114,8 +101,6 @@ def damage(draw: st.DrawFn, kind: str, natural: str) -> tuple[str, Any]:
         fields = ["kind", "queue", "type", "id", "fraction", "time", "retried", "error"]
         chosen = draw(st.lists(st.sampled_from(fields), min_size=1, max_size=len(fields)))
         return "stream", {n: draw(value) for n in chosen}
-    if kind == "credit":
-        return natural, draw(value.filter(lambda v: not _delivers_then_fails(v)))
     return natural, draw(value)
 
 
@@ -469,12 +454,6 @@ async def _serve_and_enqueue(
     return ran, refused
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="enqueue.lua delivers on a credit tonumber() reads as positive but DECR refuses "
-    "(inf, 1.5): the PUBLISH has gone out, then the enqueue fails with an unnamed "
-    "'value is not an integer' (fix in the issue 39 note)",
-)
 @pytest.mark.parametrize("credit", [b"inf", b"1.5", b"1e3"])
 def test_a_garbage_delivery_credit_never_fails_an_enqueue(
     redis_url: str, r: sync_redis.Redis, credit: bytes
@@ -487,13 +466,6 @@ def test_a_garbage_delivery_credit_never_fails_an_enqueue(
     assert ran.count(f"in-{Q}") == 1, ran
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dequeue_queues.lua: a queue rate bucket whose tat is nan fails the whole "
-    "dequeue, every queue of that server, after it moved tasks to active (they wait out "
-    "their lease, again and again; only a task delivered directly still runs); inf holds "
-    "the queue for good, unnamed (fix in the issue 39 note)",
-)
 @pytest.mark.parametrize("tat", [b"nan", b"inf"])
 def test_a_garbage_queue_rate_bucket_holds_no_other_queue_and_is_reset(
     redis_url: str, r: sync_redis.Redis, tat: bytes

@@ -107,11 +107,19 @@ TESTS: dict[str, tuple[str, ...]] = {
     ),
     "ack_queues": (*BROKER_TESTS, "tests/workflow/test_workflow_batch.py"),
     # enqueue.lua's direct delivery: its own tests first (a real subscriber, fast)
-    "enqueue": ("tests/broker/test_delivery.py", "tests/broker/test_delivery_rule.py", *BROKER_TESTS),
+    "enqueue": (
+        "tests/broker/test_delivery.py",
+        "tests/broker/test_delivery_rule.py",
+        *BROKER_TESTS,
+    ),
     "dequeue_queues": MULTI_TESTS,
     # the rule both take a task by (included by dequeue_queues.lua and enqueue.lua): the
     # fetch's tests, then the delivery's
-    "_lib/room": (*MULTI_TESTS, "tests/broker/test_delivery_rule.py", "tests/broker/test_delivery.py"),
+    "_lib/room": (
+        *MULTI_TESTS,
+        "tests/broker/test_delivery_rule.py",
+        "tests/broker/test_delivery.py",
+    ),
     "forward_queues": MULTI_TESTS,
     "list_lease_expired_queues": MULTI_TESTS,
     "delete_expired_completed_queues": MULTI_TESTS,

@@ -64,7 +64,14 @@ local function queue_room(base, want, now, fleet, loc, iv, burst)
         -- GCRA: the bucket is full when tat <= now; each task moves tat on by iv; a task
         -- may start while tat - now <= (burst - 1) * iv.
         local t = now_us()
-        tat = math.max(tonumber(redis.call("HGET", base .. "asyncq:rate", "tat") or "0") or 0, t)
+        -- A tat no worker writes (nan, inf, or later than a full bucket reserves) would
+        -- hold the queue for good, or fail the fetch's write after its moves: the bucket
+        -- starts full instead.
+        local stored = tonumber(redis.call("HGET", base .. "asyncq:rate", "tat") or "0")
+        if not stored or stored ~= stored or stored > t + burst * iv then
+            stored = 0
+        end
+        tat = math.max(stored, t)
         n = math.min(n, math.floor((t + burst * iv - tat) / iv))
     end
     return n, tat

@@ -32,9 +32,9 @@ from asyncq._worker.server import Server
 from asyncq.errors import BrokerError
 from asyncq.mux import ServeMux
 from asyncq.task import Task
-from tests.acl import temporary_acl_user
-from tests.helpers import FakeClock, make_msg
-from tests.workers.support import FAST, spawn, stop_process, wait_for_line, wait_until
+from tests.support.acl import temporary_acl_user
+from tests.support.helpers import FakeClock, make_msg
+from tests.support.procs import FAST, spawn, stop_process, wait_for_line, wait_until
 
 SERVER = "rule-server"
 Q = "q"
