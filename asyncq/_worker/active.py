@@ -23,14 +23,14 @@ from asyncq._worker.lease import Lease
 from asyncq.errors import DeadlineExceededError, LeaseExpiredError
 from asyncq.proto.asynq import TaskMessage
 
-__all__ = ["CANCEL_GRACE", "ActiveTask", "ActiveTasks", "TaskState"]
+__all__ = ["CANCEL_GRACE", "ActiveTask", "ActiveTasks", "AttemptPhase"]
 
 CANCEL_GRACE = 5.0
 """Seconds a cancelled handler (deadline, cancel message, lease expiry) has to return before
 its failure is written anyway and its slot freed; it is then an orphan that goes on in the
 background, as a Go handler ignoring its context does in asynq."""
 
-TaskState = Literal["starting", "running", "writing", "finished"]
+AttemptPhase = Literal["starting", "running", "writing", "finished"]
 """``starting``: its coroutine has not run yet. ``running``: the handler may still run.
 ``writing``: its outcome is being written. ``finished``: its slot is free."""
 
@@ -57,7 +57,7 @@ class ActiveTask:
         self.lease = lease
         self.deadline = deadline
         self.started = started
-        self.state: TaskState = "starting"
+        self.state: AttemptPhase = "starting"
         self.abandoned = False
         """Shutdown requeued the task (or left it to recovery): nothing more is written."""
         self.task: asyncio.Task[None] | None = None
