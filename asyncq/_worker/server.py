@@ -382,12 +382,10 @@ class Server(Service):
         if self._watcher is not None:
             await refresh_once(self._watcher)  # the patterns' current matches before any fetch
         served = self.queue_set.names()
-        for qname in cfg.ordered_queues:  # asyncq flow control, read by the scripts
-            if not is_pattern(qname):
-                await self.redis.set(keys.ordered_key(qname), "1")
-            else:  # the served queues matching it now; the watcher marks later ones
-                for match in fnmatch.filter(served, qname):
-                    await self.redis.set(keys.ordered_key(match), "1")
+        for qname in cfg.ordered_queues:  # a pattern: the served queues matching it now (the
+            # watcher marks later ones)
+            for name in fnmatch.filter(served, qname) if is_pattern(qname) else [qname]:
+                await self.broker.mark_ordered(name)
         self._hooks.attach()  # last: a set-up that fails before leaves nothing to detach
         self.started_at = datetime.now(UTC)
         self.log.info(
@@ -452,10 +450,6 @@ class Server(Service):
         self._force.set()
         if self._state == "running":
             self._begin_shutdown()
-
-    async def wait_closed(self) -> None:
-        """Wait until the server has shut down (e.g. a burst run finished)."""
-        await super().wait_closed()
 
     async def _enqueue_aggregated(self, task: Task, queue: str) -> TaskInfo:
         if self._enqueuer is None:
