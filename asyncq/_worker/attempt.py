@@ -3,7 +3,8 @@
 A fetch or a delivery hands the processor a :class:`~asyncq._broker.DequeuedTask`
 and a slot; :meth:`Attempts.start` registers it in the server's
 :class:`~asyncq._worker.active.ActiveTasks` and starts its coroutine,
-:meth:`Attempts.live`, in the processor's TaskGroup. That coroutine is asynq's
+:meth:`Attempts.live`, owned by the processor's TaskGroup (see
+:mod:`asyncq._worker.processor`). That coroutine is asynq's
 ``exec``:
 
 * **run** (:meth:`Attempts.run`): its type's rate token, then the handler,

@@ -9,12 +9,15 @@
   bytes of the running tasks: a fetch stops before it, no fetch runs while it
   is reached, and a single task larger than the bound runs alone.
 * Each task fetched or delivered enters by one door, :meth:`Processor._start`,
-  and lives in one coroutine of the processor's TaskGroup (``run()``), read top
-  down in :mod:`asyncq._worker.attempt`: run the handler until the first of {it
-  returns, its lease expires, a cancel request, its deadline}, decide, write,
-  release. The ack and type-token calls (:mod:`asyncq._worker.batched`) are
-  tasks of the same group, so leaving ``run()`` waits for every task's coroutine
-  and every write in flight.
+  and lives in one coroutine, read top down in :mod:`asyncq._worker.attempt`:
+  run the handler until the first of {it returns, its lease expires, a cancel
+  request, its deadline}, decide, write, release. The processor tracks these
+  coroutines itself, as asynq's processor does (a set, not
+  ``TaskGroup.create_task``, which is Python code on 3.11: several µs per task),
+  and one task of its TaskGroup (``run()``) owns them: it waits for them on the
+  way out and cancels them with the group. The ack and type-token calls
+  (:mod:`asyncq._worker.batched`) are tasks of the same group, so leaving
+  ``run()`` waits for every task's coroutine and every write in flight.
 * Queue order per fetch: weighted and shuffled (priorities divided by their GCD;
   the distribution of asynq's repeat-``priority``-times, shuffle, de-duplicate,
   drawn with Efraimidis-Spirakis keys),
