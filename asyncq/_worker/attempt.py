@@ -201,7 +201,7 @@ class Attempts:
         active.state = "running"
         loop = asyncio.get_running_loop()
         lease = active.lease
-        select = FirstOf((lease, active), loop.time() + active.deadline - now)
+        select = FirstOf((lease, active), loop.time() + active.deadline - now, active.task)
         exc: BaseException | None = None
         limited: timedelta | None = None  # its type's rate had no token: put back unrun
         returned = False  # the handler returned (did not raise or swallow a stop)

@@ -53,10 +53,14 @@ class FirstOf:
 
     __slots__ = ("_deadline", "_sources", "_task", "_timer", "_woke", "first")
 
-    def __init__(self, sources: tuple[Source, ...], deadline: float) -> None:
+    def __init__(
+        self, sources: tuple[Source, ...], deadline: float, task: asyncio.Task[Any] | None = None
+    ) -> None:
         self._sources = sources
         self._deadline = deadline  # loop time
-        self._task: asyncio.Task[Any] | None = None
+        self._task = task
+        """The task awaiting in the scope (given, or the current one on entering: on 3.11
+        ``asyncio.current_task`` is Python code, a call per task saved when given)."""
         self._timer: asyncio.TimerHandle | None = None
         self._woke = False  # the coroutine was cancelled to wake it
         self.first: object = None
@@ -85,10 +89,13 @@ class FirstOf:
             self._wake()
 
     def __enter__(self) -> FirstOf:
-        self._task = asyncio.current_task()
+        task = self._task
+        if task is None:
+            task = self._task = asyncio.current_task()
+            assert task is not None
         for source in self._sources:
             source.waiter = self
-        self._timer = asyncio.get_running_loop().call_at(self._deadline, self._deadline_came)
+        self._timer = task.get_loop().call_at(self._deadline, self._deadline_came)
         return self
 
     def __exit__(
@@ -101,6 +108,7 @@ class FirstOf:
         self._timer.cancel()
         for source in self._sources:
             source.waiter = None
+        current = self._task
         self._task = None  # no cycle left between the task, its coroutine and this scope
         if not self._woke:
             # No cancellation of ours to take back. An event that came before the
@@ -108,7 +116,6 @@ class FirstOf:
             return False
         # Take back the cancellation that woke the coroutine: a later ``asyncio.timeout``
         # in the same task (the outcome's write) would take it for its own.
-        current = asyncio.current_task()
         assert current is not None
         current.uncancel()
         # Swallowed here when it is ours alone; the handler's own failure (it may have
