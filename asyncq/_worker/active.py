@@ -6,10 +6,11 @@ recoverer asks whether a task still runs here, and the subscriber cancels a
 task by ID through it.
 
 A cancel request (:meth:`ActiveTask.cancel`: a cancel message; shutdown's
-:meth:`ActiveTask.stop_abandoned`) records its reason and resolves the task's
-:attr:`ActiveTask.cancelled` future, one of the events its coroutine waits on
-beside the handler, the lease's expiry and the deadline (see
-:mod:`asyncq._worker.attempt`); the first request is the attempt's failure, and
+:meth:`ActiveTask.stop_abandoned`) records its reason and tells the select of the
+task's coroutine (:attr:`ActiveTask.waiter`): one of the events it waits on beside
+the handler, the lease's expiry and the deadline (see :mod:`asyncq._worker.attempt`);
+the :attr:`ActiveTask.cancelled` future is resolved too, for whoever asked for it.
+The first request is the attempt's failure, and
 once the handler has returned requests change nothing.
 """
 
@@ -19,7 +20,7 @@ import asyncio
 import time
 from typing import Literal
 
-from asyncq._worker.lease import Lease
+from asyncq._worker.lease import Lease, Waiter
 from asyncq.errors import DeadlineExceededError, LeaseExpiredError
 from asyncq.proto.asynq import TaskMessage
 
@@ -50,6 +51,7 @@ class ActiveTask:
         "started",
         "state",
         "task",
+        "waiter",
     )  # fmt: skip
 
     def __init__(self, msg: TaskMessage, lease: Lease, deadline: float, started: float) -> None:
@@ -65,6 +67,9 @@ class ActiveTask:
         self.cancel_exc: BaseException | None = None
         """Why the handler was stopped before it returned (the attempt's failure)."""
         self._cancelled: asyncio.Future[None] | None = None
+        self.waiter: Waiter | None = None
+        """The select waiting for a cancel request now, if any (set and cleared by
+        :class:`~asyncq._worker.select.FirstOf`): told at once, without a future."""
         self.began = 0.0
         """When the handler was called (unix time); 0 while it has not been."""
         self.ran: tuple[float, float] | None = None
@@ -115,6 +120,8 @@ class ActiveTask:
     def _request(self) -> None:
         if self._cancelled is not None and not self._cancelled.done():
             self._cancelled.set_result(None)
+        if self.waiter is not None:
+            self.waiter.fire(self)
 
     def stop_abandoned(self) -> None:
         """Shutdown, once the task is requeued: stop its handler (nothing is written)."""

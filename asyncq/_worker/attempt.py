@@ -3,7 +3,8 @@
 A fetch or a delivery hands the processor a :class:`~asyncq._broker.DequeuedTask`
 and a slot; :meth:`Attempts.start` registers it in the server's
 :class:`~asyncq._worker.active.ActiveTasks` and starts its coroutine,
-:meth:`Attempts.live`, in the processor's TaskGroup. That coroutine is asynq's
+:meth:`Attempts.live`, owned by the processor's TaskGroup (see
+:mod:`asyncq._worker.processor`). That coroutine is asynq's
 ``exec``:
 
 * **run** (:meth:`Attempts.run`): its type's rate token, then the handler,
@@ -199,13 +200,15 @@ class Attempts:
             return active.cancel_exc, None  # stopped before it started
         active.state = "running"
         loop = asyncio.get_running_loop()
-        lease_lost = active.lease.expired
-        select = FirstOf((lease_lost, active.cancelled), loop.time() + active.deadline - now)
+        lease = active.lease
+        select = FirstOf((lease, active), loop.time() + active.deadline - now, active.task)
         exc: BaseException | None = None
         limited: timedelta | None = None  # its type's rate had no token: put back unrun
         returned = False  # the handler returned (did not raise or swallow a stop)
         try:
             with select:
+                if lease.lost:  # declared lost before the handler's start
+                    select.fire(lease)
                 rate = self._type_rates.get(active.msg.type) if self._type_rates else None
                 if rate is not None:
                     limited = await self._type_token(active, rate)
@@ -234,7 +237,7 @@ class Attempts:
                 if self._progress is not None:
                     self._progress.end(task, returned and not select.came())
         first = select.first
-        if first is lease_lost:
+        if first is lease:
             active.cancel_exc = LeaseExpiredError()
             if self._debug:
                 self.log.debug("lease expired; cancelling handler", **task_fields(active.msg))
@@ -392,14 +395,18 @@ class OutcomeWriter:
         """Decide the attempt's outcome (:func:`~asyncq._worker.outcome.decide`) and write it."""
         msg = active.msg
         lease: LeaseState = "held" if active.lease.valid() else "expired"
+        # A success's end is its "now" for decide: no second clock read (issue 40). A
+        # failure reads the clock again: its error handler may have taken a while.
+        ran = active.ran
+        now = ran[1] if ran is not None and exc is None else self.clock()
         outcome = decide(
-            msg, exc, lease=lease, config=self.config, now=self.clock(), task=task, log=self.log
+            msg, exc, lease=lease, config=self.config, now=now, task=task, log=self.log
         )
         kind = outcome.kind
         retried = kind == "retry" and _rate_limited(exc) is None  # a rate limit is no retry
         history = self.history
-        if history is not None and active.ran is not None:
-            began, ended = active.ran
+        if history is not None and ran is not None:
+            began, ended = ran
             failed = exc is not None
             history.record(msg.queue, msg.type, began, ended, failed, retried, kind == "archive")
         self.hooks.task_finished(msg.queue, msg.type, msg.id, kind, error=outcome.err_msg, exc=exc)
@@ -411,7 +418,34 @@ class OutcomeWriter:
             self.hooks.task_archived(msg.queue, msg.type)
         elif retried:
             self.hooks.task_retried(msg.queue, msg.type)
-        await self._write_outcome(active, outcome)
+        if kind not in ("done", "complete"):
+            await self._write_outcome(active, outcome)
+            return
+        # Acknowledged here rather than in _write_outcome: one coroutine frame fewer for
+        # nearly every task (issue 40). A workflow step's batched acknowledgement
+        # includes its workflow's hand-off.
+        complete = kind == "complete"
+        error = await self._acks.ack(msg, complete)
+        if error is not None:
+            self._ack_failed(active, outcome, complete, error)
+            return
+        if self._debug:
+            self.log.debug("task done", **task_fields(msg))
+        if complete:
+            self._notifier.notify(msg.queue, msg.id)  # wakes result waiters
+
+    def _ack_failed(
+        self, active: ActiveTask, outcome: Outcome, complete: bool, error: BaseException
+    ) -> None:
+        """Handled as a failed single write: the syncer retries it with done(),
+        mark_as_complete() or the step's acknowledgement when Redis was unreachable."""
+        msg, broker = active.msg, self.broker
+
+        def ack() -> Awaitable[None]:
+            return broker.mark_as_complete(msg) if complete else broker.done(msg)
+
+        write = self._workflow_ack(msg, outcome.ack_mode) if outcome.workflow else ack
+        self._write_failed(active, write, "done", error)
 
     def _lost(self, msg: TaskMessage, exc: BaseException | None) -> None:
         """The local lease ran out: nothing is written, the recoverer owns the task."""
@@ -432,27 +466,13 @@ class OutcomeWriter:
             )
 
     async def _write_outcome(self, active: ActiveTask, outcome: Outcome) -> None:
-        """Write *outcome*; a write Redis could not take goes to the syncer."""
+        """Write *outcome*, other than an acknowledgement (:meth:`finish` sends those);
+        a write Redis could not take goes to the syncer."""
         msg = active.msg
         broker = self.broker
         kind = outcome.kind
         write: Callable[[], Awaitable[None]]
-        if kind in ("done", "complete"):
-            complete = kind == "complete"
-            # A workflow step's batched acknowledgement includes its workflow's hand-off.
-            error = await self._acks.ack(msg, complete)
-            if error is not None:
-                # Handled as a failed single write: the syncer retries it with done(),
-                # mark_as_complete() or the step's acknowledgement when Redis was unreachable.
-                def ack() -> Awaitable[None]:
-                    return broker.mark_as_complete(msg) if complete else broker.done(msg)
-
-                write = self._workflow_ack(msg, outcome.ack_mode) if outcome.workflow else ack
-                self._write_failed(active, write, "done", error)
-                return
-            if self._debug:
-                self.log.debug("task done", **task_fields(msg))
-        elif outcome.workflow:  # acknowledged together with the workflow's hand-off
+        if outcome.workflow:  # acknowledged together with the workflow's hand-off
             write = self._workflow_ack(msg, outcome.ack_mode, outcome.err_msg)
             await self._write(active, write, "archive" if kind == "archive" else "done")
         elif kind == "revoke":
