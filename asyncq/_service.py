@@ -28,7 +28,7 @@ import contextlib
 import contextvars
 import types
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from anyio.abc import TaskStatus
 
@@ -150,6 +150,9 @@ class Service:
                     await main
             self._state = "closed"
             self._closed.set()
+
+    async def __aenter__(self) -> Self:
+        return self
 
     async def __aexit__(
         self,

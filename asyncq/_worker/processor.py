@@ -12,7 +12,7 @@
   and lives in one coroutine, read top down in :mod:`asyncq._worker.attempt`:
   run the handler until the first of {it returns, its lease expires, a cancel
   request, its deadline}, decide, write, release. The processor tracks these
-  coroutines itself, as asynq's processor does (a set, not
+  coroutines itself (:mod:`asyncq._worker.owned`), as asynq's processor does (a set, not
   ``TaskGroup.create_task``, which is Python code on 3.11: several µs per task),
   and one task of its TaskGroup (``run()``) owns them: it waits for them on the
   way out and cancels them with the group. The ack and type-token calls
@@ -64,6 +64,7 @@ from asyncq._worker.active import ActiveTask, ActiveTasks
 from asyncq._worker.arming import Arming
 from asyncq._worker.attempt import Attempts, DeferWrite, Notifier, OutcomeWriter
 from asyncq._worker.limits import QueueLimits
+from asyncq._worker.owned import OwnedAttempts
 from asyncq._worker.roles import Role, RoleDeps
 from asyncq._worker.slots import Slots
 from asyncq._worker.wakeup import QueueWakeup
@@ -195,9 +196,7 @@ class Processor(Role):
         self._debug = is_debug_enabled(self.log)
         self._burst = cfg.burst
         self._group: asyncio.TaskGroup | None = None
-        self._attempts: set[asyncio.Task[None]] = set()
-        """The tasks' coroutines, owned by :meth:`_own_attempts` (a task of the group)."""
-        self._owning = False  # _own_attempts runs: attempts are added to _attempts
+        self._owned: OwnedAttempts | None = None  # the tasks' coroutines, while run() runs
         self._context = contextvars.copy_context()  # run() takes its own
         self._idle = asyncio.Event()  # no TaskGroup running: run() has returned
         self._idle.set()
@@ -296,24 +295,20 @@ class Processor(Role):
         # Every task's coroutine starts from this context (with the limiter of its sync
         # handlers), whoever starts it: the fetch loop, or the subscriber's delivery.
         self._context = contextvars.copy_context()
-        self._loop = asyncio.get_running_loop()
         crash: Exception | None = None
         self._idle.clear()
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
-                fetched_all = asyncio.Event()
-                self._owning = True
-                group.create_task(self._own_attempts(fetched_all))
+                self._owned = owned = OwnedAttempts(group)
                 try:
                     await self._fetch_loop()
                 except Exception as exc:
                     crash = exc
                 finally:
-                    fetched_all.set()
+                    owned.close()
         finally:
-            self._group = None
-            self._owning = False
+            self._group = self._owned = None
             self._idle.set()
         if crash is not None:
             raise crash
@@ -324,43 +319,10 @@ class Processor(Role):
         return self._group.create_task(coro)
 
     def _spawn_attempt(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Run a task's coroutine, from the context ``run()`` took, owned by the group's
-        :meth:`_own_attempts` (or by the group itself once that one has returned).
-
-        Why not ``TaskGroup.create_task``: on Python 3.11 it is Python code (a name to
-        set, a done callback of its own, run again when the task ends), about 7 calls
-        per task, worth several µs of worker CPU per task (issue 40). Here it is the
-        loop's ``create_task``, ``set.add`` and ``add_done_callback(set.discard)``, all
-        in C: the processor tracks its tasks' coroutines itself, as asynq's processor
-        does, and the group still waits for them through :meth:`_own_attempts`.
-        """
-        assert self._group is not None  # _start is only reached while the group runs
-        if not self._owning:
-            return self._group.create_task(coro, context=self._context.copy())
-        task = self._loop.create_task(coro, context=self._context.copy())
-        self._attempts.add(task)
-        task.add_done_callback(self._attempts.discard)
-        return task
-
-    async def _own_attempts(self, fetched_all: asyncio.Event) -> None:
-        """A task of the processor's group: it returns once the fetch loop is over and
-        every task's coroutine has ended, so that the group's exit waits for them; when
-        the group is cancelled (or aborted) it cancels them and waits for them, as the
-        group would cancel and wait for its own tasks."""
-        attempts = self._attempts
-        try:
-            await fetched_all.wait()
-            while attempts:
-                await asyncio.wait(list(attempts))
-        except asyncio.CancelledError:
-            for task in attempts:
-                task.cancel()
-            while attempts:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait(list(attempts))
-            raise
-        finally:
-            self._owning = False
+        """Run a task's coroutine, from the context ``run()`` took, owned in the group
+        (:mod:`asyncq._worker.owned`: why not ``TaskGroup.create_task``)."""
+        assert self._owned is not None  # _start is only reached while the group runs
+        return self._owned.spawn(coro, self._context.copy())
 
     def _spawn_late(
         self, coro: Coroutine[Any, Any, None], delivered: DeliveryNote | DequeuedTask | None = None

@@ -577,9 +577,6 @@ class Server(Service):
         """Check that Redis answers; raises a redis-py error when it does not."""
         await self.redis.ping()
 
-    async def __aenter__(self) -> Server:
-        return self
-
     def __repr__(self) -> str:
         return (
             f"<Server id={self.server_id} state={self.state} "

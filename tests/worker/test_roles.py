@@ -34,17 +34,17 @@ async def test_crashing_role_is_logged_and_restarted(
     mux.handle("later", handle)
     with structlog.testing.capture_logs() as logs:
         server = Server(redis, **FAST)
-        real = MultiQueue.forward
+        real = MultiQueue.forward_due
         calls = 0
 
-        async def flaky(self: MultiQueue, qnames: Any) -> int:
+        async def flaky(self: MultiQueue, qnames: Any) -> tuple[int, float | None]:
             nonlocal calls
             calls += 1
             if calls <= 2:
                 raise RuntimeError(f"forwarder bug #{calls}")
             return await real(self, qnames)
 
-        monkeypatch.setattr(MultiQueue, "forward", flaky)
+        monkeypatch.setattr(MultiQueue, "forward_due", flaky)
         async with server:
             await server.start(mux)
             await client.enqueue(Task("later"), process_in=timedelta(seconds=1))
