@@ -44,7 +44,6 @@ from typing import Any, Protocol
 
 from redis.exceptions import ResponseError
 
-from asyncq._broker.workflow import WORKFLOW_HEADER
 from asyncq._keys import completion_channel, progress_channel, progress_key
 from asyncq._logging import LazyLogger, get_logger
 from asyncq._redis.options import RedisClient
@@ -290,6 +289,10 @@ class ProgressWriter:
 
     def write(self, task: Task, value: tuple[float, str, float], final_ttl: float | None) -> None:
         if self._events is not None and task.id is not None and task.queue is not None:
+            # Imported here: `import asyncq` imports this module, and must not load the
+            # broker (a web app that only enqueues; tests/app/test_console.py).
+            from asyncq._broker.workflow import WORKFLOW_HEADER
+
             # Queued now, so it precedes the task's outcome event in the stream.
             fraction, message, _ = value
             self._events.add(

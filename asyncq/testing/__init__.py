@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from asyncq._redis.options import RedisTarget
+from asyncq._worker.groups import Intervals, merge_groups, regroup
 from asyncq._worker.server import Server, ServerStats
 from asyncq.app import App, WorkerOptions
 from asyncq.devserver import LocalServer, ServerBinary, ServerNotFoundError, find_server_binary
@@ -28,9 +29,11 @@ from asyncq.mux import ServeMux
 __all__ = ["QUICK_SERVER_OPTIONS", "RedisServerProcess", "run_until_empty"]
 
 QUICK_SERVER_OPTIONS: dict[str, Any] = {
-    "task_check_interval": timedelta(milliseconds=50),
-    "delayed_task_check_interval": timedelta(milliseconds=100),
-    "heartbeat_interval": timedelta(milliseconds=500),
+    "intervals": Intervals(
+        task_check=timedelta(milliseconds=50),
+        delayed_task_check=timedelta(milliseconds=100),
+        heartbeat=timedelta(milliseconds=500),
+    ),
     "shutdown_timeout": timedelta(seconds=5),
 }
 """Server timings for tests: a burst run notices an empty queue within ~50 ms."""
@@ -102,7 +105,8 @@ async def run_until_empty(
     later, or waiting for a retry, are not waited for. Raises TimeoutError
     (after shutting the worker down) when the queues are not empty after *within*.
     """
-    options: dict[str, Any] = {**QUICK_SERVER_OPTIONS, **server_options, "burst": True}
+    # The options given win, a group field by field (a deprecated flat name included).
+    options = {**merge_groups(QUICK_SERVER_OPTIONS, regroup(server_options)), "burst": True}
     if options.get("queues") is None:
         options.pop("queues", None)
     if isinstance(target, App):

@@ -68,6 +68,8 @@ GLOBAL: list[tuple[Callable[[], str], str]] = [
     ),
     (lambda: keys.scheduler_entries_key("h:1:uuid"), "asynq:schedulers:{h:1:uuid}"),
     (lambda: keys.EVENTS_KEY, "asyncq:events"),
+    # asyncq-only: the mark before a task ID on asynq:cancel that stops it for good.
+    (lambda: keys.STOP_MARK, "{asyncq:stop}"),
     (lambda: keys.scheduler_history_key("entry-1"), "asynq:scheduler_history:entry-1"),
 ]
 
@@ -85,6 +87,7 @@ def test_every_exported_builder_is_covered() -> None:
         "ALL_WORKERS",
         "CANCEL_CHANNEL",
         "EVENTS_KEY",
+        "STOP_MARK",
         "active_key",
         "aggregation_set_key",
         "all_aggregation_sets",
