@@ -95,7 +95,7 @@ COMPAT = (
     "workflow/test_workflow_handles.py", "broker/test_broker.py",
     "broker/test_broker_processing.py", "wire/test_codec.py", "wire/test_proto.py",
     "wire/test_keys.py", "wire/test_duration.py", "wire/test_go_golden.py",
-    "wire/test_pure_edges.py", "redis/test_transport.py", "redis/test_connection.py",
+    "wire/test_pure_edges.py", "connection/test_transport.py", "connection/test_connection.py",
     # The typed API (signature and annotation introspection changes between versions),
     # the sync client's thread, cron, the aggregator, triage.
     "app/test_typed_api.py", "producer/test_sync_client.py", "scheduling/test_app_cron.py",
@@ -107,7 +107,7 @@ COMPAT = (
     "app/test_console.py", "web/test_web_api.py", "web/test_web_render.py",
     "gateway/test_gateway_schema.py", "events/test_events.py", "events/test_progress.py",
     "metrics/test_metrics_history.py", "app/test_otel.py", "project/test_packaging.py",
-    "redis/test_smoke.py", "testing/test_devserver.py",
+    "connection/test_smoke.py", "testing/test_devserver.py",
 )  # fmt: skip
 """The compatibility subset run on every Python other than 3.11 by the default ``nox``:
 the files that exercise what differs between Python versions (asyncio's cancellation and

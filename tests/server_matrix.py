@@ -59,13 +59,13 @@ SUBSET = [
     "tests/inspection/test_inspector.py",
     "tests/inspection/test_triage.py",
     "tests/scheduling/test_scheduler.py",
-    "tests/redis/test_fast_pubsub.py",
+    "tests/connection/test_fast_pubsub.py",
     # direct delivery: the enqueue's PUBSUB NUMSUB beside a pattern subscriber, bad members
     "tests/broker/test_delivery.py",
     "tests/broker/test_delivery_rule.py",
     "tests/wire/test_go_golden.py",
     # the version check at first contact
-    "tests/redis/test_server_version.py",
+    "tests/connection/test_server_version.py",
 ]
 """What ``nox -s servers`` runs on each server."""
 
