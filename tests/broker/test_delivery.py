@@ -13,8 +13,6 @@ import asyncio
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import timedelta
 
 import pytest
@@ -28,43 +26,17 @@ from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.task import Task
 from tests.support import golden
-from tests.support.helpers import FakeClock
+from tests.support.helpers import FakeClock, delivery_notes
 from tests.support.procs import FAST, spawn, stop_process, wait_for_line, wait_until
 from tests.support.workers.worker import DONE, STARTS
 
 SERVER = "test-server-1"
 
 
-@asynccontextmanager
-async def _listening(redis: Redis, server_id: str) -> AsyncIterator[asyncio.Queue[bytes]]:
-    """Subscribed to *server_id*'s delivery channel while open; the notes arrive on the queue."""
-    pubsub = redis.pubsub()
-    await pubsub.subscribe(keys.delivery_channel(server_id))
-    notes: asyncio.Queue[bytes] = asyncio.Queue()
-
-    async def read() -> None:
-        async for msg in pubsub.listen():
-            if msg["type"] == "message":
-                await notes.put(msg["data"])
-
-    async def counted() -> bool:
-        # Subscribed once the server counts it (what the enqueue asks), not once sent.
-        reply = await redis.execute_command("PUBSUB", "NUMSUB", keys.delivery_channel(server_id))
-        return bool(reply[1] > 0)
-
-    task = asyncio.create_task(read())
-    try:
-        await wait_until(counted, what="the subscription")
-        yield notes
-    finally:
-        task.cancel()
-        await pubsub.aclose()
-
-
 async def test_a_delivered_task_is_active_with_the_workers_lease_as_go_writes_it(
     redis: Redis, broker: Broker, client: Client
 ) -> None:
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, ["work"])
         waiters = keys.waiters_key("work")
         assert await redis.lrange(waiters, 0, -1) == [broker.delivery_member(SERVER).encode()]
@@ -129,7 +101,7 @@ async def test_nobody_listening_writes_the_task_pending_and_drops_the_credit(
 async def test_no_delivery_where_the_dequeue_script_must_decide(
     redis: Redis, broker: Broker, client: Client, setup: str
 ) -> None:
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         if setup == "paused":
             await redis.set(keys.paused_key("q"), 1)
         elif setup == "limit":  # a limit of 1, taken by a live lease
@@ -156,7 +128,7 @@ async def test_no_delivery_where_the_dequeue_script_must_decide(
 async def test_an_unusable_delivered_message_is_archived_as_a_fetch_would(
     redis: Redis, broker: Broker, client: Client
 ) -> None:
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, ["q"])
         await client.enqueue(Task("t"), queue="q", task_id="a")
         note = parse_note(await asyncio.wait_for(notes.get(), 5))
@@ -192,7 +164,7 @@ async def test_an_enqueue_looks_at_four_waiters_at_most(
     redis: Redis, broker: Broker, client: Client
 ) -> None:
     # A live waiter at the head, four departed ones (no credit) behind it at the tail.
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, ["q"])
         departed = [f"30:asyncq:delivery:gone-{i}" for i in range(4)]
         await redis.rpush(keys.waiters_key("q"), *departed)
@@ -220,7 +192,7 @@ async def test_a_member_written_many_times_never_fails_an_enqueue(
 async def test_a_credit_that_is_no_number_is_no_credit(
     redis: Redis, broker: Broker, client: Client
 ) -> None:
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, ["q"])
         await redis.set(keys.delivery_channel(SERVER), "junk")
         await client.enqueue(Task("t"), queue="q", task_id="a")

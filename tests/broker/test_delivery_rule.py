@@ -33,37 +33,11 @@ from asyncq.errors import BrokerError
 from asyncq.mux import ServeMux
 from asyncq.task import Task
 from tests.support.acl import temporary_acl_user
-from tests.support.helpers import FakeClock, make_msg
+from tests.support.helpers import FakeClock, delivery_notes, make_msg
 from tests.support.procs import FAST, spawn, stop_process, wait_for_line, wait_until
 
 SERVER = "rule-server"
 Q = "q"
-
-
-@asynccontextmanager
-async def _listening(redis: Redis, server_id: str) -> AsyncIterator[asyncio.Queue[bytes]]:
-    """Subscribed to *server_id*'s delivery channel while open; the notes arrive on the queue."""
-    pubsub = redis.pubsub()
-    await pubsub.subscribe(keys.delivery_channel(server_id))
-    notes: asyncio.Queue[bytes] = asyncio.Queue()
-
-    async def read() -> None:
-        async for msg in pubsub.listen():
-            if msg["type"] == "message":
-                await notes.put(msg["data"])
-
-    async def counted() -> bool:
-        # Subscribed once the server counts it (what the enqueue asks), not once sent.
-        reply = await redis.execute_command("PUBSUB", "NUMSUB", keys.delivery_channel(server_id))
-        return bool(reply[1] > 0)
-
-    task = asyncio.create_task(read())
-    try:
-        await wait_until(counted, what="the subscription")
-        yield notes
-    finally:
-        task.cancel()
-        await pubsub.aclose()
 
 
 @dataclass(frozen=True)
@@ -134,7 +108,7 @@ async def test_an_enqueue_delivers_exactly_when_a_fetch_would_take_the_task(
     taken = [t.message.id for t in fetched.tasks] == ["x"]
     # ...is what an enqueue does with a waiting worker: deliver it, or leave it pending.
     tat = await _seed(redis, clock.now, state)
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, [Q])
         await broker.enqueue(make_msg("x", queue=Q))
         state_after = await redis.hget(keys.task_key(Q, "x"), "state")
@@ -154,7 +128,7 @@ async def test_the_delivered_lease_runs_from_the_enqueuers_clock(
     # The enqueuer's clock an hour and a half second off Redis': the lease follows it, as a
     # fetched task's follows the fetcher's (Redis TIME would ignore it).
     clock.now += 3600.5
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, [Q])
         await broker.enqueue(make_msg("x", queue=Q))
         note = parse_note(await asyncio.wait_for(notes.get(), 5))
@@ -170,7 +144,7 @@ async def test_a_stored_limit_counts_live_leases_by_the_enqueuers_clock(
     # is past it (a fetch at that time would take the task too).
     await redis.set(keys.limit_key(Q), 1)
     await redis.zadd(keys.lease_key(Q), {"other": clock.now + 100})
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, [Q])
         await broker.enqueue(make_msg("x", queue=Q))
         assert await redis.hget(keys.task_key(Q, "x"), "state") == b"pending"
@@ -187,7 +161,7 @@ async def test_a_registry_of_another_type_fails_the_enqueue_with_nothing_written
     # asynq:queues is checked before any write, whether the task would go pending or be
     # delivered: the error names the key, and no note goes out.
     await redis.set(keys.ALL_QUEUES, "not a set")
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         if waiting:
             assert await broker.arm_delivery(SERVER, 15.0, [Q])
         before = {k: await redis.dump(k) for k in await redis.keys("*")}
@@ -227,7 +201,7 @@ async def test_a_member_with_odd_lease_seconds_is_dropped_named_and_costs_no_tas
     redis: Redis, broker: Broker, secs: str
 ) -> None:
     await redis.flushdb()
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         # A live worker with credit, written into the list under odd lease seconds.
         assert await broker.arm_delivery(SERVER, 15.0, [Q])
         member = f"{secs}:{keys.delivery_channel(SERVER)}"
@@ -249,7 +223,7 @@ async def test_each_bad_member_is_named_once_and_a_live_worker_behind_them_is_re
 ) -> None:
     # Three bad members at the tail, the live worker at the head: one enqueue drops all
     # three and still delivers (four looks), the next finds nothing to drop.
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, [Q])
         channel = keys.delivery_channel(SERVER)
         bad = [f"nan:{channel}", f"inf:{channel}", f"1e300:{channel}"]
@@ -271,7 +245,7 @@ async def test_the_longest_lease_and_largest_credit_a_member_may_name_are_taken(
     # 15 digits of lease seconds and an 18-digit credit: still exact integers, so the task is
     # delivered with a finite lease and the credit goes down by one.
     secs, credit = 10**15 - 1, "9" * 18
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         channel = keys.delivery_channel(SERVER)
         await redis.set(channel, credit)
         await redis.rpush(keys.waiters_key(Q), f"{secs}:{channel}")
@@ -310,7 +284,7 @@ async def test_a_user_refused_pubsub_numsub_or_the_channel_enqueues_pending(
 ) -> None:
     # A producer whose ACL forbids PUBSUB, or every channel: a worker waits with credit and
     # listens, and the task is written pending, the credit kept.
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         assert await Broker(redis).arm_delivery(SERVER, 15.0, [Q])
         allowed = (
             ("~*", "+@all", *rules) if "resetchannels" in rules else ("~*", "&*", "+@all", *rules)
@@ -344,7 +318,7 @@ async def test_a_credit_of_another_type_or_no_count_is_dropped_named_and_costs_n
     # Each kind in turn, with a subscriber on the channel: before, a list stayed forever,
     # and "1.5", "01" or a 19-digit credit (past the largest integer) was published and
     # then failed the DECR half-written.
-    async with _listening(redis, SERVER):
+    async with delivery_notes(redis, SERVER):
         channel = keys.delivery_channel(SERVER)
         member = f"30:{channel}"
         for i, kind in enumerate(["list", "hash", "zset", "1.5", "9" * 19, "-1x", "01"]):
@@ -458,7 +432,7 @@ async def test_an_ordered_queue_with_a_wrong_typed_retry_set_still_takes_the_enq
     # delivery (the fetch reports it), never a failed enqueue.
     await redis.set(keys.ordered_key(Q), "1")
     await redis.set(keys.retry_key(Q), "not a zset")
-    async with _listening(redis, SERVER) as notes:
+    async with delivery_notes(redis, SERVER) as notes:
         assert await broker.arm_delivery(SERVER, 15.0, [Q])
         await broker.enqueue(make_msg("x", queue=Q))
         assert await redis.hget(keys.task_key(Q, "x"), "state") == b"pending"

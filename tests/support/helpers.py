@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -182,3 +183,29 @@ async def push_go_task(redis: Redis, queue: str, task_id: str, payload: bytes = 
         mapping={"msg": bytes(msg), "state": "pending", "pending_since": time.time_ns()},
     )
     await redis.lpush(keys.pending_key(queue), task_id)
+
+
+@asynccontextmanager
+async def delivery_notes(redis: Redis, server_id: str) -> AsyncIterator[asyncio.Queue[bytes]]:
+    """Subscribed to *server_id*'s delivery channel while open; the notes arrive on the queue."""
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.delivery_channel(server_id))
+    notes: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def read() -> None:
+        async for msg in pubsub.listen():
+            if msg["type"] == "message":
+                await notes.put(msg["data"])
+
+    async def counted() -> bool:
+        # Subscribed once the server counts it (what the enqueue asks), not once sent.
+        reply = await redis.execute_command("PUBSUB", "NUMSUB", keys.delivery_channel(server_id))
+        return bool(reply[1] > 0)
+
+    task = asyncio.create_task(read())
+    try:
+        await wait_until(counted, what="the subscription")
+        yield notes
+    finally:
+        task.cancel()
+        await pubsub.aclose()
