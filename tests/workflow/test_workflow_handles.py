@@ -7,7 +7,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -17,26 +16,7 @@ from asyncq import Server, Step, Task, TaskNotFoundError, chain, chord
 from asyncq import _keys as keys
 from asyncq._producer.workflow import WorkflowFailedError, typed_group
 from tests.support import wf_app as wf
-from tests.support.procs import FAST, ROOT, stop_process
-
-
-@pytest.fixture
-async def app(redis: Redis, redis_url: str) -> AsyncIterator[None]:
-    wf.app.redis = redis_url
-    try:
-        yield None
-    finally:
-        await wf.app.aclose()
-
-
-@pytest.fixture
-async def worker(app: None) -> AsyncIterator[Server]:
-    server = wf.app.server(**FAST)
-    await server.start(wf.app.mux)
-    try:
-        yield server
-    finally:
-        await server.shutdown()
+from tests.support.procs import ROOT, stop_process
 
 
 async def test_typed_pipe_result_and_status(redis: Redis, worker: Server) -> None:

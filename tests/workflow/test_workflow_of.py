@@ -3,7 +3,6 @@ holding only the id needs it (issue 41, item 8)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -12,7 +11,6 @@ from redis.asyncio import Redis
 from asyncq import AmbiguousIdError, Server, Task, WorkflowNotFoundError, chain
 from asyncq._producer.workflow import WorkflowFailedError, typed_group
 from tests.support import wf_app as wf
-from tests.support.procs import FAST
 
 RAW = "wf-of:raw"  # a plain handler of the App's mux, not an @app.task
 
@@ -23,25 +21,6 @@ async def _raw(task: Task) -> None:
 
 
 wf.app.mux.handle(RAW, _raw)  # once: a module runs once per process
-
-
-@pytest.fixture
-async def app(redis: Redis, redis_url: str) -> AsyncIterator[None]:
-    wf.app.redis = redis_url
-    try:
-        yield None
-    finally:
-        await wf.app.aclose()
-
-
-@pytest.fixture
-async def worker(app: None) -> AsyncIterator[Server]:
-    server = wf.app.server(**FAST)
-    await server.start(wf.app.mux)
-    try:
-        yield server
-    finally:
-        await server.shutdown()
 
 
 async def test_a_handle_from_the_id_gives_the_typed_result_and_status(
