@@ -6,11 +6,10 @@ recoverer asks whether a task still runs here, and the subscriber cancels a
 task by ID through it.
 
 A cancel request (:meth:`ActiveTask.cancel`: a cancel message; shutdown's
-:meth:`ActiveTask.stop_abandoned`) records its reason and tells the select of the
-task's coroutine (:attr:`ActiveTask.waiter`): one of the events it waits on beside
-the handler, the lease's expiry and the deadline (see :mod:`asyncq._worker.attempt`);
-the :attr:`ActiveTask.cancelled` future is resolved too, for whoever asked for it.
-The first request is the attempt's failure, and
+:meth:`ActiveTask.stop_abandoned`) records its reason and resolves
+:attr:`ActiveTask.cancelled`: one of the events the task's coroutine waits on
+beside the handler, the lease's expiry and the deadline (see
+:mod:`asyncq._worker.attempt`). The first request is the attempt's failure, and
 once the handler has returned requests change nothing.
 """
 
@@ -20,7 +19,7 @@ import asyncio
 import time
 from typing import Literal
 
-from asyncq._worker.lease import Lease, Waiter
+from asyncq._worker.lease import Lease
 from asyncq.errors import DeadlineExceededError, LeaseExpiredError
 from asyncq.proto.asynq import TaskMessage
 
@@ -40,10 +39,10 @@ class ActiveTask:
     """A task this server is running: message, lease, deadline, why and when it was stopped."""
 
     __slots__ = (
-        "_cancelled",
         "abandoned",
         "began",
         "cancel_exc",
+        "cancelled",
         "deadline",
         "lease",
         "msg",
@@ -51,10 +50,10 @@ class ActiveTask:
         "started",
         "state",
         "task",
-        "waiter",
     )  # fmt: skip
 
     def __init__(self, msg: TaskMessage, lease: Lease, deadline: float, started: float) -> None:
+        """Made in the running event loop, as its lease (its event is a future of that loop)."""
         self.msg = msg
         self.lease = lease
         self.deadline = deadline
@@ -66,10 +65,8 @@ class ActiveTask:
         """The asyncio task of the processor's coroutine for this task (it runs the handler)."""
         self.cancel_exc: BaseException | None = None
         """Why the handler was stopped before it returned (the attempt's failure)."""
-        self._cancelled: asyncio.Future[None] | None = None
-        self.waiter: Waiter | None = None
-        """The select waiting for a cancel request now, if any (set and cleared by
-        :class:`~asyncq._worker.select.FirstOf`): told at once, without a future."""
+        self.cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Done once a cancel request came (its reason is :attr:`cancel_exc`)."""
         self.began = 0.0
         """When the handler was called (unix time); 0 while it has not been."""
         self.ran: tuple[float, float] | None = None
@@ -107,21 +104,9 @@ class ActiveTask:
         self._request()
         return True
 
-    @property
-    def cancelled(self) -> asyncio.Future[None]:
-        """Done once a cancel request came (its reason is :attr:`cancel_exc`); created on
-        first use, by the task's coroutine when it starts waiting."""
-        if self._cancelled is None:
-            self._cancelled = asyncio.get_running_loop().create_future()
-            if self.cancel_exc is not None:
-                self._cancelled.set_result(None)
-        return self._cancelled
-
     def _request(self) -> None:
-        if self._cancelled is not None and not self._cancelled.done():
-            self._cancelled.set_result(None)
-        if self.waiter is not None:
-            self.waiter.fire(self)
+        if not self.cancelled.done():
+            self.cancelled.set_result(None)
 
     def stop_abandoned(self) -> None:
         """Shutdown, once the task is requeued: stop its handler (nothing is written)."""

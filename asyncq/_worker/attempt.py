@@ -201,14 +201,13 @@ class Attempts:
         active.state = "running"
         loop = asyncio.get_running_loop()
         lease = active.lease
-        select = FirstOf((lease, active), loop.time() + active.deadline - now, active.task)
+        expired, cancelled = lease.expired, active.cancelled
+        select = FirstOf((expired, cancelled), loop.time() + active.deadline - now, active.task)
         exc: BaseException | None = None
         limited: timedelta | None = None  # its type's rate had no token: put back unrun
         returned = False  # the handler returned (did not raise or swallow a stop)
         try:
             with select:
-                if lease.lost:  # declared lost before the handler's start
-                    select.fire(lease)
                 rate = self._type_rates.get(active.msg.type) if self._type_rates else None
                 if rate is not None:
                     limited = await self._type_token(active, rate)
@@ -237,7 +236,7 @@ class Attempts:
                 if self._progress is not None:
                     self._progress.end(task, returned and not select.came())
         first = select.first
-        if first is lease:
+        if first is expired:
             active.cancel_exc = LeaseExpiredError()
             if self._debug:
                 self.log.debug("lease expired; cancelling handler", **task_fields(active.msg))

@@ -5,14 +5,11 @@ a :class:`Lease` mirrors it so that a worker never writes a task's outcome
 once its lease may have passed to another server (:meth:`Lease.valid`).
 
 Expiry is an event of the lease itself, as asynq's ``Lease.Done()`` channel:
-when the heartbeater finds a running task's lease already run out it calls
-:meth:`Lease.expire`, which marks it :attr:`Lease.lost` (once), tells the select
-waiting on it (:attr:`Lease.waiter`) and resolves its :attr:`Lease.expired`
-future, if anyone asked for one. Each task's coroutine waits for the first of its
-handler, this event, a cancel request and its deadline
-(:mod:`asyncq._worker.select`), as asynq's ``exec`` selects on
-``<-lease.Done()``; it waits as the lease's waiter rather than through the
-future, so a task's lease costs no future (issue 40).
+:attr:`Lease.expired`, an asyncio future done once the lease is lost. When the
+heartbeater finds a running task's lease already run out it calls
+:meth:`Lease.expire`, which resolves it (once). Each task's coroutine waits for
+the first of its handler, this event, a cancel request and its deadline
+(:mod:`asyncq._worker.select`), as asynq's ``exec`` selects on ``<-lease.Done()``.
 
 Extension has one place, :func:`extend_leases`, used by the two callers that
 keep leases alive: the heartbeater every ``heartbeat_interval`` and, while the
@@ -27,14 +24,14 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from asyncq._redis.errors import REDIS_ERRORS
 
 if TYPE_CHECKING:
     from asyncq._worker.broker import WorkerBroker
 
-__all__ = ["Lease", "Waiter", "extend_leases"]
+__all__ = ["Lease", "extend_leases"]
 
 _EXTEND_ERRORS: tuple[type[Exception], ...] = (
     *(e for e in REDIS_ERRORS if issubclass(e, Exception)),
@@ -42,30 +39,23 @@ _EXTEND_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
-class Waiter(Protocol):
-    """What an event source tells when it fires (:class:`~asyncq._worker.select.FirstOf`)."""
-
-    def fire(self, source: object) -> None: ...
-
-
 class Lease:
-    """A lease expiring at a unix time, with its own expiry event; see the module docstring."""
+    """A lease expiring at a unix time, with its own expiry event; see the module docstring.
 
-    __slots__ = ("_clock", "_event", "expires_at", "lost", "waiter")
+    Made in the running event loop (its event is a future of that loop)."""
+
+    __slots__ = ("_clock", "expired", "expires_at")
 
     def __init__(self, expires_at: float, *, clock: Callable[[], float] = time.time) -> None:
         self.expires_at = expires_at
         self._clock = clock
-        self.lost = False
-        """Whether the lease has been declared lost (:meth:`expire`)."""
-        self._event: asyncio.Future[None] | None = None
-        self.waiter: Waiter | None = None
-        """The select waiting for this lease's expiry now, if any (set and cleared by
-        :class:`~asyncq._worker.select.FirstOf`): told at once, without a future."""
+        self.expired: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Done once the lease has been declared lost (:meth:`expire`): another server may
+        own the task from then on. Await it, or wait for it beside other events."""
 
     def valid(self) -> bool:
         """True while the lease has not run out (asynq: expiry at or after now)."""
-        return not self.lost and self._clock() <= self.expires_at
+        return not self.expired.done() and self._clock() <= self.expires_at
 
     def remaining(self) -> float:
         """Seconds left (negative once expired)."""
@@ -78,32 +68,18 @@ class Lease:
         self.expires_at = max(self.expires_at, expires_at)
         return True
 
-    @property
-    def expired(self) -> asyncio.Future[None]:
-        """Done once the lease has been declared lost (:meth:`expire`): await it, or
-        wait for it beside other events. Created on first use, in the running loop."""
-        if self._event is None:
-            self._event = asyncio.get_running_loop().create_future()
-            if self.lost:
-                self._event.set_result(None)
-        return self._event
-
     def expire(self) -> bool:
         """Declare the lease lost: :attr:`expired` is done from now on.
 
         True the first time, False afterwards.
         """
-        if self.lost:
+        if self.expired.done():
             return False
-        self.lost = True
-        if self._event is not None and not self._event.done():
-            self._event.set_result(None)
-        if self.waiter is not None:
-            self.waiter.fire(self)
+        self.expired.set_result(None)
         return True
 
     def __repr__(self) -> str:
-        state = "expired" if self.lost else f"{self.remaining():.1f}s left"
+        state = "expired" if self.expired.done() else f"{self.remaining():.1f}s left"
         return f"<Lease {state}>"
 
 
