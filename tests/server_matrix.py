@@ -59,6 +59,7 @@ SUBSET = [
     "tests/inspection/test_inspector.py",
     "tests/inspection/test_triage.py",
     "tests/scheduling/test_scheduler.py",
+    "tests/scheduling/test_cron_keys_hostile.py",
     "tests/connection/test_fast_pubsub.py",
     # direct delivery: the enqueue's PUBSUB NUMSUB beside a pattern subscriber, bad members
     "tests/broker/test_delivery.py",

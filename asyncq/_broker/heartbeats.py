@@ -3,13 +3,16 @@
 A server's state and a scheduler's entries, each rewritten every heartbeat with a TTL,
 and a scheduler's enqueue history (asynq's ``WriteServerState``,
 ``WriteSchedulerEntries`` and ``RecordSchedulerEnqueueEvent``). The Inspector reads
-them back as its records (:mod:`asyncq._inspection.records`).
+them back as its records (:mod:`asyncq._inspection.records`). Beside them, asyncq's
+own scheduler leases: the claim on one cron tick and the lease on listing a shared
+entry, each one script over its one key (so a cluster takes them too) that replaces
+what no scheduler writes instead of waiting on it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from asyncq import _keys as keys
 from asyncq._broker._base import (
@@ -25,12 +28,24 @@ from asyncq.proto.asynq import SchedulerEntry as SchedulerEntryProto
 from asyncq.proto.asynq import ServerInfo as ServerInfoProto
 from asyncq.proto.asynq import WorkerInfo as WorkerInfoProto
 
-__all__ = ["HeartbeatWrites"]
+__all__ = ["ClaimOutcome", "HeartbeatWrites"]
 
 _WRITE_SERVER_STATE = load_script(LUA_PACKAGE, "write_server_state")
 _WRITE_SERVER_TYPE_RATES = load_script(LUA_PACKAGE, "write_server_type_rates")
 _WRITE_SCHEDULER_ENTRIES = load_script(LUA_PACKAGE, "write_scheduler_entries")
 _RECORD_SCHEDULER_ENQUEUE_EVENT = load_script(LUA_PACKAGE, "record_scheduler_enqueue_event")
+_SCHEDULER_CLAIM = load_script(LUA_PACKAGE, "scheduler_claim")
+_SCHEDULER_LISTING = load_script(LUA_PACKAGE, "scheduler_listing")
+
+ClaimOutcome = Literal["claimed", "done", "held", "replaced"]
+"""What :meth:`HeartbeatWrites.claim_tick` found; see ``lua/scheduler_claim.lua``."""
+_OUTCOMES: dict[str, ClaimOutcome] = {o: o for o in ("claimed", "done", "held", "replaced")}
+
+
+def _shown(raw: Any) -> str:
+    """A stored value as a warning names it: text, at most 80 characters."""
+    text = raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else str(raw)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class HeartbeatWrites(BrokerBase):
@@ -128,3 +143,34 @@ class HeartbeatWrites(BrokerBase):
     async def clear_scheduler_history(self, entry_id: str) -> None:
         """Delete an entry's history."""
         await self.redis.execute_command("DEL", keys.scheduler_history_key(entry_id))
+
+    async def claim_tick(
+        self, claim_key: str, claimant: str, lease_ms: int
+    ) -> tuple[ClaimOutcome, str, int]:
+        """Claim one cron tick for *claimant* (``<scheduler id>/<entry id>``) for
+        *lease_ms*: ``(outcome, what the key held, its PTTL in ms)``, the held value as
+        text for a log line."""
+        outcome, held, pttl = await self._run(
+            _SCHEDULER_CLAIM, (claim_key,), (claimant, lease_ms), "", ""
+        )
+        found = _OUTCOMES.get(_shown(outcome))
+        if found is None:
+            raise ValueError(f"scheduler_claim.lua answered {_shown(outcome)!r}")
+        return found, _shown(held), int(pttl)
+
+    async def hold_listing(
+        self, lister_key: str, scheduler_id: str, lease_ms: int
+    ) -> tuple[bool, str | None]:
+        """Take or renew the lease on listing a shared entry: ``(held, replaced)``, where
+        *replaced* names what the key held when it was no scheduler's lease."""
+        held, replaced, found = await self._run(
+            _SCHEDULER_LISTING, (lister_key,), (scheduler_id, lease_ms, "take"), "", ""
+        )
+        return bool(held), (_shown(found) if replaced else None)
+
+    async def release_listing(self, lister_key: str, scheduler_id: str) -> bool:
+        """Hand the listing lease back if *scheduler_id* holds it."""
+        released, _, _ = await self._run(
+            _SCHEDULER_LISTING, (lister_key,), (scheduler_id, 0, "release"), "", ""
+        )
+        return bool(released)

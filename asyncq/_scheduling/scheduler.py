@@ -18,13 +18,17 @@ cooperate through Redis instead (no leader, so no fail-over gap):
 * Tick times come from the spec alone (``@every`` ticks are aligned to the
   Unix epoch), so all schedulers agree on them whatever their start time or
   clock skew.
-* For each tick every scheduler tries ``SET <claim> <scheduler id>/<entry id>
-  NX PX <claim_lease>`` on :func:`asyncq._keys.scheduler_claim_key` ``(identity, tick)``. The
-  winner runs the pre-enqueue hook, checks it still holds the claim, enqueues,
+* For each tick every scheduler claims :func:`asyncq._keys.scheduler_claim_key`
+  ``(identity, tick)``, setting it to ``<scheduler id>/<entry id>`` with a PX of
+  ``claim_lease`` if it is missing (``scheduler_claim.lua``). The winner runs the pre-enqueue hook, checks it still holds the claim, enqueues,
   then overwrites the claim with ``done:<scheduler id>:<task id>`` (kept for
   ``misfire_grace`` + ``claim_lease`` + 10 min, longer than any sane clock skew).
   The losers wait for the claim's lease to run out; a ``done`` claim ends their
   work, an expired one (the winner died) lets one of them take the tick over.
+  What no scheduler writes there (another Redis type, a value with no expiry or
+  of no claim's shape) would hold the tick past its grace: it is replaced at
+  once and named in a warning with its key (the derived task ID below still
+  stops a second enqueue).
 * Unless the options carry an explicit ``task_id``, the task ID is derived from
   (identity, tick) (:func:`tick_task_id`, a UUIDv5). A scheduler that takes over
   a tick whose first claimant did enqueue before dying, or that retries after a
@@ -52,7 +56,8 @@ claims above
   expiring after two) writes the entry in its heartbeat record, so ``asyncq
   cron ls``, the web UI, asynqmon and Go's ``asynq cron ls`` list it once; when
   that scheduler stops it hands the lease back, and another one lists the entry
-  from its next heartbeat.
+  from its next heartbeat. A lease of another type or with no expiry, which would
+  hide the entry from every listing for good, is replaced and named in a warning.
 
 Other differences from asynq, on purpose:
 
@@ -137,22 +142,6 @@ _TICK_NAMESPACE = uuid.UUID("2f0b7c8e-59a4-4d6e-9f3b-6a1c2d3e4f50")
 _SHUTDOWN_TIMEOUT = 8.0
 # Shared entries: the entry ID every process derives from the identity.
 _ENTRY_NAMESPACE = uuid.UUID("8d7c1a52-3b0e-4f61-a9d4-0c5e2b7f9a13")
-# Take or renew a listing lease: KEYS[1] lease, ARGV[1] scheduler id, ARGV[2] ttl ms.
-_LIST_LEASE = """
-local holder = redis.call("GET", KEYS[1])
-if holder == ARGV[1] or not holder then
-    redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
-    return 1
-end
-return 0
-"""
-# Hand a listing lease back if this scheduler holds it.
-_RELEASE_LEASE = """
-if redis.call("GET", KEYS[1]) == ARGV[1] then
-    return redis.call("DEL", KEYS[1])
-end
-return 0
-"""
 
 
 class EntryNotFoundError(AsyncqError, KeyError):
@@ -582,19 +571,23 @@ class Scheduler(Service):
 
     async def _hold_listing(self, entry: _Entry) -> bool:
         """Take or renew the lease that makes this scheduler the one listing *entry*."""
-        assert self._conn is not None
+        assert self._broker is not None
         ttl_ms = int(2 * self.heartbeat_interval.total_seconds() * 1000)
-        held = await self._conn.redis.eval(
-            _LIST_LEASE, 1, keys.scheduler_lister_key(entry.identity), self.id, ttl_ms
-        )
-        return bool(held)
+        key = keys.scheduler_lister_key(entry.identity)
+        held, replaced = await self._broker.hold_listing(key, self.id, ttl_ms)
+        if replaced is not None:
+            self.log.warning(
+                "the entry's listing lease held no scheduler's lease; replaced",
+                key=key,
+                found=replaced,
+                entry_id=entry.id,
+            )
+        return held
 
     async def _release_listings(self) -> None:
-        assert self._conn is not None
+        assert self._broker is not None
         for entry in [*self._entries.values(), *self._retired.values()]:
-            await self._conn.redis.eval(
-                _RELEASE_LEASE, 1, keys.scheduler_lister_key(entry.identity), self.id
-            )
+            await self._broker.release_listing(keys.scheduler_lister_key(entry.identity), self.id)
 
     async def _retire(self, entry: _Entry) -> None:
         if entry.fires:
@@ -695,8 +688,8 @@ class Scheduler(Service):
 
         Returns the last Redis error when the grace window ran out.
         """
-        assert self._conn is not None
-        redis = self._conn.redis
+        assert self._broker is not None
+        broker = self._broker
         key = keys.scheduler_claim_key(entry.identity, tick_unix)
         deadline = tick_unix + self.misfire_grace.total_seconds()
         lease_ms = int(self.claim_lease.total_seconds() * 1000)
@@ -709,28 +702,27 @@ class Scheduler(Service):
                     return last_error
                 return TimeoutError(f"claim {key} was still held after the misfire grace")
             try:
-                if await redis.set(key, self._claim_value(entry), nx=True, px=lease_ms):
-                    return True
-                async with redis.pipeline(transaction=False) as pipe:
-                    pipe.get(key)
-                    pipe.pttl(key)
-                    raw, pttl = await pipe.execute()
-                holder = _text(raw)
+                outcome, holder, pttl = await broker.claim_tick(
+                    key, self._claim_value(entry), lease_ms
+                )
             except REDIS_ERRORS as exc:
                 last_error = exc
                 self._log_redis_error("could not claim a scheduler tick", exc, entry_id=entry.id)
                 await asyncio.sleep(min(backoff.next_delay(), max(remaining, 0.0)))
                 continue
-            if holder is None:
-                continue  # expired between the two calls: try again at once
-            if holder == self._claim_value(entry):
-                return True  # our SET went through but its reply was lost
-            if holder.startswith(_DONE_PREFIX):
+            if outcome == "claimed":
+                return True  # a new claim, or ours whose reply was lost
+            if outcome == "replaced":
+                log.warning(
+                    "the tick's claim held no scheduler's claim; replaced", key=key, found=holder
+                )
+                return True
+            if outcome == "done":
                 if is_debug_enabled(log):
                     log.debug("tick enqueued by another scheduler", holder=holder)
                 return False
             # Another scheduler is enqueueing it; if it dies, its lease runs out and
-            # the next SET NX succeeds here.
+            # the next claim succeeds here.
             wait = (pttl if pttl > 0 else lease_ms) / 1000 + 0.01
             await asyncio.sleep(min(wait, remaining))
 
