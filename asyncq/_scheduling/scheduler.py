@@ -20,8 +20,9 @@ cooperate through Redis instead (no leader, so no fail-over gap):
   clock skew.
 * For each tick every scheduler claims :func:`asyncq._keys.scheduler_claim_key`
   ``(identity, tick)``, setting it to ``<scheduler id>/<entry id>`` with a PX of
-  ``claim_lease`` if it is missing (``scheduler_claim.lua``). The winner runs the pre-enqueue hook, checks it still holds the claim, enqueues,
-  then overwrites the claim with ``done:<scheduler id>:<task id>`` (kept for
+  ``claim_lease`` if it is missing (``scheduler_claim.lua``). The winner runs the
+  pre-enqueue hook, checks it still holds the claim, enqueues, then overwrites
+  the claim with ``done:<scheduler id>:<task id>`` (kept for
   ``misfire_grace`` + ``claim_lease`` + 10 min, longer than any sane clock skew).
   The losers wait for the claim's lease to run out; a ``done`` claim ends their
   work, an expired one (the winner died) lets one of them take the tick over.
