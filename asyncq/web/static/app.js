@@ -134,6 +134,11 @@
     });
   }
   schedule(seconds);
+  // A browser runs a hidden tab's timers about once a minute: refresh as soon as the page
+  // is seen again instead of at the next slow tick.
+  document.addEventListener("visibilitychange", () => {
+    if (document.visibilityState === "visible" && (poll ? parseFloat(poll.value) : seconds) > 0) refresh(false);
+  });
 
   // JSON payloads and results, coloured by Prism's JSON grammar (vendor/prism). Prism
   // escapes the text it tokenises; bodies over 200 kB stay plain to keep pages responsive.

@@ -1,5 +1,6 @@
 // Dashboard charts (uPlot): live queue sizes by state, live throughput (its past hour from
-// the workers' metrics history, per minute) and the daily processed/failed history. Colours come from the CSS variables the state badges use, so
+// the workers' metrics history, per minute; the live samples are live.js's) and the daily
+// processed/failed history. Colours come from the CSS variables the state badges use, so
 // a state has one colour everywhere and the charts follow the light/dark theme.
 (function () {
   "use strict";
@@ -11,7 +12,7 @@
   const sizeEl = document.getElementById("size-chart");
   const rateEl = document.getElementById("rate-chart");
   const histEl = document.getElementById("history-chart");
-  if (!sizeEl || !histEl || typeof uPlot === "undefined") return;
+  if (!sizeEl || !histEl || typeof uPlot === "undefined" || !window.AsyncqLiveSeries) return; // live.js
 
   function css(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
   function width(el) { return Math.max(240, el.clientWidth - 4); }
@@ -42,11 +43,15 @@
   }
   const int = (u, v) => (v == null ? "--" : Math.round(v).toLocaleString());
   const rate = (u, v) => (v == null ? "--" : v < 10 ? v.toFixed(2) : Math.round(v).toLocaleString());
+  const pts = { size: 5, filter: window.asyncqLonePoints }; // one sample after a gap: a dot
 
   // -- data, kept across theme changes (the plots are rebuilt, the samples stay) --
-  const sizeData = [[]].concat(STATES.map(() => []));
+  // Samples come from the page: the server records one at each dashboard render (anyone's)
+  // and sends the last 30 minutes, so a new page starts with what the process has seen.
+  const live = new window.AsyncqLiveSeries(STATES, Math.max(150, 3 * parseFloat(document.body.dataset.poll || "5")), MAX_POINTS);
+  const sizeData = live.sizes;
+  const liveRate = live.rates; // between two samples of this page or of the web process
   const rateData = [[], [], []];
-  const liveRate = [[], [], []]; // between two samples of this page or of the web process
   let minuteRate = [[], [], []]; // per minute, from the metrics history (/api/history)
   let histData = null;
   let sizePlot = null, ratePlot = null, histPlot = null;
@@ -55,7 +60,7 @@
     if (sizePlot) sizePlot.destroy();
     sizePlot = new uPlot({
       width: width(sizeEl), height: HEIGHT, hooks: showLatest,
-      series: [{}].concat(STATES.map((s) => ({ label: s, stroke: css("--" + s), width: 2, value: int, points: { size: 5 } }))),
+      series: [{}].concat(STATES.map((s) => ({ label: s, stroke: css("--" + s), width: 2, value: int, points: pts }))),
       axes: axes(true),
       scales: { x: { time: true, range: liveRange(sizeData) } },
     }, sizeData, sizeEl);
@@ -64,8 +69,8 @@
       if (ratePlot) ratePlot.destroy();
       ratePlot = new uPlot({
         width: width(rateEl), height: HEIGHT, hooks: showLatest,
-        series: [{}, { label: "processed/s", stroke: css("--accent"), width: 2, value: rate, points: { size: 5 } },
-          { label: "failed/s", stroke: css("--danger"), width: 2, value: rate, points: { size: 5 } }],
+        series: [{}, { label: "processed/s", stroke: css("--accent"), width: 2, value: rate, points: pts },
+          { label: "failed/s", stroke: css("--danger"), width: 2, value: rate, points: pts }],
         axes: axes(true),
         scales: { x: { time: true, range: liveRange(rateData) } },
       }, rateData, rateEl);
@@ -74,39 +79,12 @@
     if (histData) drawHistory();
   }
 
-  // Samples come from the page: the server records one at each dashboard render (anyone's)
-  // and sends the last 30 minutes, so a new page starts with what the process has seen.
-  // [time, processed_total, failed_total, ...sizes in STATES order], server clock.
-  const GAP = Math.max(60, 3 * parseFloat(document.body.dataset.poll || "5"));
-  let lastT = null, lastP = null, lastF = null;
-  function push(t, row) {
-    if (lastT !== null && t <= lastT) return false;
-    if (lastT !== null && t - lastT > GAP) {
-      // Nobody watched for a while: break the lines instead of joining across the gap.
-      sizeData[0].push(lastT + 1); sizeData.slice(1).forEach((a) => a.push(null));
-      liveRate[0].push(lastT + 1); liveRate[1].push(null); liveRate[2].push(null);
-    }
-    sizeData[0].push(t);
-    STATES.forEach((s, i) => sizeData[i + 1].push(row[3 + i]));
-    if (lastT !== null && t - lastT <= GAP) {
-      const dt = t - lastT;
-      liveRate[0].push(t);
-      liveRate[1].push(Math.max(0, (row[1] - lastP) / dt));
-      liveRate[2].push(Math.max(0, (row[2] - lastF) / dt));
-    }
-    lastT = t; lastP = row[1]; lastF = row[2];
-    return true;
-  }
   function sample() {
     const el = document.getElementById("live-samples");
     if (!el) return;
-    let live;
-    try { live = JSON.parse(el.dataset.live); } catch (e) { return; }
-    const offset = Date.now() / 1000 - live.now; // server clock -> this browser's
-    let added = false;
-    live.samples.forEach((row) => { added = push(row[0] + offset, row) || added; });
-    if (!added) return;
-    [sizeData, liveRate].forEach((d) => { while (d[0].length > MAX_POINTS) d.forEach((a) => a.shift()); });
+    let got;
+    try { got = JSON.parse(el.dataset.live); } catch (e) { return; }
+    if (!live.add(got.samples, got.now, Date.now() / 1000)) return;
     sizePlot.setData(sizeData);
     latest(sizePlot);
     drawRates();

@@ -59,18 +59,7 @@
     const offset = Date.now() / 1000 - d.now; // server clock -> this browser's
     return d.t.map((t) => t + offset);
   }
-  // A value with no value beside it (a type with one minute of runs, a p50 between empty
-  // minutes) has no line to draw: uPlot hides points where they are dense, so such a value
-  // would not show at all while its legend reads it. Draw the point of each lone value.
-  function lone(u, si, show) {
-    const ys = u.data[si];
-    const out = [];
-    for (let i = 0; i < ys.length; i++) {
-      if (ys[i] != null && (i === 0 || ys[i - 1] == null) && (i === ys.length - 1 || ys[i + 1] == null)) out.push(i);
-    }
-    return show ? null : out; // where uPlot draws points anyway, all of them
-  }
-  const pts = { size: 6, filter: lone };
+  const pts = { size: 6, filter: window.asyncqLonePoints }; // live.js
   const perMin = (d, arr) => arr.map((n) => n * 60 / d.step);
   const toMs = (arr) => arr.map((v) => (v == null ? null : v * 1000));
 
