@@ -52,8 +52,16 @@ class ActiveTask:
         "task",
     )  # fmt: skip
 
-    def __init__(self, msg: TaskMessage, lease: Lease, deadline: float, started: float) -> None:
-        """Made in the running event loop, as its lease (its event is a future of that loop)."""
+    def __init__(
+        self,
+        msg: TaskMessage,
+        lease: Lease,
+        deadline: float,
+        started: float,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        """Made in the running event loop, or for *loop*, as its lease (its event is a
+        future of that loop)."""
         self.msg = msg
         self.lease = lease
         self.deadline = deadline
@@ -65,7 +73,9 @@ class ActiveTask:
         """The asyncio task of the processor's coroutine for this task (it runs the handler)."""
         self.cancel_exc: BaseException | None = None
         """Why the handler was stopped before it returned (the attempt's failure)."""
-        self.cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.cancelled: asyncio.Future[None] = asyncio.Future(
+            loop=loop or asyncio.get_running_loop()
+        )
         """Done once a cancel request came (its reason is :attr:`cancel_exc`)."""
         self.began = 0.0
         """When the handler was called (unix time); 0 while it has not been."""

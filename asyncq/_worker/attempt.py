@@ -49,7 +49,7 @@ from asyncq._worker.limits import Rate
 from asyncq._worker.outcome import LeaseState, Outcome, decide, not_run
 from asyncq._worker.result_writer import TaskResultWriter
 from asyncq._worker.roles import RoleDeps
-from asyncq._worker.select import DEADLINE, FirstOf
+from asyncq._worker.select import DEADLINE, Deadlines, FirstOf
 from asyncq._worker.swallowed import Rest, outlive, until_swallowed
 from asyncq.errors import (
     DeadlineExceededError,
@@ -148,13 +148,17 @@ class Attempts:
         self.orphans: set[asyncio.Task[None]] = set()
         """Handlers that ignored their cancellation past the grace: their failure is written
         and their slot freed; they run on, not awaited by anything (shutdown included)."""
+        self._deadlines: Deadlines | None = None  # of the loop the tasks run in, from the first
 
     def start(self, got: DequeuedTask) -> None:
         """Start *got*, fetched or delivered, in the slot its caller took for it."""
         msg, now = got.message, self.clock()
+        if self._deadlines is None:
+            self._deadlines = Deadlines(asyncio.get_running_loop())
+        loop = self._deadlines.loop
         # Redis holds the lease in whole seconds (truncated): never trust it for longer.
-        lease = Lease(math.floor(got.lease_expiry), clock=self.clock)
-        active = ActiveTask(msg, lease, compute_deadline(msg, now), now)
+        lease = Lease(math.floor(got.lease_expiry), clock=self.clock, loop=loop)
+        active = ActiveTask(msg, lease, compute_deadline(msg, now), now, loop)
         if msg.id in self.active:
             # The same ID twice means a stale lease was recovered while we still ran it;
             # keep tracking the newest run (the older one can no longer write).
@@ -199,10 +203,11 @@ class Attempts:
         if active.cancel_exc is not None or active.abandoned:
             return active.cancel_exc, None  # stopped before it started
         active.state = "running"
-        loop = asyncio.get_running_loop()
-        lease = active.lease
-        expired, cancelled = lease.expired, active.cancelled
-        select = FirstOf((expired, cancelled), loop.time() + active.deadline - now, active.task)
+        deadlines = self._deadlines
+        assert deadlines is not None  # set by start()
+        expired, cancelled = active.lease.expired, active.cancelled
+        when = deadlines.loop.time() + active.deadline - now
+        select = FirstOf((expired, cancelled), when, deadlines, active.task)
         exc: BaseException | None = None
         limited: timedelta | None = None  # its type's rate had no token: put back unrun
         returned = False  # the handler returned (did not raise or swallow a stop)

@@ -42,14 +42,20 @@ _EXTEND_ERRORS: tuple[type[Exception], ...] = (
 class Lease:
     """A lease expiring at a unix time, with its own expiry event; see the module docstring.
 
-    Made in the running event loop (its event is a future of that loop)."""
+    Made in the running event loop, or for *loop* (its event is a future of that loop)."""
 
     __slots__ = ("_clock", "expired", "expires_at")
 
-    def __init__(self, expires_at: float, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        expires_at: float,
+        *,
+        clock: Callable[[], float] = time.time,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self.expires_at = expires_at
         self._clock = clock
-        self.expired: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.expired: asyncio.Future[None] = asyncio.Future(loop=loop or asyncio.get_running_loop())
         """Done once the lease has been declared lost (:meth:`expire`): another server may
         own the task from then on. Await it, or wait for it beside other events."""
 
