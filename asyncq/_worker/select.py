@@ -77,7 +77,8 @@ class Deadlines:
         """A select has ended: its entry is dead weight from now on."""
         self.waiting -= 1
         if len(self._heap) > _SLACK + 2 * self.waiting:
-            self._heap = [entry for entry in self._heap if entry[2].waits()]
+            # a select waits from its entry to its exit (a plain read: no call per entry)
+            self._heap = [entry for entry in self._heap if entry[2]._task is not None]
             heapify(self._heap)
 
     def _arm(self, when: float) -> None:
@@ -126,10 +127,6 @@ class FirstOf:
     def came(self) -> bool:
         """Whether an event came before the handler's end (it is being stopped)."""
         return self.first is not None
-
-    def waits(self) -> bool:
-        """Whether the scope has been entered and not yet left."""
-        return self._task is not None
 
     def _came(self, event: object) -> None:
         # A done callback or the deadline: run by the loop, between two steps of the

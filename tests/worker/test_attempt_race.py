@@ -96,10 +96,7 @@ class _Scope:
 
     def __init__(self) -> None:
         self.came = False
-        self.waiting = True
-
-    def waits(self) -> bool:
-        return self.waiting
+        self._task: object = "waiting"  # a select's task while it waits, None once it left
 
     def deadline_came(self) -> None:
         self.came = True
@@ -113,7 +110,7 @@ async def test_deadlines_come_in_order_on_one_timer_and_pass_over_ended_selects(
     deadlines.add(now + 0.3, late)  # type: ignore[arg-type]
     deadlines.add(now + 0.1, ended)  # type: ignore[arg-type]
     deadlines.add(now + 0.05, early)  # type: ignore[arg-type]
-    ended.waiting = False
+    ended._task = None
     deadlines.left()
     await wait_until(lambda: early.came, what="the earliest deadline")
     assert not late.came
@@ -132,7 +129,7 @@ def test_the_deadline_heap_stays_within_twice_the_waiting_selects() -> None:
             deadlines.add(loop.time() + 1800 + n, scope)  # type: ignore[arg-type]
             scopes.append(scope)
             if n >= 10:
-                scopes[n - 10].waiting = False
+                scopes[n - 10]._task = None
                 deadlines.left()
             assert len(deadlines._heap) <= 64 + 2 * deadlines.waiting + 1
         assert deadlines.waiting == 10
