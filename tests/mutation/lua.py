@@ -131,6 +131,16 @@ TESTS: dict[str, tuple[str, ...]] = {
     ),
     "read_aggregation_set": (*BROKER_TESTS, "tests/broker/test_broker_records.py"),
     "delete_aggregation_set": (*BROKER_TESTS, "tests/broker/test_broker_records.py"),
+    # the scheduler's tick claim and listing lease: garbage in them first, then the
+    # schedulers taking turns and a dead claimant's tick taken over
+    "scheduler_claim": (
+        "tests/scheduling/test_cron_keys_hostile.py",
+        "tests/scheduling/test_scheduler.py",
+    ),
+    "scheduler_listing": (
+        "tests/scheduling/test_cron_keys_hostile.py",
+        "tests/scheduling/test_app_cron.py",
+    ),
     # the failure triage's bulk actions are tested with the error groups they act on
     "inspect_error_group_action": (*INSPECTOR_TESTS, "tests/inspection/test_triage.py"),
 }
