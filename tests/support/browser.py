@@ -175,6 +175,29 @@ async def shot(page: object, name: str) -> None:
         await page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)  # type: ignore[attr-defined]
 
 
+_INKED = """([sel, name]) => {
+  const canvases = document.querySelectorAll(sel);
+  const c = canvases[canvases.length - 1];
+  const probe = document.createElement('canvas').getContext('2d');
+  probe.fillStyle = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  probe.fillRect(0, 0, 1, 1);
+  const [pr, pg, pb] = probe.getImageData(0, 0, 1, 1).data;
+  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let inked = 0;
+  for (let i = 0; i < d.length; i += 4) {
+    const near = Math.abs(d[i] - pr) + Math.abs(d[i + 1] - pg) + Math.abs(d[i + 2] - pb);
+    if (d[i + 3] > 200 && near < 30) inked++;
+  }
+  return inked;
+}"""
+
+
+async def inked(page: object, canvases: str, colour: str) -> int:
+    """Pixels of the last canvas matching *canvases* drawn in the CSS variable *colour*
+    (what a chart strokes a series with): the canvas read back, as a user would see it."""
+    return int(await page.evaluate(_INKED, [canvases, colour]))  # type: ignore[attr-defined]
+
+
 async def new_page(browser: object, **kw: object) -> object:
     ctx = await browser.new_context(viewport={"width": 1400, "height": 900}, **kw)  # type: ignore[attr-defined]
     ctx.set_default_timeout(60_000)  # the machine may be busy; never a speed assertion

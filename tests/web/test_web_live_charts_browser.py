@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from tests.support.browser import WebProcess, new_page, shot
+from tests.support.browser import WebProcess, inked, new_page, shot
 from tests.support.helpers import wait_until
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
@@ -42,43 +42,31 @@ SPACED = """() => {
   return { t: s.sizes[0], active: s.sizes[1], rt: s.rates[0], processed: s.rates[1] };
 }"""
 
-# Pixels of a chart's canvas in a CSS variable's colour.
-INKED = """([sel, name]) => {
-  const c = document.querySelector(sel + ' canvas');
-  const probe = document.createElement('canvas').getContext('2d');
-  probe.fillStyle = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
-  probe.fillRect(0, 0, 1, 1);
-  const [pr, pg, pb] = probe.getImageData(0, 0, 1, 1).data;
-  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-  let inked = 0;
-  for (let i = 0; i < d.length; i += 4) {
-    const near = Math.abs(d[i] - pr) + Math.abs(d[i + 1] - pg) + Math.abs(d[i + 2] - pb);
-    if (d[i + 3] > 200 && near < 30) inked++;
-  }
-  return inked;
-}"""
+
+async def _series(web: WebProcess, browser: Any, script: str) -> Any:
+    """What *script* makes of live.js's series, run in the dashboard's page."""
+    page = await new_page(browser)
+    await page.goto(web.url + "/")
+    got = await page.evaluate(script)
+    assert page.js_errors == []
+    return got
 
 
 async def test_a_resent_sample_is_kept_once_and_its_rate_is_never_a_false_zero(
     web: WebProcess, browser: Any, redis: Redis
 ) -> None:
-    page = await new_page(browser)
-    await page.goto(web.url + "/")
-    got = await page.evaluate(RESENT)
+    got = await _series(web, browser, RESENT)
     assert got["t"] == [5000, 5005, 5010]  # one point per sample, on the first offset
     assert got["pending"] == [2, 3, 4]
     assert got["rt"] == [5005, 5010]
     assert got["processed"] == [10, 10]
     assert got["failed"] == [1, 0]
-    assert page.js_errors == []
 
 
 async def test_a_hidden_tab_s_minute_apart_samples_are_joined_and_only_a_real_gap_breaks(
     web: WebProcess, browser: Any, redis: Redis
 ) -> None:
-    page = await new_page(browser)
-    await page.goto(web.url + "/")
-    got = await page.evaluate(SPACED)
+    got = await _series(web, browser, SPACED)
     # a minute apart: joined, each rate the mean over its minute; 600 s apart: a break
     assert got["t"] == [1000, 1061, 1122, 1123, 1722]
     assert got["active"] == [1, 1, 1, None, 1]
@@ -108,8 +96,8 @@ async def test_the_live_charts_draw_lines_as_tasks_run(
             return await samples() >= n
 
         await wait_until(sampled, what=f"{n} samples")  # one a second at most, server side
-    assert await page.evaluate(INKED, ["#rate-chart", "--accent"]) > 0  # processed/s line
-    assert await page.evaluate(INKED, ["#size-chart", "--pending"]) > 0  # pending line
+    assert await inked(page, "#rate-chart canvas", "--accent") > 0  # processed/s line
+    assert await inked(page, "#size-chart canvas", "--pending") > 0  # pending line
     legend = await page.locator("#rate-chart .u-legend").inner_text()
     assert "processed/s" in legend and "--" not in legend.split("processed/s")[1].split("\n")[0]
     await shot(page, "dashboard-live-charts")

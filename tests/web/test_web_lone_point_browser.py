@@ -13,27 +13,9 @@ from redis.asyncio import Redis
 
 from asyncq import _keys as keys
 from asyncq.history import bucket_of
-from tests.support.browser import WebProcess, new_page, shot
+from tests.support.browser import WebProcess, inked, new_page, shot
 
 pytestmark = [pytest.mark.xdist_group("web-browser"), pytest.mark.timeout(240)]
-
-# Pixels of the run-time chart's canvas in the p50 series' colour (the CSS variable the
-# chart strokes it with): its point, when drawn.
-INKED = """() => {
-  const canvases = document.querySelectorAll('#history-charts canvas');
-  const c = canvases[canvases.length - 1];  // the last type's run-time chart
-  const probe = document.createElement('canvas').getContext('2d');
-  probe.fillStyle = getComputedStyle(document.documentElement).getPropertyValue('--pending').trim();
-  probe.fillRect(0, 0, 1, 1);
-  const [pr, pg, pb] = probe.getImageData(0, 0, 1, 1).data;
-  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-  let inked = 0;
-  for (let i = 0; i < d.length; i += 4) {
-    const near = Math.abs(d[i] - pr) + Math.abs(d[i + 1] - pg) + Math.abs(d[i + 2] - pb);
-    if (d[i + 3] > 200 && near < 30) inked++;
-  }
-  return inked;
-}"""
 
 
 async def test_one_minute_of_a_type_is_drawn(web: WebProcess, browser: Any, redis: Redis) -> None:
@@ -57,6 +39,6 @@ async def test_one_minute_of_a_type_is_drawn(web: WebProcess, browser: Any, redi
     )
     legend = await page.locator("#history-charts .uplot").nth(2).inner_text()
     assert "p50" in legend and " ms" in legend
-    inked = await page.evaluate(INKED)
-    assert inked > 0  # the lone p50 point
+    # the last type's run-time chart: its lone p50 point
+    assert await inked(page, "#history-charts canvas", "--pending") > 0
     await shot(page, "metrics-one-minute")
