@@ -131,13 +131,15 @@ TESTS: dict[str, tuple[str, ...]] = {
     ),
     "read_aggregation_set": (*BROKER_TESTS, "tests/broker/test_broker_records.py"),
     "delete_aggregation_set": (*BROKER_TESTS, "tests/broker/test_broker_records.py"),
-    # the scheduler's tick claim and listing lease: garbage in them first, then the
-    # schedulers taking turns and a dead claimant's tick taken over
+    # the scheduler's tick claim and listing lease: the scripts called directly first,
+    # then garbage under a scheduler, then schedulers taking a dead claimant's tick over
     "scheduler_claim": (
+        "tests/scheduling/test_cron_lease_scripts.py",
         "tests/scheduling/test_cron_keys_hostile.py",
         "tests/scheduling/test_scheduler.py",
     ),
     "scheduler_listing": (
+        "tests/scheduling/test_cron_lease_scripts.py",
         "tests/scheduling/test_cron_keys_hostile.py",
         "tests/scheduling/test_app_cron.py",
     ),

@@ -7,8 +7,8 @@
 --   "claimed"  the tick is the caller's (a new claim, or its own whose reply was lost)
 --   "done"     a scheduler has finished the tick
 --   "held"     another scheduler is enqueueing it, for PTTL more milliseconds at most
---   "replaced" the key held what no scheduler writes (another type, a claim with no
---              expiry, a value of no claim's shape), which would have held the tick past
+--   "replaced" the key held what no scheduler writes (another type, a value with no
+--              expiry, done or not, a value of no claim's shape), which would have held the tick past
 --              its misfire grace: the tick is the caller's now (the tick's derived task
 --              ID still stops a second enqueue)
 local t = redis.call("TYPE", KEYS[1]).ok
@@ -26,11 +26,12 @@ if held == ARGV[1] then
     return {"claimed", held, 0}
 end
 local pttl = redis.call("PTTL", KEYS[1])
-if string.sub(held, 1, 5) == "done:" then
-    return {"done", held, pttl}
-end
-if pttl < 0 or not string.find(held, "/", 1, true) then
+local done = string.sub(held, 1, 5) == "done:"
+if pttl < 0 or not (done or string.find(held, "/", 1, true)) then
     redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
     return {"replaced", held, 0}
+end
+if done then
+    return {"done", held, pttl}
 end
 return {"held", held, pttl}
