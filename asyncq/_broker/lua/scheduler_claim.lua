@@ -16,8 +16,7 @@ if t == "none" then
     redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
     return {"claimed", "", 0}
 end
-if t ~= "string" then
-    redis.call("DEL", KEYS[1])
+if t ~= "string" then -- SET takes a key of any type
     redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
     return {"replaced", "a " .. t, 0}
 end
@@ -26,7 +25,7 @@ if held == ARGV[1] then
     return {"claimed", held, 0}
 end
 local pttl = redis.call("PTTL", KEYS[1])
-local done = string.sub(held, 1, 5) == "done:"
+local done = string.match(held, "^done:") ~= nil
 if pttl < 0 or not (done or string.find(held, "/", 1, true)) then
     redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
     return {"replaced", held, 0}

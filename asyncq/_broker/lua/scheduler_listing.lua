@@ -25,8 +25,7 @@ if t == "string" then
         end
         found = held
     end
-elseif t ~= "none" then
-    redis.call("DEL", KEYS[1])
+elseif t ~= "none" then -- SET below takes a key of any type
     found = "a " .. t
 end
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
