@@ -338,15 +338,11 @@ class Template:
         payload = b"" if task.payload is None else task.payload
         headers = _merge_headers(task, ()) if task.headers else {}
         task_id = new_task_id()
-        data = self.message(task_type, payload, task_id, headers)
-        return Plain(self, task_type, payload, task_id, headers, data)
-
-    def message(
-        self, task_type: str, payload: bytes, task_id: str, headers: dict[str, str]
-    ) -> bytes:
-        """The task's TaskMessage bytes: exactly what encoding :func:`compose`'s message gives."""
+        # exactly what encoding compose's message gives: its head, the tail, its headers
         data = encode_task_head(task_type, payload, task_id) + self.tail
-        return data + encode_task_headers(headers) if headers else data
+        if headers:
+            data += encode_task_headers(headers)
+        return _new_plain(Plain, (self, task_type, payload, task_id, headers, data))
 
     def info(
         self, task_type: str, payload: bytes, task_id: str, headers: dict[str, str], now: datetime
@@ -389,6 +385,10 @@ class Plain(NamedTuple):
             t.timeout,
             t.retention,
         )
+
+
+# What Plain(...) does (NamedTuple's generated __new__), without its Python frame.
+_new_plain = tuple.__new__
 
 
 def _cache_key(options: Mapping[str, object]) -> tuple[object, ...] | None:
