@@ -144,8 +144,8 @@ class QueueKeys:
         self.day = -1
         self.processed_day = ""
         self.failed_day = ""
-        # enqueue.lua's EVALSHA arguments around a task's own (the producer builds it once).
-        self.enqueue_call: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]] | None = None
+        # enqueue.lua's EVALSHA around a task's own parts (the producer builds it once).
+        self.enqueue_call: tuple[Any, ...] | None = None
 
     def daily(self, now: float) -> tuple[str, str]:
         """The processed/failed counters of the UTC day containing *now*."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -25,6 +25,7 @@ from asyncq._broker._base import (
 )
 from asyncq._codec import encode_task_message
 from asyncq._redis.scripts import Script, load_script
+from asyncq._redis.transport import PackedCommand
 from asyncq._time import to_unix
 from asyncq.errors import (
     AsyncqError,
@@ -150,18 +151,43 @@ class ProducerWrites(BrokerBase):
         from, as every lease does (see enqueue.lua). All but the task's own parts and
         the clock are built once per queue.
         """
-        parts = qk.enqueue_call
-        if parts is None:
-            reg = self._registry()
-            keys_after = (qk.pending, *reg, qk.waiters) if reg else (qk.pending,)
-            head = (_ENQUEUE.sha, 1 + len(keys_after))
-            parts = qk.enqueue_call = (head, keys_after, (qk.wakeup, qk.name))
-        head, keys_after, mid = parts
+        head, keys_after, mid = (qk.enqueue_call or self._enqueue_parts(qk))[:3]
         now_ns = int(now * 1_000_000_000)
         if head[1] == 2:
             return (*head, qk.task_prefix + tid, *keys_after, data, tid, now_ns, *mid)
         tkey = qk.task_prefix + tid
         return (*head, tkey, *keys_after, data, tid, now_ns, *mid, qk.name, int(now))
+
+    def _enqueue_parts(self, qk: QueueKeys) -> tuple[Any, ...]:
+        """What :meth:`_enqueue_command` and :meth:`_send_enqueue` take from the queue,
+        built on its first enqueue: the EVALSHA head, the KEYS after the task key, ARGV 4-5,
+        and, on the fast transport, the whole command packed but for the task's and the
+        clock's parts, and the task key's prefix as bytes."""
+        reg = self._registry()
+        keys_after = (qk.pending, *reg, qk.waiters) if reg else (qk.pending,)
+        head = (_ENQUEUE.sha, 1 + len(keys_after))
+        mid = (qk.wakeup, qk.name)
+        packed = None
+        if self.fast is not None:
+            last = (qk.name, None) if reg else ()
+            packed = PackedCommand(
+                ("EVALSHA", *head, None, *keys_after, None, None, None, *mid, *last)
+            )
+        parts = qk.enqueue_call = (head, keys_after, mid, packed, qk.task_prefix.encode())
+        return parts
+
+    def _send_enqueue(self, qk: QueueKeys, tid: str, data: bytes, now: float) -> Awaitable[Any]:
+        """enqueue.lua's EVALSHA (:meth:`_enqueue_command`) sent; its reply awaitable."""
+        parts = qk.enqueue_call or self._enqueue_parts(qk)
+        packed: PackedCommand | None = parts[3]
+        if packed is None or self.fast is None:
+            return self._cmd.evalsha(*self._enqueue_command(qk, tid, data, now))
+        ib = tid.encode()
+        tkey = parts[4] + ib
+        now_ns = b"%d" % int(now * 1_000_000_000)
+        if self.on_cluster:
+            return self.fast.send_packed(packed.pack(tkey, data, ib, now_ns))
+        return self.fast.send_packed(packed.pack(tkey, data, ib, now_ns, b"%d" % int(now)))
 
     def _dropped(self, reply: Any, qk: QueueKeys) -> Any:
         """enqueue.lua's *reply* as 1 or 0, with each waiters member it dropped (one no
@@ -210,15 +236,17 @@ class ProducerWrites(BrokerBase):
         qk = self._queues.get(queue) or self._q(queue)
         if self.on_cluster and queue not in self._published:
             await self._register_queue(qk)
-        cmd = self._enqueue_command(qk, task_id, data, self.clock())
+        now = self.clock()
         if self.replication is None:
             try:
-                res = await self._cmd.evalsha(*cmd)
+                res = await self._send_enqueue(qk, task_id, data, now)
             except NoScriptError:
+                cmd = self._enqueue_command(qk, task_id, data, now)
                 res = await self._run_enqueue(cmd, queue, task_id)
             except ResponseError as exc:
                 raise script_error(exc, _ENQUEUE, queue, task_id) from exc
         else:
+            cmd = self._enqueue_command(qk, task_id, data, now)
             res = await self._run_enqueue(cmd, queue, task_id)
         if res != 1 and self._dropped(res, qk) == 0:
             raise conflict_error(queue, task_id)

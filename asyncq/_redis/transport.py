@@ -46,7 +46,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 if TYPE_CHECKING:
     from asyncq._redis.options import RedisClientOpts, TLSConfig
 
-__all__ = ["FastConnection"]
+__all__ = ["FastConnection", "PackedCommand"]
 
 Arg = str | bytes | int | float
 """What a command argument may be (bools and None are rejected, as in redis-py)."""
@@ -84,6 +84,34 @@ def _pack_command(args: tuple[Any, ...]) -> bytes:
         return _pack(args)
     except TypeError:
         return _pack(_normalize(args))
+
+
+class PackedCommand:
+    """A command whose fixed arguments are packed once; :meth:`pack` adds each call's own.
+
+    *args* are the command's arguments in order, with None where each call gives its
+    own (as bytes, to :meth:`pack`, in order). The result is what packing the whole
+    command gives (:meth:`FastConnection.execute_command`), in a third of the time
+    of packing a script call's dozen arguments each time.
+    """
+
+    __slots__ = ("_format",)
+
+    def __init__(self, args: Sequence[Arg | None]) -> None:
+        parts = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            if arg is None:
+                parts.append(b"$%d\r\n%b\r\n")
+            else:  # packed alone, less its "*1\r\n" count, and kept literal in the format
+                parts.append(_pack_command((arg,))[4:].replace(b"%", b"%%"))
+        self._format = b"".join(parts)
+
+    def pack(self, *values: bytes) -> bytes:
+        """The command with *values* in its open places."""
+        spread: list[int | bytes] = []
+        for value in values:
+            spread += (len(value), value)
+        return self._format % tuple(spread)
 
 
 class _Batch:
@@ -472,6 +500,13 @@ class FastConnection:
             data = _pack(_normalize(args))
         proto = self._proto
         # is_running() rather than get_running_loop(): the latter costs a getpid() syscall.
+        if proto is not None and proto.ready and proto.loop.is_running():
+            return proto.send(data)
+        return self._send_slow(data)
+
+    def send_packed(self, data: bytes) -> Awaitable[Any]:
+        """Send one command packed beforehand (:class:`PackedCommand`); await its reply."""
+        proto = self._proto
         if proto is not None and proto.ready and proto.loop.is_running():
             return proto.send(data)
         return self._send_slow(data)

@@ -213,14 +213,14 @@ async def delivery_notes(redis: Redis, server_id: str) -> AsyncIterator[asyncio.
 
 
 class _CountingWriter:
-    """A transport that records the size of each write and hands everything to *real*."""
+    """A transport that records each write and hands everything to *real*."""
 
-    def __init__(self, real: Any, sizes: list[int]) -> None:
+    def __init__(self, real: Any, written: list[bytes]) -> None:
         self._real = real
-        self._sizes = sizes
+        self._written = written
 
     def write(self, data: bytes) -> None:
-        self._sizes.append(len(data))
+        self._written.append(bytes(data))
         self._real.write(data)
 
     def __getattr__(self, name: str) -> Any:
@@ -228,17 +228,17 @@ class _CountingWriter:
 
 
 @contextmanager
-def counted_writes(fast: FastConnection) -> Iterator[list[int]]:
-    """The sizes of the socket writes *fast* makes meanwhile, in order (it must be connected).
+def counted_writes(fast: FastConnection) -> Iterator[list[bytes]]:
+    """The socket writes *fast* makes meanwhile, in order (it must be connected).
 
     Wraps its protocol's transport, so every send() the connection makes is one entry.
     """
     proto: Any = fast._proto
     assert proto is not None and proto.transport is not None, "connect it first"
     real = proto.transport
-    sizes: list[int] = []
-    proto.transport = _CountingWriter(real, sizes)
+    written: list[bytes] = []
+    proto.transport = _CountingWriter(real, written)
     try:
-        yield sizes
+        yield written
     finally:
         proto.transport = real
