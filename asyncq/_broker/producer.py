@@ -152,10 +152,9 @@ class ProducerWrites(BrokerBase):
         the clock are built once per queue.
         """
         head, keys_after, mid = (qk.enqueue_call or self._enqueue_parts(qk))[:3]
-        now_ns = int(now * 1_000_000_000)
-        if head[1] == 2:
-            return (*head, qk.task_prefix + tid, *keys_after, data, tid, now_ns, *mid)
-        tkey = qk.task_prefix + tid
+        tkey, now_ns = qk.task_prefix + tid, int(now * 1_000_000_000)
+        if self.on_cluster:
+            return (*head, tkey, *keys_after, data, tid, now_ns, *mid)
         return (*head, tkey, *keys_after, data, tid, now_ns, *mid, qk.name, int(now))
 
     def _enqueue_parts(self, qk: QueueKeys) -> tuple[Any, ...]:

@@ -174,6 +174,8 @@ class _Protocol(asyncio.Protocol):
                 )
                 return
             if reply is _INCOMPLETE:
+                # One reply resumes one caller (a serial one, whose next write goes out
+                # at once); several resume several, whose next writes can share one.
                 if before - len(waiters) > 1:
                     self._hold()
                 return
