@@ -221,9 +221,11 @@ def encode_task_head(task_type: str, payload: bytes, task_id: str) -> bytes:
     tb = task_type.encode()
     ib = task_id.encode()
     n, m = len(tb), len(ib)
+    p = len(payload)
+    if 0 < n < 0x80 and 0 < p < 0x80 and 0 < m < 0x80:  # the usual task: one formatting
+        return b"\x0a%c%b\x12%c%b\x1a%c%b" % (n, tb, p, payload, m, ib)
     head = (b"\x0a" + (bytes((n,)) if n < 0x80 else _varint(n)) + tb) if n else b""
-    if payload:
-        p = len(payload)
+    if p:
         head += b"\x12" + (bytes((p,)) if p < 0x80 else _varint(p)) + payload
     if m:
         head += b"\x1a" + (bytes((m,)) if m < 0x80 else _varint(m)) + ib

@@ -105,6 +105,7 @@ class QueueKeys:
         "archived",
         "completed",
         "day",
+        "enqueue_call",
         "failed",
         "failed_day",
         "group_prefix",
@@ -143,6 +144,8 @@ class QueueKeys:
         self.day = -1
         self.processed_day = ""
         self.failed_day = ""
+        # enqueue.lua's EVALSHA around a task's own parts (the producer builds it once).
+        self.enqueue_call: tuple[Any, ...] | None = None
 
     def daily(self, now: float) -> tuple[str, str]:
         """The processed/failed counters of the UTC day containing *now*."""
@@ -228,6 +231,9 @@ class BrokerBase:
                 "(create it with decode_responses=False)"
             )
         self.redis = redis
+        # Once: RedisCluster's bases include a typing Protocol, so isinstance against it
+        # is a slow runtime Protocol check, and the producer asks on every enqueue.
+        self.on_cluster = isinstance(redis, RedisCluster)
         self.fast = fast
         self._cmd: RedisClient | FastConnection = redis if fast is None else fast
         self.clock = clock
@@ -239,7 +245,7 @@ class BrokerBase:
         self._published: set[str] = set()
         self.replication: Replication | None = None
         if min_replicas:
-            if fast is None and isinstance(redis, RedisCluster):
+            if fast is None and self.on_cluster:
                 raise ValueError(
                     "min_replicas is not supported on Redis Cluster (WAIT must follow the "
                     "write on the same node connection); use a plain or Sentinel connection"

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import structlog
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from asyncq import _keys as keys
@@ -26,6 +25,7 @@ from asyncq._broker._base import (
 )
 from asyncq._codec import encode_task_message
 from asyncq._redis.scripts import Script, load_script
+from asyncq._redis.transport import PackedCommand
 from asyncq._time import to_unix
 from asyncq.errors import (
     AsyncqError,
@@ -48,6 +48,7 @@ _SCHEDULE_UNIQUE = load_script(LUA_PACKAGE, "schedule_unique")
 _ADD_TO_GROUP = load_script(LUA_PACKAGE, "add_to_group")
 _ADD_TO_GROUP_UNIQUE = load_script(LUA_PACKAGE, "add_to_group_unique")
 _ENQUEUE_MANY = load_script(LUA_PACKAGE, "enqueue_many")
+_REGISTRY = (keys.ALL_QUEUES,)
 
 
 @dataclass(slots=True)
@@ -129,20 +130,63 @@ class ProducerWrites(BrokerBase):
 
     def _registry(self) -> tuple[str, ...]:
         """The extra KEY that registers the queue in the script call (none on a cluster)."""
-        return () if isinstance(self.redis, RedisCluster) else (keys.ALL_QUEUES,)
+        return () if self.on_cluster else _REGISTRY
 
-    def _enqueue_keys(self, qk: QueueKeys, task_key: str) -> tuple[str, ...]:
-        """enqueue.lua's KEYS: the registry and the waiters list (direct delivery) where there is
-        a registry (neither on a cluster, where they would span slots)."""
+    def _enqueue_call(
+        self, qk: QueueKeys, tid: str, data: bytes, now: float
+    ) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        """enqueue.lua's KEYS and ARGV for a plain pending task (see :meth:`_enqueue_command`)."""
+        cmd = self._enqueue_command(qk, tid, data, now)
+        numkeys: int = cmd[1]
+        return cmd[2 : 2 + numkeys], cmd[2 + numkeys :]
+
+    def _enqueue_command(self, qk: QueueKeys, tid: str, data: bytes, now: float) -> tuple[Any, ...]:
+        """enqueue.lua's EVALSHA arguments (sha, numkeys, KEYS, ARGV) for a plain pending task.
+
+        KEYS: the task key, the pending list and, where there is a registry (not on a
+        cluster, where they would span slots), the registry and the waiters list (direct
+        delivery). ARGV: the message, the id, the clock in nanoseconds (pending_since),
+        the wake-up channel and the queue name; with the waiters list, the queue name and
+        this process's clock in whole seconds, which a delivered task's lease starts
+        from, as every lease does (see enqueue.lua). All but the task's own parts and
+        the clock are built once per queue.
+        """
+        head, keys_after, mid = (qk.enqueue_call or self._enqueue_parts(qk))[:3]
+        tkey, now_ns = qk.task_prefix + tid, int(now * 1_000_000_000)
+        if self.on_cluster:
+            return (*head, tkey, *keys_after, data, tid, now_ns, *mid)
+        return (*head, tkey, *keys_after, data, tid, now_ns, *mid, qk.name, int(now))
+
+    def _enqueue_parts(self, qk: QueueKeys) -> tuple[Any, ...]:
+        """What :meth:`_enqueue_command` and :meth:`_send_enqueue` take from the queue,
+        built on its first enqueue: the EVALSHA head, the KEYS after the task key, ARGV 4-5,
+        and, on the fast transport, the whole command packed but for the task's and the
+        clock's parts, and the task key's prefix as bytes."""
         reg = self._registry()
-        return (task_key, qk.pending, *reg, qk.waiters) if reg else (task_key, qk.pending)
+        keys_after = (qk.pending, *reg, qk.waiters) if reg else (qk.pending,)
+        head = (_ENQUEUE.sha, 1 + len(keys_after))
+        mid = (qk.wakeup, qk.name)
+        packed = None
+        if self.fast is not None:
+            last = (qk.name, None) if reg else ()
+            packed = PackedCommand(
+                ("EVALSHA", *head, None, *keys_after, None, None, None, *mid, *last)
+            )
+        parts = qk.enqueue_call = (head, keys_after, mid, packed, qk.task_prefix.encode())
+        return parts
 
-    def _enqueue_args(self, qk: QueueKeys, data: bytes, tid: str, now: float) -> tuple[Any, ...]:
-        """enqueue.lua's ARGV; with the waiters list (see :meth:`_enqueue_keys`), the queue name
-        and this process's clock in whole seconds, which a delivered task's lease starts
-        from, as every lease does (see enqueue.lua)."""
-        head = (data, tid, int(now * 1_000_000_000), qk.wakeup, qk.name)
-        return (*head, qk.name, int(now)) if self._registry() else head
+    def _send_enqueue(self, qk: QueueKeys, tid: str, data: bytes, now: float) -> Awaitable[Any]:
+        """enqueue.lua's EVALSHA (:meth:`_enqueue_command`) sent; its reply awaitable."""
+        parts = qk.enqueue_call or self._enqueue_parts(qk)
+        packed: PackedCommand | None = parts[3]
+        if packed is None or self.fast is None:
+            return self._cmd.evalsha(*self._enqueue_command(qk, tid, data, now))
+        ib = tid.encode()
+        tkey = parts[4] + ib
+        now_ns = b"%d" % int(now * 1_000_000_000)
+        if self.on_cluster:
+            return self.fast.send_packed(packed.pack(tkey, data, ib, now_ns))
+        return self.fast.send_packed(packed.pack(tkey, data, ib, now_ns, b"%d" % int(now)))
 
     def _dropped(self, reply: Any, qk: QueueKeys) -> Any:
         """enqueue.lua's *reply* as 1 or 0, with each waiters member it dropped (one no
@@ -161,7 +205,7 @@ class ProducerWrites(BrokerBase):
         return reply[0]
 
     async def _register_once(self, qk: QueueKeys) -> None:
-        if qk.name not in self._published and isinstance(self.redis, RedisCluster):
+        if self.on_cluster and qk.name not in self._published:
             await self._register_queue(qk)
 
     async def write(self, item: BatchItem) -> None:
@@ -184,24 +228,33 @@ class ProducerWrites(BrokerBase):
         """Write a pending task from its encoded message (the Client's hot path).
 
         The same script, KEYS and ARGV as :meth:`write` for a plain pending
-        item, without building a TaskMessage. Raises TaskIdConflictError when
-        ``t:<id>`` exists.
+        item, without building a TaskMessage: one EVALSHA, whose arguments
+        around the task's id, message and clock are built once per queue.
+        Raises TaskIdConflictError when ``t:<id>`` exists.
         """
         qk = self._queues.get(queue) or self._q(queue)
-        await self._register_once(qk)
-        keys_ = self._enqueue_keys(qk, qk.task_prefix + task_id)
-        args = self._enqueue_args(qk, data, task_id, self.clock())
+        if self.on_cluster and queue not in self._published:
+            await self._register_queue(qk)
+        now = self.clock()
         if self.replication is None:
             try:
-                res = await self._cmd.evalsha(_ENQUEUE.sha, len(keys_), *keys_, *args)
+                res = await self._send_enqueue(qk, task_id, data, now)
             except NoScriptError:
-                res = await self._run(_ENQUEUE, keys_, args, queue, task_id)
+                cmd = self._enqueue_command(qk, task_id, data, now)
+                res = await self._run_enqueue(cmd, queue, task_id)
             except ResponseError as exc:
                 raise script_error(exc, _ENQUEUE, queue, task_id) from exc
         else:
-            res = await self._run(_ENQUEUE, keys_, args, queue, task_id)
-        if self._dropped(res, qk) == 0:
+            cmd = self._enqueue_command(qk, task_id, data, now)
+            res = await self._run_enqueue(cmd, queue, task_id)
+        if res != 1 and self._dropped(res, qk) == 0:
             raise conflict_error(queue, task_id)
+
+    async def _run_enqueue(self, cmd: tuple[Any, ...], queue: str, task_id: str) -> Any:
+        """*cmd* (see :meth:`_enqueue_command`) through the script runner: it loads the
+        script when Redis has not got it and waits for replicas under min_replicas."""
+        numkeys: int = cmd[1]
+        return await self._run(_ENQUEUE, cmd[2 : 2 + numkeys], cmd[2 + numkeys :], queue, task_id)
 
     async def enqueue(self, msg: TaskMessage) -> None:
         """Write a pending task. Raises TaskIdConflictError when ``t:<id>`` exists."""
@@ -377,9 +430,4 @@ class ProducerWrites(BrokerBase):
                 (tid, secs, encode_task_message(msg), now_ns, qk.wakeup, qk.name, *name),
                 qk,
             )
-        return (
-            _ENQUEUE,
-            self._enqueue_keys(qk, tkey),
-            self._enqueue_args(qk, encode_task_message(msg), tid, now),
-            qk,
-        )
+        return (_ENQUEUE, *self._enqueue_call(qk, tid, encode_task_message(msg), now), qk)

@@ -198,19 +198,29 @@ class Client:
         policy's deadline, EnqueueRetryError saying whether the task may have
         been written (with ``retry=None``: the redis-py error at once).
         """
-        self._check_open()
+        if self._closed or self._conn.closed:
+            raise RuntimeError("the client is closed")
         now = datetime.now(UTC)
-        templates = self._templates
-        key = templates.key(task, templates.call_key(options)) if isinstance(task, Task) else None
-        template = None if key is None else templates.get(key)
+        template = self._templates.find(task, options) if isinstance(task, Task) else None
         if template is not None:
             # The hot path: a plain pending task whose option set was composed before.
+            # One coroutine below this one (the broker's), and nothing built for a retry
+            # unless a write failed.
             plain = template.encode(task)
             queue, task_id, data = template.queue, plain.task_id, plain.data
-            await self._write(
-                lambda: self.broker.write_pending(queue, task_id, data),
-                lambda: Written(task_id, queue, plain.task_type, data, ""),
-            )
+            broker = self.broker
+            try:
+                await broker.write_pending(queue, task_id, data)
+            except BaseException as exc:
+                if self.retry is None or not is_retryable(exc):
+                    raise
+                await write_with_retry(
+                    self.retry,
+                    self.redis,
+                    Written(task_id, queue, plain.task_type, data, ""),
+                    lambda: broker.write_pending(queue, task_id, data),
+                    first_error=exc,
+                )
             info = plain.info(now)
         else:
             # The general path: every option, through compose (which also teaches the
@@ -220,8 +230,9 @@ class Client:
             c = compose(task, [options], now)
             item = c.batch_item()
             await self._write(lambda: self.broker.write(item), lambda: Written.of(c.message))
+            key = self._templates.key(task, self._templates.call_key(options))
             if key is not None:
-                templates.learn(key, c)
+                self._templates.learn(key, c)
             info = info_of(c, now)
         if is_debug_enabled(log):
             log.debug(

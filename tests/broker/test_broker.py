@@ -513,3 +513,30 @@ async def test_each_write_without_the_registry_key_writes_the_task_only(
     else:
         assert keys.ALL_QUEUES not in snap
     assert (ukey in snap) == how.endswith("unique")
+
+
+@pytest.mark.parametrize("task_id", ["0a1b2c3d-0a1b-4c3d-8a1b-0a1b2c3d4e5f", "ünï-%d-x"])
+async def test_write_pending_sends_exactly_the_script_call_it_describes(
+    redis: Redis, redis_url: str, task_id: str
+) -> None:
+    """The hot path's command, packed once per queue, is byte for byte the EVALSHA of
+    enqueue.lua's KEYS and ARGV (what the general path and redis-py would send)."""
+    from asyncq._redis.connection import Connection
+    from asyncq._redis.transport import _pack_command
+    from tests.support.helpers import counted_writes
+
+    conn = Connection(redis_url)
+    try:
+        assert conn.fast is not None
+        broker = Broker(conn.redis, fast=conn.fast, clock=lambda: 1_800_000_000.123456)
+        await broker.write_pending("q%", "warm", b"x")  # connects and loads the script
+        with counted_writes(conn.fast) as writes:
+            await broker.write_pending("q%", task_id, b"\x00%b%d")
+        qk = broker._q("q%")
+        whole = ("EVALSHA", *broker._enqueue_command(qk, task_id, b"\x00%b%d", broker.clock()))
+        assert writes == [_pack_command(whole)]
+        stored = await redis.hgetall(keys.task_key("q%", task_id))
+        assert stored[b"msg"] == b"\x00%b%d" and stored[b"state"] == b"pending"
+        assert stored[b"pending_since"] == b"1800000000123456000"
+    finally:
+        await conn.aclose()

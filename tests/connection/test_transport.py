@@ -594,3 +594,29 @@ async def _until(probe: Any, expected: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"probe never returned {expected}")
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    shape=st.lists(
+        st.one_of(
+            st.none(),
+            st.binary(max_size=40),
+            st.text(max_size=20),
+            st.integers(-(2**63), 2**63 - 1),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    data=st.data(),
+)
+def test_a_packed_command_packs_as_the_whole_command(shape: list[Any], data: Any) -> None:
+    from asyncq._redis.transport import PackedCommand, _pack_command
+
+    values = [data.draw(st.binary(max_size=300)) for arg in shape if arg is None]
+    given_values = iter(values)
+    whole = tuple(next(given_values) if arg is None else arg for arg in shape)
+    assert PackedCommand(shape).pack(*values) == _pack_command(whole)
+    assert PackedCommand([b"100%", "%d%s", None]).pack(b"%b") == _pack_command(
+        (b"100%", "%d%s", b"%b")
+    )

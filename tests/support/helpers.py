@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 
 from asyncq import ServeMux
 from asyncq import _keys as keys
+from asyncq._redis.transport import FastConnection
 from asyncq.proto.asynq import TaskMessage
 
 Q = "default"
@@ -209,3 +210,35 @@ async def delivery_notes(redis: Redis, server_id: str) -> AsyncIterator[asyncio.
     finally:
         task.cancel()
         await pubsub.aclose()
+
+
+class _CountingWriter:
+    """A transport that records each write and hands everything to *real*."""
+
+    def __init__(self, real: Any, written: list[bytes]) -> None:
+        self._real = real
+        self._written = written
+
+    def write(self, data: bytes) -> None:
+        self._written.append(bytes(data))
+        self._real.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+@contextmanager
+def counted_writes(fast: FastConnection) -> Iterator[list[bytes]]:
+    """The socket writes *fast* makes meanwhile, in order (it must be connected).
+
+    Wraps its protocol's transport, so every send() the connection makes is one entry.
+    """
+    proto: Any = fast._proto
+    assert proto is not None and proto.transport is not None, "connect it first"
+    real = proto.transport
+    written: list[bytes] = []
+    proto.transport = _CountingWriter(real, written)
+    try:
+        yield written
+    finally:
+        proto.transport = real
