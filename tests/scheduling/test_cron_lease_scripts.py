@@ -55,6 +55,8 @@ async def test_a_done_claim_ends_the_tick(broker: Broker, redis: Redis) -> None:
         (("set", KEY, "host:2:other/entry"), "host:2:other/entry"),  # no expiry
         (("set", KEY, "done:host:2:other:t"), "done:host:2:other:t"),  # no expiry
         (("set", KEY, "no-claim-shape", "PX", "60000"), "no-claim-shape"),
+        (("set", KEY, "/entry", "PX", "60000"), "/entry"),  # no scheduler id
+        (("set", KEY, "host:2:other/", "PX", "60000"), "host:2:other/"),  # no entry id
         (("set", KEY, b"\xff\xfe", "PX", "60000"), "\\xff\\xfe"),
     ],
 )

@@ -8,9 +8,9 @@
 --   "done"     a scheduler has finished the tick
 --   "held"     another scheduler is enqueueing it, for PTTL more milliseconds at most
 --   "replaced" the key held what no scheduler writes (another type, a value with no
---              expiry, done or not, a value of no claim's shape), which would have held the tick past
---              its misfire grace: the tick is the caller's now (the tick's derived task
---              ID still stops a second enqueue)
+--              expiry, done or not, a value not shaped "<id>/<entry id>"), which would
+--              have held the tick past its misfire grace: the tick is the caller's now
+--              (the tick's derived task ID still stops a second enqueue)
 local t = redis.call("TYPE", KEYS[1]).ok
 if t == "none" then
     redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
@@ -24,9 +24,9 @@ local held = redis.call("GET", KEYS[1])
 if held == ARGV[1] then
     return {"claimed", held, 0}
 end
-local pttl = redis.call("PTTL", KEYS[1])
+local pttl = redis.call("PTTL", KEYS[1]) -- -1: no expiry (the key exists)
 local done = string.match(held, "^done:") ~= nil
-if pttl < 0 or not (done or string.find(held, "/", 1, true)) then
+if pttl == -1 or not (done or string.match(held, "^.+/.+$")) then
     redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
     return {"replaced", held, 0}
 end

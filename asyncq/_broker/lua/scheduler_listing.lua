@@ -20,7 +20,7 @@ local found = nil
 if t == "string" then
     local held = redis.call("GET", KEYS[1])
     if held ~= ARGV[1] then
-        if redis.call("PTTL", KEYS[1]) >= 0 then
+        if redis.call("PTTL", KEYS[1]) ~= -1 then -- -1: no expiry (the key exists)
             return {0, 0, ""} -- another scheduler lists it
         end
         found = held
