@@ -14,7 +14,6 @@ import asyncio
 import pytest
 from structlog.testing import capture_logs
 
-from asyncq._worker.select import Deadlines
 from asyncq.errors import TaskCanceledError
 from asyncq.task import Task
 from tests.support.fakebroker import FakeBroker
@@ -87,51 +86,3 @@ async def test_a_cancel_as_the_handler_returns_is_decided_by_which_came_first(or
         assert msg.id not in fake.tasks and fake.processed == 1
         assert run.processor.stats.succeeded == 1
 
-
-# -- one timer for every deadline ----------------------------------------------------------------
-
-
-class _Scope:
-    """A select as the deadline heap sees it."""
-
-    def __init__(self) -> None:
-        self.came = False
-        self._task: object = "waiting"  # a select's task while it waits, None once it left
-
-    def deadline_came(self) -> None:
-        self.came = True
-
-
-async def test_deadlines_come_in_order_on_one_timer_and_pass_over_ended_selects() -> None:
-    loop = asyncio.get_running_loop()
-    deadlines = Deadlines(loop)
-    now = loop.time()
-    late, ended, early = _Scope(), _Scope(), _Scope()
-    deadlines.add(now + 0.3, late)  # type: ignore[arg-type]
-    deadlines.add(now + 0.1, ended)  # type: ignore[arg-type]
-    deadlines.add(now + 0.05, early)  # type: ignore[arg-type]
-    ended._task = None
-    deadlines.left()
-    await wait_until(lambda: early.came, what="the earliest deadline")
-    assert not late.came
-    await wait_until(lambda: late.came, what="the latest deadline")
-    assert loop.time() >= now + 0.3 - 0.001  # never before its time (the timer's resolution)
-    assert ended.came  # told, and passed over by the select: it ended
-
-
-def test_the_deadline_heap_stays_within_twice_the_waiting_selects() -> None:
-    loop = asyncio.new_event_loop()
-    try:
-        deadlines = Deadlines(loop)
-        scopes = []
-        for n in range(10_000):  # tasks half an hour from their deadlines, ending in turn
-            scope = _Scope()
-            deadlines.add(loop.time() + 1800 + n, scope)  # type: ignore[arg-type]
-            scopes.append(scope)
-            if n >= 10:
-                scopes[n - 10]._task = None
-                deadlines.left()
-            assert len(deadlines._heap) <= 64 + 2 * deadlines.waiting + 1
-        assert deadlines.waiting == 10
-    finally:
-        loop.close()
