@@ -85,4 +85,3 @@ async def test_a_cancel_as_the_handler_returns_is_decided_by_which_came_first(or
     else:  # the cancel came after the handler returned: it changes nothing
         assert msg.id not in fake.tasks and fake.processed == 1
         assert run.processor.stats.succeeded == 1
-
