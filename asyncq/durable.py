@@ -25,9 +25,9 @@ import hashlib
 import inspect
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 import pydantic_core
 
@@ -251,9 +251,15 @@ class Run:
 
     # -- local values -------------------------------------------------------------------
 
+    @overload
     async def call(
-        self, fn: Callable[P, Awaitable[R]] | Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
+
+    @overload
+    async def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    async def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run *fn* here, inline, as the run's next entry, and record its return value
         (JSON, by its return annotation): a replay returns the recorded value instead of
         calling *fn* again.
@@ -274,7 +280,7 @@ class Run:
             recorded = codec.encode(value)
             self._writes[f"r:{index}"] = recorded
         # decoded in both cases, so a replay sees exactly what the first run saw
-        return cast(R, codec.decode(recorded))
+        return codec.decode(recorded)
 
     def now(self) -> datetime:
         """The time (UTC) this entry was first reached, the same on every replay."""

@@ -3,11 +3,13 @@ by ``asyncq worker tests.support.durable_app:app`` in a subprocess).
 
 Every step task counts its runs in the hash :data:`RAN` (field: the step's task id), so a
 test can tell a step that ran twice from one that ran once; :data:`CALLS` counts the
-local calls of :func:`recorded_call`.
+local calls of :func:`recorded_call`; :func:`slow` also lists its starts with the worker's
+pid in :data:`STARTS` (``"<task id> <pid>"``), for the kill test's ledger.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from datetime import timedelta
 
@@ -16,6 +18,7 @@ from redis.asyncio import Redis
 from asyncq import App, Run, TaskFailedError, current_task
 
 RAN = "durable-test:ran"
+STARTS = "durable-test:starts"
 CALLS = "durable-test:calls"
 QUEUE = "durable"
 
@@ -124,3 +127,26 @@ async def onboard(run: Run, user: int) -> str:
         await run.step(add, user, 1)
     scores = await run.gather(*(run.step(mul, i, user) for i in range(10)))
     return f"done {sum(scores)} opened={opened is not None}"
+
+
+@app.task(name="d:slow", queue=QUEUE)
+async def slow(i: int, ms: int) -> int:
+    """Starts (listed), works *ms*, then does its side effect (counted) and returns *i*."""
+    async with Redis.from_url(str(app.redis)) as r:
+        await r.rpush(STARTS, f"{current_task().id} {os.getpid()}")
+        await asyncio.sleep(ms / 1000)
+        await r.hincrby(RAN, current_task().id or "", 1)
+    return i
+
+
+@app.durable(name="d:crashy", queue=QUEUE)
+async def crashy(run: Run, n: int) -> int:
+    """The kill test's run: 5 steps, a sleep, a signal wait (that times out), a fan-out of
+    10; returns 155 (+ the signal's payload if one came)."""
+    total = 0
+    for i in range(5):
+        total += await run.step(slow, i, 40)
+    await run.sleep(timedelta(milliseconds=300))
+    got = await run.wait_for("crashy", key=str(n), timeout=timedelta(milliseconds=300))
+    scores = await run.gather(*(run.step(slow, 10 + i, 30) for i in range(10)))
+    return total + sum(scores) + (0 if got is None else int(got))
