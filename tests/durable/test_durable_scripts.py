@@ -1,0 +1,166 @@
+"""The durable scripts at their edges, driven through the broker without a worker: each
+checks its keys' types before its first write (a failed call changes nothing), a
+suspension whose steps are already recorded goes straight back to pending, a signal
+never overrides a wait that timed out. No test here waits: each runs scripts and reads
+Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from asyncq import Client, Task
+from asyncq import _keys as keys
+from asyncq._broker import Broker
+from asyncq._broker.durable import (
+    FAR_FUTURE,
+    RUN_HEADER,
+    RUN_QUEUE_HEADER,
+    STEP_HEADER,
+    SignalWait,
+    SuspendPlan,
+    ack_step,
+    record_wait,
+    send_signal,
+    suspend_run,
+)
+from asyncq.errors import BrokerError
+from asyncq.proto.asynq import TaskMessage
+from tests.support import transitions
+
+Q = "default"
+
+
+async def dump_all(redis: Redis) -> dict[bytes, tuple[bytes, Any, int]]:
+    return {
+        key: (await redis.type(key), await redis.dump(key), await redis.pttl(key))
+        for key in sorted(await redis.keys("*"))
+    }
+
+
+async def active_run(broker: Broker, client: Client) -> TaskMessage:
+    """A run task taken by a worker (active, leased)."""
+    await client.enqueue(Task("run", b"{}"), task_id="r1")
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None
+    return got.message
+
+
+def step_message(index: int, queue: str = Q) -> TaskMessage:
+    return TaskMessage(
+        type="step",
+        payload=b"{}",
+        id=f"r1-{index}",
+        queue=queue,
+        retry=1,
+        retention=60,
+        headers={RUN_HEADER: "r1", RUN_QUEUE_HEADER: Q, STEP_HEADER: str(index)},
+    )
+
+
+async def test_a_suspension_parks_the_run_and_enqueues_its_steps(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    plan = SuspendPlan(
+        "steps", records={"s:0": b"step a", "s:1": b"step b"},
+        steps=[(0, step_message(0)), (1, step_message(1))], waits=[0, 1],
+    )  # fmt: skip
+    assert await suspend_run(broker, run, plan) == "parked"
+    assert await redis.lrange(keys.active_key(Q), 0, -1) == []
+    assert await redis.zscore(keys.scheduled_key(Q), "r1") == FAR_FUTURE
+    assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"scheduled"
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1-1", b"r1-0"]
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"missing"] == b"2" and record[b"wait"] == b"0,1"
+    assert record[b"state"] == b"waiting"
+
+    # the first step's acknowledgement records it; the second's wakes the run
+    for index, woke in ((0, "recorded"), (1, "woken")):
+        step = await transitions.dequeue(broker, [Q])
+        assert step is not None and step.message.id == f"r1-{index}"
+        await redis.hset(keys.task_key(Q, step.message.id), "result", f"{index * 10}")
+        assert await ack_step(broker, step.message, "complete") == woke
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"r:0"] == b"0" and record[b"r:1"] == b"10" and record[b"state"] == b"running"
+    assert b"wait" not in record and b"missing" not in record
+    assert await redis.zscore(keys.scheduled_key(Q), "r1") is None
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]
+    assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"pending"
+
+
+async def test_a_suspension_on_recorded_steps_goes_back_to_pending(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await redis.hset(keys.run_key(Q, "r1"), mapping={"s:0": "step a", "r:0": "1"})
+    plan = SuspendPlan("steps", steps=[(0, step_message(0))], waits=[0])
+    assert await suspend_run(broker, run, plan) == "ready"
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]  # the step is not
+    assert not await redis.exists(keys.task_key(Q, "r1-0"))
+
+
+@pytest.mark.parametrize(
+    "damaged", ["run", "scheduled", "step pending", "step task", "awaiting", "kept"]
+)
+async def test_a_suspension_on_a_damaged_key_changes_nothing(
+    redis: Redis, client: Client, damaged: str
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    key = {
+        "run": keys.run_key(Q, "r1"),
+        "scheduled": keys.scheduled_key(Q),
+        "step pending": keys.pending_key("other"),
+        "step task": keys.task_key("other", "r1-0"),
+        "awaiting": keys.awaiting_key(Q, "go", "k"),
+        "kept": keys.signal_key(Q, "go", "k"),
+    }[damaged]
+    if damaged == "kept":  # a set where a string is kept
+        await redis.sadd(key, "x")
+    else:
+        await redis.set(key, "x")
+    before = await dump_all(redis)
+    steps_plan = SuspendPlan("steps", steps=[(0, step_message(0, "other"))], waits=[0])
+    signal_plan = SuspendPlan("signal", signal=SignalWait("go", "k", 0))
+    plan = signal_plan if damaged in ("awaiting", "kept") else steps_plan
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await suspend_run(broker, run, plan)
+    assert await dump_all(redis) == before
+
+
+async def test_a_step_ack_on_a_damaged_record_changes_nothing(redis: Redis, client: Client) -> None:
+    broker = Broker(redis)
+    await client.enqueue(Task("step", b"{}"), task_id="r1-0", headers=step_message(0).headers)
+    step = await transitions.dequeue(broker, [Q])
+    assert step is not None
+    await redis.set(keys.run_key(Q, "r1"), "x")
+    before = await dump_all(redis)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await ack_step(broker, step.message, "done")
+    assert await dump_all(redis) == before
+
+
+async def test_a_signal_does_not_override_a_wait_that_timed_out(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    wait = SignalWait("go", "k", 0)
+    plan = SuspendPlan("signal", records={"s:0": b"wait go k"}, signal=wait, until=10.0)
+    assert await suspend_run(broker, run, plan) == "parked"
+    assert await redis.smembers(keys.awaiting_key(Q, "go", "k")) == {b"r1 0"}
+    # the timeout is recorded first: the wait's result is None ("") for good
+    assert await record_wait(redis, Q, "r1", wait, b"") == b""
+    assert not await redis.exists(keys.awaiting_key(Q, "go", "k"))
+    assert await send_signal(redis, Q, "go", "k", payload=b"1", keep_ms=60_000, now=0) == 0
+    assert await redis.hget(keys.run_key(Q, "r1"), "r:0") == b""
+    assert await redis.get(keys.signal_key(Q, "go", "k")) == b"1"  # kept for a later wait
+    # and a signal recorded first stands against a later timeout
+    await redis.hset(keys.run_key(Q, "r1"), "r:1", b'"yes"')
+    wait1 = SignalWait("go", "k", 1)
+    assert await record_wait(redis, Q, "r1", wait1, b"") == b'"yes"'
