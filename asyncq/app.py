@@ -621,7 +621,13 @@ class DurableFunction(TypedTask[P, R]):
 
     async def start(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Start a run with these arguments (checked and encoded as a task's) and return
-        its handle: ``handle.id`` is the run's id, ``await handle.result()`` its result."""
+        its handle: ``handle.id`` is the run's id, ``await handle.result()`` its result.
+
+        Raises RuntimeError in eager mode (a run needs a worker), and every error
+        :meth:`TypedTask.enqueue` raises.
+        """
+        if self.app._eager is not None:
+            raise RuntimeError(f"durable function {self.name} cannot run in eager mode")
         return await self.enqueue(*args, **kwargs)
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
