@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import timedelta
 
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import Intervals, Server
+from asyncq import Server
 from tests.support import durable_app as d
-
-FAST = Intervals(
-    task_check=timedelta(milliseconds=100),
-    delayed_task_check=timedelta(milliseconds=100),
-    heartbeat=timedelta(milliseconds=200),
-    recoverer=timedelta(milliseconds=200),
-    janitor=timedelta(milliseconds=200),
-)
 
 
 @pytest.fixture
@@ -32,10 +23,7 @@ async def app(redis: Redis, redis_url: str) -> AsyncIterator[None]:
 
 @pytest.fixture
 async def worker(app: None) -> AsyncIterator[Server]:
-    server = d.app.server(
-        queues={d.QUEUE: 1}, concurrency=4, intervals=FAST, shutdown_timeout=timedelta(seconds=2)
-    )
-    await server.start(d.app.mux)
+    server = await d.start_worker()
     try:
         yield server
     finally:

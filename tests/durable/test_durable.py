@@ -126,7 +126,8 @@ async def test_a_child_run_is_a_step(redis: Redis, worker: Server) -> None:
 
 async def test_non_determinism_fails_the_run_naming_both(redis: Redis, worker: Server) -> None:
     handle = await d.fickle.start()
-    await wait_until(lambda: parked(redis, handle.id), what="the run waiting for its signal")
+    awaiting = keys.awaiting_key(d.QUEUE, "fickle", "k")
+    await wait_until(lambda: redis.sismember(awaiting, f"{handle.id} 1"), what="the run waiting")
     d.flip["on"] = True  # the code now asks for another first step
     assert await d.app.signal("fickle", key="k") == 1
     with pytest.raises(TaskFailedError) as err:
