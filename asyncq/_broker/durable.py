@@ -38,7 +38,7 @@ from asyncq._broker._base import (
 )
 from asyncq._codec import encode_task_message
 from asyncq._redis.options import RedisClient
-from asyncq._redis.scripts import load_script
+from asyncq._redis.scripts import Script, load_script
 from asyncq.errors import BrokerError
 from asyncq.proto.asynq import TaskMessage
 
@@ -158,11 +158,7 @@ async def suspend_run(broker: BrokerBase, msg: TaskMessage, plan: SuspendPlan) -
     args.append(len(plan.steps))
     for index, step in plan.steps:
         args += (step.queue, step.id, index, encode_task_message(step))
-    try:
-        reply = await _SUSPEND(broker._cmd, keys_, args)
-    except ResponseError as exc:
-        raise script_error(exc, _SUSPEND, qk.name, tid) from exc
-    return reply.decode() if isinstance(reply, bytes) else str(reply)
+    return await _write(broker, _SUSPEND, keys_, args, qname=qk.name, tid=tid)
 
 
 async def ack_step(
@@ -199,10 +195,29 @@ async def ack_step(
         headers[STEP_HEADER], err_msg or mode, now_s - ARCHIVED_EXPIRATION, ARCHIVE_MAX_SIZE,
         int(now * 1e9), run_id, keys.wakeup_channel(run_q.name), run_q.name,
     )  # fmt: skip
+    return await _write(broker, _STEP_DONE, keys_, args, qname=qk.name, tid=tid)
+
+
+async def _write(
+    broker: BrokerBase,
+    script: Script,
+    keys_: Sequence[str],
+    args: Sequence[Any],
+    *,
+    qname: str,
+    tid: str,
+) -> str:
+    """Run a worker's durable write, followed by WAIT under ``min_replicas`` as every
+    acknowledgement is; the script's text reply."""
     try:
-        reply = await _STEP_DONE(broker._cmd, keys_, args)
+        if broker.replication is not None:
+            reply = await broker.replication.script(
+                broker._pipeline, broker._cmd, script, keys_, args, queue=qname, task_id=tid
+            )
+        else:
+            reply = await script(broker._cmd, keys_, args)
     except ResponseError as exc:
-        raise script_error(exc, _STEP_DONE, qk.name, tid) from exc
+        raise script_error(exc, script, qname, tid) from exc
     return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
