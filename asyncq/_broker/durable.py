@@ -226,11 +226,14 @@ async def record_wait(
 ) -> bytes:
     """Record *value* as the result of a run's signal wait unless a signal came first;
     the result that stands."""
-    reply = await _RECORD(
-        redis,
-        (keys.run_key(qname, run_id), keys.awaiting_key(qname, wait.name, wait.key)),
-        (wait.index, value, f"{run_id} {wait.index}"),
-    )
+    try:
+        reply = await _RECORD(
+            redis,
+            (keys.run_key(qname, run_id), keys.awaiting_key(qname, wait.name, wait.key)),
+            (wait.index, value, f"{run_id} {wait.index}"),
+        )
+    except ResponseError as exc:
+        raise BrokerError(f"Redis script durable_record failed: {exc}") from exc
     return cast(bytes, reply)
 
 

@@ -164,3 +164,19 @@ async def test_a_signal_does_not_override_a_wait_that_timed_out(
     await redis.hset(keys.run_key(Q, "r1"), "r:1", b'"yes"')
     wait1 = SignalWait("go", "k", 1)
     assert await record_wait(redis, Q, "r1", wait1, b"") == b'"yes"'
+
+
+@pytest.mark.parametrize("damaged", ["record", "awaiting"])
+async def test_recording_a_wait_on_a_damaged_key_changes_nothing(
+    redis: Redis, damaged: str
+) -> None:
+    wait = SignalWait("go", "k", 0)
+    await redis.hset(keys.run_key(Q, "r1"), "s:0", "wait go k")
+    await redis.sadd(keys.awaiting_key(Q, "go", "k"), "r1 0")
+    key = keys.run_key(Q, "r1") if damaged == "record" else keys.awaiting_key(Q, "go", "k")
+    await redis.delete(key)
+    await redis.set(key, "x")
+    before = await dump_all(redis)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await record_wait(redis, Q, "r1", wait, b"")
+    assert await dump_all(redis) == before
