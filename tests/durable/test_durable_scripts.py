@@ -180,3 +180,69 @@ async def test_recording_a_wait_on_a_damaged_key_changes_nothing(
     with pytest.raises(BrokerError, match="WRONGTYPE"):
         await record_wait(redis, Q, "r1", wait, b"")
     assert await dump_all(redis) == before
+
+
+@pytest.mark.parametrize(
+    "damaged", ["awaiting", "kept", "scheduled", "pending", "waiting run", "waiting task"]
+)
+async def test_a_signal_on_a_damaged_key_changes_nothing(
+    redis: Redis, client: Client, damaged: str
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    plan = SuspendPlan("signal", records={"s:0": b"wait go k"}, signal=SignalWait("go", "k", 0))
+    assert await suspend_run(broker, run, plan) == "parked"
+    key = {
+        "awaiting": keys.awaiting_key(Q, "go", "k"),
+        "kept": keys.signal_key(Q, "go", "k"),
+        "scheduled": keys.scheduled_key(Q),
+        "pending": keys.pending_key(Q),
+        "waiting run": keys.run_key(Q, "r1"),
+        "waiting task": keys.task_key(Q, "r1"),
+    }[damaged]
+    await redis.delete(key)
+    if damaged == "kept":  # a list where a string is kept
+        await redis.rpush(key, "x")
+    else:
+        await redis.set(key, "x")
+    before = await dump_all(redis)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await send_signal(redis, Q, "go", "k", payload=b"1", keep_ms=60_000, now=0)
+    assert await dump_all(redis) == before
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    ["active", "lease", "task", "processed day", "processed", "completed", "run", "scheduled",
+     "pending", "run task"],
+)  # fmt: skip
+async def test_a_step_ack_on_any_damaged_key_changes_nothing(
+    redis: Redis, client: Client, damaged: str
+) -> None:
+    broker = Broker(redis)
+    await client.enqueue(Task("step", b"{}"), task_id="r1-0", headers=step_message(0).headers)
+    step = await transitions.dequeue(broker, [Q])
+    assert step is not None
+    await redis.hset(keys.run_key(Q, "r1"), mapping={"s:0": "step", "w:0": "1", "missing": "1"})
+    await redis.hset(keys.task_key(Q, "r1"), mapping={"state": "scheduled"})
+    await redis.zadd(keys.scheduled_key(Q), {"r1": FAR_FUTURE})
+    qk = broker._q(Q)
+    key = {
+        "active": qk.active,
+        "lease": qk.lease,
+        "task": keys.task_key(Q, "r1-0"),
+        "processed day": qk.daily(broker.clock())[0],
+        "processed": qk.processed,
+        "completed": qk.completed,
+        "run": keys.run_key(Q, "r1"),
+        "scheduled": keys.scheduled_key(Q),
+        "pending": keys.pending_key(Q),
+        "run task": keys.task_key(Q, "r1"),
+    }[damaged]
+    await redis.delete(key)
+    # a counter that is not an integer, any other key of another type
+    await redis.set(key, "nan" if damaged in ("processed day", "processed") else "x")
+    before = await dump_all(redis)
+    with pytest.raises(BrokerError, match=r"WRONGTYPE|not an integer"):
+        await ack_step(broker, step.message, "complete")
+    assert await dump_all(redis) == before
