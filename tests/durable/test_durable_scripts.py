@@ -105,14 +105,20 @@ async def test_a_suspension_on_recorded_steps_goes_back_to_pending(
 
 
 @pytest.mark.parametrize(
-    "damaged", ["run", "scheduled", "step pending", "step task", "awaiting", "kept"]
-)
+    "damaged",
+    ["active", "lease", "run task", "pending", "run", "scheduled", "step pending", "step task",
+     "awaiting", "kept"],
+)  # fmt: skip
 async def test_a_suspension_on_a_damaged_key_changes_nothing(
     redis: Redis, client: Client, damaged: str
 ) -> None:
     broker = Broker(redis)
     run = await active_run(broker, client)
     key = {
+        "active": keys.active_key(Q),
+        "lease": keys.lease_key(Q),
+        "run task": keys.task_key(Q, "r1"),
+        "pending": keys.pending_key(Q),
         "run": keys.run_key(Q, "r1"),
         "scheduled": keys.scheduled_key(Q),
         "step pending": keys.pending_key("other"),
@@ -120,6 +126,7 @@ async def test_a_suspension_on_a_damaged_key_changes_nothing(
         "awaiting": keys.awaiting_key(Q, "go", "k"),
         "kept": keys.signal_key(Q, "go", "k"),
     }[damaged]
+    await redis.delete(key)
     if damaged == "kept":  # a set where a string is kept
         await redis.sadd(key, "x")
     else:
