@@ -364,7 +364,7 @@ class OutcomeWriter:
             self.log.info(
                 "task rate limited; rescheduled", retry_in=str(limited.retry_in), **fields
             )
-        elif not isinstance(exc, RunSuspended):  # a durable run waiting is no failure either
+        elif find_error(exc, RunSuspended) is None:  # a durable run waiting is no failure
             self._report_failure(msg, exc, fields)
             if self.config.error_handler is not None:
                 await self._call_error_handler(task, exc, fields)

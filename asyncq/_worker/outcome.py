@@ -103,8 +103,11 @@ def decide(
     if exc is None:
         kind: OutcomeKind = "complete" if msg.retention > 0 else "done"
         return Outcome(kind, workflow=workflow, durable=durable)
-    if isinstance(exc, RunSuspended):
-        return Outcome("suspend", plan=exc.plan)
+    # Steps awaited in a TaskGroup raise their suspensions in a group: one is written, and
+    # the replay it resumes asks for the others again.
+    suspended = find_error(exc, RunSuspended)
+    if suspended is not None:
+        return Outcome("suspend", plan=suspended.plan)
     err_msg = error_text(exc)
     limited = find_error(exc, RateLimited)
     if limited is not None and not isinstance(exc, LeaseExpiredError):

@@ -31,6 +31,12 @@ def test_a_suspension_is_its_own_outcome_whatever_the_retries_left() -> None:
         m = message(id="r1", retried=retried)
         out = decide(m, RunSuspended(plan), lease="held", config=CFG, now=0.0, log=LOG)
         assert (out.kind, out.plan, out.err_msg) == ("suspend", plan, "")
+    # awaited in a TaskGroup, steps raise their suspensions in a group: one is written (the
+    # replay it resumes asks for the others again)
+    other = SuspendPlan("steps")
+    group = BaseExceptionGroup("steps", [RunSuspended(plan), RunSuspended(other)])
+    out = decide(message(id="r1"), group, lease="held", config=CFG, now=0.0, log=LOG)
+    assert out.kind == "suspend" and out.plan in (plan, other)
     out = decide(message(id="r1"), RunSuspended(plan), lease="expired", config=CFG, now=0, log=LOG)
     assert out.kind == "lost"  # another server owns the run now: its replay decides again
 
