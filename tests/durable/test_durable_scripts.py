@@ -253,3 +253,13 @@ async def test_a_step_ack_on_any_damaged_key_changes_nothing(
     with pytest.raises(BrokerError, match=r"WRONGTYPE|not an integer"):
         await ack_step(broker, step.message, "complete")
     assert await dump_all(redis) == before
+
+
+async def test_a_signal_skips_waits_that_are_gone_or_unreadable(redis: Redis) -> None:
+    # a run whose record expired, and a member no asyncq script wrote
+    awaiting = keys.awaiting_key(Q, "go", "k")
+    await redis.sadd(awaiting, "gone 0", "not-a-wait")
+    assert await send_signal(redis, Q, "go", "k", payload=b"1", keep_ms=60_000, now=0) == 0
+    assert not await redis.exists(keys.run_key(Q, "gone"))  # no record made up
+    assert not await redis.exists(awaiting)
+    assert await redis.get(keys.signal_key(Q, "go", "k")) == b"1"  # kept for a later wait
