@@ -64,8 +64,8 @@ R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
 MIN_STEP_RETENTION = timedelta(minutes=1)
-"""A step without a retention gets this one: its result must outlive its acknowledgement
-long enough for the run's record to take it (the script reads it from the task)."""
+"""A step without a retention gets this one: a typed task writes its result only when it
+has a retention, and the step's acknowledgement copies that result into the run's record."""
 
 MIN_RUN_KEPT = 60
 """Seconds a succeeded run's record is kept at least (its retention when longer): an
