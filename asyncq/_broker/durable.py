@@ -48,6 +48,8 @@ __all__ = [
     "RUN_QUEUE_HEADER",
     "STEP_HEADER",
     "RunSuspended",
+    "SignalWait",
+    "StepAckMode",
     "SuspendPlan",
     "ack_step",
     "is_durable_step",

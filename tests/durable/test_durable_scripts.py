@@ -6,6 +6,7 @@ Redis."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,19 +15,22 @@ from redis.asyncio import Redis
 from asyncq import Client, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
+from asyncq._broker._base import ARCHIVED_EXPIRATION
 from asyncq._broker.durable import (
     FAR_FUTURE,
     RUN_HEADER,
     RUN_QUEUE_HEADER,
     STEP_HEADER,
     SignalWait,
+    StepAckMode,
     SuspendPlan,
     ack_step,
     record_wait,
     send_signal,
     suspend_run,
 )
-from asyncq.errors import BrokerError
+from asyncq._codec import decode_task_message
+from asyncq.errors import BrokerError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests.support import transitions
 
@@ -263,3 +267,63 @@ async def test_a_signal_skips_waits_that_are_gone_or_unreadable(redis: Redis) ->
     assert not await redis.exists(keys.run_key(Q, "gone"))  # no record made up
     assert not await redis.exists(awaiting)
     assert await redis.get(keys.signal_key(Q, "go", "k")) == b"1"  # kept for a later wait
+
+
+async def taken_step(broker: Broker, client: Client, retention: int = 0) -> TaskMessage:
+    options: dict[str, Any] = {"retention": timedelta(seconds=retention)} if retention else {}
+    headers = step_message(0).headers
+    await client.enqueue(Task("step", b"{}"), task_id="r1-0", headers=headers, **options)
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None
+    return got.message
+
+
+@pytest.mark.parametrize("mode", ["done", "complete", "archive", "revoke"])
+async def test_a_step_ack_is_asynqs_ack_plus_the_record(
+    redis: Redis, client: Client, mode: StepAckMode
+) -> None:
+    broker = Broker(redis)
+    clock = broker.clock()
+    step = await taken_step(broker, client, retention=60 if mode == "complete" else 0)
+    await redis.hset(keys.task_key(Q, "r1-0"), "result", "7")
+    await redis.hset(keys.run_key(Q, "r1"), "s:0", "step")
+    # an archived task past asynq's 90 days is trimmed by the archive, as asynq does
+    await redis.zadd(keys.archived_key(Q), {"old": clock - ARCHIVED_EXPIRATION - 10})
+    await redis.hset(keys.task_key(Q, "old"), "state", "archived")
+    assert await ack_step(broker, step, mode, "ValueError: no") == "recorded"
+    assert await redis.llen(keys.active_key(Q)) == 0
+    assert await redis.zcard(keys.lease_key(Q)) == 0
+    task = await redis.hgetall(keys.task_key(Q, "r1-0"))
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    processed = await redis.get(keys.processed_total_key(Q))
+    failed = await redis.get(keys.failed_total_key(Q))
+    assert processed == b"1" and failed == (b"1" if mode == "archive" else None)
+    if mode in ("done", "revoke"):
+        assert task == {}
+    elif mode == "complete":
+        assert task[b"state"] == b"completed"
+        score = await redis.zscore(keys.completed_key(Q), "r1-0")
+        assert score is not None and int(clock) + 60 - 1 <= score <= int(clock) + 61
+        assert decode_task_message(task[b"msg"]).completed_at >= int(clock)
+    else:
+        assert task[b"state"] == b"archived"
+        assert decode_task_message(task[b"msg"]).error_msg == "ValueError: no"
+        assert await redis.zrange(keys.archived_key(Q), 0, -1) == [b"r1-0"]
+        assert not await redis.exists(keys.task_key(Q, "old"))
+    if mode in ("done", "complete"):
+        assert record[b"r:0"] == b"7" and b"e:0" not in record
+    else:
+        assert record[b"e:0"] == b"ValueError: no" and b"r:0" not in record
+    with pytest.raises(TaskNotFoundError):  # acknowledged already
+        await ack_step(broker, step, mode)
+
+
+async def test_a_step_ack_records_once_and_not_in_a_gone_run(redis: Redis, client: Client) -> None:
+    broker = Broker(redis)
+    step = await taken_step(broker, client)
+    assert await ack_step(broker, step, "done") == "gone"  # no record: nothing made up
+    assert not await redis.exists(keys.run_key(Q, "r1"))
+    step = await taken_step(broker, client)
+    await redis.hset(keys.run_key(Q, "r1"), mapping={"s:0": "step", "r:0": "1"})
+    assert await ack_step(broker, step, "archive", "late") == "seen"
+    assert await redis.hgetall(keys.run_key(Q, "r1")) == {b"s:0": b"step", b"r:0": b"1"}
