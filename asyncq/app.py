@@ -686,7 +686,8 @@ def _without_run(fn: Callable[..., Any]) -> Callable[..., Any]:
         )
 
     def view(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
+        # It carries the run's signature only: the worker calls fn itself, with the Run.
+        raise TypeError(f"{fn.__qualname__} is a durable function: start it with .start(...)")
 
     functools.update_wrapper(view, fn)
     first = params[0].name
