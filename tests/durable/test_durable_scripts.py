@@ -327,3 +327,85 @@ async def test_a_step_ack_records_once_and_not_in_a_gone_run(redis: Redis, clien
     await redis.hset(keys.run_key(Q, "r1"), mapping={"s:0": "step", "r:0": "1"})
     assert await ack_step(broker, step, "archive", "late") == "seen"
     assert await redis.hgetall(keys.run_key(Q, "r1")) == {b"s:0": b"step", b"r:0": b"1"}
+
+
+async def test_a_suspension_of_a_run_not_active_changes_nothing(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await redis.lrem(keys.active_key(Q), 0, "r1")  # recovered elsewhere meanwhile
+    before = await dump_all(redis)
+    with pytest.raises(TaskNotFoundError):
+        await suspend_run(broker, run, SuspendPlan("sleep", until=10.0))
+    assert await dump_all(redis) == before
+
+
+async def test_a_parked_run_leaves_its_lease_and_its_pending_time(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    assert await suspend_run(broker, run, SuspendPlan("sleep", until=100.5)) == "parked"
+    assert await redis.zcard(keys.lease_key(Q)) == 0
+    assert await redis.zscore(keys.scheduled_key(Q), "r1") == 101  # rounded up, never early
+    task = await redis.hgetall(keys.task_key(Q, "r1"))
+    assert task[b"state"] == b"scheduled" and b"pending_since" not in task
+    assert await redis.hget(keys.run_key(Q, "r1"), "until") == b"101"
+
+
+async def test_a_new_suspension_replaces_what_the_last_one_waited_for(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    plan = SuspendPlan("steps", steps=[(0, step_message(0)), (1, step_message(1))], waits=[0, 1])
+    assert await suspend_run(broker, run, plan) == "parked"
+    # run by hand before its steps finished: it replays and now waits for a sleep
+    await redis.zrem(keys.scheduled_key(Q), "r1")
+    await redis.delete(keys.pending_key(Q))
+    await redis.lpush(keys.pending_key(Q), "r1")
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None and got.message.id == "r1"
+    assert await suspend_run(broker, got.message, SuspendPlan("sleep", until=50.0)) == "parked"
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert not {b"wait", b"missing", b"w:0", b"w:1"} & set(record)
+
+
+@pytest.mark.parametrize("recorded", ["r", "e"])
+async def test_a_suspension_on_an_outcome_already_recorded_is_ready(
+    redis: Redis, client: Client, recorded: str
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await redis.hset(
+        keys.run_key(Q, "r1"), mapping={"s:0": "step", f"{recorded}:0": "x", "until": "5"}
+    )
+    plan = SuspendPlan("steps", steps=[(0, step_message(0))], waits=[0])
+    assert await suspend_run(broker, run, plan) == "ready"
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]
+    assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"pending"
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"state"] == b"running" and b"until" not in record
+
+
+async def test_a_signal_wait_takes_a_kept_signal_or_its_recorded_result(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    wait = SignalWait("go", "k", 0)
+    await redis.set(keys.signal_key(Q, "go", "k"), b'{"x":1}')
+    await redis.sadd(keys.awaiting_key(Q, "go", "k"), "r1 0")  # left by an earlier attempt
+    plan = SuspendPlan("signal", signal=wait, until=10.0)
+    assert await suspend_run(broker, run, plan) == "ready"
+    assert await redis.hget(keys.run_key(Q, "r1"), "r:0") == b'{"x":1}'
+    assert not await redis.exists(keys.signal_key(Q, "go", "k"))
+    assert not await redis.exists(keys.awaiting_key(Q, "go", "k"))
+    # replayed, it finds the wait recorded: ready again, nothing kept is taken
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None
+    await redis.set(keys.signal_key(Q, "go", "k"), b"2")
+    assert await suspend_run(broker, got.message, plan) == "ready"
+    assert await redis.get(keys.signal_key(Q, "go", "k")) == b"2"
+    assert await redis.hget(keys.run_key(Q, "r1"), "r:0") == b'{"x":1}'
