@@ -224,8 +224,8 @@ async def test_a_signal_on_a_damaged_key_changes_nothing(
 
 @pytest.mark.parametrize(
     "damaged",
-    ["active", "lease", "task", "processed day", "processed", "completed", "run", "scheduled",
-     "pending", "run task"],
+    ["active", "lease", "task", "processed day", "processed", "completed", "archived",
+     "failed day", "failed", "run", "scheduled", "pending", "run task"],
 )  # fmt: skip
 async def test_a_step_ack_on_any_damaged_key_changes_nothing(
     redis: Redis, client: Client, damaged: str
@@ -245,6 +245,9 @@ async def test_a_step_ack_on_any_damaged_key_changes_nothing(
         "processed day": qk.daily(broker.clock())[0],
         "processed": qk.processed,
         "completed": qk.completed,
+        "archived": qk.archived,
+        "failed day": qk.daily(broker.clock())[1],
+        "failed": qk.failed,
         "run": keys.run_key(Q, "r1"),
         "scheduled": keys.scheduled_key(Q),
         "pending": keys.pending_key(Q),
@@ -252,7 +255,8 @@ async def test_a_step_ack_on_any_damaged_key_changes_nothing(
     }[damaged]
     await redis.delete(key)
     # a counter that is not an integer, any other key of another type
-    await redis.set(key, "nan" if damaged in ("processed day", "processed") else "x")
+    counters = ("processed day", "processed", "failed day", "failed")
+    await redis.set(key, "nan" if damaged in counters else "x")
     before = await dump_all(redis)
     with pytest.raises(BrokerError, match=r"WRONGTYPE|not an integer"):
         await ack_step(broker, step.message, "complete")
