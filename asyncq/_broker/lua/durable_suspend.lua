@@ -118,7 +118,6 @@ if ready then
     return "ready"
 end
 redis.call("ZADD", KEYS[4], ARGV[3], ARGV[1])
-redis.call("HSET", KEYS[3], "state", "scheduled")
-redis.call("HDEL", KEYS[3], "pending_since")
+redis.call("HSET", KEYS[3], "state", "scheduled")  -- an active task has no pending_since
 redis.call("HSET", run, "state", "waiting", "until", ARGV[3])
 return "parked"
