@@ -24,6 +24,7 @@ __all__ = [
     "all_aggregation_sets",
     "all_groups",
     "archived_key",
+    "awaiting_key",
     "completed_key",
     "expected_type",
     "failed_key",
@@ -41,6 +42,7 @@ __all__ = [
     "queue_key_prefix",
     "refuse_braces",
     "retry_key",
+    "run_key",
     "scheduled_key",
     "scheduler_claim_key",
     "scheduler_entries_key",
@@ -49,6 +51,7 @@ __all__ = [
     "server_info_key",
     "server_queue_flow_key",
     "server_type_rates_key",
+    "signal_key",
     "task_key",
     "task_key_prefix",
     "unique_key",
@@ -350,6 +353,31 @@ def wakeup_channel(qname: str) -> str:
     return f"asyncq:wakeup:{{{qname}}}"
 
 
+def run_key(qname: str, run_id: str) -> str:
+    """``asynq:{<qname>}:asyncq:run:<run id>``: a durable run's record (asyncq-only HASH).
+
+    Fields: ``s:<i>`` what the run's entry *i* was (a step's type and argument digest, a
+    sleep, a wait...), ``r:<i>`` its result (JSON; ``""`` for a wait that timed out),
+    ``e:<i>`` a failed step's error, ``d:<i>`` a sleep's or wait's deadline (unix s),
+    ``state`` (running, waiting, succeeded, failed), ``until`` (unix s) while it waits,
+    ``wait``/``missing``/``w:<i>`` the steps it waits for. Under the run task's queue
+    hash tag, so a run's keys share one cluster slot.
+    """
+    return f"asynq:{{{qname}}}:asyncq:run:{run_id}"
+
+
+def signal_key(qname: str, name: str, key: str) -> str:
+    """``asynq:{<qname>}:asyncq:signal:<name>:<key>``: a durable signal sent before any
+    run waited for it (asyncq-only STRING holding its JSON payload, with an expiry)."""
+    return f"asynq:{{{qname}}}:asyncq:signal:{name}:{key}"
+
+
+def awaiting_key(qname: str, name: str, key: str) -> str:
+    """``asynq:{<qname>}:asyncq:awaiting:<name>:<key>``: the runs waiting for a durable
+    signal (asyncq-only SET of ``"<run id> <step index>"``)."""
+    return f"asynq:{{{qname}}}:asyncq:awaiting:{name}:{key}"
+
+
 def scheduler_lister_key(identity: str) -> str:
     """``asyncq:scheduler_lister:{<identity>}``: which of the schedulers sharing an entry
     lists it in its heartbeat record (``Scheduler(shared=True)``).
@@ -376,6 +404,7 @@ _QUEUE_KEY_TYPES = {
     "unique": "string",
 }  # fmt: skip
 _QUEUE_ASYNCQ_KEY_TYPES = {"limit": "string", "ordered": "string", "rate": "hash"}
+_QUEUE_ASYNCQ_PREFIX_TYPES = (("run:", "hash"), ("signal:", "string"), ("awaiting:", "set"))
 _RECORD_KEY_TYPES = {
     ALL_QUEUES: "set", ALL_SERVERS: "zset", ALL_WORKERS: "zset", ALL_SCHEDULERS: "zset",
 }  # fmt: skip
@@ -401,6 +430,9 @@ def expected_type(key: str) -> str | None:
         if part == "asyncq":
             if tail.startswith("metrics:"):
                 return "hash"
+            for prefix, kind in _QUEUE_ASYNCQ_PREFIX_TYPES:
+                if tail.startswith(prefix):
+                    return kind
             return _QUEUE_ASYNCQ_KEY_TYPES.get(tail)
         if part in ("t", "g", "unique") and not tail:
             return None

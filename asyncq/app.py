@@ -34,13 +34,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio.to_thread
+import pydantic_core
 from typing_extensions import Unpack
 
 from asyncq import _keys as keys
+from asyncq._broker.durable import read_run, send_signal
 from asyncq._broker.workflow import read_workflow
 from asyncq._duration import go_duration, wait_seconds
 from asyncq._logging import get_logger
@@ -68,7 +70,8 @@ from asyncq._worker.config import (
 )
 from asyncq._worker.result_writer import TaskResultWriter
 from asyncq._worker.server import Server
-from asyncq.errors import AmbiguousIdError, SkipRetry, TaskNotFoundError
+from asyncq.durable import FAILED_RUN_KEPT, MIN_RUN_KEPT, Run
+from asyncq.errors import AmbiguousIdError, SkipRetry, TaskNotFoundError, wraps_error
 from asyncq.hooks import WorkerHooks
 from asyncq.lifespan import Lifespan, lifespan_state, state_var
 from asyncq.mux import ServeMux, sync_limiter
@@ -77,8 +80,10 @@ from asyncq.task import EnqueueOptions, Task, TaskInfo, TaskOptions, TaskProgres
 
 __all__ = [
     "DEFAULT_RESULT_RETENTION",
+    "DEFAULT_SIGNAL_KEEP",
     "App",
     "CronEntry",
+    "DurableFunction",
     "TaskCall",
     "TaskHandle",
     "TypedTask",
@@ -92,6 +97,9 @@ S = TypeVar("S")
 
 DEFAULT_RESULT_RETENTION = timedelta(minutes=5)
 """How long a typed task's result stays readable after success, unless the task says otherwise."""
+
+DEFAULT_SIGNAL_KEEP = timedelta(hours=24)
+"""How long a durable signal no run waits for yet is kept for the first wait (``App.signal``)."""
 
 
 class WorkerOptions(ServerOptions, total=False):
@@ -382,6 +390,10 @@ class TaskCall(Generic[P, R]):
     def _result_type(self) -> R:
         raise AttributeError("only for type checkers")
 
+    def _decode_result(self, data: bytes | None) -> R:
+        """A stored result of this task, decoded as its return type (a durable step's)."""
+        return cast(R, self._task._results.decode(data))
+
     async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Check and encode the arguments, enqueue, and return a handle to await the result.
 
@@ -586,6 +598,104 @@ class TypedTask(TaskCall[P, R]):
         return f"<TypedTask {self.name!r}>"
 
 
+class DurableFunction(TypedTask[P, R]):
+    """A function registered with ``@app.durable``: ``await f.start(...)`` starts a run.
+
+    A run is a typed task of the function's type (its arguments the JSON payload, its
+    return value the result), which the worker replays against the run's record
+    (:class:`~asyncq.Run`, docs/durable.md). ``start`` returns the run's
+    :class:`TaskHandle`, whose ``id`` is the run's id and ``result()`` its return value.
+    A durable function is also a step another durable function can run (a child run).
+    """
+
+    def __init__(
+        self,
+        app: App[Any],
+        fn: Callable[Concatenate[Run, P], Awaitable[R]],
+        name: str,
+        defaults: TaskOptions,
+    ) -> None:
+        self.function = fn
+        """The durable function itself (its first parameter the :class:`~asyncq.Run`)."""
+        super().__init__(app, _without_run(fn), name, defaults)
+
+    async def start(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
+        """Start a run with these arguments (checked and encoded as a task's) and return
+        its handle: ``handle.id`` is the run's id, ``await handle.result()`` its result.
+
+        Raises RuntimeError in eager mode (a run needs a worker), and every error
+        :meth:`TypedTask.enqueue` raises.
+        """
+        if self.app._eager is not None:
+            raise RuntimeError(f"durable function {self.name} cannot run in eager mode")
+        return await self.enqueue(*args, **kwargs)
+
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        raise TypeError(
+            f"durable function {self.name} runs on a worker: start it with "
+            "`await <function>.start(...)` (or run it as a step of another)"
+        )
+
+    async def serve(self, task: Task) -> None:
+        """The ServeMux handler: replay the function against the run's record; record its
+        end and store its JSON result, or suspend the attempt (RunSuspended)."""
+        try:
+            arguments = self._args.decode(task.payload)
+        except TaskArgumentError as exc:
+            raise SkipRetry(str(exc)) from exc
+        run_id, qname = task.id, task.queue
+        if run_id is None or qname is None:
+            raise RuntimeError(f"durable function {self.name} runs on a worker, as a task")
+        redis = self.app.client.broker.redis
+        run = Run(run_id, qname, await read_run(redis, qname, run_id) or {}, redis=redis)
+        token = _current_task.set(task)
+        try:
+            value = await self._args.call(functools.partial(self.function, run), arguments)
+        except Exception as exc:
+            final = task.retry_count >= (task.max_retry or 0) or wraps_error(exc, SkipRetry)
+            await run._settle("failed" if final else "running", FAILED_RUN_KEPT if final else 0)
+            raise
+        finally:
+            _current_task.reset(token)
+        try:
+            data = self._results.encode(value)
+        except TaskResultError as exc:
+            await run._settle("failed", FAILED_RUN_KEPT)
+            raise SkipRetry(str(exc)) from exc
+        message = task._message
+        retention = message.retention if message is not None else 0
+        await run._settle("succeeded", max(retention, MIN_RUN_KEPT))
+        if task.result_writer is not None and retention > 0:
+            await task.result_writer.write(data)
+
+    def __repr__(self) -> str:
+        return f"<DurableFunction {self.name!r}>"
+
+
+def _without_run(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """*fn* as its run's task sees it: its signature and annotations without the first
+    parameter (the Run), so the arguments encode and decode as a task's."""
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].kind not in (
+        params[0].POSITIONAL_ONLY,
+        params[0].POSITIONAL_OR_KEYWORD,
+    ):
+        raise TypeError(
+            f"a durable function takes its Run as its first parameter: "
+            f"{getattr(fn, '__qualname__', fn)!r} has none"
+        )
+
+    def view(*args: Any, **kwargs: Any) -> Any:
+        # It carries the run's signature only: the worker calls fn itself, with the Run.
+        raise TypeError(f"{fn.__qualname__} is a durable function: start it with .start(...)")
+
+    functools.update_wrapper(view, fn)
+    first = params[0].name
+    view.__signature__ = inspect.signature(fn).replace(parameters=params[1:])  # type: ignore[attr-defined]
+    view.__annotations__ = {k: v for k, v in fn.__annotations__.items() if k != first}
+    return view
+
+
 class App(Generic[S]):
     """A typed-task application: a registry of ``@app.task`` functions, its client and workers.
 
@@ -728,11 +838,7 @@ class App(Generic[S]):
         def register(func: Callable[..., Any]) -> TypedTask[Any, Any]:
             if not callable(func):
                 raise TypeError(f"@app.task needs a function, got {type(func).__name__}")
-            type_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
-            if not isinstance(type_name, str) or not type_name.strip():
-                raise ValueError("task name cannot be empty")
-            if type_name in self.tasks:
-                raise ValueError(f"a task named {type_name!r} is already registered")
+            type_name = self._type_name(name, func)
             # The option values are checked now, as an enqueue would check them.
             compose(Task(type_name, b"", **options), [], datetime.now(UTC))
             typed: TypedTask[Any, Any] = TypedTask(self, func, type_name, options)
@@ -743,6 +849,114 @@ class App(Generic[S]):
         if fn is not None:
             return register(fn)
         return _TaskDecorator(register)
+
+    @overload
+    def durable(
+        self, fn: Callable[Concatenate[Run, P], Coroutine[Any, Any, R]], /
+    ) -> DurableFunction[P, R]: ...
+
+    @overload
+    def durable(
+        self,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_retry: int | None = None,
+        timeout: timedelta | None = None,
+        retention: timedelta | None = None,
+    ) -> _DurableDecorator: ...
+
+    def durable(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_retry: int | None = None,
+        timeout: timedelta | None = None,
+        retention: timedelta | None = None,
+    ) -> Any:
+        """Register ``async def f(run: Run, ...)`` as a durable function (``@app.durable``
+        or ``@app.durable(...)``); ``await f.start(...)`` starts a run (docs/durable.md).
+
+        *name* is the run task's asynq type (default ``module.qualname``, as a task's);
+        *queue* where its runs (and their records) live; *max_retry* and *timeout* apply
+        to each attempt (a replay up to its next wait); *retention* how long the result
+        and the run's record stay readable after the run ends.
+        """
+        defaults: dict[str, Any] = {
+            "queue": queue,
+            "max_retry": max_retry,
+            "timeout": timeout,
+            "retention": self.result_retention if retention is None else retention,
+        }
+        options = cast(TaskOptions, {k: v for k, v in defaults.items() if v is not None})
+
+        def register(func: Callable[..., Any]) -> DurableFunction[Any, Any]:
+            if not inspect.iscoroutinefunction(func):
+                raise TypeError("@app.durable needs an async function `async def f(run: Run, ...)`")
+            type_name = self._type_name(name, func)
+            compose(Task(type_name, b"", **options), [], datetime.now(UTC))
+            durable: DurableFunction[Any, Any] = DurableFunction(self, func, type_name, options)
+            self.mux.handle(type_name, durable.serve)
+            self.tasks[type_name] = durable
+            return durable
+
+        if fn is not None:
+            return register(fn)
+        return _DurableDecorator(register)
+
+    async def signal(
+        self,
+        name: str,
+        /,
+        *,
+        key: str = "",
+        payload: Any = None,
+        queue: str | None = None,
+        keep: timedelta = DEFAULT_SIGNAL_KEEP,
+    ) -> int:
+        """Send the signal *name* / *key* with a JSON *payload* to the durable runs waiting
+        for it (``run.wait_for(name, key=...)``); how many took it.
+
+        It goes to the runs of *queue* (None: of every queue the App's durable functions
+        use). Where no run waits for it yet, it is kept for *keep* (a later signal of the
+        same name and key replaces it) and the first run to wait for it takes it.
+        """
+        keys.refuse_braces("signal name", name)
+        keys.refuse_braces("signal key", key)
+        if not isinstance(keep, timedelta) or keep <= timedelta(0):
+            raise ValueError(f"keep must be a positive timedelta, got {keep!r}")
+        if queue is not None:
+            queues = [queue]
+        else:
+            queues = sorted(
+                {
+                    typed.defaults.get("queue") or "default"
+                    for typed in self.tasks.values()
+                    if isinstance(typed, DurableFunction)
+                }
+            ) or ["default"]
+        data = pydantic_core.to_json(payload)
+        redis = self.client.broker.redis
+        keep_ms = max(1, int(keep.total_seconds() * 1000))
+        took = 0
+        for qname in queues:
+            took += await send_signal(
+                redis, qname, name, key, payload=data, keep_ms=keep_ms, now=time.time()
+            )
+        return took
+
+    def _type_name(self, name: str | None, func: Callable[..., Any]) -> str:
+        """The asynq type of a function registered as *name* (None: ``module.qualname``)."""
+        type_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
+        if not isinstance(type_name, str) or not type_name.strip():
+            raise ValueError("task name cannot be empty")
+        if type_name in self.tasks:
+            raise ValueError(f"a task named {type_name!r} is already registered")
+        return type_name
 
     def cron(
         self,
@@ -1094,4 +1308,18 @@ class _TaskDecorator:
     def __call__(self, fn: Callable[P, R], /) -> TypedTask[P, R]: ...
 
     def __call__(self, fn: Callable[..., Any], /) -> TypedTask[Any, Any]:
+        return self._register(fn)
+
+
+class _DurableDecorator:
+    """What ``@app.durable(...)`` returns: applied to a function, registers it."""
+
+    __slots__ = ("_register",)
+
+    def __init__(self, register: Callable[[Callable[..., Any]], DurableFunction[Any, Any]]) -> None:
+        self._register = register
+
+    def __call__(
+        self, fn: Callable[Concatenate[Run, P], Coroutine[Any, Any, R]], /
+    ) -> DurableFunction[P, R]:
         return self._register(fn)

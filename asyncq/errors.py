@@ -15,6 +15,7 @@ __all__ = [
     "FailedPreconditionError",
     "HandlerNotFoundError",
     "LeaseExpiredError",
+    "NonDeterminismError",
     "QueueNotEmptyError",
     "QueueNotFoundError",
     "RedisOutOfMemoryError",
@@ -142,6 +143,28 @@ class SkipRetry(AsyncqError):
 
     def __init__(self, message: str = "skip retry for the task") -> None:
         super().__init__(message)
+
+
+class NonDeterminismError(SkipRetry):
+    """A durable function's replay asked for another entry than its run's record holds
+    at that place (another step, other arguments, another order).
+
+    The run is archived at once (a retry would replay the same code the same way); once
+    the code is fixed, running the archived run again replays it from its record.
+    *index* is the entry's place in the run, *recorded* and *requested* what the record
+    holds there and what the replay asked for.
+    """
+
+    def __init__(self, run_id: str, index: int, recorded: str, requested: str) -> None:
+        self.run_id = run_id
+        self.index = index
+        self.recorded = recorded
+        self.requested = requested
+        super().__init__(
+            f"durable run {run_id}: entry {index} of its record is {recorded!r} but this "
+            f"replay asked for {requested!r}; the function must ask for the same steps in "
+            "the same order on every replay (docs/durable.md)"
+        )
 
 
 class RateLimited(AsyncqError):

@@ -65,8 +65,9 @@ class WorkerHooks(Protocol):
     ) -> None:
         """An attempt's outcome is decided and about to be written.
 
-        *outcome*: ``done``, ``complete``, ``revoke``, ``retry``, ``archive``
-        or ``lost`` (the lease ran out: nothing written); *error* the error
+        *outcome*: ``done``, ``complete``, ``revoke``, ``retry``, ``archive``,
+        ``suspend`` (a durable run waits, asyncq/durable.py) or ``lost`` (the lease ran
+        out: nothing written); *error* the error
         message stored with a retry or archive; *exc* what the handler raised.
         """
         ...

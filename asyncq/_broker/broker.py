@@ -70,6 +70,7 @@ from datetime import datetime
 from functools import cached_property
 
 from asyncq import _keys as keys
+from asyncq._broker import durable
 from asyncq._broker._base import (
     AGGREGATION_TIMEOUT,
     ARCHIVE_MAX_SIZE,
@@ -181,6 +182,14 @@ class Broker(
     async def ack_workflow_step(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> str:
         """Acknowledge a workflow step and advance its workflow atomically; its state after."""
         return await ack_step(self, msg, mode, err_msg)
+
+    async def ack_durable_step(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> str:
+        """Acknowledge a durable run's step and record it in the run atomically."""
+        return await durable.ack_step(self, msg, mode, err_msg)
+
+    async def suspend_run(self, msg: TaskMessage, plan: durable.SuspendPlan) -> str:
+        """End a durable run's attempt as *plan* says, atomically."""
+        return await durable.suspend_run(self, msg, plan)
 
     async def all_queues(self) -> set[str]:
         """The names in ``asynq:queues``."""

@@ -38,6 +38,7 @@ from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
+from asyncq._broker.durable import RunSuspended, SuspendPlan
 from asyncq._broker.workflow import AckMode
 from asyncq._logging import RateLimiter, error_text, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
@@ -368,7 +369,7 @@ class OutcomeWriter:
             self.log.info(
                 "task rate limited; rescheduled", retry_in=str(limited.retry_in), **fields
             )
-        else:
+        elif find_error(exc, RunSuspended) is None:  # a durable run waiting is no failure
             self._report_failure(msg, exc, fields)
             if self.config.error_handler is not None:
                 await self._call_error_handler(task, exc, fields)
@@ -411,7 +412,7 @@ class OutcomeWriter:
         history = self.history
         if history is not None and ran is not None:
             began, ended = ran
-            failed = exc is not None
+            failed = exc is not None and kind != "suspend"
             history.record(msg.queue, msg.type, began, ended, failed, retried, kind == "archive")
         self.hooks.task_finished(msg.queue, msg.type, msg.id, kind, error=outcome.err_msg, exc=exc)
         if kind == "lost":
@@ -422,7 +423,7 @@ class OutcomeWriter:
             self.hooks.task_archived(msg.queue, msg.type)
         elif retried:
             self.hooks.task_retried(msg.queue, msg.type)
-        if kind not in ("done", "complete"):
+        if kind not in ("done", "complete") or outcome.durable:
             await self._write_outcome(active, outcome)
             return
         # Acknowledged here rather than in _write_outcome: one coroutine frame fewer for
@@ -479,6 +480,12 @@ class OutcomeWriter:
         if outcome.workflow:  # acknowledged together with the workflow's hand-off
             write = self._workflow_ack(msg, outcome.ack_mode, outcome.err_msg)
             await self._write(active, write, "archive" if kind == "archive" else "done")
+        elif outcome.durable:  # acknowledged together with its record in the run
+            write = self._durable_ack(msg, outcome.ack_mode, outcome.err_msg)
+            await self._write(active, write, "archive" if kind == "archive" else "done")
+        elif kind == "suspend":
+            assert outcome.plan is not None
+            await self._write(active, self._suspend(msg, outcome.plan), "suspend")
         elif kind == "revoke":
             await self._write(active, partial(broker.done, msg), "done")
         elif kind == "archive":
@@ -519,6 +526,28 @@ class OutcomeWriter:
                 self.log.debug(
                     "workflow step acknowledged", workflow_state=state, **task_fields(msg)
                 )
+
+        return write
+
+    def _durable_ack(
+        self, msg: TaskMessage, mode: AckMode, err_msg: str
+    ) -> Callable[[], Awaitable[None]]:
+        """The write acknowledging a durable run's step together with its record."""
+
+        async def write() -> None:
+            got = await self.broker.ack_durable_step(msg, mode, err_msg)
+            if self._debug:
+                self.log.debug("durable step acknowledged", run=got, **task_fields(msg))
+
+        return write
+
+    def _suspend(self, msg: TaskMessage, plan: SuspendPlan) -> Callable[[], Awaitable[None]]:
+        """The write ending a durable run's attempt as its replay decided."""
+
+        async def write() -> None:
+            got = await self.broker.suspend_run(msg, plan)
+            if self._debug:
+                self.log.debug("durable run suspended", run=got, **task_fields(msg))
 
         return write
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from asyncq._broker.delivery import DeliveryNote
+    from asyncq._broker.durable import SuspendPlan
     from asyncq._broker.multiqueue import FetchResult
     from asyncq._broker.workflow import AckMode
     from asyncq.proto.asynq import ServerInfo as ServerInfoProto
@@ -101,6 +102,16 @@ class WorkerBroker(Protocol):
 
         The processor writes a step's archive or revoke with it, and a step's success
         with it only when its batched acknowledgement (:meth:`ack_many`) failed."""
+        ...
+
+    async def ack_durable_step(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> str:
+        """Acknowledge a durable run's step, recording its outcome in the run (and waking
+        the run when it waits for nothing more) in the same write; what the run got."""
+        ...
+
+    async def suspend_run(self, msg: TaskMessage, plan: SuspendPlan) -> str:
+        """End a durable run's attempt as *plan* says (its records, its steps enqueued, the
+        run task parked or pending again); ``parked`` or ``ready``."""
         ...
 
     async def take_type_tokens(

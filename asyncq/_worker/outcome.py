@@ -17,8 +17,11 @@ to an :class:`Outcome`; the caller only logs it and writes it. asynq's rules
 
 A workflow step's Done/MarkAsComplete/Archive/revoke goes through the
 workflow acknowledgement (``Outcome.workflow``) so the workflow advances in
-the same script call. The function only calls the user's ``retry_delay`` and
-``is_failure`` (through :mod:`asyncq._worker.policy`, which falls back to
+the same script call; a durable run's step's, through the step acknowledgement
+(``Outcome.durable``) that records it in its run. A durable run whose replay
+raised :class:`~asyncq._broker.durable.RunSuspended` is suspended (``suspend``):
+it waits parked, no retry used, not a failure. The function only calls the user's
+``retry_delay`` and ``is_failure`` (through :mod:`asyncq._worker.policy`, which falls back to
 asynq's defaults when they raise); it writes and logs nothing else.
 """
 
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from asyncq._broker.durable import RunSuspended, SuspendPlan, is_durable_step
 from asyncq._broker.workflow import AckMode, is_workflow_step
 from asyncq._logging import error_text
 from asyncq._worker.config import ServerConfig
@@ -45,7 +49,7 @@ from asyncq.task import Task
 
 __all__ = ["LeaseState", "Outcome", "OutcomeKind", "decide", "not_run"]
 
-OutcomeKind = Literal["done", "complete", "revoke", "archive", "retry", "lost"]
+OutcomeKind = Literal["done", "complete", "revoke", "archive", "retry", "lost", "suspend"]
 LeaseState = Literal["held", "expired", "recovering"]
 """``held``: the worker's own lease is valid. ``expired``: it ran out, so the worker
 may write nothing. ``recovering``: the recoverer acts for an expired lease."""
@@ -61,6 +65,10 @@ class Outcome:
     is_failure: bool = True
     workflow: bool = False
     """Acknowledged as a workflow step (Done/MarkAsComplete/Archive/revoke with its hand-off)."""
+    durable: bool = False
+    """Acknowledged as a durable run's step (recorded in its run in the same write)."""
+    plan: SuspendPlan | None = None
+    """What a suspended durable run writes (``suspend``)."""
 
     @property
     def ack_mode(self) -> AckMode:
@@ -91,17 +99,24 @@ def decide(
     if lease == "expired":
         return _LOST
     workflow = is_workflow_step(msg)
+    durable = not workflow and is_durable_step(msg)
     if exc is None:
-        return Outcome("complete" if msg.retention > 0 else "done", workflow=workflow)
+        kind: OutcomeKind = "complete" if msg.retention > 0 else "done"
+        return Outcome(kind, workflow=workflow, durable=durable)
+    # Steps awaited in a TaskGroup raise their suspensions in a group: one is written, and
+    # the replay it resumes asks for the others again.
+    suspended = find_error(exc, RunSuspended)
+    if suspended is not None:
+        return Outcome("suspend", plan=suspended.plan)
     err_msg = error_text(exc)
     limited = find_error(exc, RateLimited)
     if limited is not None and not isinstance(exc, LeaseExpiredError):
         retry_at = datetime.fromtimestamp(now, UTC) + limited.retry_in
         return Outcome("retry", err_msg, retry_at, is_failure=False)
     if wraps_error(exc, RevokeTask):
-        return Outcome("revoke", err_msg, workflow=workflow)
+        return Outcome("revoke", err_msg, workflow=workflow, durable=durable)
     if msg.retried >= msg.retry or wraps_error(exc, SkipRetry):
-        return Outcome("archive", err_msg, workflow=workflow)
+        return Outcome("archive", err_msg, workflow=workflow, durable=durable)
     fields: dict[str, Any] = {"task_id": msg.id, "task_type": msg.type, "queue": msg.queue}
     if task is None:
         task = Task._from_message(msg)

@@ -207,6 +207,8 @@ class Recoverer(PeriodicRole):
             self.log.warning("archiving task whose lease expired", **fields)
             if outcome.workflow:  # the workflow learns of it in the same script call
                 await broker.ack_workflow_step(msg, "archive", outcome.err_msg)
+            elif outcome.durable:  # so does a durable run of its step's failure
+                await broker.ack_durable_step(msg, "archive", outcome.err_msg)
             else:
                 await broker.archive(msg, outcome.err_msg, lease_expired_by=cutoff)
         elif outcome.kind == "retry" and outcome.retry_at is not None:

@@ -3,8 +3,9 @@
 ``Server(metrics=WorkerMetrics(port=9877))`` exposes, in its own registry:
 
 * ``asyncq_handler_duration_seconds`` (histogram; task_type, queue, outcome):
-  handler run time, outcome ``success``, ``failure``, ``revoked`` or ``canceled``
-  (deadline, cancel message, lease expiry or shutdown);
+  handler run time, outcome ``success``, ``failure``, ``revoked``, ``canceled``
+  (deadline, cancel message, lease expiry or shutdown) or ``suspended`` (a durable
+  run's attempt that ended waiting);
 * ``asyncq_handlers_in_flight`` (gauge; queue): handlers running now;
 * ``asyncq_task_retries_total`` / ``asyncq_task_archived_total`` (counters;
   task_type, queue): failures scheduled for a retry / archived;
@@ -25,6 +26,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from asyncq._broker.durable import RunSuspended
 from asyncq.errors import RevokeTask
 from asyncq.mux import Handler
 from asyncq.task import Task
@@ -139,6 +141,9 @@ class WorkerMetrics:
                 outcome = "success"
             except asyncio.CancelledError:
                 outcome = "canceled"
+                raise
+            except RunSuspended:  # a durable run's attempt ended waiting: no failure
+                outcome = "suspended"
                 raise
             except BaseException as exc:
                 outcome = "revoked" if _revoked(exc) else "failure"

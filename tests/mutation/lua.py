@@ -96,6 +96,11 @@ WORKFLOW_TESTS = (
     "tests/broker/test_script_no_partial_write.py",
     "tests/broker/test_lua_boundaries.py",
 )
+DURABLE_TESTS = (
+    # the scripts driven without a worker first: a mutant they kill costs no wait
+    "tests/durable/test_durable_scripts.py",
+    "tests/durable/test_durable.py",
+)
 DEFAULT_TESTS = BROKER_TESTS
 TESTS: dict[str, tuple[str, ...]] = {
     # ack_many.lua acknowledges workflow steps too (the w/W kinds)
@@ -154,7 +159,8 @@ STATE_TRANSITIONS = (
     "reclaim_stale_aggregation_sets_queues", "delete_aggregation_set", "inspect_run_task",
     "inspect_delete_task", "inspect_archive_task", "ack_queues", "archive_undecodable",
     "workflow_start", "workflow_advance", "workflow_done", "workflow_member_gone",
-    "workflow_cancel", "inspect_run_all", "inspect_run_all_aggregating", "inspect_archive_all",
+    "workflow_cancel", "durable_suspend", "durable_step_done", "durable_signal",
+    "durable_record", "inspect_run_all", "inspect_run_all_aggregating", "inspect_archive_all",
     "inspect_archive_all_pending", "inspect_archive_all_aggregating", "inspect_delete_all",
     "inspect_delete_all_pending", "inspect_delete_all_aggregating", "inspect_remove_queue",
     "inspect_error_group_action",
@@ -168,6 +174,8 @@ def tests_for(script: str) -> tuple[str, ...]:
         return INSPECTOR_TESTS
     if script.startswith("workflow_"):
         return WORKFLOW_TESTS
+    if script.startswith("durable_"):
+        return DURABLE_TESTS
     return TESTS.get(script, DEFAULT_TESTS)
 
 

@@ -83,6 +83,10 @@ def as_run(script: str, text: str) -> str:
 
 def _swap(old: str, new: str) -> int:
     """Put *new* in place of *old* in every loaded script's source; how many changed."""
+    # A started Server froze the heap (gc.freeze, asyncq._worker.server), and frozen
+    # objects are not in gc.get_objects(): thaw them, or no script is found after the
+    # baseline run of a test that starts a server.
+    gc.unfreeze()
     changed = 0
     for obj in gc.get_objects():
         if isinstance(obj, Script) and old in obj.source:

@@ -35,6 +35,7 @@ def run_example(name: str, url: str, *args: str) -> subprocess.CompletedProcess[
         ("main_job.py", (), "made 12 thumbnails"),
         ("webapp.py", ("--self-test",), "worker: welcome email sent to ada@example.com"),
         ("aggregation.py", (), "digest for user-2: 2 notifications"),
+        ("durable_onboarding.py", (), "user 2: opened=False, score 90"),
     ],
 )
 async def test_example_runs(
@@ -45,7 +46,9 @@ async def test_example_runs(
     assert expected in result.stdout
 
 
-@pytest.mark.parametrize("name", ["main_job.py", "webapp.py", "aggregation.py"])
+@pytest.mark.parametrize(
+    "name", ["main_job.py", "webapp.py", "aggregation.py", "durable_onboarding.py"]
+)
 def test_example_reports_unreachable_redis(name: str) -> None:
     result = run_example(name, f"redis://127.0.0.1:{free_port()}/0", "--self-test")
     assert result.returncode == 1

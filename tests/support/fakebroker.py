@@ -30,6 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncq._broker import DequeuedTask
 from asyncq._broker.delivery import DeliveryNote
+from asyncq._broker.durable import FAR_FUTURE, SuspendPlan
 from asyncq._broker.multiqueue import FetchResult
 from asyncq._broker.workflow import AckMode, is_workflow_step
 from asyncq.errors import TaskNotFoundError
@@ -84,6 +85,10 @@ class FakeBroker:
         """Server ids registered for direct delivery, by queue."""
         self.workflow_steps: list[tuple[str, AckMode]] = []
         """Workflow steps acknowledged with their hand-off, by either method, in order."""
+        self.durable_steps: list[tuple[str, AckMode]] = []
+        """Durable runs' steps acknowledged with their record, in order."""
+        self.suspensions: list[tuple[str, SuspendPlan]] = []
+        """Durable runs suspended (run id, plan), in order."""
         self.completions: list[tuple[str, str]] = []
         """(channel, task id) of the completion notices published, in order."""
         self.events: list[dict[str, str]] = []
@@ -307,6 +312,29 @@ class FakeBroker:
             self._finish(msg, mode == "complete")
         self.workflow_steps.append((msg.id, mode))
         return "running"
+
+    async def ack_durable_step(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> str:
+        await self._enter("ack_durable_step", (msg.id, mode))
+        if mode == "archive":
+            stored = self._active(msg)
+            stored.state, stored.error = "archived", err_msg
+        else:
+            self._finish(msg, mode == "complete")
+        self.durable_steps.append((msg.id, mode))
+        return "recorded"
+
+    async def suspend_run(self, msg: TaskMessage, plan: SuspendPlan) -> str:
+        """Parks the run as scheduled (records are not modelled) and enqueues its steps."""
+        await self._enter("suspend_run", (msg.id, plan.mode))
+        stored = self._active(msg)
+        stored.state = "scheduled"
+        stored.score = FAR_FUTURE if plan.until is None else plan.until
+        for _, step in plan.steps:
+            if step.id not in self.tasks:
+                self.tasks[step.id] = StoredTask(step, "pending")
+                self.pending[step.queue].append(step.id)
+        self.suspensions.append((msg.id, plan))
+        return "parked"
 
     async def take_type_tokens(
         self, task_type: str, count: int, *, interval_us: int, burst: int, max_wait_us: int

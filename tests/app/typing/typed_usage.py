@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import assert_type
 
 from asyncq import (
     App,
     Limits,
     PeriodicTaskManager,
+    Run,
     Scheduler,
     SyncClient,
     Task,
@@ -132,3 +133,22 @@ async def options_are_typed(scheduler: Scheduler, provider: ConfigProvider) -> N
     PeriodicTaskManager("redis://localhost:6379/0", provider, location="UTC")  # E: arg-type
     await run_until_empty(configured, "redis://localhost:6379/0", concurrency=4)
     await run_until_empty(configured, "redis://localhost:6379/0", concurency=4)  # E: call-arg
+
+
+@app.durable(queue="onboarding")
+async def onboard(run: Run, user_id: int) -> str:
+    sent = await run.step(add, user_id, 1)
+    assert_type(sent, int)
+    assert_type(await run.gather(*(run.step(add, i, 1) for i in range(3))), list[int])
+    assert_type(await run.call(shout, "hi"), str)
+    assert_type(run.now(), datetime)
+    await run.step(add, "1", 2)  # E: arg-type
+    await run.sleep(3)  # E: arg-type
+    return str(sent)
+
+
+async def durable_runs() -> None:
+    handle = await onboard.start(42)
+    assert_type(await handle.result(), str)
+    await onboard.start("42")  # E: arg-type
+    await app.signal("email:opened", key="42", payload={"at": "now"})

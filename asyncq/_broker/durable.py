@@ -1,0 +1,303 @@
+"""Durable runs in Redis: suspend a run, acknowledge its steps, deliver signals, read a run.
+
+A durable run is an ordinary asynq task (its function's type, JSON arguments) whose
+record, ``asynq:{<queue>}:asyncq:run:<id>`` (:func:`asyncq._keys.run_key`), lists what
+its attempts decided: each entry's signature and result. An attempt that needs what is
+not recorded yet ends by *suspending* (:func:`suspend_run`, ``lua/durable_suspend.lua``):
+in one script it records what it decided, enqueues the steps it asked for, and moves
+the run task from ``active`` to ``scheduled``, scored by when time alone resumes it (far
+in the future when only a step or a signal can). Go's CLI and asynqmon list a waiting
+run as a scheduled task; running it by hand early only makes it replay and wait again.
+
+A step is an ordinary task carrying the headers :data:`RUN_HEADER` (the run's id),
+:data:`RUN_QUEUE_HEADER` (the run's queue) and :data:`STEP_HEADER` (its index in the
+run). Its final outcome (success, archive, revoke) is acknowledged with
+:func:`ack_step` (``lua/durable_step_done.lua``): the same script records the result (or
+error) in the run's record and, when the run waits for nothing more, moves it to pending.
+A signal (:func:`send_signal`) does the same for the runs waiting for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+from redis.exceptions import ResponseError
+
+from asyncq import _keys as keys
+from asyncq._broker._base import (
+    ARCHIVE_MAX_SIZE,
+    ARCHIVED_EXPIRATION,
+    LUA_PACKAGE,
+    MAX_INT64,
+    STATS_TTL,
+    BrokerBase,
+    encode_with,
+    script_error,
+)
+from asyncq._codec import encode_task_message
+from asyncq._redis.options import RedisClient
+from asyncq._redis.scripts import Script, load_script
+from asyncq.errors import BrokerError
+from asyncq.proto.asynq import TaskMessage
+
+__all__ = [
+    "FAR_FUTURE",
+    "RUN_HEADER",
+    "RUN_QUEUE_HEADER",
+    "STEP_HEADER",
+    "RunSuspended",
+    "SignalWait",
+    "StepAckMode",
+    "SuspendPlan",
+    "ack_step",
+    "is_durable_step",
+    "read_run",
+    "record_wait",
+    "send_signal",
+    "settle_run",
+    "suspend_run",
+]
+
+RUN_HEADER = "asyncq-durable-run"
+RUN_QUEUE_HEADER = "asyncq-durable-queue"
+STEP_HEADER = "asyncq-durable-step"
+
+FAR_FUTURE = 253402300799
+"""The score of a run waiting for a step or a signal only: 9999-12-31T23:59:59Z, the
+latest time asynq's tools show; no forwarder reaches it."""
+
+_SUSPEND = load_script(LUA_PACKAGE, "durable_suspend")
+_STEP_DONE = load_script(LUA_PACKAGE, "durable_step_done")
+_SIGNAL = load_script(LUA_PACKAGE, "durable_signal")
+_RECORD = load_script(LUA_PACKAGE, "durable_record")
+_SETTLE = load_script(LUA_PACKAGE, "durable_settle")
+
+StepAckMode = Literal["done", "complete", "archive", "revoke"]
+
+
+@dataclass(frozen=True, slots=True)
+class SignalWait:
+    """What a run suspended on ``wait_for`` waits for: the signal and the wait's index."""
+
+    name: str
+    key: str
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class SuspendPlan:
+    """What a suspended attempt writes (:func:`suspend_run`).
+
+    *records*: record fields written unless already there (signatures, deadlines, the
+    results of local calls). *steps*: the step messages to enqueue, by index, each
+    enqueued only when neither recorded nor already enqueued. *waits*: the step indices
+    the run waits for (``mode`` ``steps``); *signal* the wait of mode ``signal``;
+    *until*: unix seconds when time alone resumes the run (None: never).
+    """
+
+    mode: Literal["steps", "signal", "sleep"]
+    records: Mapping[str, bytes] = field(default_factory=dict)
+    steps: Sequence[tuple[int, TaskMessage]] = ()
+    waits: Sequence[int] = ()
+    signal: SignalWait | None = None
+    until: float | None = None
+
+
+class RunSuspended(BaseException):
+    """Raised through a durable function by the replay when it needs what is not recorded
+    yet: the worker ends the attempt by writing :attr:`plan` (:func:`suspend_run`).
+
+    A BaseException so that a function's ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, plan: SuspendPlan) -> None:
+        super().__init__(plan.mode)
+        self.plan = plan
+
+
+def is_durable_step(msg: TaskMessage) -> bool:
+    """Whether *msg* is a step of a durable run, acknowledged with :func:`ack_step`."""
+    headers = msg.headers
+    run_id = headers.get(RUN_HEADER)
+    if not run_id or not headers.get(STEP_HEADER, "").isdigit():
+        return False  # malformed headers (not written by asyncq): acknowledged as a task
+    try:
+        keys.validate_queue_name(headers.get(RUN_QUEUE_HEADER, ""))
+        keys.refuse_braces("run id", run_id)
+    except ValueError:
+        return False
+    return True
+
+
+async def suspend_run(broker: BrokerBase, msg: TaskMessage, plan: SuspendPlan) -> str:
+    """End the run task's attempt as *plan* says; ``parked`` or ``ready`` (pending again).
+
+    Raises TaskNotFoundError when the run task is not active (its lease was taken over).
+    """
+    qk = broker._q(msg.queue)
+    tid = msg.id
+    record = keys.run_key(qk.name, tid)
+    keys_: list[str] = [qk.active, qk.lease, qk.task_prefix + tid, qk.scheduled, qk.pending, record]
+    waits: Sequence[int] = plan.waits
+    if plan.signal is not None:
+        keys_ += (
+            keys.awaiting_key(qk.name, plan.signal.name, plan.signal.key),
+            keys.signal_key(qk.name, plan.signal.name, plan.signal.key),
+        )
+        waits = (plan.signal.index,)
+    score = FAR_FUTURE if plan.until is None else min(FAR_FUTURE, int(plan.until) + 1)
+    now = broker.clock()
+    args: list[Any] = [
+        tid, plan.mode, score, int(now * 1e9), keys.wakeup_channel(qk.name), qk.name,
+        len(plan.records),
+    ]  # fmt: skip
+    for name, value in plan.records.items():
+        args += (name, value)
+    args.append(len(waits))
+    args += waits
+    args.append(len(plan.steps))
+    for index, step in plan.steps:
+        args += (step.queue, step.id, index, encode_task_message(step))
+    return await _write(broker, _SUSPEND, keys_, args, qname=qk.name, tid=tid)
+
+
+async def ack_step(
+    broker: BrokerBase, msg: TaskMessage, mode: StepAckMode, err_msg: str = ""
+) -> str:
+    """Acknowledge a finished step (:func:`is_durable_step`) and record it in its run.
+
+    *mode* as a workflow step's (``done``, ``complete``, ``archive``, ``revoke``).
+    Returns ``woken`` (the run went to pending), ``recorded``, ``seen`` (recorded
+    before) or ``gone`` (no record). Raises TaskNotFoundError when the task is not
+    active (already acknowledged).
+    """
+    qk = broker._q(msg.queue)
+    headers = msg.headers
+    run_q = broker._q(headers[RUN_QUEUE_HEADER])
+    run_id = headers[RUN_HEADER]
+    tid = msg.id
+    now = broker.clock()
+    now_s = int(now)
+    pday, fday = qk.daily(now)
+    if mode == "complete":
+        data = encode_with(msg, completed_at=now_s)
+    elif mode == "archive":
+        data = encode_with(msg, error_msg=err_msg, last_failed_at=now_s)
+    else:
+        data = b""
+    keys_ = (
+        qk.active, qk.lease, qk.task_prefix + tid, pday, qk.processed, qk.completed,
+        qk.archived, fday, qk.failed, qk.task_prefix, keys.run_key(run_q.name, run_id),
+        run_q.scheduled, run_q.pending, run_q.task_prefix + run_id,
+    )  # fmt: skip
+    args = (
+        tid, mode, now_s + STATS_TTL, MAX_INT64, now_s, data, now_s + msg.retention,
+        headers[STEP_HEADER], err_msg or mode, now_s - ARCHIVED_EXPIRATION, ARCHIVE_MAX_SIZE,
+        int(now * 1e9), run_id, keys.wakeup_channel(run_q.name), run_q.name,
+    )  # fmt: skip
+    return await _write(broker, _STEP_DONE, keys_, args, qname=qk.name, tid=tid)
+
+
+async def _write(
+    broker: BrokerBase,
+    script: Script,
+    keys_: Sequence[str],
+    args: Sequence[Any],
+    *,
+    qname: str,
+    tid: str,
+) -> str:
+    """Run a worker's durable write, followed by WAIT under ``min_replicas`` as every
+    acknowledgement is; the script's text reply."""
+    try:
+        if broker.replication is not None:
+            reply = await broker.replication.script(
+                broker._pipeline, broker._cmd, script, keys_, args, queue=qname, task_id=tid
+            )
+        else:
+            reply = await script(broker._cmd, keys_, args)
+    except ResponseError as exc:
+        raise script_error(exc, script, qname, tid) from exc
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+async def record_wait(
+    redis: RedisClient, qname: str, run_id: str, wait: SignalWait, value: bytes
+) -> bytes:
+    """Record *value* as the result of a run's signal wait unless a signal came first;
+    the result that stands."""
+    try:
+        reply = await _RECORD(
+            redis,
+            (keys.run_key(qname, run_id), keys.awaiting_key(qname, wait.name, wait.key)),
+            (wait.index, value, f"{run_id} {wait.index}"),
+        )
+    except ResponseError as exc:
+        raise BrokerError(f"Redis script durable_record failed: {exc}") from exc
+    return cast(bytes, reply)
+
+
+async def settle_run(
+    redis: RedisClient,
+    qname: str,
+    run_id: str,
+    state: str,
+    *,
+    records: Mapping[str, bytes],
+    expire_in: int,
+) -> None:
+    """Write an attempt's records (unless there) and the run's state; expire the record
+    after *expire_in* seconds (0: keep it)."""
+    args: list[Any] = [state, expire_in, len(records)]
+    for name, value in records.items():
+        args += (name, value)
+    try:
+        await _SETTLE(redis, (keys.run_key(qname, run_id),), args)
+    except ResponseError as exc:
+        raise BrokerError(f"Redis script durable_settle failed: {exc}") from exc
+
+
+async def send_signal(
+    redis: RedisClient,
+    qname: str,
+    name: str,
+    key: str,
+    *,
+    payload: bytes,
+    keep_ms: int,
+    now: float,
+) -> int:
+    """Deliver a signal to the runs of *qname* waiting for it; how many took it (0: it is
+    kept *keep_ms* for the first wait that comes)."""
+    try:
+        reply = await _SIGNAL(
+            redis,
+            (
+                keys.awaiting_key(qname, name, key),
+                keys.signal_key(qname, name, key),
+                keys.scheduled_key(qname),
+                keys.pending_key(qname),
+            ),
+            (
+                payload, keep_ms, int(now * 1e9), keys.queue_key_prefix(qname),
+                keys.wakeup_channel(qname), qname,
+            ),
+        )  # fmt: skip
+    except ResponseError as exc:
+        raise BrokerError(f"Redis script durable_signal failed: {exc}") from exc
+    return int(reply)
+
+
+async def read_run(redis: RedisClient, qname: str, run_id: str) -> dict[str, bytes] | None:
+    """A run's record as stored (field name: value), or None when it has none yet (no
+    attempt recorded anything) or any more (expired after its end)."""
+    key = keys.run_key(qname, run_id)
+    try:
+        raw = cast(dict[bytes, bytes], await redis.hgetall(key))
+    except ResponseError as exc:
+        raise BrokerError(f"reading durable run record {key}: {exc}") from exc
+    if not raw:
+        return None
+    return {k.decode("utf-8", "replace"): v for k, v in raw.items()}

@@ -1,0 +1,18 @@
+-- include: guard
+-- asyncq durable functions: write what an attempt of a run decided when it ends
+-- without suspending (it returned, or raised): the values it recorded (unless already
+-- there), the run's state, and the record's expiry once the run has ended.
+-- KEYS[1] the run's record
+-- ARGV[1] state   ARGV[2] expiry (seconds; 0: none)   ARGV[3] F, then F field/value pairs
+local problem = bad(KEYS[1], "hash")
+if problem then
+    return redis.error_reply(problem)
+end
+for a = 4, 3 + 2 * tonumber(ARGV[3]), 2 do
+    redis.call("HSETNX", KEYS[1], ARGV[a], ARGV[a + 1])
+end
+redis.call("HSET", KEYS[1], "state", ARGV[1])
+if tonumber(ARGV[2]) > 0 then
+    redis.call("EXPIRE", KEYS[1], ARGV[2])
+end
+return 1

@@ -1,0 +1,123 @@
+-- include: guard
+-- asyncq durable functions: suspend a run's attempt, atomically: record what the replay
+-- decided (signatures, deadlines, local results), enqueue the steps it asked for, and
+-- move the run task from active to where it waits. A run that waits is a scheduled
+-- task: score = when time alone resumes it (a sleep's end, a wait's timeout; far in
+-- the future for steps and for a wait without timeout). A step's acknowledgement
+-- (durable_step_done.lua) or a signal (durable_signal.lua) moves it to pending
+-- earlier. When what it waits for is already there, it goes to pending at once.
+-- KEYS[1] active   KEYS[2] lease   KEYS[3] run task key   KEYS[4] scheduled
+-- KEYS[5] pending  KEYS[6] the run's record
+-- KEYS[7], KEYS[8] (mode "signal"): the signal's waiting-runs set, its kept signal
+-- ARGV[1] run id   ARGV[2] mode: steps | signal | sleep   ARGV[3] score (unix s)
+-- ARGV[4] now (unix ns, pending_since)   ARGV[5] wake-up channel   ARGV[6] queue name
+-- ARGV[7] F, then F field/value pairs written to the record unless already there
+-- then W, then W step indices waited for (mode steps), or the one index (signal)
+-- then S, then S steps to enqueue: queue, task id, index, msg
+-- Returns "parked" or "ready" (went to pending).
+local run = KEYS[6]
+local problem = bad(KEYS[1], "list") or bad(KEYS[2], "zset") or bad(KEYS[3], "hash")
+    or bad(KEYS[4], "zset") or bad(KEYS[5], "list") or bad(run, "hash")
+local mode = ARGV[2]
+if mode == "signal" then
+    problem = problem or bad(KEYS[7], "set") or bad(KEYS[8], "string")
+end
+local a = 7
+local records = {}
+for _ = 1, tonumber(ARGV[a]) do
+    records[#records + 1] = {ARGV[a + 1], ARGV[a + 2]}
+    a = a + 2
+end
+a = a + 1
+local waits = {}
+for _ = 1, tonumber(ARGV[a]) do
+    waits[#waits + 1] = ARGV[a + 1]
+    a = a + 1
+end
+a = a + 1
+local steps = {}
+for _ = 1, tonumber(ARGV[a]) do
+    local q, id = ARGV[a + 1], ARGV[a + 2]
+    steps[#steps + 1] = {q = q, id = id, index = ARGV[a + 3], msg = ARGV[a + 4]}
+    problem = problem or bad("asynq:{" .. q .. "}:t:" .. id, "hash")
+        or bad("asynq:{" .. q .. "}:pending", "list")
+    a = a + 4
+end
+if problem then
+    return redis.error_reply(problem)
+end
+if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
+    return redis.error_reply("NOT FOUND")
+end
+redis.call("ZREM", KEYS[2], ARGV[1])
+for _, r in ipairs(records) do
+    redis.call("HSETNX", run, r[1], r[2])
+end
+local function recorded(i)
+    return redis.call("HEXISTS", run, "r:" .. i) == 1 or redis.call("HEXISTS", run, "e:" .. i) == 1
+end
+-- what an earlier suspension waited for is replaced by what this one waits for
+local old = redis.call("HGET", run, "wait")
+if old then
+    for i in string.gmatch(old, "%d+") do
+        redis.call("HDEL", run, "w:" .. i)
+    end
+    redis.call("HDEL", run, "wait", "missing")
+end
+local pushed = {}
+for _, s in ipairs(steps) do
+    local tkey = "asynq:{" .. s.q .. "}:t:" .. s.id
+    -- a step recorded or already enqueued (by an attempt that crashed after this
+    -- script) is not enqueued again: its task id is derived from the run's
+    if not recorded(s.index) and redis.call("EXISTS", tkey) == 0 then
+        redis.call("HSET", tkey, "msg", s.msg, "state", "pending", "pending_since", ARGV[4])
+        redis.call("LPUSH", "asynq:{" .. s.q .. "}:pending", s.id)
+        pushed[s.q] = true
+    end
+end
+for q in pairs(pushed) do
+    redis.pcall("PUBLISH", "asyncq:wakeup:{" .. q .. "}", q)
+end
+local ready = false
+if mode == "steps" then
+    local missing = {}
+    for _, i in ipairs(waits) do
+        if not recorded(i) then
+            missing[#missing + 1] = i
+            redis.call("HSET", run, "w:" .. i, "1")
+        end
+    end
+    if #missing == 0 then
+        ready = true
+    else
+        redis.call("HSET", run, "wait", table.concat(missing, ","), "missing", #missing)
+    end
+elseif mode == "signal" then
+    local i = waits[1]
+    if recorded(i) then
+        ready = true
+    else
+        local kept = redis.call("GET", KEYS[8])
+        if kept then
+            -- the signal came before its wait: it is this wait's payload
+            redis.call("HSET", run, "r:" .. i, kept)
+            redis.call("DEL", KEYS[8])
+            redis.call("SREM", KEYS[7], ARGV[1] .. " " .. i)
+            ready = true
+        else
+            redis.call("SADD", KEYS[7], ARGV[1] .. " " .. i)
+        end
+    end
+end
+if ready then
+    redis.call("HSET", KEYS[3], "state", "pending", "pending_since", ARGV[4])
+    redis.call("LPUSH", KEYS[5], ARGV[1])
+    redis.call("HSET", run, "state", "running")
+    redis.call("HDEL", run, "until")
+    redis.pcall("PUBLISH", ARGV[5], ARGV[6])
+    return "ready"
+end
+redis.call("ZADD", KEYS[4], ARGV[3], ARGV[1])
+redis.call("HSET", KEYS[3], "state", "scheduled")  -- an active task has no pending_since
+redis.call("HSET", run, "state", "waiting", "until", ARGV[3])
+return "parked"

@@ -1,0 +1,362 @@
+"""Durable functions: the replay engine and :class:`Run`, what a durable function awaits.
+
+::
+
+    @app.durable(queue="onboarding")
+    async def onboard(run: Run, user_id: int) -> str:
+        await run.step(send_welcome, user_id)
+        opened = await run.wait_for("email:opened", key=str(user_id), timeout=timedelta(days=3))
+        ...
+
+A run is an ordinary asynq task of the function's type. Each attempt replays the
+function from the top against the run's record (:func:`asyncq._keys.run_key`): every
+entry the function asks for (a step, a local call, a sleep, a wait, ``now()``,
+``uuid()``) gets the next index, and an entry whose result is recorded returns it at
+once. The first entry that needs what is not recorded ends the attempt by raising
+:class:`~asyncq._broker.durable.RunSuspended` through the function; the worker writes
+the suspension (its steps enqueued, the run parked) in one script, and the step's
+acknowledgement, the signal or the time makes the run pending again. See
+docs/durable.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Generator, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
+
+import pydantic_core
+
+from asyncq import _keys as keys
+from asyncq._broker.durable import (
+    RUN_HEADER,
+    RUN_QUEUE_HEADER,
+    STEP_HEADER,
+    RunSuspended,
+    SignalWait,
+    SuspendPlan,
+    record_wait,
+    settle_run,
+)
+from asyncq._producer.completion import TaskFailedError
+from asyncq._producer.compose import compose
+from asyncq._redis.options import RedisClient
+from asyncq._serde import ResultCodec
+from asyncq.errors import NonDeterminismError
+from asyncq.proto.asynq import TaskMessage
+from asyncq.task import Task, TaskInfo, TaskState
+
+__all__ = [
+    "FAILED_RUN_KEPT",
+    "MIN_RUN_KEPT",
+    "Run",
+    "StepCall",
+    "StepFailedError",
+    "StepTask",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+MIN_STEP_RETENTION = timedelta(minutes=1)
+"""A step without a retention gets this one: a typed task writes its result only when it
+has a retention, and the step's acknowledgement copies that result into the run's record."""
+
+MIN_RUN_KEPT = 60
+"""Seconds a succeeded run's record is kept at least (its retention when longer): an
+acknowledgement that fails after the record says succeeded replays from the record."""
+
+FAILED_RUN_KEPT = 90 * 24 * 3600
+"""Seconds a failed run's record is kept: as long as asynq keeps an archived task, so the
+archived run can be run again (after a fix) from its record."""
+
+_SIGNATURE_ARGS = 64
+"""Arguments up to this many bytes of JSON are written into a step's signature as they
+are (readable in a non-determinism error); longer ones as a digest."""
+
+
+class StepTask(Protocol[P, R_co]):
+    """What :meth:`Run.step` runs: an ``@app.task`` typed task (or one with options bound,
+    ``task.options(...)``) or another durable function (a child run)."""
+
+    def to_task(self, *args: P.args, **kwargs: P.kwargs) -> Task: ...
+
+    def _decode_result(self, data: bytes | None) -> R_co: ...
+
+
+class StepFailedError(TaskFailedError):
+    """A step of a durable run failed for good (archived after its retries, or revoked):
+    raised where the function awaits it. ``index`` is the step's place in the run."""
+
+    def __init__(self, info: TaskInfo, index: int) -> None:
+        super().__init__(info)
+        self.index = index
+
+
+class StepCall(Generic[R]):
+    """A step asked for with :meth:`Run.step`: await it (or pass it to :meth:`Run.gather`)
+    for its result. Its place in the run is taken when it is created."""
+
+    __slots__ = ("_target", "index", "message", "run")
+
+    def __init__(
+        self, run: Run, index: int, message: TaskMessage, target: StepTask[..., R]
+    ) -> None:
+        self.run = run
+        self.index = index
+        self.message = message
+        self._target = target
+
+    def _outcome(self) -> R:
+        """The recorded result, or the recorded failure raised."""
+        error = self.run._field(f"e:{self.index}")
+        if error is not None:
+            msg = self.message
+            msg.error_msg = error.decode("utf-8", "replace")
+            info = TaskInfo.from_message(msg, TaskState.ARCHIVED, None)
+            raise StepFailedError(info, self.index)
+        return self._target._decode_result(self.run._field(f"r:{self.index}"))
+
+    def __await__(self) -> Generator[Any, None, R]:
+        results = yield from self.run.gather(self).__await__()
+        return results[0]
+
+    def __repr__(self) -> str:
+        return f"<StepCall {self.index} {self.message.type!r} of run {self.run.id}>"
+
+
+class Run:
+    """A durable run, as its function sees it (the function's first argument).
+
+    Everything the function does that is not deterministic goes through it: steps
+    (tasks run by any worker), local calls, sleeps, signal waits, the time and random
+    ids. Each is recorded once and replayed from the record afterwards.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        queue: str,
+        record: Mapping[str, bytes],
+        *,
+        redis: RedisClient,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.id = run_id
+        """The run's id: the id of its task."""
+        self.queue = queue
+        """The queue of the run's task (and of its record)."""
+        self._record = dict(record)
+        self._writes: dict[str, bytes] = {}  # what this attempt decided, written as it ends
+        self._next = 0
+        self._redis = redis
+        self._clock = clock
+        self._codecs: dict[Callable[..., Any], ResultCodec] = {}
+
+    # -- the record ---------------------------------------------------------------------
+
+    def _field(self, name: str) -> bytes | None:
+        got = self._record.get(name)
+        return got if got is not None else self._writes.get(name)
+
+    def _entry(self, signature: str) -> int:
+        """The next entry's index, its *signature* checked against the record's."""
+        index = self._next
+        self._next += 1
+        recorded = self._field(f"s:{index}")
+        if recorded is None:
+            self._writes[f"s:{index}"] = signature.encode()
+        elif recorded != signature.encode():
+            raise NonDeterminismError(
+                self.id, index, recorded.decode("utf-8", "replace"), signature
+            )
+        return index
+
+    async def _settle(self, state: str, expire_in: int) -> None:
+        """Write what this attempt decided and the run's state (the attempt ends)."""
+        await settle_run(
+            self._redis, self.queue, self.id, state, records=self._writes, expire_in=expire_in
+        )
+
+    # -- steps --------------------------------------------------------------------------
+
+    def step(self, task: StepTask[P, R], /, *args: P.args, **kwargs: P.kwargs) -> StepCall[R]:
+        """Run *task* (an ``@app.task`` or a durable function) with these arguments as the
+        run's next step, on any worker of its queue; await the result for its return value.
+
+        Recorded, the result is returned without running the task again; otherwise the
+        task is enqueued (its id derived from the run's and the step's index, so no
+        replay enqueues it twice) and the run waits, holding no worker, until the task's
+        acknowledgement records it. A step that fails for good raises
+        :class:`StepFailedError` (a :class:`~asyncq.TaskFailedError`) here. A step
+        cannot be scheduled, aggregated or unique: use :meth:`sleep` to wait.
+        """
+        plain = task.to_task(*args, **kwargs)
+        payload = plain.payload or b""
+        shown = (
+            payload.decode("utf-8", "replace")
+            if len(payload) <= _SIGNATURE_ARGS
+            else "sha256:" + hashlib.sha256(payload).hexdigest()[:32]
+        )
+        index = self._entry(f"step {plain.type} {shown}")
+        composed = compose(
+            plain,
+            [
+                {
+                    "task_id": f"{self.id}-{index}",
+                    "headers": {
+                        RUN_HEADER: self.id,
+                        RUN_QUEUE_HEADER: self.queue,
+                        STEP_HEADER: str(index),
+                    },
+                }
+            ],
+            datetime.now(UTC),
+        )
+        if composed.state is not TaskState.PENDING or composed.unique_ttl is not None:
+            raise ValueError(
+                f"step {plain.type!r} of a durable function must run at once (no process_at, "
+                "process_in, group or unique); wait with run.sleep() instead"
+            )
+        message = composed.message
+        message.retention = max(message.retention, int(MIN_STEP_RETENTION.total_seconds()))
+        return StepCall(self, index, message, task)
+
+    async def gather(self, *steps: StepCall[R]) -> list[R]:
+        """Await several steps at once: every one not recorded is enqueued together and
+        the run waits once, until all are recorded; their results in order.
+
+        When one failed, the first failure (in the order given) is raised once all are
+        recorded.
+        """
+        missing = [
+            s for s in steps if self._field(f"r:{s.index}") is None
+            and self._field(f"e:{s.index}") is None
+        ]  # fmt: skip
+        if missing:
+            raise RunSuspended(
+                SuspendPlan(
+                    "steps",
+                    records=self._writes,
+                    steps=[(s.index, s.message) for s in missing],
+                    waits=[s.index for s in missing],
+                )
+            )
+        return [s._outcome() for s in steps]
+
+    # -- local values -------------------------------------------------------------------
+
+    @overload
+    async def call(
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
+
+    @overload
+    async def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    async def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run *fn* here, inline, as the run's next entry, and record its return value
+        (JSON, by its return annotation): a replay returns the recorded value instead of
+        calling *fn* again.
+
+        The value is written with the run's next suspension (or its end): a crash
+        before that calls *fn* again. A call that raises records nothing.
+        """
+        name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+        index = self._entry(f"call {name}")
+        codec = self._codecs.get(fn)
+        if codec is None:
+            codec = self._codecs[fn] = ResultCodec(fn, name)
+        recorded = self._field(f"r:{index}")
+        if recorded is None:
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+            recorded = codec.encode(value)
+            self._writes[f"r:{index}"] = recorded
+        # decoded in both cases, so a replay sees exactly what the first run saw
+        return codec.decode(recorded)
+
+    def now(self) -> datetime:
+        """The time (UTC) this entry was first reached, the same on every replay."""
+        index = self._entry("now")
+        recorded = self._field(f"r:{index}")
+        if recorded is None:
+            recorded = self._writes[f"r:{index}"] = repr(self._clock()).encode()
+        return datetime.fromtimestamp(float(recorded), UTC)
+
+    def uuid(self) -> uuid.UUID:
+        """A random UUID drawn once, the same on every replay."""
+        index = self._entry("uuid")
+        recorded = self._field(f"r:{index}")
+        if recorded is None:
+            recorded = self._writes[f"r:{index}"] = uuid.uuid4().hex.encode()
+        return uuid.UUID(recorded.decode())
+
+    # -- time and signals ---------------------------------------------------------------
+
+    def _deadline(self, index: int, wait: timedelta | None) -> float | None:
+        """The entry's deadline as first recorded (unix s), or *wait* from now."""
+        recorded = self._field(f"d:{index}")
+        if recorded is not None:
+            return float(recorded)
+        if wait is None:
+            return None
+        deadline = self._clock() + wait.total_seconds()
+        self._writes[f"d:{index}"] = repr(deadline).encode()
+        return deadline
+
+    async def sleep(self, duration: timedelta, /) -> None:
+        """Wait *duration* (from when the run first got here) holding no worker: the run
+        waits as a scheduled task, due at the sleep's end."""
+        if not isinstance(duration, timedelta):
+            raise TypeError(f"sleep takes a timedelta, got {type(duration).__name__}")
+        index = self._entry("sleep")
+        if self._field(f"r:{index}") is not None:
+            return
+        deadline = self._deadline(index, duration)
+        assert deadline is not None
+        if self._clock() >= deadline:
+            self._writes[f"r:{index}"] = b""
+            return
+        raise RunSuspended(SuspendPlan("sleep", records=self._writes, until=deadline))
+
+    async def wait_for(
+        self,
+        name: str,
+        /,
+        *,
+        key: str = "",
+        timeout: timedelta | None = None,  # noqa: ASYNC109 - the wait's own timeout, recorded
+    ) -> Any:
+        """Wait for the signal *name* / *key* (:meth:`asyncq.App.signal`) holding no worker;
+        its payload (decoded JSON), or None when *timeout* passed first (None: no timeout).
+
+        A signal sent before the run waits for it is kept for a while (``keep=`` of
+        ``App.signal``) and taken by the first wait for it; the first of the signal and
+        the timeout is recorded, for good.
+        """
+        keys.refuse_braces("signal name", name)
+        keys.refuse_braces("signal key", key)
+        if timeout is not None and not isinstance(timeout, timedelta):
+            raise TypeError(f"timeout must be a timedelta, got {type(timeout).__name__}")
+        index = self._entry(f"wait {name} {key}")
+        recorded = self._field(f"r:{index}")
+        wait = SignalWait(name, key, index)
+        if recorded is None:
+            deadline = self._deadline(index, timeout)
+            if deadline is None or self._clock() < deadline:
+                raise RunSuspended(
+                    SuspendPlan("signal", records=self._writes, signal=wait, until=deadline)
+                )
+            recorded = await record_wait(self._redis, self.queue, self.id, wait, b"")
+            self._record[f"r:{index}"] = recorded
+        return pydantic_core.from_json(recorded) if recorded else None
+
+    def __repr__(self) -> str:
+        return f"<Run {self.id} queue={self.queue!r}>"

@@ -1,0 +1,415 @@
+"""The durable scripts at their edges, driven through the broker without a worker: each
+checks its keys' types before its first write (a failed call changes nothing), a
+suspension whose steps are already recorded goes straight back to pending, a signal
+never overrides a wait that timed out. No test here waits: each runs scripts and reads
+Redis."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from asyncq import Client, Task
+from asyncq import _keys as keys
+from asyncq._broker import Broker
+from asyncq._broker._base import ARCHIVED_EXPIRATION
+from asyncq._broker.durable import (
+    FAR_FUTURE,
+    RUN_HEADER,
+    RUN_QUEUE_HEADER,
+    STEP_HEADER,
+    SignalWait,
+    StepAckMode,
+    SuspendPlan,
+    ack_step,
+    record_wait,
+    send_signal,
+    suspend_run,
+)
+from asyncq._codec import decode_task_message
+from asyncq.errors import BrokerError, TaskNotFoundError
+from asyncq.proto.asynq import TaskMessage
+from tests.support import transitions
+
+Q = "default"
+
+
+async def dump_all(redis: Redis) -> dict[bytes, tuple[bytes, Any, int]]:
+    return {
+        key: (await redis.type(key), await redis.dump(key), await redis.pttl(key))
+        for key in sorted(await redis.keys("*"))
+    }
+
+
+async def active_run(broker: Broker, client: Client) -> TaskMessage:
+    """A run task taken by a worker (active, leased)."""
+    await client.enqueue(Task("run", b"{}"), task_id="r1")
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None
+    return got.message
+
+
+def step_message(index: int, queue: str = Q) -> TaskMessage:
+    return TaskMessage(
+        type="step",
+        payload=b"{}",
+        id=f"r1-{index}",
+        queue=queue,
+        retry=1,
+        retention=60,
+        headers={RUN_HEADER: "r1", RUN_QUEUE_HEADER: Q, STEP_HEADER: str(index)},
+    )
+
+
+async def test_a_suspension_parks_the_run_and_enqueues_its_steps(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    plan = SuspendPlan(
+        "steps", records={"s:0": b"step a", "s:1": b"step b"},
+        steps=[(0, step_message(0)), (1, step_message(1))], waits=[0, 1],
+    )  # fmt: skip
+    assert await suspend_run(broker, run, plan) == "parked"
+    assert await redis.lrange(keys.active_key(Q), 0, -1) == []
+    assert await redis.zscore(keys.scheduled_key(Q), "r1") == FAR_FUTURE
+    assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"scheduled"
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1-1", b"r1-0"]
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"missing"] == b"2" and record[b"wait"] == b"0,1"
+    assert record[b"state"] == b"waiting"
+
+    # the first step's acknowledgement records it; the second's wakes the run
+    for index, woke in ((0, "recorded"), (1, "woken")):
+        step = await transitions.dequeue(broker, [Q])
+        assert step is not None and step.message.id == f"r1-{index}"
+        await redis.hset(keys.task_key(Q, step.message.id), "result", f"{index * 10}")
+        assert await ack_step(broker, step.message, "complete") == woke
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"r:0"] == b"0" and record[b"r:1"] == b"10" and record[b"state"] == b"running"
+    assert b"wait" not in record and b"missing" not in record
+    assert await redis.zscore(keys.scheduled_key(Q), "r1") is None
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]
+    assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"pending"
+
+
+async def test_a_suspension_on_recorded_steps_goes_back_to_pending(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await redis.hset(keys.run_key(Q, "r1"), mapping={"s:0": "step a", "r:0": "1"})
+    plan = SuspendPlan("steps", steps=[(0, step_message(0))], waits=[0])
+    assert await suspend_run(broker, run, plan) == "ready"
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]  # the step is not
+    assert not await redis.exists(keys.task_key(Q, "r1-0"))
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    ["active", "lease", "run task", "pending", "run", "scheduled", "step pending", "step task",
+     "awaiting", "kept"],
+)  # fmt: skip
+async def test_a_suspension_on_a_damaged_key_changes_nothing(
+    redis: Redis, client: Client, damaged: str
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    key = {
+        "active": keys.active_key(Q),
+        "lease": keys.lease_key(Q),
+        "run task": keys.task_key(Q, "r1"),
+        "pending": keys.pending_key(Q),
+        "run": keys.run_key(Q, "r1"),
+        "scheduled": keys.scheduled_key(Q),
+        "step pending": keys.pending_key("other"),
+        "step task": keys.task_key("other", "r1-0"),
+        "awaiting": keys.awaiting_key(Q, "go", "k"),
+        "kept": keys.signal_key(Q, "go", "k"),
+    }[damaged]
+    await redis.delete(key)
+    if damaged == "kept":  # a set where a string is kept
+        await redis.sadd(key, "x")
+    else:
+        await redis.set(key, "x")
+    before = await dump_all(redis)
+    steps_plan = SuspendPlan("steps", steps=[(0, step_message(0, "other"))], waits=[0])
+    signal_plan = SuspendPlan("signal", signal=SignalWait("go", "k", 0))
+    plan = signal_plan if damaged in ("awaiting", "kept") else steps_plan
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await suspend_run(broker, run, plan)
+    assert await dump_all(redis) == before
+
+
+async def test_a_step_ack_on_a_damaged_record_changes_nothing(redis: Redis, client: Client) -> None:
+    broker = Broker(redis)
+    await client.enqueue(Task("step", b"{}"), task_id="r1-0", headers=step_message(0).headers)
+    step = await transitions.dequeue(broker, [Q])
+    assert step is not None
+    await redis.set(keys.run_key(Q, "r1"), "x")
+    before = await dump_all(redis)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await ack_step(broker, step.message, "done")
+    assert await dump_all(redis) == before
+
+
+async def test_a_signal_does_not_override_a_wait_that_timed_out(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    wait = SignalWait("go", "k", 0)
+    plan = SuspendPlan("signal", records={"s:0": b"wait go k"}, signal=wait, until=10.0)
+    assert await suspend_run(broker, run, plan) == "parked"
+    assert await redis.smembers(keys.awaiting_key(Q, "go", "k")) == {b"r1 0"}
+    # the timeout is recorded first: the wait's result is None ("") for good
+    assert await record_wait(redis, Q, "r1", wait, b"") == b""
+    assert not await redis.exists(keys.awaiting_key(Q, "go", "k"))
+    assert await send_signal(redis, Q, "go", "k", payload=b"1", keep_ms=60_000, now=0) == 0
+    assert await redis.hget(keys.run_key(Q, "r1"), "r:0") == b""
+    assert await redis.get(keys.signal_key(Q, "go", "k")) == b"1"  # kept for a later wait
+    # and a signal recorded first stands against a later timeout
+    await redis.hset(keys.run_key(Q, "r1"), "r:1", b'"yes"')
+    wait1 = SignalWait("go", "k", 1)
+    assert await record_wait(redis, Q, "r1", wait1, b"") == b'"yes"'
+
+
+@pytest.mark.parametrize("damaged", ["record", "awaiting"])
+async def test_recording_a_wait_on_a_damaged_key_changes_nothing(
+    redis: Redis, damaged: str
+) -> None:
+    wait = SignalWait("go", "k", 0)
+    await redis.hset(keys.run_key(Q, "r1"), "s:0", "wait go k")
+    await redis.sadd(keys.awaiting_key(Q, "go", "k"), "r1 0")
+    key = keys.run_key(Q, "r1") if damaged == "record" else keys.awaiting_key(Q, "go", "k")
+    await redis.delete(key)
+    await redis.set(key, "x")
+    before = await dump_all(redis)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await record_wait(redis, Q, "r1", wait, b"")
+    assert await dump_all(redis) == before
+
+
+@pytest.mark.parametrize(
+    "damaged", ["awaiting", "kept", "scheduled", "pending", "waiting run", "waiting task"]
+)
+async def test_a_signal_on_a_damaged_key_changes_nothing(
+    redis: Redis, client: Client, damaged: str
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    plan = SuspendPlan("signal", records={"s:0": b"wait go k"}, signal=SignalWait("go", "k", 0))
+    assert await suspend_run(broker, run, plan) == "parked"
+    key = {
+        "awaiting": keys.awaiting_key(Q, "go", "k"),
+        "kept": keys.signal_key(Q, "go", "k"),
+        "scheduled": keys.scheduled_key(Q),
+        "pending": keys.pending_key(Q),
+        "waiting run": keys.run_key(Q, "r1"),
+        "waiting task": keys.task_key(Q, "r1"),
+    }[damaged]
+    await redis.delete(key)
+    if damaged == "kept":  # a list where a string is kept
+        await redis.rpush(key, "x")
+    else:
+        await redis.set(key, "x")
+    before = await dump_all(redis)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await send_signal(redis, Q, "go", "k", payload=b"1", keep_ms=60_000, now=0)
+    assert await dump_all(redis) == before
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    ["active", "lease", "task", "processed day", "processed", "completed", "archived",
+     "failed day", "failed", "run", "scheduled", "pending", "run task"],
+)  # fmt: skip
+async def test_a_step_ack_on_any_damaged_key_changes_nothing(
+    redis: Redis, client: Client, damaged: str
+) -> None:
+    broker = Broker(redis)
+    await client.enqueue(Task("step", b"{}"), task_id="r1-0", headers=step_message(0).headers)
+    step = await transitions.dequeue(broker, [Q])
+    assert step is not None
+    await redis.hset(keys.run_key(Q, "r1"), mapping={"s:0": "step", "w:0": "1", "missing": "1"})
+    await redis.hset(keys.task_key(Q, "r1"), mapping={"state": "scheduled"})
+    await redis.zadd(keys.scheduled_key(Q), {"r1": FAR_FUTURE})
+    qk = broker._q(Q)
+    key = {
+        "active": qk.active,
+        "lease": qk.lease,
+        "task": keys.task_key(Q, "r1-0"),
+        "processed day": qk.daily(broker.clock())[0],
+        "processed": qk.processed,
+        "completed": qk.completed,
+        "archived": qk.archived,
+        "failed day": qk.daily(broker.clock())[1],
+        "failed": qk.failed,
+        "run": keys.run_key(Q, "r1"),
+        "scheduled": keys.scheduled_key(Q),
+        "pending": keys.pending_key(Q),
+        "run task": keys.task_key(Q, "r1"),
+    }[damaged]
+    await redis.delete(key)
+    # a counter that is not an integer, any other key of another type
+    counters = ("processed day", "processed", "failed day", "failed")
+    await redis.set(key, "nan" if damaged in counters else "x")
+    before = await dump_all(redis)
+    with pytest.raises(BrokerError, match=r"WRONGTYPE|not an integer"):
+        await ack_step(broker, step.message, "complete")
+    assert await dump_all(redis) == before
+
+
+async def test_a_signal_skips_waits_that_are_gone_or_unreadable(redis: Redis) -> None:
+    # a run whose record expired, and a member no asyncq script wrote
+    awaiting = keys.awaiting_key(Q, "go", "k")
+    await redis.sadd(awaiting, "gone 0", "not-a-wait")
+    assert await send_signal(redis, Q, "go", "k", payload=b"1", keep_ms=60_000, now=0) == 0
+    assert not await redis.exists(keys.run_key(Q, "gone"))  # no record made up
+    assert not await redis.exists(awaiting)
+    assert await redis.get(keys.signal_key(Q, "go", "k")) == b"1"  # kept for a later wait
+
+
+async def taken_step(broker: Broker, client: Client, retention: int = 0) -> TaskMessage:
+    options: dict[str, Any] = {"retention": timedelta(seconds=retention)} if retention else {}
+    headers = step_message(0).headers
+    await client.enqueue(Task("step", b"{}"), task_id="r1-0", headers=headers, **options)
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None
+    return got.message
+
+
+@pytest.mark.parametrize("mode", ["done", "complete", "archive", "revoke"])
+async def test_a_step_ack_is_asynqs_ack_plus_the_record(
+    redis: Redis, client: Client, mode: StepAckMode
+) -> None:
+    broker = Broker(redis)
+    clock = broker.clock()
+    step = await taken_step(broker, client, retention=60 if mode == "complete" else 0)
+    await redis.hset(keys.task_key(Q, "r1-0"), "result", "7")
+    await redis.hset(keys.run_key(Q, "r1"), "s:0", "step")
+    # an archived task past asynq's 90 days is trimmed by the archive, as asynq does
+    await redis.zadd(keys.archived_key(Q), {"old": clock - ARCHIVED_EXPIRATION - 10})
+    await redis.hset(keys.task_key(Q, "old"), "state", "archived")
+    assert await ack_step(broker, step, mode, "ValueError: no") == "recorded"
+    assert await redis.llen(keys.active_key(Q)) == 0
+    assert await redis.zcard(keys.lease_key(Q)) == 0
+    task = await redis.hgetall(keys.task_key(Q, "r1-0"))
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    processed = await redis.get(keys.processed_total_key(Q))
+    failed = await redis.get(keys.failed_total_key(Q))
+    assert processed == b"1" and failed == (b"1" if mode == "archive" else None)
+    if mode in ("done", "revoke"):
+        assert task == {}
+    elif mode == "complete":
+        assert task[b"state"] == b"completed"
+        score = await redis.zscore(keys.completed_key(Q), "r1-0")
+        assert score is not None and int(clock) + 60 - 1 <= score <= int(clock) + 61
+        assert decode_task_message(task[b"msg"]).completed_at >= int(clock)
+    else:
+        assert task[b"state"] == b"archived"
+        assert decode_task_message(task[b"msg"]).error_msg == "ValueError: no"
+        assert await redis.zrange(keys.archived_key(Q), 0, -1) == [b"r1-0"]
+        assert not await redis.exists(keys.task_key(Q, "old"))
+    if mode in ("done", "complete"):
+        assert record[b"r:0"] == b"7" and b"e:0" not in record
+    else:
+        assert record[b"e:0"] == b"ValueError: no" and b"r:0" not in record
+    with pytest.raises(TaskNotFoundError):  # acknowledged already
+        await ack_step(broker, step, mode)
+
+
+async def test_a_step_ack_records_once_and_not_in_a_gone_run(redis: Redis, client: Client) -> None:
+    broker = Broker(redis)
+    step = await taken_step(broker, client)
+    assert await ack_step(broker, step, "done") == "gone"  # no record: nothing made up
+    assert not await redis.exists(keys.run_key(Q, "r1"))
+    step = await taken_step(broker, client)
+    await redis.hset(keys.run_key(Q, "r1"), mapping={"s:0": "step", "r:0": "1"})
+    assert await ack_step(broker, step, "archive", "late") == "seen"
+    assert await redis.hgetall(keys.run_key(Q, "r1")) == {b"s:0": b"step", b"r:0": b"1"}
+
+
+async def test_a_suspension_of_a_run_not_active_changes_nothing(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await redis.lrem(keys.active_key(Q), 0, "r1")  # recovered elsewhere meanwhile
+    before = await dump_all(redis)
+    with pytest.raises(TaskNotFoundError):
+        await suspend_run(broker, run, SuspendPlan("sleep", until=10.0))
+    assert await dump_all(redis) == before
+
+
+async def test_a_parked_run_leaves_its_lease_and_its_pending_time(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    assert await suspend_run(broker, run, SuspendPlan("sleep", until=100.5)) == "parked"
+    assert await redis.zcard(keys.lease_key(Q)) == 0
+    assert await redis.zscore(keys.scheduled_key(Q), "r1") == 101  # rounded up, never early
+    task = await redis.hgetall(keys.task_key(Q, "r1"))
+    assert task[b"state"] == b"scheduled" and b"pending_since" not in task
+    assert await redis.hget(keys.run_key(Q, "r1"), "until") == b"101"
+
+
+async def test_a_new_suspension_replaces_what_the_last_one_waited_for(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    plan = SuspendPlan("steps", steps=[(0, step_message(0)), (1, step_message(1))], waits=[0, 1])
+    assert await suspend_run(broker, run, plan) == "parked"
+    # run by hand before its steps finished: it replays and now waits for a sleep
+    await redis.zrem(keys.scheduled_key(Q), "r1")
+    await redis.delete(keys.pending_key(Q))
+    await redis.lpush(keys.pending_key(Q), "r1")
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None and got.message.id == "r1"
+    assert await suspend_run(broker, got.message, SuspendPlan("sleep", until=50.0)) == "parked"
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert not {b"wait", b"missing", b"w:0", b"w:1"} & set(record)
+
+
+@pytest.mark.parametrize("recorded", ["r", "e"])
+async def test_a_suspension_on_an_outcome_already_recorded_is_ready(
+    redis: Redis, client: Client, recorded: str
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await redis.hset(
+        keys.run_key(Q, "r1"), mapping={"s:0": "step", f"{recorded}:0": "x", "until": "5"}
+    )
+    plan = SuspendPlan("steps", steps=[(0, step_message(0))], waits=[0])
+    assert await suspend_run(broker, run, plan) == "ready"
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]
+    assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"pending"
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"state"] == b"running" and b"until" not in record
+
+
+async def test_a_signal_wait_takes_a_kept_signal_or_its_recorded_result(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    wait = SignalWait("go", "k", 0)
+    await redis.set(keys.signal_key(Q, "go", "k"), b'{"x":1}')
+    await redis.sadd(keys.awaiting_key(Q, "go", "k"), "r1 0")  # left by an earlier attempt
+    plan = SuspendPlan("signal", signal=wait, until=10.0)
+    assert await suspend_run(broker, run, plan) == "ready"
+    assert await redis.hget(keys.run_key(Q, "r1"), "r:0") == b'{"x":1}'
+    assert not await redis.exists(keys.signal_key(Q, "go", "k"))
+    assert not await redis.exists(keys.awaiting_key(Q, "go", "k"))
+    # replayed, it finds the wait recorded: ready again, nothing kept is taken
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None
+    await redis.set(keys.signal_key(Q, "go", "k"), b"2")
+    assert await suspend_run(broker, got.message, plan) == "ready"
+    assert await redis.get(keys.signal_key(Q, "go", "k")) == b"2"
+    assert await redis.hget(keys.run_key(Q, "r1"), "r:0") == b'{"x":1}'

@@ -1,0 +1,171 @@
+"""Durable functions and their step tasks for the durable tests (imported by the tests and
+by ``asyncq worker tests.support.durable_app:app`` in a subprocess).
+
+Every step task counts its runs in the hash :data:`RAN` (field: the step's task id), so a
+test can tell a step that ran twice from one that ran once; :data:`CALLS` counts the
+local calls of :func:`recorded_call`; :func:`slow` also lists its starts with the worker's
+pid in :data:`STARTS` (``"<task id> <pid>"``), for the kill test's ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import timedelta
+
+from redis.asyncio import Redis
+
+from asyncq import App, Intervals, Run, Server, TaskFailedError, current_task
+
+RAN = "durable-test:ran"
+STARTS = "durable-test:starts"
+CALLS = "durable-test:calls"
+QUEUE = "durable"
+
+app = App(os.environ.get("TEST_REDIS_URL", "redis://localhost:6379/0"))
+
+FAST = Intervals(
+    task_check=timedelta(milliseconds=100),
+    delayed_task_check=timedelta(milliseconds=100),
+    heartbeat=timedelta(milliseconds=200),
+    recoverer=timedelta(milliseconds=200),
+    janitor=timedelta(milliseconds=200),
+)
+"""Worker intervals that keep the tests fast."""
+
+
+async def start_worker() -> Server:
+    """An in-process worker of the App's queue, started (shut it down after)."""
+    server = app.server(
+        queues={QUEUE: 1}, concurrency=4, intervals=FAST, shutdown_timeout=timedelta(seconds=2)
+    )
+    await server.start(app.mux)
+    return server
+
+
+flip = {"on": False}
+"""Read by :func:`fickle`: the test flips it between two replays (in-process workers)."""
+
+
+async def _count(key: str, field: str) -> None:
+    async with Redis.from_url(str(app.redis)) as r:
+        await r.hincrby(key, field, 1)
+
+
+@app.task(name="d:add", queue=QUEUE)
+async def add(a: int, b: int) -> int:
+    await _count(RAN, current_task().id or "")
+    return a + b
+
+
+@app.task(name="d:mul", queue=QUEUE)
+async def mul(a: int, b: int) -> int:
+    await _count(RAN, current_task().id or "")
+    return a * b
+
+
+@app.task(name="d:boom", queue=QUEUE, max_retry=0)
+async def boom(n: int) -> int:
+    await _count(RAN, current_task().id or "")
+    raise ValueError(f"boom {n}")
+
+
+@app.durable(name="d:chain", queue=QUEUE)
+async def chain3(run: Run, n: int) -> int:
+    x = await run.step(add, n, 1)
+    y = await run.step(mul, x, 10)
+    return await run.step(add, y, 5)
+
+
+@app.durable(name="d:fan", queue=QUEUE)
+async def fan(run: Run, n: int) -> list[int]:
+    return await run.gather(*(run.step(mul, i, 2) for i in range(n)))
+
+
+@app.durable(name="d:caught", queue=QUEUE)
+async def caught(run: Run) -> str:
+    try:
+        await run.step(boom, 7)
+    except TaskFailedError as exc:
+        return f"caught: {exc.last_error}"
+    return "not raised"
+
+
+@app.durable(name="d:waiter", queue=QUEUE)
+async def waiter(run: Run, key: str, timeout_s: float | None) -> object:
+    timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
+    got = await run.wait_for("go", key=key, timeout=timeout)
+    return {"got": got}
+
+
+@app.durable(name="d:sleeper", queue=QUEUE)
+async def sleeper(run: Run, seconds: float) -> float:
+    began = run.now()
+    await run.sleep(timedelta(seconds=seconds))
+    done = await run.step(add, 1, 1)
+    return (run.now() - began).total_seconds() + done * 0
+
+
+async def side_effect(n: int) -> int:
+    await _count(CALLS, str(n))
+    return n * 3
+
+
+@app.durable(name="d:recorded_call", queue=QUEUE)
+async def recorded_call(run: Run, n: int) -> list[object]:
+    tripled = await run.call(side_effect, n)
+    token = run.uuid()
+    total = await run.step(add, tripled, 1)
+    return [total, str(token) == str(run.uuid()), str(token)]
+
+
+@app.durable(name="d:fickle", queue=QUEUE)
+async def fickle(run: Run) -> int:
+    first = await run.step(mul if flip["on"] else add, 2, 3)
+    await run.wait_for("fickle", key="k")
+    return first
+
+
+@app.durable(name="d:child", queue=QUEUE)
+async def child(run: Run, n: int) -> int:
+    return await run.step(add, n, 100)
+
+
+@app.durable(name="d:parent", queue=QUEUE)
+async def parent(run: Run, n: int) -> int:
+    return await run.step(child, n) + 1
+
+
+@app.durable(name="d:onboard", queue=QUEUE)
+async def onboard(run: Run, user: int) -> str:
+    """The issue's drip, short: steps, a signal wait with timeout, a sleep, a fan-out."""
+    await run.step(add, user, 0)
+    opened = await run.wait_for("opened", key=str(user), timeout=timedelta(seconds=1))
+    if opened is None:
+        await run.sleep(timedelta(milliseconds=200))
+        await run.step(add, user, 1)
+    scores = await run.gather(*(run.step(mul, i, user) for i in range(10)))
+    return f"done {sum(scores)} opened={opened is not None}"
+
+
+@app.task(name="d:slow", queue=QUEUE)
+async def slow(i: int, ms: int) -> int:
+    """Starts (listed), works *ms*, then does its side effect (counted) and returns *i*."""
+    async with Redis.from_url(str(app.redis)) as r:
+        await r.rpush(STARTS, f"{current_task().id} {os.getpid()}")
+        await asyncio.sleep(ms / 1000)
+        await r.hincrby(RAN, current_task().id or "", 1)
+    return i
+
+
+@app.durable(name="d:crashy", queue=QUEUE)
+async def crashy(run: Run, n: int) -> int:
+    """The kill test's run: 5 steps, a sleep, a signal wait (that times out), a fan-out of
+    10; returns 155 (+ the signal's payload if one came)."""
+    total = 0
+    for i in range(5):
+        total += await run.step(slow, i, 40)
+    await run.sleep(timedelta(milliseconds=300))
+    got = await run.wait_for("crashy", key=str(n), timeout=timedelta(milliseconds=300))
+    scores = await run.gather(*(run.step(slow, 10 + i, 30) for i in range(10)))
+    return total + sum(scores) + (0 if got is None else int(got))

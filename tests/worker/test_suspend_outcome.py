@@ -1,0 +1,73 @@
+"""A durable run's attempt that suspends, and a durable step's acknowledgement, as the worker
+decides and writes them (asyncq._worker.outcome and the processor, on the fake broker)."""
+
+from __future__ import annotations
+
+import structlog
+
+from asyncq._broker.durable import (
+    FAR_FUTURE,
+    RUN_HEADER,
+    RUN_QUEUE_HEADER,
+    STEP_HEADER,
+    RunSuspended,
+    SuspendPlan,
+)
+from asyncq._worker.outcome import decide
+from asyncq._worker.server import Server
+from asyncq.task import Task
+from tests.support.fakebroker import FakeBroker
+from tests.support.helpers import wait_until
+from tests.support.roles import Running, message
+
+LOG = structlog.get_logger("test")
+CFG = Server("redis://127.0.0.1:9/0").config
+STEP = {RUN_HEADER: "r1", RUN_QUEUE_HEADER: "default", STEP_HEADER: "3"}
+
+
+def test_a_suspension_is_its_own_outcome_whatever_the_retries_left() -> None:
+    plan = SuspendPlan("sleep", until=5.0)
+    for retried in (0, 3):
+        m = message(id="r1", retried=retried)
+        out = decide(m, RunSuspended(plan), lease="held", config=CFG, now=0.0, log=LOG)
+        assert (out.kind, out.plan, out.err_msg) == ("suspend", plan, "")
+    # awaited in a TaskGroup, steps raise their suspensions in a group: one is written (the
+    # replay it resumes asks for the others again)
+    other = SuspendPlan("steps")
+    group = BaseExceptionGroup("steps", [RunSuspended(plan), RunSuspended(other)])
+    out = decide(message(id="r1"), group, lease="held", config=CFG, now=0.0, log=LOG)
+    assert out.kind == "suspend" and out.plan in (plan, other)
+    out = decide(message(id="r1"), RunSuspended(plan), lease="expired", config=CFG, now=0, log=LOG)
+    assert out.kind == "lost"  # another server owns the run now: its replay decides again
+
+
+def test_a_durable_steps_outcomes_are_acknowledged_with_its_run() -> None:
+    for exc, kind in ((None, "complete"), (ValueError("x"), "archive")):
+        m = message(id="r1-3", headers=STEP, retention=60, retry=0)
+        out = decide(m, exc, lease="held", config=CFG, now=0.0, log=LOG)
+        assert (out.kind, out.durable, out.workflow) == (kind, True, False)
+    # headers no asyncq wrote make it a plain task
+    m = message(id="x", headers={**STEP, STEP_HEADER: "three"})
+    assert not decide(m, None, lease="held", config=CFG, now=0.0, log=LOG).durable
+
+
+async def test_a_suspended_run_is_parked_not_failed() -> None:
+    fake = FakeBroker()
+    run = fake.enqueue(message(id="r1"))
+    step = message(id="r1-0", headers={**STEP, STEP_HEADER: "0"})
+    plan = SuspendPlan("steps", steps=[(0, step)], waits=[0])
+    handled: list[str] = []
+
+    async def handler(task: Task) -> None:
+        handled.append(task.id or "")
+        if task.id == "r1":
+            raise RunSuspended(plan)
+
+    async with Running(fake, handler, error_handler=lambda t, e: handled.append("error")) as r:
+        await wait_until(lambda: fake.durable_steps, what="the step acknowledged")
+    assert fake.suspensions == [("r1", plan)]
+    assert fake.tasks[run.id].state == "scheduled" and fake.tasks[run.id].score == FAR_FUTURE
+    assert handled == ["r1", "r1-0"]  # the step ran; no error handler for the suspension
+    assert fake.durable_steps == [("r1-0", "done")]
+    assert r.processor.stats.failed == 0
+    assert not fake.called("ack_many")  # a step is acknowledged with its record, alone
