@@ -70,7 +70,6 @@ from datetime import datetime
 from functools import cached_property
 
 from asyncq import _keys as keys
-from asyncq._broker import durable
 from asyncq._broker._base import (
     AGGREGATION_TIMEOUT,
     ARCHIVE_MAX_SIZE,
@@ -81,6 +80,9 @@ from asyncq._broker._base import (
 )
 from asyncq._broker.aggregation import GroupTransitions
 from asyncq._broker.delivery import DirectDelivery
+from asyncq._broker.durable import SuspendPlan
+from asyncq._broker.durable import ack_step as ack_durable_step
+from asyncq._broker.durable import suspend_run as suspend_durable_run
 from asyncq._broker.heartbeats import HeartbeatWrites
 from asyncq._broker.multiqueue import FetchResult, MultiQueue
 from asyncq._broker.observations import Observations
@@ -185,11 +187,11 @@ class Broker(
 
     async def ack_durable_step(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> str:
         """Acknowledge a durable run's step and record it in the run atomically."""
-        return await durable.ack_step(self, msg, mode, err_msg)
+        return await ack_durable_step(self, msg, mode, err_msg)
 
-    async def suspend_run(self, msg: TaskMessage, plan: durable.SuspendPlan) -> str:
+    async def suspend_run(self, msg: TaskMessage, plan: SuspendPlan) -> str:
         """End a durable run's attempt as *plan* says, atomically."""
-        return await durable.suspend_run(self, msg, plan)
+        return await suspend_durable_run(self, msg, plan)
 
     async def all_queues(self) -> set[str]:
         """The names in ``asynq:queues``."""
