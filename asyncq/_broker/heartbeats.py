@@ -166,11 +166,11 @@ class HeartbeatWrites(BrokerBase):
         held, replaced, found = await self._run(
             _SCHEDULER_LISTING, (lister_key,), (scheduler_id, lease_ms, "take"), "", ""
         )
-        return bool(held), (_shown(found) if replaced else None)
+        return held == 1, (_shown(found) if replaced == 1 else None)
 
     async def release_listing(self, lister_key: str, scheduler_id: str) -> bool:
         """Hand the listing lease back if *scheduler_id* holds it."""
-        released, _, _ = await self._run(
+        released = await self._run(
             _SCHEDULER_LISTING, (lister_key,), (scheduler_id, 0, "release"), "", ""
         )
-        return bool(released)
+        return bool(released == 1)

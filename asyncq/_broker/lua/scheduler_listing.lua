@@ -4,17 +4,17 @@
 --         ID with a PX of two heartbeats
 -- ARGV[1] the caller's scheduler ID  ARGV[2] the lease, milliseconds
 -- ARGV[3] "take" (take or renew) or "release" (hand it back if the caller holds it)
--- Returns {1 when the caller holds the lease now (take) or handed it back (release),
---          1 when the key held what no scheduler writes and was replaced (another type,
---          or a value with no expiry, which would have hidden the entry from every
---          listing for good), what it held then}
+-- Returns, for "release", 1 when the caller handed the lease back, else 0; for "take",
+-- {1 when the caller holds the lease now, else 0; 1 when the key held what no scheduler
+-- writes and was replaced (another type, or a value with no expiry, which would have
+-- hidden the entry from every listing for good), else 0; what it held then}
 local t = redis.call("TYPE", KEYS[1]).ok
 if ARGV[3] == "release" then
     if t == "string" and redis.call("GET", KEYS[1]) == ARGV[1] then
         redis.call("DEL", KEYS[1])
-        return {1, 0, ""}
+        return 1
     end
-    return {0, 0, ""}
+    return 0
 end
 local found = nil
 if t == "string" then
