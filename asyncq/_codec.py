@@ -34,14 +34,17 @@ _INT_FIELDS = {
     13: "completed_at",
 }
 _INT32_FIELDS = frozenset({5, 6})
-# The same fields by their one-byte tag (field number << 3 | wire type): the decoder's
-# dispatch is one dict lookup per field. A known field number with another wire type
-# matches none of them and is kept as an unknown field, as proto3 parsers keep it.
+# The same fields indexed by a field's first byte, its tag (field number << 3 | wire
+# type) when the number is below 16: the decoder's dispatch is one list index per field.
+# A known field number with another wire type matches neither table and is kept as an
+# unknown field, as proto3 parsers keep it; so is a byte starting a longer tag.
 _PAYLOAD_TAG = 2 << 3 | 2
 _HEADER_TAG = 15 << 3 | 2
-_LEN_TAGS = {number << 3 | 2: name for number, name in _STR_FIELDS.items()}
-_LEN_TAGS |= {_PAYLOAD_TAG: "payload", _HEADER_TAG: "headers"}
-_INT_TAGS = {number << 3: (number, name) for number, name in _INT_FIELDS.items()}
+_LEN_NAMES = {number << 3 | 2: name for number, name in _STR_FIELDS.items()}
+_LEN_NAMES |= {_PAYLOAD_TAG: "payload", _HEADER_TAG: "headers"}
+_LEN_TAGS = [_LEN_NAMES.get(tag) for tag in range(256)]
+_INT_NAMES = {number << 3: (number, name) for number, name in _INT_FIELDS.items()}
+_INT_TAGS = [_INT_NAMES.get(tag) for tag in range(256)]
 # A decoded message's attributes before its fields are read: those of an empty
 # TaskMessage, so the generated class stays the source of truth for names and defaults.
 _EMPTY = dict(vars(TaskMessage()))
@@ -136,13 +139,14 @@ def decode_task_message(data: bytes) -> TaskMessage:
     fields["headers"] = headers
     unknown = b""
     len_tags = _LEN_TAGS
+    int_tags = _INT_TAGS
     pos = 0
     end = len(data)
     try:
         while pos < end:
             # Tags, lengths and most ints are one byte: read those inline (the hot path).
             tag = data[pos]
-            name = len_tags.get(tag)
+            name = len_tags[tag]
             if name is not None:
                 length = data[pos + 1]
                 if length < 0x80:
@@ -161,7 +165,7 @@ def decode_task_message(data: bytes) -> TaskMessage:
                     fields[name] = data[pos:stop].decode()
                 pos = stop
                 continue
-            known = _INT_TAGS.get(tag)
+            known = int_tags[tag]
             if known is not None:
                 value = data[pos + 1]
                 if value < 0x80:
