@@ -34,6 +34,21 @@ _INT_FIELDS = {
     13: "completed_at",
 }
 _INT32_FIELDS = frozenset({5, 6})
+# The same fields indexed by a field's first byte, its tag (field number << 3 | wire
+# type) when the number is below 16: the decoder's dispatch is one list index per field.
+# A known field number with another wire type matches neither table and is kept as an
+# unknown field, as proto3 parsers keep it; so is a byte starting a longer tag.
+_PAYLOAD_TAG = 2 << 3 | 2
+_HEADER_TAG = 15 << 3 | 2
+_LEN_NAMES = {number << 3 | 2: name for number, name in _STR_FIELDS.items()}
+_LEN_NAMES |= {_PAYLOAD_TAG: "payload", _HEADER_TAG: "headers"}
+_LEN_TAGS = [_LEN_NAMES.get(tag) for tag in range(256)]
+_INT_NAMES = {number << 3: (number, name) for number, name in _INT_FIELDS.items()}
+_INT_TAGS = [_INT_NAMES.get(tag) for tag in range(256)]
+# A decoded message's attributes before its fields are read: those of an empty
+# TaskMessage, so the generated class stays the source of truth for names and defaults.
+_EMPTY = dict(vars(TaskMessage()))
+_new_message = object.__new__
 _MASK64 = (1 << 64) - 1
 
 
@@ -87,9 +102,15 @@ def _signed(value: int, field: int) -> int:
 
 
 def _decode_map_entry(buf: bytes) -> tuple[str, str]:
+    end = len(buf)
+    if end >= 4 and buf[0] == 0x0A:  # the usual entry: key then value, one-byte lengths
+        klen = buf[1]
+        if klen < 0x80 and klen + 4 <= end and buf[klen + 2] == 0x12:
+            vlen = buf[klen + 3]
+            if vlen < 0x80 and klen + 4 + vlen == end:
+                return buf[2 : klen + 2].decode(), buf[klen + 4 :].decode()
     key = value = ""
     pos = 0
-    end = len(buf)
     while pos < end:
         tag, pos = _read_varint(buf, pos)
         wire_type = tag & 7
@@ -110,61 +131,72 @@ def _decode_map_entry(buf: bytes) -> tuple[str, str]:
 
 def decode_task_message(data: bytes) -> TaskMessage:
     """Decode ``asynq.TaskMessage`` bytes; raises ValueError on malformed input."""
-    fields: dict[str, object] = {}
+    # The message's attributes are filled in as a dict and given to an instance made
+    # without __init__: the generated dataclass __init__ and its default factories cost
+    # more than the decoding itself on a small message.
+    fields = _EMPTY.copy()
     headers: dict[str, str] = {}
-    unknown = bytearray()
+    fields["headers"] = headers
+    unknown = b""
+    len_tags = _LEN_TAGS
+    int_tags = _INT_TAGS
     pos = 0
     end = len(data)
     try:
         while pos < end:
-            start = pos
             # Tags, lengths and most ints are one byte: read those inline (the hot path).
             tag = data[pos]
-            if tag < 0x80:
-                pos += 1
-            else:
-                tag, pos = _read_varint(data, pos)
-            field = tag >> 3
-            wire_type = tag & 7
-            if wire_type == 2 and (field in _STR_FIELDS or field in (2, 15)):
-                length = data[pos]
+            name = len_tags[tag]
+            if name is not None:
+                length = data[pos + 1]
                 if length < 0x80:
-                    pos += 1
+                    pos += 2
                 else:
-                    length, pos = _read_varint(data, pos)
-                chunk = data[pos : pos + length]
-                if len(chunk) != length:
+                    length, pos = _read_varint(data, pos + 1)
+                stop = pos + length
+                if stop > end:
                     raise ValueError("truncated field in TaskMessage")
-                pos += length
-                if field == 2:
-                    fields["payload"] = chunk
-                elif field == 15:
-                    hkey, hvalue = _decode_map_entry(chunk)
+                if tag == _PAYLOAD_TAG:
+                    fields[name] = data[pos:stop]
+                elif tag == _HEADER_TAG:
+                    hkey, hvalue = _decode_map_entry(data[pos:stop])
                     headers[hkey] = hvalue
                 else:
-                    fields[_STR_FIELDS[field]] = chunk.decode()
-            elif wire_type == 0 and field in _INT_FIELDS:
-                value = data[pos]
+                    fields[name] = data[pos:stop].decode()
+                pos = stop
+                continue
+            known = int_tags[tag]
+            if known is not None:
+                value = data[pos + 1]
                 if value < 0x80:
-                    pos += 1
-                    fields[_INT_FIELDS[field]] = value  # small and non-negative as it stands
+                    pos += 2
+                    fields[known[1]] = value  # small and non-negative as it stands
+                elif data[pos + 2] < 0x80:  # two bytes (asynq's default timeout, 1800)
+                    fields[known[1]] = (value & 0x7F) | data[pos + 2] << 7
+                    pos += 3
                 else:
-                    value, pos = _read_varint(data, pos)
-                    fields[_INT_FIELDS[field]] = _signed(value, field)
+                    value, pos = _read_varint(data, pos + 1)
+                    fields[known[1]] = _signed(value, known[0])
+                continue
+            start = pos
+            if tag >= 0x80:
+                tag, pos = _read_varint(data, pos)
             else:
-                if field == 0:
-                    raise ValueError("invalid field number 0 in TaskMessage")
-                pos = _skip(data, pos, wire_type)
-                if pos > end:
-                    raise ValueError("truncated unknown field in TaskMessage")
-                unknown += data[start:pos]
+                pos += 1
+            if tag >> 3 == 0:
+                raise ValueError("invalid field number 0 in TaskMessage")
+            pos = _skip(data, pos, tag & 7)
+            if pos > end:
+                raise ValueError("truncated unknown field in TaskMessage")
+            unknown += data[start:pos]
     except IndexError:  # a one-byte read past the end
         raise ValueError("truncated varint in TaskMessage") from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"invalid UTF-8 in TaskMessage string field: {exc}") from None
-    msg = TaskMessage(**fields, headers=headers)  # type: ignore[arg-type]
     if unknown:
-        msg._unknown_fields = bytes(unknown)
+        fields["_unknown_fields"] = unknown
+    msg: TaskMessage = _new_message(TaskMessage)
+    msg.__dict__ = fields
     return msg
 
 

@@ -332,7 +332,15 @@ class BrokerBase:
         found = usable_message(data, tid, qk.name if check_queue else None)
         if isinstance(found, TaskMessage):
             return found
-        err = found + "; raw bytes kept in field msg"
+        await self._archive_unusable(qk, tid, found, now, source)
+        return None
+
+    async def _archive_unusable(
+        self, qk: QueueKeys, tid: str, problem: str, now: float, source: str
+    ) -> None:
+        """Archive the task by id for *problem* (from :func:`usable_message`); when that
+        fails the task is left where it is, logged (see :meth:`_decode_or_archive`)."""
+        err = problem + "; raw bytes kept in field msg"
         try:
             await self._archive_undecodable(qk, tid, err, now, source)
         except REDIS_ERRORS as exc:  # must not cost the tasks already in hand
@@ -343,7 +351,6 @@ class BrokerBase:
                 problem=err,
                 error=error_text(exc),
             )
-        return None
 
     async def _archive_undecodable(
         self, qk: QueueKeys, tid: str, err: str, now: float, source: str

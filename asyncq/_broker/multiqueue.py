@@ -40,7 +40,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from asyncq import _keys as keys
-from asyncq._broker._base import LUA_PACKAGE, BrokerBase, as_text, script_error
+from asyncq._broker._base import LUA_PACKAGE, BrokerBase, as_text, script_error, usable_message
 from asyncq._broker.processing import DequeuedTask
 from asyncq._logging import RateLimiter, error_text
 from asyncq._redis.errors import REDIS_ERRORS
@@ -271,19 +271,26 @@ class MultiQueue:
             empty.update(names[i - 1] for i in empties)
             held.update(names[i - 1] for i in held_at)
             size = 0
+            # Per task only what varies: the queue's keys are looked up once per queue
+            # position, and a usable message (nearly every one) costs no coroutine call.
+            at = -1
+            qk = broker._q(names[0])
             for i in range(0, len(taken), 3):
-                qk = broker._q(names[taken[i] - 1])
-                tid = as_text(taken[i + 1])
+                if taken[i] != at:
+                    at = taken[i]
+                    qk = broker._q(names[at - 1])
+                raw = taken[i + 1]
+                tid = raw.decode() if isinstance(raw, bytes) else raw
                 data = taken[i + 2]
                 if data is None:
                     _log.error("dropped pending id without task hash", task_id=tid, queue=qk.name)
                     continue
                 size += len(data)
-                msg = await broker._decode_or_archive(
-                    qk, tid, data, now, qk.active, check_queue=True
-                )
-                if msg is not None:
-                    out.append(DequeuedTask(msg, expiry))
+                found = usable_message(data, tid, qk.name)
+                if isinstance(found, str):
+                    await broker._archive_unusable(qk, tid, found, now, qk.active)
+                else:
+                    out.append(DequeuedTask(found, expiry))
             if len(out) >= count or full:
                 break
             if budget >= 0:

@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Any
 
 import structlog
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from asyncq import _keys as keys
@@ -135,15 +134,17 @@ class ProcessingTransitions(BrokerBase):
         calls: dict[str, AckCall] = {}
         strays: list[int] = []
         for i, (msg, complete) in enumerate(items):
-            try:
-                qk = self._msg_queue(msg)
-            except ValueError as exc:
-                results[i] = exc
-                continue
-            call = calls.get(qk.name)
-            if call is None:
+            # A queue met earlier in the batch was checked then: only the id is left.
+            call = calls.get(msg.queue)
+            if call is None or not msg.id:
+                try:
+                    qk = self._msg_queue(msg)
+                except ValueError as exc:
+                    results[i] = exc
+                    continue
                 call = calls[qk.name] = AckCall(qk, stats_exp)
-            if is_workflow_step(msg):
+            # Only a message with headers can be a workflow step.
+            if msg.headers and is_workflow_step(msg):
                 # A step has no unique key (refused when the workflow starts), as ack_step.
                 wkey, place = step_place(msg)
                 call.indices.append(i)
@@ -200,7 +201,7 @@ class ProcessingTransitions(BrokerBase):
                 return [await _ACK_MANY(self._cmd, *calls[0])]
             except ResponseError as exc:
                 return [exc]
-        if rep is None and not isinstance(self.redis, RedisCluster):
+        if rep is None and not self.on_cluster:
             # Several queues on one server: one script call for all of them.
             flat: list[Any] = []
             for k, args in calls:

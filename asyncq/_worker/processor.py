@@ -455,16 +455,19 @@ class Processor(Role):
     def _start(self, got: DequeuedTask) -> None:
         """Start *got* in the slot its fetch or delivery took; counted against the in-flight
         bytes and its queue's local limit until :meth:`_released`."""
-        self._inflight_bytes += len(got.message.payload)
-        self._limits.started(got.message.queue)
+        msg = got.message
+        self._inflight_bytes += len(msg.payload)
+        self._limits.started(msg.queue)
         self.attempts.start(got)
 
     def _released(self, active: ActiveTask) -> None:
         """A task's coroutine ended: its slot, bytes and local count are free again."""
-        self._inflight_bytes -= len(active.msg.payload)
+        msg = active.msg
+        limits = self._limits
+        self._inflight_bytes -= len(msg.payload)
         self._bytes_freed.set()
-        self._limits.finished(active.msg.queue)
-        if self._limits.is_local_limited(active.msg.queue):
+        limits.finished(msg.queue)
+        if limits.is_local_limited(msg.queue):
             self._wakeup.set()  # room under this server's limit for the queue: fetch again
         if not self.active and self._burst:
             self._wakeup.set()  # re-check the queues now: maybe time to exit

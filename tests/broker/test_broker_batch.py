@@ -431,6 +431,16 @@ async def test_invalid_messages_and_empty_batch(broker: Broker, redis: Redis) ->
     assert await redis.dbsize() == 0
 
 
+async def test_a_message_without_id_after_its_queue_was_met(broker: Broker, redis: Redis) -> None:
+    # The batch checks a queue once; a later message of that queue still needs its id.
+    results = await transitions.done_many(
+        broker, [task("t", queue="default"), TaskMessage(type="x", queue="default")]
+    )
+    assert isinstance(results[0], TaskNotFoundError)
+    assert isinstance(results[1], ValueError)
+    assert "no id" in str(results[1])
+
+
 async def test_round_trip_with_dequeue_many(broker: Broker, redis: Redis) -> None:
     for i in range(250):
         await broker.enqueue(task(f"t{i}", queue=QUEUES[i % 3], retention=i % 2 * 60))

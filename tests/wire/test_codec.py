@@ -82,3 +82,55 @@ def test_a_repeated_header_key_keeps_the_last_value() -> None:
     decoded = decode_task_message(data)
     assert decoded.headers == {"trace": "new", "tenant": "a"}
     assert decoded.headers == TaskMessage.parse(data).headers
+
+
+def _entry(key: bytes, value: bytes, order: str) -> bytes:
+    """One headers map entry, its parts in *order* ("kv", "vk", or "kxv" with an unknown
+    field between key and value); lengths as varints, so long ones take two bytes."""
+    parts = {
+        "k": b"\x0a" + _varint(len(key)) + key,
+        "v": b"\x12" + _varint(len(value)) + value,
+        "x": b"\x18\x01",
+    }
+    inner = b"".join(parts[c] for c in order)
+    return b"\x7a" + _varint(len(inner)) + inner
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+header_text = st.text(max_size=150).map(str.encode)
+entries = st.builds(_entry, header_text, header_text, st.sampled_from(["kv", "vk", "kxv", "v"]))
+single_fields = messages.flatmap(
+    lambda msg: st.sampled_from([bytes(m) for m in _one_field_each(msg)] or [b""])
+)
+
+
+def _one_field_each(msg: TaskMessage) -> list[TaskMessage]:
+    names = [n for n in vars(TaskMessage()) if not n.startswith("_") and n != "headers"]
+    return [TaskMessage(**{n: getattr(msg, n)}) for n in names if getattr(msg, n)]
+
+
+@given(st.lists(st.one_of(entries, single_fields), max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_fields_in_any_order_and_any_entry_shape_decode_as_betterproto2(
+    chunks: list[bytes],
+) -> None:
+    # What another producer may write: fields out of order or repeated (the last wins),
+    # map entries with their value first, an unknown field inside, or no key, and
+    # lengths of two bytes.
+    data = b"".join(chunks)
+    assert decode_task_message(data) == TaskMessage.parse(data)
+
+
+def test_a_decoded_message_has_the_attributes_of_a_constructed_one() -> None:
+    msg = TaskMessage(type="t", payload=b"p", id="i", queue="q", timeout=1800)
+    decoded = decode_task_message(bytes(msg))
+    assert vars(decoded) == vars(msg)
+    assert decoded.headers is not decode_task_message(bytes(msg)).headers
