@@ -148,3 +148,22 @@ class _Waiting:
 
     def deadline_came(self) -> None:
         pass
+
+
+async def test_after_a_deadline_the_timer_is_set_for_the_next_earliest() -> None:
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines(loop)
+    came: list[str] = []
+
+    async def wait(name: str, after: float) -> None:
+        select = FirstOf((), loop.time() + after, deadlines)
+        with select:
+            await asyncio.sleep(FAR)
+        came.append(name)
+
+    far = loop.create_task(wait("far", FAR))  # never comes: only its entry stays
+    await asyncio.gather(wait("first", 0.02), wait("second", 0.05))
+    assert came == ["first", "second"]  # the second came by the timer set after the first
+    far.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await far
