@@ -51,6 +51,10 @@ __all__ = ["FastConnection", "PackedCommand"]
 Arg = str | bytes | int | float
 """What a command argument may be (bools and None are rejected, as in redis-py)."""
 
+_EARLY = 8
+"""Buffered commands that go out before the loop iteration ends, while Redis has little queued."""
+_AHEAD = 64
+"""Commands written and unanswered above which buffered ones wait for the iteration's end."""
 _INCOMPLETE = object()  # hiredis.Reader's "no complete reply yet" marker
 _pack: Callable[[tuple[Any, ...]], bytes] = hiredis.pack_command
 _parse_error: Callable[[str], Exception] = BaseParser.parse_error
@@ -247,10 +251,13 @@ class _Protocol(asyncio.Protocol):
     def _write(self, data: bytes, waiter: asyncio.Future[Any] | _Batch) -> None:
         # Coalescing: a call made while others are in flight is buffered, and the buffer
         # goes out in one send() at the end of the loop iteration's callbacks, so N
-        # concurrent callers cost one syscall and Redis reads them in one go. With nothing
-        # in flight (the serial caller) the write goes out at once: no extra loop
-        # iteration on its round trip, unless _hold says that more callers are about to
-        # write in this iteration.
+        # concurrent callers cost one syscall and Redis reads them in one go; while Redis
+        # has little queued (< _AHEAD written, unanswered), every _EARLY buffered commands
+        # go out at once, so Redis works on them while this loop builds the rest (32
+        # callers: 1.87x the tasks/s of one send() per iteration, measured in issue 40).
+        # With nothing in flight (the serial caller) the write goes out at once: no extra
+        # loop iteration on its round trip, unless _hold says that more callers are about
+        # to write in this iteration.
         waiters = self._waiters
         if waiters:
             waiters.append(waiter)
@@ -264,7 +271,12 @@ class _Protocol(asyncio.Protocol):
                 return
         out = self._out
         out.append(data)
-        if not self._flushing:
+        if len(out) >= _EARLY and len(waiters) - len(out) < _AHEAD:
+            # Redis has little queued: these go out now, so Redis works on them while
+            # this loop builds the rest instead of both taking turns.
+            self._out = []
+            self.transport.write(b"".join(out))  # type: ignore[union-attr]  # set while ready
+        elif not self._flushing:
             self._flushing = True
             self.loop.call_soon(self._flush)
 
