@@ -60,6 +60,9 @@ SUBSET = [
     "tests/inspection/test_triage.py",
     "tests/scheduling/test_scheduler.py",
     "tests/scheduling/test_cron_keys_hostile.py",
+    # durable functions: their five scripts, directly and under a worker
+    "tests/durable/test_durable_scripts.py",
+    "tests/durable/test_durable.py",
     "tests/connection/test_fast_pubsub.py",
     # direct delivery: the enqueue's PUBSUB NUMSUB beside a pattern subscriber, bad members
     "tests/broker/test_delivery.py",
