@@ -38,7 +38,7 @@ from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from asyncq._broker.durable import RunSuspended, SuspendPlan
+from asyncq._broker.durable import RunSuspended
 from asyncq._broker.workflow import AckMode
 from asyncq._logging import RateLimiter, error_text, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
@@ -112,6 +112,9 @@ class DeferWrite(Protocol):
 
 _Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 """Starts a coroutine as a task of the processor's TaskGroup."""
+
+_Write = Callable[[], Awaitable[None]]
+"""One outcome's write to Redis, retried by the syncer when Redis was unreachable."""
 
 _Ran = tuple[BaseException | None, timedelta | None]
 """How the handler's run ended: its failure (or the stop's), or its type's wait for a token."""
@@ -481,11 +484,14 @@ class OutcomeWriter:
             write = self._workflow_ack(msg, outcome.ack_mode, outcome.err_msg)
             await self._write(active, write, "archive" if kind == "archive" else "done")
         elif outcome.durable:  # acknowledged together with its record in the run
-            write = self._durable_ack(msg, outcome.ack_mode, outcome.err_msg)
+            ack = partial(self.broker.ack_durable_step, msg, outcome.ack_mode, outcome.err_msg)
+            write = self._logged(msg, "durable step acknowledged", "run", ack)
             await self._write(active, write, "archive" if kind == "archive" else "done")
         elif kind == "suspend":
             assert outcome.plan is not None
-            await self._write(active, self._suspend(msg, outcome.plan), "suspend")
+            suspend = partial(self.broker.suspend_run, msg, outcome.plan)
+            write = self._logged(msg, "durable run suspended", "run", suspend)
+            await self._write(active, write, "suspend")
         elif kind == "revoke":
             await self._write(active, partial(broker.done, msg), "done")
         elif kind == "archive":
@@ -515,41 +521,23 @@ class OutcomeWriter:
         err_msg = f"asyncq: rate limit of task type {msg.type!r} ({rate}) reached; not run"
         await self._write_outcome(active, not_run(self.clock(), retry_in, err_msg))
 
-    def _workflow_ack(
-        self, msg: TaskMessage, mode: AckMode, err_msg: str = ""
+    def _logged(
+        self, msg: TaskMessage, what: str, field: str, call: Callable[[], Awaitable[str]]
     ) -> Callable[[], Awaitable[None]]:
+        """The write *call* (a workflow's or a durable run's hand-off), its answer (the
+        workflow's or the run's state after it) logged at debug level as *field*."""
+
+        async def write() -> None:
+            got = await call()
+            if self._debug:
+                self.log.debug(what, **{field: got}, **task_fields(msg))
+
+        return write
+
+    def _workflow_ack(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> _Write:
         """The write acknowledging a workflow step together with its hand-off."""
-
-        async def write() -> None:
-            state = await self.broker.ack_workflow_step(msg, mode, err_msg)
-            if self._debug:
-                self.log.debug(
-                    "workflow step acknowledged", workflow_state=state, **task_fields(msg)
-                )
-
-        return write
-
-    def _durable_ack(
-        self, msg: TaskMessage, mode: AckMode, err_msg: str
-    ) -> Callable[[], Awaitable[None]]:
-        """The write acknowledging a durable run's step together with its record."""
-
-        async def write() -> None:
-            got = await self.broker.ack_durable_step(msg, mode, err_msg)
-            if self._debug:
-                self.log.debug("durable step acknowledged", run=got, **task_fields(msg))
-
-        return write
-
-    def _suspend(self, msg: TaskMessage, plan: SuspendPlan) -> Callable[[], Awaitable[None]]:
-        """The write ending a durable run's attempt as its replay decided."""
-
-        async def write() -> None:
-            got = await self.broker.suspend_run(msg, plan)
-            if self._debug:
-                self.log.debug("durable run suspended", run=got, **task_fields(msg))
-
-        return write
+        ack = partial(self.broker.ack_workflow_step, msg, mode, err_msg)
+        return self._logged(msg, "workflow step acknowledged", "workflow_state", ack)
 
     async def _call_error_handler(
         self, task: Task, exc: BaseException, fields: dict[str, Any]
