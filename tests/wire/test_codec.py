@@ -134,3 +134,53 @@ def test_a_decoded_message_has_the_attributes_of_a_constructed_one() -> None:
     decoded = decode_task_message(bytes(msg))
     assert vars(decoded) == vars(msg)
     assert decoded.headers is not decode_task_message(bytes(msg)).headers
+
+
+@pytest.mark.parametrize("size", [127, 128, 16_383, 16_384, 70_000])
+def test_long_fields_decode_as_betterproto2(size: int) -> None:
+    # Lengths of one to three bytes, in a bytes field, a string field and a header entry.
+    msg = TaskMessage(
+        type="t" * size, payload=b"p" * size, id="i", queue="q", headers={"k": "v" * size}
+    )
+    data = bytes(msg)
+    assert decode_task_message(data) == TaskMessage.parse(data) == msg
+
+
+def test_unknown_fields_of_every_wire_type_are_kept_in_place() -> None:
+    # Field 16 as a varint, field 17 as fixed64, field 18 as fixed32 and field 19 as bytes,
+    # each followed by a known field that must still decode.
+    base = bytes(TaskMessage(type="t", id="i", queue="q"))
+    extra = (
+        b"\x80\x01\x96\x01"  # 16: varint 150
+        + b"\x89\x01"
+        + bytes(range(8))  # 17: fixed64
+        + b"\x95\x01"
+        + bytes(range(4))  # 18: fixed32
+        + b"\x9a\x01\x03abc"  # 19: bytes
+    )
+    after = bytes(TaskMessage(retry=3))
+    data = base + extra + after
+    decoded = decode_task_message(data)
+    assert (decoded.type, decoded.retry) == ("t", 3)
+    assert encode_task_message(decoded) == base + after + extra
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b"\x08" + b"\xff" * 11 + b"\x01", "varint longer than 10 bytes in TaskMessage"),
+        (b"\x0a\x05abc", "truncated field in TaskMessage"),  # type: 5 bytes, 3 there
+    ],
+)
+def test_malformed_bytes_are_named_exactly(data: bytes, error: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        decode_task_message(data)
+    assert str(raised.value) == error
+
+
+@pytest.mark.parametrize("size", [121, 122, 123, 124, 125])
+def test_header_entries_around_one_length_byte_encode_as_betterproto2(size: int) -> None:
+    # An entry of 4 + key + value bytes: 127 still takes one length byte, 128 takes two.
+    msg = TaskMessage(type="t", id="i", queue="q", headers={"k": "v" * size, "kk": "w" * size})
+    assert encode_task_message(msg) == bytes(msg)
+    assert decode_task_message(bytes(msg)) == msg
