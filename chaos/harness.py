@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,6 +251,18 @@ class Harness:
                 + ", ".join(str(w.log) for w in unexpected)
             )
 
+    def _log_lines(self, task_ids: Iterable[str], limit: int = 20) -> list[str]:
+        """The worker log lines naming one of *task_ids*: what a CI log shows of a failure
+        once its temporary directory is gone."""
+        wanted = set(task_ids)
+        lines: list[str] = []
+        for w in [*self.workers, *self.dead, *self.exited]:
+            with contextlib.suppress(OSError):
+                for line in w.log.read_text(errors="replace").splitlines():
+                    if any(tid in line for tid in wanted) and len(lines) < limit:
+                        lines.append(f"{w.pid}: {line[:400]}")
+        return lines
+
     # -- producing -----------------------------------------------------------------------
 
     async def produce(
@@ -400,6 +412,8 @@ class Harness:
         fig.duplicates, fig.explained = duplicates(view, work, self.faults, unexplained)
         if unexplained:
             fig.notes["unexplained_sample"] = unexplained
+            fig.notes["unexplained_logs"] = self._log_lines(s.split(":", 1)[0] for s in unexplained)
+            fig.notes["stalls"] = [f"{f.pid}@{f.start:.3f}-{f.end:.3f}" for f in view.stalls]
         fig.notes["enqueue_retries"] = self.enqueue_retries
         fig.notes["queue_after"] = {
             "pending": info.pending,

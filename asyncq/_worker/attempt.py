@@ -204,6 +204,10 @@ class Attempts:
         now = self.clock()
         if active.cancel_exc is None and now >= active.deadline:
             active.cancel_exc = DeadlineExceededError()
+        elif active.cancel_exc is None and not active.lease.valid():
+            # The loop stalled between the fetch and this first step for longer than the
+            # lease: the recoverer may have given the task to another server already.
+            active.cancel_exc = LeaseExpiredError()
         if active.cancel_exc is not None or active.abandoned:
             return active.cancel_exc, None  # stopped before it started
         active.state = "running"

@@ -177,7 +177,9 @@ class Watchdog(Role):
         now = time.time()
         by_queue: dict[str, list[tuple[str, Lease]]] = {}
         for act in self._running():
-            if act.state != "running" or act.abandoned or now >= act.deadline:
+            # Tasks fetched but not yet started, and outcomes being written, too: the
+            # stall holds them as much as the handlers (the heartbeater keeps them all).
+            if act.state == "finished" or act.abandoned or now >= act.deadline:
                 continue  # past its deadline a wedged task is left to the recoverer
             if act.lease.valid():
                 by_queue.setdefault(act.msg.queue, []).append((act.msg.id, act.lease))
