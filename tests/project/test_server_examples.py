@@ -36,6 +36,7 @@ def run_example(name: str, url: str, *args: str) -> subprocess.CompletedProcess[
         ("webapp.py", ("--self-test",), "worker: welcome email sent to ada@example.com"),
         ("aggregation.py", (), "digest for user-2: 2 notifications"),
         ("durable_onboarding.py", (), "user 2: opened=False, score 90"),
+        ("durable_agent.py", (), "T-2: A refund for the kettle was declined"),
     ],
 )
 async def test_example_runs(
@@ -47,7 +48,8 @@ async def test_example_runs(
 
 
 @pytest.mark.parametrize(
-    "name", ["main_job.py", "webapp.py", "aggregation.py", "durable_onboarding.py"]
+    "name",
+    ["main_job.py", "webapp.py", "aggregation.py", "durable_onboarding.py", "durable_agent.py"],
 )
 def test_example_reports_unreachable_redis(name: str) -> None:
     result = run_example(name, f"redis://127.0.0.1:{free_port()}/0", "--self-test")
