@@ -67,7 +67,7 @@ async def _serve(args: argparse.Namespace) -> None:
     import structlog
     from redis.asyncio import Redis
 
-    from asyncq import ServeMux, Server, Task
+    from asyncq import Intervals, ServeMux, Server, Task
 
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
@@ -135,11 +135,13 @@ async def _serve(args: argparse.Namespace) -> None:
         args.redis,
         concurrency=args.concurrency,
         lease_duration=timedelta(seconds=args.lease),
-        heartbeat_interval=timedelta(seconds=args.heartbeat),
-        recoverer_interval=timedelta(seconds=args.recoverer),
-        recoverer_cutoff=timedelta(seconds=args.cutoff),
-        task_check_interval=timedelta(milliseconds=200),
-        delayed_task_check_interval=timedelta(milliseconds=200),
+        intervals=Intervals(
+            heartbeat=timedelta(seconds=args.heartbeat),
+            recoverer=timedelta(seconds=args.recoverer),
+            recoverer_cutoff=timedelta(seconds=args.cutoff),
+            task_check=timedelta(milliseconds=200),
+            delayed_task_check=timedelta(milliseconds=200),
+        ),
         shutdown_timeout=timedelta(seconds=3),
         retry_delay=lambda n, exc, task: timedelta(0),
         min_replicas=args.min_replicas,
