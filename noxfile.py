@@ -212,6 +212,36 @@ def fuzz(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def durable_kill(session: nox.Session) -> None:
+    """The durable functions' kill test at full size (not in the default run): 1,000 runs
+    of 5 steps, a sleep, a signal wait and a fan-out of 10, worker subprocesses SIGKILLed at
+    25 random points; prints the kill ledger. ``ASYNCQ_DURABLE_KILL_RUNS`` overrides the
+    run count (the default suite runs 6). Extra arguments go to pytest.
+    """
+    session.install("-e", ".[dev]")
+    runs = os.environ.get("ASYNCQ_DURABLE_KILL_RUNS", "1000")
+    session.run(
+        "pytest", "-p", "no:cacheprovider", "-s", "tests/durable/test_durable_kill.py",
+        *session.posargs, env={"ASYNCQ_DURABLE_KILL_RUNS": runs},
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def durable_idle(session: nox.Session) -> None:
+    """The durable functions' idle-cost test at full size (not in the default run): 10,000
+    runs waiting (half for a signal, half sleeping) hold no slot and add no Redis command
+    to a forwarder pass; ``ASYNCQ_DURABLE_IDLE_RUNS`` overrides the count (default suite:
+    500). Extra arguments go to pytest.
+    """
+    session.install("-e", ".[dev]")
+    runs = os.environ.get("ASYNCQ_DURABLE_IDLE_RUNS", "10000")
+    session.run(
+        "pytest", "-p", "no:cacheprovider", "-s", "tests/durable/test_durable_idle.py",
+        *session.posargs, env={"ASYNCQ_DURABLE_IDLE_RUNS": runs},
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHON)
 def mutation(session: nox.Session) -> None:
     """Mutation testing of the pure modules and the worker core ([tool.mutmut]); not by default.
 
@@ -314,12 +344,15 @@ def bench(session: nox.Session) -> None:
 
     ``nox -s bench`` runs both in full; ``-- --quick`` runs both small. ``-- peers ARGS``
     runs only the comparison (``python -m benchmarks ARGS``), ``-- scale ARGS`` only
-    the scale curves (``python -m benchmarks.scale ARGS``). Other arguments go to the
-    comparison; ``--quick`` goes to both.
+    the scale curves (``python -m benchmarks.scale ARGS``), ``-- durable ARGS`` only a
+    durable step's cost beside a plain task and a chain (``python -m benchmarks.durable
+    ARGS``). Other arguments go to the comparison; ``--quick`` goes to both.
     """
     session.install("-e", ".[uvloop]", "matplotlib>=3.7")
     args = list(session.posargs)
-    which = args.pop(0) if args[:1] in (["peers"], ["scale"]) else "both"
+    which = args.pop(0) if args[:1] in (["peers"], ["scale"], ["durable"]) else "both"
+    if which == "durable":
+        session.run("python", "-m", "benchmarks.durable", *args)
     if which in ("both", "peers"):
         session.run("python", "-m", "benchmarks", *args)
     if which == "scale":

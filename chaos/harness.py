@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from asyncq import (
 )
 from chaos.ledger import Fault, LedgerView, duplicates, read_ledger
 from chaos.procs import RedisProc
+from chaos.worker import DURABLE
 
 __all__ = ["Figures", "Harness", "faketime_library"]
 
@@ -36,6 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "default"
 # asynq's key layout (wire format, the same for Go asynq): what the check reads directly.
 PREFIX = f"asynq:{{{QUEUE}}}:"
+FINISHING = ("work", DURABLE)
+"""Kinds of task whose handler never fails: each must finish (the others are poison)."""
 
 
 def faketime_library() -> str | None:
@@ -276,9 +280,11 @@ class Harness:
         batch: int = 50,
         ms: tuple[int, int] = (0, 20),
         max_retry: int | None = None,
+        retention: float | None = None,
         give_up_after: float = 60.0,
     ) -> None:
-        """Enqueue *count* tasks evenly over *seconds*, retrying failed items (same ids).
+        """Enqueue *count* tasks evenly over *seconds*, retrying failed items (same ids);
+        *retention* (s) keeps their results readable after success.
 
         A task counts as acknowledged when enqueue_many returned it written, or
         TaskIdConflictError on a retry (an earlier attempt did write it).
@@ -292,7 +298,10 @@ class Harness:
             for _ in range(n):
                 data = payload if payload is not None else {"ms": rng.randint(*ms)}
                 tasks.append((str(uuid.uuid4()), Task.from_json(kind, data)))
-            await self._enqueue_all(client, tasks, kind, max_retry, give_up_after)
+            opts: dict[str, Any] = {} if max_retry is None else {"max_retry": max_retry}
+            if retention is not None:
+                opts["retention"] = timedelta(seconds=retention)
+            await self._enqueue_all(client, tasks, kind, opts, give_up_after)
             made += n
             ahead = started + seconds * made / count - time.monotonic()
             if ahead > 0:
@@ -303,14 +312,13 @@ class Harness:
         client: Client,
         tasks: list[tuple[str, Task]],
         kind: str,
-        max_retry: int | None,
+        opts: dict[str, Any],
         give_up_after: float,
     ) -> None:
         todo = tasks
         tried: set[str] = set()
         deadline = time.monotonic() + give_up_after
         while todo:
-            opts: dict[str, Any] = {} if max_retry is None else {"max_retry": max_retry}
             items = [(task, {"task_id": tid, **opts}) for tid, task in todo]
             try:
                 results: list[Any] = await client.enqueue_many(items)  # type: ignore[arg-type]
@@ -369,7 +377,7 @@ class Harness:
         return view
 
     def _settled(self, view: LedgerView, tid: str, kind: str) -> bool:
-        return view.finished(tid) if kind == "work" else view.started(tid)
+        return view.finished(tid) if kind in FINISHING else view.started(tid)
 
     async def in_flight(self, conn: Connection) -> int:
         redis = conn.redis
@@ -383,7 +391,7 @@ class Harness:
         return sum(int(c) for c in counts)
 
     async def _poison_settled(self, conn: Connection) -> bool:
-        poison = [tid for tid, kind in self.acked.items() if kind != "work"]
+        poison = [tid for tid, kind in self.acked.items() if kind not in FINISHING]
         if not poison:
             return True
         members: Any = await conn.redis.zrange(PREFIX + "archived", 0, -1)
@@ -394,8 +402,11 @@ class Harness:
 
     async def check(self, conn: Connection, view: LedgerView) -> Figures:
         fig = self.figures
-        work = [tid for tid, kind in self.acked.items() if kind == "work"]
-        poison = {tid: kind for tid, kind in self.acked.items() if kind != "work"}
+        work = [tid for tid, kind in self.acked.items() if kind in FINISHING]
+        poison = {tid: kind for tid, kind in self.acked.items() if kind not in FINISHING}
+        # A durable run's steps, ids "<run id>-<index>", must not run twice unexplained either.
+        runs = {tid for tid, kind in self.acked.items() if kind == DURABLE}
+        steps = [tid for tid in view.runs if tid.rsplit("-", 1)[0] in runs]
         fig.tasks = len(self.acked)
         lost = [tid for tid in work if not view.finished(tid)]
         lost += [tid for tid in poison if not view.started(tid)]
@@ -409,7 +420,7 @@ class Harness:
         fig.lost = len(set(lost))
         fig.leftover = await self.in_flight(conn) + len(not_archived)
         unexplained: list[str] = []
-        fig.duplicates, fig.explained = duplicates(view, work, self.faults, unexplained)
+        fig.duplicates, fig.explained = duplicates(view, [*work, *steps], self.faults, unexplained)
         if unexplained:
             fig.notes["unexplained_sample"] = unexplained
             fig.notes["unexplained_logs"] = self._log_lines(s.split(":", 1)[0] for s in unexplained)

@@ -9,14 +9,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from redis.crc import key_slot
 
-from asyncq import Client, Connection, Task
-from chaos.harness import Figures, Harness, faketime_library
+from asyncq import App, Client, Connection, Inspector, Task
+from chaos.harness import QUEUE, Figures, Harness, faketime_library
 from chaos.ledger import Fault, read_ledger
 from chaos.procs import ClusterGroup, RedisProc, SentinelGroup
 from chaos.proxy import PartitionProxy
+from chaos.worker import DURABLE, DURABLE_RESULT, SIGNAL
 
 __all__ = ["SCENARIOS", "Size"]
 
@@ -348,6 +350,72 @@ async def poison_pills(size: Size) -> Figures:
         redis.cleanup()
 
 
+async def durable_runs(size: Size) -> Figures:
+    """Durable runs (steps, a sleep, a signal wait, a fan-out) while one of 2 workers is
+    SIGKILLed every 1-3 s: every run ends with its result, and a step or a run's last
+    entry that ran twice started first in a killed worker."""
+    n = size.count(2_000, 300)
+    load = size.pick(40, 6)
+    storm = size.pick(45, 8)
+    redis = RedisProc().start()
+    try:
+        async with (
+            Harness("durable", redis.url, lease=2.0) as h,
+            Connection(redis.url) as conn,
+            App(conn) as app,
+        ):
+            for _ in range(2):
+                await h.spawn(concurrency=20)
+            rng = random.Random(42)
+            async with Client(conn) as client:
+                producer = asyncio.create_task(
+                    h.produce(client, n, seconds=load, kind=DURABLE, ms=(10, 60), retention=600)
+                )
+                signaller = asyncio.create_task(_signal_runs(h, app, producer, rng))
+                end = time.monotonic() + storm
+                while time.monotonic() < end:
+                    await asyncio.sleep(rng.uniform(1, 3))
+                    await h.kill(rng.choice(h.workers))
+                await producer
+                h.figures.notes["signals_taken_by_a_waiting_run"] = await signaller
+            fig = await _finish(h, conn)
+            async with Inspector(conn.redis) as inspector:
+                wrong = []
+                for tid in (t for t, kind in h.acked.items() if kind == DURABLE):
+                    info = await inspector.get_task(QUEUE, tid)
+                    if info.result != str(DURABLE_RESULT).encode():
+                        wrong.append(f"{tid}: {info.state.name} {info.result!r}")
+            if wrong:
+                fig.error = f"{len(wrong)} run(s) without their result"
+                fig.notes["wrong_results"] = wrong[:10]
+            fig.notes["workers"] = 2
+            return fig
+    finally:
+        redis.cleanup()
+
+
+async def _signal_runs(
+    h: Harness, app: App[Any], producer: asyncio.Task[None], rng: random.Random
+) -> int:
+    """Signal each run 0-2 s after its enqueue (before or while it waits); how many
+    signals a waiting run took (the others were kept for the run's wait)."""
+    due: dict[str, float] = {}
+    took = 0
+    while not producer.done() or len(due) < len(h.acked):
+        now = time.monotonic()
+        for tid in h.acked:
+            due.setdefault(tid, now + rng.uniform(0, 2))
+        for tid, at in due.items():
+            if 0 < at <= now:
+                took += await app.signal(SIGNAL, key=tid, payload=1, queue=QUEUE)
+                due[tid] = 0
+        await asyncio.sleep(0.05)
+    for tid, at in due.items():
+        if at > 0:
+            took += await app.signal(SIGNAL, key=tid, payload=1, queue=QUEUE)
+    return took
+
+
 SCENARIOS: dict[str, Callable[[Size], Awaitable[Figures]]] = {
     "crash-storm": crash_storm,
     "redis-restart": redis_restart,
@@ -357,4 +425,5 @@ SCENARIOS: dict[str, Callable[[Size], Awaitable[Figures]]] = {
     "cluster": cluster_failover,
     "clock-skew": clock_skew,
     "poison": poison_pills,
+    "durable": durable_runs,
 }

@@ -13,7 +13,12 @@ Task types:
   writing ``B <task id> <run> <pid> <time> <seconds>`` so that the runs it
   stalls are explained, then finishes;
 * ``memory``: runs a child process that allocates ``mb`` MiB under a smaller
-  address-space limit; the child dies with MemoryError and the task fails.
+  address-space limit; the child dies with MemoryError and the task fails;
+* ``chaos:durable`` (:data:`DURABLE`): a durable run of 3 steps, a sleep, a wait for
+  the signal :data:`SIGNAL` keyed by the run's id, and a fan-out of 5 steps, each step
+  (``chaos:step``, its task id ``<run id>-<index>``) sleeping ``ms`` between its ``S``
+  and ``D`` records; its last entry is a local call that writes the run's own ``S`` and
+  ``D`` records, and it returns :data:`DURABLE_RESULT` (with the signal's payload 1).
 
 ``--skew S`` says the process clock is S seconds ahead (the harness starts it
 under libfaketime); ledger times are written in real time. With
@@ -35,6 +40,10 @@ from datetime import timedelta
 from typing import Any
 
 LEDGER = "chaos:ledger"
+DURABLE = "chaos:durable"
+SIGNAL = "chaos:go"
+DURABLE_RESULT = 64
+"""What a durable run returns: its steps' results (0+1+2 + 10+...+14) + the signal's 1."""
 
 
 def _parse() -> argparse.Namespace:
@@ -67,7 +76,7 @@ async def _serve(args: argparse.Namespace) -> None:
     import structlog
     from redis.asyncio import Redis
 
-    from asyncq import Intervals, ServeMux, Server, Task
+    from asyncq import App, Intervals, Run, Server, Task, current_task
 
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
@@ -77,19 +86,23 @@ async def _serve(args: argparse.Namespace) -> None:
     ledger = Redis.from_url(args.ledger)
     pid = os.getpid()
     runs = itertools.count()
-    mux = ServeMux()
+    # An App for the durable run and its steps; the other handlers go on its mux.
+    app = App(args.redis)
+    mux = app.mux
 
     def payload(task: Task) -> dict[str, Any]:
         data: dict[str, Any] = task.json() if task.payload else {}
         return data
 
-    async def start(task: Task) -> str:
+    async def start(task: Task | str) -> str:
+        tid = task if isinstance(task, str) else task.id
         run = f"{pid}.{next(runs)}"
-        await ledger.rpush(LEDGER, f"S {task.id} {run} {pid} {time.time() - args.skew:.6f}")
+        await ledger.rpush(LEDGER, f"S {tid} {run} {pid} {time.time() - args.skew:.6f}")
         return run
 
-    async def finish(task: Task, run: str) -> None:
-        await ledger.rpush(LEDGER, f"D {task.id} {run} {pid} {time.time() - args.skew:.6f}")
+    async def finish(task: Task | str, run: str) -> None:
+        tid = task if isinstance(task, str) else task.id
+        await ledger.rpush(LEDGER, f"D {tid} {run} {pid} {time.time() - args.skew:.6f}")
 
     @mux.handler("work")
     async def work(task: Task) -> None:
@@ -131,6 +144,28 @@ async def _serve(args: argparse.Namespace) -> None:
         rc = await child.wait()
         raise RuntimeError(f"child exceeded its {limit >> 20} MiB memory limit (exit {rc})")
 
+    @app.task(name="chaos:step", retention=timedelta(minutes=10))
+    async def step(i: int, ms: int) -> int:
+        run = await start(current_task())
+        await asyncio.sleep(ms / 1000)
+        await finish(current_task(), run)
+        return i
+
+    async def mark(run_id: str) -> None:
+        # The run's own ledger records: finished, as far as the ledger sees it.
+        await finish(run_id, await start(run_id))
+
+    @app.durable(name=DURABLE, retention=timedelta(minutes=10))
+    async def durable(run: Run, ms: int) -> int:
+        total = 0
+        for i in range(3):
+            total += await run.step(step, i, ms)
+        await run.sleep(timedelta(milliseconds=200))
+        got = await run.wait_for(SIGNAL, key=run.id)
+        total += sum(await run.gather(*(run.step(step, 10 + i, ms) for i in range(5))))
+        await run.call(mark, run.id)
+        return total + int(got)
+
     server = Server(
         args.redis,
         concurrency=args.concurrency,
@@ -159,6 +194,7 @@ async def _serve(args: argparse.Namespace) -> None:
         await server.run(mux)
     finally:
         ready.cancel()
+        await app.aclose()
         await ledger.aclose()
     print(json.dumps({"pid": pid, "exit": "clean"}), file=sys.stderr)
 

@@ -1,6 +1,6 @@
 """A worker process of the App of tests/support/durable_app.py, for the durable kill test.
 
-    python tests/support/workers/durable_worker.py REDIS_URL
+    python tests/support/workers/durable_worker.py REDIS_URL [CONCURRENCY]
 
 Short lease and intervals, so a killed worker's tasks are recovered within seconds, and
 a retry 0.1 s after a failure (the default waits 15 s and more).
@@ -19,7 +19,7 @@ from asyncq import Intervals
 from tests.support import durable_app as d
 
 
-async def main(url: str) -> None:
+async def main(url: str, concurrency: int) -> None:
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
         processors=[
@@ -31,7 +31,7 @@ async def main(url: str) -> None:
     d.app.redis = url
     await d.app.run_worker(
         queues={d.QUEUE: 1},
-        concurrency=8,
+        concurrency=concurrency,
         lease_duration=timedelta(seconds=2),
         shutdown_timeout=timedelta(seconds=5),
         retry_delay=lambda n, exc, task: timedelta(milliseconds=100),
@@ -48,4 +48,4 @@ async def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 8))
