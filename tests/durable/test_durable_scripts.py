@@ -413,3 +413,51 @@ async def test_a_signal_wait_takes_a_kept_signal_or_its_recorded_result(
     assert await suspend_run(broker, got.message, plan) == "ready"
     assert await redis.get(keys.signal_key(Q, "go", "k")) == b"2"
     assert await redis.hget(keys.run_key(Q, "r1"), "r:0") == b'{"x":1}'
+
+
+async def test_a_signal_resumes_its_parked_run_and_wakes_the_queue(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    wait = SignalWait("go", "k", 0)
+    plan = SuspendPlan("signal", records={"s:0": b"wait go k"}, signal=wait, until=4e9)
+    assert await suspend_run(broker, run, plan) == "parked"
+    record = keys.run_key(Q, "r1")
+    assert await redis.hget(record, "until") is not None
+    await redis.rpush(keys.pending_key(Q), "other")
+    async with redis.pubsub() as sub:
+        await sub.subscribe(keys.wakeup_channel(Q))
+        await sub.get_message(timeout=5)  # the subscription's confirmation
+        took = await send_signal(redis, Q, "go", "k", payload=b'"yes"', keep_ms=60_000, now=12.5)
+        assert took == 1
+        woke = await sub.get_message(ignore_subscribe_messages=True, timeout=5)
+    assert woke is not None and woke["data"] == Q.encode()
+    assert await redis.hget(record, "r:0") == b'"yes"'
+    assert await redis.hget(record, "state") == b"running"
+    assert await redis.hget(record, "until") is None
+    assert await redis.hmget(keys.task_key(Q, "r1"), "state", "pending_since") == [
+        b"pending",
+        b"12500000000",
+    ]
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1", b"other"]  # asynq's LPUSH
+    assert await redis.zscore(keys.scheduled_key(Q), "r1") is None
+    assert not await redis.exists(keys.signal_key(Q, "go", "k"))  # taken, not kept
+    assert not await redis.exists(keys.awaiting_key(Q, "go", "k"))
+
+
+async def test_a_signal_with_one_damaged_run_among_many_changes_nothing(redis: Redis) -> None:
+    """The type check of every waiting run comes before the first write, wherever the
+    damaged one is in the set."""
+    awaiting = keys.awaiting_key(Q, "go", "k")
+    for i in range(40):
+        await redis.hset(keys.run_key(Q, f"g{i}"), "s:0", "wait go k")
+        await redis.hset(keys.task_key(Q, f"g{i}"), "state", "scheduled")
+        await redis.zadd(keys.scheduled_key(Q), {f"g{i}": FAR_FUTURE})
+        await redis.sadd(awaiting, f"g{i} 0")
+    await redis.set(keys.run_key(Q, "bad"), "x")
+    await redis.sadd(awaiting, "bad 0")
+    before = await dump_all(redis)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await send_signal(redis, Q, "go", "k", payload=b"1", keep_ms=60_000, now=0)
+    assert await dump_all(redis) == before
