@@ -5,6 +5,8 @@ functions: the Inspector reads Redis, these decide what it means."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
 
 from asyncq._broker.durable import FAR_FUTURE
 from asyncq._broker.inspect import StoredTask
@@ -17,7 +19,16 @@ from asyncq._inspection.records import (
 from asyncq._time import utc_from_timestamp
 from asyncq.task import TaskState
 
-__all__ = ["open_signal_wait", "run_info", "run_state", "run_summary", "signal_splits"]
+__all__ = [
+    "open_signal_wait",
+    "run_info",
+    "run_json",
+    "run_state",
+    "run_summary",
+    "signal_splits",
+    "summary_json",
+    "wait_json",
+]
 
 _ENDED = {"succeeded": "completed", "failed": "failed"}
 
@@ -163,3 +174,65 @@ def run_summary(info: DurableRunInfo) -> DurableRunSummary:
         steps_total=info.steps_total,
         updated=info.updated,
     )
+
+
+def _iso(when: datetime | None) -> str | None:
+    return None if when is None else when.isoformat()
+
+
+def wait_json(wait: DurableWait | None) -> dict[str, Any] | None:
+    """What a run waits for as JSON (the CLI's ``--json`` and the web API)."""
+    if wait is None:
+        return None
+    return {
+        "kind": wait.kind,
+        "steps": list(wait.steps),
+        "signal_name": wait.signal_name,
+        "signal_key": wait.signal_key,
+        "until": _iso(wait.until),
+    }
+
+
+def run_json(info: DurableRunInfo) -> dict[str, Any]:
+    """A run as JSON; results are the recorded JSON text (``""`` for a timed-out wait)."""
+    return {
+        "id": info.id,
+        "queue": info.queue,
+        "type": info.type,
+        "state": info.state,
+        "task_state": info.task_state,
+        "waiting_for": wait_json(info.waiting_for),
+        "steps_done": info.steps_done,
+        "steps_total": info.steps_total,
+        "next_process_at": _iso(info.next_process_at),
+        "updated": _iso(info.updated),
+        "last_error": info.last_error,
+        "entries": [
+            {
+                "index": e.index,
+                "kind": e.kind,
+                "signature": e.signature,
+                "step_id": e.step_id,
+                "result": None if e.result is None else e.result.decode("utf-8", "replace"),
+                "error": e.error,
+                "deadline": _iso(e.deadline),
+                "waited_for": e.waited_for,
+            }
+            for e in info.entries
+        ],
+    }
+
+
+def summary_json(row: DurableRunSummary) -> dict[str, Any]:
+    """A row of the list of runs as JSON."""
+    return {
+        "id": row.id,
+        "queue": row.queue,
+        "type": row.type,
+        "state": row.state,
+        "waiting_for": wait_json(row.waiting_for),
+        "entries": row.entries,
+        "steps_done": row.steps_done,
+        "steps_total": row.steps_total,
+        "updated": _iso(row.updated),
+    }
