@@ -45,7 +45,8 @@ async def test_ls_inspect_signal_and_cancel(redis_url: str, worker: Server) -> N
     async def waits(run_id: str) -> bool:
         async with Inspector(redis_url) as insp:
             try:
-                return (await insp.get_durable_run(Q, run_id)).state == "waiting"
+                wait = (await insp.get_durable_run(Q, run_id)).waiting_for
+                return wait is not None and wait.kind == "signal"  # not a step's wait
             except DurableRunNotFoundError:
                 return False
 

@@ -26,11 +26,13 @@ async def insp(redis: Redis) -> AsyncIterator[Inspector]:
         yield inspector
 
 
-async def waiting(insp: Inspector, run_id: str) -> bool:
+async def waiting(insp: Inspector, run_id: str, kind: str = "signal") -> bool:
+    """Whether the run waits for a *kind* (not for a step it took on the way)."""
     try:
-        return (await insp.get_durable_run(Q, run_id)).state == "waiting"
+        wait = (await insp.get_durable_run(Q, run_id)).waiting_for
     except DurableRunNotFoundError:
         return False
+    return wait is not None and wait.kind == kind
 
 
 async def test_runs_are_listed_and_inspected(insp: Inspector, worker: Server) -> None:
@@ -39,7 +41,7 @@ async def test_runs_are_listed_and_inspected(insp: Inspector, worker: Server) ->
     signalled = await d.waiter.start("k 1", None)
     sleeping = await d.sleeper.start(3600)
     await wait_until(lambda: waiting(insp, signalled.id), what="the waiter waits")
-    await wait_until(lambda: waiting(insp, sleeping.id), what="the sleeper waits")
+    await wait_until(lambda: waiting(insp, sleeping.id, "sleep"), what="the sleeper waits")
 
     info = await insp.get_durable_run(Q, done.id)
     assert (info.state, info.type, info.task_state) == ("completed", "d:chain", "completed")

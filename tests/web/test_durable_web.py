@@ -55,8 +55,9 @@ async def test_run_page_api_signal_and_cancel(http: httpx.AsyncClient, worker: S
         got = await http.get(f"/api/queues/{Q}/durable/{run_id}")
         return got.json()["state"] if got.status_code == 200 else None
 
-    async def waits(run_id: str) -> bool:
-        return await run_state(run_id) == "waiting"
+    async def waits(run_id: str) -> bool:  # for its signal, not for a step on the way
+        got = await http.get(f"/api/queues/{Q}/durable/{run_id}")
+        return got.status_code == 200 and (got.json()["waiting_for"] or {}).get("kind") == "signal"
 
     await wait_until(lambda: waits(first.id), what="first waits")
     await wait_until(lambda: waits(second.id), what="second waits")

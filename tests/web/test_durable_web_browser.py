@@ -43,13 +43,17 @@ async def test_a_runs_page_shows_its_steps_sends_a_signal_and_cancels(
             except DurableRunNotFoundError:
                 return None
 
-        async def is_(run_id: str, wanted: str) -> bool:
-            return await state(run_id) == wanted
+        async def on_signal(run_id: str) -> bool:  # not on a step it took on the way
+            try:
+                wait = (await insp.get_durable_run(Q, run_id)).waiting_for
+            except DurableRunNotFoundError:
+                return False
+            return wait is not None and wait.kind == "signal"
 
         held = await d.fickle.start()  # a step, then a wait for fickle/k
         other = await d.waiter.start("x", None)  # a wait for go/x, no timeout
-        await wait_until(lambda: is_(held.id, "waiting"), what="the run waits")
-        await wait_until(lambda: is_(other.id, "waiting"), what="the other run waits")
+        await wait_until(lambda: on_signal(held.id), what="the run waits")
+        await wait_until(lambda: on_signal(other.id), what="the other run waits")
 
         page = await new_page(browser)
         await page.goto(f"{web.url}/durable?queue={Q}")
