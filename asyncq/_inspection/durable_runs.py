@@ -49,7 +49,9 @@ def run_state(recorded: str | None, task: TaskState | None) -> str:
         return "failed"
     if task is TaskState.COMPLETED:
         return "completed"
-    return "waiting" if recorded == "waiting" else "running"
+    # a waiting run the forwarder, a step or a signal made pending is running again
+    parked = task is TaskState.SCHEDULED or task is None
+    return "waiting" if recorded == "waiting" and parked else "running"
 
 
 def signal_splits(signature: str) -> list[tuple[str, str]]:
@@ -118,7 +120,9 @@ def run_info(
 ) -> DurableRunInfo:
     """The run *run_id* of *queue* from its *record* and its *task* (None: gone);
     *signal*: the name and key of the signal it waits for, when it waits for one."""
-    waiting = _wait(record, signal)
+    task_state = task.state if task is not None else None
+    state = run_state(_text(record.get("state")) or None, task_state)
+    waiting = _wait(record, signal) if state == "waiting" else None
     waited = set(waiting.steps) if waiting is not None else set()
     open_wait = open_signal_wait(record) if waiting is not None else None
     entries: list[DurableEntry] = []
@@ -152,7 +156,7 @@ def run_info(
         id=run_id,
         queue=queue,
         type=msg.type if msg is not None else None,
-        state=run_state(_text(record.get("state")) or None, task.state if task else None),
+        state=state,
         task_state=None if task is None else str(task.state),
         entries=entries,
         waiting_for=waiting,

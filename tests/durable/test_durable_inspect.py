@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from asyncq import DurableRunNotFoundError, Inspector, QueueNotFoundError, Server, TaskState
 from asyncq import _keys as keys
 from asyncq._broker.durable_cancel import CANCELED_ERROR, cancel_run
+from asyncq._inspection.durable_runs import run_state
 from asyncq.errors import BrokerError
 from tests.support import durable_app as d
 from tests.support.helpers import wait_until
@@ -171,3 +172,23 @@ async def test_the_cancel_script_changes_nothing_on_a_damaged_key_or_a_moved_tas
     assert await cancel_run(redis, Q, "r1", task_state="scheduled", **args) == "waiting"
     assert await redis.hget(task, "state") == b"archived"
     assert await redis.hget(run, "state") == b"cancelled"
+
+
+@pytest.mark.parametrize(
+    ("recorded", "task", "state"),
+    [
+        ("succeeded", None, "completed"),
+        ("failed", TaskState.ARCHIVED, "failed"),
+        ("cancelled", TaskState.ACTIVE, "running"),  # its attempt is being stopped
+        ("cancelled", TaskState.ARCHIVED, "cancelled"),
+        ("waiting", TaskState.SCHEDULED, "waiting"),
+        ("waiting", TaskState.PENDING, "running"),  # woken by its time, a step or a signal
+        ("waiting", TaskState.ARCHIVED, "failed"),  # archived by hand
+        ("running", TaskState.RETRY, "running"),
+        (None, TaskState.COMPLETED, "completed"),
+    ],
+)
+def test_a_runs_state_from_its_record_and_its_task(
+    recorded: str | None, task: TaskState | None, state: str
+) -> None:
+    assert run_state(recorded, task) == state
