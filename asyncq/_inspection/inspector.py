@@ -1294,7 +1294,7 @@ class Inspector:
 
     # -- durable runs (asyncq extension) -----------------------------------------------------
 
-    async def _durable_ids(self, queue: str, run_id: str) -> None:
+    async def _check_run_name(self, queue: str, run_id: str) -> None:
         """Refuse a queue or run id that cannot name a run, and an unknown queue."""
         await self._require_queue(queue)
         if not isinstance(run_id, str):
@@ -1338,7 +1338,7 @@ class Inspector:
         not a durable run, or expired after its end), QueueNotFoundError for an unknown
         queue, ValueError for an id that cannot be a run's.
         """
-        await self._durable_ids(queue, run_id)
+        await self._check_run_name(queue, run_id)
         got = await self._read_durable_run(queue, run_id)
         if got is None:
             raise DurableRunNotFoundError(queue, run_id)
@@ -1389,7 +1389,7 @@ class Inspector:
         recorded is removed; steps already enqueued still run and are recorded.
         Raises DurableRunNotFoundError when the run has no record.
         """
-        await self._durable_ids(queue, run_id)
+        await self._check_run_name(queue, run_id)
         for _ in range(3):  # the task moved between the read and the script: read again
             got = await self._read_durable_run(queue, run_id)
             if got is None:
