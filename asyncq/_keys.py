@@ -359,8 +359,9 @@ def run_key(qname: str, run_id: str) -> str:
     Fields: ``s:<i>`` what the run's entry *i* was (a step's type and argument digest, a
     sleep, a wait...), ``r:<i>`` its result (JSON; ``""`` for a wait that timed out),
     ``e:<i>`` a failed step's error, ``d:<i>`` a sleep's or wait's deadline (unix s),
-    ``state`` (running, waiting, succeeded, failed), ``until`` (unix s) while it waits,
-    ``wait``/``missing``/``w:<i>`` the steps it waits for. Under the run task's queue
+    ``state`` (running, waiting, succeeded, failed; cancelled by the Inspector),
+    ``until`` (unix s) while it waits, ``wait``/``missing``/``w:<i>`` the steps it
+    waits for. Under the run task's queue
     hash tag, so a run's keys share one cluster slot.
     """
     return f"asynq:{{{qname}}}:asyncq:run:{run_id}"

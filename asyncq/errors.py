@@ -12,6 +12,7 @@ __all__ = [
     "BrokerError",
     "DeadlineExceededError",
     "DuplicateTaskError",
+    "DurableRunNotFoundError",
     "FailedPreconditionError",
     "HandlerNotFoundError",
     "LeaseExpiredError",
@@ -55,6 +56,16 @@ class QueueNotFoundError(AsyncqError):
     def __init__(self, queue: str) -> None:
         self.queue = queue
         super().__init__(f"queue not found: {queue!r}")
+
+
+class DurableRunNotFoundError(AsyncqError):
+    """No durable run with that id has a record in the queue (never attempted yet, not a
+    durable run, or its record expired after its end)."""
+
+    def __init__(self, queue: str, run_id: str) -> None:
+        self.queue = queue
+        self.run_id = run_id
+        super().__init__(f"durable run not found: id={run_id!r} queue={queue!r}")
 
 
 class QueueNotEmptyError(AsyncqError):

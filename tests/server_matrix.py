@@ -60,9 +60,10 @@ SUBSET = [
     "tests/inspection/test_triage.py",
     "tests/scheduling/test_scheduler.py",
     "tests/scheduling/test_cron_keys_hostile.py",
-    # durable functions: their five scripts, directly and under a worker
+    # durable functions: their six scripts, directly and under a worker
     "tests/durable/test_durable_scripts.py",
     "tests/durable/test_durable.py",
+    "tests/durable/test_durable_inspect.py",
     "tests/connection/test_fast_pubsub.py",
     # direct delivery: the enqueue's PUBSUB NUMSUB beside a pattern subscriber, bad members
     "tests/broker/test_delivery.py",

@@ -39,16 +39,20 @@ import fnmatch
 import time
 import types
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+import pydantic_core
 import structlog
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from asyncq import _keys as keys
+from asyncq._broker._base import encode_with
+from asyncq._broker.durable import read_run, send_signal
+from asyncq._broker.durable_cancel import CANCELED_ERROR, cancel_run
 from asyncq._broker.inspect import InspectBroker, RateBucket, StoredTask
 from asyncq._broker.triage import FailedTask, TriageBroker
 from asyncq._broker.workflow import (
@@ -62,10 +66,20 @@ from asyncq._broker.workflow import (
 )
 from asyncq._codec import decode_task_message
 from asyncq._errsig import ErrorSignature, error_signature
+from asyncq._inspection.durable_runs import (
+    open_signal_wait,
+    run_info,
+    run_state,
+    run_summary,
+    signal_splits,
+)
 from asyncq._inspection.records import (
     ArchiveReport,
     ClusterNode,
     DailyStats,
+    DurableRunInfo,
+    DurableRunPage,
+    DurableRunSummary,
     ErrorGroup,
     ErrorGroupResult,
     ErrorReport,
@@ -84,9 +98,11 @@ from asyncq._inspection.records import (
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._time import GO_ZERO_TIME, utc_from_timestamp
+from asyncq.durable import FAILED_RUN_KEPT
 from asyncq.errors import (
     AmbiguousIdError,
     BrokerError,
+    DurableRunNotFoundError,
     FailedPreconditionError,
     QueueNotEmptyError,
     QueueNotFoundError,
@@ -99,13 +115,15 @@ from asyncq.task import TaskInfo, TaskState
 
 __all__ = ["DEFAULT_PAGE_SIZE", "ERROR_SCAN_LIMIT", "MAX_HISTORY_MINUTES", "Inspector"]
 
+T = TypeVar("T")
+
 DEFAULT_PAGE_SIZE = 30
 
-_WORKFLOW_SCAN_COUNT = 1000
-"""Keys SCAN examines per call when listing workflows."""
-_WORKFLOW_SCAN_CALLS = 20
-"""SCAN calls one page of workflows may make per queue before it returns what it has
-(with a cursor to go on): a page never walks more than about 20,000 keys of a queue."""
+_SCAN_COUNT = 1000
+"""Keys SCAN examines per call when listing workflows or durable runs."""
+_SCAN_CALLS = 20
+"""SCAN calls one page of workflows (or durable runs) may make per queue before it returns
+what it has (with a cursor to go on): a page never walks more than about 20,000 keys of a queue."""
 _FINISHED_STEPS = ("succeeded", "failed", "canceled")
 _LOOKUP_CONCURRENCY = 16
 """Queues asked at once when looking an ID up in every queue."""
@@ -120,15 +138,15 @@ def _glob_escape(text: str) -> str:
 
 async def _scan_node(redis: Any, cursor: int, match: str, key: str) -> tuple[int, list[Any]]:
     """One SCAN call; on a cluster, on the node that holds *key*'s slot (a queue's keys
-    share its hash tag, so one node holds all of its workflows)."""
+    share its hash tag, so one node holds all of its workflows and runs)."""
     if isinstance(redis, RedisCluster):
         node = redis.get_node_from_key(key)
-        reply = await redis.scan(cursor, match=match, count=_WORKFLOW_SCAN_COUNT, target_nodes=node)
+        reply = await redis.scan(cursor, match=match, count=_SCAN_COUNT, target_nodes=node)
         cursors, data = reply
         if isinstance(cursors, dict):
             return int(next(iter(cursors.values()), 0)), list(data)
         return int(cursors), list(data)
-    next_cursor, data = await redis.scan(cursor, match=match, count=_WORKFLOW_SCAN_COUNT)
+    next_cursor, data = await redis.scan(cursor, match=match, count=_SCAN_COUNT)
     return int(next_cursor), list(data)
 
 
@@ -1195,22 +1213,50 @@ class Inspector:
         keys in bounded chunks, so a page may hold fewer than *limit* rows and still
         have a cursor. Raises ValueError for a bad *limit* or *cursor*.
         """
+        redis = self._conn.redis
+
+        async def read(qname: str, workflow_id: str) -> WorkflowSummary | None:
+            info = await read_workflow(redis, qname, workflow_id)
+            return None if info is None else _summary(info)
+
+        found, next_cursor = await self._scan_page(
+            "workflow",
+            [queue] if queue is not None else await self.queues(),
+            lambda qname: workflow_key(qname, "_")[:-1],  # the key of a workflow id "", none has
+            read,
+            limit=limit,
+            cursor=cursor,
+        )
+        return WorkflowPage(found, next_cursor)
+
+    async def _scan_page(
+        self,
+        kind: str,
+        names: list[str],
+        prefix_of: Callable[[str], str],
+        read: Callable[[str, str], Awaitable[T | None]],
+        *,
+        limit: int,
+        cursor: str | None,
+    ) -> tuple[list[T], str | None]:
+        """A page of at most *limit* rows of keys ``prefix_of(queue) + id`` SCANned in
+        the queues *names* (in bounded chunks), each read with ``read(queue, id)`` (None:
+        gone since SCAN saw it); the cursor of the next page (None: no more)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise ValueError(f"limit must be an int from 1 to 1000, got {limit!r}")
-        names = [queue] if queue is not None else await self.queues()
         start, scan_cursor, skip = 0, 0, 0
         if cursor:
             parts = cursor.split(":", 2)
             if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
-                raise ValueError(f"invalid workflow cursor {cursor!r}")
+                raise ValueError(f"invalid {kind} cursor {cursor!r}")
             if parts[2] not in names:
-                raise ValueError(f"invalid workflow cursor {cursor!r}: no queue {parts[2]!r}")
+                raise ValueError(f"invalid {kind} cursor {cursor!r}: no queue {parts[2]!r}")
             start, scan_cursor, skip = names.index(parts[2]), int(parts[0]), int(parts[1])
         redis = self._conn.redis
-        found: list[WorkflowSummary] = []
+        found: list[T] = []
         for index in range(start, len(names)):
             qname = names[index]
-            prefix = workflow_key(qname, "_")[:-1]  # the key of a workflow id "", which none has
+            prefix = prefix_of(qname)
             calls = 0
             while True:
                 next_cursor, batch = await _scan_node(
@@ -1222,17 +1268,17 @@ class Inspector:
                 ids = sorted({_text(raw)[len(prefix) :] for raw in batch})
                 for position in range(skip, len(ids)):
                     if len(found) == limit:
-                        return WorkflowPage(found, f"{scan_cursor}:{position}:{qname}")
-                    info = await read_workflow(redis, qname, ids[position])
-                    if info is not None:  # None: expired since SCAN saw it
-                        found.append(_summary(info))
+                        return found, f"{scan_cursor}:{position}:{qname}"
+                    row = await read(qname, ids[position])
+                    if row is not None:
+                        found.append(row)
                 skip = 0
                 scan_cursor = int(next_cursor)
                 if scan_cursor == 0:
                     break
-                if calls >= _WORKFLOW_SCAN_CALLS:
-                    return WorkflowPage(found, f"{scan_cursor}:0:{qname}")
-        return WorkflowPage(found, None)
+                if calls >= _SCAN_CALLS:
+                    return found, f"{scan_cursor}:0:{qname}"
+        return found, None
 
     async def cancel_workflow(self, queue: str, workflow_id: str) -> str:
         """Cancel a running workflow: no further hand-off, not-started steps deleted.
@@ -1245,6 +1291,181 @@ class Inspector:
         if state is None:
             raise WorkflowNotFoundError(queue, workflow_id)
         return state
+
+    # -- durable runs (asyncq extension) -----------------------------------------------------
+
+    async def _check_run_name(self, queue: str, run_id: str) -> None:
+        """Refuse a queue or run id that cannot name a run, and an unknown queue."""
+        await self._require_queue(queue)
+        if not isinstance(run_id, str):
+            raise TypeError(f"run ID must be a str, got {type(run_id).__name__}")
+        if not run_id.strip():
+            raise ValueError("run ID cannot be empty")
+        keys.refuse_braces("run ID", run_id)
+
+    async def _read_durable_run(
+        self, queue: str, run_id: str
+    ) -> tuple[dict[str, bytes], StoredTask | None, tuple[str, str, int] | None] | None:
+        """A run's record, its task (None: gone) and the signal wait it sits in (name,
+        key, index); None when it has no record."""
+        redis = self._conn.redis
+        record = await read_run(redis, queue, run_id)
+        if record is None:
+            return None
+        try:
+            task: StoredTask | None = await self._rdb.get_task(queue, run_id)
+        except TaskNotFoundError:
+            task = None
+        signal = None
+        waiting = open_signal_wait(record)
+        if waiting is not None:
+            index, signature = waiting
+            splits = signal_splits(signature)
+            member = f"{run_id} {index}"
+            for name, key in splits:
+                if await redis.sismember(keys.awaiting_key(queue, name, key), member):
+                    signal = (name, key, index)
+                    break
+            else:  # taken meanwhile: its name as the signature reads most simply
+                signal = (*splits[0], index) if splits else None
+        return record, task, signal
+
+    async def get_durable_run(self, queue: str, run_id: str) -> DurableRunInfo:
+        """A durable run of *queue*: its state, every entry of its record in order (what
+        the function asked for, its result or error, its deadline) and what it waits for.
+
+        Raises DurableRunNotFoundError when the run has no record (not attempted yet,
+        not a durable run, or expired after its end), QueueNotFoundError for an unknown
+        queue, ValueError for an id that cannot be a run's.
+        """
+        await self._check_run_name(queue, run_id)
+        got = await self._read_durable_run(queue, run_id)
+        if got is None:
+            raise DurableRunNotFoundError(queue, run_id)
+        record, task, signal = got
+        return run_info(queue, run_id, record, task, signal[:2] if signal else None)
+
+    async def durable_runs(
+        self, queue: str | None = None, *, limit: int = 50, cursor: str | None = None
+    ) -> DurableRunPage:
+        """A page of at most *limit* durable runs (of *queue*, or of every queue in name
+        order) that have a record, in SCAN's order; pass the page's
+        :attr:`~DurableRunPage.cursor` back for the next one. As :meth:`workflows`,
+        there is no index: a page may hold fewer than *limit* rows and still have a
+        cursor. Raises ValueError for a bad *limit* or *cursor*.
+        """
+        if queue is not None:
+            await self._require_queue(queue)
+
+        async def read(qname: str, run_id: str) -> DurableRunSummary | None:
+            got = await self._read_durable_run(qname, run_id)
+            if got is None:  # expired since SCAN saw it
+                return None
+            record, task, signal = got
+            return run_summary(
+                run_info(qname, run_id, record, task, signal[:2] if signal else None)
+            )
+
+        found, next_cursor = await self._scan_page(
+            "durable run",
+            [queue] if queue is not None else await self.queues(),
+            lambda qname: keys.run_key(qname, ""),
+            read,
+            limit=limit,
+            cursor=cursor,
+        )
+        return DurableRunPage(found, next_cursor)
+
+    async def cancel_durable_run(self, queue: str, run_id: str) -> str:
+        """Cancel a durable run; its state before the call (only ``running`` and
+        ``waiting`` change).
+
+        A run waiting (or pending, or retrying) is archived at once with the error
+        ``context canceled: durable run cancelled``, its record marked cancelled, and
+        it leaves the signal wait it sits in: all in one script. A run whose attempt
+        is active is marked cancelled and its attempt stopped through Pub/Sub (as
+        :meth:`cancel` with ``retry=False``): its worker archives it; if the attempt
+        suspends first, the run waits again and can be cancelled then. Nothing
+        recorded is removed; steps already enqueued still run and are recorded.
+        Raises DurableRunNotFoundError when the run has no record.
+        """
+        await self._check_run_name(queue, run_id)
+        for _ in range(3):  # the task moved between the read and the script: read again
+            got = await self._read_durable_run(queue, run_id)
+            if got is None:
+                raise DurableRunNotFoundError(queue, run_id)
+            _, task, signal = got
+            now = self._clock()
+            if task is not None and not task.decodable:
+                raise FailedPreconditionError(
+                    f"durable run {run_id!r}: its task's message cannot be decoded "
+                    f"({task.message.error_msg}); archive or delete the task instead"
+                )
+            archived = (
+                b""
+                if task is None
+                else encode_with(task.message, error_msg=CANCELED_ERROR, last_failed_at=int(now))
+            )
+            before = await cancel_run(
+                self._conn.redis,
+                queue,
+                run_id,
+                task_state="" if task is None else str(task.state),
+                archived_msg=archived,
+                signal=signal,
+                expire_in=FAILED_RUN_KEPT,
+                now=now,
+            )
+            if before == "moved":
+                continue
+            if before == "gone":
+                raise DurableRunNotFoundError(queue, run_id)
+            if task is not None and task.state is TaskState.ACTIVE and before in (
+                "running", "waiting",
+            ):  # fmt: skip
+                await self._rdb.publish_stop(run_id)
+            _log.info("durable run cancelled", queue=queue, run_id=run_id, before=before)
+            return run_state(before, None) if before in ("succeeded", "failed") else before
+        raise FailedPreconditionError(
+            f"durable run {run_id!r} kept changing state while being cancelled; try again"
+        )
+
+    async def signal(
+        self,
+        queue: str,
+        name: str,
+        *,
+        key: str = "",
+        payload: Any = None,
+        keep: timedelta = timedelta(hours=24),
+    ) -> int:
+        """Send the signal *name* / *key* with a JSON *payload* to the durable runs of
+        *queue* waiting for it, as :meth:`asyncq.App.signal` does; how many took it
+        (0: it is kept *keep* for the first run to wait for it).
+
+        Raises ValueError for a name or key holding a brace, a payload that is not
+        JSON-serializable, or a *keep* that is not a positive timedelta.
+        """
+        await self._require_queue(queue)
+        keys.refuse_braces("signal name", name)
+        keys.refuse_braces("signal key", key)
+        if not name:
+            raise ValueError("signal name cannot be empty")
+        if not isinstance(keep, timedelta) or keep <= timedelta(0):
+            raise ValueError(f"keep must be a positive timedelta, got {keep!r}")
+        try:
+            data = pydantic_core.to_json(payload)
+        except pydantic_core.PydanticSerializationError as exc:
+            raise ValueError(f"the signal's payload is not JSON: {exc}") from None
+        return await send_signal(
+            self._conn.redis,
+            queue,
+            name,
+            key,
+            payload=data,
+            keep_ms=max(1, int(keep.total_seconds() * 1000)),
+            now=self._clock(),
+        )
 
     # -- servers and schedulers --------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The Inspector's records: what its reads return (queues, servers, schedulers, workflows,
-error groups), as frozen dataclasses users receive from :class:`asyncq.Inspector`.
+durable runs, error groups), as frozen dataclasses users receive from :class:`asyncq.Inspector`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ __all__ = [
     "ArchiveReport",
     "ClusterNode",
     "DailyStats",
+    "DurableEntry",
+    "DurableRunInfo",
+    "DurableRunPage",
+    "DurableRunSummary",
+    "DurableWait",
     "ErrorGroup",
     "ErrorGroupResult",
     "ErrorReport",
@@ -387,3 +392,104 @@ def per_second_of(rate: str) -> float | None:
         except ValueError:
             return None
     return n / seconds if seconds > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class DurableEntry:
+    """One entry of a durable run's record (:meth:`Inspector.get_durable_run`), in order.
+
+    *kind*: ``step``, ``call``, ``sleep``, ``wait``, ``now`` or ``uuid`` (the first word
+    of *signature*, what the function asked for there). *step_id*: a step's task id
+    (``<run id>-<index>``). *result*: the recorded JSON (``b""`` for a wait that timed
+    out), None when not recorded; *error*: a failed step's error. *deadline*: a sleep's
+    end or a wait's timeout. *waited_for*: the run waits for this entry now.
+    """
+
+    index: int
+    kind: str
+    signature: str
+    step_id: str | None
+    result: bytes | None
+    error: str | None
+    deadline: datetime | None
+    waited_for: bool
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the entry's outcome (result or error) is recorded."""
+        return self.result is not None or self.error is not None
+
+
+@dataclass(frozen=True, slots=True)
+class DurableWait:
+    """What a waiting durable run waits for: ``steps`` (their indices), a ``signal``
+    (its name and key) or a ``sleep``; *until*: when time alone resumes it (None: only
+    the steps or the signal can)."""
+
+    kind: str
+    steps: tuple[int, ...] = ()
+    signal_name: str | None = None
+    signal_key: str | None = None
+    until: datetime | None = None
+
+    def describe(self) -> str:
+        """One line: ``steps 3, 4``, ``signal email:opened / 42``, ``sleep``."""
+        if self.kind == "steps":
+            return "steps " + ", ".join(str(i) for i in self.steps)
+        if self.kind == "signal":
+            return f"signal {self.signal_name} / {self.signal_key}"
+        return self.kind
+
+
+@dataclass(frozen=True, slots=True)
+class DurableRunInfo:
+    """A durable run (:meth:`Inspector.get_durable_run`): its record's entries and its task.
+
+    *state*: ``running`` (an attempt runs, or the run is pending), ``waiting``,
+    ``completed``, ``failed`` or ``cancelled``. *type*: the function's task type (None
+    when its task is gone). *task_state*: its task's state (None: gone). *waiting_for*:
+    what it waits for (None unless waiting). *updated*: when its task last completed or
+    failed (None: neither yet). *last_error*: its task's last error.
+    """
+
+    id: str
+    queue: str
+    type: str | None
+    state: str
+    task_state: str | None
+    entries: list[DurableEntry]
+    waiting_for: DurableWait | None
+    next_process_at: datetime | None
+    updated: datetime | None
+    last_error: str | None
+
+    @property
+    def steps_total(self) -> int:
+        return sum(e.kind == "step" for e in self.entries)
+
+    @property
+    def steps_done(self) -> int:
+        return sum(e.kind == "step" and e.recorded for e in self.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class DurableRunSummary:
+    """One row of :meth:`Inspector.durable_runs`: a run without its entries."""
+
+    id: str
+    queue: str
+    type: str | None
+    state: str
+    waiting_for: DurableWait | None
+    entries: int
+    steps_done: int
+    steps_total: int
+    updated: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DurableRunPage:
+    """A page of :meth:`Inspector.durable_runs`; *cursor* gets the next one (None: no more)."""
+
+    runs: list[DurableRunSummary]
+    cursor: str | None

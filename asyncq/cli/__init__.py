@@ -7,7 +7,7 @@ on stderr with a non-zero exit status, never a traceback.
 
 from __future__ import annotations
 
-from asyncq.cli import dev, events, limits, metrics, triage, web, workflow
+from asyncq.cli import dev, durable, events, limits, metrics, triage, web, workflow
 from asyncq.cli._app import main
 from asyncq.cli._commands import register
 from asyncq.cli.gateway import gateway
@@ -21,6 +21,7 @@ main.add_command(gateway)
 web.register(main)
 limits.register(main)
 workflow.register(main)
+durable.register(main)
 triage.register(main)
 events.register(main)
 dev.register(main)

@@ -21,6 +21,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asyncq import (
+    DurableRunNotFoundError,
     FailedPreconditionError,
     Inspector,
     QueueNotEmptyError,
@@ -31,6 +32,7 @@ from asyncq import (
 from asyncq._http import SegmentPaths, route_segments
 from asyncq._redis.options import RedisTarget
 from asyncq.web._api import api_routes
+from asyncq.web._durable import durable_routes
 from asyncq.web._errors import error_body
 from asyncq.web._events import events_routes
 from asyncq.web._history import history_routes
@@ -73,6 +75,7 @@ _NOT_FOUND_CODES: dict[type[Exception], str] = {
     QueueNotFoundError: "queue_not_found",
     TaskNotFoundError: "task_not_found",
     WorkflowNotFoundError: "workflow_not_found",
+    DurableRunNotFoundError: "durable_run_not_found",
 }
 
 
@@ -190,6 +193,7 @@ def create_app(
         *page_routes(),
         *api_routes(),
         *workflow_routes(),
+        *durable_routes(),
         *triage_routes(),
         *history_routes(),
         *events_routes(),
@@ -207,6 +211,7 @@ def create_app(
             QueueNotFoundError: _not_found,
             TaskNotFoundError: _not_found,
             WorkflowNotFoundError: _not_found,
+            DurableRunNotFoundError: _not_found,
             FailedPreconditionError: _conflict,
             QueueNotEmptyError: _conflict,
             ValueError: _bad_request,

@@ -175,3 +175,20 @@ async def crashy(run: Run, n: int) -> int:
     got = await run.wait_for("crashy", key=str(n), timeout=timedelta(milliseconds=300))
     scores = await run.gather(*(run.step(slow, 10 + i, 30) for i in range(10)))
     return total + sum(scores) + (0 if got is None else int(got))
+
+
+hold = {"gate": asyncio.Event()}
+"""Opened by the test: :func:`held` (a local call of :func:`held_run`) waits for it, so an
+attempt of the run stays active (the cancel test's running run)."""
+
+
+async def held() -> int:
+    await _count(CALLS, "held")
+    await hold["gate"].wait()
+    return 1
+
+
+@app.durable(name="d:held", queue=QUEUE)
+async def held_run(run: Run) -> int:
+    await run.step(add, 1, 2)
+    return await run.call(held)

@@ -1,0 +1,194 @@
+"""Durable runs seen and steered through the Inspector: listing and inspecting runs,
+signalling them, cancelling a waiting and a running run (durable_cancel.lua), and the
+cancel script at its edges (a damaged key or a moved task changes nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from asyncq import DurableRunNotFoundError, Inspector, QueueNotFoundError, Server, TaskState
+from asyncq import _keys as keys
+from asyncq._broker.durable_cancel import CANCELED_ERROR, cancel_run
+from asyncq._inspection.durable_runs import run_state
+from asyncq.errors import BrokerError
+from tests.support import durable_app as d
+from tests.support.helpers import wait_until
+
+Q = d.QUEUE
+
+
+@pytest.fixture
+async def insp(redis: Redis) -> AsyncIterator[Inspector]:
+    async with Inspector(redis) as inspector:
+        yield inspector
+
+
+async def waiting(insp: Inspector, run_id: str, kind: str = "signal") -> bool:
+    """Whether the run waits for a *kind* (not for a step it took on the way)."""
+    try:
+        wait = (await insp.get_durable_run(Q, run_id)).waiting_for
+    except DurableRunNotFoundError:
+        return False
+    return wait is not None and wait.kind == kind
+
+
+async def test_runs_are_listed_and_inspected(insp: Inspector, worker: Server) -> None:
+    done = await d.chain3.start(4)
+    assert await done.result(timeout=20) == 55
+    signalled = await d.waiter.start("k 1", None)
+    sleeping = await d.sleeper.start(3600)
+    await wait_until(lambda: waiting(insp, signalled.id), what="the waiter waits")
+    await wait_until(lambda: waiting(insp, sleeping.id, "sleep"), what="the sleeper waits")
+
+    info = await insp.get_durable_run(Q, done.id)
+    assert (info.state, info.type, info.task_state) == ("completed", "d:chain", "completed")
+    assert info.updated is not None
+    assert [(e.kind, e.step_id, e.result) for e in info.entries] == [
+        ("step", f"{done.id}-0", b"5"),
+        ("step", f"{done.id}-1", b"50"),
+        ("step", f"{done.id}-2", b"55"),
+    ]
+    assert info.entries[1].signature == 'step d:mul {"a":5,"b":10}'
+    assert (info.steps_done, info.steps_total, info.waiting_for) == (3, 3, None)
+
+    info = await insp.get_durable_run(Q, signalled.id)
+    assert info.waiting_for is not None
+    # a key holding a space: the signature is split where the waiting-runs set says
+    assert (info.waiting_for.kind, info.waiting_for.signal_name) == ("signal", "go")
+    assert info.waiting_for.signal_key == "k 1" and info.waiting_for.until is None
+    assert info.waiting_for.describe() == "signal go / k 1"
+    assert [(e.kind, e.waited_for, e.recorded) for e in info.entries] == [("wait", True, False)]
+
+    info = await insp.get_durable_run(Q, sleeping.id)
+    assert info.waiting_for is not None and info.waiting_for.kind == "sleep"
+    assert info.waiting_for.until is not None and info.entries[1].deadline is not None
+    assert [e.kind for e in info.entries] == ["now", "sleep"] and info.entries[1].waited_for
+
+    page = await insp.durable_runs(Q)
+    assert page.cursor is None
+    rows = {r.id: (r.type, r.state, r.steps_done, r.steps_total) for r in page.runs}
+    assert rows == {
+        done.id: ("d:chain", "completed", 3, 3),
+        signalled.id: ("d:waiter", "waiting", 0, 0),
+        sleeping.id: ("d:sleeper", "waiting", 0, 0),
+    }
+    # one row a page: the cursors walk every run once
+    seen, cursor = [], None
+    while True:
+        one = await insp.durable_runs(Q, limit=1, cursor=cursor)
+        seen += [r.id for r in one.runs]
+        if (cursor := one.cursor) is None:
+            break
+    assert sorted(seen) == sorted(rows)
+
+    # the Inspector's signal is App.signal's: the waiting run takes it and ends
+    assert await insp.signal(Q, "go", key="k 1", payload={"a": [1, "<b>"]}) == 1
+    assert await signalled.result(timeout=20) == {"got": {"a": [1, "<b>"]}}
+    info = await insp.get_durable_run(Q, signalled.id)
+    assert info.state == "completed" and info.entries[0].result == b'{"a":[1,"<b>"]}'
+    assert await insp.signal(Q, "go", key="nobody") == 0  # kept for the first wait
+
+
+async def test_cancelling_a_waiting_run_archives_it_and_keeps_its_record(
+    redis: Redis, insp: Inspector, worker: Server
+) -> None:
+    handle = await d.fickle.start()  # a step, then a wait for the signal fickle/k
+    await wait_until(lambda: waiting(insp, handle.id), what="the run waits")
+    assert await insp.cancel_durable_run(Q, handle.id) == "waiting"
+    info = await insp.get_durable_run(Q, handle.id)
+    assert (info.state, info.task_state, info.waiting_for) == ("cancelled", "archived", None)
+    assert info.last_error == CANCELED_ERROR
+    assert info.entries[0].result == b"5"  # the recorded step is kept
+    assert await redis.zscore(keys.scheduled_key(Q), handle.id) is None
+    assert await redis.zscore(keys.archived_key(Q), handle.id) is not None
+    assert await redis.ttl(keys.run_key(Q, handle.id)) > 0
+    # it left the signal's wait: a signal finds no run and is kept
+    assert not await redis.exists(keys.awaiting_key(Q, "fickle", "k"))
+    assert await insp.signal(Q, "fickle", key="k") == 0
+    assert await insp.cancel_durable_run(Q, handle.id) == "cancelled"  # nothing changes
+    assert [r.state for r in (await insp.durable_runs(Q)).runs] == ["cancelled"]
+
+
+async def test_cancelling_a_running_run_stops_its_attempt(
+    redis: Redis, insp: Inspector, worker: Server
+) -> None:
+    d.hold["gate"] = asyncio.Event()
+    handle = await d.held_run.start()
+    await wait_until(lambda: redis.hexists(d.CALLS, "held"), what="the attempt holds")
+    assert (await insp.get_durable_run(Q, handle.id)).state == "running"
+    assert await insp.cancel_durable_run(Q, handle.id) == "running"
+
+    async def cancelled() -> bool:
+        return (await insp.get_durable_run(Q, handle.id)).state == "cancelled"
+
+    await wait_until(cancelled, what="the stopped attempt archived")
+    info = await insp.get_task(Q, handle.id)
+    assert info.state is TaskState.ARCHIVED
+    assert (await insp.get_durable_run(Q, handle.id)).entries[0].result == b"3"
+
+
+async def test_hostile_names_get_clear_errors(insp: Inspector, client: object) -> None:
+    await insp.redis.sadd(keys.ALL_QUEUES, Q)
+    with pytest.raises(DurableRunNotFoundError, match="durable run not found: id='nope'"):
+        await insp.get_durable_run(Q, "nope")
+    with pytest.raises(DurableRunNotFoundError):
+        await insp.cancel_durable_run(Q, "nope")
+    with pytest.raises(ValueError, match="run ID 'a}b' holds"):
+        await insp.get_durable_run(Q, "a}b")
+    with pytest.raises(ValueError, match="run ID cannot be empty"):
+        await insp.cancel_durable_run(Q, " ")
+    with pytest.raises(QueueNotFoundError):
+        await insp.get_durable_run("no such queue", "x")
+    with pytest.raises(ValueError):
+        await insp.durable_runs("q{1}")
+    with pytest.raises(ValueError, match=r"signal name 'a\{' holds"):
+        await insp.signal(Q, "a{")
+    with pytest.raises(ValueError, match="not JSON"):
+        await insp.signal(Q, "a", payload=object())
+    with pytest.raises(ValueError, match="invalid durable run cursor"):
+        await insp.durable_runs(Q, cursor="x")
+
+
+async def test_the_cancel_script_changes_nothing_on_a_damaged_key_or_a_moved_task(
+    redis: Redis,
+) -> None:
+    run, task = keys.run_key(Q, "r1"), keys.task_key(Q, "r1")
+    await redis.hset(run, mapping={"s:0": "sleep", "state": "waiting", "until": "9"})
+    await redis.hset(task, mapping={"msg": b"m", "state": "scheduled"})
+    await redis.zadd(keys.scheduled_key(Q), {"r1": 9})
+    before = {k: await redis.dump(k) for k in await redis.keys("*")}
+    args = {"archived_msg": b"m2", "signal": None, "expire_in": 60, "now": 10.0}
+    assert await cancel_run(redis, Q, "r1", task_state="pending", **args) == "moved"
+    await redis.set(keys.archived_key(Q), "not a zset")
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await cancel_run(redis, Q, "r1", task_state="scheduled", **args)
+    await redis.delete(keys.archived_key(Q))
+    assert {k: await redis.dump(k) for k in await redis.keys("*")} == before
+    assert await cancel_run(redis, Q, "gone", task_state="", **args) == "gone"
+    assert await cancel_run(redis, Q, "r1", task_state="scheduled", **args) == "waiting"
+    assert await redis.hget(task, "state") == b"archived"
+    assert await redis.hget(run, "state") == b"cancelled"
+
+
+@pytest.mark.parametrize(
+    ("recorded", "task", "state"),
+    [
+        ("succeeded", None, "completed"),
+        ("failed", TaskState.ARCHIVED, "failed"),
+        ("cancelled", TaskState.ACTIVE, "running"),  # its attempt is being stopped
+        ("cancelled", TaskState.ARCHIVED, "cancelled"),
+        ("waiting", TaskState.SCHEDULED, "waiting"),
+        ("waiting", TaskState.PENDING, "running"),  # woken by its time, a step or a signal
+        ("waiting", TaskState.ARCHIVED, "failed"),  # archived by hand
+        ("running", TaskState.RETRY, "running"),
+        (None, TaskState.COMPLETED, "completed"),
+    ],
+)
+def test_a_runs_state_from_its_record_and_its_task(
+    recorded: str | None, task: TaskState | None, state: str
+) -> None:
+    assert run_state(recorded, task) == state
