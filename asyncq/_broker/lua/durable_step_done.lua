@@ -1,4 +1,4 @@
--- include: guard, counters
+-- include: guard, counters, durable_step
 -- asyncq durable functions: acknowledge a step task of a run and, in the same script,
 -- record its outcome in the run's record and make the run runnable again when it was
 -- the last step the run waits for. Used only for tasks carrying the asyncq-durable-run
@@ -60,33 +60,10 @@ end
 count_day(KEYS[4], ARGV[3])
 count_total(KEYS[5], mode == "archive" and KEYS[9] or nil, ARGV[4])
 
-local run, i = KEYS[11], ARGV[8]
-if redis.call("EXISTS", run) == 0 then
-    return "gone"
-end
-if redis.call("HEXISTS", run, "r:" .. i) == 1 or redis.call("HEXISTS", run, "e:" .. i) == 1 then
-    return "seen"
-end
-if mode == "done" or mode == "complete" then
-    -- a step that wrote no result (a Go handler, a task without retention) returned null
-    redis.call("HSET", run, "r:" .. i, result or "null")
-else
-    redis.call("HSET", run, "e:" .. i, ARGV[9])
-end
-if redis.call("HDEL", run, "w:" .. i) == 0 then
-    return "recorded"
-end
-if redis.call("HINCRBY", run, "missing", -1) > 0 then
-    return "recorded"
-end
--- The run waits for nothing more: parked in the scheduled set, it becomes pending.
--- Not parked (it is running or retrying), it reads this record when it replays.
-redis.call("HDEL", run, "missing", "wait")
-if redis.call("ZREM", KEYS[12], ARGV[13]) == 0 then
-    return "recorded"
-end
-redis.call("HSET", KEYS[14], "state", "pending", "pending_since", ARGV[12])
-redis.call("LPUSH", KEYS[13], ARGV[13])
-redis.call("HSET", run, "state", "running")
-redis.pcall("PUBLISH", ARGV[14], ARGV[15])
-return "woken"
+local field = (mode == "done" or mode == "complete") and "r" or "e"
+-- a step that wrote no result (a Go handler, a task without retention) returned null
+local value = field == "r" and (result or "null") or ARGV[9]
+return record_step(KEYS[11], ARGV[8], field, value, {
+    id = ARGV[13], scheduled = KEYS[12], pending = KEYS[13], task = KEYS[14],
+    channel = ARGV[14], name = ARGV[15], now = ARGV[12],
+})
