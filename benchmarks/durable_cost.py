@@ -112,9 +112,9 @@ async def main(url: str, n: int, k: int, rounds: int) -> None:
     cmds: dict[str, list[dict[str, int]]] = {"durable": [], "plain": []}
     cpus: dict[str, list[float]] = {"durable": [], "plain": []}
     for _ in range(rounds):
-        for variant in cmds:
+        for variant, variant_cmds in cmds.items():
             c, cpu = await one_round(redis, variant, n, k)
-            cmds[variant].append(c)
+            variant_cmds.append(c)
             cpus[variant].append(cpu)
     await redis.aclose()
     await app.aclose()
@@ -131,8 +131,8 @@ async def main(url: str, n: int, k: int, rounds: int) -> None:
         f"{cpu_us['durable'] / cpu_us['plain']:>8.2f}"
     )
     print("commands per step, per command (the round of median total)")
-    for v in cmds:
-        runs = sorted(cmds[v], key=lambda c: sum(c.values()))
+    for v, v_cmds in cmds.items():
+        runs = sorted(v_cmds, key=lambda c: sum(c.values()))
         mid = runs[len(runs) // 2]
         top = sorted(mid.items(), key=lambda kv: -kv[1])
         print(f"{v:<10} " + " ".join(f"{cmd}={calls / steps:.2f}" for cmd, calls in top))

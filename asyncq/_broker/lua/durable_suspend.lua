@@ -16,8 +16,10 @@
 -- then S, then S steps to enqueue: queue, task id, index, msg
 -- Returns "parked" or "ready" (went to pending).
 local run = KEYS[6]
-local problem = bad(KEYS[1], "list") or bad(KEYS[2], "zset") or bad(KEYS[3], "hash")
+-- KEYS[1] needs no check: LREM, the first write, fails on another type before any write
+local problem = bad(KEYS[2], "zset") or bad(KEYS[3], "hash")
     or bad(KEYS[4], "zset") or bad(KEYS[5], "list") or bad(run, "hash")
+local checked = {[KEYS[5]] = true}
 local mode = ARGV[2]
 if mode == "signal" then
     problem = problem or bad(KEYS[7], "set") or bad(KEYS[8], "string")
@@ -39,8 +41,12 @@ local steps = {}
 for _ = 1, tonumber(ARGV[a]) do
     local q, id = ARGV[a + 1], ARGV[a + 2]
     steps[#steps + 1] = {q = q, id = id, index = ARGV[a + 3], msg = ARGV[a + 4]}
+    local pending = "asynq:{" .. q .. "}:pending"
     problem = problem or bad("asynq:{" .. q .. "}:t:" .. id, "hash")
-        or bad("asynq:{" .. q .. "}:pending", "list")
+    if not checked[pending] then
+        checked[pending] = true
+        problem = problem or bad(pending, "list")
+    end
     a = a + 4
 end
 if problem then
@@ -53,8 +59,14 @@ redis.call("ZREM", KEYS[2], ARGV[1])
 for _, r in ipairs(records) do
     redis.call("HSETNX", run, r[1], r[2])
 end
+-- whether entry i's result (or failure) is recorded, read once per entry
+local seen = {}
 local function recorded(i)
-    return redis.call("HEXISTS", run, "r:" .. i) == 1 or redis.call("HEXISTS", run, "e:" .. i) == 1
+    if seen[i] == nil then
+        local got = redis.call("HMGET", run, "r:" .. i, "e:" .. i)
+        seen[i] = (got[1] or got[2]) and true or false
+    end
+    return seen[i]
 end
 -- what an earlier suspension waited for is replaced by what this one waits for
 local old = redis.call("HGET", run, "wait")
@@ -79,18 +91,25 @@ for q in pairs(pushed) do
     redis.pcall("PUBLISH", "asyncq:wakeup:{" .. q .. "}", q)
 end
 local ready = false
+local wait_fields = {}
 if mode == "steps" then
-    local missing = {}
+    local missing, fields = {}, {}
     for _, i in ipairs(waits) do
         if not recorded(i) then
             missing[#missing + 1] = i
-            redis.call("HSET", run, "w:" .. i, "1")
+            fields[#fields + 1] = "w:" .. i
+            fields[#fields + 1] = "1"
         end
     end
     if #missing == 0 then
         ready = true
     else
-        redis.call("HSET", run, "wait", table.concat(missing, ","), "missing", #missing)
+        -- with the parked run's state and until below: one HSET for all
+        wait_fields = fields
+        fields[#fields + 1] = "wait"
+        fields[#fields + 1] = table.concat(missing, ",")
+        fields[#fields + 1] = "missing"
+        fields[#fields + 1] = #missing
     end
 elseif mode == "signal" then
     local i = waits[1]
@@ -119,5 +138,12 @@ if ready then
 end
 redis.call("ZADD", KEYS[4], ARGV[3], ARGV[1])
 redis.call("HSET", KEYS[3], "state", "scheduled")  -- an active task has no pending_since
-redis.call("HSET", run, "state", "waiting", "until", ARGV[3])
+wait_fields[#wait_fields + 1] = "state"
+wait_fields[#wait_fields + 1] = "waiting"
+wait_fields[#wait_fields + 1] = "until"
+wait_fields[#wait_fields + 1] = ARGV[3]
+-- in slices: unpack() takes a few thousand values at most (a gather may wait for more)
+for f = 1, #wait_fields, 1000 do
+    redis.call("HSET", run, unpack(wait_fields, f, math.min(f + 999, #wait_fields)))
+end
 return "parked"
