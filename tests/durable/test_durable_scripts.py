@@ -96,6 +96,33 @@ async def test_a_suspension_parks_the_run_and_enqueues_its_steps(
     assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"pending"
 
 
+async def test_a_batch_of_step_successes_records_them_and_wakes_the_run_once(
+    redis: Redis, client: Client
+) -> None:
+    # The batched acknowledgement (ack_many.lua, kinds r and R) does what ack_step does
+    # for each: one step done without a result (null), one complete with its result.
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    plan = SuspendPlan("steps", steps=[(0, step_message(0)), (1, step_message(1))], waits=[0, 1])
+    assert await suspend_run(broker, run, plan) == "parked"
+    first = await transitions.dequeue(broker, [Q])
+    second = await transitions.dequeue(broker, [Q])
+    assert first is not None and second is not None
+    await redis.hset(keys.task_key(Q, second.message.id), "result", "7")
+    assert await broker.ack_many([(first.message, False), (second.message, True)]) == [None, None]
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"r:0"] == b"null" and record[b"r:1"] == b"7"
+    assert record[b"state"] == b"running" and b"missing" not in record
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]
+    assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"pending"
+    assert await redis.zscore(keys.completed_key(Q), second.message.id) is not None
+    assert not await redis.exists(keys.task_key(Q, first.message.id))
+    # acknowledged again: not active any more, the record unchanged
+    again = await broker.ack_many([(second.message, True)])
+    assert isinstance(again[0], TaskNotFoundError)
+    assert await redis.hgetall(keys.run_key(Q, "r1")) == record
+
+
 async def test_a_suspension_on_recorded_steps_goes_back_to_pending(
     redis: Redis, client: Client
 ) -> None:
