@@ -59,17 +59,34 @@ redis.call("ZREM", KEYS[2], ARGV[1])
 for _, r in ipairs(records) do
     redis.call("HSETNX", run, r[1], r[2])
 end
--- whether entry i's result (or failure) is recorded, read once per entry
-local seen = {}
-local function recorded(i)
-    if seen[i] == nil then
-        local got = redis.call("HMGET", run, "r:" .. i, "e:" .. i)
-        seen[i] = (got[1] or got[2]) and true or false
+-- whether each entry asked for (its steps, what it waits for) is recorded (a result
+-- or a failure), and what an earlier suspension waited for: read in one HMGET (in
+-- slices of 500 entries for a large gather)
+local asked, seen = {}, {}
+for _, s in ipairs(steps) do
+    asked[#asked + 1] = s.index
+end
+for _, i in ipairs(waits) do
+    asked[#asked + 1] = i
+end
+local old
+for first = 1, math.max(#asked, 1), 500 do
+    local fields = first == 1 and {"wait"} or {}
+    for n = first, math.min(first + 499, #asked) do
+        fields[#fields + 1] = "r:" .. asked[n]
+        fields[#fields + 1] = "e:" .. asked[n]
     end
-    return seen[i]
+    local got = redis.call("HMGET", run, unpack(fields))
+    local at = 1
+    if first == 1 then
+        old, at = got[1], 2
+    end
+    for n = first, math.min(first + 499, #asked) do
+        seen[asked[n]] = (got[at] or got[at + 1]) and true or false
+        at = at + 2
+    end
 end
 -- what an earlier suspension waited for is replaced by what this one waits for
-local old = redis.call("HGET", run, "wait")
 if old then
     for i in string.gmatch(old, "%d+") do
         redis.call("HDEL", run, "w:" .. i)
@@ -81,7 +98,7 @@ for _, s in ipairs(steps) do
     local tkey = "asynq:{" .. s.q .. "}:t:" .. s.id
     -- a step recorded or already enqueued (by an attempt that crashed after this
     -- script) is not enqueued again: its task id is derived from the run's
-    if not recorded(s.index) and redis.call("EXISTS", tkey) == 0 then
+    if not seen[s.index] and redis.call("EXISTS", tkey) == 0 then
         redis.call("HSET", tkey, "msg", s.msg, "state", "pending", "pending_since", ARGV[4])
         redis.call("LPUSH", "asynq:{" .. s.q .. "}:pending", s.id)
         pushed[s.q] = true
@@ -95,7 +112,7 @@ local wait_fields = {}
 if mode == "steps" then
     local missing, fields = {}, {}
     for _, i in ipairs(waits) do
-        if not recorded(i) then
+        if not seen[i] then
             missing[#missing + 1] = i
             fields[#fields + 1] = "w:" .. i
             fields[#fields + 1] = "1"
@@ -113,7 +130,7 @@ if mode == "steps" then
     end
 elseif mode == "signal" then
     local i = waits[1]
-    if recorded(i) then
+    if seen[i] then
         ready = true
     else
         local kept = redis.call("GET", KEYS[8])
