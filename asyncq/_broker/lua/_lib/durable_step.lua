@@ -12,26 +12,31 @@ local function record_step(run, i, field, value, q)
     if redis.call("EXISTS", run) == 0 then
         return "gone"
     end
-    local got = redis.call("HMGET", run, "r:" .. i, "e:" .. i)
+    local got = redis.call("HMGET", run, "r:" .. i, "e:" .. i, "w:" .. i, "missing")
     if got[1] or got[2] then
         return "seen"
     end
-    redis.call("HSET", run, field .. ":" .. i, value)
-    if redis.call("HDEL", run, "w:" .. i) == 0 then
+    local entry = field .. ":" .. i
+    if not got[3] then
+        redis.call("HSET", run, entry, value)
         return "recorded"
     end
-    if redis.call("HINCRBY", run, "missing", -1) > 0 then
+    local missing = (tonumber(got[4]) or 1) - 1
+    if missing > 0 then
+        redis.call("HSET", run, entry, value, "missing", missing)
+        redis.call("HDEL", run, "w:" .. i)
         return "recorded"
     end
     -- The run waits for nothing more: parked in the scheduled set, it becomes pending.
     -- Not parked (it is running or retrying), it reads this record when it replays.
-    redis.call("HDEL", run, "missing", "wait")
+    redis.call("HDEL", run, "w:" .. i, "missing", "wait")
     if redis.call("ZREM", q.scheduled, q.id) == 0 then
+        redis.call("HSET", run, entry, value)
         return "recorded"
     end
     redis.call("HSET", q.task, "state", "pending", "pending_since", q.now)
     redis.call("LPUSH", q.pending, q.id)
-    redis.call("HSET", run, "state", "running")
+    redis.call("HSET", run, entry, value, "state", "running")
     redis.pcall("PUBLISH", q.channel, q.name)
     return "woken"
 end
