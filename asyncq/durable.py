@@ -45,6 +45,7 @@ from asyncq._broker.durable import (
 from asyncq._producer.completion import TaskFailedError
 from asyncq._producer.compose import compose
 from asyncq._redis.options import RedisClient
+from asyncq._redis.transport import FastConnection
 from asyncq._serde import ResultCodec
 from asyncq.errors import NonDeterminismError
 from asyncq.proto.asynq import TaskMessage
@@ -176,7 +177,7 @@ class Run:
         queue: str,
         record: Mapping[str, bytes],
         *,
-        redis: RedisClient,
+        redis: RedisClient | FastConnection,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.id = run_id

@@ -39,6 +39,7 @@ from asyncq._broker._base import (
 from asyncq._codec import encode_task_message
 from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import Script, load_script
+from asyncq._redis.transport import FastConnection
 from asyncq.errors import BrokerError
 from asyncq.proto.asynq import TaskMessage
 
@@ -224,7 +225,7 @@ async def _write(
 
 
 async def record_wait(
-    redis: RedisClient, qname: str, run_id: str, wait: SignalWait, value: bytes
+    redis: RedisClient | FastConnection, qname: str, run_id: str, wait: SignalWait, value: bytes
 ) -> bytes:
     """Record *value* as the result of a run's signal wait unless a signal came first;
     the result that stands."""
@@ -240,7 +241,7 @@ async def record_wait(
 
 
 async def settle_run(
-    redis: RedisClient,
+    redis: RedisClient | FastConnection,
     qname: str,
     run_id: str,
     state: str,
@@ -290,14 +291,21 @@ async def send_signal(
     return int(reply)
 
 
-async def read_run(redis: RedisClient, qname: str, run_id: str) -> dict[str, bytes] | None:
+async def read_run(
+    redis: RedisClient | FastConnection, qname: str, run_id: str
+) -> dict[str, bytes] | None:
     """A run's record as stored (field name: value), or None when it has none yet (no
-    attempt recorded anything) or any more (expired after its end)."""
+    attempt recorded anything) or any more (expired after its end).
+
+    *redis* may be a broker's pipelined connection (a worker replaying a run reads the
+    record there, beside its other commands), which answers HGETALL as a flat list.
+    """
     key = keys.run_key(qname, run_id)
     try:
-        raw = cast(dict[bytes, bytes], await redis.hgetall(key))
+        raw = await redis.execute_command("HGETALL", key)
     except ResponseError as exc:
         raise BrokerError(f"reading durable run record {key}: {exc}") from exc
     if not raw:
         return None
-    return {k.decode("utf-8", "replace"): v for k, v in raw.items()}
+    pairs = raw.items() if isinstance(raw, dict) else zip(raw[::2], raw[1::2], strict=True)
+    return {k.decode("utf-8", "replace"): v for k, v in pairs}

@@ -25,11 +25,14 @@ from asyncq._broker.durable import (
     StepAckMode,
     SuspendPlan,
     ack_step,
+    read_run,
     record_wait,
     send_signal,
     suspend_run,
 )
 from asyncq._codec import decode_task_message
+from asyncq._redis.options import RedisClientOpts, parse_redis_uri
+from asyncq._redis.transport import FastConnection
 from asyncq.errors import BrokerError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests.support import transitions
@@ -440,3 +443,22 @@ async def test_a_signal_wait_takes_a_kept_signal_or_its_recorded_result(
     assert await suspend_run(broker, got.message, plan) == "ready"
     assert await redis.get(keys.signal_key(Q, "go", "k")) == b"2"
     assert await redis.hget(keys.run_key(Q, "r1"), "r:0") == b'{"x":1}'
+
+
+async def test_a_record_reads_the_same_on_redis_py_and_on_the_pipelined_connection(
+    redis: Redis, redis_url: str
+) -> None:
+    # a worker's replay reads it on the broker's pipelined connection (a flat HGETALL
+    # reply), the Inspector and tests on redis-py (a dict)
+    opts = parse_redis_uri(redis_url)
+    assert isinstance(opts, RedisClientOpts)
+    fast = FastConnection.from_options(opts)
+    try:
+        assert await read_run(redis, Q, "r9") is None
+        assert await read_run(fast, Q, "r9") is None
+        await redis.hset(keys.run_key(Q, "r9"), mapping={"s:0": "step a", "r:0": b"\xff1"})
+        want = {"s:0": b"step a", "r:0": b"\xff1"}
+        assert await read_run(redis, Q, "r9") == want
+        assert await read_run(fast, Q, "r9") == want
+    finally:
+        await fast.aclose()
