@@ -103,13 +103,16 @@ DURABLE_TESTS = (
 )
 DEFAULT_TESTS = BROKER_TESTS
 TESTS: dict[str, tuple[str, ...]] = {
-    # ack_many.lua acknowledges workflow steps too (the w/W kinds)
+    # ack_many.lua acknowledges workflow steps too (the w/W kinds), and durable steps (r/R)
     "ack_many": (
         *BROKER_TESTS,
         "tests/workflow/test_workflow_scripts.py",
         "tests/workflow/test_workflow_batch.py",
         "tests/workflow/test_workflow.py",
+        "tests/durable/test_durable_scripts.py",
     ),
+    # record_step() (included by durable_step_done.lua and ack_many.lua)
+    "_lib/durable_step": DURABLE_TESTS,
     "ack_queues": (*BROKER_TESTS, "tests/workflow/test_workflow_batch.py"),
     # enqueue.lua's direct delivery: its own tests first (a real subscriber, fast)
     "enqueue": (
