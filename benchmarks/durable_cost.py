@@ -38,17 +38,19 @@ from redis.asyncio import Redis
 
 from asyncq import App, Run
 from asyncq.testing import RedisServerProcess
+from benchmarks.workflows import commands, used
 
 QUEUE = "bench"
 
 app = App("redis://localhost:6379/0")
 state = {"ran": 0, "ended": 0, "target": 0}
+counted = {"name": "ran"}  # the counter that ends the round: "ended" (runs) or "ran" (tasks)
 finished = asyncio.Event()
 
 
 def _tick(key: str) -> None:
     state[key] += 1
-    if state[key] == state["target"]:
+    if key == counted["name"] and state[key] == state["target"]:
         finished.set()
 
 
@@ -67,18 +69,6 @@ async def chain(run: Run, k: int) -> int:
     return x
 
 
-async def commands(redis: Redis) -> dict[str, int]:
-    """Calls per command so far, those run by scripts included."""
-    info = await redis.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in info.items()}
-
-
-def used(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    out = {name: calls - before.get(name, 0) for name, calls in after.items()}
-    out["info"] -= 1  # the reading of *after*
-    return {name: calls for name, calls in out.items() if calls}
-
-
 async def one_round(redis: Redis, variant: str, n: int, k: int) -> tuple[dict[str, int], float]:
     """(commands used, worker CPU seconds) of one round of *variant*."""
     await redis.flushdb()
@@ -87,11 +77,11 @@ async def one_round(redis: Redis, variant: str, n: int, k: int) -> tuple[dict[st
     before = await commands(redis)
     if variant == "durable":
         state["target"] = n
-        counter = "ended"
+        counter = counted["name"] = "ended"
         await asyncio.gather(*(chain.start(k) for _ in range(n)))
     else:
         state["target"] = n * k
-        counter = "ran"
+        counter = counted["name"] = "ran"
         await asyncio.gather(*(inc.enqueue(i) for i in range(n * k)))
     server = app.server(queues={QUEUE: 1}, concurrency=100, shutdown_timeout=timedelta(seconds=5))
     cpu = time.process_time()

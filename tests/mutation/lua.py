@@ -113,6 +113,13 @@ TESTS: dict[str, tuple[str, ...]] = {
     ),
     # record_step() (included by durable_step_done.lua and ack_many.lua)
     "_lib/durable_step": DURABLE_TESTS,
+    # finish_step() (included by workflow_done.lua and durable_step_done.lua)
+    "_lib/step_ack": (
+        "tests/workflow/test_workflow_scripts.py",
+        "tests/durable/test_durable_scripts.py",
+        "tests/workflow/test_workflow.py",
+        "tests/durable/test_durable.py",
+    ),
     "ack_queues": (*BROKER_TESTS, "tests/workflow/test_workflow_batch.py"),
     # enqueue.lua's direct delivery: its own tests first (a real subscriber, fast)
     "enqueue": (

@@ -1,4 +1,4 @@
--- include: guard, counters, durable_step
+-- include: guard, counters, step_ack, durable_step
 -- asyncq durable functions: acknowledge a step task of a run and, in the same script,
 -- record its outcome in the run's record and make the run runnable again when it was
 -- the last step the run waits for. Used only for tasks carrying the asyncq-durable-run
@@ -29,36 +29,10 @@ if problem then
     return redis.error_reply(problem)
 end
 local mode = ARGV[2]
-if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
+local result = finish_step(ARGV[10], ARGV[11], false)
+if result == nil then
     return redis.error_reply("NOT FOUND")
 end
-if redis.call("ZREM", KEYS[2], ARGV[1]) == 0 then
-    return redis.error_reply("NOT FOUND")
-end
-local result = redis.call("HGET", KEYS[3], "result")
-if mode == "done" or mode == "revoke" then
-    redis.call("DEL", KEYS[3])
-elseif mode == "complete" then
-    redis.call("ZADD", KEYS[6], ARGV[7], ARGV[1])
-    redis.call("HSET", KEYS[3], "msg", ARGV[6], "state", "completed")
-else
-    redis.call("ZADD", KEYS[7], ARGV[5], ARGV[1])
-    for _, range in ipairs({
-        redis.call("ZRANGE", KEYS[7], "-inf", ARGV[10], "BYSCORE"),
-        redis.call("ZRANGE", KEYS[7], 0, -tonumber(ARGV[11])),
-    }) do
-        for _, id in ipairs(range) do
-            if id ~= ARGV[1] then
-                redis.call("DEL", KEYS[10] .. id)
-                redis.call("ZREM", KEYS[7], id)
-            end
-        end
-    end
-    redis.call("HSET", KEYS[3], "msg", ARGV[6], "state", "archived")
-    count_day(KEYS[8], ARGV[3])
-end
-count_day(KEYS[4], ARGV[3])
-count_total(KEYS[5], mode == "archive" and KEYS[9] or nil, ARGV[4])
 
 local field = (mode == "done" or mode == "complete") and "r" or "e"
 -- a step that wrote no result (a Go handler, a task without retention) returned null
