@@ -138,6 +138,19 @@ async def test_a_suspension_on_recorded_steps_goes_back_to_pending(
     assert not await redis.exists(keys.task_key(Q, "r1-0"))
 
 
+async def test_a_recorded_step_is_not_enqueued_whatever_the_run_waits_for(
+    redis: Redis, client: Client
+) -> None:
+    # the script reads whether each step to enqueue is recorded, not only the waited ones
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await redis.hset(keys.run_key(Q, "r1"), mapping={"s:3": "step a", "e:3": "boom"})
+    plan = SuspendPlan("sleep", steps=[(3, step_message(3))], until=50.0)
+    assert await suspend_run(broker, run, plan) == "parked"
+    assert not await redis.exists(keys.task_key(Q, "r1-3"))
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == []
+
+
 @pytest.mark.parametrize(
     "damaged",
     ["active", "lease", "run task", "pending", "run", "scheduled", "step pending", "step task",
