@@ -138,6 +138,29 @@ async def test_a_suspension_on_recorded_steps_goes_back_to_pending(
     assert not await redis.exists(keys.task_key(Q, "r1-0"))
 
 
+async def test_a_gather_of_more_steps_than_one_read_slice_reads_every_one(
+    redis: Redis, client: Client
+) -> None:
+    # the script reads the entries in slices of 500 and writes the waits in slices: a
+    # gather of 1,100 steps of which two (in the second and third slice) are recorded
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await redis.hset(keys.run_key(Q, "r1"), mapping={"r:500": "5", "e:1000": "boom"})
+    n = 1100
+    plan = SuspendPlan(
+        "steps", steps=[(i, step_message(i)) for i in range(n)], waits=list(range(n))
+    )
+    assert await suspend_run(broker, run, plan) == "parked"
+    waiting = [i for i in range(n) if i not in (500, 1000)]
+    assert await redis.llen(keys.pending_key(Q)) == n - 2
+    assert not await redis.exists(keys.task_key(Q, "r1-500"), keys.task_key(Q, "r1-1000"))
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"missing"] == str(n - 2).encode()
+    assert record[b"wait"] == ",".join(map(str, waiting)).encode()
+    assert sorted(int(k[2:]) for k in record if k.startswith(b"w:")) == waiting
+    assert record[b"state"] == b"waiting"
+
+
 async def test_a_recorded_step_is_not_enqueued_whatever_the_run_waits_for(
     redis: Redis, client: Client
 ) -> None:

@@ -62,12 +62,18 @@ end
 -- whether each entry asked for (its steps, what it waits for) is recorded (a result
 -- or a failure), and what an earlier suspension waited for: read in one HMGET (in
 -- slices of 500 entries for a large gather)
-local asked, seen = {}, {}
+local asked, seen, listed = {}, {}, {}
+local function ask(i)
+    if not listed[i] then  -- an entry both enqueued and waited for is read once
+        listed[i] = true
+        asked[#asked + 1] = i
+    end
+end
 for _, s in ipairs(steps) do
-    asked[#asked + 1] = s.index
+    ask(s.index)
 end
 for _, i in ipairs(waits) do
-    asked[#asked + 1] = i
+    ask(i)
 end
 local old
 for first = 1, math.max(#asked, 1), 500 do
