@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisClusterException, ResponseError
 
 from asyncq import _keys as keys
 from asyncq._broker._base import (
@@ -221,6 +221,11 @@ async def _write(
             reply = await script(broker._cmd, keys_, args)
     except ResponseError as exc:
         raise script_error(exc, script, qname, tid) from exc
+    except RedisClusterException as exc:  # refused before it was sent: nothing written
+        raise BrokerError(
+            f"Redis script {script.name} refused for task {tid!r} of queue {qname!r}: {exc} "
+            "(on a cluster, a durable run's steps must run in the run's queue)"
+        ) from exc
     return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 

@@ -22,7 +22,13 @@ from asyncq._broker._base import (
     ack_results,
     encode_with,
 )
-from asyncq._broker.durable import RUN_HEADER, RUN_QUEUE_HEADER, STEP_HEADER, is_durable_step
+from asyncq._broker.durable import (
+    RUN_HEADER,
+    RUN_QUEUE_HEADER,
+    STEP_HEADER,
+    ack_step,
+    is_durable_step,
+)
 from asyncq._broker.workflow import ADVANCE_LUA, is_workflow_step, step_place
 from asyncq._redis.scripts import Script, load_script
 from asyncq._time import to_unix
@@ -128,7 +134,9 @@ class ProcessingTransitions(BrokerBase):
         queue, BrokerError when the queue's script failed (then every item of
         that queue gets it and their state is unknown). A task whose unique_key
         lies outside its queue's hash tag (never written by asynq or asyncq) is
-        acknowledged afterwards with the single-task method. Connection errors
+        acknowledged afterwards with the single-task method, and so is, on a
+        cluster, a durable step whose run is in another queue (another hash slot:
+        it fails alone, as docs/durable.md says, not its batch). Connection errors
         raise; the tasks may or may not be acknowledged.
         """
         results: list[Exception | None] = [None] * len(items)
@@ -162,6 +170,9 @@ class ProcessingTransitions(BrokerBase):
             if msg.headers and is_durable_step(msg):
                 # A step has no unique key either; its run's record is written as ack_step.
                 headers = msg.headers
+                if self.on_cluster and headers[RUN_QUEUE_HEADER] != call.qk.name:
+                    strays.append(i)  # its run's keys are in another slot: not in the batch
+                    continue
                 call.indices.append(i)
                 call.args += (msg.id, headers[RUN_QUEUE_HEADER], headers[RUN_HEADER])
                 call.args.append(headers[STEP_HEADER])
@@ -196,7 +207,10 @@ class ProcessingTransitions(BrokerBase):
         for i in strays:
             msg, complete = items[i]
             try:
-                await (self.mark_as_complete(msg) if complete else self.done(msg))
+                if msg.headers and is_durable_step(msg):
+                    await ack_step(self, msg, "complete" if complete else "done")
+                else:
+                    await (self.mark_as_complete(msg) if complete else self.done(msg))
             except AsyncqError as exc:
                 results[i] = exc
         return results
