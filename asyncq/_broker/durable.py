@@ -14,6 +14,9 @@ A step is an ordinary task carrying the headers :data:`RUN_HEADER` (the run's id
 run). Its final outcome (success, archive, revoke) is acknowledged with
 :func:`ack_step` (``lua/durable_step_done.lua``): the same script records the result (or
 error) in the run's record and, when the run waits for nothing more, moves it to pending.
+A success is acknowledged in the worker's batch of successes instead
+(:meth:`~asyncq._broker.processing.ProcessingTransitions.ack_many`), which records it the
+same way in the same call (``record_step()``, ``lua/_lib/durable_step.lua``).
 A signal (:func:`send_signal`) does the same for the runs waiting for it.
 """
 
