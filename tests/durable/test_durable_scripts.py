@@ -498,3 +498,82 @@ async def test_a_record_reads_the_same_on_redis_py_and_on_the_pipelined_connecti
         assert await read_run(fast, Q, "r9") == want
     finally:
         await fast.aclose()
+
+
+async def acked_step(
+    redis: Redis, client: Client, record: dict[str, str], *, index: int = 0
+) -> tuple[Broker, TaskMessage]:
+    """A step of run r1 taken by a worker, the run parked, its record *record*."""
+    broker = Broker(redis)
+    headers = step_message(index).headers
+    await client.enqueue(Task("step", b"{}"), task_id=f"r1-{index}", headers=headers)
+    step = await transitions.dequeue(broker, [Q])
+    assert step is not None
+    if record:
+        await redis.hset(keys.run_key(Q, "r1"), mapping=record)
+    await redis.hset(keys.task_key(Q, "r1"), mapping={"state": "scheduled"})
+    await redis.zadd(keys.scheduled_key(Q), {"r1": FAR_FUTURE})
+    return broker, step.message
+
+
+async def test_a_step_whose_failure_is_recorded_is_seen_not_recorded_again(
+    redis: Redis, client: Client
+) -> None:
+    broker, step = await acked_step(redis, client, {"e:0": "boom", "w:0": "1", "missing": "1"})
+    assert await ack_step(broker, step, "complete") == "seen"
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert b"r:0" not in record and record[b"missing"] == b"1"
+    assert await redis.zscore(keys.scheduled_key(Q), "r1") == FAR_FUTURE
+
+
+async def test_a_step_the_run_does_not_wait_for_is_recorded_without_waking_it(
+    redis: Redis, client: Client
+) -> None:
+    broker, step = await acked_step(redis, client, {"w:1": "1", "missing": "1", "wait": "1"})
+    assert await ack_step(broker, step, "complete") == "recorded"
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"r:0"] == b"null" and record[b"missing"] == b"1" and b"w:1" in record
+    assert await redis.zscore(keys.scheduled_key(Q), "r1") == FAR_FUTURE
+
+
+async def test_the_first_of_two_waited_steps_counts_down_and_the_last_wakes_at_the_head(
+    redis: Redis, client: Client
+) -> None:
+    record = {"w:0": "1", "w:1": "1", "missing": "2", "wait": "0,1"}
+    broker, step = await acked_step(redis, client, record)
+    assert await ack_step(broker, step, "complete") == "recorded"
+    got = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert got[b"missing"] == b"1" and b"w:0" not in got and b"w:1" in got
+    _, last = await acked_step(redis, client, {}, index=1)
+    await client.enqueue(Task("other"), task_id="other")  # pending before the run wakes
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.wakeup_channel(Q))
+    assert await pubsub.get_message(timeout=1) is not None  # the subscription
+    assert await ack_step(broker, last, "complete") == "woken"
+    assert await pubsub.get_message(timeout=1) == {
+        "type": "message", "pattern": None,
+        "channel": keys.wakeup_channel(Q).encode(), "data": Q.encode(),
+    }  # fmt: skip
+    await pubsub.aclose()
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1", b"other"]
+    got = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert got[b"r:1"] == b"null" and got[b"state"] == b"running"
+    assert not {b"w:1", b"missing", b"wait"} & set(got)
+
+
+async def test_the_last_step_of_a_run_not_parked_is_recorded_for_its_replay(
+    redis: Redis, client: Client
+) -> None:
+    broker, step = await acked_step(redis, client, {"w:0": "1", "missing": "1", "wait": "0"})
+    await redis.zrem(keys.scheduled_key(Q), "r1")  # the run is running (or retrying)
+    assert await ack_step(broker, step, "complete") == "recorded"
+    got = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert got[b"r:0"] == b"null" and not {b"w:0", b"missing", b"wait"} & set(got)
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == []
+
+
+async def test_a_waited_step_without_a_count_is_taken_as_the_last(
+    redis: Redis, client: Client
+) -> None:
+    broker, step = await acked_step(redis, client, {"w:0": "1", "wait": "0"})
+    assert await ack_step(broker, step, "complete") == "woken"
