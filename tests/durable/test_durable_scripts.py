@@ -76,7 +76,13 @@ async def test_a_suspension_parks_the_run_and_enqueues_its_steps(
         "steps", records={"s:0": b"step a", "s:1": b"step b"},
         steps=[(0, step_message(0)), (1, step_message(1))], waits=[0, 1],
     )  # fmt: skip
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.wakeup_channel(Q))
+    assert await pubsub.get_message(timeout=1) is not None  # the subscription
     assert await suspend_run(broker, run, plan) == "parked"
+    note = await pubsub.get_message(timeout=1)  # the steps' queue's idle workers are told
+    assert note is not None and note["data"] == Q.encode()
+    await pubsub.aclose()
     assert await redis.lrange(keys.active_key(Q), 0, -1) == []
     assert await redis.zscore(keys.scheduled_key(Q), "r1") == FAR_FUTURE
     assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"scheduled"
@@ -132,9 +138,17 @@ async def test_a_suspension_on_recorded_steps_goes_back_to_pending(
     broker = Broker(redis)
     run = await active_run(broker, client)
     await redis.hset(keys.run_key(Q, "r1"), mapping={"s:0": "step a", "r:0": "1"})
+    await client.enqueue(Task("other"), task_id="other")
     plan = SuspendPlan("steps", steps=[(0, step_message(0))], waits=[0])
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.wakeup_channel(Q))
+    assert await pubsub.get_message(timeout=1) is not None  # the subscription
     assert await suspend_run(broker, run, plan) == "ready"
-    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]  # the step is not
+    note = await pubsub.get_message(timeout=1)  # idle workers are told
+    assert note is not None and note["data"] == Q.encode()
+    await pubsub.aclose()
+    # at the head of pending, as a task made pending is; the step is not enqueued
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1", b"other"]
     assert not await redis.exists(keys.task_key(Q, "r1-0"))
 
 
@@ -142,20 +156,24 @@ async def test_a_gather_of_more_steps_than_one_read_slice_reads_every_one(
     redis: Redis, client: Client
 ) -> None:
     # the script reads the entries in slices of 500 and writes the waits in slices: a
-    # gather of 1,100 steps of which two (in the second and third slice) are recorded
+    # gather of 1,100 steps of which four (at both ends of the first two slices) are
+    # recorded
     broker = Broker(redis)
     run = await active_run(broker, client)
-    await redis.hset(keys.run_key(Q, "r1"), mapping={"r:500": "5", "e:1000": "boom"})
+    done = (499, 500, 999, 1000)
+    await redis.hset(
+        keys.run_key(Q, "r1"), mapping={"r:499": "4", "r:500": "5", "e:999": "x", "e:1000": "y"}
+    )
     n = 1100
     plan = SuspendPlan(
         "steps", steps=[(i, step_message(i)) for i in range(n)], waits=list(range(n))
     )
     assert await suspend_run(broker, run, plan) == "parked"
-    waiting = [i for i in range(n) if i not in (500, 1000)]
-    assert await redis.llen(keys.pending_key(Q)) == n - 2
-    assert not await redis.exists(keys.task_key(Q, "r1-500"), keys.task_key(Q, "r1-1000"))
+    waiting = [i for i in range(n) if i not in done]
+    assert await redis.llen(keys.pending_key(Q)) == n - 4
+    assert not await redis.exists(*(keys.task_key(Q, f"r1-{i}") for i in done))
     record = await redis.hgetall(keys.run_key(Q, "r1"))
-    assert record[b"missing"] == str(n - 2).encode()
+    assert record[b"missing"] == str(n - 4).encode()
     assert record[b"wait"] == ",".join(map(str, waiting)).encode()
     assert sorted(int(k[2:]) for k in record if k.startswith(b"w:")) == waiting
     assert record[b"state"] == b"waiting"
