@@ -125,7 +125,8 @@ def is_durable_step(msg: TaskMessage) -> bool:
     """Whether *msg* is a step of a durable run, acknowledged with :func:`ack_step`."""
     headers = msg.headers
     run_id = headers.get(RUN_HEADER)
-    if not run_id or not headers.get(STEP_HEADER, "").isdigit():
+    index = headers.get(STEP_HEADER, "")
+    if not run_id or not (index.isascii() and index.isdigit()):  # "²" is a digit too
         return False  # malformed headers (not written by asyncq): acknowledged as a task
     try:
         keys.validate_queue_name(headers.get(RUN_QUEUE_HEADER, ""))

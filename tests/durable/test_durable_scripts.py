@@ -595,3 +595,24 @@ async def test_a_waited_step_without_a_count_is_taken_as_the_last(
 ) -> None:
     broker, step = await acked_step(redis, client, {"w:0": "1", "wait": "0"})
     assert await ack_step(broker, step, "complete") == "woken"
+
+
+@pytest.mark.parametrize("complete", [True, False])
+@pytest.mark.parametrize("damaged", ["step task", "run", "run task", "scheduled", "pending"])
+async def test_a_batched_step_ack_on_a_damaged_key_changes_nothing(
+    redis: Redis, client: Client, damaged: str, complete: bool
+) -> None:
+    broker, step = await acked_step(redis, client, {"w:0": "1", "missing": "1", "wait": "0"})
+    key = {
+        "step task": keys.task_key(Q, "r1-0"),
+        "run": keys.run_key(Q, "r1"),
+        "run task": keys.task_key(Q, "r1"),
+        "scheduled": keys.scheduled_key(Q),
+        "pending": keys.pending_key(Q),
+    }[damaged]
+    await redis.delete(key)
+    await redis.set(key, "x")
+    before = await dump_all(redis)
+    [result] = await broker.ack_many([(step, complete)])
+    assert isinstance(result, BrokerError) and "WRONGTYPE" in str(result)
+    assert await dump_all(redis) == before
