@@ -125,6 +125,7 @@ async def test_a_batch_of_step_successes_records_them_and_wakes_the_run_once(
     assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]
     assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"pending"
     assert await redis.zscore(keys.completed_key(Q), second.message.id) is not None
+    assert await redis.hget(keys.task_key(Q, second.message.id), "state") == b"completed"
     assert not await redis.exists(keys.task_key(Q, first.message.id))
     # acknowledged again: not active any more, the record unchanged
     again = await broker.ack_many([(second.message, True)])
@@ -615,4 +616,20 @@ async def test_a_batched_step_ack_on_a_damaged_key_changes_nothing(
     before = await dump_all(redis)
     [result] = await broker.ack_many([(step, complete)])
     assert isinstance(result, BrokerError) and "WRONGTYPE" in str(result)
+    assert await dump_all(redis) == before
+
+
+@pytest.mark.parametrize("complete", [True, False])
+async def test_a_batch_checks_the_task_after_a_durable_step_too(
+    redis: Redis, client: Client, complete: bool
+) -> None:
+    broker, step = await acked_step(redis, client, {"w:0": "1", "missing": "1", "wait": "0"})
+    await client.enqueue(Task("plain"), task_id="p1")
+    plain = await transitions.dequeue(broker, [Q])
+    assert plain is not None and plain.message.id == "p1"
+    await redis.delete(keys.task_key(Q, "p1"))
+    await redis.set(keys.task_key(Q, "p1"), "x")
+    before = await dump_all(redis)
+    results = await broker.ack_many([(step, complete), (plain.message, True)])
+    assert all(isinstance(r, BrokerError) and "WRONGTYPE" in str(r) for r in results)
     assert await dump_all(redis) == before
