@@ -646,7 +646,8 @@ class DurableFunction(TypedTask[P, R]):
         run_id, qname = task.id, task.queue
         if run_id is None or qname is None:
             raise RuntimeError(f"durable function {self.name} runs on a worker, as a task")
-        redis = self.app.client.broker.redis
+        broker = self.app.client.broker
+        redis = broker.fast or broker.redis  # the pipelined connection, when there is one
         run = Run(run_id, qname, await read_run(redis, qname, run_id) or {}, redis=redis)
         token = _current_task.set(task)
         try:

@@ -45,6 +45,7 @@ from asyncq._broker.durable import (
 from asyncq._producer.completion import TaskFailedError
 from asyncq._producer.compose import compose
 from asyncq._redis.options import RedisClient
+from asyncq._redis.transport import FastConnection
 from asyncq._serde import ResultCodec
 from asyncq.errors import NonDeterminismError
 from asyncq.proto.asynq import TaskMessage
@@ -102,15 +103,47 @@ class StepCall(Generic[R]):
     """A step asked for with :meth:`Run.step`: await it (or pass it to :meth:`Run.gather`)
     for its result. Its place in the run is taken when it is created."""
 
-    __slots__ = ("_target", "index", "message", "run")
+    __slots__ = ("_message", "_target", "_task", "index", "run")
 
-    def __init__(
-        self, run: Run, index: int, message: TaskMessage, target: StepTask[..., R]
-    ) -> None:
+    def __init__(self, run: Run, index: int, task: Task, target: StepTask[..., R]) -> None:
         self.run = run
         self.index = index
-        self.message = message
+        self._task = task
         self._target = target
+        self._message: TaskMessage | None = None
+
+    @property
+    def message(self) -> TaskMessage:
+        """The step's task message, composed when first needed (a replay reading the
+        step's recorded result needs none). Raises ValueError for a step that would
+        not run at once (scheduled, grouped or unique)."""
+        if self._message is None:
+            self._message = self._compose()
+        return self._message
+
+    def _compose(self) -> TaskMessage:
+        composed = compose(
+            self._task,
+            [
+                {
+                    "task_id": f"{self.run.id}-{self.index}",
+                    "headers": {
+                        RUN_HEADER: self.run.id,
+                        RUN_QUEUE_HEADER: self.run.queue,
+                        STEP_HEADER: str(self.index),
+                    },
+                }
+            ],
+            datetime.now(UTC),
+        )
+        if composed.state is not TaskState.PENDING or composed.unique_ttl is not None:
+            raise ValueError(
+                f"step {self._task.type!r} of a durable function must run at once (no "
+                "process_at, process_in, group or unique); wait with run.sleep() instead"
+            )
+        message = composed.message
+        message.retention = max(message.retention, int(MIN_STEP_RETENTION.total_seconds()))
+        return message
 
     def _outcome(self) -> R:
         """The recorded result, or the recorded failure raised."""
@@ -144,7 +177,7 @@ class Run:
         queue: str,
         record: Mapping[str, bytes],
         *,
-        redis: RedisClient,
+        redis: RedisClient | FastConnection,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.id = run_id
@@ -194,7 +227,8 @@ class Run:
         replay enqueues it twice) and the run waits, holding no worker, until the task's
         acknowledgement records it. A step that fails for good raises
         :class:`StepFailedError` (a :class:`~asyncq.TaskFailedError`) here. A step
-        cannot be scheduled, aggregated or unique: use :meth:`sleep` to wait.
+        cannot be scheduled, aggregated or unique (ValueError where it is awaited, not
+        recorded yet): use :meth:`sleep` to wait.
         """
         plain = task.to_task(*args, **kwargs)
         payload = plain.payload or b""
@@ -204,28 +238,7 @@ class Run:
             else "sha256:" + hashlib.sha256(payload).hexdigest()[:32]
         )
         index = self._entry(f"step {plain.type} {shown}")
-        composed = compose(
-            plain,
-            [
-                {
-                    "task_id": f"{self.id}-{index}",
-                    "headers": {
-                        RUN_HEADER: self.id,
-                        RUN_QUEUE_HEADER: self.queue,
-                        STEP_HEADER: str(index),
-                    },
-                }
-            ],
-            datetime.now(UTC),
-        )
-        if composed.state is not TaskState.PENDING or composed.unique_ttl is not None:
-            raise ValueError(
-                f"step {plain.type!r} of a durable function must run at once (no process_at, "
-                "process_in, group or unique); wait with run.sleep() instead"
-            )
-        message = composed.message
-        message.retention = max(message.retention, int(MIN_STEP_RETENTION.total_seconds()))
-        return StepCall(self, index, message, task)
+        return StepCall(self, index, plain, task)
 
     async def gather(self, *steps: StepCall[R]) -> list[R]:
         """Await several steps at once: every one not recorded is enqueued together and

@@ -14,6 +14,9 @@ A step is an ordinary task carrying the headers :data:`RUN_HEADER` (the run's id
 run). Its final outcome (success, archive, revoke) is acknowledged with
 :func:`ack_step` (``lua/durable_step_done.lua``): the same script records the result (or
 error) in the run's record and, when the run waits for nothing more, moves it to pending.
+A success is acknowledged in the worker's batch of successes instead
+(:meth:`~asyncq._broker.processing.ProcessingTransitions.ack_many`), which records it the
+same way in the same call (``record_step()``, ``lua/_lib/durable_step.lua``).
 A signal (:func:`send_signal`) does the same for the runs waiting for it.
 """
 
@@ -23,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisClusterException, ResponseError
 
 from asyncq import _keys as keys
 from asyncq._broker._base import (
@@ -39,6 +42,7 @@ from asyncq._broker._base import (
 from asyncq._codec import encode_task_message
 from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import Script, load_script
+from asyncq._redis.transport import FastConnection
 from asyncq.errors import BrokerError
 from asyncq.proto.asynq import TaskMessage
 
@@ -121,7 +125,8 @@ def is_durable_step(msg: TaskMessage) -> bool:
     """Whether *msg* is a step of a durable run, acknowledged with :func:`ack_step`."""
     headers = msg.headers
     run_id = headers.get(RUN_HEADER)
-    if not run_id or not headers.get(STEP_HEADER, "").isdigit():
+    index = headers.get(STEP_HEADER, "")
+    if not run_id or not (index.isascii() and index.isdigit()):  # "²" is a digit too
         return False  # malformed headers (not written by asyncq): acknowledged as a task
     try:
         keys.validate_queue_name(headers.get(RUN_QUEUE_HEADER, ""))
@@ -220,11 +225,16 @@ async def _write(
             reply = await script(broker._cmd, keys_, args)
     except ResponseError as exc:
         raise script_error(exc, script, qname, tid) from exc
+    except RedisClusterException as exc:  # refused before it was sent: nothing written
+        raise BrokerError(
+            f"Redis script {script.name} refused for task {tid!r} of queue {qname!r}: {exc} "
+            "(on a cluster, a durable run's steps must run in the run's queue)"
+        ) from exc
     return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
 async def record_wait(
-    redis: RedisClient, qname: str, run_id: str, wait: SignalWait, value: bytes
+    redis: RedisClient | FastConnection, qname: str, run_id: str, wait: SignalWait, value: bytes
 ) -> bytes:
     """Record *value* as the result of a run's signal wait unless a signal came first;
     the result that stands."""
@@ -240,7 +250,7 @@ async def record_wait(
 
 
 async def settle_run(
-    redis: RedisClient,
+    redis: RedisClient | FastConnection,
     qname: str,
     run_id: str,
     state: str,
@@ -290,14 +300,21 @@ async def send_signal(
     return int(reply)
 
 
-async def read_run(redis: RedisClient, qname: str, run_id: str) -> dict[str, bytes] | None:
+async def read_run(
+    redis: RedisClient | FastConnection, qname: str, run_id: str
+) -> dict[str, bytes] | None:
     """A run's record as stored (field name: value), or None when it has none yet (no
-    attempt recorded anything) or any more (expired after its end)."""
+    attempt recorded anything) or any more (expired after its end).
+
+    *redis* may be a broker's pipelined connection (a worker replaying a run reads the
+    record there, beside its other commands), which answers HGETALL as a flat list.
+    """
     key = keys.run_key(qname, run_id)
     try:
-        raw = cast(dict[bytes, bytes], await redis.hgetall(key))
+        raw = await redis.execute_command("HGETALL", key)
     except ResponseError as exc:
         raise BrokerError(f"reading durable run record {key}: {exc}") from exc
     if not raw:
         return None
-    return {k.decode("utf-8", "replace"): v for k, v in raw.items()}
+    pairs = raw.items() if isinstance(raw, dict) else zip(raw[::2], raw[1::2], strict=True)
+    return {k.decode("utf-8", "replace"): v for k, v in pairs}

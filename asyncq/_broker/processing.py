@@ -22,6 +22,13 @@ from asyncq._broker._base import (
     ack_results,
     encode_with,
 )
+from asyncq._broker.durable import (
+    RUN_HEADER,
+    RUN_QUEUE_HEADER,
+    STEP_HEADER,
+    ack_step,
+    is_durable_step,
+)
 from asyncq._broker.workflow import ADVANCE_LUA, is_workflow_step, step_place
 from asyncq._redis.scripts import Script, load_script
 from asyncq._time import to_unix
@@ -115,7 +122,10 @@ class ProcessingTransitions(BrokerBase):
         (:func:`~asyncq._broker.workflow.is_workflow_step`) gets the effect of
         ``ack_step`` with mode ``complete`` or ``done`` instead: its workflow
         records it and hands off to the next stage in the same call, so a step's
-        success is never acknowledged without it. All tasks of a queue take one
+        success is never acknowledged without it. A durable run's step
+        (:func:`~asyncq._broker.durable.is_durable_step`) gets the effect of its
+        ``ack_step``: its result is recorded in its run's record, which goes to
+        pending when it waits for nothing more. All tasks of a queue take one
         script call; on one server all queues share it (``ack_queues.lua``), on a
         cluster one call per queue in a pipeline.
 
@@ -124,7 +134,9 @@ class ProcessingTransitions(BrokerBase):
         queue, BrokerError when the queue's script failed (then every item of
         that queue gets it and their state is unknown). A task whose unique_key
         lies outside its queue's hash tag (never written by asynq or asyncq) is
-        acknowledged afterwards with the single-task method. Connection errors
+        acknowledged afterwards with the single-task method, and so is, on a
+        cluster, a durable step whose run is in another queue (another hash slot:
+        it fails alone, as docs/durable.md says, not its batch). Connection errors
         raise; the tasks may or may not be acknowledged.
         """
         results: list[Exception | None] = [None] * len(items)
@@ -155,6 +167,21 @@ class ProcessingTransitions(BrokerBase):
                 else:
                     call.kinds.append("w")
                 continue
+            if msg.headers and is_durable_step(msg):
+                # A step has no unique key either; its run's record is written as ack_step.
+                headers = msg.headers
+                if self.on_cluster and headers[RUN_QUEUE_HEADER] != call.qk.name:
+                    strays.append(i)  # its run's keys are in another slot: not in the batch
+                    continue
+                call.indices.append(i)
+                call.args += (msg.id, headers[RUN_QUEUE_HEADER], headers[RUN_HEADER])
+                call.args.append(headers[STEP_HEADER])
+                if complete:
+                    call.kinds.append("R")
+                    call.args += (now_s + msg.retention, encode_with(msg, completed_at=now_s))
+                else:
+                    call.kinds.append("r")
+                continue
             ukey = msg.unique_key
             # The script builds no key it was not told the hash tag of (cluster slots).
             if ukey and not ukey.startswith(call.prefix):
@@ -180,7 +207,10 @@ class ProcessingTransitions(BrokerBase):
         for i in strays:
             msg, complete = items[i]
             try:
-                await (self.mark_as_complete(msg) if complete else self.done(msg))
+                if msg.headers and is_durable_step(msg):
+                    await ack_step(self, msg, "complete" if complete else "done")
+                else:
+                    await (self.mark_as_complete(msg) if complete else self.done(msg))
             except AsyncqError as exc:
                 results[i] = exc
         return results
@@ -191,7 +221,7 @@ class ProcessingTransitions(BrokerBase):
         for call in planned:
             qk = call.qk
             kinds = call.args[4] = "".join(call.kinds)
-            if "w" in kinds or "W" in kinds:
+            if any(step in kinds for step in "wWrR"):
                 call.args += (int(now), int(now * 1e9))  # the hand-off's "now"
             pday = qk.daily(now)[0]
             calls.append(((qk.active, qk.lease, qk.completed, pday, qk.processed), call.args))

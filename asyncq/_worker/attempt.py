@@ -430,12 +430,12 @@ class OutcomeWriter:
             self.hooks.task_archived(msg.queue, msg.type)
         elif retried:
             self.hooks.task_retried(msg.queue, msg.type)
-        if kind not in ("done", "complete") or outcome.durable:
+        if kind not in ("done", "complete"):
             await self._write_outcome(active, outcome)
             return
         # Acknowledged here rather than in _write_outcome: one coroutine frame fewer for
         # nearly every task (issue 40). A workflow step's batched acknowledgement
-        # includes its workflow's hand-off.
+        # includes its workflow's hand-off, a durable step's its record in its run.
         complete = kind == "complete"
         error = await self._acks.ack(msg, complete)
         if error is not None:
@@ -452,11 +452,11 @@ class OutcomeWriter:
         """Handled as a failed single write: the syncer retries it with done(),
         mark_as_complete() or the step's acknowledgement when Redis was unreachable."""
         msg, broker = active.msg, self.broker
-
-        def ack() -> Awaitable[None]:
-            return broker.mark_as_complete(msg) if complete else broker.done(msg)
-
-        write = self._workflow_ack(msg, outcome.ack_mode) if outcome.workflow else ack
+        write: _Write = partial(broker.mark_as_complete if complete else broker.done, msg)
+        if outcome.workflow:
+            write = self._workflow_ack(msg, outcome.ack_mode)
+        elif outcome.durable:
+            write = self._durable_ack(msg, outcome.ack_mode)
         self._write_failed(active, write, "done", error)
 
     def _lost(self, msg: TaskMessage, exc: BaseException | None) -> None:
@@ -488,8 +488,7 @@ class OutcomeWriter:
             write = self._workflow_ack(msg, outcome.ack_mode, outcome.err_msg)
             await self._write(active, write, "archive" if kind == "archive" else "done")
         elif outcome.durable:  # acknowledged together with its record in the run
-            ack = partial(self.broker.ack_durable_step, msg, outcome.ack_mode, outcome.err_msg)
-            write = self._logged(msg, "durable step acknowledged", "run", ack)
+            write = self._durable_ack(msg, outcome.ack_mode, outcome.err_msg)
             await self._write(active, write, "archive" if kind == "archive" else "done")
         elif kind == "suspend":
             assert outcome.plan is not None
@@ -537,6 +536,11 @@ class OutcomeWriter:
                 self.log.debug(what, **{field: got}, **task_fields(msg))
 
         return write
+
+    def _durable_ack(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> _Write:
+        """The write acknowledging a durable run's step together with its record."""
+        ack = partial(self.broker.ack_durable_step, msg, mode, err_msg)
+        return self._logged(msg, "durable step acknowledged", "run", ack)
 
     def _workflow_ack(self, msg: TaskMessage, mode: AckMode, err_msg: str = "") -> _Write:
         """The write acknowledging a workflow step together with its hand-off."""

@@ -507,3 +507,10 @@ async def test_random_batches_match_one_by_one(
 ) -> None:
     specs, items, counters = scenario
     await assert_same_as_one_by_one(broker, redis, clock, specs, items, counters)
+
+
+async def test_script_refuses_a_durable_step_index_that_is_no_number(redis: Redis) -> None:
+    # The script's own check, for callers that skip the Python one (is_durable_step).
+    with pytest.raises(ResponseError, match="bad durable step index x"):
+        await run_script(redis, "r", "s", "default", "r1", "x", "1", "2")
+    assert await redis.dbsize() == 0

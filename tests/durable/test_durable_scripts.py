@@ -25,11 +25,14 @@ from asyncq._broker.durable import (
     StepAckMode,
     SuspendPlan,
     ack_step,
+    read_run,
     record_wait,
     send_signal,
     suspend_run,
 )
 from asyncq._codec import decode_task_message
+from asyncq._redis.options import RedisClientOpts, parse_redis_uri
+from asyncq._redis.transport import FastConnection
 from asyncq.errors import BrokerError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests.support import transitions
@@ -73,7 +76,13 @@ async def test_a_suspension_parks_the_run_and_enqueues_its_steps(
         "steps", records={"s:0": b"step a", "s:1": b"step b"},
         steps=[(0, step_message(0)), (1, step_message(1))], waits=[0, 1],
     )  # fmt: skip
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.wakeup_channel(Q))
+    assert await pubsub.get_message(timeout=1) is not None  # the subscription
     assert await suspend_run(broker, run, plan) == "parked"
+    note = await pubsub.get_message(timeout=1)  # the steps' queue's idle workers are told
+    assert note is not None and note["data"] == Q.encode()
+    await pubsub.aclose()
     assert await redis.lrange(keys.active_key(Q), 0, -1) == []
     assert await redis.zscore(keys.scheduled_key(Q), "r1") == FAR_FUTURE
     assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"scheduled"
@@ -96,16 +105,92 @@ async def test_a_suspension_parks_the_run_and_enqueues_its_steps(
     assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"pending"
 
 
+async def test_a_batch_of_step_successes_records_them_and_wakes_the_run_once(
+    redis: Redis, client: Client
+) -> None:
+    # The batched acknowledgement (ack_many.lua, kinds r and R) does what ack_step does
+    # for each: one step done without a result (null), one complete with its result.
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    plan = SuspendPlan("steps", steps=[(0, step_message(0)), (1, step_message(1))], waits=[0, 1])
+    assert await suspend_run(broker, run, plan) == "parked"
+    first = await transitions.dequeue(broker, [Q])
+    second = await transitions.dequeue(broker, [Q])
+    assert first is not None and second is not None
+    await redis.hset(keys.task_key(Q, second.message.id), "result", "7")
+    assert await broker.ack_many([(first.message, False), (second.message, True)]) == [None, None]
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"r:0"] == b"null" and record[b"r:1"] == b"7"
+    assert record[b"state"] == b"running" and b"missing" not in record
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]
+    assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"pending"
+    assert await redis.zscore(keys.completed_key(Q), second.message.id) is not None
+    assert await redis.hget(keys.task_key(Q, second.message.id), "state") == b"completed"
+    assert not await redis.exists(keys.task_key(Q, first.message.id))
+    # acknowledged again: not active any more, the record unchanged
+    again = await broker.ack_many([(second.message, True)])
+    assert isinstance(again[0], TaskNotFoundError)
+    assert await redis.hgetall(keys.run_key(Q, "r1")) == record
+
+
 async def test_a_suspension_on_recorded_steps_goes_back_to_pending(
     redis: Redis, client: Client
 ) -> None:
     broker = Broker(redis)
     run = await active_run(broker, client)
     await redis.hset(keys.run_key(Q, "r1"), mapping={"s:0": "step a", "r:0": "1"})
+    await client.enqueue(Task("other"), task_id="other")
     plan = SuspendPlan("steps", steps=[(0, step_message(0))], waits=[0])
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.wakeup_channel(Q))
+    assert await pubsub.get_message(timeout=1) is not None  # the subscription
     assert await suspend_run(broker, run, plan) == "ready"
-    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]  # the step is not
+    note = await pubsub.get_message(timeout=1)  # idle workers are told
+    assert note is not None and note["data"] == Q.encode()
+    await pubsub.aclose()
+    # at the head of pending, as a task made pending is; the step is not enqueued
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1", b"other"]
     assert not await redis.exists(keys.task_key(Q, "r1-0"))
+
+
+async def test_a_gather_of_more_steps_than_one_read_slice_reads_every_one(
+    redis: Redis, client: Client
+) -> None:
+    # the script reads the entries in slices of 500 and writes the waits in slices: a
+    # gather of 1,100 steps of which four (at both ends of the first two slices) are
+    # recorded
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    done = (499, 500, 999, 1000)
+    await redis.hset(
+        keys.run_key(Q, "r1"), mapping={"r:499": "4", "r:500": "5", "e:999": "x", "e:1000": "y"}
+    )
+    n = 1100
+    plan = SuspendPlan(
+        "steps", steps=[(i, step_message(i)) for i in range(n)], waits=list(range(n))
+    )
+    assert await suspend_run(broker, run, plan) == "parked"
+    waiting = [i for i in range(n) if i not in done]
+    assert await redis.llen(keys.pending_key(Q)) == n - 4
+    assert not await redis.exists(*(keys.task_key(Q, f"r1-{i}") for i in done))
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"missing"] == str(n - 4).encode()
+    assert record[b"wait"] == ",".join(map(str, waiting)).encode()
+    assert sorted(int(k[2:]) for k in record if k.startswith(b"w:")) == waiting
+    assert record[b"state"] == b"waiting"
+
+
+async def test_a_recorded_step_is_not_enqueued_whatever_the_run_waits_for(
+    redis: Redis, client: Client
+) -> None:
+    # the script reads whether each step to enqueue is recorded, not only the waited ones
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await redis.hset(keys.run_key(Q, "r1"), mapping={"s:3": "step a", "e:3": "boom"})
+    plan = SuspendPlan("sleep", steps=[(3, step_message(3))], until=50.0)
+    assert await suspend_run(broker, run, plan) == "parked"
+    assert not await redis.exists(keys.task_key(Q, "r1-3"))
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == []
 
 
 @pytest.mark.parametrize(
@@ -460,4 +545,139 @@ async def test_a_signal_with_one_damaged_run_among_many_changes_nothing(redis: R
     before = await dump_all(redis)
     with pytest.raises(BrokerError, match="WRONGTYPE"):
         await send_signal(redis, Q, "go", "k", payload=b"1", keep_ms=60_000, now=0)
+    assert await dump_all(redis) == before
+
+
+async def test_a_record_reads_the_same_on_redis_py_and_on_the_pipelined_connection(
+    redis: Redis, redis_url: str
+) -> None:
+    # a worker's replay reads it on the broker's pipelined connection (a flat HGETALL
+    # reply), the Inspector and tests on redis-py (a dict)
+    opts = parse_redis_uri(redis_url)
+    assert isinstance(opts, RedisClientOpts)
+    fast = FastConnection.from_options(opts)
+    try:
+        assert await read_run(redis, Q, "r9") is None
+        assert await read_run(fast, Q, "r9") is None
+        await redis.hset(keys.run_key(Q, "r9"), mapping={"s:0": "step a", "r:0": b"\xff1"})
+        want = {"s:0": b"step a", "r:0": b"\xff1"}
+        assert await read_run(redis, Q, "r9") == want
+        assert await read_run(fast, Q, "r9") == want
+    finally:
+        await fast.aclose()
+
+
+async def acked_step(
+    redis: Redis, client: Client, record: dict[str, str], *, index: int = 0
+) -> tuple[Broker, TaskMessage]:
+    """A step of run r1 taken by a worker, the run parked, its record *record*."""
+    broker = Broker(redis)
+    headers = step_message(index).headers
+    await client.enqueue(Task("step", b"{}"), task_id=f"r1-{index}", headers=headers)
+    step = await transitions.dequeue(broker, [Q])
+    assert step is not None
+    if record:
+        await redis.hset(keys.run_key(Q, "r1"), mapping=record)
+    await redis.hset(keys.task_key(Q, "r1"), mapping={"state": "scheduled"})
+    await redis.zadd(keys.scheduled_key(Q), {"r1": FAR_FUTURE})
+    return broker, step.message
+
+
+async def test_a_step_whose_failure_is_recorded_is_seen_not_recorded_again(
+    redis: Redis, client: Client
+) -> None:
+    broker, step = await acked_step(redis, client, {"e:0": "boom", "w:0": "1", "missing": "1"})
+    assert await ack_step(broker, step, "complete") == "seen"
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert b"r:0" not in record and record[b"missing"] == b"1"
+    assert await redis.zscore(keys.scheduled_key(Q), "r1") == FAR_FUTURE
+
+
+async def test_a_step_the_run_does_not_wait_for_is_recorded_without_waking_it(
+    redis: Redis, client: Client
+) -> None:
+    broker, step = await acked_step(redis, client, {"w:1": "1", "missing": "1", "wait": "1"})
+    assert await ack_step(broker, step, "complete") == "recorded"
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"r:0"] == b"null" and record[b"missing"] == b"1" and b"w:1" in record
+    assert await redis.zscore(keys.scheduled_key(Q), "r1") == FAR_FUTURE
+
+
+async def test_the_first_of_two_waited_steps_counts_down_and_the_last_wakes_at_the_head(
+    redis: Redis, client: Client
+) -> None:
+    record = {"w:0": "1", "w:1": "1", "missing": "2", "wait": "0,1"}
+    broker, step = await acked_step(redis, client, record)
+    assert await ack_step(broker, step, "complete") == "recorded"
+    got = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert got[b"missing"] == b"1" and b"w:0" not in got and b"w:1" in got
+    _, last = await acked_step(redis, client, {}, index=1)
+    await client.enqueue(Task("other"), task_id="other")  # pending before the run wakes
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.wakeup_channel(Q))
+    assert await pubsub.get_message(timeout=1) is not None  # the subscription
+    assert await ack_step(broker, last, "complete") == "woken"
+    assert await pubsub.get_message(timeout=1) == {
+        "type": "message", "pattern": None,
+        "channel": keys.wakeup_channel(Q).encode(), "data": Q.encode(),
+    }  # fmt: skip
+    await pubsub.aclose()
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1", b"other"]
+    got = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert got[b"r:1"] == b"null" and got[b"state"] == b"running"
+    assert not {b"w:1", b"missing", b"wait"} & set(got)
+
+
+async def test_the_last_step_of_a_run_not_parked_is_recorded_for_its_replay(
+    redis: Redis, client: Client
+) -> None:
+    broker, step = await acked_step(redis, client, {"w:0": "1", "missing": "1", "wait": "0"})
+    await redis.zrem(keys.scheduled_key(Q), "r1")  # the run is running (or retrying)
+    assert await ack_step(broker, step, "complete") == "recorded"
+    got = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert got[b"r:0"] == b"null" and not {b"w:0", b"missing", b"wait"} & set(got)
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == []
+
+
+async def test_a_waited_step_without_a_count_is_taken_as_the_last(
+    redis: Redis, client: Client
+) -> None:
+    broker, step = await acked_step(redis, client, {"w:0": "1", "wait": "0"})
+    assert await ack_step(broker, step, "complete") == "woken"
+
+
+@pytest.mark.parametrize("complete", [True, False])
+@pytest.mark.parametrize("damaged", ["step task", "run", "run task", "scheduled", "pending"])
+async def test_a_batched_step_ack_on_a_damaged_key_changes_nothing(
+    redis: Redis, client: Client, damaged: str, complete: bool
+) -> None:
+    broker, step = await acked_step(redis, client, {"w:0": "1", "missing": "1", "wait": "0"})
+    key = {
+        "step task": keys.task_key(Q, "r1-0"),
+        "run": keys.run_key(Q, "r1"),
+        "run task": keys.task_key(Q, "r1"),
+        "scheduled": keys.scheduled_key(Q),
+        "pending": keys.pending_key(Q),
+    }[damaged]
+    await redis.delete(key)
+    await redis.set(key, "x")
+    before = await dump_all(redis)
+    [result] = await broker.ack_many([(step, complete)])
+    assert isinstance(result, BrokerError) and "WRONGTYPE" in str(result)
+    assert await dump_all(redis) == before
+
+
+@pytest.mark.parametrize("complete", [True, False])
+async def test_a_batch_checks_the_task_after_a_durable_step_too(
+    redis: Redis, client: Client, complete: bool
+) -> None:
+    broker, step = await acked_step(redis, client, {"w:0": "1", "missing": "1", "wait": "0"})
+    await client.enqueue(Task("plain"), task_id="p1")
+    plain = await transitions.dequeue(broker, [Q])
+    assert plain is not None and plain.message.id == "p1"
+    await redis.delete(keys.task_key(Q, "p1"))
+    await redis.set(keys.task_key(Q, "p1"), "x")
+    before = await dump_all(redis)
+    results = await broker.ack_many([(step, complete), (plain.message, True)])
+    assert all(isinstance(r, BrokerError) and "WRONGTYPE" in str(r) for r in results)
     assert await dump_all(redis) == before

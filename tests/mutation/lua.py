@@ -103,12 +103,22 @@ DURABLE_TESTS = (
 )
 DEFAULT_TESTS = BROKER_TESTS
 TESTS: dict[str, tuple[str, ...]] = {
-    # ack_many.lua acknowledges workflow steps too (the w/W kinds)
+    # ack_many.lua acknowledges workflow steps too (the w/W kinds), and durable steps (r/R)
     "ack_many": (
         *BROKER_TESTS,
         "tests/workflow/test_workflow_scripts.py",
         "tests/workflow/test_workflow_batch.py",
         "tests/workflow/test_workflow.py",
+        "tests/durable/test_durable_scripts.py",
+    ),
+    # record_step() (included by durable_step_done.lua and ack_many.lua)
+    "_lib/durable_step": DURABLE_TESTS,
+    # finish_step() (included by workflow_done.lua and durable_step_done.lua)
+    "_lib/step_ack": (
+        "tests/workflow/test_workflow_scripts.py",
+        "tests/durable/test_durable_scripts.py",
+        "tests/workflow/test_workflow.py",
+        "tests/durable/test_durable.py",
     ),
     "ack_queues": (*BROKER_TESTS, "tests/workflow/test_workflow_batch.py"),
     # enqueue.lua's direct delivery: its own tests first (a real subscriber, fast)
@@ -148,6 +158,8 @@ TESTS: dict[str, tuple[str, ...]] = {
         "tests/scheduling/test_cron_keys_hostile.py",
         "tests/scheduling/test_app_cron.py",
     ),
+    # a run's cancel is tested with the Inspector that calls it
+    "durable_cancel": ("tests/durable/test_durable_inspect.py",),
     # the failure triage's bulk actions are tested with the error groups they act on
     "inspect_error_group_action": (*INSPECTOR_TESTS, "tests/inspection/test_triage.py"),
 }

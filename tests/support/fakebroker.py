@@ -30,7 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncq._broker import DequeuedTask
 from asyncq._broker.delivery import DeliveryNote
-from asyncq._broker.durable import FAR_FUTURE, SuspendPlan
+from asyncq._broker.durable import FAR_FUTURE, SuspendPlan, is_durable_step
 from asyncq._broker.multiqueue import FetchResult
 from asyncq._broker.workflow import AckMode, is_workflow_step
 from asyncq.errors import TaskNotFoundError
@@ -253,6 +253,8 @@ class FakeBroker:
                 out.append(None)
                 if is_workflow_step(msg):  # with its hand-off, as Broker.ack_many
                     self.workflow_steps.append((msg.id, "complete" if complete else "done"))
+                elif is_durable_step(msg):  # with its record in its run, as Broker.ack_many
+                    self.durable_steps.append((msg.id, "complete" if complete else "done"))
         return out
 
     def _finish(self, msg: TaskMessage, complete: bool) -> None:

@@ -20,6 +20,7 @@ import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncq._broker import DequeuedTask
+from asyncq._broker.durable import RUN_HEADER, RUN_QUEUE_HEADER, STEP_HEADER
 from asyncq._worker import active as active_module
 from asyncq._worker.active import ActiveTask, ActiveTasks
 from asyncq._worker.aggregator import GroupAggregatorRole
@@ -782,6 +783,25 @@ async def test_a_failed_batched_step_acknowledgement_is_retried_as_the_steps_own
     assert fake.called("done") == [plain.id]
     assert fake.workflow_steps == [(step.id, "done")]  # recorded once, with its hand-off
     assert not fake.tasks and fake.processed == 2
+
+
+async def test_a_failed_batched_durable_step_acknowledgement_is_retried_as_the_steps_own() -> None:
+    fake = FakeBroker()
+    headers = {RUN_HEADER: "r1", RUN_QUEUE_HEADER: "default", STEP_HEADER: "0"}
+    step = fake.enqueue(message(id="r1-0", headers=headers))
+    fake.fail("ack_many")  # the connection drops with the batch: nothing was written
+
+    async def handler(task: Task) -> None:
+        return None
+
+    async with Running(fake, handler) as run:
+        await wait_until(lambda: len(run.deferred.writes) == 1, what="write deferred")
+        for what, write in run.deferred.writes:
+            assert what == "done"
+            await write()  # what the syncer does once Redis answers again
+    assert fake.called("ack_durable_step") == [(step.id, "done")]
+    assert fake.durable_steps == [(step.id, "done")]  # recorded once, with its run
+    assert not fake.tasks and fake.processed == 1
 
 
 class _Finished(NoWorkerHooks):

@@ -1,4 +1,4 @@
--- include: guard
+-- include: guard, durable_step
 -- Acknowledge many finished tasks of ONE queue in one call (asyncq's batched
 -- asynq Done and MarkAsComplete): each task gets exactly the effect that
 -- done.lua or mark_as_complete.lua would have, in the order given.
@@ -13,18 +13,24 @@
 -- ARGV[4] max int64, where the all-time counter wraps to 1
 -- ARGV[5] one letter per task: d = Done, c = MarkAsComplete; upper case (D, C)
 --         when the task has a unique key; w = Done, W = MarkAsComplete of a
---         workflow step (which has no unique key)
+--         workflow step (which has no unique key); r = Done, R = MarkAsComplete of
+--         a durable run's step (no unique key either)
 -- ARGV[6..] per task, in order: id; the unique key (D, C); the workflow hash and
---           the "<stage>.<member>" place (w, W); the completed score (now +
---           retention) and the msg with completed_at set (c, C, W). Done without
---           a lock, the common case, costs one argument.
--- ARGV[n-1], ARGV[n] (only when a workflow step is among the tasks): now, unix
---           seconds and nanoseconds.
+--           the "<stage>.<member>" place (w, W); the run's queue, the run's id and
+--           the step's index (r, R); the completed score (now + retention) and the
+--           msg with completed_at set (c, C, W, R). Done without a lock, the common
+--           case, costs one argument.
+-- ARGV[n-1], ARGV[n] (only when a workflow or durable step is among the tasks): now,
+--           unix seconds and nanoseconds.
 -- A workflow step is acknowledged as workflow_done.lua does it: its result (the
 -- task hash's) is recorded in the workflow hash, and when it was its stage's last
 -- member the next stage is enqueued (advance_ok(), workflow_advance.lua, prepended
 -- when loaded). The steps of one workflow and stage in the batch are recorded
--- together, after the acknowledgements.
+-- together, after the acknowledgements. A durable run's step is acknowledged as
+-- durable_step_done.lua does it: its result is recorded in its run's record, which
+-- goes to pending when it waits for nothing more (record_step(), _lib/durable_step.lua).
+-- Its run's keys are built from the run's queue's name (give steps the run's queue on
+-- a cluster, as docs/durable.md says).
 -- Task hashes and unique locks are not in KEYS: they are built from (or checked
 -- against) the queue's prefix, so they carry the queue's hash tag and live in
 -- the same cluster slot as KEYS.
@@ -36,7 +42,7 @@ local plen = #qprefix
 local out = {}
 local n = 0
 local kinds = ARGV[5]
-local width = {d = 1, D = 2, c = 3, C = 4, w = 3, W = 5}
+local width = {d = 1, D = 2, c = 3, C = 4, w = 3, W = 5, r = 4, R = 6}
 local need = 5
 for k = 1, #kinds do
     local w = width[string.sub(kinds, k, k)]
@@ -45,7 +51,7 @@ for k = 1, #kinds do
     end
     need = need + w
 end
-if string.find(kinds, "[wW]") then
+if string.find(kinds, "[wWrR]") then
     need = need + 2
 end
 if need ~= #ARGV then
@@ -78,9 +84,29 @@ for k = 1, #kinds do
             problem = bad(ARGV[b], "hash")
         end
         b = b + 2
+    elseif kind == "r" or kind == "R" then
+        if not string.match(ARGV[b + 2], "^%d+$") then
+            problem = "ERR ack_many: bad durable step index " .. ARGV[b + 2]
+        else
+            -- the step's hash (read), its run's record and the run's keys it may move
+            local rq = "asynq:{" .. ARGV[b] .. "}:"
+            for _, check in ipairs({
+                {tprefix .. id, "hash"}, {rq .. "asyncq:run:" .. ARGV[b + 1], "hash"},
+                {rq .. "t:" .. ARGV[b + 1], "hash"}, {rq .. "scheduled", "zset"},
+                {rq .. "pending", "list"},
+            }) do
+                if not problem and not checked[check[1]] then
+                    checked[check[1]] = true
+                    problem = bad(check[1], check[2])
+                end
+            end
+        end
+        b = b + 3
     end
     if kind == "c" or kind == "C" or kind == "W" then
         problem = problem or bad(tprefix .. id, "hash")
+        b = b + 2
+    elseif kind == "R" then
         b = b + 2
     end
 end
@@ -94,15 +120,18 @@ for k = 1, #kinds do
     local kind = string.sub(kinds, k, k)
     local id = ARGV[a]
     a = a + 1
-    local ukey, score, msg, wf, place = "", nil, nil, nil, nil
+    local ukey, score, msg, wf, place, step = "", nil, nil, nil, nil, nil
     if kind == "D" or kind == "C" then
         ukey = ARGV[a]
         a = a + 1
     elseif kind == "w" or kind == "W" then
         wf, place = ARGV[a], ARGV[a + 1]
         a = a + 2
+    elseif kind == "r" or kind == "R" then
+        step = {q = ARGV[a], id = ARGV[a + 1], index = ARGV[a + 2]}
+        a = a + 3
     end
-    local complete = kind == "c" or kind == "C" or kind == "W"
+    local complete = kind == "c" or kind == "C" or kind == "W" or kind == "R"
     if complete then
         score, msg = ARGV[a], ARGV[a + 1]
         a = a + 2
@@ -114,6 +143,24 @@ for k = 1, #kinds do
         res = 0
     elseif redis.call("ZREM", KEYS[2], id) == 0 then
         res = 0
+    elseif step then
+        -- as durable_step_done.lua: the result read before the task hash goes, the
+        -- outcome recorded whatever the acknowledgement's ZADD says
+        local result = redis.call("HGET", tprefix .. id, "result")
+        if complete then
+            redis.call("ZADD", KEYS[3], score, id)
+            redis.call("HSET", tprefix .. id, "msg", msg, "state", "completed")
+        else
+            redis.call("DEL", tprefix .. id)
+        end
+        res = 1
+        local rq = "asynq:{" .. step.q .. "}:"
+        -- a step that wrote no result (a Go handler, a task without retention) returned null
+        record_step(rq .. "asyncq:run:" .. step.id, step.index, "r", result or "null", {
+            id = step.id, scheduled = rq .. "scheduled", pending = rq .. "pending",
+            task = rq .. "t:" .. step.id, channel = "asyncq:wakeup:{" .. step.q .. "}",
+            name = step.q, now = ARGV[#ARGV],
+        })
     elseif wf then
         -- as workflow_done.lua: the result is read before the task hash goes (a key of
         -- another type has none), and a completed step is recorded whatever ZADD says

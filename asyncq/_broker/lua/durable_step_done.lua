@@ -1,4 +1,4 @@
--- include: guard, counters
+-- include: guard, counters, step_ack, durable_step
 -- asyncq durable functions: acknowledge a step task of a run and, in the same script,
 -- record its outcome in the run's record and make the run runnable again when it was
 -- the last step the run waits for. Used only for tasks carrying the asyncq-durable-run
@@ -29,64 +29,15 @@ if problem then
     return redis.error_reply(problem)
 end
 local mode = ARGV[2]
-if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
+local result = finish_step(ARGV[10], ARGV[11], false)
+if result == nil then
     return redis.error_reply("NOT FOUND")
 end
-if redis.call("ZREM", KEYS[2], ARGV[1]) == 0 then
-    return redis.error_reply("NOT FOUND")
-end
-local result = redis.call("HGET", KEYS[3], "result")
-if mode == "done" or mode == "revoke" then
-    redis.call("DEL", KEYS[3])
-elseif mode == "complete" then
-    redis.call("ZADD", KEYS[6], ARGV[7], ARGV[1])
-    redis.call("HSET", KEYS[3], "msg", ARGV[6], "state", "completed")
-else
-    redis.call("ZADD", KEYS[7], ARGV[5], ARGV[1])
-    for _, range in ipairs({
-        redis.call("ZRANGE", KEYS[7], "-inf", ARGV[10], "BYSCORE"),
-        redis.call("ZRANGE", KEYS[7], 0, -tonumber(ARGV[11])),
-    }) do
-        for _, id in ipairs(range) do
-            if id ~= ARGV[1] then
-                redis.call("DEL", KEYS[10] .. id)
-                redis.call("ZREM", KEYS[7], id)
-            end
-        end
-    end
-    redis.call("HSET", KEYS[3], "msg", ARGV[6], "state", "archived")
-    count_day(KEYS[8], ARGV[3])
-end
-count_day(KEYS[4], ARGV[3])
-count_total(KEYS[5], mode == "archive" and KEYS[9] or nil, ARGV[4])
 
-local run, i = KEYS[11], ARGV[8]
-if redis.call("EXISTS", run) == 0 then
-    return "gone"
-end
-if redis.call("HEXISTS", run, "r:" .. i) == 1 or redis.call("HEXISTS", run, "e:" .. i) == 1 then
-    return "seen"
-end
-if mode == "done" or mode == "complete" then
-    -- a step that wrote no result (a Go handler, a task without retention) returned null
-    redis.call("HSET", run, "r:" .. i, result or "null")
-else
-    redis.call("HSET", run, "e:" .. i, ARGV[9])
-end
-if redis.call("HDEL", run, "w:" .. i) == 0 then
-    return "recorded"
-end
-if redis.call("HINCRBY", run, "missing", -1) > 0 then
-    return "recorded"
-end
--- The run waits for nothing more: parked in the scheduled set, it becomes pending.
--- Not parked (it is running or retrying), it reads this record when it replays.
-redis.call("HDEL", run, "missing", "wait")
-if redis.call("ZREM", KEYS[12], ARGV[13]) == 0 then
-    return "recorded"
-end
-redis.call("HSET", KEYS[14], "state", "pending", "pending_since", ARGV[12])
-redis.call("LPUSH", KEYS[13], ARGV[13])
-redis.call("HSET", run, "state", "running")
-redis.pcall("PUBLISH", ARGV[14], ARGV[15])
-return "woken"
+local field = (mode == "done" or mode == "complete") and "r" or "e"
+-- a step that wrote no result (a Go handler, a task without retention) returned null
+local value = field == "r" and (result or "null") or ARGV[9]
+return record_step(KEYS[11], ARGV[8], field, value, {
+    id = ARGV[13], scheduled = KEYS[12], pending = KEYS[13], task = KEYS[14],
+    channel = ARGV[14], name = ARGV[15], now = ARGV[12],
+})

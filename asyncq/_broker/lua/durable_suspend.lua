@@ -16,8 +16,10 @@
 -- then S, then S steps to enqueue: queue, task id, index, msg
 -- Returns "parked" or "ready" (went to pending).
 local run = KEYS[6]
-local problem = bad(KEYS[1], "list") or bad(KEYS[2], "zset") or bad(KEYS[3], "hash")
+-- KEYS[1] needs no check: LREM, the first write, fails on another type before any write
+local problem = bad(KEYS[2], "zset") or bad(KEYS[3], "hash")
     or bad(KEYS[4], "zset") or bad(KEYS[5], "list") or bad(run, "hash")
+local checked = {[KEYS[5]] = true}
 local mode = ARGV[2]
 if mode == "signal" then
     problem = problem or bad(KEYS[7], "set") or bad(KEYS[8], "string")
@@ -39,8 +41,12 @@ local steps = {}
 for _ = 1, tonumber(ARGV[a]) do
     local q, id = ARGV[a + 1], ARGV[a + 2]
     steps[#steps + 1] = {q = q, id = id, index = ARGV[a + 3], msg = ARGV[a + 4]}
+    local pending = "asynq:{" .. q .. "}:pending"
     problem = problem or bad("asynq:{" .. q .. "}:t:" .. id, "hash")
-        or bad("asynq:{" .. q .. "}:pending", "list")
+    if not checked[pending] then
+        checked[pending] = true
+        problem = problem or bad(pending, "list")
+    end
     a = a + 4
 end
 if problem then
@@ -53,11 +59,40 @@ redis.call("ZREM", KEYS[2], ARGV[1])
 for _, r in ipairs(records) do
     redis.call("HSETNX", run, r[1], r[2])
 end
-local function recorded(i)
-    return redis.call("HEXISTS", run, "r:" .. i) == 1 or redis.call("HEXISTS", run, "e:" .. i) == 1
+-- whether each entry asked for (its steps, what it waits for) is recorded (a result
+-- or a failure), and what an earlier suspension waited for: read in one HMGET (in
+-- slices of 500 entries for a large gather)
+local asked, seen, listed = {}, {}, {}
+local function ask(i)
+    if not listed[i] then  -- an entry both enqueued and waited for is read once
+        listed[i] = true
+        asked[#asked + 1] = i
+    end
+end
+for _, s in ipairs(steps) do
+    ask(s.index)
+end
+for _, i in ipairs(waits) do
+    ask(i)
+end
+local old
+for first = 1, math.max(#asked, 1), 500 do
+    local fields = first == 1 and {"wait"} or {}
+    for n = first, math.min(first + 499, #asked) do
+        fields[#fields + 1] = "r:" .. asked[n]
+        fields[#fields + 1] = "e:" .. asked[n]
+    end
+    local got = redis.call("HMGET", run, unpack(fields))
+    local at = 1
+    if first == 1 then
+        old, at = got[1], 2
+    end
+    for n = first, math.min(first + 499, #asked) do
+        seen[asked[n]] = (got[at] or got[at + 1]) and true or false
+        at = at + 2
+    end
 end
 -- what an earlier suspension waited for is replaced by what this one waits for
-local old = redis.call("HGET", run, "wait")
 if old then
     for i in string.gmatch(old, "%d+") do
         redis.call("HDEL", run, "w:" .. i)
@@ -69,7 +104,7 @@ for _, s in ipairs(steps) do
     local tkey = "asynq:{" .. s.q .. "}:t:" .. s.id
     -- a step recorded or already enqueued (by an attempt that crashed after this
     -- script) is not enqueued again: its task id is derived from the run's
-    if not recorded(s.index) and redis.call("EXISTS", tkey) == 0 then
+    if not seen[s.index] and redis.call("EXISTS", tkey) == 0 then
         redis.call("HSET", tkey, "msg", s.msg, "state", "pending", "pending_since", ARGV[4])
         redis.call("LPUSH", "asynq:{" .. s.q .. "}:pending", s.id)
         pushed[s.q] = true
@@ -79,22 +114,29 @@ for q in pairs(pushed) do
     redis.pcall("PUBLISH", "asyncq:wakeup:{" .. q .. "}", q)
 end
 local ready = false
+local wait_fields = {}
 if mode == "steps" then
-    local missing = {}
+    local missing, fields = {}, {}
     for _, i in ipairs(waits) do
-        if not recorded(i) then
+        if not seen[i] then
             missing[#missing + 1] = i
-            redis.call("HSET", run, "w:" .. i, "1")
+            fields[#fields + 1] = "w:" .. i
+            fields[#fields + 1] = "1"
         end
     end
     if #missing == 0 then
         ready = true
     else
-        redis.call("HSET", run, "wait", table.concat(missing, ","), "missing", #missing)
+        -- with the parked run's state and until below: one HSET for all
+        wait_fields = fields
+        fields[#fields + 1] = "wait"
+        fields[#fields + 1] = table.concat(missing, ",")
+        fields[#fields + 1] = "missing"
+        fields[#fields + 1] = #missing
     end
 elseif mode == "signal" then
     local i = waits[1]
-    if recorded(i) then
+    if seen[i] then
         ready = true
     else
         local kept = redis.call("GET", KEYS[8])
@@ -119,5 +161,12 @@ if ready then
 end
 redis.call("ZADD", KEYS[4], ARGV[3], ARGV[1])
 redis.call("HSET", KEYS[3], "state", "scheduled")  -- an active task has no pending_since
-redis.call("HSET", run, "state", "waiting", "until", ARGV[3])
+wait_fields[#wait_fields + 1] = "state"
+wait_fields[#wait_fields + 1] = "waiting"
+wait_fields[#wait_fields + 1] = "until"
+wait_fields[#wait_fields + 1] = ARGV[3]
+-- in slices: unpack() takes a few thousand values at most (a gather may wait for more)
+for f = 1, #wait_fields, 1000 do
+    redis.call("HSET", run, unpack(wait_fields, f, math.min(f + 999, #wait_fields)))
+end
 return "parked"

@@ -1,0 +1,42 @@
+-- _lib/durable_step.lua: record_step(...), recording a finished step of a durable run
+-- in the run's record and making the run runnable again when it was the last step the
+-- run waits for; written once for the step's own acknowledgement (durable_step_done.lua)
+-- and the batched acknowledgement of successes (ack_many.lua).
+-- record_step(run, i, field, value, q): run the record's key, i the step's index, field
+-- "r" (a result) or "e" (a failure) and value what is recorded; q the run's queue: a
+-- table of its keys {id = run id, scheduled, pending, task = the run task's key,
+-- channel = wake-up channel, name, now = pending_since (unix ns)}, whose types the
+-- caller checked. Returns "woken", "recorded", "seen" (recorded before) or "gone" (no
+-- record).
+local function record_step(run, i, field, value, q)
+    if redis.call("EXISTS", run) == 0 then
+        return "gone"
+    end
+    local got = redis.call("HMGET", run, "r:" .. i, "e:" .. i, "w:" .. i, "missing")
+    if got[1] or got[2] then
+        return "seen"
+    end
+    local entry = field .. ":" .. i
+    if not got[3] then
+        redis.call("HSET", run, entry, value)
+        return "recorded"
+    end
+    local missing = (tonumber(got[4]) or 1) - 1
+    if missing > 0 then
+        redis.call("HSET", run, entry, value, "missing", missing)
+        redis.call("HDEL", run, "w:" .. i)
+        return "recorded"
+    end
+    -- The run waits for nothing more: parked in the scheduled set, it becomes pending.
+    -- Not parked (it is running or retrying), it reads this record when it replays.
+    redis.call("HDEL", run, "w:" .. i, "missing", "wait")
+    if redis.call("ZREM", q.scheduled, q.id) == 0 then
+        redis.call("HSET", run, entry, value)
+        return "recorded"
+    end
+    redis.call("HSET", q.task, "state", "pending", "pending_since", q.now)
+    redis.call("LPUSH", q.pending, q.id)
+    redis.call("HSET", run, entry, value, "state", "running")
+    redis.pcall("PUBLISH", q.channel, q.name)
+    return "woken"
+end
