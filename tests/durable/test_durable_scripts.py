@@ -28,6 +28,7 @@ from asyncq._broker.durable import (
     read_run,
     record_wait,
     send_signal,
+    settle_run,
     suspend_run,
 )
 from asyncq._codec import decode_task_message
@@ -681,3 +682,21 @@ async def test_a_batch_checks_the_task_after_a_durable_step_too(
     results = await broker.ack_many([(step, complete), (plain.message, True)])
     assert all(isinstance(r, BrokerError) and "WRONGTYPE" in str(r) for r in results)
     assert await dump_all(redis) == before
+
+
+async def test_settling_writes_every_new_record_keeps_recorded_ones_and_sets_the_expiry(
+    redis: Redis,
+) -> None:
+    record = keys.run_key(Q, "r1")
+    await redis.hset(record, mapping={"s:0": "step a", "r:0": "1", "state": "running"})
+    new = {"s:0": b"other", "r:0": b"2", "s:1": b"now", "r:1": b"3", "s:2": b"uuid", "r:2": b"4"}
+    await settle_run(redis, Q, "r1", "succeeded", records=new, expire_in=0)
+    assert await redis.hgetall(record) == {
+        b"s:0": b"step a", b"r:0": b"1",  # recorded before: kept as they were
+        b"s:1": b"now", b"r:1": b"3", b"s:2": b"uuid", b"r:2": b"4",
+        b"state": b"succeeded",
+    }  # fmt: skip
+    assert await redis.pttl(record) == -1  # 0: kept, no expiry
+    await settle_run(redis, Q, "r1", "failed", records={}, expire_in=1)
+    assert await redis.hget(record, "state") == b"failed"
+    assert 0 < await redis.pttl(record) <= 1000
