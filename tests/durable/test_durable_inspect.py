@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from asyncq import DurableRunNotFoundError, Inspector, QueueNotFoundError, Server, TaskState
 from asyncq import _keys as keys
+from asyncq._broker._base import ARCHIVE_MAX_SIZE, ARCHIVED_EXPIRATION
 from asyncq._broker.durable_cancel import CANCELED_ERROR, cancel_run
 from asyncq._inspection.durable_runs import run_state
 from asyncq.errors import BrokerError
@@ -192,3 +193,110 @@ def test_a_runs_state_from_its_record_and_its_task(
     recorded: str | None, task: TaskState | None, state: str
 ) -> None:
     assert run_state(recorded, task) == state
+
+
+def cancel_args(**over: object) -> dict[str, object]:
+    return {"archived_msg": b"m2", "signal": None, "expire_in": 60, "now": 10.0, **over}
+
+
+async def parked(redis: Redis, state: str) -> None:
+    """Run r1 with a record (waiting in a sleep) and its task in *state*."""
+    await redis.hset(
+        keys.run_key(Q, "r1"), mapping={"s:0": "sleep", "state": "waiting", "until": "9"}
+    )
+    await redis.hset(keys.task_key(Q, "r1"), mapping={"msg": b"m", "state": state})
+
+
+@pytest.mark.parametrize(
+    "damaged", ["record", "task", "archived", "awaiting", "pending", "scheduled", "retry"]
+)
+async def test_the_cancel_script_checks_every_key_before_its_first_write(
+    redis: Redis, damaged: str
+) -> None:
+    await parked(redis, "scheduled")
+    await redis.zadd(keys.scheduled_key(Q), {"r1": 9})
+    key = {
+        "record": keys.run_key(Q, "r1"),
+        "task": keys.task_key(Q, "r1"),
+        "archived": keys.archived_key(Q),
+        "awaiting": keys.awaiting_key(Q, "go", "k"),
+        "pending": keys.pending_key(Q),
+        "scheduled": keys.scheduled_key(Q),
+        "retry": keys.retry_key(Q),
+    }[damaged]
+    await redis.delete(key)
+    await redis.set(key, "x")
+    before = {k: await redis.dump(k) for k in await redis.keys("*")}
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await cancel_run(
+            redis, Q, "r1", task_state="scheduled", **cancel_args(signal=("go", "k", 0))
+        )
+    assert {k: await redis.dump(k) for k in await redis.keys("*")} == before
+
+
+@pytest.mark.parametrize("ended", ["succeeded", "failed", "cancelled"])
+async def test_cancelling_an_ended_run_changes_nothing(redis: Redis, ended: str) -> None:
+    await parked(redis, "archived")
+    await redis.hset(keys.run_key(Q, "r1"), "state", ended)
+    before = {k: await redis.dump(k) for k in await redis.keys("*")}
+    assert await cancel_run(redis, Q, "r1", task_state="archived", **cancel_args()) == ended
+    assert {k: await redis.dump(k) for k in await redis.keys("*")} == before
+
+
+@pytest.mark.parametrize(("state", "key"), [("pending", "pending"), ("retry", "retry")])
+async def test_cancelling_a_pending_or_retrying_run_takes_it_out_of_its_list(
+    redis: Redis, state: str, key: str
+) -> None:
+    await parked(redis, state)
+    if key == "pending":
+        await redis.rpush(keys.pending_key(Q), "a", "r1", "b")
+    else:
+        await redis.zadd(keys.retry_key(Q), {"a": 1, "r1": 2, "b": 3})
+    assert await cancel_run(redis, Q, "r1", task_state=state, **cancel_args()) == "waiting"
+    if key == "pending":
+        assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"a", b"b"]
+    else:
+        assert await redis.zrange(keys.retry_key(Q), 0, -1) == [b"a", b"b"]
+    assert await redis.zscore(keys.archived_key(Q), "r1") == 10
+    assert await redis.hmget(keys.task_key(Q, "r1"), "state", "msg") == [b"archived", b"m2"]
+    record = await redis.hgetall(keys.run_key(Q, "r1"))
+    assert record[b"state"] == b"cancelled" and b"until" not in record
+    assert record[b"s:0"] == b"sleep"  # what was recorded stays
+
+
+async def test_cancelling_trims_the_archive_as_asynq_archives_do(redis: Redis) -> None:
+    """An archived task past the cutoff goes, and the oldest past the size limit, with
+    their task hashes; the cancelled run stays however full the archive is."""
+    now = 10 * ARCHIVED_EXPIRATION
+    await parked(redis, "scheduled")
+    archived = keys.archived_key(Q)
+    await redis.zadd(archived, {"expired": 1})  # older than the cutoff
+    await redis.hset(keys.task_key(Q, "expired"), "state", "archived")
+    oldest = now - ARCHIVED_EXPIRATION + 1  # within the cutoff: only the size limit trims it
+    await redis.zadd(archived, {"oldest": oldest})
+    await redis.hset(keys.task_key(Q, "oldest"), "state", "archived")
+    await redis.zadd(archived, {f"t{i}": oldest + 1 + i for i in range(ARCHIVE_MAX_SIZE - 1)})
+    await redis.hset(keys.task_key(Q, "t1"), "state", "archived")
+    got = await cancel_run(redis, Q, "r1", task_state="scheduled", **cancel_args(now=now))
+    assert got == "waiting"
+    assert await redis.zscore(archived, "r1") == now
+    assert await redis.zscore(archived, "expired") is None
+    assert not await redis.exists(keys.task_key(Q, "expired"))
+    # asynq's ZREMRANGEBYRANK 0 -limit, ranks read before the cutoff's removal: the
+    # limit's oldest two go (one of them past the cutoff too)
+    assert await redis.zscore(archived, "oldest") is None
+    assert not await redis.exists(keys.task_key(Q, "oldest"))
+    assert await redis.zscore(archived, "t0") is None
+    assert await redis.exists(keys.task_key(Q, "t1"))  # within both: kept
+    assert await redis.zcard(archived) == ARCHIVE_MAX_SIZE - 1
+
+
+async def test_a_cancelled_run_is_never_trimmed_from_the_archive_it_joins(redis: Redis) -> None:
+    """Servers whose clocks run ahead archived a full archive's worth after this one's
+    now: the run this cancel archives is then the oldest, and stays."""
+    await parked(redis, "scheduled")
+    archived = keys.archived_key(Q)
+    await redis.zadd(archived, {f"t{i}": 11 + i for i in range(ARCHIVE_MAX_SIZE)})
+    assert await cancel_run(redis, Q, "r1", task_state="scheduled", **cancel_args()) == "waiting"
+    assert await redis.zscore(archived, "r1") == 10
+    assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"archived"
