@@ -265,30 +265,37 @@ async def test_cancelling_a_pending_or_retrying_run_takes_it_out_of_its_list(
 
 
 async def test_cancelling_trims_the_archive_as_asynq_archives_do(redis: Redis) -> None:
-    """An archived task past the cutoff goes, and the oldest past the size limit, with
-    their task hashes; the cancelled run stays however full the archive is."""
+    """The oldest archived tasks past the size limit go, with their task hashes (asynq's
+    ZREMRANGEBYRANK 0 -limit); the cancelled run stays however full the archive is."""
     now = 10 * ARCHIVED_EXPIRATION
     await parked(redis, "scheduled")
     archived = keys.archived_key(Q)
-    await redis.zadd(archived, {"expired": 1})  # older than the cutoff
-    await redis.hset(keys.task_key(Q, "expired"), "state", "archived")
-    oldest = now - ARCHIVED_EXPIRATION + 1  # within the cutoff: only the size limit trims it
+    oldest = now - ARCHIVED_EXPIRATION + 1  # within the cutoff: only the size limit trims
     await redis.zadd(archived, {"oldest": oldest})
-    await redis.hset(keys.task_key(Q, "oldest"), "state", "archived")
     await redis.zadd(archived, {f"t{i}": oldest + 1 + i for i in range(ARCHIVE_MAX_SIZE - 1)})
-    await redis.hset(keys.task_key(Q, "t1"), "state", "archived")
+    for kept in ("oldest", "t0", "t1"):
+        await redis.hset(keys.task_key(Q, kept), "state", "archived")
     got = await cancel_run(redis, Q, "r1", task_state="scheduled", **cancel_args(now=now))
     assert got == "waiting"
     assert await redis.zscore(archived, "r1") == now
-    assert await redis.zscore(archived, "expired") is None
-    assert not await redis.exists(keys.task_key(Q, "expired"))
-    # asynq's ZREMRANGEBYRANK 0 -limit, ranks read before the cutoff's removal: the
-    # limit's oldest two go (one of them past the cutoff too)
-    assert await redis.zscore(archived, "oldest") is None
-    assert not await redis.exists(keys.task_key(Q, "oldest"))
-    assert await redis.zscore(archived, "t0") is None
-    assert await redis.exists(keys.task_key(Q, "t1"))  # within both: kept
+    for gone in ("oldest", "t0"):  # ranks 0 and 1 of 10,001
+        assert await redis.zscore(archived, gone) is None
+        assert not await redis.exists(keys.task_key(Q, gone))
+    assert await redis.exists(keys.task_key(Q, "t1"))
     assert await redis.zcard(archived) == ARCHIVE_MAX_SIZE - 1
+
+
+async def test_cancelling_drops_archived_tasks_past_the_cutoff(redis: Redis) -> None:
+    now = 10 * ARCHIVED_EXPIRATION
+    await parked(redis, "scheduled")
+    archived = keys.archived_key(Q)
+    await redis.zadd(archived, {"expired": now - ARCHIVED_EXPIRATION, "recent": now - 5})
+    for member in ("expired", "recent"):
+        await redis.hset(keys.task_key(Q, member), "state", "archived")
+    await cancel_run(redis, Q, "r1", task_state="scheduled", **cancel_args(now=now))
+    assert await redis.zrange(archived, 0, -1) == [b"recent", b"r1"]
+    assert not await redis.exists(keys.task_key(Q, "expired"))
+    assert await redis.exists(keys.task_key(Q, "recent"))
 
 
 async def test_a_cancelled_run_is_never_trimmed_from_the_archive_it_joins(redis: Redis) -> None:
