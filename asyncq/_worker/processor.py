@@ -1,8 +1,9 @@
 """The processor role: fetches tasks and hands them to their coroutines (asynq's processor).
 
 * A :class:`~asyncq._worker.slots.Slots` semaphore of ``concurrency`` slots
-  bounds the running handlers. Each fetch takes every free slot
-  (``take_all``) and asks for that many tasks from all queues in one script
+  bounds the running handlers. Each fetch takes every free slot up to half
+  of them (``take_all``; the next fetch's round trip then overlaps the last
+  batch's acknowledgements) and asks for that many tasks from all queues in one script
   call per Redis node (:class:`~asyncq._broker.multiqueue.MultiQueue`), each
   with its own lease; unfilled slots are released at once, each task releases
   its own when it is done. ``max_inflight_bytes`` bounds the payload
@@ -172,6 +173,9 @@ class Processor(Role):
         self.clock: Callable[[], float] = deps.broker.clock
         self.active = active
         self.slots = Slots(cfg.concurrency)
+        # Half the slots per fetch: the next fetch's round trip overlaps the last batch's
+        # acknowledgements instead of waiting for them.
+        self._fetch_most = max(1, (cfg.concurrency + 1) // 2)
         self._queue_order: QueueOrder | None = None
         self._order_version = -1  # of the QueueSet the order was built from
         self._limits = QueueLimits(
@@ -353,7 +357,7 @@ class Processor(Role):
         burst = self.config.burst
         strict = self.config.strict_priority
         while self._fetching:
-            n = await self.slots.take_all()
+            n = await self.slots.take_all(self._fetch_most)
             if n == 0:
                 continue  # stopped fetching
             if self._inflight_bytes >= self._max_bytes and self.active:

@@ -2,7 +2,8 @@
 
 A counting semaphore of ``concurrency`` slots with the one extra the batched
 fetch needs: :meth:`Slots.take_all` waits for at least one free slot and takes
-every free slot at once, so a single ``dequeue_many`` call can fill them all.
+every free slot at once, up to a bound, so a single ``dequeue_many`` call can fill
+them.
 Each started handler gives its slot back with :meth:`Slots.release`; slots a
 fetch did not fill are released right after it. :meth:`Slots.wait` returns
 once every slot is free again: no fetch in flight and no handler running,
@@ -36,14 +37,16 @@ class Slots:
         """Slots neither held by a handler nor by a fetch in flight."""
         return self._free
 
-    async def take_all(self) -> int:
-        """Wait for a free slot, then take every free slot; 0 once :meth:`close` was called."""
+    async def take_all(self, most: int) -> int:
+        """Wait for a free slot, then take every free slot, up to *most*; 0 once
+        :meth:`close` was called."""
         while self._free <= 0 and not self._closed:
             self._changed.clear()
             await self._changed.wait()
         if self._closed:
             return 0
-        taken, self._free = self._free, 0
+        taken = min(self._free, most)
+        self._free -= taken
         self._all_free.clear()
         return taken
 

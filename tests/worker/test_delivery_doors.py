@@ -109,15 +109,15 @@ async def test_a_delivery_arriving_while_the_processor_stops_is_requeued_never_s
 
 
 async def test_a_delivery_held_by_a_fetch_when_the_processor_stops_is_requeued() -> None:
-    # Delivered while the idle processor's fetch held every slot, and the stop comes before
-    # the fetch returns: the held task goes back to pending instead of starting.
+    # Delivered while the idle processor's fetch held every slot (its only one), and the stop
+    # comes before the fetch returns: the held task goes back to pending instead of starting.
     fake = FakeBroker()
     ran: list[str] = []
 
     async def handler(task: Task) -> None:
         ran.append(task.id or "")
 
-    run = Armed(fake, handler, concurrency=2)
+    run = Armed(fake, handler, concurrency=1)
     async with run:
         await wait_until(lambda: fake.credits.get(SERVER) == 1, what="armed")
         hold = fake.hold("fetch")

@@ -139,20 +139,21 @@ async def test_a_task_delivered_while_every_slot_is_taken_goes_back_to_pending()
 
 
 async def test_a_task_delivered_while_a_fetch_holds_the_slots_starts_when_it_returns() -> None:
-    # An idle processor's poll takes every free slot for its round trip: a task delivered
-    # meanwhile starts in one of them once the fetch gives them back, not via pending.
+    # An idle processor's poll holds the slots it fetches for (half of them, here its only
+    # one) for its round trip: a task delivered when none is left free starts in one of
+    # them once the fetch gives them back, not via pending.
     fake = FakeBroker()
     ran: list[str] = []
 
     async def handler(task: Task) -> None:
         ran.append(task.id or "")
 
-    async with Armed(fake, handler, concurrency=2) as run:
+    async with Armed(fake, handler, concurrency=1) as run:
         await wait_until(lambda: fake.credits.get(SERVER) == 1, what="armed")
         hold = fake.hold("fetch")
         run.wakeup.set()
         await asyncio.wait_for(hold.arrived.wait(), 10)
-        assert run.processor.slots.free == 0  # the fetch in flight holds both
+        assert run.processor.slots.free == 0  # the fetch in flight holds the slot
         tid = run.deliver()
         assert ran == [] and fake.state(tid) == "active"
         hold.release.set()
