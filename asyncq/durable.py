@@ -33,6 +33,7 @@ import pydantic_core
 
 from asyncq import _keys as keys
 from asyncq._broker.durable import (
+    FAILED_RUN_KEPT,
     RUN_HEADER,
     RUN_QUEUE_HEADER,
     STEP_HEADER,
@@ -71,10 +72,6 @@ has a retention, and the step's acknowledgement copies that result into the run'
 MIN_RUN_KEPT = 60
 """Seconds a succeeded run's record is kept at least (its retention when longer): an
 acknowledgement that fails after the record says succeeded replays from the record."""
-
-FAILED_RUN_KEPT = 90 * 24 * 3600
-"""Seconds a failed run's record is kept: as long as asynq keeps an archived task, so the
-archived run can be run again (after a fix) from its record."""
 
 _SIGNATURE_ARGS = 64
 """Arguments up to this many bytes of JSON are written into a step's signature as they

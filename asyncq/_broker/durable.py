@@ -47,6 +47,7 @@ from asyncq.errors import BrokerError
 from asyncq.proto.asynq import TaskMessage
 
 __all__ = [
+    "FAILED_RUN_KEPT",
     "FAR_FUTURE",
     "RUN_HEADER",
     "RUN_QUEUE_HEADER",
@@ -63,6 +64,10 @@ __all__ = [
     "settle_run",
     "suspend_run",
 ]
+
+FAILED_RUN_KEPT = ARCHIVED_EXPIRATION
+"""Seconds a failed or cancelled run's record is kept: as long as asynq keeps an archived
+task, so the archived run can be run again (after a fix) from its record."""
 
 RUN_HEADER = "asyncq-durable-run"
 RUN_QUEUE_HEADER = "asyncq-durable-queue"

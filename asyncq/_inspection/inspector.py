@@ -51,7 +51,7 @@ from redis.exceptions import ResponseError
 
 from asyncq import _keys as keys
 from asyncq._broker._base import encode_with
-from asyncq._broker.durable import read_run, send_signal
+from asyncq._broker.durable import FAILED_RUN_KEPT, read_run, send_signal
 from asyncq._broker.durable_cancel import CANCELED_ERROR, cancel_run
 from asyncq._broker.inspect import InspectBroker, RateBucket, StoredTask
 from asyncq._broker.triage import FailedTask, TriageBroker
@@ -98,7 +98,6 @@ from asyncq._inspection.records import (
 from asyncq._redis.connection import Connection
 from asyncq._redis.options import RedisTarget
 from asyncq._time import GO_ZERO_TIME, utc_from_timestamp
-from asyncq.durable import FAILED_RUN_KEPT
 from asyncq.errors import (
     AmbiguousIdError,
     BrokerError,
