@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import json
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ __all__ = [
     "format_bytes",
     "format_payload",
     "format_time",
+    "next_page_hint",
     "parse_time",
     "relative",
     "table",
@@ -118,6 +120,15 @@ def _clip(text: str, width: int) -> str:
     if len(text) <= width:
         return text
     return text[: max(width - 1, 0)] + "…" if width > 0 else ""
+
+
+def next_page_hint(command: str, queue: str | None, limit: int, cursor: str) -> str:
+    """The command line that lists the next page of a SCAN-paged listing."""
+    more = [command]
+    if queue is not None:
+        more.append(f"-q {shlex.quote(queue)}")
+    more += [f"-n {limit}", f"--cursor {shlex.quote(cursor)}"]
+    return f"More: {' '.join(more)}"
 
 
 def table(

@@ -4,7 +4,6 @@ entries and what it waits for, cancelling it, and sending a signal."""
 from __future__ import annotations
 
 import json
-import shlex
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +14,7 @@ from asyncq._inspection.durable_runs import run_json, summary_json
 from asyncq._inspection.records import DurableRunPage, DurableWait
 from asyncq.cli._app import run_async, settings
 from asyncq.cli._commands import given_id, json_option
-from asyncq.cli._format import format_time, table
+from asyncq.cli._format import format_time, next_page_hint, table
 
 __all__ = ["durable", "register"]
 
@@ -151,11 +150,7 @@ def durable_ls(
     else:
         click.echo("No durable runs." if page.cursor is None else "No durable runs in this chunk.")
     if page.cursor is not None:
-        more = ["asyncq durable ls"]
-        if queue is not None:
-            more.append(f"-q {shlex.quote(queue)}")
-        more += [f"-n {limit}", f"--cursor {shlex.quote(page.cursor)}"]
-        click.echo(f"More: {' '.join(more)}")
+        click.echo(next_page_hint("asyncq durable ls", queue, limit, page.cursor))
 
 
 @durable.command("inspect")

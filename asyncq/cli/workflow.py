@@ -4,7 +4,6 @@ and cancelling it."""
 from __future__ import annotations
 
 import json
-import shlex
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,7 +14,7 @@ from asyncq._duration import format_short
 from asyncq._inspection.records import WorkflowPage
 from asyncq.cli._app import run_async, settings
 from asyncq.cli._commands import given_id, lookup_options
-from asyncq.cli._format import format_time, table
+from asyncq.cli._format import format_time, next_page_hint, table
 
 __all__ = ["register", "workflow"]
 
@@ -159,11 +158,7 @@ def workflow_ls(
     else:
         click.echo("No workflows." if page.cursor is None else "No workflows in this chunk.")
     if page.cursor is not None:
-        more = ["asyncq workflow ls"]
-        if queue is not None:
-            more.append(f"-q {shlex.quote(queue)}")
-        more += [f"-n {limit}", f"--cursor {shlex.quote(page.cursor)}"]
-        click.echo(f"More: {' '.join(more)}")
+        click.echo(next_page_hint("asyncq workflow ls", queue, limit, page.cursor))
 
 
 @workflow.command("inspect")
