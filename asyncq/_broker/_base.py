@@ -434,13 +434,14 @@ def script_error(exc: ResponseError, script: Script, qname: str, tid: str) -> Ex
 
 
 def ack_results(
-    results: list[Exception | None],
+    results: list[Any],
     items: Sequence[tuple[TaskMessage, bool]],
     qname: str,
     indices: list[int],
     reply: Any,
 ) -> None:
-    """Fill in the results of one queue's ack_many.lua call."""
+    """Fill in the failures of one queue's ack_many.lua call (a success leaves None; a
+    step whose run continues here, the run's message: see ``_runs_continued``)."""
     if isinstance(reply, ResponseError):
         text = str(reply)
         for i in indices:
@@ -451,7 +452,7 @@ def ack_results(
             results[i] = reply
         return
     for i, code in zip(indices, reply, strict=True):
-        if code == 1:
+        if code == 1 or isinstance(code, bytes):
             continue
         tid = items[i][0].id
         if code == 0:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -113,7 +113,12 @@ class ProcessingTransitions(BrokerBase):
 
     # -- batched acknowledgement (asyncq extension) --------------------------------------------
 
-    async def ack_many(self, items: Sequence[tuple[TaskMessage, bool]]) -> list[Exception | None]:
+    async def ack_many(
+        self,
+        items: Sequence[tuple[TaskMessage, bool]],
+        *,
+        runs_here: Callable[[str], bool] | None = None,
+    ) -> list[Exception | DequeuedTask | None]:
         """Acknowledge finished tasks given as ``(msg, complete)`` pairs.
 
         ``complete=True`` is :meth:`mark_as_complete` (kept for ``msg.retention``),
@@ -138,8 +143,16 @@ class ProcessingTransitions(BrokerBase):
         cluster, a durable step whose run is in another queue (another hash slot:
         it fails alone, as docs/durable.md says, not its batch). Connection errors
         raise; the tasks may or may not be acknowledged.
+
+        *runs_here* (without replication: a continued run's write is confirmed by nothing
+        but this reply) says of a run's queue whether this worker takes a run its step
+        wakes: the run then continues here instead of going to pending (active, leased
+        until now + ``lease_duration``, as a fetch leaves it), and the step's result is
+        the run's :class:`DequeuedTask`, to be started in the step's slot.
         """
-        results: list[Exception | None] = [None] * len(items)
+        results: list[Exception | DequeuedTask | None] = [None] * len(items)
+        if self.replication is not None:
+            runs_here = None
         now = self.clock()
         now_s = int(now)
         stats_exp = now_s + STATS_TTL
@@ -173,14 +186,15 @@ class ProcessingTransitions(BrokerBase):
                 if self.on_cluster and headers[RUN_QUEUE_HEADER] != call.qk.name:
                     strays.append(i)  # its run's keys are in another slot: not in the batch
                     continue
+                run_queue = headers[RUN_QUEUE_HEADER]
                 call.indices.append(i)
-                call.args += (msg.id, headers[RUN_QUEUE_HEADER], headers[RUN_HEADER])
-                call.args.append(headers[STEP_HEADER])
+                call.args += (msg.id, run_queue, headers[RUN_HEADER], headers[STEP_HEADER])
+                here = runs_here is not None and runs_here(run_queue)
                 if complete:
-                    call.kinds.append("R")
+                    call.kinds.append("H" if here else "R")
                     call.args += (now_s + msg.retention, encode_with(msg, completed_at=now_s))
                 else:
-                    call.kinds.append("r")
+                    call.kinds.append("h" if here else "r")
                 continue
             ukey = msg.unique_key
             # The script builds no key it was not told the hash tag of (cluster slots).
@@ -201,9 +215,12 @@ class ProcessingTransitions(BrokerBase):
                 call.kinds.append("D" if ukey else "d")
         planned = [call for call in calls.values() if call.indices]
         if planned:
-            replies = await self._ack_calls(planned, now)
+            expiry = now + self.lease_duration  # of the runs that continue here
+            replies = await self._ack_calls(planned, now, int(expiry))
             for call, reply in zip(planned, replies, strict=True):
                 ack_results(results, items, call.qk.name, call.indices, reply)
+                if not isinstance(reply, Exception):
+                    await self._runs_continued(results, items, call.indices, reply, expiry)
         for i in strays:
             msg, complete = items[i]
             try:
@@ -215,13 +232,37 @@ class ProcessingTransitions(BrokerBase):
                 results[i] = exc
         return results
 
-    async def _ack_calls(self, planned: list[AckCall], now: float) -> list[Any]:
+    async def _runs_continued(
+        self,
+        results: list[Exception | DequeuedTask | None],
+        items: Sequence[tuple[TaskMessage, bool]],
+        indices: list[int],
+        reply: Sequence[Any],
+        expiry: float,
+    ) -> None:
+        """Read the message of each run that continues here (the reply has it in place of
+        the step's 1) into its step's result; a message unusable here is archived, as a
+        fetch would, and the step's result stays None (acknowledged)."""
+        for i, code in zip(indices, reply, strict=True):
+            if not isinstance(code, bytes):
+                continue
+            headers = items[i][0].headers
+            run_q, run_id = self._q(headers[RUN_QUEUE_HEADER]), headers[RUN_HEADER]
+            found = await self._decode_or_archive(
+                run_q, run_id, code, self.clock(), run_q.active, check_queue=True
+            )
+            if found is not None:
+                results[i] = DequeuedTask(found, expiry)
+
+    async def _ack_calls(self, planned: list[AckCall], now: float, expiry: int) -> list[Any]:
         """Run ack_many.lua once per queue; replies (or ResponseErrors) in order."""
         calls: list[tuple[tuple[str, ...], list[Any]]] = []
         for call in planned:
             qk = call.qk
             kinds = call.args[4] = "".join(call.kinds)
-            if any(step in kinds for step in "wWrR"):
+            if any(kind in kinds for kind in "hH"):
+                call.args.append(expiry)  # the lease of a run continuing here
+            if any(step in kinds for step in "wWrRhH"):
                 call.args += (int(now), int(now * 1e9))  # the hand-off's "now"
             pday = qk.daily(now)[0]
             calls.append(((qk.active, qk.lease, qk.completed, pday, qk.processed), call.args))

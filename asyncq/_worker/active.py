@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from asyncq._worker.lease import Lease
 from asyncq.errors import DeadlineExceededError, LeaseExpiredError
 from asyncq.proto.asynq import TaskMessage
+
+if TYPE_CHECKING:
+    from asyncq._broker import DequeuedTask
 
 __all__ = ["CANCEL_GRACE", "ActiveTask", "ActiveTasks", "AttemptPhase"]
 
@@ -50,6 +53,7 @@ class ActiveTask:
         "started",
         "state",
         "task",
+        "then",
     )  # fmt: skip
 
     def __init__(
@@ -71,6 +75,9 @@ class ActiveTask:
         """Shutdown requeued the task (or left it to recovery): nothing more is written."""
         self.task: asyncio.Task[None] | None = None
         """The asyncio task of the processor's coroutine for this task (it runs the handler)."""
+        self.then: DequeuedTask | None = None
+        """A task leased to us by this task's outcome (a durable run its step's success woke),
+        to start in this task's slot when it is released."""
         self.cancel_exc: BaseException | None = None
         """Why the handler was stopped before it returned (the attempt's failure)."""
         self.cancelled: asyncio.Future[None] = asyncio.Future(

@@ -39,6 +39,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncq._broker.durable import RunSuspended
+from asyncq._broker.processing import DequeuedTask
 from asyncq._broker.workflow import AckMode
 from asyncq._logging import RateLimiter, error_text, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
@@ -348,7 +349,10 @@ class OutcomeWriter:
         hooks: WorkerHooks,
         history: HistoryRecorder | None,
         debug: bool,
+        runs_here: Callable[[str], bool] | None = None,
     ) -> None:
+        """*runs_here* says of a durable run's queue whether a run its step's success wakes
+        continues on this worker, in the step's slot (:class:`AckBatcher`)."""
         self.broker = deps.broker
         self.config = deps.config
         self.clock = deps.broker.clock
@@ -363,7 +367,7 @@ class OutcomeWriter:
         # heartbeat and the handlers; bounding them keeps a high concurrency from
         # exhausting the pool (redis-py raises instead of waiting).
         self._slots = write_slots
-        self._acks = AckBatcher(deps.broker, write_slots, spawn)
+        self._acks = AckBatcher(deps.broker, write_slots, spawn, runs_here)
         self._notifier = notifier  # wakes result waiters
         self._debug = debug
 
@@ -438,7 +442,9 @@ class OutcomeWriter:
         # includes its workflow's hand-off, a durable step's its record in its run.
         complete = kind == "complete"
         error = await self._acks.ack(msg, complete)
-        if error is not None:
+        if isinstance(error, DequeuedTask):  # a durable step: the run it woke continues here
+            active.then = error
+        elif error is not None:
             self._ack_failed(active, outcome, complete, error)
             return
         if self._debug:

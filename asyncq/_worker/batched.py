@@ -8,10 +8,12 @@ and whose callers each wait for their own answer, a future resolved by the send.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from asyncq._batch import Spawn, TurnBatcher
+from asyncq._broker.processing import DequeuedTask
 from asyncq._worker.limits import TYPE_RATE_MAX_WAIT_US, Rate
 from asyncq.proto.asynq import TaskMessage
 
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AckBatcher", "TypeTokens"]
 
-_Ack = tuple[TaskMessage, bool, "asyncio.Future[BaseException | None]"]
+_Ack = tuple[TaskMessage, bool, "asyncio.Future[BaseException | DequeuedTask | None]"]
 _Token = tuple[str, Rate, "asyncio.Future[tuple[bool, int]]"]
 
 
@@ -33,26 +35,42 @@ class AckBatcher:
     Each worker still waits for its own acknowledgement (its slot and lease are
     held until the task is written), so the semantics are those of one
     Done/MarkAsComplete per task, at a fraction of the round trips under load.
+    A durable step's acknowledgement may answer with the run it woke, which then
+    continues in the step's slot (*runs_here* says of which queues).
     """
 
-    __slots__ = ("_batch", "_broker", "_slots")
+    __slots__ = ("_batch", "_broker", "_runs_here", "_slots")
 
-    def __init__(self, broker: WorkerBroker, slots: asyncio.Semaphore, spawn: Spawn) -> None:
+    def __init__(
+        self,
+        broker: WorkerBroker,
+        slots: asyncio.Semaphore,
+        spawn: Spawn,
+        runs_here: Callable[[str], bool] | None = None,
+    ) -> None:
         self._broker = broker
         self._slots = slots  # the processor's bound on writes in flight
+        self._runs_here = runs_here
         self._batch: TurnBatcher[_Ack] = TurnBatcher(self._send, spawn=spawn)
 
-    def ack(self, msg: TaskMessage, complete: bool) -> asyncio.Future[BaseException | None]:
-        """A future resolving to None when acknowledged, or to the task's error."""
-        fut: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+    def ack(
+        self, msg: TaskMessage, complete: bool
+    ) -> asyncio.Future[BaseException | DequeuedTask | None]:
+        """A future resolving to None when acknowledged, or to the task's error, or (a
+        durable step) to the run it woke, leased to this worker."""
+        fut: asyncio.Future[BaseException | DequeuedTask | None] = (
+            asyncio.get_running_loop().create_future()
+        )
         self._batch.add((msg, complete, fut))
         return fut
 
     async def _send(self, batch: list[_Ack]) -> None:
         try:
             async with self._slots:
-                results: Sequence[BaseException | None] = await self._broker.ack_many(
-                    [(msg, complete) for msg, complete, _ in batch]
+                results: Sequence[
+                    BaseException | DequeuedTask | None
+                ] = await self._broker.ack_many(
+                    [(msg, complete) for msg, complete, _ in batch], runs_here=self._runs_here
                 )
         except Exception as exc:  # e.g. connection lost: every task of the batch gets it
             results = [exc] * len(batch)
@@ -63,6 +81,12 @@ class AckBatcher:
         for (_, _, fut), result in zip(batch, results, strict=True):
             if not fut.done():
                 fut.set_result(result)
+            elif isinstance(result, DequeuedTask):
+                # Its step's coroutine is gone (cancelled with the loop): the run it woke,
+                # leased to us, goes back to pending; if that fails too, the recoverer
+                # moves it on once its lease expires.
+                with contextlib.suppress(Exception):
+                    await self._broker.requeue(result.message)
 
 
 class TypeTokens:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from asyncq._broker.delivery import DeliveryNote
     from asyncq._broker.durable import SuspendPlan
     from asyncq._broker.multiqueue import FetchResult
+    from asyncq._broker.processing import DequeuedTask
     from asyncq._broker.workflow import AckMode
     from asyncq.proto.asynq import ServerInfo as ServerInfoProto
     from asyncq.proto.asynq import TaskMessage
@@ -69,12 +70,17 @@ class WorkerBroker(Protocol):
         ...
 
     async def ack_many(
-        self, items: Sequence[tuple[TaskMessage, bool]]
-    ) -> Sequence[Exception | None]:
+        self,
+        items: Sequence[tuple[TaskMessage, bool]],
+        *,
+        runs_here: Callable[[str], bool] | None = None,
+    ) -> Sequence[Exception | DequeuedTask | None]:
         """Done (False) or MarkAsComplete (True) for many tasks; one result per item.
 
         A workflow step's is its :meth:`ack_workflow_step` (``done`` or ``complete``):
-        the workflow records it and hands off in the same write."""
+        the workflow records it and hands off in the same write. A durable step's records
+        it in its run; a run it wakes whose queue *runs_here* accepts continues on this
+        worker: the step's result is then the run, leased to us, to start in its slot."""
         ...
 
     async def done(self, msg: TaskMessage) -> None: ...

@@ -174,6 +174,9 @@ class ServerStats:
     """Wake-up messages received on the queues' channels."""
     delivered: int = 0
     """Tasks an enqueue delivered to this server directly (no fetch)."""
+    continued: int = 0
+    """Durable runs that continued here, in the slot of the step whose success woke them
+    (no fetch)."""
     invalidations: int = 0
     """Key-tracking invalidations received (a served queue's pending list or paused flag
     written by anyone, Go asynq included; see :mod:`asyncq._worker.wakeup`)."""

@@ -281,6 +281,11 @@ class QueueLimits:
             out[qname] = entry
         return out
 
+    def is_limited(self, qname: str) -> bool:
+        """Whether *qname* has a limit or a rate here (only a fetch may give its tasks)."""
+        self._resolve()
+        return qname in self._fleet or qname in self._local or qname in self._rates
+
     def unlimited(self, names: Sequence[str]) -> list[str]:
         """Those of *names* with no limit or rate here: the only queues a worker may ask
         to be delivered tasks from, since the enqueue that delivers does not know this

@@ -9,7 +9,9 @@
   its own when it is done. ``max_inflight_bytes`` bounds the payload
   bytes of the running tasks: a fetch stops before it, no fetch runs while it
   is reached, and a single task larger than the bound runs alone.
-* Each task fetched or delivered enters by one door, :meth:`Processor._start`,
+* Each task fetched, delivered or continued (a durable run its step's success woke,
+  leased to us by the step's acknowledgement and started in the step's slot:
+  :meth:`Processor._runs_here`) enters by one door, :meth:`Processor._start`,
   and lives in one coroutine, read top down in :mod:`asyncq._worker.attempt`:
   run the handler until the first of {it returns, its lease expires, a cancel
   request, its deadline}, decide, write, release. The processor tracks these
@@ -207,7 +209,7 @@ class Processor(Role):
         writer = OutcomeWriter(
             deps, spawn=self._spawn, write_slots=asyncio.Semaphore(write_limit),
             defer_write=defer_write, notifier=notifier, hooks=hooks, history=history,
-            debug=self._debug,
+            debug=self._debug, runs_here=self._runs_here,
         )  # fmt: skip
         self.attempts = Attempts(
             deps, handler=handler, active=active, spawn=self._spawn_attempt,
@@ -465,7 +467,8 @@ class Processor(Role):
         self.attempts.start(got)
 
     def _released(self, active: ActiveTask) -> None:
-        """A task's coroutine ended: its slot, bytes and local count are free again."""
+        """A task's coroutine ended: its slot, bytes and local count are free again; or its
+        slot goes to the task its outcome leased to us (:attr:`ActiveTask.then`)."""
         msg = active.msg
         limits = self._limits
         self._inflight_bytes -= len(msg.payload)
@@ -473,9 +476,29 @@ class Processor(Role):
         limits.finished(msg.queue)
         if limits.is_local_limited(msg.queue):
             self._wakeup.set()  # room under this server's limit for the queue: fetch again
+        then = active.then
+        if then is not None:
+            active.then = None
+            self.stats.continued += 1
+            if self._fetching:
+                self._start(then)  # in the slot *active* leaves
+                return
+            self._spawn_late(self._requeue_delivered(then), then)
         if not self.active and self._burst:
             self._wakeup.set()  # re-check the queues now: maybe time to exit
         self.slots.release()
+
+    def _runs_here(self, queue: str) -> bool:
+        """Whether a durable run of *queue* that a step's success acknowledged here wakes
+        continues here, in the step's slot, instead of going to pending: while this server
+        fetches from the queue, which has no limit or rate here (only a fetch applies them)
+        and the in-flight bytes leave room."""
+        return (
+            self._fetching
+            and queue in self.queues
+            and not self._limits.is_limited(queue)
+            and self._inflight_bytes < self._max_bytes
+        )
 
     # -- direct delivery (see asyncq._broker.delivery) -----------------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -89,6 +89,9 @@ class FakeBroker:
         """Durable runs' steps acknowledged with their record, in order."""
         self.suspensions: list[tuple[str, SuspendPlan]] = []
         """Durable runs suspended (run id, plan), in order."""
+        self.wakes: dict[str, str] = {}
+        """Step id -> the id of the parked run (a stored task) its success wakes: to pending,
+        or active and leased to the caller when ``ack_many``'s *runs_here* takes its queue."""
         self.completions: list[tuple[str, str]] = []
         """(channel, task id) of the completion notices published, in order."""
         self.events: list[dict[str, str]] = []
@@ -240,10 +243,19 @@ class FakeBroker:
             self.leases.pop(note.task_id, None)
 
     async def ack_many(
-        self, items: Sequence[tuple[TaskMessage, bool]]
-    ) -> Sequence[Exception | None]:
+        self,
+        items: Sequence[tuple[TaskMessage, bool]],
+        *,
+        runs_here: Callable[[str], bool] | None = None,
+    ) -> Sequence[Exception | DequeuedTask | None]:
+        # asked as the batch is built, before the call: as Broker.ack_many does
+        here = {
+            m.id for m, _ in items
+            if m.id in self.wakes and runs_here is not None
+            and runs_here(self.tasks[self.wakes[m.id]].msg.queue)
+        }  # fmt: skip
         await self._enter("ack_many", [(m.id, c) for m, c in items])
-        out: list[Exception | None] = []
+        out: list[Exception | DequeuedTask | None] = []
         for msg, complete in items:
             try:
                 self._finish(msg, complete)
@@ -255,7 +267,22 @@ class FakeBroker:
                     self.workflow_steps.append((msg.id, "complete" if complete else "done"))
                 elif is_durable_step(msg):  # with its record in its run, as Broker.ack_many
                     self.durable_steps.append((msg.id, "complete" if complete else "done"))
+                    out[-1] = self._wake(msg.id, msg.id in here)
         return out
+
+    def _wake(self, step_id: str, here: bool) -> DequeuedTask | None:
+        run_id = self.wakes.pop(step_id, None)
+        if run_id is None:
+            return None
+        run = self.tasks[run_id]
+        if not here:
+            run.state = "pending"
+            self.pending[run.msg.queue].append(run_id)
+            return None
+        run.state = "active"
+        expiry = self.now + self.lease_duration
+        self.leases[run_id] = float(int(expiry))
+        return DequeuedTask(run.msg, expiry)
 
     def _finish(self, msg: TaskMessage, complete: bool) -> None:
         stored = self._active(msg)

@@ -73,3 +73,78 @@ async def test_a_suspended_run_is_parked_not_failed() -> None:
     assert r.processor.stats.failed == 0
     # a step's success is acknowledged in the batch of successes, with its record
     assert fake.called("ack_many") and not fake.called("ack_durable_step")
+
+
+async def test_a_run_its_steps_success_wakes_continues_in_the_steps_slot() -> None:
+    # concurrency 1: the step's slot is the only one; the run starts in it without a fetch
+    fake = FakeBroker()
+    run = fake.enqueue(message(id="r1"))
+    step = message(id="r1-0", headers={**STEP, STEP_HEADER: "0"})
+    plan = SuspendPlan("steps", steps=[(0, step)], waits=[0])
+    handled: list[str] = []
+    pending_when_it_continued: list[list[str]] = []
+
+    async def handler(task: Task) -> None:
+        handled.append(task.id or "")
+        if task.id == "r1" and len(handled) == 1:
+            raise RunSuspended(plan)  # parks the run; the fake enqueues its step
+        if task.id == "r1-0":
+            fake.wakes["r1-0"] = "r1"  # its success wakes the run
+        elif task.id == "r1":
+            pending_when_it_continued.append(list(fake.pending["default"]))
+
+    async with Running(fake, handler, concurrency=1) as r:
+        await wait_until(lambda: handled == ["r1", "r1-0", "r1"], what="the run continued")
+        assert r.processor.stats.continued == 1
+        await wait_until(lambda: run.id not in fake.tasks, what="the run acknowledged")
+    # the run went from parked to active in the step's acknowledgement: never pending
+    assert pending_when_it_continued == [[]]
+    assert fake.durable_steps == [("r1-0", "done")]
+
+
+async def test_a_run_woken_while_the_processor_stops_goes_back_to_pending() -> None:
+    fake = FakeBroker()
+    run = fake.enqueue(message(id="r1"))
+    fake.tasks[run.id].state = "scheduled"  # parked
+    fake.pending["default"].clear()
+    step = fake.enqueue(message(id="r1-0", headers={**STEP, STEP_HEADER: "0"}))
+    fake.wakes[step.id] = run.id
+    hold = fake.hold("ack_many")
+    ran: list[str] = []
+
+    async def handler(task: Task) -> None:
+        ran.append(task.id or "")
+
+    async with Running(fake, handler) as r:
+        await hold.arrived.wait()
+        assert r.processor._runs_here("default")
+        r.processor.stop_fetching()
+        # asked before the stop: the run continues here, then finds the processor stopping
+        hold.release.set()
+        await wait_until(lambda: fake.called("requeue"), what="the run requeued")
+        assert not r.processor._runs_here("default")
+    assert ran == ["r1-0"]
+    assert fake.called("requeue") == [run.id]
+    assert fake.tasks[run.id].state == "pending"
+
+
+def test_only_a_served_unlimited_queue_with_room_takes_a_woken_run() -> None:
+    fake = FakeBroker()
+
+    async def handler(task: Task) -> None:
+        return None
+
+    served = Running(
+        fake,
+        handler,
+        queues={"default": 1, "limited": 1, "rated": 1},
+        local_queue_concurrency={"limited": 2},
+        rate_limits={"rated": "5/s"},
+    )
+    processor = served.processor
+    assert processor._runs_here("default")
+    assert not processor._runs_here("elsewhere")  # not served here
+    assert not processor._runs_here("limited")  # a fetch applies the limit
+    assert not processor._runs_here("rated")
+    processor._inflight_bytes = processor._max_bytes
+    assert not processor._runs_here("default")  # no room under max_inflight_bytes

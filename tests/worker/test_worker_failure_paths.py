@@ -636,8 +636,8 @@ async def test_ack_batch_whose_reply_was_lost_is_counted_once_and_never_retried(
         ack_many = broker.ack_many
         batches: list[int] = []
 
-        async def reply_lost(items: Any) -> list[Exception | None]:
-            results = await ack_many(items)
+        async def reply_lost(items: Any, **options: Any) -> list[Exception | None]:
+            results = await ack_many(items, **options)
             batches.append(len(items))
             if len(batches) == 1:
                 # Every ack of the batch landed, but the reply did not come back.
@@ -673,10 +673,10 @@ async def test_cancel_message_during_the_write_phase_changes_nothing(
     in_write = asyncio.Event()
     go_on = asyncio.Event()
 
-    async def slow_ack(items: Any) -> list[Exception | None]:
+    async def slow_ack(items: Any, **options: Any) -> list[Exception | None]:
         in_write.set()
         await go_on.wait()
-        return await ack_many(items)
+        return await ack_many(items, **options)
 
     monkeypatch.setattr(broker, "ack_many", slow_ack)
     info = await client.enqueue(Task("w"))

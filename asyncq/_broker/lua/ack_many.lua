@@ -14,12 +14,15 @@
 -- ARGV[5] one letter per task: d = Done, c = MarkAsComplete; upper case (D, C)
 --         when the task has a unique key; w = Done, W = MarkAsComplete of a
 --         workflow step (which has no unique key); r = Done, R = MarkAsComplete of
---         a durable run's step (no unique key either)
+--         a durable run's step (no unique key either); h, H as r, R, and a run they
+--         wake continues on this worker (record_step(), _lib/durable_step.lua)
 -- ARGV[6..] per task, in order: id; the unique key (D, C); the workflow hash and
 --           the "<stage>.<member>" place (w, W); the run's queue, the run's id and
---           the step's index (r, R); the completed score (now + retention) and the
---           msg with completed_at set (c, C, W, R). Done without a lock, the common
---           case, costs one argument.
+--           the step's index (r, R, h, H); the completed score (now + retention) and
+--           the msg with completed_at set (c, C, W, R, H). Done without a lock, the
+--           common case, costs one argument.
+-- ARGV[n-2] (only when h or H is among the tasks): the lease expiry (unix s) of a run
+--           that continues on this worker.
 -- ARGV[n-1], ARGV[n] (only when a workflow or durable step is among the tasks): now,
 --           unix seconds and nanoseconds.
 -- A workflow step is acknowledged as workflow_done.lua does it: its result (the
@@ -36,13 +39,14 @@
 -- the same cluster slot as KEYS.
 -- Returns one integer per task: 1 acknowledged, 0 NOT FOUND, -1 INTERNAL (the
 -- completed set already held the id), -2 unique key outside the queue
--- (nothing touched).
+-- (nothing touched); for a step of kind h or H whose run continues here, the run's
+-- task message instead of 1.
 local tprefix, qprefix = ARGV[1], ARGV[2]
 local plen = #qprefix
 local out = {}
 local n = 0
 local kinds = ARGV[5]
-local width = {d = 1, D = 2, c = 3, C = 4, w = 3, W = 5, r = 4, R = 6}
+local width = {d = 1, D = 2, c = 3, C = 4, w = 3, W = 5, r = 4, R = 6, h = 4, H = 6}
 local need = 5
 for k = 1, #kinds do
     local w = width[string.sub(kinds, k, k)]
@@ -51,8 +55,13 @@ for k = 1, #kinds do
     end
     need = need + w
 end
-if string.find(kinds, "[wWrR]") then
+local here = nil  -- the lease expiry of a run that continues here
+if string.find(kinds, "[wWrRhH]") then
     need = need + 2
+end
+if string.find(kinds, "[hH]") then
+    need = need + 1
+    here = ARGV[#ARGV - 2]
 end
 if need ~= #ARGV then
     return redis.error_reply("ERR ack_many: task kinds do not match the arguments")
@@ -84,17 +93,22 @@ for k = 1, #kinds do
             problem = bad(ARGV[b], "hash")
         end
         b = b + 2
-    elseif kind == "r" or kind == "R" then
+    elseif kind == "r" or kind == "R" or kind == "h" or kind == "H" then
         if not string.match(ARGV[b + 2], "^%d+$") then
             problem = "ERR ack_many: bad durable step index " .. ARGV[b + 2]
         else
             -- the step's hash (read), its run's record and the run's keys it may move
             local rq = "asynq:{" .. ARGV[b] .. "}:"
-            for _, check in ipairs({
+            local checks = {
                 {tprefix .. id, "hash"}, {rq .. "asyncq:run:" .. ARGV[b + 1], "hash"},
                 {rq .. "t:" .. ARGV[b + 1], "hash"}, {rq .. "scheduled", "zset"},
                 {rq .. "pending", "list"},
-            }) do
+            }
+            if kind == "h" or kind == "H" then
+                checks[6] = {rq .. "active", "list"}
+                checks[7] = {rq .. "lease", "zset"}
+            end
+            for _, check in ipairs(checks) do
                 if not problem and not checked[check[1]] then
                     checked[check[1]] = true
                     problem = bad(check[1], check[2])
@@ -106,7 +120,7 @@ for k = 1, #kinds do
     if kind == "c" or kind == "C" or kind == "W" then
         problem = problem or bad(tprefix .. id, "hash")
         b = b + 2
-    elseif kind == "R" then
+    elseif kind == "R" or kind == "H" then
         b = b + 2
     end
 end
@@ -127,11 +141,11 @@ for k = 1, #kinds do
     elseif kind == "w" or kind == "W" then
         wf, place = ARGV[a], ARGV[a + 1]
         a = a + 2
-    elseif kind == "r" or kind == "R" then
+    elseif kind == "r" or kind == "R" or kind == "h" or kind == "H" then
         step = {q = ARGV[a], id = ARGV[a + 1], index = ARGV[a + 2]}
         a = a + 3
     end
-    local complete = kind == "c" or kind == "C" or kind == "W" or kind == "R"
+    local complete = kind == "c" or kind == "C" or kind == "W" or kind == "R" or kind == "H"
     if complete then
         score, msg = ARGV[a], ARGV[a + 1]
         a = a + 2
@@ -155,12 +169,18 @@ for k = 1, #kinds do
         end
         res = 1
         local rq = "asynq:{" .. step.q .. "}:"
+        local continues = kind == "h" or kind == "H"
         -- a step that wrote no result (a Go handler, a task without retention) returned null
-        record_step(rq .. "asyncq:run:" .. step.id, step.index, "r", result or "null", {
-            id = step.id, scheduled = rq .. "scheduled", pending = rq .. "pending",
-            task = rq .. "t:" .. step.id, channel = "asyncq:wakeup:{" .. step.q .. "}",
-            name = step.q, now = ARGV[#ARGV],
-        })
+        local got, run_msg = record_step(rq .. "asyncq:run:" .. step.id, step.index, "r",
+            result or "null", {
+                id = step.id, scheduled = rq .. "scheduled", pending = rq .. "pending",
+                task = rq .. "t:" .. step.id, channel = "asyncq:wakeup:{" .. step.q .. "}",
+                name = step.q, now = ARGV[#ARGV], here = continues and here or nil,
+                active = rq .. "active", lease = rq .. "lease",
+            })
+        if got == "here" then
+            res = run_msg  -- in place of 1: the step is acknowledged, its run continues here
+        end
     elseif wf then
         -- as workflow_done.lua: the result is read before the task hash goes (a key of
         -- another type has none), and a completed step is recorded whatever ZADD says
@@ -199,7 +219,7 @@ for k = 1, #kinds do
         redis.call("HSET", tprefix .. id, "msg", msg, "state", "completed")
         res = 1
     end
-    if res == 1 then
+    if res == 1 or type(res) == "string" then
         n = n + 1
         if ukey ~= "" and redis.call("GET", ukey) == id then
             redis.call("DEL", ukey)

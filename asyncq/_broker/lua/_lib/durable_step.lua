@@ -6,8 +6,11 @@
 -- "r" (a result) or "e" (a failure) and value what is recorded; q the run's queue: a
 -- table of its keys {id = run id, scheduled, pending, task = the run task's key,
 -- channel = wake-up channel, name, now = pending_since (unix ns)}, whose types the
--- caller checked. Returns "woken", "recorded", "seen" (recorded before) or "gone" (no
--- record).
+-- caller checked; with q.here (a lease expiry, unix s) also {active, lease}: a run woken
+-- then continues on the acknowledging worker (active, leased until q.here, as a fetch
+-- leaves it) unless its queue is paused, limited or ordered (those give tasks only
+-- through a fetch). Returns "woken", "recorded", "seen" (recorded before) or "gone" (no
+-- record); a run that continues here: "here" and its task message.
 local function record_step(run, i, field, value, q)
     if redis.call("EXISTS", run) == 0 then
         return "gone"
@@ -34,9 +37,20 @@ local function record_step(run, i, field, value, q)
         redis.call("HSET", run, entry, value)
         return "recorded"
     end
+    redis.call("HSET", run, entry, value, "state", "running")
+    local base = string.sub(q.pending, 1, -8)  -- "asynq:{<queue>}:"
+    if q.here and redis.call("EXISTS", base .. "paused", base .. "asyncq:limit",
+            base .. "asyncq:ordered") == 0 then
+        local msg = redis.call("HGET", q.task, "msg")
+        if msg then
+            redis.call("LPUSH", q.active, q.id)
+            redis.call("ZADD", q.lease, q.here, q.id)
+            redis.call("HSET", q.task, "state", "active")
+            return "here", msg
+        end
+    end
     redis.call("HSET", q.task, "state", "pending", "pending_since", q.now)
     redis.call("LPUSH", q.pending, q.id)
-    redis.call("HSET", run, entry, value, "state", "running")
     redis.pcall("PUBLISH", q.channel, q.name)
     return "woken"
 end
