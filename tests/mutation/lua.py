@@ -99,6 +99,7 @@ WORKFLOW_TESTS = (
 DURABLE_TESTS = (
     # the scripts driven without a worker first: a mutant they kill costs no wait
     "tests/durable/test_durable_scripts.py",
+    "tests/durable/test_durable_continue.py",
     "tests/durable/test_durable.py",
 )
 DEFAULT_TESTS = BROKER_TESTS
@@ -110,6 +111,7 @@ TESTS: dict[str, tuple[str, ...]] = {
         "tests/workflow/test_workflow_batch.py",
         "tests/workflow/test_workflow.py",
         "tests/durable/test_durable_scripts.py",
+        "tests/durable/test_durable_continue.py",
     ),
     # record_step() (included by durable_step_done.lua and ack_many.lua)
     "_lib/durable_step": DURABLE_TESTS,
