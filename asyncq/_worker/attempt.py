@@ -449,8 +449,9 @@ class OutcomeWriter:
             return
         if self._debug:
             self.log.debug("task done", **task_fields(msg))
-        if complete:
-            self._notifier.notify(msg.queue, msg.id)  # wakes result waiters
+        if complete and not outcome.durable:
+            # wakes result waiters; a durable step has none (its run reads its record)
+            self._notifier.notify(msg.queue, msg.id)
 
     def _ack_failed(
         self, active: ActiveTask, outcome: Outcome, complete: bool, error: BaseException
@@ -512,8 +513,8 @@ class OutcomeWriter:
                 is_failure=outcome.is_failure,
             )  # fmt: skip
             await self._write(active, retry, "retry")
-        if kind in ("complete", "archive"):
-            self._notifier.notify(msg.queue, msg.id)  # wakes result waiters
+        if kind in ("complete", "archive") and not outcome.durable:
+            self._notifier.notify(msg.queue, msg.id)  # wakes result waiters (as above)
 
     async def type_limited(self, active: ActiveTask, retry_in: timedelta) -> None:
         """No token for the task's type: back to the retry set, unrun, no retry used."""

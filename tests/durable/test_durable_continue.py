@@ -62,14 +62,17 @@ async def test_a_woken_run_continues_here_leased_as_a_fetch_leaves_it(
     redis: Redis, client: Client, complete: bool
 ) -> None:
     broker, step = await parked_run_and_step(redis, client)
+    await client.enqueue(Task("other"), task_id="other")
+    assert await transitions.dequeue(broker, [Q]) is not None  # active before the run
     before = time.time()
     [result] = await broker.ack_many([(step, complete)], runs_here=everywhere)
     assert isinstance(result, DequeuedTask)
     assert result.message.id == "r1" and result.message.type == "run"
     assert before + broker.lease_duration - 1 <= result.lease_expiry
     assert result.lease_expiry <= time.time() + broker.lease_duration
-    # the run: active, leased until the expiry the worker was given, never pending
-    assert await redis.lrange(keys.active_key(Q), 0, -1) == [b"r1"]
+    # the run: active (at the head, where a fetch's RPOPLPUSH puts it), leased until the
+    # expiry the worker was given, never pending
+    assert await redis.lrange(keys.active_key(Q), 0, -1) == [b"r1", b"other"]
     assert await redis.zscore(keys.lease_key(Q), "r1") == int(result.lease_expiry)
     assert await redis.zscore(keys.scheduled_key(Q), "r1") is None
     assert await redis.lrange(keys.pending_key(Q), 0, -1) == []

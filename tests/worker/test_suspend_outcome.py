@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import structlog
 
+from asyncq import Limits
 from asyncq._broker.durable import (
     FAR_FUTURE,
     RUN_HEADER,
@@ -134,13 +135,8 @@ def test_only_a_served_unlimited_queue_with_room_takes_a_woken_run() -> None:
     async def handler(task: Task) -> None:
         return None
 
-    served = Running(
-        fake,
-        handler,
-        queues={"default": 1, "limited": 1, "rated": 1},
-        local_queue_concurrency={"limited": 2},
-        rate_limits={"rated": "5/s"},
-    )
+    limits = Limits(local_queue_concurrency={"limited": 2}, rate_limits={"rated": "5/s"})
+    served = Running(fake, handler, queues={"default": 1, "limited": 1, "rated": 1}, limits=limits)
     processor = served.processor
     assert processor._runs_here("default")
     assert not processor._runs_here("elsewhere")  # not served here
@@ -148,3 +144,22 @@ def test_only_a_served_unlimited_queue_with_room_takes_a_woken_run() -> None:
     assert not processor._runs_here("rated")
     processor._inflight_bytes = processor._max_bytes
     assert not processor._runs_here("default")  # no room under max_inflight_bytes
+
+
+async def test_a_durable_steps_outcome_wakes_no_result_waiter() -> None:
+    # Nobody waits for a step's result (its run reads its record): no completion notice
+    # is published for it, kept or archived; a plain task kept still gets one.
+    fake = FakeBroker()
+    fake.enqueue(message(id="r1-0", headers={**STEP, STEP_HEADER: "0"}, retention=60))
+    fake.enqueue(message(id="r1-1", headers={**STEP, STEP_HEADER: "1"}, retry=0))
+    fake.enqueue(message(id="plain", retention=60))
+
+    async def handler(task: Task) -> None:
+        if task.id == "r1-1":
+            raise ValueError("boom")
+
+    async with Running(fake, handler) as r:
+        await wait_until(lambda: len(fake.durable_steps) == 2, what="the steps acknowledged")
+        await wait_until(lambda: r.notifier.sent, what="the plain task's notice")
+    assert sorted(fake.durable_steps) == [("r1-0", "complete"), ("r1-1", "archive")]
+    assert r.notifier.sent == ["plain"]
