@@ -769,3 +769,12 @@ async def test_a_retried_first_attempt_keeps_its_record(redis: Redis) -> None:
     await settle_run(redis, Q, "r1", "running", records={"s:0": b"now"}, expire_in=0)
     assert await redis.hgetall(record) == {b"state": b"running", b"s:0": b"now"}
     assert await redis.ttl(record) == -1
+
+
+async def test_a_start_on_a_cluster_registers_its_queue_apart(redis: Redis) -> None:
+    broker = Broker(redis)
+    broker.on_cluster = True  # asynq:queues is in another slot: not one of the script's keys
+    await start_run(broker, run_message())
+    assert await redis.smembers(keys.ALL_QUEUES) == {Q.encode()}
+    assert await redis.hgetall(keys.run_key(Q, "r1")) == {b"state": b"pending"}
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]
