@@ -8,6 +8,7 @@ __all__ = [
     "GO_ZERO_TIME",
     "GO_ZERO_UNIX",
     "from_unix",
+    "iso",
     "require_aware",
     "to_unix",
     "utc_from_timestamp",
@@ -60,3 +61,11 @@ def from_unix(seconds: int) -> datetime | None:
     if seconds == 0:
         return None
     return utc_from_timestamp(seconds)
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO 8601 in UTC (what the JSON of the web API and the CLI's ``--json`` carry), or
+    None."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat()

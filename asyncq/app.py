@@ -622,13 +622,18 @@ class DurableFunction(TypedTask[P, R]):
     async def start(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Start a run with these arguments (checked and encoded as a task's) and return
         its handle: ``handle.id`` is the run's id, ``await handle.result()`` its result.
+        The run's task and its record (state ``pending``) are written together, so the
+        Inspector lists the run before its first attempt.
 
         Raises RuntimeError in eager mode (a run needs a worker), and every error
         :meth:`TypedTask.enqueue` raises.
         """
         if self.app._eager is not None:
             raise RuntimeError(f"durable function {self.name} cannot run in eager mode")
-        return await self.enqueue(*args, **kwargs)
+        task = self._make(args, kwargs, None)
+        client = self.app.client
+        info = await client._start_run(task)
+        return TaskHandle(info.id, info.queue, self._results, client, info=info)
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         raise TypeError(

@@ -36,6 +36,7 @@ from asyncq._broker._base import (
     MAX_INT64,
     STATS_TTL,
     BrokerBase,
+    conflict_error,
     encode_with,
     script_error,
 )
@@ -49,6 +50,7 @@ from asyncq.proto.asynq import TaskMessage
 __all__ = [
     "FAILED_RUN_KEPT",
     "FAR_FUTURE",
+    "PENDING_RUN_KEPT",
     "RUN_HEADER",
     "RUN_QUEUE_HEADER",
     "STEP_HEADER",
@@ -62,12 +64,19 @@ __all__ = [
     "record_wait",
     "send_signal",
     "settle_run",
+    "start_run",
     "suspend_run",
 ]
 
 FAILED_RUN_KEPT = ARCHIVED_EXPIRATION
 """Seconds a failed or cancelled run's record is kept: as long as asynq keeps an archived
 task, so the archived run can be run again (after a fix) from its record."""
+
+PENDING_RUN_KEPT = ARCHIVED_EXPIRATION
+"""Seconds the record a run gets when it starts (state ``pending``) is kept unless an
+attempt writes to it: the record of a run whose task was deleted before its first
+attempt must not stay for good, and a run still waiting for a worker after this long
+is only left out of the Inspector's views until its first attempt writes its record."""
 
 RUN_HEADER = "asyncq-durable-run"
 RUN_QUEUE_HEADER = "asyncq-durable-queue"
@@ -82,6 +91,7 @@ _STEP_DONE = load_script(LUA_PACKAGE, "durable_step_done")
 _SIGNAL = load_script(LUA_PACKAGE, "durable_signal")
 _RECORD = load_script(LUA_PACKAGE, "durable_record")
 _SETTLE = load_script(LUA_PACKAGE, "durable_settle")
+_START = load_script(LUA_PACKAGE, "durable_start")
 
 StepAckMode = Literal["done", "complete", "archive", "revoke"]
 
@@ -139,6 +149,28 @@ def is_durable_step(msg: TaskMessage) -> bool:
     except ValueError:
         return False
     return True
+
+
+async def start_run(broker: BrokerBase, msg: TaskMessage) -> None:
+    """Enqueue *msg*, a run's task, as pending and write the run's record with the state
+    ``pending`` in one script (``lua/durable_start.lua``): the Inspector knows the run
+    before its first attempt. Raises TaskIdConflictError when the task or a record of
+    its id exists.
+    """
+    qk = broker._q(msg.queue)
+    tid = msg.id
+    keys_ = [qk.task_prefix + tid, qk.pending, keys.run_key(qk.name, tid)]
+    if broker.on_cluster:  # asynq:queues lives in another slot: registered apart, once
+        if qk.name not in broker._published:
+            await broker._register_queue(qk)
+    else:
+        keys_.append(keys.ALL_QUEUES)
+    args = (
+        encode_task_message(msg), tid, int(broker.clock() * 1e9), keys.wakeup_channel(qk.name),
+        qk.name, PENDING_RUN_KEPT,
+    )  # fmt: skip
+    if await _write(broker, _START, keys_, args, qname=qk.name, tid=tid) != "1":
+        raise conflict_error(qk.name, tid)
 
 
 async def suspend_run(broker: BrokerBase, msg: TaskMessage, plan: SuspendPlan) -> str:

@@ -5,7 +5,6 @@ functions: the Inspector reads Redis, these decide what it means."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from asyncq._broker.durable import FAR_FUTURE
@@ -16,7 +15,7 @@ from asyncq._inspection.records import (
     DurableRunSummary,
     DurableWait,
 )
-from asyncq._time import utc_from_timestamp
+from asyncq._time import iso, utc_from_timestamp
 from asyncq.task import TaskState
 
 __all__ = [
@@ -34,12 +33,14 @@ _ENDED = {"succeeded": "completed", "failed": "failed"}
 
 
 def run_state(recorded: str | None, task: TaskState | None) -> str:
-    """The run's state from its record's ``state`` and its task's state: ``running``,
-    ``waiting``, ``completed``, ``failed`` or ``cancelled``.
+    """The run's state from its record's ``state`` and its task's state: ``pending``,
+    ``running``, ``waiting``, ``completed``, ``failed`` or ``cancelled``.
 
     The record says how the function ended; a task archived with no end recorded was
     stopped or archived by hand (failed); a run marked cancelled whose attempt still
-    runs is running until the attempt stops.
+    runs is running until the attempt stops. A record still ``pending`` (as the run's
+    start wrote it) means no attempt has written to it: the run is pending until an
+    attempt is active.
     """
     if recorded in _ENDED:
         return _ENDED[recorded]
@@ -49,6 +50,8 @@ def run_state(recorded: str | None, task: TaskState | None) -> str:
         return "failed"
     if task is TaskState.COMPLETED:
         return "completed"
+    if recorded == "pending":
+        return "running" if task is TaskState.ACTIVE else "pending"
     # a waiting run the forwarder, a step or a signal made pending is running again
     parked = task is TaskState.SCHEDULED or task is None
     return "waiting" if recorded == "waiting" and parked else "running"
@@ -180,10 +183,6 @@ def run_summary(info: DurableRunInfo) -> DurableRunSummary:
     )
 
 
-def _iso(when: datetime | None) -> str | None:
-    return None if when is None else when.isoformat()
-
-
 def wait_json(wait: DurableWait | None) -> dict[str, Any] | None:
     """What a run waits for as JSON (the CLI's ``--json`` and the web API)."""
     if wait is None:
@@ -193,7 +192,7 @@ def wait_json(wait: DurableWait | None) -> dict[str, Any] | None:
         "steps": list(wait.steps),
         "signal_name": wait.signal_name,
         "signal_key": wait.signal_key,
-        "until": _iso(wait.until),
+        "until": iso(wait.until),
     }
 
 
@@ -208,8 +207,8 @@ def run_json(info: DurableRunInfo) -> dict[str, Any]:
         "waiting_for": wait_json(info.waiting_for),
         "steps_done": info.steps_done,
         "steps_total": info.steps_total,
-        "next_process_at": _iso(info.next_process_at),
-        "updated": _iso(info.updated),
+        "next_process_at": iso(info.next_process_at),
+        "updated": iso(info.updated),
         "last_error": info.last_error,
         "entries": [
             {
@@ -219,7 +218,7 @@ def run_json(info: DurableRunInfo) -> dict[str, Any]:
                 "step_id": e.step_id,
                 "result": None if e.result is None else e.result.decode("utf-8", "replace"),
                 "error": e.error,
-                "deadline": _iso(e.deadline),
+                "deadline": iso(e.deadline),
                 "waited_for": e.waited_for,
             }
             for e in info.entries
@@ -238,5 +237,5 @@ def summary_json(row: DurableRunSummary) -> dict[str, Any]:
         "entries": row.entries,
         "steps_done": row.steps_done,
         "steps_total": row.steps_total,
-        "updated": _iso(row.updated),
+        "updated": iso(row.updated),
     }

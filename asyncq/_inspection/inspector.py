@@ -1306,7 +1306,8 @@ class Inspector:
         self, queue: str, run_id: str
     ) -> tuple[dict[str, bytes], StoredTask | None, tuple[str, str, int] | None] | None:
         """A run's record, its task (None: gone) and the signal wait it sits in (name,
-        key, index); None when it has no record."""
+        key, index); None when it has no record, or only the record its start wrote
+        and no task (deleted before its first attempt: the record expires)."""
         redis = self._conn.redis
         record = await read_run(redis, queue, run_id)
         if record is None:
@@ -1314,6 +1315,8 @@ class Inspector:
         try:
             task: StoredTask | None = await self._rdb.get_task(queue, run_id)
         except TaskNotFoundError:
+            if record.get("state") == b"pending":
+                return None
             task = None
         signal = None
         waiting = open_signal_wait(record)
@@ -1333,9 +1336,12 @@ class Inspector:
         """A durable run of *queue*: its state, every entry of its record in order (what
         the function asked for, its result or error, its deadline) and what it waits for.
 
-        Raises DurableRunNotFoundError when the run has no record (not attempted yet,
-        not a durable run, or expired after its end), QueueNotFoundError for an unknown
-        queue, ValueError for an id that cannot be a run's.
+        A run started with ``start()`` and not attempted yet is ``pending``, with no
+        entries. Raises DurableRunNotFoundError when the run has no record (a run
+        enqueued otherwise, a child run, not attempted yet; not a durable run; expired
+        after its end) or its task was deleted before its first attempt,
+        QueueNotFoundError for an unknown queue, ValueError for an id that cannot be a
+        run's.
         """
         await self._check_run_name(queue, run_id)
         got = await self._read_durable_run(queue, run_id)
@@ -1348,7 +1354,8 @@ class Inspector:
         self, queue: str | None = None, *, limit: int = 50, cursor: str | None = None
     ) -> DurableRunPage:
         """A page of at most *limit* durable runs (of *queue*, or of every queue in name
-        order) that have a record, in SCAN's order; pass the page's
+        order) that have a record (a run started with ``start()`` has one at once), in
+        SCAN's order; pass the page's
         :attr:`~DurableRunPage.cursor` back for the next one. As :meth:`workflows`,
         there is no index: a page may hold fewer than *limit* rows and still have a
         cursor. Raises ValueError for a bad *limit* or *cursor*.
@@ -1376,10 +1383,10 @@ class Inspector:
         return DurableRunPage(found, next_cursor)
 
     async def cancel_durable_run(self, queue: str, run_id: str) -> str:
-        """Cancel a durable run; its state before the call (only ``running`` and
-        ``waiting`` change).
+        """Cancel a durable run; its state before the call (only ``pending``, ``running``
+        and ``waiting`` change).
 
-        A run waiting (or pending, or retrying) is archived at once with the error
+        A run pending (not attempted yet), waiting or retrying is archived at once with the error
         ``context canceled: durable run cancelled``, its record marked cancelled, and
         it leaves the signal wait it sits in: all in one script. A run whose attempt
         is active is marked cancelled and its attempt stopped through Pub/Sub (as
@@ -1419,6 +1426,8 @@ class Inspector:
                 continue
             if before == "gone":
                 raise DurableRunNotFoundError(queue, run_id)
+            if before == "pending" and task is not None and task.state is TaskState.ACTIVE:
+                before = "running"  # its first attempt runs: as get_durable_run says
             if task is not None and task.state is TaskState.ACTIVE and before in (
                 "running", "waiting",
             ):  # fmt: skip

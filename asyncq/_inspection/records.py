@@ -445,8 +445,9 @@ class DurableWait:
 class DurableRunInfo:
     """A durable run (:meth:`Inspector.get_durable_run`): its record's entries and its task.
 
-    *state*: ``running`` (an attempt runs, or the run is pending), ``waiting``,
-    ``completed``, ``failed`` or ``cancelled``. *type*: the function's task type (None
+    *state*: ``pending`` (started, no attempt yet: no entries), ``running`` (an attempt
+    runs, or the run waits in its queue for its next one), ``waiting``, ``completed``,
+    ``failed`` or ``cancelled``. *type*: the function's task type (None
     when its task is gone). *task_state*: its task's state (None: gone). *waiting_for*:
     what it waits for (None unless waiting). *updated*: when its task last completed or
     failed (None: neither yet). *last_error*: its task's last error.

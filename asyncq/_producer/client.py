@@ -18,6 +18,7 @@ from typing import Any
 from typing_extensions import Unpack
 
 from asyncq._broker import BatchItem, Broker, PendingItem
+from asyncq._broker.durable import start_run
 from asyncq._broker.replication import replica_wait_seconds
 from asyncq._broker.workflow import WORKFLOW_HEADER
 from asyncq._duration import wait_seconds
@@ -245,6 +246,28 @@ class Client:
         if self._events is not None:
             wid = info.headers.get(WORKFLOW_HEADER, "")
             self._events.add("enqueued", info.queue, info.type, info.id, workflow=wid)
+        return info
+
+    async def _start_run(self, task: Task) -> TaskInfo:
+        """Enqueue *task*, a durable function's run (pending, its decorator's options), with
+        its record saying ``pending``, in one script: the Inspector lists the run before
+        its first attempt (see :func:`asyncq._broker.durable.start_run`). Raises what
+        :meth:`enqueue` raises."""
+        if self._closed or self._conn.closed:
+            raise RuntimeError("the client is closed")
+        now = datetime.now(UTC)
+        c = compose(task, [{}], now)
+        if c.state is not TaskState.PENDING or c.unique_ttl is not None:
+            # a durable function's options (queue, max_retry, timeout, retention) are
+            # never these; a run that does not start at once would have no place to wait
+            raise ValueError(
+                f"a run of {task.type!r} must start at once (no schedule, group or unique)"
+            )
+        msg = c.message
+        await self._write(lambda: start_run(self.broker, msg), lambda: Written.of(msg))
+        info = info_of(c, now)
+        if self._events is not None:
+            self._events.add("enqueued", info.queue, info.type, info.id)
         return info
 
     async def _write(

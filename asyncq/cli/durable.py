@@ -173,11 +173,11 @@ def durable_inspect(
 def durable_cancel(
     ctx: click.Context, id_argument: str | None, queue: str, id_option: str | None
 ) -> None:
-    """Cancel a durable run: a waiting run is archived at once (its record kept, marked
-    cancelled); a running run's attempt is stopped and its worker archives it."""
+    """Cancel a durable run: a pending or waiting run is archived at once (its record
+    kept, marked cancelled); a running run's attempt is stopped and its worker archives it."""
     run_id = given_id(id_argument, id_option)
     before: str = _with_inspector(ctx, lambda i: i.cancel_durable_run(queue, run_id))
-    if before == "waiting":
+    if before in ("pending", "waiting"):
         click.echo(f"Durable run {run_id} cancelled")
     elif before == "running":
         click.echo(f"Durable run {run_id} cancelled: its running attempt is being stopped")

@@ -30,7 +30,7 @@ async def cancel_run(request: Request) -> Response:
     _, insp = _inspector(request)
     p = request.path_params
     before = await insp.cancel_durable_run(p["queue"], p["run_id"])
-    changed = before in ("running", "waiting")
+    changed = before in ("pending", "running", "waiting")
     message = (
         "Run cancelled" + (": its attempt is being stopped" if before == "running" else "")
         if changed

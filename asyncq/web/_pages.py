@@ -18,6 +18,7 @@ from asyncq._duration import format_short
 from asyncq._http import quote_segment
 from asyncq._inspection.records import ARCHIVE_LIMIT, WorkerInfo
 from asyncq._redis.scripts import parse_server_version
+from asyncq._time import iso
 from asyncq.web._api import MAX_PAGE_SIZE, _int, _state_param, queue_infos, task_page
 from asyncq.web._state import state
 
@@ -85,7 +86,7 @@ templates.env.filters["action_title"] = lambda action: {
 }.get(action.removesuffix("_all"), "")
 templates.env.filters["shortid"] = short_id
 templates.env.filters["dur"] = format_short
-templates.env.filters["iso"] = r.iso
+templates.env.filters["iso"] = iso
 templates.env.filters["stamp"] = r.stamp
 # Every path segment a page builds (queue names and task ids may hold "/" or be "..").
 templates.env.filters["seg"] = quote_segment

@@ -21,6 +21,7 @@ from asyncq import (
 )
 from asyncq._duration import format_short
 from asyncq._http import json_depth
+from asyncq._time import iso
 
 __all__ = [
     "Body",
@@ -28,7 +29,6 @@ __all__ = [
     "daily_dict",
     "event_dict",
     "group_dict",
-    "iso",
     "queue_dict",
     "relative",
     "scheduler_dict",
@@ -90,13 +90,6 @@ def body(data: bytes | None, *, hex_limit: int = 4096) -> Body:
     if len(data) > hex_limit:
         lines.append(f"… {len(data) - hex_limit} more bytes")
     return Body("hex", "\n".join(lines), len(data))
-
-
-def iso(value: datetime | None) -> str | None:
-    """ISO 8601 in UTC, or None."""
-    if value is None:
-        return None
-    return value.astimezone(UTC).isoformat()
 
 
 def stamp(value: datetime | None) -> str:

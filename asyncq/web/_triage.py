@@ -10,8 +10,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-import asyncq.web._render as r
 from asyncq import ErrorGroup, ErrorReport, Inspector
+from asyncq._time import iso
 from asyncq.web._api import _inspector, _int, _json
 from asyncq.web._errors import error_body
 from asyncq.web._pages import render
@@ -52,8 +52,8 @@ def group_dict(g: ErrorGroup) -> dict[str, Any]:
         "signature": g.signature,
         "example": g.example,
         "count": g.count,
-        "first_seen": r.iso(g.first_seen),
-        "last_seen": r.iso(g.last_seen),
+        "first_seen": iso(g.first_seen),
+        "last_seen": iso(g.last_seen),
         "task_types": g.task_types,
         "queues": g.queues,
         "states": g.states,

@@ -89,3 +89,16 @@ async def test_ls_inspect_signal_and_cancel(redis_url: str, worker: Server) -> N
     ):
         code, out, err = await cli(redis_url, "durable", *args)
         assert code != 0 and said in err and "Traceback" not in err, (args, err)
+
+
+async def test_a_run_not_attempted_yet_is_listed_inspected_and_cancelled(
+    redis_url: str, app: None
+) -> None:
+    handle = await d.chain3.start(4)  # no worker: it waits for its first attempt
+    code, out, _ = await cli(redis_url, "durable", "ls", "-q", Q, "--json")
+    assert code == 0
+    assert [(r["id"], r["state"]) for r in json.loads(out)["runs"]] == [(handle.id, "pending")]
+    code, out, _ = await cli(redis_url, "durable", "inspect", handle.id, "-q", Q)
+    assert code == 0 and "State:      pending" in out and "Function:   d:chain" in out
+    code, out, _ = await cli(redis_url, "durable", "cancel", handle.id, "-q", Q)
+    assert (code, out.strip()) == (0, f"Durable run {handle.id} cancelled")

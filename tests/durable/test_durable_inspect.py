@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from asyncq import DurableRunNotFoundError, Inspector, QueueNotFoundError, Server, TaskState
 from asyncq import _keys as keys
 from asyncq._broker._base import ARCHIVE_MAX_SIZE, ARCHIVED_EXPIRATION
+from asyncq._broker.durable import PENDING_RUN_KEPT
 from asyncq._broker.durable_cancel import CANCELED_ERROR, cancel_run
 from asyncq._inspection.durable_runs import run_state
 from asyncq.errors import BrokerError
@@ -94,6 +95,66 @@ async def test_runs_are_listed_and_inspected(insp: Inspector, worker: Server) ->
     assert await insp.signal(Q, "go", key="nobody") == 0  # kept for the first wait
 
 
+async def test_a_run_not_attempted_yet_is_listed_and_inspected_as_pending(
+    insp: Inspector, redis: Redis, app: None
+) -> None:
+    handle = await d.chain3.start(4)  # no worker: it waits for its first attempt
+    info = await insp.get_durable_run(Q, handle.id)
+    assert (info.state, info.type, info.task_state) == ("pending", "d:chain", "pending")
+    assert (info.entries, info.waiting_for, info.updated, info.last_error) == ([], None, None, None)
+    page = await insp.durable_runs(Q)
+    assert [(r.id, r.state, r.entries) for r in page.runs] == [(handle.id, "pending", 0)]
+    # its record keeps nothing but its state, and is dropped if no attempt ever writes it
+    run = keys.run_key(Q, handle.id)
+    assert await redis.hgetall(run) == {b"state": b"pending"}
+    assert PENDING_RUN_KEPT - 5 <= await redis.ttl(run) <= PENDING_RUN_KEPT
+    # to Go's CLI it is an ordinary pending task
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [handle.id.encode()]
+    assert await redis.hget(keys.task_key(Q, handle.id), "state") == b"pending"
+    assert Q.encode() in await redis.smembers(keys.ALL_QUEUES)
+
+
+async def test_a_pending_run_runs_as_started_and_keeps_its_record(
+    insp: Inspector, redis: Redis, app: None
+) -> None:
+    handle = await d.chain3.start(4)
+    server = await d.start_worker()
+    try:
+        assert await handle.result(timeout=20) == 55
+    finally:
+        await server.shutdown()
+    info = await insp.get_durable_run(Q, handle.id)
+    assert (info.state, info.steps_done) == ("completed", 3)
+
+
+async def test_a_run_whose_task_was_deleted_before_its_first_attempt_is_gone(
+    insp: Inspector, redis: Redis, app: None
+) -> None:
+    handle = await d.chain3.start(4)
+    kept = await d.chain3.start(5)
+    await insp.delete_task(Q, handle.id)  # as `asynq task delete` does: the record stays
+    with pytest.raises(DurableRunNotFoundError):
+        await insp.get_durable_run(Q, handle.id)
+    with pytest.raises(DurableRunNotFoundError):
+        await insp.cancel_durable_run(Q, handle.id)
+    assert [r.id for r in (await insp.durable_runs(Q)).runs] == [kept.id]
+    assert await redis.ttl(keys.run_key(Q, handle.id)) > 0  # Redis drops it in time
+
+
+async def test_cancelling_a_run_not_attempted_yet_archives_it(
+    insp: Inspector, redis: Redis, app: None
+) -> None:
+    handle = await d.chain3.start(4)
+    assert await insp.cancel_durable_run(Q, handle.id) == "pending"
+    info = await insp.get_durable_run(Q, handle.id)
+    assert (info.state, info.task_state, info.last_error) == (
+        "cancelled", "archived", CANCELED_ERROR,
+    )  # fmt: skip
+    assert await redis.llen(keys.pending_key(Q)) == 0
+    assert await redis.ttl(keys.run_key(Q, handle.id)) >= ARCHIVED_EXPIRATION - 5
+    assert await insp.cancel_durable_run(Q, handle.id) == "cancelled"
+
+
 async def test_cancelling_a_waiting_run_archives_it_and_keeps_its_record(
     redis: Redis, insp: Inspector, worker: Server
 ) -> None:
@@ -130,6 +191,23 @@ async def test_cancelling_a_running_run_stops_its_attempt(
     info = await insp.get_task(Q, handle.id)
     assert info.state is TaskState.ARCHIVED
     assert (await insp.get_durable_run(Q, handle.id)).entries[0].result == b"3"
+
+
+async def test_cancelling_a_run_in_its_first_attempt_stops_it(
+    redis: Redis, insp: Inspector, worker: Server
+) -> None:
+    d.hold["gate"] = asyncio.Event()
+    handle = await d.held_first.start()
+    await wait_until(lambda: redis.hexists(d.CALLS, "held"), what="the attempt holds")
+    assert await redis.hget(keys.run_key(Q, handle.id), "state") == b"pending"
+    assert (await insp.get_durable_run(Q, handle.id)).state == "running"
+    assert await insp.cancel_durable_run(Q, handle.id) == "running"
+
+    async def cancelled() -> bool:
+        return (await insp.get_durable_run(Q, handle.id)).state == "cancelled"
+
+    await wait_until(cancelled, what="the stopped attempt archived")
+    assert (await insp.get_task(Q, handle.id)).state is TaskState.ARCHIVED
 
 
 async def test_hostile_names_get_clear_errors(insp: Inspector, client: object) -> None:
@@ -187,6 +265,10 @@ async def test_the_cancel_script_changes_nothing_on_a_damaged_key_or_a_moved_tas
         ("waiting", TaskState.ARCHIVED, "failed"),  # archived by hand
         ("running", TaskState.RETRY, "running"),
         (None, TaskState.COMPLETED, "completed"),
+        ("pending", TaskState.PENDING, "pending"),  # started, not attempted yet
+        ("pending", TaskState.RETRY, "pending"),  # its first attempt's worker died
+        ("pending", TaskState.ACTIVE, "running"),  # its first attempt runs
+        ("pending", TaskState.ARCHIVED, "failed"),
     ],
 )
 def test_a_runs_state_from_its_record_and_its_task(

@@ -18,6 +18,7 @@ from asyncq._broker import Broker
 from asyncq._broker._base import ARCHIVED_EXPIRATION
 from asyncq._broker.durable import (
     FAR_FUTURE,
+    PENDING_RUN_KEPT,
     RUN_HEADER,
     RUN_QUEUE_HEADER,
     STEP_HEADER,
@@ -29,12 +30,13 @@ from asyncq._broker.durable import (
     record_wait,
     send_signal,
     settle_run,
+    start_run,
     suspend_run,
 )
 from asyncq._codec import decode_task_message
 from asyncq._redis.options import RedisClientOpts, parse_redis_uri
 from asyncq._redis.transport import FastConnection
-from asyncq.errors import BrokerError, TaskNotFoundError
+from asyncq.errors import BrokerError, TaskIdConflictError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests.support import transitions
 
@@ -700,3 +702,79 @@ async def test_settling_writes_every_new_record_keeps_recorded_ones_and_sets_the
     await settle_run(redis, Q, "r1", "failed", records={}, expire_in=1)
     assert await redis.hget(record, "state") == b"failed"
     assert 0 < await redis.pttl(record) <= 1000
+
+
+def run_message(run_id: str = "r1") -> TaskMessage:
+    return TaskMessage(type="run", payload=b"{}", id=run_id, queue=Q, retry=3, retention=60)
+
+
+async def test_a_start_writes_the_run_task_and_its_pending_record_together(
+    redis: Redis,
+) -> None:
+    broker = Broker(redis)
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.wakeup_channel(Q))
+    assert await pubsub.get_message(timeout=1) is not None  # the subscription
+    await redis.rpush(keys.pending_key(Q), "older")
+    await start_run(broker, run_message())
+    note = await pubsub.get_message(timeout=1)  # idle workers are told, queue or not empty
+    assert note is not None and note["data"] == Q.encode()
+    await pubsub.aclose()
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1", b"older"]
+    task = await redis.hgetall(keys.task_key(Q, "r1"))
+    assert decode_task_message(task[b"msg"]) == run_message()
+    assert task[b"state"] == b"pending" and int(task[b"pending_since"]) > 0
+    record = keys.run_key(Q, "r1")
+    assert await redis.hgetall(record) == {b"state": b"pending"}
+    assert PENDING_RUN_KEPT - 5 <= await redis.ttl(record) <= PENDING_RUN_KEPT
+    assert await redis.smembers(keys.ALL_QUEUES) == {Q.encode()}
+
+
+@pytest.mark.parametrize("existing", ["task", "record"])
+async def test_a_start_refuses_an_id_in_use_writing_nothing(redis: Redis, existing: str) -> None:
+    key = keys.task_key(Q, "r1") if existing == "task" else keys.run_key(Q, "r1")
+    await redis.hset(key, "state", "waiting")
+    before = await dump_all(redis)
+    with pytest.raises(TaskIdConflictError):
+        await start_run(Broker(redis), run_message())
+    assert await dump_all(redis) == before
+
+
+@pytest.mark.parametrize("damaged", ["pending", "queues"])
+async def test_a_start_checks_its_keys_before_its_first_write(redis: Redis, damaged: str) -> None:
+    await redis.set(keys.pending_key(Q) if damaged == "pending" else keys.ALL_QUEUES, "x")
+    before = await dump_all(redis)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await start_run(Broker(redis), run_message())
+    assert await dump_all(redis) == before
+
+
+async def test_the_first_suspension_of_a_started_run_keeps_its_record(
+    redis: Redis,
+) -> None:
+    broker = Broker(redis)
+    await start_run(broker, run_message())
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None
+    plan = SuspendPlan("sleep", records={"s:0": b"sleep", "d:0": b"99"}, until=99.0)
+    assert await suspend_run(broker, got.message, plan) == "parked"
+    record = keys.run_key(Q, "r1")
+    assert await redis.hget(record, "state") == b"waiting"
+    assert await redis.ttl(record) == -1
+
+
+async def test_a_retried_first_attempt_keeps_its_record(redis: Redis) -> None:
+    await start_run(Broker(redis), run_message())
+    record = keys.run_key(Q, "r1")
+    await settle_run(redis, Q, "r1", "running", records={"s:0": b"now"}, expire_in=0)
+    assert await redis.hgetall(record) == {b"state": b"running", b"s:0": b"now"}
+    assert await redis.ttl(record) == -1
+
+
+async def test_a_start_on_a_cluster_registers_its_queue_apart(redis: Redis) -> None:
+    broker = Broker(redis)
+    broker.on_cluster = True  # asynq:queues is in another slot: not one of the script's keys
+    await start_run(broker, run_message())
+    assert await redis.smembers(keys.ALL_QUEUES) == {Q.encode()}
+    assert await redis.hgetall(keys.run_key(Q, "r1")) == {b"state": b"pending"}
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]

@@ -174,10 +174,10 @@ STATE_TRANSITIONS = (
     "inspect_delete_task", "inspect_archive_task", "ack_queues", "archive_undecodable",
     "workflow_start", "workflow_advance", "workflow_done", "workflow_member_gone",
     "workflow_cancel", "durable_suspend", "durable_step_done", "durable_signal",
-    "durable_record", "inspect_run_all", "inspect_run_all_aggregating", "inspect_archive_all",
-    "inspect_archive_all_pending", "inspect_archive_all_aggregating", "inspect_delete_all",
-    "inspect_delete_all_pending", "inspect_delete_all_aggregating", "inspect_remove_queue",
-    "inspect_error_group_action",
+    "durable_record", "durable_start", "inspect_run_all", "inspect_run_all_aggregating",
+    "inspect_archive_all", "inspect_archive_all_pending", "inspect_archive_all_aggregating",
+    "inspect_delete_all", "inspect_delete_all_pending", "inspect_delete_all_aggregating",
+    "inspect_remove_queue", "inspect_error_group_action",
 )  # fmt: skip
 
 

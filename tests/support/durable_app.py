@@ -192,3 +192,9 @@ async def held() -> int:
 async def held_run(run: Run) -> int:
     await run.step(add, 1, 2)
     return await run.call(held)
+
+
+@app.durable(name="d:held-first", queue=QUEUE)
+async def held_first(run: Run) -> int:
+    """Held in its first attempt: its record still says pending (as its start wrote it)."""
+    return await run.call(held)

@@ -136,3 +136,26 @@ async def test_hostile_queue_and_run_id_are_escaped_and_routed(
     # a run id with a brace is refused with a clear error, not looked up
     brace = await http.get(f"/api/queues/{quote_segment(ODD_QUEUE)}/durable/a%7Db")
     assert brace.status_code == 400 and "run ID 'a}b' holds" in brace.json()["error"]["message"]
+
+
+async def test_a_run_not_attempted_yet_is_shown_pending_and_can_be_cancelled(
+    http: httpx.AsyncClient, redis_url: str
+) -> None:
+    d.app.redis = redis_url
+    try:
+        handle = await d.chain3.start(4)  # no worker: it waits for its first attempt
+    finally:
+        await d.app.aclose()
+    data = (await http.get(f"/api/queues/{Q}/durable/{handle.id}")).json()
+    assert (data["state"], data["task_state"], data["entries"]) == ("pending", "pending", [])
+    listed = (await http.get("/api/durable", params={"queue": Q})).json()
+    assert [(r["id"], r["state"]) for r in listed["runs"]] == [(handle.id, "pending")]
+    runs_page = await http.get("/durable")
+    assert f"/queues/{Q}/durable/{handle.id}" in runs_page.text
+    page = await http.get(f"/queues/{Q}/durable/{handle.id}")
+    assert 'id="run-state">pending<' in page.text and "No entries recorded yet." in page.text
+    assert "Cancel run" in page.text
+    cancelled = await http.post(f"/api/queues/{Q}/durable/{handle.id}/cancel", headers=H)
+    assert cancelled.json()["previous_state"] == "pending"
+    assert cancelled.json()["message"] == "Run cancelled"
+    assert (await http.get(f"/api/queues/{Q}/durable/{handle.id}")).json()["state"] == "cancelled"

@@ -1,7 +1,9 @@
 -- include: guard
 -- asyncq durable functions: write what an attempt of a run decided when it ends
 -- without suspending (it returned, or raised): the values it recorded (unless already
--- there), the run's state, and the record's expiry once the run has ended.
+-- there), the run's state, and the record's expiry once the run has ended. A run that
+-- goes on (its attempt raised and it is retried) keeps its record for good: the expiry
+-- a record has until its first attempt (durable_start.lua) is removed.
 -- KEYS[1] the run's record
 -- ARGV[1] state   ARGV[2] expiry (seconds; 0: none)   ARGV[3] F, then F field/value pairs
 local problem = bad(KEYS[1], "hash")
@@ -14,5 +16,7 @@ end
 redis.call("HSET", KEYS[1], "state", ARGV[1])
 if tonumber(ARGV[2]) > 0 then
     redis.call("EXPIRE", KEYS[1], ARGV[2])
+else
+    redis.call("PERSIST", KEYS[1])
 end
 return 1

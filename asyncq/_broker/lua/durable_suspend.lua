@@ -60,8 +60,8 @@ for _, r in ipairs(records) do
     redis.call("HSETNX", run, r[1], r[2])
 end
 -- whether each entry asked for (its steps, what it waits for) is recorded (a result
--- or a failure), and what an earlier suspension waited for: read in one HMGET (in
--- slices of 500 entries for a large gather)
+-- or a failure), what an earlier suspension waited for and the run's state: read in
+-- one HMGET (in slices of 500 entries for a large gather)
 local asked, seen, listed = {}, {}, {}
 local function ask(i)
     if not listed[i] then  -- an entry both enqueued and waited for is read once
@@ -75,9 +75,9 @@ end
 for _, i in ipairs(waits) do
     ask(i)
 end
-local old
+local old, state
 for first = 1, math.max(#asked, 1), 500 do
-    local fields = first == 1 and {"wait"} or {}
+    local fields = first == 1 and {"wait", "state"} or {}
     for n = first, math.min(first + 499, #asked) do
         fields[#fields + 1] = "r:" .. asked[n]
         fields[#fields + 1] = "e:" .. asked[n]
@@ -85,12 +85,18 @@ for first = 1, math.max(#asked, 1), 500 do
     local got = redis.call("HMGET", run, unpack(fields))
     local at = 1
     if first == 1 then
-        old, at = got[1], 2
+        old, state, at = got[1], got[2], 3
     end
     for n = first, math.min(first + 499, #asked) do
         seen[asked[n]] = (got[at] or got[at + 1]) and true or false
         at = at + 2
     end
+end
+-- A run that waits keeps its record for good. Only a record that is not running or
+-- waiting can have an expiry: a run's first attempt (durable_start.lua gave its record
+-- one), a run cancelled while its attempt ran, an ended run run again by hand.
+if state ~= "running" and state ~= "waiting" then
+    redis.call("PERSIST", run)
 end
 -- what an earlier suspension waited for is replaced by what this one waits for
 if old then
