@@ -42,7 +42,7 @@ import pydantic_core
 from typing_extensions import Unpack
 
 from asyncq import _keys as keys
-from asyncq._broker.durable import read_run, send_signal
+from asyncq._broker.durable import RunSuspended, SuspendPlan, read_run, send_signal
 from asyncq._broker.workflow import read_workflow
 from asyncq._duration import go_duration, wait_seconds
 from asyncq._logging import get_logger
@@ -70,7 +70,14 @@ from asyncq._worker.config import (
 )
 from asyncq._worker.result_writer import TaskResultWriter
 from asyncq._worker.server import Server
-from asyncq.durable import FAILED_RUN_KEPT, MIN_RUN_KEPT, Run
+from asyncq.durable import (
+    FAILED_RUN_KEPT,
+    MIN_RUN_KEPT,
+    ParkedRuns,
+    Run,
+    discard,
+    drive,
+)
 from asyncq.errors import AmbiguousIdError, SkipRetry, TaskNotFoundError, wraps_error
 from asyncq.hooks import WorkerHooks
 from asyncq.lifespan import Lifespan, lifespan_state, state_var
@@ -618,6 +625,7 @@ class DurableFunction(TypedTask[P, R]):
         self.function = fn
         """The durable function itself (its first parameter the :class:`~asyncq.Run`)."""
         super().__init__(app, _without_run(fn), name, defaults)
+        self._parked = ParkedRuns()
 
     async def start(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Start a run with these arguments (checked and encoded as a task's) and return
@@ -642,8 +650,9 @@ class DurableFunction(TypedTask[P, R]):
         )
 
     async def serve(self, task: Task) -> None:
-        """The ServeMux handler: replay the function against the run's record; record its
-        end and store its JSON result, or suspend the attempt (RunSuspended)."""
+        """The ServeMux handler: replay the function against the run's record (or resume
+        its coroutine parked on this worker, :class:`~asyncq.durable.ParkedRuns`); record
+        its end and store its JSON result, or suspend the attempt (RunSuspended)."""
         try:
             arguments = self._args.decode(task.payload)
         except TaskArgumentError as exc:
@@ -653,16 +662,32 @@ class DurableFunction(TypedTask[P, R]):
             raise RuntimeError(f"durable function {self.name} runs on a worker, as a task")
         broker = self.app.client.broker
         redis = broker.fast or broker.redis  # the pipelined connection, when there is one
-        run = Run(run_id, qname, await read_run(redis, qname, run_id) or {}, redis=redis)
+        record = await read_run(redis, qname, run_id) or {}
+        parked = self._parked.take(run_id)
+        if parked is not None and parked.run._resumes_from(record):
+            run, coro = parked.run, parked.coro
+            run._resume(record)
+        else:
+            if parked is not None:  # its record moved on without it: replay instead
+                await discard(parked.coro)
+            run = Run(run_id, qname, record, redis=redis)
+            coro = self._args.call(functools.partial(self.function, run), arguments)
         token = _current_task.set(task)
+        run._driver = asyncio.current_task()
         try:
-            value = await self._args.call(functools.partial(self.function, run), arguments)
+            ended = await drive(coro)
         except Exception as exc:
             final = task.retry_count >= (task.max_retry or 0) or wraps_error(exc, SkipRetry)
             await run._settle("failed" if final else "running", FAILED_RUN_KEPT if final else 0)
             raise
         finally:
+            run._driver = None
             _current_task.reset(token)
+        if isinstance(ended, SuspendPlan):  # waits for steps: kept for its next attempt
+            for old in self._parked.keep(run, coro):
+                await discard(old.coro)
+            raise RunSuspended(ended)
+        value = ended.value
         try:
             data = self._results.encode(value)
         except TaskResultError as exc:

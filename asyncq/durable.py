@@ -21,11 +21,13 @@ docs/durable.md.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Generator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
@@ -160,6 +162,141 @@ class StepCall(Generic[R]):
         return f"<StepCall {self.index} {self.message.type!r} of run {self.run.id}>"
 
 
+_ENTRY_FIELDS = frozenset(("s:", "r:", "e:", "d:"))
+"""The prefixes of a record's entry fields (see :func:`asyncq._keys.run_key`)."""
+
+
+class _Park:
+    """Awaited by a run waiting for steps: yields itself, with the attempt's plan, up to
+    :func:`drive`, which ends the attempt there and keeps the coroutine."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: SuspendPlan) -> None:
+        self.plan = plan
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield self
+
+
+class _Pass:
+    """Passes what the driven coroutine yielded (a future, or None) on to the task driving
+    it, and what the task answers back."""
+
+    __slots__ = ("yielded",)
+
+    def __init__(self, yielded: object) -> None:
+        self.yielded = yielded
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return (yield self.yielded)
+
+
+@dataclass(frozen=True, slots=True)
+class Finished(Generic[R]):
+    """What the driven function returned."""
+
+    value: R
+
+
+async def drive(
+    coro: Coroutine[Any, Any, R], *, throw: BaseException | None = None
+) -> Finished[R] | SuspendPlan:
+    """Run a durable function's *coro* in this task until it returns (:class:`Finished`)
+    or parks waiting for steps (the plan its attempt ends on; *coro* may be driven
+    again by a later attempt, which the :class:`Run` resumes first).
+
+    Everything else the coroutine awaits passes through: its futures are this task's
+    to wait on, and what this task is thrown (a cancellation) is thrown into the
+    coroutine, so it runs as if awaited here. *throw*: thrown in first.
+    """
+    sent: Any = None
+    thrown = throw
+    while True:
+        try:
+            yielded = coro.send(sent) if thrown is None else coro.throw(thrown)
+        except StopIteration as stop:
+            return Finished(stop.value)
+        sent = thrown = None
+        if isinstance(yielded, _Park):
+            return yielded.plan
+        try:
+            sent = await _Pass(yielded)
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # the coroutine's to handle, as if awaited here
+            thrown = exc
+
+
+PARKED_LIMIT = 1024
+"""Parked coroutines a durable function keeps on a worker at most (the oldest go first)."""
+PARKED_SECONDS = 300.0
+"""How long a parked coroutine is kept: its steps finished on another worker (the run
+went on there) or have not finished yet."""
+
+
+@dataclass(slots=True)
+class Parked:
+    """A run's coroutine kept between two attempts on this worker."""
+
+    run: Run
+    coro: Coroutine[Any, Any, Any]
+    since: float
+
+
+class ParkedRuns:
+    """A durable function's parked coroutines on this worker, by run id.
+
+    A run that waits for steps ends its attempt as any suspension does (written to
+    Redis: the record is the truth), but its coroutine is kept here: when its step's
+    success wakes it on this worker (it continues in the step's slot), the next
+    attempt resumes the coroutine where it waited instead of replaying the function
+    from the top. An attempt that finds no coroutine, or one whose record moved on
+    without it, replays.
+    """
+
+    __slots__ = ("_clock", "_runs")
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._runs: dict[str, Parked] = {}  # in the order they were parked
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def take(self, run_id: str) -> Parked | None:
+        return self._runs.pop(run_id, None)
+
+    def keep(self, run: Run, coro: Coroutine[Any, Any, Any]) -> list[Parked]:
+        """Park *coro*; returns those it pushes out (too many, or too old) to discard."""
+        now = self._clock()
+        runs = self._runs
+        runs[run.id] = Parked(run, coro, now)
+        out: list[Parked] = []
+        for parked in runs.values():
+            if len(runs) - len(out) <= PARKED_LIMIT and now - parked.since < PARKED_SECONDS:
+                break
+            out.append(parked)
+        for parked in out:
+            del runs[parked.run.id]
+        return out
+
+
+async def discard(coro: Coroutine[Any, Any, Any]) -> None:
+    """End a parked coroutine as a suspension ends an attempt's: RunSuspended is raised
+    where it waits, so its ``finally`` blocks and ``async with`` exits run (driven
+    here). Whatever it raises then is dropped; one that parks again is closed."""
+    try:
+        ended = await drive(coro, throw=RunSuspended(SuspendPlan("steps")))
+    except Exception:  # the run replays from its record: nothing is lost
+        return
+    except RunSuspended:
+        return
+    if isinstance(ended, SuspendPlan):
+        coro.close()
+
+
 class Run:
     """A durable run, as its function sees it (the function's first argument).
 
@@ -187,12 +324,33 @@ class Run:
         self._redis = redis
         self._clock = clock
         self._codecs: dict[Callable[..., Any], ResultCodec] = {}
+        self._driver: asyncio.Task[Any] | None = None
+        """The task driving the function's coroutine (:func:`drive`), where a wait for
+        steps may park it instead of ending it."""
 
     # -- the record ---------------------------------------------------------------------
 
     def _field(self, name: str) -> bytes | None:
         got = self._record.get(name)
         return got if got is not None else self._writes.get(name)
+
+    def _resumes_from(self, record: Mapping[str, bytes]) -> bool:
+        """Whether the coroutine parked on this run may go on against *record*: every
+        entry it knows (signature, result, failure, deadline; written once, never
+        changed) is there as it knows it, and no entry after the last it reached (no other
+        attempt went further)."""
+        if f"s:{self._next}" in record:
+            return False
+        for known in (self._record, self._writes):
+            for name, value in known.items():
+                if name[:2] in _ENTRY_FIELDS and record.get(name) != value:
+                    return False
+        return True
+
+    def _resume(self, record: Mapping[str, bytes]) -> None:
+        """Go on from where the coroutine parked, against *record* (its writes are in it)."""
+        self._record = dict(record)
+        self._writes = {}
 
     def _entry(self, signature: str) -> int:
         """The next entry's index, its *signature* checked against the record's."""
@@ -244,20 +402,24 @@ class Run:
         When one failed, the first failure (in the order given) is raised once all are
         recorded.
         """
-        missing = [
-            s for s in steps if self._field(f"r:{s.index}") is None
-            and self._field(f"e:{s.index}") is None
-        ]  # fmt: skip
-        if missing:
-            raise RunSuspended(
-                SuspendPlan(
-                    "steps",
-                    records=self._writes,
-                    steps=[(s.index, s.message) for s in missing],
-                    waits=[s.index for s in missing],
-                )
+        while True:
+            missing = [
+                s for s in steps if self._field(f"r:{s.index}") is None
+                and self._field(f"e:{s.index}") is None
+            ]  # fmt: skip
+            if not missing:
+                return [s._outcome() for s in steps]
+            plan = SuspendPlan(
+                "steps",
+                records=self._writes,
+                steps=[(s.index, s.message) for s in missing],
+                waits=[s.index for s in missing],
             )
-        return [s._outcome() for s in steps]
+            if self._driver is None or asyncio.current_task() is not self._driver:
+                raise RunSuspended(plan)  # awaited in a task of its own (a TaskGroup's)
+            # The attempt ends on the plan; a later attempt on this worker resumes here
+            # with the record its steps completed (see drive()), or replays from the top.
+            await _Park(plan)
 
     # -- local values -------------------------------------------------------------------
 

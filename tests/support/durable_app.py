@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable
 from datetime import timedelta
 
 from redis.asyncio import Redis
@@ -198,3 +199,47 @@ async def held_run(run: Run) -> int:
 async def held_first(run: Run) -> int:
     """Held in its first attempt: its record still says pending (as its start wrote it)."""
     return await run.call(held)
+
+
+entered: list[str] = []
+"""Run ids of :func:`counted`, once each time its function is entered from the top (a
+first attempt or a replay; not an attempt that resumes its parked coroutine)."""
+unwound: list[str] = []
+"""Run ids of :func:`counted`, once each time its function is left while waiting (its
+``finally``, run when a suspension unwinds it or its parked coroutine is discarded)."""
+gate = {"open": asyncio.Event()}
+"""Opened by the test: :func:`gated` (a step of :func:`counted`) waits for it."""
+
+
+@app.task(name="d:gated", queue=QUEUE)
+async def gated(n: int) -> int:
+    await gate["open"].wait()
+    return n + 100
+
+
+@app.durable(name="d:counted", queue=QUEUE)
+async def counted(run: Run, n: int, first_gated: bool) -> int:
+    entered.append(run.id)
+    try:
+        if first_gated:
+            n = await run.step(gated, n)
+        for _ in range(3):
+            n = await run.step(add, n, 1)
+    except BaseException:
+        unwound.append(run.id)
+        await asyncio.sleep(0)  # an async exit, as an `async with` spanning steps has
+        raise
+    return n
+
+
+async def _awaited(step: Awaitable[int]) -> int:
+    return await step
+
+
+@app.durable(name="d:grouped", queue=QUEUE)
+async def grouped(run: Run, n: int) -> list[int]:
+    """Steps awaited in tasks of their own (a TaskGroup's): each raises its suspension."""
+    async with asyncio.TaskGroup() as tg:
+        a = tg.create_task(_awaited(run.step(add, n, 1)))
+        b = tg.create_task(_awaited(run.step(mul, n, 2)))
+    return [a.result(), b.result()]
