@@ -42,7 +42,13 @@ import pydantic_core
 from typing_extensions import Unpack
 
 from asyncq import _keys as keys
-from asyncq._broker.durable import RunSuspended, SuspendPlan, read_run, send_signal
+from asyncq._broker.durable import (
+    RunSuspended,
+    SuspendPlan,
+    is_durable_step,
+    read_run,
+    send_signal,
+)
 from asyncq._broker.workflow import read_workflow
 from asyncq._duration import go_duration, wait_seconds
 from asyncq._logging import get_logger
@@ -510,8 +516,12 @@ class TypedTask(TaskCall[P, R]):
         finally:
             _current_task.reset(token)
         message = task._message
-        if task.result_writer is None or (message is not None and message.retention <= 0):
-            return  # nobody can read a result that is deleted at once
+        if task.result_writer is None or (
+            message is not None and message.retention <= 0 and not is_durable_step(message)
+        ):
+            # Nobody can read a result deleted at once; but a durable run's step's result
+            # is read by its acknowledgement, which records it in the run.
+            return
         try:
             data = self._results.encode(value)
         except TaskResultError as exc:
@@ -696,7 +706,8 @@ class DurableFunction(TypedTask[P, R]):
         message = task._message
         retention = message.retention if message is not None else 0
         await run._settle("succeeded", max(retention, MIN_RUN_KEPT))
-        if task.result_writer is not None and retention > 0:
+        child = message is not None and is_durable_step(message)  # its parent records it
+        if task.result_writer is not None and (retention > 0 or child):
             await task.result_writer.write(data)
 
     def __repr__(self) -> str:

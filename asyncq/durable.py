@@ -67,9 +67,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
-MIN_STEP_RETENTION = timedelta(minutes=1)
-"""A step without a retention gets this one: a typed task writes its result only when it
-has a retention, and the step's acknowledgement copies that result into the run's record."""
 
 MIN_RUN_KEPT = 60
 """Seconds a succeeded run's record is kept at least (its retention when longer): an
@@ -140,9 +137,9 @@ class StepCall(Generic[R]):
                 f"step {self._task.type!r} of a durable function must run at once (no "
                 "process_at, process_in, group or unique); wait with run.sleep() instead"
             )
-        message = composed.message
-        message.retention = max(message.retention, int(MIN_STEP_RETENTION.total_seconds()))
-        return message
+        # Without a retention of its own the step is deleted when acknowledged: its result
+        # (written by its handler all the same) lives on in the run's record.
+        return composed.message
 
     def _outcome(self) -> R:
         """The recorded result, or the recorded failure raised."""
