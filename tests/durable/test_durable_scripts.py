@@ -778,3 +778,19 @@ async def test_a_start_on_a_cluster_registers_its_queue_apart(redis: Redis) -> N
     assert await redis.smembers(keys.ALL_QUEUES) == {Q.encode()}
     assert await redis.hgetall(keys.run_key(Q, "r1")) == {b"state": b"pending"}
     assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]
+
+
+async def test_a_step_asked_for_twice_in_one_suspension_is_enqueued_once(
+    redis: Redis, client: Client
+) -> None:
+    # run.gather(s, s): the same step twice in the plan
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    twice = SuspendPlan("steps", steps=[(0, step_message(0)), (0, step_message(0))], waits=[0, 0])
+    assert await suspend_run(broker, run, twice) == "parked"
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1-0"]
+    assert await redis.hget(keys.run_key(Q, "r1"), "missing") == b"1"
+    # so its one acknowledgement wakes the run (counted twice, the run would wait forever)
+    step = await transitions.dequeue(broker, [Q])
+    assert step is not None and step.message.id == "r1-0"
+    assert await ack_step(broker, step.message, "done") == "woken"

@@ -40,9 +40,13 @@ a = a + 1
 local steps = {}
 for _ = 1, tonumber(ARGV[a]) do
     local q, id = ARGV[a + 1], ARGV[a + 2]
-    steps[#steps + 1] = {q = q, id = id, index = ARGV[a + 3], msg = ARGV[a + 4]}
+    local step = {q = q, id = id, index = ARGV[a + 3], msg = ARGV[a + 4]}
+    steps[#steps + 1] = step
     local pending = "asynq:{" .. q .. "}:pending"
-    problem = problem or bad("asynq:{" .. q .. "}:t:" .. id, "hash")
+    if not problem then
+        -- whether the step's task is there already (enqueued by an earlier attempt)
+        problem, step.there = typed("asynq:{" .. q .. "}:t:" .. id, "hash")
+    end
     if not checked[pending] then
         checked[pending] = true
         problem = problem or bad(pending, "list")
@@ -105,12 +109,14 @@ if old then
     end
     redis.call("HDEL", run, "wait", "missing")
 end
-local pushed = {}
+local pushed, made = {}, {}
 for _, s in ipairs(steps) do
     local tkey = "asynq:{" .. s.q .. "}:t:" .. s.id
     -- a step recorded or already enqueued (by an attempt that crashed after this
-    -- script) is not enqueued again: its task id is derived from the run's
-    if not seen[s.index] and redis.call("EXISTS", tkey) == 0 then
+    -- script, or earlier in this one: a step asked for twice) is not enqueued again:
+    -- its task id is derived from the run's
+    if not seen[s.index] and not s.there and not made[tkey] then
+        made[tkey] = true
         redis.call("HSET", tkey, "msg", s.msg, "state", "pending", "pending_since", ARGV[4])
         redis.call("LPUSH", "asynq:{" .. s.q .. "}:pending", s.id)
         pushed[s.q] = true
@@ -122,9 +128,10 @@ end
 local ready = false
 local wait_fields = {}
 if mode == "steps" then
-    local missing, fields = {}, {}
+    local missing, fields, counted = {}, {}, {}
     for _, i in ipairs(waits) do
-        if not seen[i] then
+        if not seen[i] and not counted[i] then  -- a step awaited twice is one to wait for
+            counted[i] = true
             missing[#missing + 1] = i
             fields[#fields + 1] = "w:" .. i
             fields[#fields + 1] = "1"
