@@ -219,7 +219,8 @@ class ProcessingTransitions(BrokerBase):
             replies = await self._ack_calls(planned, now, int(expiry))
             for call, reply in zip(planned, replies, strict=True):
                 ack_results(results, items, call.qk.name, call.indices, reply)
-                if not isinstance(reply, Exception):
+                kinds = call.args[4]  # a run continues here only from an h or H
+                if ("h" in kinds or "H" in kinds) and not isinstance(reply, Exception):
                     await self._runs_continued(results, items, call.indices, reply, expiry)
         for i in strays:
             msg, complete = items[i]
