@@ -189,9 +189,12 @@ class Broker(
         """Acknowledge a durable run's step and record it in the run atomically."""
         return await ack_durable_step(self, msg, mode, err_msg)
 
-    async def suspend_run(self, msg: TaskMessage, plan: SuspendPlan) -> str:
-        """End a durable run's attempt as *plan* says, atomically."""
-        return await suspend_durable_run(self, msg, plan)
+    async def suspend_run(
+        self, msg: TaskMessage, plan: SuspendPlan, *, step_here: float | None = None
+    ) -> str:
+        """End a durable run's attempt as *plan* says, atomically (*step_here*: see
+        :func:`~asyncq._broker.durable.suspend_run`)."""
+        return await suspend_durable_run(self, msg, plan, step_here=step_here)
 
     async def all_queues(self) -> set[str]:
         """The names in ``asynq:queues``."""

@@ -173,8 +173,15 @@ async def start_run(broker: BrokerBase, msg: TaskMessage) -> None:
         raise conflict_error(qk.name, tid)
 
 
-async def suspend_run(broker: BrokerBase, msg: TaskMessage, plan: SuspendPlan) -> str:
+async def suspend_run(
+    broker: BrokerBase, msg: TaskMessage, plan: SuspendPlan, *, step_here: float | None = None
+) -> str:
     """End the run task's attempt as *plan* says; ``parked`` or ``ready`` (pending again).
+
+    With *step_here* (a lease expiry, unix s) the plan's first step, when this call
+    enqueues it, is written active and leased to the caller until then instead of
+    pending (its queue paused, limited or ordered: pending all the same), and the answer
+    is ``here``: the caller runs it in the slot the run leaves.
 
     Raises TaskNotFoundError when the run task is not active (its lease was taken over).
     """
@@ -202,6 +209,8 @@ async def suspend_run(broker: BrokerBase, msg: TaskMessage, plan: SuspendPlan) -
     args.append(len(plan.steps))
     for index, step in plan.steps:
         args += (step.queue, step.id, index, encode_task_message(step))
+    if step_here is not None and plan.steps:
+        args.append(int(step_here))
     return await _write(broker, _SUSPEND, keys_, args, qname=qk.name, tid=tid)
 
 

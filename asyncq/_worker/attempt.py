@@ -38,7 +38,7 @@ from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from asyncq._broker.durable import RunSuspended
+from asyncq._broker.durable import RunSuspended, SuspendPlan
 from asyncq._broker.processing import DequeuedTask
 from asyncq._broker.workflow import AckMode
 from asyncq._logging import RateLimiter, error_text, task_fields
@@ -368,6 +368,7 @@ class OutcomeWriter:
         # exhausting the pool (redis-py raises instead of waiting).
         self._slots = write_slots
         self._acks = AckBatcher(deps.broker, write_slots, spawn, runs_here)
+        self._runs_here = runs_here
         self._notifier = notifier  # wakes result waiters
         self._debug = debug
 
@@ -499,7 +500,7 @@ class OutcomeWriter:
             await self._write(active, write, "archive" if kind == "archive" else "done")
         elif kind == "suspend":
             assert outcome.plan is not None
-            suspend = partial(self.broker.suspend_run, msg, outcome.plan)
+            suspend = partial(self._suspend, active, outcome.plan)
             write = self._logged(msg, "durable run suspended", "run", suspend)
             await self._write(active, write, "suspend")
         elif kind == "revoke":
@@ -515,6 +516,21 @@ class OutcomeWriter:
             await self._write(active, retry, "retry")
         if kind in ("complete", "archive") and not outcome.durable:
             self._notifier.notify(msg.queue, msg.id)  # wakes result waiters (as above)
+
+    async def _suspend(self, active: ActiveTask, plan: SuspendPlan) -> str:
+        """Write a durable run's suspension. Its first step, when this worker takes the
+        step's queue, is leased to us and runs in the slot the run leaves (not when the
+        syncer writes the suspension later: that slot is gone by then)."""
+        first = plan.steps[0][1] if plan.steps else None
+        here: float | None = None
+        runs_here = self._runs_here
+        writing = active.state == "writing"  # not the syncer's later write
+        if first is not None and writing and runs_here is not None and runs_here(first.queue):
+            here = self.clock() + self.broker.lease_duration
+        got = await self.broker.suspend_run(active.msg, plan, step_here=here)
+        if got == "here" and first is not None and here is not None:
+            active.then = DequeuedTask(first, here)
+        return got
 
     async def type_limited(self, active: ActiveTask, retry_in: timedelta) -> None:
         """No token for the task's type: back to the retry set, unrun, no retry used."""

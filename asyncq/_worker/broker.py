@@ -115,9 +115,12 @@ class WorkerBroker(Protocol):
         the run when it waits for nothing more) in the same write; what the run got."""
         ...
 
-    async def suspend_run(self, msg: TaskMessage, plan: SuspendPlan) -> str:
+    async def suspend_run(
+        self, msg: TaskMessage, plan: SuspendPlan, *, step_here: float | None = None
+    ) -> str:
         """End a durable run's attempt as *plan* says (its records, its steps enqueued, the
-        run task parked or pending again); ``parked`` or ``ready``."""
+        run task parked or pending again); ``parked`` or ``ready``, or ``here`` when the
+        plan's first step was leased to this worker until *step_here* instead of pending."""
         ...
 
     async def take_type_tokens(

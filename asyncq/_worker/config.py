@@ -175,8 +175,8 @@ class ServerStats:
     delivered: int = 0
     """Tasks an enqueue delivered to this server directly (no fetch)."""
     continued: int = 0
-    """Durable runs that continued here, in the slot of the step whose success woke them
-    (no fetch)."""
+    """Tasks started in the slot of the task before them, without a fetch: a durable run's
+    step leased to us by the run's suspension, or the run its step's success woke."""
     invalidations: int = 0
     """Key-tracking invalidations received (a served queue's pending list or paused flag
     written by anyone, Go asynq included; see :mod:`asyncq._worker.wakeup`)."""

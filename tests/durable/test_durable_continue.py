@@ -16,7 +16,14 @@ from redis.asyncio import Redis
 from asyncq import Client, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker, DequeuedTask
-from asyncq._broker.durable import FAR_FUTURE, RUN_HEADER, RUN_QUEUE_HEADER, STEP_HEADER
+from asyncq._broker.durable import (
+    FAR_FUTURE,
+    RUN_HEADER,
+    RUN_QUEUE_HEADER,
+    STEP_HEADER,
+    SuspendPlan,
+    suspend_run,
+)
 from asyncq.errors import BrokerError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests.durable.test_durable_scripts import dump_all
@@ -174,5 +181,89 @@ async def test_runs_on_one_worker_continue_in_their_steps_slots(
 ) -> None:
     handle = await d.chain3.start(4)
     assert await handle.result(timeout=20) == 55
-    # each of the three steps' successes woke the run, which continued here
-    assert worker.stats.continued == 3
+    # each of the three steps ran in the slot its run left, and each step's success woke
+    # the run, which continued in the step's slot: nothing of the run was fetched after
+    # its first attempt
+    assert worker.stats.continued == 6
+
+
+# -- a step in the slot its run leaves (durable_suspend.lua's optional lease) -------------
+
+
+async def active_run(broker: Broker, client: Client) -> TaskMessage:
+    await client.enqueue(Task("run", b"{}"), task_id="r1")
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None
+    return got.message
+
+
+def step_of_r1(index: int, queue: str = Q) -> TaskMessage:
+    return TaskMessage(
+        type="step", payload=b"{}", id=f"r1-{index}", queue=queue, retry=1,
+        headers={RUN_HEADER: "r1", RUN_QUEUE_HEADER: Q, STEP_HEADER: str(index)},
+    )  # fmt: skip
+
+
+async def test_a_suspension_leases_its_first_step_to_the_caller(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await client.enqueue(Task("other"), task_id="other")
+    assert await transitions.dequeue(broker, [Q]) is not None  # active before the step
+    plan = SuspendPlan("steps", steps=[(0, step_of_r1(0)), (1, step_of_r1(1))], waits=[0, 1])
+    expiry = time.time() + 30
+    assert await suspend_run(broker, run, plan, step_here=expiry) == "here"
+    # the first step: active at the head (where a fetch puts it) and leased to us
+    assert await redis.lrange(keys.active_key(Q), 0, -1) == [b"r1-0", b"other"]
+    assert await redis.zscore(keys.lease_key(Q), "r1-0") == int(expiry)
+    step = await redis.hgetall(keys.task_key(Q, "r1-0"))
+    assert step[b"state"] == b"active" and b"pending_since" not in step
+    # the second one pending for any worker; the run parked, waiting for both
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1-1"]
+    assert await redis.hget(keys.task_key(Q, "r1-1"), "state") == b"pending"
+    assert await redis.zscore(keys.scheduled_key(Q), "r1") == FAR_FUTURE
+    assert await redis.hget(keys.run_key(Q, "r1"), "missing") == b"2"
+
+
+@pytest.mark.parametrize("flag", ["paused", "asyncq:limit", "asyncq:ordered"])
+async def test_a_paused_limited_or_ordered_queue_gets_its_step_pending(
+    redis: Redis, client: Client, flag: str
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await redis.set(keys.queue_key_prefix(Q) + flag, "1")
+    plan = SuspendPlan("steps", steps=[(0, step_of_r1(0))], waits=[0])
+    assert await suspend_run(broker, run, plan, step_here=time.time() + 30) == "parked"
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1-0"]
+    assert await redis.zscore(keys.lease_key(Q), "r1-0") is None
+
+
+async def test_a_step_enqueued_by_an_earlier_attempt_is_not_leased_again(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await client.enqueue(Task("step"), task_id="r1-0")  # as a crashed attempt left it
+    plan = SuspendPlan("steps", steps=[(0, step_of_r1(0))], waits=[0])
+    assert await suspend_run(broker, run, plan, step_here=time.time() + 30) == "parked"
+    assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1-0"]
+    assert await redis.zscore(keys.lease_key(Q), "r1-0") is None
+
+
+@pytest.mark.parametrize("damaged", ["active", "lease"])
+async def test_a_leasing_suspension_on_a_damaged_key_of_the_steps_queue_changes_nothing(
+    redis: Redis, client: Client, damaged: str
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    key = (keys.active_key if damaged == "active" else keys.lease_key)("steps")
+    await redis.set(key, "x")
+    plan = SuspendPlan("steps", steps=[(0, step_of_r1(0, "steps"))], waits=[0])
+    before = await dump_all(redis)
+    with pytest.raises(BrokerError, match="WRONGTYPE"):
+        await suspend_run(broker, run, plan, step_here=time.time() + 30)
+    assert await dump_all(redis) == before
+    # without the lease, the step's queue's active list and lease are not touched
+    assert await suspend_run(broker, run, plan) == "parked"
+    assert await redis.lrange(keys.pending_key("steps"), 0, -1) == [b"r1-0"]

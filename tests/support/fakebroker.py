@@ -352,18 +352,27 @@ class FakeBroker:
         self.durable_steps.append((msg.id, mode))
         return "recorded"
 
-    async def suspend_run(self, msg: TaskMessage, plan: SuspendPlan) -> str:
-        """Parks the run as scheduled (records are not modelled) and enqueues its steps."""
-        await self._enter("suspend_run", (msg.id, plan.mode))
+    async def suspend_run(
+        self, msg: TaskMessage, plan: SuspendPlan, *, step_here: float | None = None
+    ) -> str:
+        """Parks the run as scheduled (records are not modelled) and enqueues its steps;
+        with *step_here*, the first one active and leased to the caller instead."""
+        await self._enter("suspend_run", (msg.id, plan.mode, step_here is not None))
         stored = self._active(msg)
         stored.state = "scheduled"
         stored.score = FAR_FUTURE if plan.until is None else plan.until
-        for _, step in plan.steps:
+        leased = False
+        for n, (_, step) in enumerate(plan.steps):
             if step.id not in self.tasks:
+                if n == 0 and step_here is not None:
+                    self.tasks[step.id] = StoredTask(step, "active")
+                    self.leases[step.id] = float(int(step_here))
+                    leased = True
+                    continue
                 self.tasks[step.id] = StoredTask(step, "pending")
                 self.pending[step.queue].append(step.id)
         self.suspensions.append((msg.id, plan))
-        return "parked"
+        return "here" if leased else "parked"
 
     async def take_type_tokens(
         self, task_type: str, count: int, *, interval_us: int, burst: int, max_wait_us: int

@@ -96,7 +96,10 @@ async def test_a_run_its_steps_success_wakes_continues_in_the_steps_slot() -> No
 
     async with Running(fake, handler, concurrency=1) as r:
         await wait_until(lambda: handled == ["r1", "r1-0", "r1"], what="the run continued")
-        assert r.processor.stats.continued == 1
+        # the step in the slot the run left (leased by the suspension), then the run in
+        # the step's
+        assert r.processor.stats.continued == 2
+        assert fake.called("suspend_run") == [("r1", "steps", True)]
         await wait_until(lambda: run.id not in fake.tasks, what="the run acknowledged")
     # the run went from parked to active in the step's acknowledgement: never pending
     assert pending_when_it_continued == [[]]
@@ -163,3 +166,21 @@ async def test_a_durable_steps_outcome_wakes_no_result_waiter() -> None:
         await wait_until(lambda: r.notifier.sent, what="the plain task's notice")
     assert sorted(fake.durable_steps) == [("r1-0", "complete"), ("r1-1", "archive")]
     assert r.notifier.sent == ["plain"]
+
+
+async def test_a_step_whose_queue_is_not_served_here_is_left_to_a_fetch() -> None:
+    fake = FakeBroker()
+    fake.enqueue(message(id="r1"))
+    elsewhere = message(id="r1-0", queue="elsewhere", headers={**STEP, STEP_HEADER: "0"})
+    plan = SuspendPlan("steps", steps=[(0, elsewhere)], waits=[0])
+    handled: list[str] = []
+
+    async def handler(task: Task) -> None:
+        handled.append(task.id or "")
+        raise RunSuspended(plan)
+
+    async with Running(fake, handler) as r:
+        await wait_until(lambda: fake.suspensions, what="the run suspended")
+        assert r.processor.stats.continued == 0
+    assert fake.called("suspend_run") == [("r1", "steps", False)]
+    assert fake.pending["elsewhere"] == ["r1-0"] and handled == ["r1"]

@@ -14,12 +14,17 @@
 -- ARGV[7] F, then F field/value pairs written to the record unless already there
 -- then W, then W step indices waited for (mode steps), or the one index (signal)
 -- then S, then S steps to enqueue: queue, task id, index, msg
--- Returns "parked" or "ready" (went to pending).
+-- then (optional) a lease expiry (unix s): the first step, when this call enqueues it,
+-- is written active and leased to the caller until then, as a fetch leaves a task, to
+-- run in the slot the run leaves (unless its queue is paused, limited or ordered: those
+-- give tasks only through a fetch)
+-- Returns "parked", "ready" (went to pending) or "here": its first step is leased to
+-- the caller (the run parked or, with nothing left to wait for, pending).
 local run = KEYS[6]
 -- KEYS[1] needs no check: LREM, the first write, fails on another type before any write
 local problem = bad(KEYS[2], "zset") or bad(KEYS[3], "hash")
     or bad(KEYS[4], "zset") or bad(KEYS[5], "list") or bad(run, "hash")
-local checked = {[KEYS[5]] = true}
+local checked = {[KEYS[1]] = true, [KEYS[2]] = true, [KEYS[5]] = true}
 local mode = ARGV[2]
 if mode == "signal" then
     problem = problem or bad(KEYS[7], "set") or bad(KEYS[8], "string")
@@ -52,6 +57,19 @@ for _ = 1, tonumber(ARGV[a]) do
         problem = problem or bad(pending, "list")
     end
     a = a + 4
+end
+local here = ARGV[a + 1]
+local first = steps[1]
+if here and first then
+    -- the first step may run here: its queue's active list and lease are written then
+    local base = "asynq:{" .. first.q .. "}:"
+    first.base = base
+    for _, check in ipairs({{base .. "active", "list"}, {base .. "lease", "zset"}}) do
+        if not checked[check[1]] then
+            checked[check[1]] = true
+            problem = problem or bad(check[1], check[2])
+        end
+    end
 end
 if problem then
     return redis.error_reply(problem)
@@ -110,6 +128,7 @@ if old then
     redis.call("HDEL", run, "wait", "missing")
 end
 local pushed, made = {}, {}
+local leased = false  -- the first step went active, leased to the caller
 for _, s in ipairs(steps) do
     local tkey = "asynq:{" .. s.q .. "}:t:" .. s.id
     -- a step recorded or already enqueued (by an attempt that crashed after this
@@ -117,9 +136,17 @@ for _, s in ipairs(steps) do
     -- its task id is derived from the run's
     if not seen[s.index] and not s.there and not made[tkey] then
         made[tkey] = true
-        redis.call("HSET", tkey, "msg", s.msg, "state", "pending", "pending_since", ARGV[4])
-        redis.call("LPUSH", "asynq:{" .. s.q .. "}:pending", s.id)
-        pushed[s.q] = true
+        if s.base and redis.call("EXISTS", s.base .. "paused", s.base .. "asyncq:limit",
+                s.base .. "asyncq:ordered") == 0 then
+            redis.call("HSET", tkey, "msg", s.msg, "state", "active")
+            redis.call("LPUSH", s.base .. "active", s.id)
+            redis.call("ZADD", s.base .. "lease", here, s.id)
+            leased = true
+        else
+            redis.call("HSET", tkey, "msg", s.msg, "state", "pending", "pending_since", ARGV[4])
+            redis.call("LPUSH", "asynq:{" .. s.q .. "}:pending", s.id)
+            pushed[s.q] = true
+        end
     end
 end
 for q in pairs(pushed) do
@@ -170,7 +197,7 @@ if ready then
     redis.call("HSET", run, "state", "running")
     redis.call("HDEL", run, "until")
     redis.pcall("PUBLISH", ARGV[5], ARGV[6])
-    return "ready"
+    return leased and "here" or "ready"
 end
 redis.call("ZADD", KEYS[4], ARGV[3], ARGV[1])
 redis.call("HSET", KEYS[3], "state", "scheduled")  -- an active task has no pending_since
@@ -182,4 +209,4 @@ wait_fields[#wait_fields + 1] = ARGV[3]
 for f = 1, #wait_fields, 1000 do
     redis.call("HSET", run, unpack(wait_fields, f, math.min(f + 999, #wait_fields)))
 end
-return "parked"
+return leased and "here" or "parked"
