@@ -15,8 +15,11 @@ entry the function asks for (a step, a local call, a sleep, a wait, ``now()``,
 once. The first entry that needs what is not recorded ends the attempt by raising
 :class:`~asyncq._broker.durable.RunSuspended` through the function; the worker writes
 the suspension (its steps enqueued, the run parked) in one script, and the step's
-acknowledgement, the signal or the time makes the run pending again. See
-docs/durable.md.
+acknowledgement, the signal or the time makes the run pending again. A wait for steps
+awaited in the function's own coroutine parks it instead (:class:`ParkedRuns`,
+:func:`drive`): the attempt ends the same way, and the next one on this worker resumes
+the coroutine rather than replaying, while the record shows nothing it does not know.
+See docs/durable.md.
 """
 
 from __future__ import annotations

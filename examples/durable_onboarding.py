@@ -55,8 +55,9 @@ async def score(user_id: int, item: int) -> int:
 
 @app.durable(name="onboarding:onboard", queue=QUEUE)
 async def onboard(run: Run, user_id: int) -> str:
-    # Replayed from the top after every wait: each step returns its recorded result
-    # without running again, so the welcome email goes out once.
+    # Replayed from the top after a wait (or resumed where it waited, on the worker that
+    # kept it): each step returns its recorded result without running again, so the
+    # welcome email goes out once.
     await run.step(send_welcome, user_id)
     opened = await run.wait_for("email:opened", key=str(user_id), timeout=WAIT)
     if opened is None:
