@@ -267,3 +267,19 @@ async def test_a_leasing_suspension_on_a_damaged_key_of_the_steps_queue_changes_
     # without the lease, the step's queue's active list and lease are not touched
     assert await suspend_run(broker, run, plan) == "parked"
     assert await redis.lrange(keys.pending_key("steps"), 0, -1) == [b"r1-0"]
+
+
+async def test_a_step_in_another_busy_queue_is_leased_beside_its_tasks(
+    redis: Redis, client: Client
+) -> None:
+    # the step's queue's active list and lease hold another task: checked, and kept
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await client.enqueue(Task("other"), task_id="other", queue="steps")
+    assert await transitions.dequeue(broker, ["steps"]) is not None
+    plan = SuspendPlan("steps", steps=[(0, step_of_r1(0, "steps"))], waits=[0])
+    expiry = time.time() + 30
+    assert await suspend_run(broker, run, plan, step_here=expiry) == "here"
+    assert await redis.lrange(keys.active_key("steps"), 0, -1) == [b"r1-0", b"other"]
+    assert await redis.zscore(keys.lease_key("steps"), "r1-0") == int(expiry)
+    assert await redis.zscore(keys.lease_key("steps"), "other") is not None
