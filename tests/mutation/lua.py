@@ -113,6 +113,9 @@ TESTS: dict[str, tuple[str, ...]] = {
         "tests/durable/test_durable_scripts.py",
         "tests/durable/test_durable_continue.py",
     ),
+    # bad() and typed(), included by every script that writes: typed()'s "is it there"
+    # answer is read by durable_suspend.lua
+    "_lib/guard": (*BROKER_TESTS, "tests/durable/test_durable_scripts.py"),
     # record_step() (included by durable_step_done.lua and ack_many.lua)
     "_lib/durable_step": DURABLE_TESTS,
     # finish_step() (included by workflow_done.lua and durable_step_done.lua)
