@@ -25,6 +25,7 @@ See docs/durable.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import time
@@ -256,22 +257,36 @@ class ParkedRuns:
     without it, replays.
     """
 
-    __slots__ = ("_clock", "_runs")
+    __slots__ = ("_clock", "_loop", "_runs")
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._runs: dict[str, Parked] = {}  # in the order they were parked
         self._clock = clock
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one they were parked in
 
     def __len__(self) -> int:
         return len(self._runs)
 
+    def _in_this_loop(self) -> dict[str, Parked]:
+        """The parked coroutines, dropped first if they were parked in another event loop
+        (a worker started again in a new loop of the same process): what they hold may
+        belong to that loop, so they are closed, not resumed, and those runs replay."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            for parked in self._runs.values():
+                with contextlib.suppress(RuntimeError):  # an `await` in its cleanup
+                    parked.coro.close()
+            self._runs.clear()
+            self._loop = loop
+        return self._runs
+
     def take(self, run_id: str) -> Parked | None:
-        return self._runs.pop(run_id, None)
+        return self._in_this_loop().pop(run_id, None)
 
     def keep(self, run: Run, coro: Coroutine[Any, Any, Any]) -> list[Parked]:
         """Park *coro*; returns those it pushes out (too many, or too old) to discard."""
         now = self._clock()
-        runs = self._runs
+        runs = self._in_this_loop()
         runs[run.id] = Parked(run, coro, now)
         out: list[Parked] = []
         for parked in runs.values():

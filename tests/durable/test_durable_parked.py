@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from asyncq import Server, durable
 from asyncq import _keys as keys
 from asyncq._broker.durable import RunSuspended, SuspendPlan
-from asyncq.durable import Finished, ParkedRuns, Run, _Park, discard, drive
+from asyncq.durable import Finished, Parked, ParkedRuns, Run, _Park, discard, drive
 from tests.support import durable_app as d
 from tests.support.helpers import wait_until
 
@@ -91,7 +91,7 @@ def test_a_parked_run_resumes_only_from_a_record_holding_all_it_knows_and_no_mor
     assert run._writes == {} and run._field("r:1") == b"2"
 
 
-def test_parked_runs_keep_the_newest_within_the_limit_and_the_age(
+async def test_parked_runs_keep_the_newest_within_the_limit_and_the_age(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     now = [0.0]
@@ -196,3 +196,27 @@ async def test_a_discarded_coroutine_unwinds_as_a_suspension_with_its_async_exit
     await discard(coro2)  # it parks again: closed
     assert exits == ["unwound", "swallowed"]
     assert coro2.cr_frame is None  # closed
+
+
+def test_coroutines_parked_in_another_event_loop_are_closed_not_resumed() -> None:
+    parked = ParkedRuns()
+    closed: list[str] = []
+
+    async def waits() -> None:
+        try:
+            await _Park(SuspendPlan("steps"))
+        finally:
+            closed.append("closed")
+
+    async def park_one() -> None:
+        coro = waits()
+        assert isinstance(await drive(coro), SuspendPlan)
+        assert parked.keep(Run("r1", "q", {}, redis=None), coro) == []  # type: ignore[arg-type]
+
+    async def take_one() -> Parked | None:
+        return parked.take("r1")
+
+    asyncio.run(park_one())
+    assert len(parked) == 1 and closed == []
+    assert asyncio.run(take_one()) is None  # another loop: closed, the run replays
+    assert closed == ["closed"] and len(parked) == 0
