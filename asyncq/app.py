@@ -49,6 +49,7 @@ from asyncq._broker.durable import (
     read_run,
     send_signal,
 )
+from asyncq._broker.durable_cancel import CANCELED_ERROR
 from asyncq._broker.workflow import read_workflow
 from asyncq._duration import go_duration, wait_seconds
 from asyncq._logging import get_logger
@@ -673,6 +674,11 @@ class DurableFunction(TypedTask[P, R]):
         broker = self.app.client.broker
         redis = broker.fast or broker.redis  # the pipelined connection, when there is one
         record = await read_run(redis, qname, run_id) or {}
+        if record.get("state") == b"cancelled":
+            # cancelled while an earlier attempt ran, which failed and was retried before
+            # the stop reached it: this attempt ends as the stop would have ended that one
+            await Run(run_id, qname, record, redis=redis)._settle("cancelled", FAILED_RUN_KEPT)
+            raise SkipRetry(CANCELED_ERROR)
         parked = self._parked.take(run_id)
         if parked is not None and parked.run._resumes_from(record):
             run, coro = parked.run, parked.coro

@@ -176,7 +176,8 @@ async def start_run(broker: BrokerBase, msg: TaskMessage) -> None:
 async def suspend_run(
     broker: BrokerBase, msg: TaskMessage, plan: SuspendPlan, *, step_here: float | None = None
 ) -> str:
-    """End the run task's attempt as *plan* says; ``parked`` or ``ready`` (pending again).
+    """End the run task's attempt as *plan* says; ``parked`` or ``ready`` (pending again),
+    or ``cancelled`` (nothing written: the run was cancelled while the attempt ran).
 
     With *step_here* (a lease expiry, unix s) the plan's first step, when this call
     enqueues it, is written active and leased to the caller until then instead of

@@ -39,6 +39,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncq._broker.durable import RunSuspended, SuspendPlan
+from asyncq._broker.durable_cancel import CANCELED_ERROR
 from asyncq._broker.processing import DequeuedTask
 from asyncq._broker.workflow import AckMode
 from asyncq._logging import RateLimiter, error_text, task_fields
@@ -530,6 +531,9 @@ class OutcomeWriter:
         got = await self.broker.suspend_run(active.msg, plan, step_here=here)
         if got == "here" and first is not None and here is not None:
             active.then = DequeuedTask(first, here)
+        elif got == "cancelled":  # cancelled while it ran: archived as the stop would have
+            self.log.info("durable run cancelled", **task_fields(active.msg))
+            await self.broker.archive(active.msg, CANCELED_ERROR)
         return got
 
     async def type_limited(self, active: ActiveTask, retry_in: timedelta) -> None:

@@ -120,7 +120,8 @@ class WorkerBroker(Protocol):
     ) -> str:
         """End a durable run's attempt as *plan* says (its records, its steps enqueued, the
         run task parked or pending again); ``parked`` or ``ready``, or ``here`` when the
-        plan's first step was leased to this worker until *step_here* instead of pending."""
+        plan's first step was leased to this worker until *step_here* instead of pending,
+        or ``cancelled`` (nothing written) when the run was cancelled while it ran."""
         ...
 
     async def take_type_tokens(

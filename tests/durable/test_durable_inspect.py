@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from asyncq import DurableRunNotFoundError, Inspector, QueueNotFoundError, Server, TaskState
 from asyncq import _keys as keys
 from asyncq._broker._base import ARCHIVE_MAX_SIZE, ARCHIVED_EXPIRATION
-from asyncq._broker.durable import PENDING_RUN_KEPT
+from asyncq._broker.durable import FAILED_RUN_KEPT, PENDING_RUN_KEPT, settle_run
 from asyncq._broker.durable_cancel import CANCELED_ERROR, cancel_run
 from asyncq._inspection.durable_runs import run_state
 from asyncq.errors import BrokerError
@@ -389,3 +389,64 @@ async def test_a_cancelled_run_is_never_trimmed_from_the_archive_it_joins(redis:
     assert await cancel_run(redis, Q, "r1", task_state="scheduled", **cancel_args()) == "waiting"
     assert await redis.zscore(archived, "r1") == 10
     assert await redis.hget(keys.task_key(Q, "r1"), "state") == b"archived"
+
+
+async def test_a_run_cancelled_while_it_ran_is_archived_by_its_own_suspension(
+    redis: Redis, insp: Inspector, worker: Server
+) -> None:
+    # The race the stop over Pub/Sub can lose: the attempt suspends first. Marked as
+    # durable_cancel.lua marks a running run (its stop left out), the suspension finds
+    # the mark, writes nothing, and the worker archives the run.
+    d.hold["gate"] = asyncio.Event()
+    handle = await d.held_then_step.start()
+    await wait_until(lambda: redis.hexists(d.CALLS, "held"), what="the attempt holds")
+    await redis.hset(keys.run_key(Q, handle.id), "state", "cancelled")
+    d.hold["gate"].set()
+
+    async def archived() -> bool:
+        return (await insp.get_task(Q, handle.id)).state is TaskState.ARCHIVED
+
+    await wait_until(archived, what="the run archived")
+    info = await insp.get_task(Q, handle.id)
+    assert info.last_error == CANCELED_ERROR
+    run = await insp.get_durable_run(Q, handle.id)
+    assert run.state == "cancelled"
+    assert not await redis.exists(keys.task_key(Q, f"{handle.id}-1"))  # no step enqueued
+    assert await redis.hget(keys.run_key(Q, handle.id), "s:1") is None  # nor recorded
+
+
+async def test_cancelling_a_running_run_keeps_its_record_as_a_failed_runs(
+    redis: Redis, insp: Inspector, worker: Server
+) -> None:
+    d.hold["gate"] = asyncio.Event()
+    handle = await d.held_first.start()
+    await wait_until(lambda: redis.hexists(d.CALLS, "held"), what="the attempt holds")
+    assert await insp.cancel_durable_run(Q, handle.id) == "running"
+    ttl = await redis.ttl(keys.run_key(Q, handle.id))
+    assert FAILED_RUN_KEPT - 60 < ttl <= FAILED_RUN_KEPT
+    d.hold["gate"].set()
+
+
+async def test_a_run_cancelled_while_a_failed_attempt_ran_is_archived_at_its_retry(
+    redis: Redis, insp: Inspector, app: None
+) -> None:
+    # The other race the stop can lose: the attempt fails (and is retried) first. Its
+    # settle keeps the mark (durable_settle.lua); the retry ends at once, archived.
+    handle = await d.chain3.start(1)
+    record = keys.run_key(Q, handle.id)
+    await redis.hset(record, "state", "cancelled")  # as durable_cancel.lua left it
+    await settle_run(redis, Q, handle.id, "running", records={}, expire_in=0)  # the failure
+    assert await redis.hget(record, "state") == b"cancelled"
+    server = await d.start_worker()  # the retry's attempt
+    try:
+
+        async def archived() -> bool:
+            return (await insp.get_task(Q, handle.id)).state is TaskState.ARCHIVED
+
+        await wait_until(archived, what="the retried run archived")
+    finally:
+        await server.shutdown()
+    assert (await insp.get_task(Q, handle.id)).last_error == CANCELED_ERROR
+    assert await redis.hget(record, "state") == b"cancelled"
+    assert FAILED_RUN_KEPT - 60 < await redis.ttl(record) <= FAILED_RUN_KEPT
+    assert not await redis.hexists(d.RAN, f"{handle.id}-0")  # the function did not run

@@ -794,3 +794,15 @@ async def test_a_step_asked_for_twice_in_one_suspension_is_enqueued_once(
     step = await transitions.dequeue(broker, [Q])
     assert step is not None and step.message.id == "r1-0"
     assert await ack_step(broker, step.message, "done") == "woken"
+
+
+async def test_a_suspension_of_a_run_cancelled_while_it_ran_writes_nothing(
+    redis: Redis, client: Client
+) -> None:
+    broker = Broker(redis)
+    run = await active_run(broker, client)
+    await redis.hset(keys.run_key(Q, "r1"), "state", "cancelled")  # as durable_cancel.lua
+    plan = SuspendPlan("steps", records={"s:0": b"step a"}, steps=[(0, step_message(0))], waits=[0])
+    before = await dump_all(redis)
+    assert await suspend_run(broker, run, plan, step_here=10.0**10) == "cancelled"
+    assert await dump_all(redis) == before

@@ -243,3 +243,11 @@ async def grouped(run: Run, n: int) -> list[int]:
         a = tg.create_task(_awaited(run.step(add, n, 1)))
         b = tg.create_task(_awaited(run.step(mul, n, 2)))
     return [a.result(), b.result()]
+
+
+@app.durable(name="d:held-then-step", queue=QUEUE)
+async def held_then_step(run: Run) -> int:
+    """Held in a local call, then waits for a step: cancelled while held (the stop not
+    reaching it), its suspension must not park it again."""
+    await run.call(held)
+    return await run.step(add, 1, 2)

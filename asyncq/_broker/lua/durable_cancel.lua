@@ -39,6 +39,8 @@ elseif tstate == "completed" then
 end
 redis.call("HSET", run, "state", "cancelled")
 if tstate == "active" then
+    -- kept as a failed run's, whether the stop or the attempt's suspension archives it
+    redis.call("EXPIRE", run, ARGV[4])
     return before
 end
 if tstate == "pending" then

@@ -3,7 +3,8 @@
 -- without suspending (it returned, or raised): the values it recorded (unless already
 -- there), the run's state, and the record's expiry once the run has ended. A run that
 -- goes on (its attempt raised and it is retried) keeps its record for good: the expiry
--- a record has until its first attempt (durable_start.lua) is removed.
+-- a record has until its first attempt (durable_start.lua) is removed. A cancelled
+-- run's state is kept (its next attempt ends at once, archived: DurableFunction.serve).
 -- KEYS[1] the run's record
 -- ARGV[1] state   ARGV[2] expiry (seconds; 0: none)   ARGV[3] F, then F field/value pairs
 local problem = bad(KEYS[1], "hash")
@@ -13,7 +14,10 @@ end
 for a = 4, 3 + 2 * tonumber(ARGV[3]), 2 do
     redis.call("HSETNX", KEYS[1], ARGV[a], ARGV[a + 1])
 end
-redis.call("HSET", KEYS[1], "state", ARGV[1])
+-- a run cancelled while the attempt ran stays cancelled, whatever the attempt made of it
+if redis.call("HGET", KEYS[1], "state") ~= "cancelled" then
+    redis.call("HSET", KEYS[1], "state", ARGV[1])
+end
 if tonumber(ARGV[2]) > 0 then
     redis.call("EXPIRE", KEYS[1], ARGV[2])
 else

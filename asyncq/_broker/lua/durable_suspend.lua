@@ -19,7 +19,8 @@
 -- run in the slot the run leaves (unless its queue is paused, limited or ordered: those
 -- give tasks only through a fetch)
 -- Returns "parked", "ready" (went to pending) or "here": its first step is leased to
--- the caller (the run parked or, with nothing left to wait for, pending).
+-- the caller (the run parked or, with nothing left to wait for, pending); "cancelled"
+-- (nothing written) when the run was cancelled while the attempt ran.
 local run = KEYS[6]
 -- KEYS[1] needs no check: LREM, the first write, fails on another type before any write
 local problem = bad(KEYS[2], "zset") or bad(KEYS[3], "hash")
@@ -74,16 +75,9 @@ end
 if problem then
     return redis.error_reply(problem)
 end
-if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
-    return redis.error_reply("NOT FOUND")
-end
-redis.call("ZREM", KEYS[2], ARGV[1])
-for _, r in ipairs(records) do
-    redis.call("HSETNX", run, r[1], r[2])
-end
 -- whether each entry asked for (its steps, what it waits for) is recorded (a result
 -- or a failure), what an earlier suspension waited for and the run's state: read in
--- one HMGET (in slices of 500 entries for a large gather)
+-- one HMGET (in slices of 500 entries for a large gather), before any write
 local asked, seen, listed = {}, {}, {}
 local function ask(i)
     if not listed[i] then  -- an entry both enqueued and waited for is read once
@@ -113,6 +107,18 @@ for first = 1, math.max(#asked, 1), 500 do
         seen[asked[n]] = (got[at] or got[at + 1]) and true or false
         at = at + 2
     end
+end
+if state == "cancelled" then
+    -- cancelled while this attempt ran (durable_cancel.lua), before the stop reached it:
+    -- nothing is written, the caller archives the run as the stop would have
+    return "cancelled"
+end
+if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
+    return redis.error_reply("NOT FOUND")
+end
+redis.call("ZREM", KEYS[2], ARGV[1])
+for _, r in ipairs(records) do
+    redis.call("HSETNX", run, r[1], r[2])
 end
 -- A run that waits keeps its record for good. Only a record that is not running or
 -- waiting can have an expiry: a run's first attempt (durable_start.lua gave its record
