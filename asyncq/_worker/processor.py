@@ -9,8 +9,9 @@
   its own when it is done. ``max_inflight_bytes`` bounds the payload
   bytes of the running tasks: a fetch stops before it, no fetch runs while it
   is reached, and a single task larger than the bound runs alone.
-* Each task fetched, delivered or continued (a durable run its step's success woke,
-  leased to us by the step's acknowledgement and started in the step's slot:
+* Each task fetched, delivered or continued (leased to us by the outcome of the task
+  before it and started in that task's slot: a durable run's first step, by the run's
+  suspension; the run its step's success woke, by the step's acknowledgement; see
   :meth:`Processor._runs_here`) enters by one door, :meth:`Processor._start`,
   and lives in one coroutine, read top down in :mod:`asyncq._worker.attempt`:
   run the handler until the first of {it returns, its lease expires, a cancel
@@ -489,10 +490,10 @@ class Processor(Role):
         self.slots.release()
 
     def _runs_here(self, queue: str) -> bool:
-        """Whether a durable run of *queue* that a step's success acknowledged here wakes
-        continues here, in the step's slot, instead of going to pending: while this server
-        fetches from the queue, which has no limit or rate here (only a fetch applies them)
-        and the in-flight bytes leave room."""
+        """Whether a task of *queue* that a finished task's outcome hands on (a durable
+        run's first step, the run its step's success wakes) runs here, in that task's slot,
+        instead of going to pending: while this server fetches from the queue, which has no
+        limit or rate here (only a fetch applies them) and the in-flight bytes leave room."""
         return (
             self._fetching
             and queue in self.queues
