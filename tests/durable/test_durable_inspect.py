@@ -418,9 +418,11 @@ async def test_a_run_cancelled_while_it_ran_is_archived_by_its_own_suspension(
 async def test_cancelling_a_running_run_keeps_its_record_as_a_failed_runs(
     redis: Redis, insp: Inspector, worker: Server
 ) -> None:
+    # after a step, so that its record has no expiry left from its start
     d.hold["gate"] = asyncio.Event()
-    handle = await d.held_first.start()
+    handle = await d.held_run.start()
     await wait_until(lambda: redis.hexists(d.CALLS, "held"), what="the attempt holds")
+    assert await redis.ttl(keys.run_key(Q, handle.id)) == -1
     assert await insp.cancel_durable_run(Q, handle.id) == "running"
     ttl = await redis.ttl(keys.run_key(Q, handle.id))
     assert FAILED_RUN_KEPT - 60 < ttl <= FAILED_RUN_KEPT
