@@ -26,9 +26,9 @@ from asyncq._broker.durable import (
 )
 from asyncq.errors import BrokerError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
-from tests.durable.test_durable_scripts import dump_all
 from tests.support import durable_app as d
 from tests.support import transitions
+from tests.support.helpers import dump_all
 
 Q = "default"
 WAITS_FOR_STEP_0 = {"w:0": "1", "missing": "1", "wait": "0", "state": "waiting"}

@@ -39,15 +39,9 @@ from asyncq._redis.transport import FastConnection
 from asyncq.errors import BrokerError, TaskIdConflictError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests.support import transitions
+from tests.support.helpers import dump_all
 
 Q = "default"
-
-
-async def dump_all(redis: Redis) -> dict[bytes, tuple[bytes, Any, int]]:
-    return {
-        key: (await redis.type(key), await redis.dump(key), await redis.pttl(key))
-        for key in sorted(await redis.keys("*"))
-    }
 
 
 async def active_run(broker: Broker, client: Client) -> TaskMessage:

@@ -71,6 +71,14 @@ async def snapshot(r: Redis) -> dict[str, Any]:
     return out
 
 
+async def dump_all(redis: Redis) -> dict[bytes, tuple[bytes, Any, int]]:
+    """Every key: its type, DUMP bytes and expiry (to show a failed call changed nothing)."""
+    return {
+        key: (await redis.type(key), await redis.dump(key), await redis.pttl(key))
+        for key in sorted(await redis.keys("*"))
+    }
+
+
 async def pexpiretime(r: Redis, key: str | bytes) -> int:
     """Absolute expiry (unix ms); -1 = no TTL, -2 = no key.
 

@@ -24,7 +24,7 @@ from asyncq._broker import Broker
 from asyncq._broker.workflow import ack_step, cancel_workflow, read_workflow, workflow_key
 from asyncq.errors import TaskNotFoundError
 from tests.support import transitions
-from tests.support.helpers import FakeClock
+from tests.support.helpers import FakeClock, dump_all
 from tests.support.procs import FAST, spawn, stop_process, wait_for_line, wait_until
 from tests.support.workers.workflow_worker import CALLBACKS, STARTS
 
@@ -219,14 +219,6 @@ async def test_a_worker_killed_mid_batch_loses_no_step_and_counts_none_twice(
     runs = await redis.lrange(STARTS, 0, -1)
     ran = {e.split()[0].decode() for e in runs}
     assert ran >= {s.id for s in wf.stages[0]}
-
-
-async def dump_all(redis: Redis) -> dict[bytes, tuple[bytes, Any, int]]:
-    """Every key: its type, DUMP bytes and expiry."""
-    return {
-        key: (await redis.type(key), await redis.dump(key), await redis.pttl(key))
-        for key in sorted(await redis.keys("*"))
-    }
 
 
 @pytest.mark.parametrize("first", ["step", "plain"])

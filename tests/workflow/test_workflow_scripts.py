@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -40,18 +39,10 @@ from asyncq._codec import decode_task_message
 from asyncq.errors import TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests.support import transitions
-from tests.support.helpers import FakeClock, expiretime, pexpiretime
+from tests.support.helpers import FakeClock, dump_all, expiretime, pexpiretime
 
 Q = "default"
 WEEK_MS = 7 * 24 * 3600 * 1000
-
-
-async def dump_all(redis: Redis) -> dict[bytes, tuple[bytes, Any, int]]:
-    """Every key: its type, DUMP bytes and expiry."""
-    return {
-        key: (await redis.type(key), await redis.dump(key), await redis.pttl(key))
-        for key in sorted(await redis.keys("*"))
-    }
 
 
 async def test_a_taken_workflow_id_starts_nothing(redis: Redis, client: Client) -> None:
