@@ -162,7 +162,8 @@ async def serve(
     redis: Redis, request: pytest.FixtureRequest
 ) -> AsyncIterator[Callable[..., Awaitable[Server]]]:
     """``await serve(mux, **options)`` starts a Server on the test Redis with fast timings
-    (the module's ``SERVE_CONCURRENCY``, default 4, unless given); all shut down at the end."""
+    (the module's ``SERVE_CONCURRENCY``, default 4, unless given); all shut down at the end.
+    An ``intervals`` given replaces the fast ones whole: change some with ``**fast(...)``."""
     servers: list[Server] = []
     concurrency = getattr(request.module, "SERVE_CONCURRENCY", 4)
 

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, ServeMux, Server, Task, otel
+from asyncq import Client, Inspector, Intervals, ServeMux, Server, Task, otel
 
 
 @pytest.fixture
@@ -54,8 +54,9 @@ async def test_trace_crosses_the_queue(
         redis,
         queues={"traced": 1},
         retry_delay=lambda n, exc, task: timedelta(0),
-        task_check_interval=timedelta(milliseconds=100),
-        delayed_task_check_interval=timedelta(milliseconds=200),
+        intervals=Intervals(
+            task_check=timedelta(milliseconds=100), delayed_task_check=timedelta(milliseconds=200)
+        ),
         shutdown_timeout=timedelta(seconds=2),
     )
     await server.start(mux)

@@ -27,7 +27,7 @@ from asyncq.mux import ServeMux
 from asyncq.task import Task
 from tests.support import golden
 from tests.support.helpers import FakeClock, delivery_notes
-from tests.support.procs import FAST, spawn, stop_process, wait_for_line, wait_until
+from tests.support.procs import FAST, fast, spawn, stop_process, wait_for_line, wait_until
 from tests.support.workers.worker import DONE, STARTS
 
 SERVER = "test-server-1"
@@ -362,9 +362,8 @@ async def test_a_task_delivered_to_a_worker_killed_before_it_finished_runs_again
     server = Server(
         redis,
         lease_duration=timedelta(seconds=2),
-        recoverer_cutoff=timedelta(seconds=0.5),
         retry_delay=lambda n, e, t: timedelta(0),
-        **FAST,
+        **fast(recoverer_cutoff=timedelta(seconds=0.5)),
     )
     await server.start(mux)
     try:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import Client, Server, Task
+from asyncq import Client, Limits, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.multiqueue import _DELETE_EXPIRED_COMPLETED, _FORWARD, _PROBE_CHUNK, MultiQueue
@@ -243,7 +243,9 @@ async def test_in_flight_bytes_are_bounded_with_1mb_payloads(own: Redis) -> None
             await client.enqueue(Task("t", b"x" * mb), queue="big")
         await client.enqueue(Task("t", b"y" * (5 * mb)), queue="big")
     # Room for three 1 MB messages (payload plus a few dozen bytes of envelope each).
-    server = Server(own, queues={"big": 1}, concurrency=10, max_inflight_bytes=3 * mb + 4096)
+    server = Server(
+        own, queues={"big": 1}, concurrency=10, limits=Limits(max_inflight_bytes=3 * mb + 4096)
+    )
     async with server:
         await server.start(mux)
         await wait_until(lambda: len(sizes) >= 3, what="the first tasks")

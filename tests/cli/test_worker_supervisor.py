@@ -333,7 +333,7 @@ def test_shutdown_timeout_reaches_the_worker_processes(
 SLOW_START = """
 import asyncio, sys
 from datetime import timedelta
-from asyncq import ServeMux, Server
+from asyncq import Intervals, ServeMux, Server
 
 class SlowStart(Server):
     async def start(self, handler):
@@ -348,7 +348,7 @@ class SlowStart(Server):
         print("started", self.state, flush=True)
 
 async def main():
-    server = SlowStart(sys.argv[1], heartbeat_interval=timedelta(milliseconds=200))
+    server = SlowStart(sys.argv[1], intervals=Intervals(heartbeat=timedelta(milliseconds=200)))
     await server.run(ServeMux())
     print("exited", flush=True)
 

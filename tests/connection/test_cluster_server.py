@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
-from asyncq import Client, Inspector, Scheduler, ServeMux, Server, Task
+from asyncq import Aggregation, Client, Inspector, Limits, Scheduler, ServeMux, Server, Task
 from tests.support.cluster import RedisClusterProcs
-from tests.support.procs import FAST, spawn, stop_process, wait_for_line, wait_until
+from tests.support.procs import FAST, fast, spawn, stop_process, wait_for_line, wait_until
 from tests.support.workers.worker import STARTS
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.xdist_group("cluster-server")]
@@ -85,10 +85,12 @@ async def test_server_roles_and_scheduler_on_a_cluster(
         concurrency=6,
         queues=QUEUES,
         retry_delay=lambda n, err, task: timedelta(0),
-        group_aggregator=join,
-        group_grace_period=timedelta(seconds=1),
-        group_max_size=3,
-        group_check_interval=timedelta(milliseconds=200),
+        aggregation=Aggregation(
+            aggregator=join,
+            grace_period=timedelta(seconds=1),
+            max_size=3,
+            check_interval=timedelta(milliseconds=200),
+        ),
         **FAST,
     )
     enqueued: list[str] = []
@@ -207,7 +209,7 @@ async def test_sigkilled_worker_tasks_recovered_on_a_cluster(
         cluster.url,
         concurrency=4,
         retry_delay=lambda n, err, task: timedelta(0),
-        **{**FAST, "recoverer_cutoff": timedelta(milliseconds=500)},
+        **fast(recoverer_cutoff=timedelta(milliseconds=500)),
     )
     await server.start(mux)
     try:
@@ -256,9 +258,8 @@ async def test_patterns_and_type_rates_on_a_cluster(
     server = Server(
         rc,
         queues={"tenant:*": 1},
-        type_rate_limits={"tick": "2/s"},
-        queue_refresh_interval=timedelta(milliseconds=100),
-        **FAST,
+        limits=Limits(type_rate_limits={"tick": "2/s"}),
+        **fast(queue_refresh=timedelta(milliseconds=100)),
     )
     async with server, Client(rc) as client:
         await server.start(mux)

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, ServeMux, Server, Task
+from asyncq import Client, Inspector, Limits, ServeMux, Server, Task
 from asyncq.cli import main
 from asyncq.metrics._queues import collect_queue_metrics, render
 from asyncq.web import create_app
@@ -26,10 +26,12 @@ def _server(redis_url: str, limit: int) -> Server:
     return Server(
         redis_url,
         queues=QUEUES,
-        queue_concurrency={"partner": limit, "tenant:*": 3},
-        local_queue_concurrency={"partner": 1},
-        rate_limits={"partner": "10/s burst 1"},
-        ordered_queues=["ledger"],
+        limits=Limits(
+            queue_concurrency={"partner": limit, "tenant:*": 3},
+            local_queue_concurrency={"partner": 1},
+            rate_limits={"partner": "10/s burst 1"},
+            ordered_queues=["ledger"],
+        ),
         **FAST,
     )
 

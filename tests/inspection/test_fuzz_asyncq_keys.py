@@ -40,7 +40,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from asyncq import Client, Inspector, Server, Task, WorkflowNotFoundError
+from asyncq import Client, Inspector, Intervals, Limits, Server, Task, WorkflowNotFoundError
 from asyncq import _keys as keys
 from asyncq.cli import main
 from asyncq.events import recent_events
@@ -299,15 +299,15 @@ async def _run(url: str, plan: dict[str, tuple[str, Any]], home: Path) -> dict[s
         concurrency=2,
         queues={Q: 1},
         lease_duration=timedelta(seconds=LEASE),
-        type_rate_limits={TYPE: "1000/s"},
+        limits=Limits(type_rate_limits={TYPE: "1000/s"}),
         events=True,
-        **{
-            "task_check_interval": timedelta(milliseconds=50),
-            "delayed_task_check_interval": timedelta(milliseconds=50),
-            "heartbeat_interval": timedelta(milliseconds=200),
-            "recoverer_interval": timedelta(milliseconds=100),
-            "shutdown_timeout": timedelta(seconds=2),
-        },
+        intervals=Intervals(
+            task_check=timedelta(milliseconds=50),
+            delayed_task_check=timedelta(milliseconds=50),
+            heartbeat=timedelta(milliseconds=200),
+            recoverer=timedelta(milliseconds=100),
+        ),
+        shutdown_timeout=timedelta(seconds=2),
     )
     await server.start(handle)
     acked: list[str] = []
@@ -422,9 +422,11 @@ async def _serve_and_enqueue(
         concurrency=2,
         queues=queues,
         lease_duration=timedelta(seconds=LEASE),
-        task_check_interval=timedelta(milliseconds=50),
-        heartbeat_interval=timedelta(milliseconds=200),
-        recoverer_interval=timedelta(milliseconds=100),
+        intervals=Intervals(
+            task_check=timedelta(milliseconds=50),
+            heartbeat=timedelta(milliseconds=200),
+            recoverer=timedelta(milliseconds=100),
+        ),
         shutdown_timeout=timedelta(seconds=2),
         **options,
     )
@@ -434,7 +436,7 @@ async def _serve_and_enqueue(
             first = next(iter(queues))
             await client.enqueue(Task(TYPE), queue=first, task_id="warm")
             # A worker with rate limits is not armed for delivery: then "warm" is enough.
-            armed = "rate_limits" not in options
+            armed = "limits" not in options
             await wait_until(
                 lambda: "warm" in ran and (not armed or r.llen(keys.waiters_key(first))),
                 within=30,
@@ -474,7 +476,9 @@ def test_a_garbage_queue_rate_bucket_holds_no_other_queue_and_is_reset(
         r.hset(keys.rate_key(Q), mapping={"tat": tat, "interval": "1000", "burst": "5"})
 
     ran, refused = asyncio.run(
-        _serve_and_enqueue(redis_url, damage, queues={Q: 1, "other": 1}, rate_limits={Q: "1000/s"})
+        _serve_and_enqueue(
+            redis_url, damage, queues={Q: 1, "other": 1}, limits=Limits(rate_limits={Q: "1000/s"})
+        )
     )
     assert not refused, refused
     assert {f"in-{Q}", "in-other"} <= set(ran), ran

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from asyncq import BrokerError, Inspector, Server, Task, TaskNotFoundError
+from asyncq import Aggregation, BrokerError, Inspector, Intervals, Server, Task, TaskNotFoundError
 from asyncq import _keys as keys
 from asyncq.cli import main
 from asyncq.proto.asynq import TaskMessage
@@ -184,11 +184,13 @@ async def _burst(url: str, seen: list[str], **options: Any) -> Server:
         concurrency=4,
         queues={Q: 1},
         burst=True,
-        task_check_interval=timedelta(milliseconds=50),
-        delayed_task_check_interval=timedelta(milliseconds=50),
-        heartbeat_interval=timedelta(milliseconds=200),
-        recoverer_interval=timedelta(milliseconds=100),
-        recoverer_cutoff=timedelta(0),
+        intervals=Intervals(
+            task_check=timedelta(milliseconds=50),
+            delayed_task_check=timedelta(milliseconds=50),
+            heartbeat=timedelta(milliseconds=200),
+            recoverer=timedelta(milliseconds=100),
+            recoverer_cutoff=timedelta(0),
+        ),
         lease_duration=timedelta(seconds=2),
         shutdown_timeout=timedelta(seconds=1),
         retry_delay=lambda n, exc, task: timedelta(0),
@@ -313,9 +315,11 @@ def test_aggregating_server_survives_garbage_groups(redis_url: str, r: sync_redi
         server = Server(
             redis_url,
             queues={Q: 1},
-            group_aggregator=lambda group, tasks: Task("agg"),
-            group_grace_period=timedelta(seconds=1),
-            group_check_interval=timedelta(milliseconds=100),
+            aggregation=Aggregation(
+                aggregator=lambda group, tasks: Task("agg"),
+                grace_period=timedelta(seconds=1),
+                check_interval=timedelta(milliseconds=100),
+            ),
             shutdown_timeout=timedelta(seconds=1),
         )
         await server.start(lambda task: None)

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
+from asyncq import Intervals
 from asyncq._broker import BatchItem, Broker
 from asyncq._inspection.inspector import Inspector
 from asyncq._producer.client import Client
@@ -173,9 +174,10 @@ async def test_run_task_wakes_an_idle_server(redis: Redis, redis_url: str, insp:
         archived = await client.enqueue(Task("wake", b"later"), process_in=timedelta(hours=1))
     await insp.archive_task("default", archived.id)
     server = Server(
-        redis_url, concurrency=2, task_check_interval=timedelta(seconds=30),
-        heartbeat_interval=timedelta(seconds=1),
-    )  # fmt: skip
+        redis_url,
+        concurrency=2,
+        intervals=Intervals(task_check=timedelta(seconds=30), heartbeat=timedelta(seconds=1)),
+    )
     await server.start(mux)
     try:
         for _ in range(200):  # the server is up once its heartbeat shows in servers()

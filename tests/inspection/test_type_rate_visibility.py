@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner, Result
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, ServeMux, Server, Task, TypeRateInfo
+from asyncq import Client, Inspector, Limits, ServeMux, Server, Task, TypeRateInfo
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.typerate import take_type_tokens
@@ -57,7 +57,7 @@ async def test_servers_publish_their_type_rates_and_the_inspector_lists_them(
         ran.append(task.type)
 
     rates = {"slowtype": "1/s", "idle:type": "600/min"}
-    server = Server(redis, concurrency=4, type_rate_limits=rates, **FAST)
+    server = Server(redis, concurrency=4, limits=Limits(type_rate_limits=rates), **FAST)
     async with Inspector(redis) as insp, Client(redis) as client:
         async with server:
             await server.start(mux)

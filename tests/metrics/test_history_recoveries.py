@@ -42,7 +42,7 @@ async def test_a_dead_workers_task_counts_as_failed_and_retried_then_archived(
         queues={Q: 1},
         metrics_history=True,
         retry_delay=lambda n, exc, task: timedelta(hours=1),
-        **{**FAST, "recoverer_interval": timedelta(milliseconds=200)},
+        **FAST,
     )
     await server.start(mux)
     try:

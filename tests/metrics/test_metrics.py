@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, RevokeTask, ServeMux, Server, SkipRetry, Task
+from asyncq import Client, Inspector, Intervals, RevokeTask, ServeMux, Server, SkipRetry, Task
 from asyncq import _keys as keys
 from asyncq.metrics import ENQUEUED_STATES, MetricsExporter, WorkerMetrics
 from asyncq.web import create_app
@@ -213,7 +213,7 @@ async def test_worker_metrics(redis_url: str, redis: Redis, worker_metrics: Work
         concurrency=2,
         queues={"m": 1},
         metrics=worker_metrics,
-        task_check_interval=timedelta(milliseconds=100),
+        intervals=Intervals(task_check=timedelta(milliseconds=100)),
         shutdown_timeout=timedelta(seconds=2),
     )
     await server.start(mux)
@@ -304,12 +304,16 @@ async def test_worker_metrics_count_a_lease_expiry(redis_url: str, redis: Redis)
         queues={"lease": 1},
         metrics=metrics,
         lease_duration=timedelta(seconds=2),
-        heartbeat_interval=timedelta(seconds=1),
-        task_check_interval=timedelta(milliseconds=100),
+        intervals=Intervals(
+            heartbeat=timedelta(seconds=1),
+            task_check=timedelta(milliseconds=100),
+            # The recoverer (2 s after expiry by default) must not take the task over
+            # before the check below that the processor wrote nothing.
+            recoverer_cutoff=timedelta(minutes=1),
+        ),
         shutdown_timeout=timedelta(seconds=1),
         # The recoverer (2 s after expiry by default) must not take the task over
         # before the check below that the processor wrote nothing.
-        recoverer_cutoff=timedelta(minutes=1),
     )
     await server.start(mux)
     try:

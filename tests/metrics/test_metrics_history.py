@@ -17,7 +17,17 @@ import structlog
 from click.testing import CliRunner
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, RateLimited, RevokeTask, ServeMux, Server, SkipRetry, Task
+from asyncq import (
+    Client,
+    Inspector,
+    Limits,
+    RateLimited,
+    RevokeTask,
+    ServeMux,
+    Server,
+    SkipRetry,
+    Task,
+)
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq.cli import main
@@ -243,7 +253,7 @@ async def test_what_counts_is_the_outcome_the_processor_decided(
         mux,
         queues={"hist-a": 1},
         metrics_history=True,
-        type_rate_limits={"scarce": "1/h"},
+        limits=Limits(type_rate_limits={"scarce": "1/h"}),
         retry_delay=lambda n, exc, task: timedelta(hours=1),
     )
     async with Client(redis) as client:

@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from asyncq import Client, EnqueueOptions, ServeMux, Server, Task
+from asyncq import Aggregation, Client, EnqueueOptions, ServeMux, Server, Task
 from asyncq import _keys as keys
 from asyncq.cli import main
 from tests.support.procs import FAST, wait_until
@@ -256,9 +256,9 @@ async def test_aggregated_tasks_come_in_joining_second_then_id_order(
     server = Server(
         redis,
         **FAST,
-        group_aggregator=aggregate,
-        group_max_size=5,
-        group_check_interval=timedelta(milliseconds=100),
+        aggregation=Aggregation(
+            aggregator=aggregate, max_size=5, check_interval=timedelta(milliseconds=100)
+        ),
     )
     async with server:
         await server.start(mux)
@@ -271,7 +271,7 @@ async def test_aggregated_tasks_come_in_joining_second_then_id_order(
 QUIET_WORKER = """
 import asyncio, sys
 from datetime import timedelta
-from asyncq import Client, ServeMux, Server, Task
+from asyncq import Client, Intervals, ServeMux, Server, Task
 
 async def main(url):
     mux = ServeMux()
@@ -280,7 +280,7 @@ async def main(url):
     mux.handle("job", job)
     async with Client(url) as client:
         await client.enqueue(Task("job"))
-    server = Server(url, burst=True, task_check_interval=timedelta(milliseconds=100))
+    server = Server(url, burst=True, intervals=Intervals(task_check=timedelta(milliseconds=100)))
     await server.run(mux)
     print("done")
 

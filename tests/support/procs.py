@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,24 +19,32 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
+from asyncq import Intervals
 from asyncq import _keys as keys
 from asyncq.proto.asynq import TaskMessage
 from tests.support.helpers import wait_until
 
-__all__ = ["FAST", "spawn", "stop_process", "wait_for_line", "wait_until"]
+__all__ = ["FAST", "FAST_INTERVALS", "fast", "spawn", "stop_process", "wait_for_line", "wait_until"]
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
 
-FAST: dict[str, Any] = {
-    "task_check_interval": timedelta(milliseconds=100),
-    "delayed_task_check_interval": timedelta(milliseconds=100),
-    "heartbeat_interval": timedelta(milliseconds=200),
-    "recoverer_interval": timedelta(milliseconds=200),
-    "janitor_interval": timedelta(milliseconds=200),
-    "shutdown_timeout": timedelta(seconds=2),
-}
+FAST_INTERVALS = Intervals(
+    task_check=timedelta(milliseconds=100),
+    delayed_task_check=timedelta(milliseconds=100),
+    heartbeat=timedelta(milliseconds=200),
+    recoverer=timedelta(milliseconds=200),
+    janitor=timedelta(milliseconds=200),
+)
+"""The intervals of :data:`FAST`."""
+
+FAST: dict[str, Any] = {"intervals": FAST_INTERVALS, "shutdown_timeout": timedelta(seconds=2)}
 """Server timings that keep the tests fast."""
+
+
+def fast(**intervals: timedelta) -> dict[str, Any]:
+    """:data:`FAST` with some of its intervals changed (``Intervals`` field names)."""
+    return {**FAST, "intervals": replace(FAST_INTERVALS, **intervals)}
 
 
 async def task_hash(redis: Redis, queue: str, task_id: str) -> dict[bytes, bytes]:

@@ -20,6 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 import asyncq
+from asyncq import Intervals
 from asyncq._broker import Broker
 from asyncq._inspection.inspector import Inspector
 from asyncq._producer.client import Client
@@ -745,7 +746,7 @@ async def test_asyncq_server_heartbeat_as_go_list_servers_reads_it(redis: Redis)
         concurrency=2,
         queues={"critical": 6, "low": 2},
         strict_priority=True,
-        heartbeat_interval=timedelta(milliseconds=300),
+        intervals=Intervals(heartbeat=timedelta(milliseconds=300)),
     )
     before = int(time.time())
     async with Client(redis) as c, server:

@@ -7,6 +7,7 @@ import asyncio
 import signal
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 import structlog
 from redis.asyncio import Redis
 
+from asyncq import Aggregation
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
 from asyncq._worker.server import Server
@@ -56,14 +58,15 @@ class Recorder:
 
 
 def agg_server(redis: Redis, rec: Recorder, **options: Any) -> Server:
-    opts: dict[str, Any] = {
-        **FAST,
-        "group_aggregator": rec.aggregate,
-        "group_check_interval": timedelta(milliseconds=100),
-        "group_grace_period": timedelta(minutes=1),
-        **options,
-    }
-    return Server(redis, **opts)
+    """A fast Server aggregating with *rec*: *options* are ``Aggregation`` fields over
+    these defaults, and ``queues``."""
+    queues = {"queues": options.pop("queues")} if "queues" in options else {}
+    aggregation = Aggregation(
+        aggregator=rec.aggregate,
+        check_interval=timedelta(milliseconds=100),
+        grace_period=timedelta(minutes=1),
+    )
+    return Server(redis, **FAST, **queues, aggregation=replace(aggregation, **options))
 
 
 async def add(client: Client, group: str, *payloads: bytes, queue: str = Q) -> None:
@@ -73,7 +76,7 @@ async def add(client: Client, group: str, *payloads: bytes, queue: str = Q) -> N
 
 async def test_aggregation_by_max_size(redis: Redis, client: Client) -> None:
     rec = Recorder()
-    server = agg_server(redis, rec, group_max_size=3, queues={"mail": 1})
+    server = agg_server(redis, rec, max_size=3, queues={"mail": 1})
     async with server:
         await server.start(rec.mux())
         await add(client, "digest", b"1", b"2", b"3", b"4", b"5", queue="mail")
@@ -103,7 +106,7 @@ async def test_aggregation_by_max_size(redis: Redis, client: Client) -> None:
 
 async def test_aggregation_by_max_delay(redis: Redis, client: Client) -> None:
     rec = Recorder()
-    server = agg_server(redis, rec, group_max_delay=timedelta(seconds=1))
+    server = agg_server(redis, rec, max_delay=timedelta(seconds=1))
     async with server:
         await server.start(rec.mux())
         await add(client, "g", b"a", b"b")
@@ -115,7 +118,7 @@ async def test_aggregation_by_max_delay(redis: Redis, client: Client) -> None:
 
 async def test_aggregation_by_grace_period(redis: Redis, client: Client) -> None:
     rec = Recorder()
-    server = agg_server(redis, rec, group_grace_period=timedelta(seconds=1))
+    server = agg_server(redis, rec, grace_period=timedelta(seconds=1))
     async with server:
         await server.start(rec.mux())
         await add(client, "g", b"x", b"y", b"z")
@@ -135,7 +138,7 @@ async def stage_deadline_passed(redis: Redis, queue: str = Q) -> list[bytes]:
 async def test_failing_aggregator_loses_no_task(redis: Redis, client: Client) -> None:
     rec = Recorder(fail_first=1)
     with structlog.testing.capture_logs() as logs:
-        server = agg_server(redis, rec, group_grace_period=timedelta(seconds=1))
+        server = agg_server(redis, rec, grace_period=timedelta(seconds=1))
         async with server:
             await server.start(rec.mux())
             await add(client, "g", b"1", b"2")
@@ -160,9 +163,11 @@ async def test_aggregator_returning_a_non_task_is_a_failure(redis: Redis, client
     server = Server(
         redis,
         **FAST,
-        group_aggregator=bad,
-        group_grace_period=timedelta(seconds=1),
-        group_check_interval=timedelta(milliseconds=100),
+        aggregation=Aggregation(
+            aggregator=bad,
+            grace_period=timedelta(seconds=1),
+            check_interval=timedelta(milliseconds=100),
+        ),
     )
     async with server:
         await server.start(ServeMux())
@@ -197,7 +202,7 @@ async def test_server_killed_during_aggregation_loses_no_task(
     await stage_deadline_passed(redis)
 
     rec = Recorder()
-    server = agg_server(redis, rec, group_grace_period=timedelta(seconds=1))
+    server = agg_server(redis, rec, grace_period=timedelta(seconds=1))
     async with server:
         await server.start(rec.mux())
         await wait_until(lambda: rec.processed, within=15, what="aggregate processed")

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from redis.asyncio import Redis
 
+from asyncq import Aggregation
 from asyncq._producer.client import Client
 from asyncq._worker.aggregator import GroupAggregatorRole
 from asyncq._worker.server import Server
@@ -33,10 +34,12 @@ async def test_aggregated_tasks_use_the_servers_connection(
     server = Server(
         redis_url,
         **FAST,
-        group_aggregator=aggregate,
-        group_check_interval=timedelta(milliseconds=100),
-        group_grace_period=timedelta(minutes=1),
-        group_max_size=2,
+        aggregation=Aggregation(
+            aggregator=aggregate,
+            check_interval=timedelta(milliseconds=100),
+            grace_period=timedelta(minutes=1),
+            max_size=2,
+        ),
     )
     await server.start(mux)
     try:

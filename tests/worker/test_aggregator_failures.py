@@ -10,15 +10,19 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from asyncq import Client, ServeMux, Server, Task
+from asyncq import Aggregation, Client, GroupAggregator, ServeMux, Server, Task
 from tests.support.helpers import wait_until
 from tests.support.procs import FAST
 
-GROUPING: dict[str, Any] = {
-    "group_grace_period": timedelta(seconds=1),
-    "group_max_size": 1,
-    "group_check_interval": timedelta(milliseconds=100),
-}
+
+def grouping(aggregator: GroupAggregator) -> Aggregation:
+    """Aggregation by *aggregator* of each task alone, checked often."""
+    return Aggregation(
+        aggregator=aggregator,
+        grace_period=timedelta(seconds=1),
+        max_size=1,
+        check_interval=timedelta(milliseconds=100),
+    )
 
 
 def recording_mux(seen: list[bytes]) -> ServeMux:
@@ -37,7 +41,7 @@ async def test_an_aggregator_returning_no_task_is_logged_and_the_tasks_kept(
         return "not a task"
 
     await client.enqueue(Task("part", b"1"), group="g")
-    server = Server(redis, concurrency=2, group_aggregator=bad, **GROUPING, **FAST)
+    server = Server(redis, concurrency=2, aggregation=grouping(bad), **FAST)
     await server.start(ServeMux())
     try:
         await wait_until(lambda: server.stats.aggregation_errors >= 1, what="the failure")
@@ -59,7 +63,7 @@ async def test_a_sync_aggregator_may_return_an_awaitable(redis: Redis, client: C
 
     seen: list[bytes] = []
     await client.enqueue(Task("part", b"a"), group="g")
-    server = Server(redis, concurrency=2, group_aggregator=aggregate, **GROUPING, **FAST)
+    server = Server(redis, concurrency=2, aggregation=grouping(aggregate), **FAST)
     await server.start(recording_mux(seen))
     try:
         await wait_until(lambda: seen, what="the aggregated task handled")
@@ -82,7 +86,7 @@ async def test_checks_piling_up_behind_a_slow_aggregator_are_skipped(
     for group in ("g1", "g2", "g3"):
         await client.enqueue(Task("part", group.encode()), group=group)
     seen: list[bytes] = []
-    server = Server(redis, concurrency=2, group_aggregator=slow, **GROUPING, **FAST)
+    server = Server(redis, concurrency=2, aggregation=grouping(slow), **FAST)
     await server.start(recording_mux(seen))
     try:
         # Each check blocks in the aggregator on its own group: three checks run at once
@@ -115,7 +119,7 @@ async def test_shutdown_stops_a_check_blocked_in_the_aggregator_and_keeps_its_ta
         raise AssertionError("unreachable")
 
     await client.enqueue(Task("part", b"x"), group="g")
-    server = Server(redis, concurrency=2, group_aggregator=stuck, **GROUPING, **FAST)
+    server = Server(redis, concurrency=2, aggregation=grouping(stuck), **FAST)
     await server.start(recording_mux([]))
     await asyncio.wait_for(started.wait(), 15)
     await asyncio.wait_for(server.shutdown(), 30)

@@ -18,7 +18,7 @@ from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.task import Task
 from tests.support.acl import temporary_acl_user
-from tests.support.procs import FAST, stored_message, task_hash, wait_until
+from tests.support.procs import fast, stored_message, task_hash, wait_until
 
 Q = "default"
 
@@ -68,7 +68,8 @@ async def test_cancel_works_for_a_user_without_wakeup_channel_rights(
     mux.handle("quick", quick)
     server = Server(
         cancel_only_user,
-        **{**FAST, "concurrency": 2, "task_check_interval": timedelta(milliseconds=50)},
+        concurrency=2,
+        **fast(task_check=timedelta(milliseconds=50)),
         retry_delay=lambda n, e, t: timedelta(hours=1),
     )
     with structlog.testing.capture_logs() as logs:

@@ -12,7 +12,7 @@ import pytest
 import structlog
 from redis.asyncio import Redis
 
-from asyncq import Client, ServeMux, Server, Task, parse_redis_uri
+from asyncq import Client, Intervals, ServeMux, Server, Task, parse_redis_uri
 from asyncq import _keys as keys
 from asyncq._redis.options import redact_uri
 from tests.support.procs import (
@@ -162,8 +162,7 @@ async def test_a_handler_blocking_the_loop_does_not_get_colocated_tasks_rerun(
         redis_url if target == "uri" else redis,
         concurrency=3,
         lease_duration=timedelta(seconds=3),
-        heartbeat_interval=timedelta(seconds=1),
-        task_check_interval=timedelta(milliseconds=100),
+        intervals=Intervals(heartbeat=timedelta(seconds=1), task_check=timedelta(milliseconds=100)),
         logger=structlog.wrap_logger(structlog.PrintLogger(), processors=[capture]),
     )
     infos = [await client.enqueue(Task("colocated")) for _ in range(2)]

@@ -12,6 +12,7 @@ import pytest
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
+from asyncq import Intervals
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
 from asyncq._redis.options import RedisClientOpts
@@ -225,9 +226,11 @@ def test_timing_knobs_are_plain_keywords(redis_url: str) -> None:
     server = Server(
         redis_url,
         lease_duration=timedelta(seconds=2),
-        heartbeat_interval=timedelta(milliseconds=300),
-        recoverer_interval=timedelta(milliseconds=300),
-        recoverer_cutoff=timedelta(milliseconds=500),
+        intervals=Intervals(
+            heartbeat=timedelta(milliseconds=300),
+            recoverer=timedelta(milliseconds=300),
+            recoverer_cutoff=timedelta(milliseconds=500),
+        ),
     )
     cfg = server.config
     assert (cfg.lease_duration, cfg.heartbeat_interval) == (2, 0.3)

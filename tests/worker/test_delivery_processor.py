@@ -12,6 +12,7 @@ import asyncio
 import pytest
 from structlog.testing import capture_logs
 
+from asyncq import Limits
 from asyncq._broker.delivery import DeliveryNote, parse_note
 from asyncq._worker.arming import DELIVERY_TTL, REGISTER_EVERY
 from asyncq.mux import sync_limiter
@@ -91,15 +92,15 @@ async def test_a_delivered_task_runs_without_a_fetch_and_the_processor_asks_agai
 async def test_limited_queues_are_never_delivered_from() -> None:
     fake = FakeBroker()
     queues = {Q: 1, "capped": 1, "rated": 1, "free": 1}
-    options = {"local_queue_concurrency": {"capped": 2}, "rate_limits": {"rated": "5/s"}}
-    async with Armed(fake, _noop, queues=queues, **options):
+    limits = Limits(local_queue_concurrency={"capped": 2}, rate_limits={"rated": "5/s"})
+    async with Armed(fake, _noop, queues=queues, limits=limits):
         await wait_until(lambda: _arms(fake), what="the first arm")
         assert sorted(_arms(fake)[0]) == sorted([Q, "free"])
 
 
 async def test_only_limited_queues_never_arm() -> None:
     fake = FakeBroker()
-    async with Armed(fake, _noop, queue_concurrency={Q: 3}) as run:
+    async with Armed(fake, _noop, limits=Limits(queue_concurrency={Q: 3})) as run:
         await wait_until(lambda: len(fake.fetches) >= 2 or run.processor.stats.empty_fetches)
         await asyncio.sleep(0.05)
         assert _arms(fake) == []
@@ -235,7 +236,7 @@ async def test_a_delivered_task_runs_in_the_processors_context() -> None:
     async def handler(task: Task) -> None:
         seen.append(sync_limiter.get(None))
 
-    async with Armed(fake, handler, sync_concurrency=3) as run:
+    async with Armed(fake, handler, limits=Limits(sync_concurrency=3)) as run:
         await wait_until(lambda: fake.credits.get(SERVER) == 1, what="armed")
         tid = run.deliver()
         await wait_until(lambda: seen, what=f"task {tid}")

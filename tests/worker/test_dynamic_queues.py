@@ -13,16 +13,17 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, ServeMux, Server, Task
+from asyncq import Client, Inspector, Limits, ServeMux, Server, Task
 from asyncq import _keys as keys
 from asyncq._worker.limits import QueueLimits
 from asyncq._worker.processor import QueueOrder
 from asyncq._worker.queueset import QueueSet, resolve
 from tests.support.gofixtures import GoTask
-from tests.support.procs import FAST, wait_until
+from tests.support.procs import fast, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-REFRESH = {"queue_refresh_interval": timedelta(milliseconds=100)}
+REFRESH = fast(queue_refresh=timedelta(milliseconds=100))
+"""FAST, re-reading the queue patterns often."""
 
 
 def _recorder() -> tuple[ServeMux, list[tuple[str, bytes]]]:
@@ -132,7 +133,7 @@ async def test_a_queue_created_after_start_is_served_and_shows_concretely(redis:
     mux, seen = _recorder()
     async with Client(redis) as client:
         await client.enqueue(Task("rec", b"early", queue="tenant:early"))
-        server = Server(redis, queues={"tenant:*": 1, "critical": 5}, **FAST, **REFRESH)
+        server = Server(redis, queues={"tenant:*": 1, "critical": 5}, **REFRESH)
         async with server:
             await server.start(mux)
             await wait_until(lambda: ("tenant:early", b"early") in seen, what="early task")
@@ -164,7 +165,7 @@ async def test_a_removed_queue_stops_being_served(redis: Redis) -> None:
     mux, seen = _recorder()
     async with Client(redis) as client, Inspector(redis) as insp:
         await client.enqueue(Task("rec", b"1", queue="tenant:gone"))
-        server = Server(redis, queues={"tenant:*": 1}, **FAST, **REFRESH)
+        server = Server(redis, queues={"tenant:*": 1}, **REFRESH)
         async with server:
             await server.start(mux)
             await wait_until(lambda: seen, what="first task")
@@ -200,9 +201,7 @@ async def test_ordered_and_limit_patterns_apply_to_new_queues(redis: Redis) -> N
     server = Server(
         redis,
         queues={"tenant:*": 1},
-        ordered_queues=["tenant:*"],
-        queue_concurrency={"tenant:*": 1},
-        **FAST,
+        limits=Limits(ordered_queues=["tenant:*"], queue_concurrency={"tenant:*": 1}),
         **REFRESH,
     )
     async with server, Client(redis) as client:

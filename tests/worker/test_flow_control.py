@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, RateLimited, ServeMux, Server, Task
+from asyncq import Client, Inspector, Limits, RateLimited, ServeMux, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.multiqueue import MultiQueue
@@ -372,7 +372,9 @@ async def test_server_local_limit_bounds_one_process(redis: Redis) -> None:
     mux = ServeMux()
     mux.handle("work", handle)
     await _fill(redis, 30)
-    server = Server(redis, concurrency=10, queues={Q: 1}, local_queue_concurrency={Q: 2}, **FAST)
+    server = Server(
+        redis, concurrency=10, queues={Q: 1}, limits=Limits(local_queue_concurrency={Q: 2}), **FAST
+    )
     async with server:
         await server.start(mux)
         await wait_until(lambda: done == 30, within=30, what="all tasks")

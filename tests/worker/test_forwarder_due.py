@@ -19,10 +19,10 @@ from asyncq import ServeMux, Server, Task
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
 from asyncq.task import TaskState
-from tests.support.procs import FAST, wait_until
+from tests.support.procs import fast, wait_until
 
 HOUR = timedelta(hours=1)
-SETTINGS = {**FAST, "delayed_task_check_interval": HOUR, "recoverer_interval": HOUR}
+SETTINGS = fast(delayed_task_check=HOUR, recoverer=HOUR)
 WITHIN = 30.0  # an hour's pass could not have moved the task by then
 
 

@@ -16,7 +16,7 @@ import pytest
 import structlog
 from redis.asyncio import Redis
 
-from asyncq import Server, Task
+from asyncq import Intervals, Server, Task
 from asyncq import _keys as keys
 from asyncq.mux import ServeMux
 from asyncq.proto.asynq import TaskMessage
@@ -105,7 +105,7 @@ async def test_go_style_scheduled_and_retry_tasks_are_forwarded_when_due(
         own_server.url,
         queues=QUEUES,
         concurrency=4,
-        delayed_task_check_interval=timedelta(milliseconds=200),
+        intervals=Intervals(delayed_task_check=timedelta(milliseconds=200)),
     )
     async with server:
         await server.start(recording_mux(picked))
@@ -192,7 +192,7 @@ async def test_queues_matching_a_pattern_later_are_tracked(
         own_server.url,
         queues={"tenant:*": 1},
         concurrency=4,
-        queue_refresh_interval=timedelta(milliseconds=100),
+        intervals=Intervals(queue_refresh=timedelta(milliseconds=100)),
     )
     async with server:
         await server.start(recording_mux(picked))  # matching no queue yet: nothing tracked

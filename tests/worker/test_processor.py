@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
+from asyncq import Limits
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
 from asyncq._worker.result_writer import ResultWriteError
@@ -138,7 +139,7 @@ async def test_sync_handler_runs_in_worker_thread(
         with lock:
             running -= 1
 
-    await serve(one_handler("sync", handle), concurrency=6, sync_concurrency=2)
+    await serve(one_handler("sync", handle), concurrency=6, limits=Limits(sync_concurrency=2))
     infos = await client.enqueue_many([Task("sync") for _ in range(6)])
     for info in infos:
         assert not isinstance(info, Exception)

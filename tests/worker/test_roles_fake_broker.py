@@ -19,6 +19,7 @@ import pytest
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from asyncq import Aggregation, Intervals, Limits
 from asyncq._broker import DequeuedTask
 from asyncq._broker.durable import RUN_HEADER, RUN_QUEUE_HEADER, STEP_HEADER
 from asyncq._worker import active as active_module
@@ -543,7 +544,7 @@ async def test_recoverer_retries_now_archives_exhausted_and_forwards_at_once() -
 
 async def test_recoverer_wakes_at_the_earliest_lease_expiry_plus_the_cutoff() -> None:
     fake = FakeBroker(lease_duration=30)
-    deps = role_deps(fake, recoverer_cutoff=timedelta(seconds=2))
+    deps = role_deps(fake, intervals=Intervals(recoverer_cutoff=timedelta(seconds=2)))
     rec = Recoverer(deps, 60.0, active=ActiveTasks())
     await rec.tick()
     assert rec.next_wait == 30  # nothing active: at least once per lease duration
@@ -669,7 +670,10 @@ async def test_aggregator_enqueues_the_aggregate_and_keeps_the_set_when_that_fai
     def aggregate(group: str, tasks: list[Task]) -> Task:
         return Task("joined", b",".join(t.payload or b"" for t in tasks))
 
-    deps = role_deps(fake, group_aggregator=aggregate, group_grace_period=timedelta(seconds=1))
+    deps = role_deps(
+        fake,
+        aggregation=Aggregation(aggregator=aggregate, grace_period=timedelta(seconds=1)),
+    )
     role = GroupAggregatorRole(deps, 1.0, enqueue=enqueue)
     fake.advance(2)
     await role._check(datetime.fromtimestamp(fake.clock(), UTC))  # one tick's check
@@ -720,7 +724,7 @@ async def test_a_failed_type_rate_token_call_puts_the_task_back_unrun() -> None:
     async def handler(task: Task) -> None:
         ran.append(task.id or "")
 
-    async with Running(fake, handler, type_rate_limits={"api": "10/s"}) as run:
+    async with Running(fake, handler, limits=Limits(type_rate_limits={"api": "10/s"})) as run:
         await wait_until(lambda: fake.state(msg.id) == "retry", what="rescheduled")
     assert ran == []
     ((_, retry_at, _, is_failure),) = fake.called("retry")

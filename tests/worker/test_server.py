@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from asyncq import Intervals, Limits
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
 from asyncq._worker.server import Server
@@ -19,7 +20,7 @@ from asyncq.mux import ServeMux
 from asyncq.proto.asynq import ServerInfo, TaskMessage, WorkerInfo
 from asyncq.task import Task
 from tests.support import transitions
-from tests.support.procs import FAST, stored_message, task_hash, wait_until, zset_ids
+from tests.support.procs import FAST, fast, stored_message, task_hash, wait_until, zset_ids
 from tests.support.redis_server import free_port
 
 Q = "default"
@@ -145,7 +146,7 @@ async def test_idle_worker_is_delivered_the_enqueued_task_not_polling(
         done.set()
 
     # With an hour-long check interval only direct delivery or a wake-up starts the task.
-    server = Server(redis, concurrency=2, task_check_interval=timedelta(hours=1))
+    server = Server(redis, concurrency=2, intervals=Intervals(task_check=timedelta(hours=1)))
     async with server:
         await server.start(mux_for("ping", handle))
         armed = keys.delivery_channel(server.server_id)
@@ -177,8 +178,8 @@ async def test_idle_worker_is_woken_by_enqueue_where_no_delivery_is_made(
     server = Server(
         redis,
         concurrency=2,
-        task_check_interval=timedelta(hours=1),
-        local_queue_concurrency={"default": 1},
+        intervals=Intervals(task_check=timedelta(hours=1)),
+        limits=Limits(local_queue_concurrency={"default": 1}),
     )
     async with server:
         await server.start(mux_for("ping", handle))
@@ -200,7 +201,7 @@ async def test_task_without_wakeup_is_polled_within_task_check_interval(
     async def handle(task: Task) -> None:
         done.set()
 
-    server = Server(redis, task_check_interval=timedelta(milliseconds=200))
+    server = Server(redis, intervals=Intervals(task_check=timedelta(milliseconds=200)))
     async with server:
         await server.start(mux_for("go", handle))
         armed = keys.delivery_channel(server.server_id)
@@ -236,7 +237,7 @@ async def test_heartbeat_writes_server_and_worker_info_and_extends_leases(
         redis,
         concurrency=3,
         queues={"critical": 6, "low": 2},
-        heartbeat_interval=timedelta(milliseconds=200),
+        intervals=Intervals(heartbeat=timedelta(milliseconds=200)),
     )
     async with server:
         await server.start(mux_for("hb", handle))
@@ -338,7 +339,7 @@ async def test_recoverer_retries_or_archives_tasks_with_expired_leases(
 async def test_recoverer_leaves_live_leases_alone(redis: Redis, client: Client) -> None:
     await client.enqueue(Task("busy"), task_id="live")
     assert await transitions.dequeue_many(client.broker, [Q], 1)
-    server = Server(redis, **{**FAST, "recoverer_cutoff": timedelta(0)})
+    server = Server(redis, **fast(recoverer_cutoff=timedelta(0)))
     async with server:
         await server.start(ServeMux())
         await wait_until(lambda: server.stats.idle_timeouts >= 3, what="a few rounds")
@@ -346,7 +347,7 @@ async def test_recoverer_leaves_live_leases_alone(redis: Redis, client: Client) 
 
 
 async def test_janitor_deletes_expired_completed_tasks(redis: Redis, client: Client) -> None:
-    server = Server(redis, **{**FAST, "janitor_batch_size": 2})
+    server = Server(redis, **FAST, limits=Limits(janitor_batch_size=2))
     async with server:
         await server.start(mux_for("keep", noop))
         infos = [
@@ -368,9 +369,9 @@ async def test_health_check_reports_ok_and_failure(redis: Redis, redis_url: str)
     async def record_bad(exc: BaseException | None) -> None:
         bad.append(exc)
 
-    fast = {**FAST, "health_check_interval": timedelta(milliseconds=100)}
-    good = Server(redis, health_check=ok.append, **fast)
-    broken = Server(f"redis://127.0.0.1:{free_port()}/0", health_check=record_bad, **fast)
+    quick = fast(health_check=timedelta(milliseconds=100))
+    good = Server(redis, health_check=ok.append, **quick)
+    broken = Server(f"redis://127.0.0.1:{free_port()}/0", health_check=record_bad, **quick)
     async with good, broken:
         await good.start(ServeMux())
         await broken.start(ServeMux())

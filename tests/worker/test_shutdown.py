@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from redis.asyncio import Redis
 
+from asyncq import Aggregation, Intervals
 from asyncq import _keys as keys
 from asyncq._producer.client import Client
 from asyncq._worker.server import Server
@@ -110,15 +111,17 @@ async def test_idle_shutdown_returns_promptly(redis: Redis) -> None:
     # Long intervals everywhere: shutdown must not wait for any of them.
     server = Server(
         redis,
-        task_check_interval=timedelta(hours=1),
-        delayed_task_check_interval=timedelta(hours=1),
-        janitor_interval=timedelta(hours=1),
-        recoverer_interval=timedelta(hours=1),
-        heartbeat_interval=timedelta(hours=1),
+        intervals=Intervals(
+            task_check=timedelta(hours=1),
+            delayed_task_check=timedelta(hours=1),
+            janitor=timedelta(hours=1),
+            recoverer=timedelta(hours=1),
+            heartbeat=timedelta(hours=1),
+            health_check=timedelta(hours=1),
+        ),
+        aggregation=Aggregation(aggregator=lambda g, ts: Task("x")),
         lease_duration=timedelta(hours=2),
         health_check=lambda exc: None,
-        health_check_interval=timedelta(hours=1),
-        group_aggregator=lambda g, ts: Task("x"),
     )
     server.syncer.interval = 3600.0
     await server.start(ServeMux())

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, ServeMux, Server, Task
+from asyncq import Client, Inspector, Limits, ServeMux, Server, Task
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.typerate import take_type_tokens
@@ -80,7 +80,9 @@ async def test_limited_type_waits_without_using_a_retry_and_other_types_do_not(
     async def free(task: Task) -> None:
         ran.append(("free", task.retry_count))
 
-    server = Server(redis, concurrency=4, type_rate_limits={"slowtype": "1/s"}, **FAST)
+    server = Server(
+        redis, concurrency=4, limits=Limits(type_rate_limits={"slowtype": "1/s"}), **FAST
+    )
     async with Client(redis) as client:
         # max_retry=0: a rate-limited attempt counted as a failure would archive the task.
         await client.enqueue_many([Task("slowtype", b"", max_retry=0) for _ in range(6)])

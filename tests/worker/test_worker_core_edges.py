@@ -25,6 +25,7 @@ import structlog
 from redis.exceptions import ResponseError
 from structlog.testing import capture_logs
 
+from asyncq import Intervals, Limits
 from asyncq._broker.workflow import WORKFLOW_HEADER, WORKFLOW_QUEUE_HEADER, WORKFLOW_STEP_HEADER
 from asyncq._worker import active as active_module
 from asyncq._worker import policy
@@ -129,11 +130,13 @@ async def test_the_heartbeat_publishes_the_server_and_each_running_task() -> Non
         concurrency=7,
         queues={Q: 3, "low": 1},
         strict_priority=True,
-        type_rate_limits={"email": "10/s"},
-        queue_concurrency={Q: 4},
-        local_queue_concurrency={"low": 2},
-        rate_limits={"low": "5/s"},
-        ordered_queues=["low"],
+        limits=Limits(
+            type_rate_limits={"email": "10/s"},
+            queue_concurrency={Q: 4},
+            local_queue_concurrency={"low": 2},
+            rate_limits={"low": "5/s"},
+            ordered_queues=["low"],
+        ),
     )
     active = ActiveTasks()
     lease = Lease(got.lease_expiry, clock=fake.clock)
@@ -512,7 +515,7 @@ async def test_a_type_out_of_tokens_is_put_back_unrun_for_its_buckets_wait() -> 
     async def handler(task: Task) -> None:
         ran.append(task.id or "")
 
-    run = _debugging(Running(fake, handler, type_rate_limits={"api": "10/s"}))
+    run = _debugging(Running(fake, handler, limits=Limits(type_rate_limits={"api": "10/s"})))
     history = run.processor.attempts.writer.history = _History()  # type: ignore[assignment]
     progress = run.processor.attempts._progress = _Progress()  # type: ignore[assignment]
     with capture_logs() as logs:
@@ -541,7 +544,7 @@ async def test_a_failed_type_token_call_is_logged_with_the_task() -> None:
     fake.fail("take_type_tokens")
 
     with capture_logs() as logs:
-        async with Running(fake, _returns, type_rate_limits={"api": "10/s"}):
+        async with Running(fake, _returns, limits=Limits(type_rate_limits={"api": "10/s"})):
             await wait_until(lambda: fake.state(msg.id) == "retry", what="rescheduled")
     (logged,) = _events(
         logs, "could not take a token of the task type's rate limit; rescheduling the task"
@@ -563,7 +566,9 @@ async def test_the_type_token_call_carries_the_types_rate_for_the_whole_fetch() 
         return await take(task_type, count, **kw)
 
     fake.take_type_tokens = record  # type: ignore[method-assign]
-    async with Running(fake, _returns, concurrency=3, type_rate_limits={"api": "10/s burst 2"}):
+    async with Running(
+        fake, _returns, concurrency=3, limits=Limits(type_rate_limits={"api": "10/s burst 2"})
+    ):
         await wait_until(lambda: not fake.tasks, what="all done")
     want = {"interval_us": 100_000, "burst": 2, "max_wait_us": TYPE_RATE_MAX_WAIT_US}
     assert asked == [("api", 3, want)]  # the three tasks of one fetch ask in one call
@@ -938,7 +943,7 @@ async def test_a_failed_acknowledgement_of_a_kept_task_is_retried_as_its_complet
 
 async def test_the_debug_lines_of_a_wake_up_and_of_a_tasks_start_and_end() -> None:
     fake = FakeBroker()
-    run = _debugging(Running(fake, _returns, task_check_interval=timedelta(seconds=60)))
+    run = _debugging(Running(fake, _returns, intervals=Intervals(task_check=timedelta(seconds=60))))
     with capture_logs() as logs:
         async with run:
             await wait_until(lambda: fake.called("fetch"), what="first fetch")
@@ -1242,8 +1247,14 @@ async def test_each_fetch_carries_the_servers_order_and_what_room_is_left() -> N
     first = fake.enqueue(message(payload=b"x" * 100))
     handler = _Held()
 
-    options = {"queues": {Q: 1}, "strict_priority": True, "max_inflight_bytes": 1000}
-    async with Running(fake, handler, concurrency=2, **options, queue_concurrency={Q: 5}) as run:
+    options = {"queues": {Q: 1}, "strict_priority": True}
+    async with Running(
+        fake,
+        handler,
+        concurrency=2,
+        **options,
+        limits=Limits(max_inflight_bytes=1000, queue_concurrency={Q: 5}),
+    ) as run:
         await wait_until(lambda: handler.started, what="started")
         second = fake.enqueue(message(payload=b"y" * 10))
         run.processor._wakeup.set()
@@ -1276,7 +1287,7 @@ async def test_a_full_byte_bound_fetches_nothing_until_a_task_ends() -> None:
     fake.enqueue(message(payload=b"x" * 100))
     handler = _Held()
 
-    async with Running(fake, handler, concurrency=2, max_inflight_bytes=100) as run:
+    async with Running(fake, handler, concurrency=2, limits=Limits(max_inflight_bytes=100)) as run:
         await wait_until(lambda: len(handler.started) == 1, what="first started")
         fetches = len(fake.fetches)
         fake.enqueue(message(payload=b"y"))
@@ -1311,7 +1322,9 @@ async def test_failed_fetches_count_as_errors_not_as_idle_timeouts() -> None:
 
 async def test_one_empty_fetch_is_counted_once() -> None:
     fake = FakeBroker()
-    async with Running(fake, _returns, task_check_interval=timedelta(seconds=60)) as run:
+    async with Running(
+        fake, _returns, intervals=Intervals(task_check=timedelta(seconds=60))
+    ) as run:
         await wait_until(lambda: run.processor.stats.empty_fetches, what="idle")
         for _ in range(20):
             await asyncio.sleep(0)
@@ -1335,7 +1348,7 @@ async def test_plain_def_handlers_share_the_servers_sync_concurrency() -> None:
 
     mux = ServeMux()
     mux.handle("t", handler)
-    async with Running(fake, mux, concurrency=3, sync_concurrency=1):
+    async with Running(fake, mux, concurrency=3, limits=Limits(sync_concurrency=1)):
         await wait_until(lambda: not fake.tasks, what="all ran")
     assert running[1] == 1
 
@@ -1357,7 +1370,9 @@ async def test_a_burst_processor_waits_for_its_running_task_before_it_ends() -> 
     handler = _Held()
 
     done: list[bool] = []
-    run = Running(fake, handler, burst=True, concurrency=2, task_check_interval=timedelta(hours=1))
+    run = Running(
+        fake, handler, burst=True, concurrency=2, intervals=Intervals(task_check=timedelta(hours=1))
+    )
     run.processor._on_burst_done = lambda: done.append(True)
     async with run:
         await wait_until(lambda: handler.started, what="started")
@@ -1377,7 +1392,7 @@ async def test_a_queue_held_by_a_limit_is_polled_even_while_key_tracking_is_live
     monkeypatch.setattr(wakeup, "TRACKED_POLL", 3600.0)
     fake = FakeBroker()
     fake.held.add(Q)
-    run = Running(fake, _returns, task_check_interval=timedelta(milliseconds=200))
+    run = Running(fake, _returns, intervals=Intervals(task_check=timedelta(milliseconds=200)))
     run.processor._wakeup.tracking = True
     async with run:
         await wait_until(lambda: len(fake.fetches) >= 3, what="polled fetches")
@@ -1426,8 +1441,8 @@ async def test_the_room_and_bytes_each_fetch_carries_follow_tasks_starting_and_e
         started.append(task.id or "")
         await gates.setdefault(task.id or "", asyncio.Event()).wait()
 
-    options = {"concurrency": 3, "max_inflight_bytes": 1000, "local_queue_concurrency": {Q: 2}}
-    async with Running(fake, handler, **options) as run:
+    limits = Limits(max_inflight_bytes=1000, local_queue_concurrency={Q: 2})
+    async with Running(fake, handler, concurrency=3, limits=limits) as run:
 
         async def fetch_after(step: Any) -> dict[str, Any]:
             count = len(fake.fetches)
@@ -1579,7 +1594,7 @@ async def test_a_run_that_waited_for_its_types_token_begins_after_the_wait() -> 
     fake = FakeBroker()
     fake.enqueue(message("api"))
     held = fake.hold("take_type_tokens")
-    run = Running(fake, _returns, type_rate_limits={"api": "10/s"})
+    run = Running(fake, _returns, limits=Limits(type_rate_limits={"api": "10/s"}))
     history = run.processor.attempts.writer.history = _History()  # type: ignore[assignment]
     async with run:
         await asyncio.wait_for(held.arrived.wait(), 5)

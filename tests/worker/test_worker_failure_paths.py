@@ -42,7 +42,7 @@ from asyncq.proto.asynq import TaskMessage
 from asyncq.task import Task
 from tests.support import transitions
 from tests.support.helpers import one_handler, wait_gone, wait_state
-from tests.support.procs import FAST, list_ids, stored_message, wait_until
+from tests.support.procs import FAST, fast, list_ids, stored_message, wait_until
 from tests.support.redis_server import RedisServer
 
 Q = "default"
@@ -284,14 +284,11 @@ async def test_burst_mode_runs_a_retry_that_is_due_before_it_exits(
     info = await client.enqueue(Task("b"))
     server = Server(
         redis,
-        **{
-            **FAST,
-            "concurrency": 2,
-            "burst": True,
-            "retry_delay": lambda n, e, t: timedelta(0),
-            # Only the start-up forward runs: the retry must not depend on the forwarder.
-            "delayed_task_check_interval": HOUR,
-        },
+        concurrency=2,
+        burst=True,
+        retry_delay=lambda n, e, t: timedelta(0),
+        # Only the start-up forward runs: the retry must not depend on the forwarder.
+        **fast(delayed_task_check=HOUR),
     )
     await asyncio.wait_for(server.run(one_handler("b", handle)), 90)  # a hang guard only
     assert attempts == [0, 1]
@@ -358,7 +355,7 @@ async def test_recoverer_archives_a_message_naming_another_queue_and_goes_on(
 
     server = await serve(
         one_handler("x", handle),
-        recoverer_cutoff=timedelta(0),
+        **fast(recoverer_cutoff=timedelta(0)),
         retry_delay=lambda n, e, t: HOUR,
     )
     await wait_state(redis, good.id, "retry")
@@ -390,14 +387,11 @@ async def test_outage_longer_than_the_lease_writes_each_outcome_once() -> None:
         opts = RedisClientOpts(host="127.0.0.1", port=rs.port, read_timeout=0.3)
         server = Server(
             opts,
-            **{
-                **FAST,
-                "concurrency": 2,
-                "lease_duration": timedelta(seconds=2),
-                "recoverer_cutoff": timedelta(0),
-                "retry_delay": lambda n, e, t: timedelta(0),
-                "error_handler": lambda t, e: errors.append(e),
-            },
+            concurrency=2,
+            lease_duration=timedelta(seconds=2),
+            retry_delay=lambda n, e, t: timedelta(0),
+            error_handler=lambda t, e: errors.append(e),
+            **fast(recoverer_cutoff=timedelta(0)),
         )
         async with server:
             await server.start(one_handler("o", handle))
@@ -579,7 +573,7 @@ async def test_tasks_dequeued_by_a_call_whose_reply_was_lost_come_back_by_lease_
     server = await serve(
         one_handler("l", handle),
         lease_duration=timedelta(seconds=2),
-        recoverer_cutoff=timedelta(0),
+        **fast(recoverer_cutoff=timedelta(0)),
         retry_delay=lambda n, e, t: timedelta(0),
     )
     await wait_until(lambda: lost, what="a dequeue reply lost")

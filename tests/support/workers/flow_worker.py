@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
-from asyncq import ServeMux, Server, Task
+from asyncq import Intervals, Limits, ServeMux, Server, Task
 
 RUNNING = "asyncq-test:running"
 MAX = "asyncq-test:max"
@@ -101,38 +101,38 @@ async def main(url: str, raw: dict[str, str]) -> None:
             raise RuntimeError("injected failure")
         await redis.rpush(LOG, task.id or "")
 
-    options: dict[str, Any] = {
-        "queues": {"limited": 1, "default": 1},
-        "task_check_interval": timedelta(milliseconds=50),
-    }
-    durations = {
-        "lease": "lease_duration",
-        "heartbeat": "heartbeat_interval",
-        "forward": "delayed_task_check_interval",
-        "recoverer_interval": "recoverer_interval",
-        "recoverer_cutoff": "recoverer_cutoff",
+    options: dict[str, Any] = {"queues": {"limited": 1, "default": 1}}
+    intervals: dict[str, Any] = {"task_check": timedelta(milliseconds=50)}
+    limits: dict[str, Any] = {}
+    durations = {  # option: (where it goes, the Server keyword or the Intervals field)
+        "lease": (options, "lease_duration"),
+        "heartbeat": (intervals, "heartbeat"),
+        "forward": (intervals, "delayed_task_check"),
+        "recoverer_interval": (intervals, "recoverer"),
+        "recoverer_cutoff": (intervals, "recoverer_cutoff"),
     }
     for key, value in raw.items():
         if key in durations:
-            options[durations[key]] = timedelta(seconds=float(value))
+            where, name = durations[key]
+            where[name] = timedelta(seconds=float(value))
         elif key == "concurrency":
             options["concurrency"] = int(value)
         elif key == "limits":
-            options["queue_concurrency"] = _limits(value)
+            limits["queue_concurrency"] = _limits(value)
         elif key == "ordered":
-            options["ordered_queues"] = [value]
+            limits["ordered_queues"] = [value]
             options["retry_delay"] = lambda n, exc, task: timedelta(0)
         elif key == "rate":
             name, _, rate = value.partition(":")
-            options["rate_limits"] = {name: rate}
+            limits["rate_limits"] = {name: rate}
         elif key == "typerate":
             name, _, rate = value.rpartition(":")
-            options["type_rate_limits"] = {name: rate}
+            limits["type_rate_limits"] = {name: rate}
         elif key == "local":
-            options["local_queue_concurrency"] = _limits(value)
+            limits["local_queue_concurrency"] = _limits(value)
         else:
             raise SystemExit(f"unknown option {key!r}")
-    server = Server(redis, **options)
+    server = Server(redis, **options, intervals=Intervals(**intervals), limits=Limits(**limits))
     await server.run(mux)
     await redis.aclose()
 

@@ -22,7 +22,7 @@ from datetime import timedelta
 import structlog
 from redis.asyncio import Redis
 
-from asyncq import ServeMux, Server, Task
+from asyncq import Intervals, ServeMux, Server, Task
 
 STARTS = "asyncq-test:starts"
 
@@ -48,11 +48,13 @@ async def main(url: str) -> None:
         url,
         concurrency=1,
         lease_duration=timedelta(seconds=2),
-        heartbeat_interval=timedelta(milliseconds=300),
-        recoverer_interval=timedelta(hours=1),
-        recoverer_cutoff=timedelta(milliseconds=500),
-        delayed_task_check_interval=timedelta(hours=1),
-        task_check_interval=timedelta(milliseconds=100),
+        intervals=Intervals(
+            heartbeat=timedelta(milliseconds=300),
+            recoverer=timedelta(hours=1),
+            recoverer_cutoff=timedelta(milliseconds=500),
+            delayed_task_check=timedelta(hours=1),
+            task_check=timedelta(milliseconds=100),
+        ),
     )
     try:
         await server.run(mux)

@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from redis.asyncio import Redis
 
-from asyncq import Client, ServeMux, Server, SkipRetry, Task
+from asyncq import Client, Intervals, ServeMux, Server, SkipRetry, Task
 from asyncq import _keys as keys
 
 SECRET_LOCAL = "sk-live-" + "5ec7e7"
@@ -43,7 +43,7 @@ async def main(url: str) -> None:
             for kind in ("leaky", "skip", "nobody")
         ]
         async with Server(
-            url, concurrency=2, task_check_interval=timedelta(milliseconds=100)
+            url, concurrency=2, intervals=Intervals(task_check=timedelta(milliseconds=100))
         ) as server:
             await server.start(mux)
             # Wait for the observable outcome (a busy machine may take long), and say

@@ -19,7 +19,7 @@ from datetime import timedelta
 import structlog
 from redis.asyncio import Redis
 
-from asyncq import ServeMux, Server, Task
+from asyncq import Intervals, ServeMux, Server, Task
 
 OK = "asyncq-test:ok"
 
@@ -69,9 +69,11 @@ async def main(url: str) -> None:
         url,
         concurrency=4,
         retry_delay=lambda n, e, t: timedelta(0),
-        task_check_interval=timedelta(milliseconds=100),
-        delayed_task_check_interval=timedelta(milliseconds=100),
-        heartbeat_interval=timedelta(milliseconds=300),
+        intervals=Intervals(
+            task_check=timedelta(milliseconds=100),
+            delayed_task_check=timedelta(milliseconds=100),
+            heartbeat=timedelta(milliseconds=300),
+        ),
         shutdown_timeout=timedelta(seconds=2),
     )
     try:

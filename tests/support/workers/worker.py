@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
-from asyncq import parse_redis_uri
+from asyncq import Aggregation, Intervals, parse_redis_uri
 from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.task import Task
@@ -75,30 +75,37 @@ async def main(url: str, raw: dict[str, str]) -> None:
         await redis.rpush(AGGREGATED, task.payload or b"")
 
     options: dict[str, Any] = {}
-    mapping = {
-        "shutdown_timeout": "shutdown_timeout",
-        "lease": "lease_duration",
-        "heartbeat": "heartbeat_interval",
-        "recoverer_interval": "recoverer_interval",
-        "recoverer_cutoff": "recoverer_cutoff",
-        "task_check": "task_check_interval",
-        "delayed_check": "delayed_task_check_interval",
-        "grace": "group_grace_period",
-        "check_interval": "group_check_interval",
+    intervals: dict[str, Any] = {}
+    aggregation: dict[str, Any] = {}
+    mapping = {  # option: (where it goes, the Server keyword or the group field)
+        "shutdown_timeout": (options, "shutdown_timeout"),
+        "lease": (options, "lease_duration"),
+        "heartbeat": (intervals, "heartbeat"),
+        "recoverer_interval": (intervals, "recoverer"),
+        "recoverer_cutoff": (intervals, "recoverer_cutoff"),
+        "task_check": (intervals, "task_check"),
+        "delayed_check": (intervals, "delayed_task_check"),
+        "grace": (aggregation, "grace_period"),
+        "check_interval": (aggregation, "check_interval"),
     }
     for key, value in raw.items():
         if key in mapping:
-            options[mapping[key]] = seconds(value)
-        elif key in ("concurrency", "max_size"):
-            options["group_max_size" if key == "max_size" else key] = int(value)
+            where, name = mapping[key]
+            where[name] = seconds(value)
+        elif key == "concurrency":
+            options["concurrency"] = int(value)
+        elif key == "max_size":
+            aggregation["max_size"] = int(value)
         elif key == "retry_delay":
             delay = seconds(value)
             options["retry_delay"] = lambda n, e, t, d=delay: d
         elif key == "aggregate":
-            options["group_aggregator"] = _aggregator(value, redis)
+            aggregation["aggregator"] = _aggregator(value, redis)
         else:
             raise SystemExit(f"unknown option {key!r}")
-    server = Server(redis, **options)
+    server = Server(
+        redis, **options, intervals=Intervals(**intervals), aggregation=Aggregation(**aggregation)
+    )
     await server.run(mux)
     await redis.aclose()
     print("worker exited cleanly", flush=True)

@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
-from asyncq import ServeMux, Server, Task, group_results
+from asyncq import Intervals, ServeMux, Server, Task, group_results
 
 STARTS = "asyncq-test:wf:starts"
 DONE = "asyncq-test:wf:done"
@@ -64,23 +64,25 @@ async def main(url: str, raw: dict[str, str]) -> None:
     mux.handle("wf:member", work)
     mux.handle("wf:callback", callback)
     options: dict[str, Any] = {}
-    mapping = {
-        "shutdown_timeout": "shutdown_timeout",
-        "lease": "lease_duration",
-        "heartbeat": "heartbeat_interval",
-        "recoverer_interval": "recoverer_interval",
-        "recoverer_cutoff": "recoverer_cutoff",
-        "task_check": "task_check_interval",
-        "delayed_check": "delayed_task_check_interval",
+    intervals: dict[str, Any] = {}
+    mapping = {  # option: (where it goes, the Server keyword or the Intervals field)
+        "shutdown_timeout": (options, "shutdown_timeout"),
+        "lease": (options, "lease_duration"),
+        "heartbeat": (intervals, "heartbeat"),
+        "recoverer_interval": (intervals, "recoverer"),
+        "recoverer_cutoff": (intervals, "recoverer_cutoff"),
+        "task_check": (intervals, "task_check"),
+        "delayed_check": (intervals, "delayed_task_check"),
     }
     for key, value in raw.items():
         if key in mapping:
-            options[mapping[key]] = timedelta(seconds=float(value))
+            where, name = mapping[key]
+            where[name] = timedelta(seconds=float(value))
         elif key == "concurrency":
             options["concurrency"] = int(value)
         else:
             raise SystemExit(f"unknown option {key!r}")
-    server = Server(redis, **options)
+    server = Server(redis, **options, intervals=Intervals(**intervals))
     await server.run(mux)
     await redis.aclose()
     print("worker exited cleanly", flush=True)
