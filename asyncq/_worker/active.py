@@ -76,8 +76,9 @@ class ActiveTask:
         self.task: asyncio.Task[None] | None = None
         """The asyncio task of the processor's coroutine for this task (it runs the handler)."""
         self.then: DequeuedTask | None = None
-        """A task leased to us by this task's outcome (a durable run its step's success woke),
-        to start in this task's slot when it is released."""
+        """A task leased to us by this task's outcome (a durable run's first step, by the
+        run's suspension; the run a step's success woke), to start in this task's slot when
+        it is released."""
         self.cancel_exc: BaseException | None = None
         """Why the handler was stopped before it returned (the attempt's failure)."""
         self.cancelled: asyncio.Future[None] = asyncio.Future(

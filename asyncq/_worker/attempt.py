@@ -352,8 +352,9 @@ class OutcomeWriter:
         debug: bool,
         runs_here: Callable[[str], bool] | None = None,
     ) -> None:
-        """*runs_here* says of a durable run's queue whether a run its step's success wakes
-        continues on this worker, in the step's slot (:class:`AckBatcher`)."""
+        """*runs_here* says of a queue whether a task of it that an outcome hands on runs
+        on this worker, in the slot the finished task leaves: a durable run's first step
+        (:meth:`_suspend`), the run a step's success wakes (:class:`AckBatcher`)."""
         self.broker = deps.broker
         self.config = deps.config
         self.clock = deps.broker.clock
