@@ -182,7 +182,8 @@ async def suspend_run(
     With *step_here* (a lease expiry, unix s) the plan's first step, when this call
     enqueues it, is written active and leased to the caller until then instead of
     pending (its queue paused, limited or ordered: pending all the same), and the answer
-    is ``here``: the caller runs it in the slot the run leaves.
+    is ``here``: the caller runs it in the slot the run leaves (not under
+    ``min_replicas``, where the step goes to pending).
 
     Raises TaskNotFoundError when the run task is not active (its lease was taken over).
     """
@@ -210,7 +211,9 @@ async def suspend_run(
     args.append(len(plan.steps))
     for index, step in plan.steps:
         args += (step.queue, step.id, index, encode_task_message(step))
-    if step_here is not None and plan.steps:
+    # Under min_replicas a write may come back unconfirmed (an error): the step would
+    # then wait out its lease unstarted, so it goes to pending, as a continued run does.
+    if step_here is not None and plan.steps and broker.replication is None:
         args.append(int(step_here))
     return await _write(broker, _SUSPEND, keys_, args, qname=qk.name, tid=tid)
 
