@@ -28,6 +28,7 @@ from asyncq.errors import BrokerError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests.support import durable_app as d
 from tests.support import transitions
+from tests.support.durable_scripts import active_run, step_message
 from tests.support.helpers import dump_all
 
 Q = "default"
@@ -190,20 +191,6 @@ async def test_runs_on_one_worker_continue_in_their_steps_slots(
 # -- a step in the slot its run leaves (durable_suspend.lua's optional lease) -------------
 
 
-async def active_run(broker: Broker, client: Client) -> TaskMessage:
-    await client.enqueue(Task("run", b"{}"), task_id="r1")
-    got = await transitions.dequeue(broker, [Q])
-    assert got is not None
-    return got.message
-
-
-def step_of_r1(index: int, queue: str = Q) -> TaskMessage:
-    return TaskMessage(
-        type="step", payload=b"{}", id=f"r1-{index}", queue=queue, retry=1,
-        headers={RUN_HEADER: "r1", RUN_QUEUE_HEADER: Q, STEP_HEADER: str(index)},
-    )  # fmt: skip
-
-
 async def test_a_suspension_leases_its_first_step_to_the_caller(
     redis: Redis, client: Client
 ) -> None:
@@ -211,7 +198,7 @@ async def test_a_suspension_leases_its_first_step_to_the_caller(
     run = await active_run(broker, client)
     await client.enqueue(Task("other"), task_id="other")
     assert await transitions.dequeue(broker, [Q]) is not None  # active before the step
-    plan = SuspendPlan("steps", steps=[(0, step_of_r1(0)), (1, step_of_r1(1))], waits=[0, 1])
+    plan = SuspendPlan("steps", steps=[(0, step_message(0)), (1, step_message(1))], waits=[0, 1])
     expiry = time.time() + 30
     assert await suspend_run(broker, run, plan, step_here=expiry) == "here"
     # the first step: active at the head (where a fetch puts it) and leased to us
@@ -233,7 +220,7 @@ async def test_a_paused_limited_or_ordered_queue_gets_its_step_pending(
     broker = Broker(redis)
     run = await active_run(broker, client)
     await redis.set(keys.queue_key_prefix(Q) + flag, "1")
-    plan = SuspendPlan("steps", steps=[(0, step_of_r1(0))], waits=[0])
+    plan = SuspendPlan("steps", steps=[(0, step_message(0))], waits=[0])
     assert await suspend_run(broker, run, plan, step_here=time.time() + 30) == "parked"
     assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1-0"]
     assert await redis.zscore(keys.lease_key(Q), "r1-0") is None
@@ -245,7 +232,7 @@ async def test_a_step_enqueued_by_an_earlier_attempt_is_not_leased_again(
     broker = Broker(redis)
     run = await active_run(broker, client)
     await client.enqueue(Task("step"), task_id="r1-0")  # as a crashed attempt left it
-    plan = SuspendPlan("steps", steps=[(0, step_of_r1(0))], waits=[0])
+    plan = SuspendPlan("steps", steps=[(0, step_message(0))], waits=[0])
     assert await suspend_run(broker, run, plan, step_here=time.time() + 30) == "parked"
     assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1-0"]
     assert await redis.zscore(keys.lease_key(Q), "r1-0") is None
@@ -259,7 +246,7 @@ async def test_a_leasing_suspension_on_a_damaged_key_of_the_steps_queue_changes_
     run = await active_run(broker, client)
     key = (keys.active_key if damaged == "active" else keys.lease_key)("steps")
     await redis.set(key, "x")
-    plan = SuspendPlan("steps", steps=[(0, step_of_r1(0, "steps"))], waits=[0])
+    plan = SuspendPlan("steps", steps=[(0, step_message(0, "steps"))], waits=[0])
     before = await dump_all(redis)
     with pytest.raises(BrokerError, match="WRONGTYPE"):
         await suspend_run(broker, run, plan, step_here=time.time() + 30)
@@ -277,7 +264,7 @@ async def test_a_step_in_another_busy_queue_is_leased_beside_its_tasks(
     run = await active_run(broker, client)
     await client.enqueue(Task("other"), task_id="other", queue="steps")
     assert await transitions.dequeue(broker, ["steps"]) is not None
-    plan = SuspendPlan("steps", steps=[(0, step_of_r1(0, "steps"))], waits=[0])
+    plan = SuspendPlan("steps", steps=[(0, step_message(0, "steps"))], waits=[0])
     expiry = time.time() + 30
     assert await suspend_run(broker, run, plan, step_here=expiry) == "here"
     assert await redis.lrange(keys.active_key("steps"), 0, -1) == [b"r1-0", b"other"]

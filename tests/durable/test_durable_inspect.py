@@ -10,7 +10,15 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import DurableRunNotFoundError, Inspector, QueueNotFoundError, Server, TaskState
+from asyncq import (
+    DurableFunction,
+    DurableRunNotFoundError,
+    Inspector,
+    QueueNotFoundError,
+    Server,
+    TaskHandle,
+    TaskState,
+)
 from asyncq import _keys as keys
 from asyncq._broker._base import ARCHIVE_MAX_SIZE, ARCHIVED_EXPIRATION
 from asyncq._broker.durable import FAILED_RUN_KEPT, PENDING_RUN_KEPT, settle_run
@@ -175,12 +183,19 @@ async def test_cancelling_a_waiting_run_archives_it_and_keeps_its_record(
     assert [r.state for r in (await insp.durable_runs(Q)).runs] == ["cancelled"]
 
 
+async def held_attempt(redis: Redis, fn: DurableFunction[[], int]) -> TaskHandle[int]:
+    """A run of *fn* started, its attempt held in ``d.held`` (the gate shut) until the test
+    opens ``d.hold["gate"]``."""
+    d.hold["gate"] = asyncio.Event()
+    handle = await fn.start()
+    await wait_until(lambda: redis.hexists(d.CALLS, "held"), what="the attempt holds")
+    return handle
+
+
 async def test_cancelling_a_running_run_stops_its_attempt(
     redis: Redis, insp: Inspector, worker: Server
 ) -> None:
-    d.hold["gate"] = asyncio.Event()
-    handle = await d.held_run.start()
-    await wait_until(lambda: redis.hexists(d.CALLS, "held"), what="the attempt holds")
+    handle = await held_attempt(redis, d.held_run)
     assert (await insp.get_durable_run(Q, handle.id)).state == "running"
     assert await insp.cancel_durable_run(Q, handle.id) == "running"
 
@@ -196,9 +211,7 @@ async def test_cancelling_a_running_run_stops_its_attempt(
 async def test_cancelling_a_run_in_its_first_attempt_stops_it(
     redis: Redis, insp: Inspector, worker: Server
 ) -> None:
-    d.hold["gate"] = asyncio.Event()
-    handle = await d.held_first.start()
-    await wait_until(lambda: redis.hexists(d.CALLS, "held"), what="the attempt holds")
+    handle = await held_attempt(redis, d.held_first)
     assert await redis.hget(keys.run_key(Q, handle.id), "state") == b"pending"
     assert (await insp.get_durable_run(Q, handle.id)).state == "running"
     assert await insp.cancel_durable_run(Q, handle.id) == "running"
@@ -397,9 +410,7 @@ async def test_a_run_cancelled_while_it_ran_is_archived_by_its_own_suspension(
     # The race the stop over Pub/Sub can lose: the attempt suspends first. Marked as
     # durable_cancel.lua marks a running run (its stop left out), the suspension finds
     # the mark, writes nothing, and the worker archives the run.
-    d.hold["gate"] = asyncio.Event()
-    handle = await d.held_then_step.start()
-    await wait_until(lambda: redis.hexists(d.CALLS, "held"), what="the attempt holds")
+    handle = await held_attempt(redis, d.held_then_step)
     await redis.hset(keys.run_key(Q, handle.id), "state", "cancelled")
     d.hold["gate"].set()
 
@@ -419,9 +430,7 @@ async def test_cancelling_a_running_run_keeps_its_record_as_a_failed_runs(
     redis: Redis, insp: Inspector, worker: Server
 ) -> None:
     # after a step, so that its record has no expiry left from its start
-    d.hold["gate"] = asyncio.Event()
-    handle = await d.held_run.start()
-    await wait_until(lambda: redis.hexists(d.CALLS, "held"), what="the attempt holds")
+    handle = await held_attempt(redis, d.held_run)
     assert await redis.ttl(keys.run_key(Q, handle.id)) == -1
     assert await insp.cancel_durable_run(Q, handle.id) == "running"
     ttl = await redis.ttl(keys.run_key(Q, handle.id))

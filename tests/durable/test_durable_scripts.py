@@ -19,9 +19,6 @@ from asyncq._broker._base import ARCHIVED_EXPIRATION
 from asyncq._broker.durable import (
     FAR_FUTURE,
     PENDING_RUN_KEPT,
-    RUN_HEADER,
-    RUN_QUEUE_HEADER,
-    STEP_HEADER,
     SignalWait,
     StepAckMode,
     SuspendPlan,
@@ -39,29 +36,10 @@ from asyncq._redis.transport import FastConnection
 from asyncq.errors import BrokerError, TaskIdConflictError, TaskNotFoundError
 from asyncq.proto.asynq import TaskMessage
 from tests.support import transitions
+from tests.support.durable_scripts import active_run, step_message
 from tests.support.helpers import dump_all
 
 Q = "default"
-
-
-async def active_run(broker: Broker, client: Client) -> TaskMessage:
-    """A run task taken by a worker (active, leased)."""
-    await client.enqueue(Task("run", b"{}"), task_id="r1")
-    got = await transitions.dequeue(broker, [Q])
-    assert got is not None
-    return got.message
-
-
-def step_message(index: int, queue: str = Q) -> TaskMessage:
-    return TaskMessage(
-        type="step",
-        payload=b"{}",
-        id=f"r1-{index}",
-        queue=queue,
-        retry=1,
-        retention=60,
-        headers={RUN_HEADER: "r1", RUN_QUEUE_HEADER: Q, STEP_HEADER: str(index)},
-    )
 
 
 async def test_a_suspension_parks_the_run_and_enqueues_its_steps(

@@ -18,7 +18,8 @@ from datetime import timedelta
 
 from redis.asyncio import Redis
 
-from asyncq import App, Intervals, Run, Server, TaskFailedError, current_task
+from asyncq import App, Run, Server, TaskFailedError, current_task
+from tests.support.procs import FAST_INTERVALS
 
 RAN = "durable-test:ran"
 RAN_TOTAL = "durable-test:ran-total"
@@ -28,20 +29,14 @@ QUEUE = "durable"
 
 app = App(os.environ.get("TEST_REDIS_URL", "redis://localhost:6379/0"))
 
-FAST = Intervals(
-    task_check=timedelta(milliseconds=100),
-    delayed_task_check=timedelta(milliseconds=100),
-    heartbeat=timedelta(milliseconds=200),
-    recoverer=timedelta(milliseconds=200),
-    janitor=timedelta(milliseconds=200),
-)
-"""Worker intervals that keep the tests fast."""
-
 
 async def start_worker() -> Server:
     """An in-process worker of the App's queue, started (shut it down after)."""
     server = app.server(
-        queues={QUEUE: 1}, concurrency=4, intervals=FAST, shutdown_timeout=timedelta(seconds=2)
+        queues={QUEUE: 1},
+        concurrency=4,
+        intervals=FAST_INTERVALS,
+        shutdown_timeout=timedelta(seconds=2),
     )
     await server.start(app.mux)
     return server
