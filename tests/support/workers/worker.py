@@ -24,7 +24,6 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -34,15 +33,12 @@ from asyncq import Aggregation, Intervals, parse_redis_uri
 from asyncq._worker.server import Server
 from asyncq.mux import ServeMux
 from asyncq.task import Task
+from tests.support.workers.options import seconds, server_options
 
 STARTS = "asyncq-test:starts"
 DONE = "asyncq-test:done"
 AGGREGATED = "asyncq-test:aggregated"
 AGGREGATING = "asyncq-test:aggregating"
-
-
-def seconds(value: str) -> timedelta:
-    return timedelta(seconds=float(value))
 
 
 async def main(url: str, raw: dict[str, str]) -> None:
@@ -74,26 +70,13 @@ async def main(url: str, raw: dict[str, str]) -> None:
     async def aggregated(task: Task) -> None:
         await redis.rpush(AGGREGATED, task.payload or b"")
 
-    options: dict[str, Any] = {}
-    intervals: dict[str, Any] = {}
+    options, intervals, rest = server_options(raw)
     aggregation: dict[str, Any] = {}
-    mapping = {  # option: (where it goes, the Server keyword or the group field)
-        "shutdown_timeout": (options, "shutdown_timeout"),
-        "lease": (options, "lease_duration"),
-        "heartbeat": (intervals, "heartbeat"),
-        "recoverer_interval": (intervals, "recoverer"),
-        "recoverer_cutoff": (intervals, "recoverer_cutoff"),
-        "task_check": (intervals, "task_check"),
-        "delayed_check": (intervals, "delayed_task_check"),
-        "grace": (aggregation, "grace_period"),
-        "check_interval": (aggregation, "check_interval"),
-    }
-    for key, value in raw.items():
-        if key in mapping:
-            where, name = mapping[key]
-            where[name] = seconds(value)
-        elif key == "concurrency":
-            options["concurrency"] = int(value)
+    for key, value in rest.items():
+        if key == "grace":
+            aggregation["grace_period"] = seconds(value)
+        elif key == "check_interval":
+            aggregation["check_interval"] = seconds(value)
         elif key == "max_size":
             aggregation["max_size"] = int(value)
         elif key == "retry_delay":

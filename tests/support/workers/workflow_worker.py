@@ -18,13 +18,12 @@ import asyncio
 import logging
 import os
 import sys
-from datetime import timedelta
-from typing import Any
 
 import structlog
 from redis.asyncio import Redis
 
 from asyncq import Intervals, ServeMux, Server, Task, group_results
+from tests.support.workers.options import server_options
 
 STARTS = "asyncq-test:wf:starts"
 DONE = "asyncq-test:wf:done"
@@ -63,25 +62,9 @@ async def main(url: str, raw: dict[str, str]) -> None:
     mux.handle("wf:step", work)
     mux.handle("wf:member", work)
     mux.handle("wf:callback", callback)
-    options: dict[str, Any] = {}
-    intervals: dict[str, Any] = {}
-    mapping = {  # option: (where it goes, the Server keyword or the Intervals field)
-        "shutdown_timeout": (options, "shutdown_timeout"),
-        "lease": (options, "lease_duration"),
-        "heartbeat": (intervals, "heartbeat"),
-        "recoverer_interval": (intervals, "recoverer"),
-        "recoverer_cutoff": (intervals, "recoverer_cutoff"),
-        "task_check": (intervals, "task_check"),
-        "delayed_check": (intervals, "delayed_task_check"),
-    }
-    for key, value in raw.items():
-        if key in mapping:
-            where, name = mapping[key]
-            where[name] = timedelta(seconds=float(value))
-        elif key == "concurrency":
-            options["concurrency"] = int(value)
-        else:
-            raise SystemExit(f"unknown option {key!r}")
+    options, intervals, rest = server_options(raw)
+    if rest:
+        raise SystemExit(f"unknown option {next(iter(rest))!r}")
     server = Server(redis, **options, intervals=Intervals(**intervals))
     await server.run(mux)
     await redis.aclose()
