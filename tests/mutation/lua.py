@@ -116,6 +116,9 @@ TESTS: dict[str, tuple[str, ...]] = {
     # bad() and typed(), included by every script that writes: typed()'s "is it there"
     # answer is read by durable_suspend.lua
     "_lib/guard": (*BROKER_TESTS, "tests/durable/test_durable_scripts.py"),
+    # may_hand_on() and lease_to_caller() (included by durable_suspend.lua, and with
+    # record_step() by durable_step_done.lua and ack_many.lua)
+    "_lib/handoff": DURABLE_TESTS,
     # record_step() (included by durable_step_done.lua and ack_many.lua)
     "_lib/durable_step": DURABLE_TESTS,
     # finish_step() (included by workflow_done.lua and durable_step_done.lua)

@@ -1,4 +1,4 @@
--- include: guard, durable_step
+-- include: guard, handoff, durable_step
 -- Acknowledge many finished tasks of ONE queue in one call (asyncq's batched
 -- asynq Done and MarkAsComplete): each task gets exactly the effect that
 -- done.lua or mark_as_complete.lua would have, in the order given.
@@ -178,7 +178,6 @@ for k = 1, #kinds do
                 id = step.id, scheduled = rq .. "scheduled", pending = rq .. "pending",
                 task = rq .. "t:" .. step.id, channel = "asyncq:wakeup:{" .. step.q .. "}",
                 name = step.q, now = ARGV[#ARGV], here = continues and here or nil,
-                active = rq .. "active", lease = rq .. "lease",
             })
         if got == "here" then
             res = run_msg  -- in place of 1: the step is acknowledged, its run continues here

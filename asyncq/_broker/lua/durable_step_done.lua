@@ -1,4 +1,4 @@
--- include: guard, counters, step_ack, durable_step
+-- include: guard, counters, step_ack, handoff, durable_step
 -- asyncq durable functions: acknowledge a step task of a run and, in the same script,
 -- record its outcome in the run's record and make the run runnable again when it was
 -- the last step the run waits for. Used only for tasks carrying the asyncq-durable-run

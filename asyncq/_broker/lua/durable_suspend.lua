@@ -1,4 +1,4 @@
--- include: guard
+-- include: guard, handoff
 -- asyncq durable functions: suspend a run's attempt, atomically: record what the replay
 -- decided (signatures, deadlines, local results), enqueue the steps it asked for, and
 -- move the run task from active to where it waits. A run that waits is a scheduled
@@ -142,11 +142,9 @@ for _, s in ipairs(steps) do
     -- its task id is derived from the run's
     if not seen[s.index] and not s.there and not made[tkey] then
         made[tkey] = true
-        if s.base and redis.call("EXISTS", s.base .. "paused", s.base .. "asyncq:limit",
-                s.base .. "asyncq:ordered") == 0 then
+        if s.base and may_hand_on(s.base) then
             redis.call("HSET", tkey, "msg", s.msg, "state", "active")
-            redis.call("LPUSH", s.base .. "active", s.id)
-            redis.call("ZADD", s.base .. "lease", here, s.id)
+            lease_to_caller(s.base, s.id, here)
             leased = true
         else
             redis.call("HSET", tkey, "msg", s.msg, "state", "pending", "pending_since", ARGV[4])

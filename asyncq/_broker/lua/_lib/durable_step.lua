@@ -1,15 +1,15 @@
--- _lib/durable_step.lua: record_step(...), recording a finished step of a durable run
--- in the run's record and making the run runnable again when it was the last step the
--- run waits for; written once for the step's own acknowledgement (durable_step_done.lua)
--- and the batched acknowledgement of successes (ack_many.lua).
+-- _lib/durable_step.lua (after handoff): record_step(...), recording a finished step of
+-- a durable run in the run's record and making the run runnable again when it was the
+-- last step the run waits for; written once for the step's own acknowledgement
+-- (durable_step_done.lua) and the batched acknowledgement of successes (ack_many.lua).
 -- record_step(run, i, field, value, q): run the record's key, i the step's index, field
 -- "r" (a result) or "e" (a failure) and value what is recorded; q the run's queue: a
 -- table of its keys {id = run id, scheduled, pending, task = the run task's key,
 -- channel = wake-up channel, name, now = pending_since (unix ns)}, whose types the
--- caller checked; with q.here (a lease expiry, unix s) also {active, lease}: a run woken
--- then continues on the acknowledging worker (active, leased until q.here, as a fetch
--- leaves it) unless its queue is paused, limited or ordered (those give tasks only
--- through a fetch). Returns "woken", "recorded", "seen" (recorded before) or "gone" (no
+-- caller checked (with q.here, its active list and lease too); with q.here (a lease
+-- expiry, unix s) a run woken continues on the acknowledging worker (active, leased
+-- until q.here, as a fetch leaves it) when its queue may hand it on (may_hand_on(),
+-- _lib/handoff.lua). Returns "woken", "recorded", "seen" (recorded before) or "gone" (no
 -- record); a run that continues here: "here" and its task message.
 local function record_step(run, i, field, value, q)
     if redis.call("EXISTS", run) == 0 then
@@ -39,12 +39,10 @@ local function record_step(run, i, field, value, q)
     end
     redis.call("HSET", run, entry, value, "state", "running")
     local base = string.sub(q.pending, 1, -8)  -- "asynq:{<queue>}:"
-    if q.here and redis.call("EXISTS", base .. "paused", base .. "asyncq:limit",
-            base .. "asyncq:ordered") == 0 then
+    if q.here and may_hand_on(base) then
         local msg = redis.call("HGET", q.task, "msg")
         if msg then
-            redis.call("LPUSH", q.active, q.id)
-            redis.call("ZADD", q.lease, q.here, q.id)
+            lease_to_caller(base, q.id, q.here)
             redis.call("HSET", q.task, "state", "active")
             return "here", msg
         end
