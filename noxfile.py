@@ -7,6 +7,7 @@ wheel + sdist installed into a clean virtualenv and smoke-tested.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -365,4 +366,22 @@ def bench(session: nox.Session) -> None:
 def chaos(session: nox.Session) -> None:
     """Chaos scenarios on real redis-servers and worker processes (``-- --quick`` for CI)."""
     session.install("-e", ".")
-    session.run("python", "-m", "chaos", *session.posargs)
+    result = Path(session.create_tmp()) / "chaos-results.json"
+    result.unlink(missing_ok=True)
+    session.run(
+        "python", "-m", "chaos", "--json", str(result), *session.posargs, success_codes=[0, 1]
+    )
+    if not result.exists():
+        session.error("chaos ended without writing its figures (its output above says why)")
+    # nox's last line carries the reason: a CI log cut in the middle still names the
+    # scenarios that failed and why.
+    failed = [s for s in json.loads(result.read_text())["scenarios"] if not s["ok"]]
+    if failed:
+        session.error(
+            "; ".join(
+                f"{s['scenario']}: {s['error'] or 'failed'} (lost {s['lost']}, unexplained"
+                f" duplicates {s['unexplained_duplicates']}, left over {s['leftover']}) "
+                + json.dumps(s["notes"])[:600]
+                for s in failed
+            )
+        )
