@@ -7,7 +7,10 @@ dialled exactly as :class:`~asyncq._redis.transport.FastConnection` dials
 (credentials, TLS, timeouts, local socket). Messages are parsed by
 ``hiredis`` in ``data_received`` and queued; ``get_message`` only pops the
 queue. On the worker's pickup path (enqueue → wake-up message → fetch) this
-skips redis-py's per-message parsing and timeout machinery.
+skips redis-py's per-message parsing and timeout machinery. A channel given a
+route (:meth:`FastPubSub.route`) skips the queue too: its messages' data go to
+the route's callback from ``data_received``, in the turn of the event loop that
+read them (a delivered task starts without waking the subscriber's task first).
 :meth:`FastPubSub.track` turns on Redis key tracking (invalidation messages)
 on the same connection before it subscribes.
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -53,6 +56,8 @@ class _PubSubProtocol(_Protocol):
         super().__init__(loop, address, None)
         self.subscribed = False
         self.inbox: deque[dict[str, Any] | Exception] = deque()
+        self.routes: dict[bytes, Callable[[bytes], None]] = {}
+        """Channel -> the callback its messages' data go to instead of the inbox."""
         self._arrived: asyncio.Future[None] | None = None
 
     def data_received(self, data: bytes) -> None:
@@ -62,6 +67,8 @@ class _PubSubProtocol(_Protocol):
         reader = self._reader
         reader.feed(data)
         inbox = self.inbox
+        routes = self.routes
+        queued = False
         while True:
             try:
                 reply = reader.gets()
@@ -71,8 +78,15 @@ class _PubSubProtocol(_Protocol):
                 return
             if reply is _INCOMPLETE:
                 break
+            if routes and type(reply) is list and len(reply) == 3 and reply[0] == b"message":
+                route = routes.get(reply[1])
+                if route is not None:
+                    route(reply[2])
+                    continue
             inbox.append(_message(reply))
-        self._wake()
+            queued = True
+        if queued:
+            self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -125,16 +139,29 @@ class FastPubSub:
     def __init__(self, conn: FastConnection) -> None:
         self._conn = conn
         self._proto: _PubSubProtocol | None = None
+        self._routes: dict[bytes, Callable[[bytes], None]] = {}
         self.channels: dict[bytes, None] = {}
         self.patterns: dict[bytes, None] = {}
+
+    def _use(self, proto: _PubSubProtocol) -> _PubSubProtocol:
+        proto.routes = self._routes
+        proto.subscribed = True
+        self._proto = proto
+        return proto
 
     async def _connected(self) -> _PubSubProtocol:
         if self._proto is None:
             proto = await self._conn.dial(_PubSubProtocol)
             assert isinstance(proto, _PubSubProtocol)
-            proto.subscribed = True
-            self._proto = proto
+            return self._use(proto)
         return self._proto
+
+    def route(self, channel: bytes, callback: Callable[[bytes], None]) -> None:
+        """Give the data of every message on *channel* (subscribed, not a pattern) to
+        *callback*, called from the connection's ``data_received`` as each is read, instead
+        of queueing it for :meth:`get_message`. *callback* must not raise (an exception
+        there is the event loop's to report, and the connection is lost)."""
+        self._routes[channel] = callback
 
     async def _send(
         self, command: str, names: tuple[bytes | str, ...], into: dict[bytes, None]
@@ -172,8 +199,7 @@ class FastPubSub:
         except BaseException:
             await proto.close()
             raise
-        proto.subscribed = True
-        self._proto = proto
+        self._use(proto)
 
     async def subscribe(self, *channels: bytes | str) -> None:
         await self._send("SUBSCRIBE", channels, self.channels)

@@ -527,12 +527,17 @@ class Processor(Role):
             self._start_delivered(got)
 
     def _start_delivered(self, got: DequeuedTask) -> None:
-        # Started in this turn of the loop: the handler runs next turn.
+        # Started in this turn of the loop: the handler runs next turn, before the ask for
+        # the next delivery is made (scheduled after it, it does not delay the pickup).
         if self._fetching and self.slots.try_take():
             self._start(got)
-            self._spawn(self._arming.arm())
+            asyncio.get_running_loop().call_soon(self._ask_again)
         else:  # no slot (all taken, or we are stopping): back to pending
             self._spawn_late(self._requeue_delivered(got), got)
+
+    def _ask_again(self) -> None:
+        """Ask for the next delivery (the one that came used the credit up)."""
+        self._spawn_late(self._arming.arm())
 
     def _fetch_done(self, unused: int, *, start: bool = True) -> None:
         """The fetch gives back the *unused* slots it held; the tasks delivered meanwhile

@@ -13,7 +13,10 @@ follow within a second.
 Where direct delivery is possible (not on Redis Cluster) it also subscribes to
 the server's own delivery channel (``asyncq:delivery:<server id>``): an asyncq
 enqueue publishes there a task it wrote active for this server, which the
-processor starts without a fetch (see :mod:`asyncq._broker.delivery`).
+processor starts without a fetch (see :mod:`asyncq._broker.delivery`). On the
+lean connection of a single server the note goes to the processor as the socket
+is read (:meth:`~asyncq._redis.pubsub.FastPubSub.route`), not through this
+role's loop: the task starts one turn of the event loop sooner.
 
 The cancel channel is subscribed first, on its own. When Redis ACLs deny the
 wake-up channels (a user granted only ``&asynq:cancel``, which is all Go asynq
@@ -140,6 +143,8 @@ class Subscriber(Role):
             try:
                 client = await self._pubsub()
                 pubsub = client.pubsub()
+                if self._on_delivery is not None and isinstance(pubsub, FastPubSub):
+                    pubsub.route(self._delivery_channel, self._delivered)
                 tracked = await self._track(pubsub)
                 # Cancel first and on its own: a Redis user granted only asynq:cancel
                 # (all Go asynq needs) must still get cancellation.
@@ -282,6 +287,15 @@ class Subscriber(Role):
             error=error_text(exc),
         )
 
+    def _delivered(self, note: bytes) -> None:
+        """A delivery note, handed over as the connection reads it (the route above) or
+        from this role's loop (a connection through redis-py)."""
+        assert self._on_delivery is not None  # routed only with a delivery channel
+        try:
+            self._on_delivery(note)
+        except Exception as bug:  # never the connection's to die of: the lease recovers it
+            self.log.error("delivered task could not be started", exc_info=bug)
+
     def _handle(self, msg: dict[str, Any] | None, cancel_channel: bytes) -> None:
         if msg is not None and msg.get("type") in ("message", b"message"):
             self._dispatch(msg["channel"], msg["data"], cancel_channel)
@@ -305,7 +319,7 @@ class Subscriber(Role):
                 self.log.info("task canceled", **task_fields(canceled.msg))
             return
         if channel == self._delivery_channel and self._on_delivery is not None:
-            self._on_delivery(data if isinstance(data, bytes) else data.encode())
+            self._delivered(data if isinstance(data, bytes) else data.encode())
         elif channel in self._wakeups:
             self.stats.wakeup_messages += 1
             self._wakeup.set()

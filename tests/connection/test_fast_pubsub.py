@@ -91,3 +91,35 @@ async def test_lost_connection_raises_connection_error(redis: Redis, redis_url: 
                         await ps.get_message(timeout=1.0)
         finally:
             await ps.aclose()
+
+
+async def test_a_routed_channel_goes_to_its_callback_as_read(redis: Redis, redis_url: str) -> None:
+    """A routed channel's messages skip the inbox: their data reach the callback from the
+    connection's reads, in order, and the other channels still queue for get_message."""
+    async with Connection(redis_url) as conn:
+        ps = (await conn.pubsub()).pubsub()  # type: ignore[union-attr]
+        routed: list[bytes] = []
+        got_all = asyncio.Event()
+
+        def take(data: bytes) -> None:
+            routed.append(data)
+            if len(routed) == 3:
+                got_all.set()
+
+        ps.route(b"direct", take)
+        try:
+            await ps.subscribe("direct", "queued")
+            assert [m["channel"] for m in await _confirmed(ps, 2)] == [b"direct", b"queued"]
+            for data in (b"1", b"2"):
+                await redis.publish("direct", data)
+            await redis.publish("queued", "q")
+            await redis.publish("direct", b"3")
+            async with asyncio.timeout(5):
+                await got_all.wait()
+            assert routed == [b"1", b"2", b"3"]
+            queued = await ps.get_message(ignore_subscribe_messages=True, timeout=5.0)
+            assert queued is not None and queued["channel"] == b"queued"
+            assert queued["data"] == b"q"
+            assert await ps.get_message(timeout=0.05) is None  # the routed ones never queued
+        finally:
+            await ps.aclose()

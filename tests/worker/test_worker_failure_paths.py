@@ -521,6 +521,45 @@ async def test_undecodable_cancel_message_does_not_crash_the_subscriber(
     assert server.stats.role_restarts["subscriber"] == 0
 
 
+@pytest.mark.parametrize("target", ["url", "redis-py client"])
+async def test_a_bug_handling_a_delivery_is_logged_and_the_next_delivery_still_starts(
+    redis: Redis, redis_url: str, client: Client, target: str
+) -> None:
+    """Delivery notes are handed over as the Pub/Sub connection reads them (from a URL,
+    asyncq's own connection; through a redis-py client, the subscriber's loop): an
+    exception there is logged, and neither the connection nor the subscriber dies of it."""
+    ran = asyncio.Event()
+
+    async def handle(task: Task) -> None:
+        ran.set()
+
+    calls: list[bytes] = []
+    with structlog.testing.capture_logs() as logs:  # the roles' loggers are made in it
+        server = Server(redis_url if target == "url" else redis, concurrency=2, **FAST)
+        await server.start(one_handler("d", handle))
+        subscriber = server._subscriber
+        receive = subscriber._on_delivery
+        assert receive is not None
+
+        def buggy_once(note: bytes) -> None:
+            calls.append(note)
+            if len(calls) == 1:
+                raise RuntimeError("a bug")
+            receive(note)
+
+        subscriber._on_delivery = buggy_once
+        await redis.publish(keys.delivery_channel(server.server_id), b"first")
+        await wait_until(lambda: calls == [b"first"], what="the first note handed over")
+        await wait_until(lambda: server.processor._arming._armed_at > 0, what="armed")
+        await client.enqueue(Task("d"))
+        await asyncio.wait_for(ran.wait(), 10)
+        await server.shutdown()
+    errors = [e for e in logs if e["log_level"] == "error"]
+    assert [e["event"] for e in errors] == ["delivered task could not be started"]
+    assert len(calls) == 2 and server.processor.stats.delivered == 1
+    assert server.stats.role_restarts["subscriber"] == 0
+
+
 async def test_shutdown_requeues_the_other_tasks_when_one_message_cannot_be_requeued(
     redis: Redis, broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
