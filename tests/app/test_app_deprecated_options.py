@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis as sync_redis
 from click.testing import CliRunner
 
 import asyncq.app as app_module
@@ -215,6 +216,11 @@ def test_the_worker_command_warns_about_nothing(
             super().__init__(*args, **kwargs)
             configs.append(self.config)
 
+    # Flushed first: tasks that an earlier test of this process left in the database (the
+    # URL's is shared) would keep the burst workers below from exiting.
+    flushed = sync_redis.Redis.from_url(redis_url)
+    flushed.flushdb()
+    flushed.close()
     monkeypatch.setattr(asyncq._worker.server, "Server", Recording)
     monkeypatch.setattr(app_module, "Server", Recording)
     (tmp_path / "grouped_app.py").write_text(MODULE)
