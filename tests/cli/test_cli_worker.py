@@ -230,6 +230,7 @@ def test_lease_and_recovery_flags_reach_the_server(
     ],
 )
 def test_metrics_history_flag_reaches_the_server(
+    r: sync_redis.Redis,  # a flushed database: leftovers would keep the burst worker busy
     redis_url: str,
     app_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
