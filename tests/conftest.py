@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis as sync_redis
 import structlog
 from hypothesis import Phase, settings
 from redis.asyncio import Redis
@@ -144,6 +145,16 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[sync_redis.Redis]:
+    """A synchronous redis-py client on a flushed database (bytes responses), for tests
+    that are not coroutines (a CLI run, a subprocess, hypothesis)."""
+    client = sync_redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.close()
 
 
 @pytest.fixture

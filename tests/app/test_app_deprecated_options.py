@@ -205,7 +205,10 @@ app = App(
 
 
 def test_the_worker_command_warns_about_nothing(
-    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    r: sync_redis.Redis,  # a flushed database: leftovers would keep the burst workers busy
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import asyncq._worker.server
 
@@ -216,11 +219,6 @@ def test_the_worker_command_warns_about_nothing(
             super().__init__(*args, **kwargs)
             configs.append(self.config)
 
-    # Flushed first: tasks that an earlier test of this process left in the database (the
-    # URL's is shared) would keep the burst workers below from exiting.
-    flushed = sync_redis.Redis.from_url(redis_url)
-    flushed.flushdb()
-    flushed.close()
     monkeypatch.setattr(asyncq._worker.server, "Server", Recording)
     monkeypatch.setattr(app_module, "Server", Recording)
     (tmp_path / "grouped_app.py").write_text(MODULE)

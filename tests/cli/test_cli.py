@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -45,14 +45,6 @@ def seed(url: str, fn: Callable[[Redis], Awaitable[Any]]) -> Any:
             await r.aclose()
 
     return asyncio.run(go_())
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[sync_redis.Redis]:
-    client = sync_redis.Redis.from_url(redis_url)
-    client.flushdb()
-    yield client
-    client.close()
 
 
 @pytest.fixture

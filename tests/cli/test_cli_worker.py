@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -44,14 +43,6 @@ def make_mux():
 
 not_a_mux = 42
 """
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[sync_redis.Redis]:
-    client = sync_redis.Redis.from_url(redis_url)
-    client.flushdb()
-    yield client
-    client.close()
 
 
 @pytest.fixture

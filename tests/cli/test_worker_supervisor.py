@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +35,6 @@ async def slow(task):
 """
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("supervisor")]
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[sync_redis.Redis]:
-    client = sync_redis.Redis.from_url(redis_url)
-    client.flushdb()
-    yield client
-    client.close()
 
 
 @pytest.fixture

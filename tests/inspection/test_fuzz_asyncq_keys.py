@@ -27,7 +27,6 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -368,14 +367,6 @@ async def _run(url: str, plan: dict[str, tuple[str, Any]], home: Path) -> dict[s
         "restarts": server.stats.role_restarts,
         "targets": targets,
     }
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[sync_redis.Redis]:
-    client = sync_redis.Redis.from_url(redis_url)
-    client.flushdb()
-    yield client
-    client.close()
 
 
 @FUZZ

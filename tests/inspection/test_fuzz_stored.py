@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -148,14 +147,6 @@ def _cli(url: str, tmp: Path, *args: str) -> None:
     if result.exception is not None:
         assert isinstance(result.exception, SystemExit), (args, repr(result.exception))
     assert "Traceback" not in result.output, (args, result.output)
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[sync_redis.Redis]:
-    client = sync_redis.Redis.from_url(redis_url)
-    client.flushdb()
-    yield client
-    client.close()
 
 
 @FUZZ

@@ -22,7 +22,6 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -84,13 +83,6 @@ def _write(r: sync_redis.Redis, key: str, kind: str, raw: bytes, *, claim: bool)
     else:  # a live lease of another scheduler: a claim's shape, or any lister ID
         held = raw.replace(b"/", b"") + b"/other" if claim else raw or b"other"
         r.set(key, held, px=LAPSE_MS)
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[sync_redis.Redis]:
-    client = sync_redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def _done(r: sync_redis.Redis, key: str) -> bool:
