@@ -217,27 +217,16 @@ async def test_durable_hand_offs_go_through_pending_under_min_replicas(
 ) -> None:
     # A write confirmed by nothing but its reply may come back as an error: neither a
     # run's first step nor the run its step wakes is leased to the worker then.
-    from asyncq._broker.durable import (
-        FAR_FUTURE,
-        RUN_HEADER,
-        RUN_QUEUE_HEADER,
-        STEP_HEADER,
-        SuspendPlan,
-        suspend_run,
-    )
-    from asyncq.proto.asynq import TaskMessage
+    from asyncq._broker.durable import FAR_FUTURE, SuspendPlan, suspend_run
     from tests.support import transitions
+    from tests.support.durable_scripts import active_run, step_message
 
     master, _ = linked
     broker = Broker(master, min_replicas=1)
     async with Client(pair[0].url, min_replicas=1) as client:
-        await client.enqueue(Task("run", b"{}"), task_id="r1")
-    run = await transitions.dequeue(broker, ["default"])
-    assert run is not None
-    headers = {RUN_HEADER: "r1", RUN_QUEUE_HEADER: "default", STEP_HEADER: "0"}
-    step = TaskMessage(type="step", payload=b"{}", id="r1-0", queue="default", headers=headers)
-    plan = SuspendPlan("steps", steps=[(0, step)], waits=[0])
-    assert await suspend_run(broker, run.message, plan, step_here=10.0**10) == "parked"
+        run = await active_run(broker, client)
+    plan = SuspendPlan("steps", steps=[(0, step_message(0))], waits=[0])
+    assert await suspend_run(broker, run, plan, step_here=10.0**10) == "parked"
     assert await master.lrange(keys.pending_key("default"), 0, -1) == [b"r1-0"]
     assert await master.zscore(keys.scheduled_key("default"), "r1") == FAR_FUTURE
     taken = await transitions.dequeue(broker, ["default"])
