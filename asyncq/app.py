@@ -43,6 +43,7 @@ from typing_extensions import Unpack
 
 from asyncq import _keys as keys
 from asyncq._broker.durable import (
+    INLINE_STEPS,
     RunSuspended,
     SuspendPlan,
     is_durable_step,
@@ -690,8 +691,15 @@ class DurableFunction(TypedTask[P, R]):
             coro = self._args.call(functools.partial(self.function, run), arguments)
         token = _current_task.set(task)
         run._driver = asyncio.current_task()
+        inline = INLINE_STEPS.get()  # on a worker: where a step awaited alone may run
         try:
             ended = await drive(coro)
+            while isinstance(ended, SuspendPlan) and inline is not None:
+                value = await inline.run_inline(run_id, ended)
+                if value is None:
+                    break  # not run inline, or not recorded by it: the attempt suspends
+                run._ran_inline(ended, value)
+                ended = await drive(coro)
         except Exception as exc:
             final = task.retry_count >= (task.max_retry or 0) or wraps_error(exc, SkipRetry)
             await run._settle("failed" if final else "running", FAILED_RUN_KEPT if final else 0)

@@ -367,6 +367,14 @@ class Run:
         self._record = dict(record)
         self._writes = {}
 
+    def _ran_inline(self, plan: SuspendPlan, value: bytes) -> None:
+        """The one step *plan* waited for ran inline and recorded *value*, *plan*'s records
+        written with it: the coroutine goes on against the record as it now stands."""
+        ((index, _),) = plan.steps
+        self._record.update(plan.records)
+        self._writes = {}
+        self._record[f"r:{index}"] = value
+
     def _entry(self, signature: str) -> int:
         """The next entry's index, its *signature* checked against the record's."""
         index = self._next

@@ -61,9 +61,10 @@ SUBSET = [
     "tests/scheduling/test_scheduler.py",
     "tests/scheduling/test_cron_keys_hostile.py",
     # durable functions: their scripts, directly and under a worker (a run continuing
-    # on its step's worker included)
+    # on its step's worker and steps run inline included)
     "tests/durable/test_durable_scripts.py",
     "tests/durable/test_durable_continue.py",
+    "tests/durable/test_durable_inline.py",
     "tests/durable/test_durable.py",
     "tests/durable/test_durable_inspect.py",
     "tests/connection/test_fast_pubsub.py",

@@ -441,7 +441,8 @@ def ack_results(
     reply: Any,
 ) -> None:
     """Fill in the failures of one queue's ack_many.lua call (a success leaves None; a
-    step whose run continues here, the run's message: see ``_runs_continued``)."""
+    step whose run continues here, the run's message: see ``_runs_continued``; an inline
+    step, what was recorded: see ``ack_many``)."""
     if isinstance(reply, ResponseError):
         text = str(reply)
         for i in indices:
@@ -452,7 +453,7 @@ def ack_results(
             results[i] = reply
         return
     for i, code in zip(indices, reply, strict=True):
-        if code == 1 or isinstance(code, bytes):
+        if code in (1, 2) or isinstance(code, bytes):  # 2, bytes: see ack_many.lua
             continue
         tid = items[i][0].id
         if code == 0:

@@ -80,7 +80,7 @@ from asyncq._broker._base import (
 )
 from asyncq._broker.aggregation import GroupTransitions
 from asyncq._broker.delivery import DirectDelivery
-from asyncq._broker.durable import SuspendPlan
+from asyncq._broker.durable import SuspendPlan, start_inline
 from asyncq._broker.durable import ack_step as ack_durable_step
 from asyncq._broker.durable import suspend_run as suspend_durable_run
 from asyncq._broker.heartbeats import HeartbeatWrites
@@ -195,6 +195,13 @@ class Broker(
         """End a durable run's attempt as *plan* says, atomically (*step_here*: see
         :func:`~asyncq._broker.durable.suspend_run`)."""
         return await suspend_durable_run(self, msg, plan, step_here=step_here)
+
+    async def start_inline_step(
+        self, run: TaskMessage, plan: SuspendPlan, lease_expiry: float
+    ) -> str:
+        """Lease *plan*'s one step to us, the attempt of *run* going on, atomically (see
+        :func:`~asyncq._broker.durable.start_inline`)."""
+        return await start_inline(self, run, plan, lease_expiry)
 
     async def all_queues(self) -> set[str]:
         """The names in ``asynq:queues``."""

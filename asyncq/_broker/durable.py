@@ -18,13 +18,21 @@ A success is acknowledged in the worker's batch of successes instead
 (:meth:`~asyncq._broker.processing.ProcessingTransitions.ack_many`), which records it the
 same way in the same call (``record_step()``, ``lua/_lib/durable_step.lua``).
 A signal (:func:`send_signal`) does the same for the runs waiting for it.
+
+An attempt that waits for one step which the worker running it takes may instead go on
+while the step runs in its slot (an *inline* step, :func:`start_inline`,
+``lua/durable_inline.lua``): the step is written active and leased to that worker, the
+run task stays active, and the step's batched acknowledgement answers with the result
+it recorded (:class:`Recorded`), with which the attempt goes on. Anything else (a retry,
+a lost lease, a record that moved on) ends the attempt as a suspension after all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 from redis.exceptions import RedisClusterException, ResponseError
 
@@ -50,10 +58,13 @@ from asyncq.proto.asynq import TaskMessage
 __all__ = [
     "FAILED_RUN_KEPT",
     "FAR_FUTURE",
+    "INLINE_STEPS",
     "PENDING_RUN_KEPT",
     "RUN_HEADER",
     "RUN_QUEUE_HEADER",
     "STEP_HEADER",
+    "InlineSteps",
+    "Recorded",
     "RunSuspended",
     "SignalWait",
     "StepAckMode",
@@ -64,6 +75,7 @@ __all__ = [
     "record_wait",
     "send_signal",
     "settle_run",
+    "start_inline",
     "start_run",
     "suspend_run",
 ]
@@ -92,6 +104,7 @@ _SIGNAL = load_script(LUA_PACKAGE, "durable_signal")
 _RECORD = load_script(LUA_PACKAGE, "durable_record")
 _SETTLE = load_script(LUA_PACKAGE, "durable_settle")
 _START = load_script(LUA_PACKAGE, "durable_start")
+_INLINE = load_script(LUA_PACKAGE, "durable_inline")
 
 StepAckMode = Literal["done", "complete", "archive", "revoke"]
 
@@ -134,6 +147,28 @@ class RunSuspended(BaseException):
     def __init__(self, plan: SuspendPlan) -> None:
         super().__init__(plan.mode)
         self.plan = plan
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What an inline step's acknowledgement recorded in its run: its result, as stored."""
+
+    value: bytes
+
+
+class InlineSteps(Protocol):
+    """The worker's side of inline steps, as a run's attempt sees it (:data:`INLINE_STEPS`)."""
+
+    async def run_inline(self, run_id: str, plan: SuspendPlan) -> bytes | None:
+        """Run *plan*'s one step in the slot of run *run_id*'s attempt, which awaits it;
+        the result it recorded, or None when the attempt must suspend on *plan* instead
+        (the step was not taken here, or its outcome was not recorded by it)."""
+        ...
+
+
+INLINE_STEPS: ContextVar[InlineSteps | None] = ContextVar("asyncq_inline_steps", default=None)
+"""Set by the worker in each attempt's task: where a durable run's attempt runs a step
+inline. None outside a worker."""
 
 
 def is_durable_step(msg: TaskMessage) -> bool:
@@ -216,6 +251,30 @@ async def suspend_run(
     if step_here is not None and plan.steps and broker.replication is None:
         args.append(int(step_here))
     return await _write(broker, _SUSPEND, keys_, args, qname=qk.name, tid=tid)
+
+
+async def start_inline(
+    broker: BrokerBase, run: TaskMessage, plan: SuspendPlan, lease_expiry: float
+) -> str:
+    """Write what the attempt of *run* decided (*plan*'s records) and its one step, in the
+    run's queue, active and leased to the caller until *lease_expiry* (unix s), the run
+    task staying active (``lua/durable_inline.lua``): ``here``, the step is the caller's
+    to run. Otherwise nothing is written (``seen``, ``there``, ``fetch``, ``waiting``,
+    ``cancelled``: see the script) and the caller suspends the attempt on *plan*. Not
+    under ``min_replicas`` (``fetch``): an unconfirmed write would strand the step.
+    """
+    if broker.replication is not None:
+        return "fetch"
+    ((index, step),) = plan.steps
+    qk = broker._q(run.queue)
+    if step.queue != qk.name:
+        raise ValueError(f"inline step {step.id!r} is not in its run's queue {qk.name!r}")
+    args: list[Any] = [index, step.id, encode_task_message(step), int(lease_expiry)]
+    args.append(len(plan.records))
+    for name, value in plan.records.items():
+        args += (name, value)
+    keys_ = (keys.run_key(qk.name, run.id), qk.task_prefix + step.id, qk.active, qk.lease)
+    return await _write(broker, _INLINE, keys_, args, qname=qk.name, tid=run.id)
 
 
 async def ack_step(

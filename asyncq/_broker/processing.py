@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,6 +26,7 @@ from asyncq._broker.durable import (
     RUN_HEADER,
     RUN_QUEUE_HEADER,
     STEP_HEADER,
+    Recorded,
     ack_step,
     is_durable_step,
 )
@@ -118,7 +119,8 @@ class ProcessingTransitions(BrokerBase):
         items: Sequence[tuple[TaskMessage, bool]],
         *,
         runs_here: Callable[[str], bool] | None = None,
-    ) -> list[Exception | DequeuedTask | None]:
+        inline: Collection[str] = (),
+    ) -> list[Exception | DequeuedTask | Recorded | None]:
         """Acknowledge finished tasks given as ``(msg, complete)`` pairs.
 
         ``complete=True`` is :meth:`mark_as_complete` (kept for ``msg.retention``),
@@ -149,8 +151,14 @@ class ProcessingTransitions(BrokerBase):
         wakes: the run then continues here instead of going to pending (active, leased
         until now + ``lease_duration``, as a fetch leaves it), and the step's result is
         the run's :class:`DequeuedTask`, to be started in the step's slot.
+
+        *inline* holds the ids of durable steps run inline, in the slot of their run's
+        attempt, which goes on on this worker (:func:`~asyncq._broker.durable.start_inline`):
+        such a step's result is :class:`~asyncq._broker.durable.Recorded` with the
+        result this call recorded in the run, or None (acknowledged, nothing recorded by
+        this call: the attempt suspends to learn what the record holds).
         """
-        results: list[Exception | DequeuedTask | None] = [None] * len(items)
+        results: list[Exception | DequeuedTask | Recorded | None] = [None] * len(items)
         if self.replication is not None:
             runs_here = None
         now = self.clock()
@@ -189,12 +197,17 @@ class ProcessingTransitions(BrokerBase):
                 run_queue = headers[RUN_QUEUE_HEADER]
                 call.indices.append(i)
                 call.args += (msg.id, run_queue, headers[RUN_HEADER], headers[STEP_HEADER])
-                here = runs_here is not None and runs_here(run_queue)
+                if msg.id in inline:
+                    kind = "i"
+                elif runs_here is not None and runs_here(run_queue):
+                    kind = "h"
+                else:
+                    kind = "r"
                 if complete:
-                    call.kinds.append("H" if here else "R")
+                    call.kinds.append(kind.upper())
                     call.args += (now_s + msg.retention, encode_with(msg, completed_at=now_s))
                 else:
-                    call.kinds.append("h" if here else "r")
+                    call.kinds.append(kind)
                 continue
             ukey = msg.unique_key
             # The script builds no key it was not told the hash tag of (cluster slots).
@@ -219,9 +232,15 @@ class ProcessingTransitions(BrokerBase):
             replies = await self._ack_calls(planned, now, int(expiry))
             for call, reply in zip(planned, replies, strict=True):
                 ack_results(results, items, call.qk.name, call.indices, reply)
+                if isinstance(reply, Exception):
+                    continue
                 kinds = call.args[4]  # a run continues here only from an h or H
-                if ("h" in kinds or "H" in kinds) and not isinstance(reply, Exception):
-                    await self._runs_continued(results, items, call.indices, reply, expiry)
+                if "h" in kinds or "H" in kinds:
+                    await self._runs_continued(results, items, call, reply, expiry)
+                if "i" in kinds or "I" in kinds:
+                    for i, kind, code in zip(call.indices, kinds, reply, strict=True):
+                        if kind in "iI":
+                            results[i] = Recorded(code) if isinstance(code, bytes) else None
         for i in strays:
             msg, complete = items[i]
             try:
@@ -235,17 +254,17 @@ class ProcessingTransitions(BrokerBase):
 
     async def _runs_continued(
         self,
-        results: list[Exception | DequeuedTask | None],
+        results: list[Exception | DequeuedTask | Recorded | None],
         items: Sequence[tuple[TaskMessage, bool]],
-        indices: list[int],
+        call: AckCall,
         reply: Sequence[Any],
         expiry: float,
     ) -> None:
-        """Read the message of each run that continues here (the reply has it in place of
-        the step's 1) into its step's result; a message unusable here is archived, as a
-        fetch would, and the step's result stays None (acknowledged)."""
-        for i, code in zip(indices, reply, strict=True):
-            if not isinstance(code, bytes):
+        """Read the message of each run that continues here (the reply of an h or H step
+        has it in place of 1) into its step's result; a message unusable here is
+        archived, as a fetch would, and the step's result stays None (acknowledged)."""
+        for i, kind, code in zip(call.indices, call.args[4], reply, strict=True):
+            if kind not in "hH" or not isinstance(code, bytes):
                 continue
             headers = items[i][0].headers
             run_q, run_id = self._q(headers[RUN_QUEUE_HEADER]), headers[RUN_HEADER]
@@ -263,7 +282,7 @@ class ProcessingTransitions(BrokerBase):
             kinds = call.args[4] = "".join(call.kinds)
             if any(kind in kinds for kind in "hH"):
                 call.args.append(expiry)  # the lease of a run continuing here
-            if any(step in kinds for step in "wWrRhH"):
+            if any(step in kinds for step in "wWrRhHiI"):
                 call.args += (int(now), int(now * 1e9))  # the hand-off's "now"
             pday = qk.daily(now)[0]
             calls.append(((qk.active, qk.lease, qk.completed, pday, qk.processed), call.args))

@@ -25,6 +25,7 @@ from asyncq.proto.asynq import TaskMessage
 
 if TYPE_CHECKING:
     from asyncq._broker import DequeuedTask
+    from asyncq._worker.select import FirstOf
 
 __all__ = ["CANCEL_GRACE", "ActiveTask", "ActiveTasks", "AttemptPhase"]
 
@@ -47,9 +48,13 @@ class ActiveTask:
         "cancel_exc",
         "cancelled",
         "deadline",
+        "guest",
+        "host",
         "lease",
         "msg",
         "ran",
+        "recorded",
+        "select",
         "started",
         "state",
         "task",
@@ -87,6 +92,16 @@ class ActiveTask:
         """Done once a cancel request came (its reason is :attr:`cancel_exc`)."""
         self.began = 0.0
         """When the handler was called (unix time); 0 while it has not been."""
+        self.select: FirstOf | None = None
+        """What the handler's run waits on beside it, while it runs (its deadline can move)."""
+        self.host: ActiveTask | None = None
+        """An inline step's: the durable run whose attempt awaits it, in whose slot it runs
+        (see :meth:`asyncq._worker.attempt.Attempts.run_inline`)."""
+        self.guest: ActiveTask | None = None
+        """A durable run's attempt's: the inline step it awaits, running in its slot. A run
+        whose attempt ends first leaves its slot to the step, which frees it."""
+        self.recorded: bytes | None = None
+        """An inline step's: the result its acknowledgement recorded in its run."""
         self.ran: tuple[float, float] | None = None
         """When the handler started and ended (unix time), for the metrics history; None
         without one, while it runs, or if it never ran (stopped before its start, or put

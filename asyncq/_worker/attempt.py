@@ -38,7 +38,7 @@ from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from asyncq._broker.durable import RunSuspended, SuspendPlan
+from asyncq._broker.durable import Recorded, RunSuspended, SuspendPlan
 from asyncq._broker.durable_cancel import CANCELED_ERROR
 from asyncq._broker.processing import DequeuedTask
 from asyncq._broker.workflow import AckMode
@@ -136,7 +136,10 @@ class Attempts:
         writer: OutcomeWriter,
         progress: ProgressWriter | None,
         debug: bool,
+        runs_here: Callable[[str], bool] | None = None,
     ) -> None:
+        """*runs_here* says of a queue whether this worker takes a task of it without a
+        fetch (see :class:`OutcomeWriter`): a durable run's step, inline."""
         self.handler = handler
         self.broker = deps.broker
         self.clock = deps.broker.clock
@@ -155,6 +158,7 @@ class Attempts:
         """Handlers that ignored their cancellation past the grace: their failure is written
         and their slot freed; they run on, not awaited by anything (shutdown included)."""
         self._deadlines: Deadlines | None = None  # of the loop the tasks run in, from the first
+        self._runs_here = runs_here
 
     def start(self, got: DequeuedTask) -> None:
         """Start *got*, fetched or delivered, in the slot its caller took for it."""
@@ -217,7 +221,7 @@ class Attempts:
         assert deadlines is not None  # set by start()
         expired, cancelled = active.lease.expired, active.cancelled
         when = deadlines.loop.time() + active.deadline - now
-        select = FirstOf((expired, cancelled), when, deadlines, active.task)
+        select = active.select = FirstOf((expired, cancelled), when, deadlines, active.task)
         exc: BaseException | None = None
         limited: timedelta | None = None  # its type's rate had no token: put back unrun
         returned = False  # the handler returned (did not raise or swallow a stop)
@@ -245,6 +249,7 @@ class Attempts:
             exc = err
         finally:
             active.state = "writing"  # from here on a cancel request changes nothing
+            active.select = None
             if active.began:
                 if self.writer.history is not None:
                     active.ran = (active.began, self.clock())
@@ -308,7 +313,8 @@ class Attempts:
         return None
 
     def _release(self, active: ActiveTask) -> None:
-        """Forget the task and give its slot back."""
+        """Forget the task and give its slot back: an inline step's is its run's attempt's,
+        freed by whichever of the two ends last."""
         active.state = "finished"
         # The active task and its coroutine's task refer to one another: cut the cycle, so
         # that reference counting frees them now instead of the cyclic garbage collector
@@ -316,7 +322,80 @@ class Attempts:
         active.task = None
         if self.active.get(active.msg.id) is active:
             del self.active[active.msg.id]
+        host = active.host
+        if host is not None:  # an inline step
+            active.host = None
+            host.guest = None
+            if host.state != "finished":
+                return  # its run's attempt goes on in the slot
+            active = host  # the attempt ended first: the slot, and its counts, end here
+        elif active.guest is not None:
+            return  # its inline step runs on in the slot, and frees it
         self._released(active)
+
+    # -- inline steps -------------------------------------------------------------------------
+
+    async def run_inline(self, run_id: str, plan: SuspendPlan) -> bytes | None:
+        """Run the one step a durable run's attempt awaits (*plan*) here, in the attempt's
+        slot, the run task staying active (an inline step: no suspension, no fetch of
+        the run again); the result its acknowledgement recorded in the run, or None when
+        the attempt must suspend on *plan* after all: the step was not taken here (see
+        below), or its outcome is anything but a success this worker recorded.
+
+        Taken here when it is in the run's queue, which this worker takes without a
+        fetch (:class:`OutcomeWriter`'s *runs_here*), and ``durable_inline.lua`` finds it
+        neither recorded nor enqueued. While it runs, the attempt's deadline is moved
+        on by the step's timeout, and after it back to what the step took: the attempt
+        spends its own time on the replay only. Stopped while it awaits the step (a cancel,
+        its lease, shutdown), the attempt ends and the step runs on in its slot.
+        """
+        host = self.active.get(run_id)
+        runs_here = self._runs_here
+        if (
+            host is None or host.select is None or host.guest is not None
+            or host.host is not None  # an inline step's own steps are not inline
+            or host.task is not asyncio.current_task() or runs_here is None
+            or plan.mode != "steps" or len(plan.steps) != 1
+        ):  # fmt: skip
+            return None
+        index, step = plan.steps[0]
+        if list(plan.waits) != [index] or step.queue != host.msg.queue or not runs_here(step.queue):
+            return None
+        now = self.clock()
+        expiry = now + self.broker.lease_duration
+        try:
+            got = await self.broker.start_inline_step(host.msg, plan, expiry)
+        except REDIS_ERRORS as exc:  # the suspension's write, next, reports it
+            if self._debug:
+                fields = task_fields(step)
+                self.log.debug("inline step not started", error=error_text(exc), **fields)
+            return None
+        if got != "here":
+            return None
+        deadlines = self._deadlines
+        assert deadlines is not None  # set by start(), before the run's attempt
+        guest = ActiveTask(
+            step, Lease(math.floor(expiry), clock=self.clock, loop=deadlines.loop),
+            compute_deadline(step, now), now, deadlines.loop,
+        )  # fmt: skip
+        allowance = guest.deadline - now
+        host.select.move_deadline(allowance)
+        host.deadline += allowance
+        guest.host, host.guest = host, guest
+        self.stats.inline += 1
+        self.active[step.id] = guest
+        done = guest.task = self._spawn(self.live(guest))
+        if self._debug:
+            self.log.debug("inline step started", run=run_id, **task_fields(step))
+        try:
+            await asyncio.shield(done)  # stopped here, the attempt ends; the step runs on
+        finally:
+            select = host.select
+            if select is not None:  # the attempt goes on: what the step took is not its own
+                back = self.clock() - now - allowance
+                select.move_deadline(back)
+                host.deadline += back
+        return guest.recorded
 
 
 _EXPECTED: tuple[type[BaseException], ...] = (
@@ -444,9 +523,11 @@ class OutcomeWriter:
         # nearly every task (issue 40). A workflow step's batched acknowledgement
         # includes its workflow's hand-off, a durable step's its record in its run.
         complete = kind == "complete"
-        error = await self._acks.ack(msg, complete)
+        error = await self._acks.ack(msg, complete, active.host is not None)
         if isinstance(error, DequeuedTask):  # a durable step: the run it woke continues here
             active.then = error
+        elif isinstance(error, Recorded):  # an inline step: its run's attempt goes on with it
+            active.recorded = error.value
         elif error is not None:
             self._ack_failed(active, outcome, complete, error)
             return
@@ -526,7 +607,9 @@ class OutcomeWriter:
         first = plan.steps[0][1] if plan.steps else None
         here: float | None = None
         runs_here = self._runs_here
-        writing = active.state == "writing"  # not the syncer's later write
+        # not the syncer's later write, nor an inline step's (a child run's): the slot is
+        # its run's, whose attempt goes on in it
+        writing = active.state == "writing" and active.host is None
         if first is not None and writing and runs_here is not None and runs_here(first.queue):
             here = self.clock() + self.broker.lease_duration
         got = await self.broker.suspend_run(active.msg, plan, step_here=here)

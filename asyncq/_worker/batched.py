@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from asyncq._batch import Spawn, TurnBatcher
+from asyncq._broker.durable import Recorded
 from asyncq._broker.processing import DequeuedTask
 from asyncq._worker.limits import TYPE_RATE_MAX_WAIT_US, Rate
 from asyncq.proto.asynq import TaskMessage
@@ -22,7 +23,10 @@ if TYPE_CHECKING:
 
 __all__ = ["AckBatcher", "TypeTokens"]
 
-_Ack = tuple[TaskMessage, bool, "asyncio.Future[BaseException | DequeuedTask | None]"]
+_Acked = BaseException | DequeuedTask | Recorded | None
+"""An acknowledgement's answer: None, the task's error, the run a durable step woke here,
+or what an inline step recorded in its run."""
+_Ack = tuple[TaskMessage, bool, bool, "asyncio.Future[_Acked]"]
 _Token = tuple[str, Rate, "asyncio.Future[tuple[bool, int]]"]
 
 
@@ -36,7 +40,8 @@ class AckBatcher:
     held until the task is written), so the semantics are those of one
     Done/MarkAsComplete per task, at a fraction of the round trips under load.
     A durable step's acknowledgement may answer with the run it woke, which then
-    continues in the step's slot (*runs_here* says of which queues).
+    continues in the step's slot (*runs_here* says of which queues); an inline step's
+    with the result it recorded in its run, whose attempt awaits it.
     """
 
     __slots__ = ("_batch", "_broker", "_runs_here", "_slots")
@@ -53,32 +58,30 @@ class AckBatcher:
         self._runs_here = runs_here
         self._batch: TurnBatcher[_Ack] = TurnBatcher(self._send, spawn=spawn)
 
-    def ack(
-        self, msg: TaskMessage, complete: bool
-    ) -> asyncio.Future[BaseException | DequeuedTask | None]:
+    def ack(self, msg: TaskMessage, complete: bool, inline: bool = False) -> asyncio.Future[_Acked]:
         """A future resolving to None when acknowledged, or to the task's error, or (a
-        durable step) to the run it woke, leased to this worker."""
-        fut: asyncio.Future[BaseException | DequeuedTask | None] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self._batch.add((msg, complete, fut))
+        durable step) to the run it woke, leased to this worker, or (an *inline* step)
+        to what it recorded."""
+        fut: asyncio.Future[_Acked] = asyncio.get_running_loop().create_future()
+        self._batch.add((msg, complete, inline, fut))
         return fut
 
     async def _send(self, batch: list[_Ack]) -> None:
+        inline = {msg.id for msg, _, step, _ in batch if step}
         try:
             async with self._slots:
-                results: Sequence[
-                    BaseException | DequeuedTask | None
-                ] = await self._broker.ack_many(
-                    [(msg, complete) for msg, complete, _ in batch], runs_here=self._runs_here
+                results: Sequence[_Acked] = await self._broker.ack_many(
+                    [(msg, complete) for msg, complete, _, _ in batch],
+                    runs_here=self._runs_here,
+                    inline=inline,
                 )
         except Exception as exc:  # e.g. connection lost: every task of the batch gets it
             results = [exc] * len(batch)
         except BaseException:
-            for _, _, fut in batch:
+            for *_, fut in batch:
                 fut.cancel()
             raise
-        for (_, _, fut), result in zip(batch, results, strict=True):
+        for (*_, fut), result in zip(batch, results, strict=True):
             if not fut.done():
                 fut.set_result(result)
             elif isinstance(result, DequeuedTask):

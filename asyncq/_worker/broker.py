@@ -16,13 +16,13 @@ connection factory, each from the server.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from asyncq._broker.delivery import DeliveryNote
-    from asyncq._broker.durable import SuspendPlan
+    from asyncq._broker.durable import Recorded, SuspendPlan
     from asyncq._broker.multiqueue import FetchResult
     from asyncq._broker.processing import DequeuedTask
     from asyncq._broker.workflow import AckMode
@@ -74,13 +74,16 @@ class WorkerBroker(Protocol):
         items: Sequence[tuple[TaskMessage, bool]],
         *,
         runs_here: Callable[[str], bool] | None = None,
-    ) -> Sequence[Exception | DequeuedTask | None]:
+        inline: Collection[str] = (),
+    ) -> Sequence[Exception | DequeuedTask | Recorded | None]:
         """Done (False) or MarkAsComplete (True) for many tasks; one result per item.
 
         A workflow step's is its :meth:`ack_workflow_step` (``done`` or ``complete``):
         the workflow records it and hands off in the same write. A durable step's records
         it in its run; a run it wakes whose queue *runs_here* accepts continues on this
-        worker: the step's result is then the run, leased to us, to start in its slot."""
+        worker: the step's result is then the run, leased to us, to start in its slot. A
+        step of *inline* (ids) answers with what it recorded in its run, whose attempt
+        goes on here (:class:`~asyncq._broker.durable.Recorded`), or None."""
         ...
 
     async def done(self, msg: TaskMessage) -> None: ...
@@ -122,6 +125,13 @@ class WorkerBroker(Protocol):
         run task parked or pending again); ``parked`` or ``ready``, or ``here`` when the
         plan's first step was leased to this worker until *step_here* instead of pending,
         or ``cancelled`` (nothing written) when the run was cancelled while it ran."""
+        ...
+
+    async def start_inline_step(
+        self, run: TaskMessage, plan: SuspendPlan, lease_expiry: float
+    ) -> str:
+        """Write what the attempt of *run* decided and lease *plan*'s one step to us until
+        *lease_expiry*, the run task staying active: ``here``, or why not (nothing written)."""
         ...
 
     async def take_type_tokens(

@@ -177,6 +177,9 @@ class ServerStats:
     continued: int = 0
     """Tasks started in the slot of the task before them, without a fetch: a durable run's
     step leased to us by the run's suspension, or the run its step's success woke."""
+    inline: int = 0
+    """Durable steps run inline: in the slot of their run's attempt, which awaited them
+    (see :meth:`asyncq._worker.attempt.Attempts.run_inline`)."""
     invalidations: int = 0
     """Key-tracking invalidations received (a served queue's pending list or paused flag
     written by anyone, Go asynq included; see :mod:`asyncq._worker.wakeup`)."""

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import anyio
 
 from asyncq._broker.delivery import DeliveryNote, read_note
+from asyncq._broker.durable import INLINE_STEPS
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS
 from asyncq._worker.active import ActiveTask, ActiveTasks
@@ -215,6 +216,7 @@ class Processor(Role):
         self.attempts = Attempts(
             deps, handler=handler, active=active, spawn=self._spawn_attempt,
             released=self._released, writer=writer, progress=progress, debug=self._debug,
+            runs_here=self._runs_here,
         )  # fmt: skip
         """Each task's life, from its start to its release (:mod:`asyncq._worker.attempt`)."""
 
@@ -299,8 +301,10 @@ class Processor(Role):
         ack and token senders. Leaving the group waits for them; a crash of the fetch loop
         (a bug) stops fetching, lets the running tasks finish, then reaches ``supervise``."""
         sync_limiter.set(self._limiter)
+        INLINE_STEPS.set(self.attempts)
         # Every task's coroutine starts from this context (with the limiter of its sync
-        # handlers), whoever starts it: the fetch loop, or the subscriber's delivery.
+        # handlers and where a durable run's attempt runs a step inline), whoever starts
+        # it: the fetch loop, or the subscriber's delivery.
         self._context = contextvars.copy_context()
         crash: Exception | None = None
         self._idle.clear()

@@ -68,8 +68,13 @@ class Deadlines:
         """Selects entered and not yet left."""
 
     def add(self, when: float, select: FirstOf) -> None:
-        heappush(self._heap, (when, next(self._order), select))
         self.waiting += 1
+        self.push(when, select)
+
+    def push(self, when: float, select: FirstOf) -> None:
+        """Another deadline for a waiting *select* (its entry for the old one is passed
+        over when it comes: :meth:`FirstOf.deadline_came`)."""
+        heappush(self._heap, (when, next(self._order), select))
         if when < self._at:
             self._arm(when)
 
@@ -77,8 +82,12 @@ class Deadlines:
         """A select has ended: its entry is dead weight from now on."""
         self.waiting -= 1
         if len(self._heap) > _SLACK + 2 * self.waiting:
-            # a select waits from its entry to its exit (a plain read: no call per entry)
-            self._heap = [entry for entry in self._heap if entry[2]._task is not None]
+            # a select waits from its entry to its exit (a plain read: no call per entry),
+            # and an entry for a deadline it had before it moved is dead weight too
+            self._heap = [
+                entry for entry in self._heap
+                if entry[2]._task is not None and entry[0] == entry[2]._deadline
+            ]  # fmt: skip
             heapify(self._heap)
 
     def _arm(self, when: float) -> None:
@@ -137,8 +146,17 @@ class FirstOf:
             self._task.cancel()
 
     def deadline_came(self) -> None:
-        """Called by :class:`Deadlines` when the deadline has come."""
-        self._came(DEADLINE)
+        """Called by :class:`Deadlines` when the deadline has come (or one it had before
+        it moved, which is passed over)."""
+        if self._deadlines.loop.time() + _EARLY >= self._deadline:
+            self._came(DEADLINE)
+
+    def move_deadline(self, by: float) -> None:
+        """Move the deadline *by* seconds (earlier when negative) while the handler runs:
+        a durable run's attempt does not spend its own time on an inline step it awaits."""
+        self._deadline += by
+        if self._task is not None:
+            self._deadlines.push(self._deadline, self)
 
     def __enter__(self) -> FirstOf:
         task = self._task

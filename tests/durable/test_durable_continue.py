@@ -180,12 +180,13 @@ async def test_a_continuing_ack_on_a_damaged_key_of_the_runs_queue_changes_nothi
 async def test_runs_on_one_worker_continue_in_their_steps_slots(
     redis: Redis, worker: Server
 ) -> None:
-    handle = await d.chain3.start(4)
-    assert await handle.result(timeout=20) == 55
+    handle = await d.counted.start(4, False)  # its steps in another queue: never inline
+    assert await handle.result(timeout=20) == 7
     # each of the three steps ran in the slot its run left, and each step's success woke
     # the run, which continued in the step's slot: nothing of the run was fetched after
     # its first attempt
     assert worker.stats.continued == 6
+    assert worker.stats.inline == 0
 
 
 # -- a step in the slot its run leaves (durable_suspend.lua's optional lease) -------------

@@ -100,11 +100,13 @@ DURABLE_TESTS = (
     # the scripts driven without a worker first: a mutant they kill costs no wait
     "tests/durable/test_durable_scripts.py",
     "tests/durable/test_durable_continue.py",
+    "tests/durable/test_durable_inline.py",
     "tests/durable/test_durable.py",
 )
 DEFAULT_TESTS = BROKER_TESTS
 TESTS: dict[str, tuple[str, ...]] = {
-    # ack_many.lua acknowledges workflow steps too (the w/W kinds), and durable steps (r/R)
+    # ack_many.lua acknowledges workflow steps too (the w/W kinds), and durable steps (r/R,
+    # h/H, and i/I: inline)
     "ack_many": (
         *BROKER_TESTS,
         "tests/workflow/test_workflow_scripts.py",
@@ -112,6 +114,7 @@ TESTS: dict[str, tuple[str, ...]] = {
         "tests/workflow/test_workflow.py",
         "tests/durable/test_durable_scripts.py",
         "tests/durable/test_durable_continue.py",
+        "tests/durable/test_durable_inline.py",
     ),
     # bad() and typed(), included by every script that writes: typed()'s "is it there"
     # answer is read by durable_suspend.lua
@@ -179,7 +182,7 @@ STATE_TRANSITIONS = (
     "reclaim_stale_aggregation_sets_queues", "delete_aggregation_set", "inspect_run_task",
     "inspect_delete_task", "inspect_archive_task", "ack_queues", "archive_undecodable",
     "workflow_start", "workflow_advance", "workflow_done", "workflow_member_gone",
-    "workflow_cancel", "durable_suspend", "durable_step_done", "durable_signal",
+    "workflow_cancel", "durable_suspend", "durable_inline", "durable_step_done", "durable_signal",
     "durable_record", "durable_start", "inspect_run_all", "inspect_run_all_aggregating",
     "inspect_archive_all", "inspect_archive_all_pending", "inspect_archive_all_aggregating",
     "inspect_delete_all", "inspect_delete_all_pending", "inspect_delete_all_aggregating",

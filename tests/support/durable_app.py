@@ -26,6 +26,9 @@ RAN_TOTAL = "durable-test:ran-total"
 STARTS = "durable-test:starts"
 CALLS = "durable-test:calls"
 QUEUE = "durable"
+ELSEWHERE = "durable-elsewhere"
+"""A second queue of the worker: a step there is not the run's queue's, so it never runs
+inline (in its run's attempt's slot): its run suspends, and continues after it."""
 
 app = App(os.environ.get("TEST_REDIS_URL", "redis://localhost:6379/0"))
 
@@ -33,7 +36,7 @@ app = App(os.environ.get("TEST_REDIS_URL", "redis://localhost:6379/0"))
 async def start_worker() -> Server:
     """An in-process worker of the App's queue, started (shut it down after)."""
     server = app.server(
-        queues={QUEUE: 1},
+        queues={QUEUE: 1, ELSEWHERE: 1},
         concurrency=4,
         intervals=FAST_INTERVALS,
         shutdown_timeout=timedelta(seconds=2),
@@ -214,12 +217,13 @@ async def gated(n: int) -> int:
 
 @app.durable(name="d:counted", queue=QUEUE)
 async def counted(run: Run, n: int, first_gated: bool) -> int:
+    """Its steps run in :data:`ELSEWHERE`: it parks on each, and continues after it."""
     entered.append(run.id)
     try:
         if first_gated:
-            n = await run.step(gated, n)
+            n = await run.step(gated.options(queue=ELSEWHERE), n)
         for _ in range(3):
-            n = await run.step(add, n, 1)
+            n = await run.step(add.options(queue=ELSEWHERE), n, 1)
     except BaseException:
         unwound.append(run.id)
         await asyncio.sleep(0)  # an async exit, as an `async with` spanning steps has
@@ -246,3 +250,15 @@ async def held_then_step(run: Run) -> int:
     reaching it), its suspension must not park it again."""
     await run.call(held)
     return await run.step(add, 1, 2)
+
+
+@app.durable(name="d:gate-inline", queue=QUEUE)
+async def gate_inline(run: Run, n: int) -> int:
+    """Awaits :func:`gated`, a step of its own queue: it runs inline, in the run's slot."""
+    return await run.step(gated, n)
+
+
+@app.durable(name="d:brief", queue=QUEUE, timeout=timedelta(seconds=1))
+async def brief(run: Run) -> int:
+    """An attempt of 1 s at most, awaiting an inline step that takes longer."""
+    return await run.step(slow, 7, 1500)

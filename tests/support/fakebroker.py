@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncq._broker import DequeuedTask
 from asyncq._broker.delivery import DeliveryNote
-from asyncq._broker.durable import FAR_FUTURE, SuspendPlan, is_durable_step
+from asyncq._broker.durable import FAR_FUTURE, Recorded, SuspendPlan, is_durable_step
 from asyncq._broker.multiqueue import FetchResult
 from asyncq._broker.workflow import AckMode, is_workflow_step
 from asyncq.errors import TaskNotFoundError
@@ -88,6 +88,7 @@ class FakeBroker:
         self.durable_steps: list[tuple[str, AckMode]] = []
         """Durable runs' steps acknowledged with their record, in order."""
         self.suspensions: list[tuple[str, SuspendPlan]] = []
+        self.inline_steps: list[tuple[str, str]] = []  # (run id, step id) leased inline
         """Durable runs suspended (run id, plan), in order."""
         self.wakes: dict[str, str] = {}
         """Step id -> the id of the parked run (a stored task) its success wakes: to pending,
@@ -247,7 +248,8 @@ class FakeBroker:
         items: Sequence[tuple[TaskMessage, bool]],
         *,
         runs_here: Callable[[str], bool] | None = None,
-    ) -> Sequence[Exception | DequeuedTask | None]:
+        inline: Collection[str] = (),
+    ) -> Sequence[Exception | DequeuedTask | Recorded | None]:
         # asked as the batch is built, before the call: as Broker.ack_many does
         here = {
             m.id for m, _ in items
@@ -255,8 +257,9 @@ class FakeBroker:
             and runs_here(self.tasks[self.wakes[m.id]].msg.queue)
         }  # fmt: skip
         await self._enter("ack_many", [(m.id, c) for m, c in items])
-        out: list[Exception | DequeuedTask | None] = []
+        out: list[Exception | DequeuedTask | Recorded | None] = []
         for msg, complete in items:
+            result = self.tasks[msg.id].result if msg.id in self.tasks else None
             try:
                 self._finish(msg, complete)
             except TaskNotFoundError as exc:
@@ -267,7 +270,10 @@ class FakeBroker:
                     self.workflow_steps.append((msg.id, "complete" if complete else "done"))
                 elif is_durable_step(msg):  # with its record in its run, as Broker.ack_many
                     self.durable_steps.append((msg.id, "complete" if complete else "done"))
-                    out[-1] = self._wake(msg.id, msg.id in here)
+                    if msg.id in inline:  # recorded in its run, whose attempt goes on
+                        out[-1] = Recorded(result if result is not None else b"null")
+                    else:
+                        out[-1] = self._wake(msg.id, msg.id in here)
         return out
 
     def _wake(self, step_id: str, here: bool) -> DequeuedTask | None:
@@ -373,6 +379,20 @@ class FakeBroker:
                 self.pending[step.queue].append(step.id)
         self.suspensions.append((msg.id, plan))
         return "here" if leased else "parked"
+
+    async def start_inline_step(
+        self, run: TaskMessage, plan: SuspendPlan, lease_expiry: float
+    ) -> str:
+        """Leases the plan's one step to the caller, the run staying active (records are
+        not modelled); "there" when the step's task exists."""
+        await self._enter("start_inline_step", (run.id, plan.steps[0][1].id))
+        step = plan.steps[0][1]
+        if step.id in self.tasks:
+            return "there"
+        self.tasks[step.id] = StoredTask(step, "active")
+        self.leases[step.id] = float(int(lease_expiry))
+        self.inline_steps.append((run.id, step.id))
+        return "here"
 
     async def take_type_tokens(
         self, task_type: str, count: int, *, interval_us: int, burst: int, max_wait_us: int

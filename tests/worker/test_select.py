@@ -167,3 +167,34 @@ async def test_after_a_deadline_the_timer_is_set_for_the_next_earliest() -> None
     far.cancel()
     with pytest.raises(asyncio.CancelledError):
         await far
+
+
+async def test_a_moved_deadline_comes_at_its_new_time_and_not_at_its_old_one() -> None:
+    lease, cancel = _futures()
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines(loop)
+    select = FirstOf((lease, cancel), loop.time() - 1.0, deadlines)  # due already
+    with select:
+        select.move_deadline(FAR)  # before the timer ran: the old time is passed over
+        for _ in range(3):
+            await asyncio.sleep(0)  # the timer for the old time runs in these turns
+        assert select.first is None
+        select.move_deadline(-2 * FAR)  # back to before now: due again
+        await asyncio.sleep(FAR)  # woken by the select
+    assert select.first == DEADLINE
+
+
+async def test_a_rebuilt_heap_keeps_only_the_current_deadline_of_each_waiting_select() -> None:
+    lease, cancel = _futures()
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines(loop)
+    when = loop.time() + FAR
+    waiting = FirstOf((lease, cancel), when, deadlines)
+    with waiting:
+        for _ in range(200):  # an attempt whose inline steps moved its deadline on
+            waiting.move_deadline(1.0)
+        other = FirstOf(_futures(), loop.time() + FAR, deadlines)
+        with other:
+            pass  # leaving rebuilds the heap: 202 entries for 1 waiting select
+        assert [(entry[0], entry[2]) for entry in deadlines._heap] == [(waiting._deadline, waiting)]
+        assert waiting._deadline == pytest.approx(when + 200.0)

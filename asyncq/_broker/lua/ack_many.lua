@@ -15,11 +15,13 @@
 --         when the task has a unique key; w = Done, W = MarkAsComplete of a
 --         workflow step (which has no unique key); r = Done, R = MarkAsComplete of
 --         a durable run's step (no unique key either); h, H as r, R, and a run they
---         wake continues on this worker (record_step(), _lib/durable_step.lua)
+--         wake continues on this worker (record_step(), _lib/durable_step.lua); i, I as
+--         r, R for a step run inline, in the slot of its run's attempt, which goes on
+--         here (durable_inline.lua)
 -- ARGV[6..] per task, in order: id; the unique key (D, C); the workflow hash and
 --           the "<stage>.<member>" place (w, W); the run's queue, the run's id and
---           the step's index (r, R, h, H); the completed score (now + retention) and
---           the msg with completed_at set (c, C, W, R, H). Done without a lock, the
+--           the step's index (r, R, h, H, i, I); the completed score (now + retention)
+--           and the msg with completed_at set (c, C, W, R, H, I). Done without a lock, the
 --           common case, costs one argument.
 -- ARGV[n-2] (only when h or H is among the tasks): the lease expiry (unix s) of a run
 --           that continues on this worker.
@@ -40,13 +42,17 @@
 -- Returns one integer per task: 1 acknowledged, 0 NOT FOUND, -1 INTERNAL (the
 -- completed set already held the id), -2 unique key outside the queue
 -- (nothing touched); for a step of kind h or H whose run continues here, the run's
--- task message instead of 1.
+-- task message instead of 1; for a step of kind i or I, the result recorded in its
+-- run (as stored) when this call recorded it, else 2 (acknowledged: the outcome was
+-- recorded before, the record is gone or the run was waiting and went to pending).
 local tprefix, qprefix = ARGV[1], ARGV[2]
 local plen = #qprefix
 local out = {}
 local n = 0
 local kinds = ARGV[5]
-local width = {d = 1, D = 2, c = 3, C = 4, w = 3, W = 5, r = 4, R = 6, h = 4, H = 6}
+local width = {
+    d = 1, D = 2, c = 3, C = 4, w = 3, W = 5, r = 4, R = 6, h = 4, H = 6, i = 4, I = 6,
+}
 local need = 5
 for k = 1, #kinds do
     local w = width[string.sub(kinds, k, k)]
@@ -56,7 +62,7 @@ for k = 1, #kinds do
     need = need + w
 end
 local here = nil  -- the lease expiry of a run that continues here
-if string.find(kinds, "[wWrRhH]") then
+if string.find(kinds, "[wWrRhHiI]") then
     need = need + 2
 end
 if string.find(kinds, "[hH]") then
@@ -95,7 +101,7 @@ for k = 1, #kinds do
             problem = bad(ARGV[b], "hash")
         end
         b = b + 2
-    elseif kind == "r" or kind == "R" or kind == "h" or kind == "H" then
+    elseif string.find("rRhHiI", kind, 1, true) then
         if not string.match(ARGV[b + 2], "^%d+$") then
             problem = "ERR ack_many: bad durable step index " .. ARGV[b + 2]
         else
@@ -122,7 +128,7 @@ for k = 1, #kinds do
     if kind == "c" or kind == "C" or kind == "W" then
         problem = problem or bad(tprefix .. id, "hash")
         b = b + 2
-    elseif kind == "R" or kind == "H" then
+    elseif kind == "R" or kind == "H" or kind == "I" then
         b = b + 2
     end
 end
@@ -143,11 +149,11 @@ for k = 1, #kinds do
     elseif kind == "w" or kind == "W" then
         wf, place = ARGV[a], ARGV[a + 1]
         a = a + 2
-    elseif kind == "r" or kind == "R" or kind == "h" or kind == "H" then
+    elseif string.find("rRhHiI", kind, 1, true) then
         step = {q = ARGV[a], id = ARGV[a + 1], index = ARGV[a + 2]}
         a = a + 3
     end
-    local complete = kind == "c" or kind == "C" or kind == "W" or kind == "R" or kind == "H"
+    local complete = string.find("cCWRHI", kind, 1, true) ~= nil
     if complete then
         score, msg = ARGV[a], ARGV[a + 1]
         a = a + 2
@@ -173,14 +179,17 @@ for k = 1, #kinds do
         local rq = "asynq:{" .. step.q .. "}:"
         local continues = kind == "h" or kind == "H"
         -- a step that wrote no result (a Go handler, a task without retention) returned null
+        local value = result or "null"
         local got, run_msg = record_step(rq .. "asyncq:run:" .. step.id, step.index, "r",
-            result or "null", {
+            value, {
                 id = step.id, scheduled = rq .. "scheduled", pending = rq .. "pending",
                 task = rq .. "t:" .. step.id, channel = "asyncq:wakeup:{" .. step.q .. "}",
                 name = step.q, now = ARGV[#ARGV], here = continues and here or nil,
             })
         if got == "here" then
             res = run_msg  -- in place of 1: the step is acknowledged, its run continues here
+        elseif kind == "i" or kind == "I" then
+            res = got == "recorded" and value or 2  -- the run's attempt goes on with value
         end
     elseif wf then
         -- as workflow_done.lua: the result is read before the task hash goes (a key of
@@ -220,7 +229,7 @@ for k = 1, #kinds do
         redis.call("HSET", tprefix .. id, "msg", msg, "state", "completed")
         res = 1
     end
-    if res == 1 or type(res) == "string" then
+    if res == 1 or res == 2 or type(res) == "string" then
         n = n + 1
         if ukey ~= "" and redis.call("GET", ukey) == id then
             redis.call("DEL", ukey)
