@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -119,7 +119,7 @@ class ProcessingTransitions(BrokerBase):
         items: Sequence[tuple[TaskMessage, bool]],
         *,
         runs_here: Callable[[str], bool] | None = None,
-        inline: Collection[str] = (),
+        inline: Mapping[str, bytes | None] | None = None,
     ) -> list[Exception | DequeuedTask | Recorded | None]:
         """Acknowledge finished tasks given as ``(msg, complete)`` pairs.
 
@@ -152,9 +152,10 @@ class ProcessingTransitions(BrokerBase):
         until now + ``lease_duration``, as a fetch leaves it), and the step's result is
         the run's :class:`DequeuedTask`, to be started in the step's slot.
 
-        *inline* holds the ids of durable steps run inline, in the slot of their run's
-        attempt, which goes on on this worker (:func:`~asyncq._broker.durable.start_inline`):
-        such a step's result is :class:`~asyncq._broker.durable.Recorded` with the
+        *inline* maps the ids of durable steps run inline, in the slot of their run's
+        attempt, which goes on on this worker (:func:`~asyncq._broker.durable.start_inline`),
+        to the result each handler wrote, held until now (None: none): this call writes
+        it. Such a step's result is :class:`~asyncq._broker.durable.Recorded` with the
         result this call recorded in the run, or None (acknowledged, nothing recorded by
         this call: the attempt suspends to learn what the record holds).
         """
@@ -197,8 +198,10 @@ class ProcessingTransitions(BrokerBase):
                 run_queue = headers[RUN_QUEUE_HEADER]
                 call.indices.append(i)
                 call.args += (msg.id, run_queue, headers[RUN_HEADER], headers[STEP_HEADER])
-                if msg.id in inline:
+                if inline and msg.id in inline:
                     kind = "i"
+                    held = inline[msg.id]
+                    call.args.append(b"" if held is None else b"=" + held)
                 elif runs_here is not None and runs_here(run_queue):
                     kind = "h"
                 else:

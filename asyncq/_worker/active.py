@@ -49,6 +49,7 @@ class ActiveTask:
         "cancelled",
         "deadline",
         "guest",
+        "held",
         "host",
         "lease",
         "msg",
@@ -100,6 +101,9 @@ class ActiveTask:
         self.guest: ActiveTask | None = None
         """A durable run's attempt's: the inline step it awaits, running in its slot. A run
         whose attempt ends first leaves its slot to the step, which frees it."""
+        self.held: bytes | None = None
+        """An inline step's: the result its handler wrote, held until its acknowledgement
+        writes it (with its record in its run, in the same script call)."""
         self.recorded: bytes | None = None
         """An inline step's: the result its acknowledgement recorded in its run."""
         self.ran: tuple[float, float] | None = None

@@ -183,7 +183,8 @@ class Attempts:
         expires, a cancel request, its deadline}, write the outcome, free its slot."""
         task = Task._from_message(active.msg)
         task._deadline_ts = active.deadline
-        task.result_writer = TaskResultWriter(self.broker, active)
+        store = self.broker if active.host is None else _Held(active)
+        task.result_writer = TaskResultWriter(store, active)
         try:
             try:
                 exc, limited = await self.run(active, task)
@@ -398,6 +399,30 @@ class Attempts:
         return guest.recorded
 
 
+class _Held:
+    """Where an inline step's result goes while it runs (:attr:`ActiveTask.held`): its
+    acknowledgement writes it, so the step costs no write, and no read, of its own."""
+
+    __slots__ = ("_active",)
+
+    def __init__(self, active: ActiveTask) -> None:
+        self._active = active
+
+    async def write_result(self, qname: str, task_id: str, data: bytes) -> int:
+        self._active.held = data
+        return len(data)
+
+
+def _after(first: Callable[[], Awaitable[object]], then: _Write) -> _Write:
+    """The write *first*, then *then*."""
+
+    async def write() -> None:
+        await first()
+        await then()
+
+    return write
+
+
 _EXPECTED: tuple[type[BaseException], ...] = (
     HandlerNotFoundError,
     TaskCanceledError,
@@ -523,7 +548,8 @@ class OutcomeWriter:
         # nearly every task (issue 40). A workflow step's batched acknowledgement
         # includes its workflow's hand-off, a durable step's its record in its run.
         complete = kind == "complete"
-        error = await self._acks.ack(msg, complete, active.host is not None)
+        inline = active.host is not None
+        error = await self._acks.ack(msg, complete, inline, active.held if inline else None)
         if isinstance(error, DequeuedTask):  # a durable step: the run it woke continues here
             active.then = error
         elif isinstance(error, Recorded):  # an inline step: its run's attempt goes on with it
@@ -548,6 +574,9 @@ class OutcomeWriter:
             write = self._workflow_ack(msg, outcome.ack_mode)
         elif outcome.durable:
             write = self._durable_ack(msg, outcome.ack_mode)
+            held = active.held
+            if held is not None:  # an inline step's result, written first this time
+                write = _after(partial(broker.write_result, msg.queue, msg.id, held), write)
         self._write_failed(active, write, "done", error)
 
     def _lost(self, msg: TaskMessage, exc: BaseException | None) -> None:

@@ -26,7 +26,7 @@ __all__ = ["AckBatcher", "TypeTokens"]
 _Acked = BaseException | DequeuedTask | Recorded | None
 """An acknowledgement's answer: None, the task's error, the run a durable step woke here,
 or what an inline step recorded in its run."""
-_Ack = tuple[TaskMessage, bool, bool, "asyncio.Future[_Acked]"]
+_Ack = tuple[TaskMessage, bool, bool, bytes | None, "asyncio.Future[_Acked]"]
 _Token = tuple[str, Rate, "asyncio.Future[tuple[bool, int]]"]
 
 
@@ -58,20 +58,22 @@ class AckBatcher:
         self._runs_here = runs_here
         self._batch: TurnBatcher[_Ack] = TurnBatcher(self._send, spawn=spawn)
 
-    def ack(self, msg: TaskMessage, complete: bool, inline: bool = False) -> asyncio.Future[_Acked]:
+    def ack(
+        self, msg: TaskMessage, complete: bool, inline: bool = False, held: bytes | None = None
+    ) -> asyncio.Future[_Acked]:
         """A future resolving to None when acknowledged, or to the task's error, or (a
-        durable step) to the run it woke, leased to this worker, or (an *inline* step)
-        to what it recorded."""
+        durable step) to the run it woke, leased to this worker, or (an *inline* step,
+        whose result *held* is written with it) to what it recorded."""
         fut: asyncio.Future[_Acked] = asyncio.get_running_loop().create_future()
-        self._batch.add((msg, complete, inline, fut))
+        self._batch.add((msg, complete, inline, held, fut))
         return fut
 
     async def _send(self, batch: list[_Ack]) -> None:
-        inline = {msg.id for msg, _, step, _ in batch if step}
+        inline = {msg.id: held for msg, _, step, held, _ in batch if step}
         try:
             async with self._slots:
                 results: Sequence[_Acked] = await self._broker.ack_many(
-                    [(msg, complete) for msg, complete, _, _ in batch],
+                    [(msg, complete) for msg, complete, *_ in batch],
                     runs_here=self._runs_here,
                     inline=inline,
                 )

@@ -16,7 +16,7 @@ connection factory, each from the server.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
@@ -74,7 +74,7 @@ class WorkerBroker(Protocol):
         items: Sequence[tuple[TaskMessage, bool]],
         *,
         runs_here: Callable[[str], bool] | None = None,
-        inline: Collection[str] = (),
+        inline: Mapping[str, bytes | None] | None = None,
     ) -> Sequence[Exception | DequeuedTask | Recorded | None]:
         """Done (False) or MarkAsComplete (True) for many tasks; one result per item.
 
@@ -82,8 +82,9 @@ class WorkerBroker(Protocol):
         the workflow records it and hands off in the same write. A durable step's records
         it in its run; a run it wakes whose queue *runs_here* accepts continues on this
         worker: the step's result is then the run, leased to us, to start in its slot. A
-        step of *inline* (ids) answers with what it recorded in its run, whose attempt
-        goes on here (:class:`~asyncq._broker.durable.Recorded`), or None."""
+        step of *inline* (id: the result its handler wrote, held until now) answers with
+        what it recorded in its run, whose attempt goes on here
+        (:class:`~asyncq._broker.durable.Recorded`), or None."""
         ...
 
     async def done(self, msg: TaskMessage) -> None: ...

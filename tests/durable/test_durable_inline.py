@@ -15,13 +15,14 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
-from asyncq import Client, Inspector, Server, TaskState
+from asyncq import Client, Inspector, Server, Task, TaskState
 from asyncq import _keys as keys
 from asyncq._broker import Broker
 from asyncq._broker.durable import PENDING_RUN_KEPT, Recorded, SuspendPlan, start_inline
 from asyncq.errors import BrokerError
 from asyncq.proto.asynq import TaskMessage
 from tests.support import durable_app as d
+from tests.support import transitions
 from tests.support.durable_scripts import active_run, step_message
 from tests.support.helpers import dump_all, wait_until
 
@@ -127,7 +128,6 @@ async def leased_inline(redis: Redis, client: Client) -> tuple[Broker, TaskMessa
     broker = Broker(redis)
     run = await active_run(broker, client)
     assert await start_inline(broker, run, one_step(), time.time() + 30) == "here"
-    await broker.write_result(Q, "r1-0", b"42")
     return broker, step_message(0)
 
 
@@ -136,12 +136,40 @@ async def test_an_inline_steps_ack_answers_with_what_it_recorded(
     redis: Redis, client: Client, complete: bool
 ) -> None:
     broker, step = await leased_inline(redis, client)
-    assert await broker.ack_many([(step, complete)], inline={"r1-0"}) == [Recorded(b"42")]
+    # the result its handler wrote comes with it (not written to its task hash before)
+    got = await broker.ack_many([(step, complete)], inline={"r1-0": b"42"})
+    assert got == [Recorded(b"42")]
     assert await redis.hget(keys.run_key(Q, "r1"), "r:0") == b"42"
-    state = await redis.hget(keys.task_key(Q, "r1-0"), "state")
-    assert state == (b"completed" if complete else None)
+    task = await redis.hgetall(keys.task_key(Q, "r1-0"))
+    if complete:  # kept for its retention, with its result, as any completed task
+        assert task[b"state"] == b"completed" and task[b"result"] == b"42"
+    else:
+        assert task == {}
     assert await redis.lrange(keys.active_key(Q), 0, -1) == [b"r1"]  # the run goes on
     assert await redis.get(keys.processed_total_key(Q)) == b"1"
+
+
+@pytest.mark.parametrize("complete", [False, True])
+async def test_an_inline_step_that_wrote_no_result_records_null(
+    redis: Redis, client: Client, complete: bool
+) -> None:
+    broker, step = await leased_inline(redis, client)
+    assert await broker.ack_many([(step, complete)], inline={"r1-0": None}) == [Recorded(b"null")]
+    assert await redis.hget(keys.run_key(Q, "r1"), "r:0") == b"null"
+    assert await redis.hexists(keys.task_key(Q, "r1-0"), "result") == 0
+
+
+async def test_a_batch_mixes_inline_steps_with_other_tasks_of_the_queue(
+    redis: Redis, client: Client
+) -> None:
+    broker, step = await leased_inline(redis, client)
+    await client.enqueue(Task("plain"), task_id="p1")
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None and got.message.id == "p1"
+    acked = await broker.ack_many([(got.message, False), (step, True)], inline={"r1-0": b""})
+    assert acked == [None, Recorded(b"")]  # an empty result is a result
+    assert await redis.exists(keys.task_key(Q, "p1")) == 0
+    assert await redis.hget(keys.task_key(Q, "r1-0"), "result") == b""
 
 
 async def test_an_inline_steps_ack_after_its_outcome_was_recorded_answers_none(
@@ -149,7 +177,7 @@ async def test_an_inline_steps_ack_after_its_outcome_was_recorded_answers_none(
 ) -> None:
     broker, step = await leased_inline(redis, client)
     await redis.hset(keys.run_key(Q, "r1"), "r:0", "7")  # recorded by another attempt
-    assert await broker.ack_many([(step, False)], inline={"r1-0"}) == [None]
+    assert await broker.ack_many([(step, False)], inline={"r1-0": b"42"}) == [None]
     assert await redis.hget(keys.run_key(Q, "r1"), "r:0") == b"7"  # not recorded again
     assert await redis.exists(keys.task_key(Q, "r1-0")) == 0  # acknowledged all the same
     assert await redis.get(keys.processed_total_key(Q)) == b"1"
@@ -165,7 +193,7 @@ async def test_an_inline_steps_ack_wakes_an_attempt_parked_on_it_and_answers_non
     await redis.zadd(keys.scheduled_key(Q), {"r1": 253402300799})
     await redis.hset(keys.task_key(Q, "r1"), "state", "scheduled")
     await redis.hset(keys.run_key(Q, "r1"), mapping={"w:0": "1", "missing": "1", "wait": "0"})
-    assert await broker.ack_many([(step, False)], inline={"r1-0"}) == [None]
+    assert await broker.ack_many([(step, False)], inline={"r1-0": b"42"}) == [None]
     assert await redis.lrange(keys.pending_key(Q), 0, -1) == [b"r1"]
     assert await redis.hget(keys.run_key(Q, "r1"), "r:0") == b"42"
 
@@ -177,7 +205,7 @@ async def test_an_inline_steps_ack_on_a_damaged_record_changes_nothing(
     await redis.delete(keys.run_key(Q, "r1"))
     await redis.set(keys.run_key(Q, "r1"), "x")
     before = await dump_all(redis)
-    (got,) = await broker.ack_many([(step, False)], inline={"r1-0"})
+    (got,) = await broker.ack_many([(step, False)], inline={"r1-0": b"42"})
     assert isinstance(got, BrokerError) and "WRONGTYPE" in str(got)
     assert await dump_all(redis) == before
 

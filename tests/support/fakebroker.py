@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -248,7 +248,7 @@ class FakeBroker:
         items: Sequence[tuple[TaskMessage, bool]],
         *,
         runs_here: Callable[[str], bool] | None = None,
-        inline: Collection[str] = (),
+        inline: Mapping[str, bytes | None] | None = None,
     ) -> Sequence[Exception | DequeuedTask | Recorded | None]:
         # asked as the batch is built, before the call: as Broker.ack_many does
         here = {
@@ -259,7 +259,6 @@ class FakeBroker:
         await self._enter("ack_many", [(m.id, c) for m, c in items])
         out: list[Exception | DequeuedTask | Recorded | None] = []
         for msg, complete in items:
-            result = self.tasks[msg.id].result if msg.id in self.tasks else None
             try:
                 self._finish(msg, complete)
             except TaskNotFoundError as exc:
@@ -270,8 +269,9 @@ class FakeBroker:
                     self.workflow_steps.append((msg.id, "complete" if complete else "done"))
                 elif is_durable_step(msg):  # with its record in its run, as Broker.ack_many
                     self.durable_steps.append((msg.id, "complete" if complete else "done"))
-                    if msg.id in inline:  # recorded in its run, whose attempt goes on
-                        out[-1] = Recorded(result if result is not None else b"null")
+                    if inline and msg.id in inline:  # recorded in its run, which goes on
+                        held = inline[msg.id]
+                        out[-1] = Recorded(held if held is not None else b"null")
                     else:
                         out[-1] = self._wake(msg.id, msg.id in here)
         return out

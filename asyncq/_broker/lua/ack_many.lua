@@ -17,11 +17,12 @@
 --         a durable run's step (no unique key either); h, H as r, R, and a run they
 --         wake continues on this worker (record_step(), _lib/durable_step.lua); i, I as
 --         r, R for a step run inline, in the slot of its run's attempt, which goes on
---         here (durable_inline.lua)
+--         here (durable_inline.lua): its result comes with it, not from its task hash
 -- ARGV[6..] per task, in order: id; the unique key (D, C); the workflow hash and
 --           the "<stage>.<member>" place (w, W); the run's queue, the run's id and
---           the step's index (r, R, h, H, i, I); the completed score (now + retention)
---           and the msg with completed_at set (c, C, W, R, H, I). Done without a lock, the
+--           the step's index (r, R, h, H, i, I); "=" and the result its handler wrote, or
+--           "" when none (i, I); the completed score (now + retention) and the msg with
+--           completed_at set (c, C, W, R, H, I). Done without a lock, the
 --           common case, costs one argument.
 -- ARGV[n-2] (only when h or H is among the tasks): the lease expiry (unix s) of a run
 --           that continues on this worker.
@@ -51,7 +52,7 @@ local out = {}
 local n = 0
 local kinds = ARGV[5]
 local width = {
-    d = 1, D = 2, c = 3, C = 4, w = 3, W = 5, r = 4, R = 6, h = 4, H = 6, i = 4, I = 6,
+    d = 1, D = 2, c = 3, C = 4, w = 3, W = 5, r = 4, R = 6, h = 4, H = 6, i = 5, I = 7,
 }
 local need = 5
 for k = 1, #kinds do
@@ -123,7 +124,7 @@ for k = 1, #kinds do
                 end
             end
         end
-        b = b + 3
+        b = b + ((kind == "i" or kind == "I") and 4 or 3)
     end
     if kind == "c" or kind == "C" or kind == "W" then
         problem = problem or bad(tprefix .. id, "hash")
@@ -152,6 +153,10 @@ for k = 1, #kinds do
     elseif string.find("rRhHiI", kind, 1, true) then
         step = {q = ARGV[a], id = ARGV[a + 1], index = ARGV[a + 2]}
         a = a + 3
+        if kind == "i" or kind == "I" then
+            step.held = ARGV[a]
+            a = a + 1
+        end
     end
     local complete = string.find("cCWRHI", kind, 1, true) ~= nil
     if complete then
@@ -167,11 +172,21 @@ for k = 1, #kinds do
         res = 0
     elseif step then
         -- as durable_step_done.lua: the result read before the task hash goes, the
-        -- outcome recorded whatever the acknowledgement's ZADD says
-        local result = redis.call("HGET", tprefix .. id, "result")
+        -- outcome recorded whatever the acknowledgement's ZADD says; an inline step's
+        -- result comes with it
+        local result
+        if step.held then
+            result = #step.held > 0 and string.sub(step.held, 2)
+        else
+            result = redis.call("HGET", tprefix .. id, "result")
+        end
         if complete then
             redis.call("ZADD", KEYS[3], score, id)
-            redis.call("HSET", tprefix .. id, "msg", msg, "state", "completed")
+            if step.held and result then
+                redis.call("HSET", tprefix .. id, "msg", msg, "state", "completed", "result", result)
+            else
+                redis.call("HSET", tprefix .. id, "msg", msg, "state", "completed")
+            end
         else
             redis.call("DEL", tprefix .. id)
         end
@@ -185,6 +200,7 @@ for k = 1, #kinds do
                 id = step.id, scheduled = rq .. "scheduled", pending = rq .. "pending",
                 task = rq .. "t:" .. step.id, channel = "asyncq:wakeup:{" .. step.q .. "}",
                 name = step.q, now = ARGV[#ARGV], here = continues and here or nil,
+                inline = kind == "i" or kind == "I",
             })
         if got == "here" then
             res = run_msg  -- in place of 1: the step is acknowledged, its run continues here

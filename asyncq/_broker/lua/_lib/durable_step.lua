@@ -9,13 +9,22 @@
 -- caller checked (with q.here, its active list and lease too); with q.here (a lease
 -- expiry, unix s) a run woken continues on the acknowledging worker (active, leased
 -- until q.here, as a fetch leaves it) when its queue may hand it on (may_hand_on(),
--- _lib/handoff.lua). Returns "woken", "recorded", "seen" (recorded before) or "gone" (no
--- record); a run that continues here: "here" and its task message.
+-- _lib/handoff.lua). With q.inline (a step run inline, durable_inline.lua, which wrote
+-- the record's state) a record without a state is taken as none. Returns "woken",
+-- "recorded", "seen" (recorded before) or "gone" (no record); a run that continues
+-- here: "here" and its task message.
 local function record_step(run, i, field, value, q)
-    if redis.call("EXISTS", run) == 0 then
+    local got
+    if q.inline then
+        got = redis.call("HMGET", run, "r:" .. i, "e:" .. i, "w:" .. i, "missing", "state")
+        if not got[5] then
+            return "gone"
+        end
+    elseif redis.call("EXISTS", run) == 0 then
         return "gone"
+    else
+        got = redis.call("HMGET", run, "r:" .. i, "e:" .. i, "w:" .. i, "missing")
     end
-    local got = redis.call("HMGET", run, "r:" .. i, "e:" .. i, "w:" .. i, "missing")
     if got[1] or got[2] then
         return "seen"
     end
