@@ -49,8 +49,9 @@ from asyncq._broker.durable import (
     record_wait,
     settle_run,
 )
+from asyncq._codec import encode_task_message
 from asyncq._producer.completion import TaskFailedError
-from asyncq._producer.compose import compose
+from asyncq._producer.compose import Templates, compose
 from asyncq._redis.options import RedisClient
 from asyncq._redis.transport import FastConnection
 from asyncq._serde import ResultCodec
@@ -103,7 +104,7 @@ class StepCall(Generic[R]):
     """A step asked for with :meth:`Run.step`: await it (or pass it to :meth:`Run.gather`)
     for its result. Its place in the run is taken when it is created."""
 
-    __slots__ = ("_message", "_target", "_task", "index", "run")
+    __slots__ = ("_data", "_message", "_target", "_task", "index", "run")
 
     def __init__(self, run: Run, index: int, task: Task, target: StepTask[..., R]) -> None:
         self.run = run
@@ -111,6 +112,7 @@ class StepCall(Generic[R]):
         self._task = task
         self._target = target
         self._message: TaskMessage | None = None
+        self._data = b""
 
     @property
     def message(self) -> TaskMessage:
@@ -118,32 +120,41 @@ class StepCall(Generic[R]):
         step's recorded result needs none). Raises ValueError for a step that would
         not run at once (scheduled, grouped or unique)."""
         if self._message is None:
-            self._message = self._compose()
+            self._message, self._data = self._compose()
         return self._message
 
-    def _compose(self) -> TaskMessage:
-        composed = compose(
-            self._task,
-            [
-                {
-                    "task_id": f"{self.run.id}-{self.index}",
-                    "headers": {
-                        RUN_HEADER: self.run.id,
-                        RUN_QUEUE_HEADER: self.run.queue,
-                        STEP_HEADER: str(self.index),
-                    },
-                }
-            ],
-            datetime.now(UTC),
-        )
+    @property
+    def data(self) -> bytes:
+        """The encoding of :attr:`message`."""
+        if self._message is None:
+            self._message, self._data = self._compose()
+        return self._data
+
+    def _compose(self) -> tuple[TaskMessage, bytes]:
+        """The step's message and its encoding: composed as a task enqueued with its id
+        and headers, or from the composition of its option set learned then."""
+        task = self._task
+        task_id = f"{self.run.id}-{self.index}"
+        headers = {
+            RUN_HEADER: self.run.id,
+            RUN_QUEUE_HEADER: self.run.queue,
+            STEP_HEADER: str(self.index),
+        }
+        key = _STEP_TEMPLATES.key(task, ())
+        template = None if key is None else _STEP_TEMPLATES.get(key)
+        if template is not None:
+            return template.message(task, task_id, headers)
+        composed = compose(task, [{"task_id": task_id, "headers": headers}], datetime.now(UTC))
         if composed.state is not TaskState.PENDING or composed.unique_ttl is not None:
             raise ValueError(
-                f"step {self._task.type!r} of a durable function must run at once (no "
+                f"step {task.type!r} of a durable function must run at once (no "
                 "process_at, process_in, group or unique); wait with run.sleep() instead"
             )
+        if key is not None:
+            _STEP_TEMPLATES.learn(key, composed)
         # Without a retention of its own the step is deleted when acknowledged: its result
         # (written by its handler all the same) lives on in the run's record.
-        return composed.message
+        return composed.message, encode_task_message(composed.message)
 
     def _outcome(self) -> R:
         """The recorded result, or the recorded failure raised."""
@@ -162,6 +173,9 @@ class StepCall(Generic[R]):
     def __repr__(self) -> str:
         return f"<StepCall {self.index} {self.message.type!r} of run {self.run.id}>"
 
+
+_STEP_TEMPLATES = Templates()
+"""The compositions of the option sets steps were composed with (see :class:`Templates`)."""
 
 _ENTRY_FIELDS = frozenset(("s:", "r:", "e:", "d:"))
 """The prefixes of a record's entry fields (see :func:`asyncq._keys.run_key`)."""
@@ -437,6 +451,7 @@ class Run:
                 records=self._writes,
                 steps=[(s.index, s.message) for s in missing],
                 waits=[s.index for s in missing],
+                encoded={s.index: s.data for s in missing},
             )
             if self._driver is None or asyncio.current_task() is not self._driver:
                 raise RunSuspended(plan)  # awaited in a task of its own (a TaskGroup's)

@@ -126,7 +126,8 @@ class SuspendPlan:
     results of local calls). *steps*: the step messages to enqueue, by index, each
     enqueued only when neither recorded nor already enqueued. *waits*: the step indices
     the run waits for (``mode`` ``steps``); *signal* the wait of mode ``signal``;
-    *until*: unix seconds when time alone resumes the run (None: never).
+    *until*: unix seconds when time alone resumes the run (None: never). *encoded*: the
+    encodings of step messages, by index, where the caller has them already.
     """
 
     mode: Literal["steps", "signal", "sleep"]
@@ -135,6 +136,7 @@ class SuspendPlan:
     waits: Sequence[int] = ()
     signal: SignalWait | None = None
     until: float | None = None
+    encoded: Mapping[int, bytes] = field(default_factory=dict)
 
 
 class RunSuspended(BaseException):
@@ -244,8 +246,10 @@ async def suspend_run(
     args.append(len(waits))
     args += waits
     args.append(len(plan.steps))
+    encoded = plan.encoded
     for index, step in plan.steps:
-        args += (step.queue, step.id, index, encode_task_message(step))
+        data = encoded.get(index)
+        args += (step.queue, step.id, index, encode_task_message(step) if data is None else data)
     # Under min_replicas a write may come back unconfirmed (an error): the step would
     # then wait out its lease unstarted, so it goes to pending, as a continued run does.
     if step_here is not None and plan.steps and broker.replication is None:
@@ -269,7 +273,10 @@ async def start_inline(
     qk = broker._q(run.queue)
     if step.queue != qk.name:
         raise ValueError(f"inline step {step.id!r} is not in its run's queue {qk.name!r}")
-    args: list[Any] = [index, step.id, encode_task_message(step), int(lease_expiry)]
+    data = plan.encoded.get(index)
+    if data is None:
+        data = encode_task_message(step)
+    args: list[Any] = [index, step.id, data, int(lease_expiry)]
     args.append(len(plan.records))
     for name, value in plan.records.items():
         args += (name, value)

@@ -344,6 +344,30 @@ class Template:
             data += encode_task_headers(headers)
         return _new_plain(Plain, (self, task_type, payload, task_id, headers, data))
 
+    def message(
+        self, task: Task, task_id: str, headers: Mapping[str, str]
+    ) -> tuple[TaskMessage, bytes]:
+        """*task*'s message with this option set, *task_id* and *headers* over its own,
+        and its encoding: what :func:`compose` gives with those as the call's options,
+        and :func:`~asyncq._codec.encode_task_message` of it (a durable run's step)."""
+        if not isinstance(task.type, str) or not task.type.strip():
+            raise ValueError("task typename cannot be empty")
+        keys.refuse_braces("task ID", task_id)
+        merged = _merge_headers(task, ({"headers": headers},))
+        payload = b"" if task.payload is None else task.payload
+        message = TaskMessage(
+            type=task.type,
+            payload=payload,
+            headers=merged,
+            id=task_id,
+            queue=self.queue,
+            retry=self.max_retry,
+            timeout=whole_seconds(self.timeout) if self.timeout else 0,
+            retention=whole_seconds(self.retention) if self.retention else 0,
+        )
+        data = encode_task_head(task.type, payload, task_id) + self.tail
+        return message, data + encode_task_headers(merged) if merged else data
+
     def info(
         self, task_type: str, payload: bytes, task_id: str, headers: dict[str, str], now: datetime
     ) -> TaskInfo:

@@ -88,6 +88,25 @@ def test_template_bytes_and_info_equal_compose(task: Task, options: dict[str, An
     assert plain.info(NOW) == info_of(reference, NOW)
 
 
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(task=tasks, task_id=st.text(alphabet="abc-0123456789", min_size=1, max_size=40),
+       headers=st.dictionaries(texts, texts, max_size=3))  # fmt: skip
+def test_a_template_message_with_its_id_and_headers_equals_compose(
+    task: Task, task_id: str, headers: dict[str, str]
+) -> None:
+    """A durable run's step: composed with its id and headers as the call's options."""
+    templates = Templates()
+    key = templates.key(task, ())
+    assert key is not None
+    templates.learn(key, compose(task, [], NOW))
+    template = templates.get(key)
+    assert template is not None
+    message, data = template.message(task, task_id, headers)
+    reference = compose(task, [{"task_id": task_id, "headers": headers}], NOW).message
+    assert message == reference
+    assert data == encode_task_message(reference)
+
+
 def test_option_sets_that_need_compose_get_no_key() -> None:
     templates = Templates()
     call = templates.call_key({"queue": "q"})
