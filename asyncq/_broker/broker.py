@@ -196,12 +196,12 @@ class Broker(
         :func:`~asyncq._broker.durable.suspend_run`)."""
         return await suspend_durable_run(self, msg, plan, step_here=step_here)
 
-    async def start_inline_step(
-        self, run: TaskMessage, plan: SuspendPlan, lease_expiry: float
-    ) -> str:
-        """Lease *plan*'s one step to us, the attempt of *run* going on, atomically (see
+    async def start_inline_steps(
+        self, qname: str, attempts: Sequence[tuple[str, SuspendPlan]], lease_expiry: float
+    ) -> list[str]:
+        """Lease each plan's one step to us, its run's attempt going on (see
         :func:`~asyncq._broker.durable.start_inline`)."""
-        return await start_inline(self, run, plan, lease_expiry)
+        return await start_inline(self, qname, attempts, lease_expiry)
 
     async def all_queues(self) -> set[str]:
         """The names in ``asynq:queues``."""

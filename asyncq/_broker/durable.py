@@ -258,30 +258,40 @@ async def suspend_run(
 
 
 async def start_inline(
-    broker: BrokerBase, run: TaskMessage, plan: SuspendPlan, lease_expiry: float
-) -> str:
-    """Write what the attempt of *run* decided (*plan*'s records) and its one step, in the
-    run's queue, active and leased to the caller until *lease_expiry* (unix s), the run
-    task staying active (``lua/durable_inline.lua``): ``here``, the step is the caller's
-    to run. Otherwise nothing is written (``seen``, ``there``, ``fetch``, ``waiting``,
-    ``cancelled``: see the script) and the caller suspends the attempt on *plan*. Not
-    under ``min_replicas`` (``fetch``): an unconfirmed write would strand the step.
+    broker: BrokerBase,
+    qname: str,
+    attempts: Sequence[tuple[str, SuspendPlan]],
+    lease_expiry: float,
+) -> list[str]:
+    """For each ``(run id, plan)`` of queue *qname*: write what the run's attempt decided
+    (*plan*'s records) and its one step, in the run's queue, active and leased to the
+    caller until *lease_expiry* (unix s), the run task staying active, all in one
+    script call (``lua/durable_inline.lua``). One answer per attempt: ``here``, the step
+    is the caller's to run; otherwise nothing was written for it (``seen``, ``there``,
+    ``fetch``, ``waiting``, ``cancelled``, or the error reading its record: see the
+    script) and the caller suspends the attempt on its plan. Not under
+    ``min_replicas`` (``fetch``): an unconfirmed write would strand the steps.
     """
     if broker.replication is not None:
-        return "fetch"
-    ((index, step),) = plan.steps
-    qk = broker._q(run.queue)
-    if step.queue != qk.name:
-        raise ValueError(f"inline step {step.id!r} is not in its run's queue {qk.name!r}")
-    data = plan.encoded.get(index)
-    if data is None:
-        data = encode_task_message(step)
-    args: list[Any] = [index, step.id, data, int(lease_expiry)]
-    args.append(len(plan.records))
-    for name, value in plan.records.items():
-        args += (name, value)
-    keys_ = (keys.run_key(qk.name, run.id), qk.task_prefix + step.id, qk.active, qk.lease)
-    return await _write(broker, _INLINE, keys_, args, qname=qk.name, tid=run.id)
+        return ["fetch"] * len(attempts)
+    qk = broker._q(qname)
+    args: list[Any] = [keys.queue_key_prefix(qk.name), int(lease_expiry)]
+    for run_id, plan in attempts:
+        ((index, step),) = plan.steps
+        if step.queue != qk.name:
+            raise ValueError(f"inline step {step.id!r} is not in its run's queue {qk.name!r}")
+        keys.refuse_braces("run id", run_id)
+        data = plan.encoded.get(index)
+        if data is None:
+            data = encode_task_message(step)
+        args += (run_id, index, step.id, data, len(plan.records))
+        for name, value in plan.records.items():
+            args += (name, value)
+    try:
+        reply = await _INLINE(broker._cmd, (qk.active, qk.lease), args)
+    except ResponseError as exc:
+        raise script_error(exc, _INLINE, qk.name, attempts[0][0]) from exc
+    return [a.decode() if isinstance(a, bytes) else str(a) for a in reply]
 
 
 async def ack_step(

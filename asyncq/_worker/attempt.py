@@ -46,7 +46,7 @@ from asyncq._logging import RateLimiter, error_text, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker import active as registry
 from asyncq._worker.active import ActiveTask, ActiveTasks
-from asyncq._worker.batched import AckBatcher, TypeTokens
+from asyncq._worker.batched import AckBatcher, InlineStarts, TypeTokens
 from asyncq._worker.lease import Lease
 from asyncq._worker.limits import Rate
 from asyncq._worker.outcome import LeaseState, Outcome, decide, not_run
@@ -152,6 +152,7 @@ class Attempts:
         self._progress = progress
         self._type_rates: Mapping[str, Rate] = deps.config.type_rate_limits
         self._tokens = TypeTokens(deps.broker, writer.spawn)
+        self._inline = InlineStarts(deps.broker, writer.spawn)
         self._debug = debug
         self.abandon_wait = 1.0  # what an abandoned task's handler gets to return
         self.orphans: set[asyncio.Task[None]] = set()
@@ -362,10 +363,8 @@ class Attempts:
         index, step = plan.steps[0]
         if list(plan.waits) != [index] or step.queue != host.msg.queue or not runs_here(step.queue):
             return None
-        now = self.clock()
-        expiry = now + self.broker.lease_duration
         try:
-            got = await self.broker.start_inline_step(host.msg, plan, expiry)
+            got, expiry = await self._inline.start(step.queue, run_id, plan)
         except REDIS_ERRORS as exc:  # the suspension's write, next, reports it
             if self._debug:
                 fields = task_fields(step)
@@ -373,6 +372,7 @@ class Attempts:
             return None
         if got != "here":
             return None
+        now = self.clock()
         deadlines = self._deadlines
         assert deadlines is not None  # set by start(), before the run's attempt
         guest = ActiveTask(

@@ -1,4 +1,5 @@
-"""The processor's coalesced calls: acknowledgements and type tokens, one call per turn.
+"""The processor's coalesced calls: acknowledgements, type tokens and inline steps' starts,
+one call per turn.
 
 Both are :class:`~asyncq._batch.TurnBatcher` users whose sends are tasks of the
 processor's TaskGroup (leaving ``Processor.run()`` waits for every call in flight)
@@ -13,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from asyncq._batch import Spawn, TurnBatcher
-from asyncq._broker.durable import Recorded
+from asyncq._broker.durable import Recorded, SuspendPlan
 from asyncq._broker.processing import DequeuedTask
 from asyncq._worker.limits import TYPE_RATE_MAX_WAIT_US, Rate
 from asyncq.proto.asynq import TaskMessage
@@ -21,13 +22,16 @@ from asyncq.proto.asynq import TaskMessage
 if TYPE_CHECKING:
     from asyncq._worker.broker import WorkerBroker
 
-__all__ = ["AckBatcher", "TypeTokens"]
+__all__ = ["AckBatcher", "InlineStarts", "TypeTokens"]
 
 _Acked = BaseException | DequeuedTask | Recorded | None
 """An acknowledgement's answer: None, the task's error, the run a durable step woke here,
 or what an inline step recorded in its run."""
 _Ack = tuple[TaskMessage, bool, bool, bytes | None, "asyncio.Future[_Acked]"]
 _Token = tuple[str, Rate, "asyncio.Future[tuple[bool, int]]"]
+_Started = tuple[str, float]
+"""An inline step's start: its answer (``here``, or why not) and the lease expiry written."""
+_Start = tuple[str, str, SuspendPlan, "asyncio.Future[_Started]"]
 
 
 class AckBatcher:
@@ -146,3 +150,57 @@ class TypeTokens:
         for i, fut in enumerate(futs):
             if not fut.done():  # a cancelled waiter's token is lost: the rate only errs low
                 fut.set_result((True, waits[i]) if i < len(waits) else (False, next_wait))
+
+
+class InlineStarts:
+    """Coalesces the inline steps the attempts of durable runs start in one event-loop
+    turn into one script call per queue (:meth:`~asyncq._worker.attempt.Attempts.run_inline`).
+
+    The attempts a fetch started reach their first step in the same turn, and so do
+    those whose steps' acknowledgements came in one batch: a worker running 50 runs
+    starts their steps in a few calls, not 50.
+    """
+
+    __slots__ = ("_batch", "_broker")
+
+    def __init__(self, broker: WorkerBroker, spawn: Spawn) -> None:
+        self._broker = broker
+        self._batch: TurnBatcher[_Start] = TurnBatcher(self._send, spawn=spawn)
+
+    def start(self, qname: str, run_id: str, plan: SuspendPlan) -> asyncio.Future[_Started]:
+        """A future resolving to the step's answer and its lease's expiry (unix s)."""
+        fut: asyncio.Future[_Started] = asyncio.get_running_loop().create_future()
+        self._batch.add((qname, run_id, plan, fut))
+        return fut
+
+    async def _send(self, batch: list[_Start]) -> None:
+        by_queue: dict[str, list[_Start]] = {}
+        for item in batch:
+            by_queue.setdefault(item[0], []).append(item)
+        await asyncio.gather(*(self._start(q, items) for q, items in by_queue.items()))
+
+    async def _start(self, qname: str, items: list[_Start]) -> None:
+        broker = self._broker
+        expiry = broker.clock() + broker.lease_duration
+        try:
+            answers = await broker.start_inline_steps(
+                qname, [(run_id, plan) for _, run_id, plan, _ in items], expiry
+            )
+        except Exception as exc:  # e.g. connection lost: every start of the call gets it
+            for *_, fut in items:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        except BaseException:
+            for *_, fut in items:
+                fut.cancel()
+            raise
+        for (_, _, plan, fut), answer in zip(items, answers, strict=True):
+            if not fut.done():
+                fut.set_result((answer, expiry))
+            elif answer == "here":
+                # Its attempt is gone (cancelled with the loop): the step leased to us goes
+                # back to pending; if that fails too, the recoverer moves it on once its
+                # lease expires.
+                with contextlib.suppress(Exception):
+                    await broker.requeue(plan.steps[0][1])

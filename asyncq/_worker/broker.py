@@ -128,11 +128,12 @@ class WorkerBroker(Protocol):
         or ``cancelled`` (nothing written) when the run was cancelled while it ran."""
         ...
 
-    async def start_inline_step(
-        self, run: TaskMessage, plan: SuspendPlan, lease_expiry: float
-    ) -> str:
-        """Write what the attempt of *run* decided and lease *plan*'s one step to us until
-        *lease_expiry*, the run task staying active: ``here``, or why not (nothing written)."""
+    async def start_inline_steps(
+        self, qname: str, attempts: Sequence[tuple[str, SuspendPlan]], lease_expiry: float
+    ) -> list[str]:
+        """For each ``(run id, plan)`` of *qname*: write what the run's attempt decided and
+        lease the plan's one step to us until *lease_expiry*, the run task staying active;
+        ``here``, or why not (nothing written for it), one answer per attempt."""
         ...
 
     async def take_type_tokens(

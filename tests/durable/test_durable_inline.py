@@ -35,6 +35,12 @@ def one_step(index: int = 0, **records: bytes) -> SuspendPlan:
     )
 
 
+async def start_one(broker: Broker, plan: SuspendPlan, expiry: float) -> str:
+    """Run r1's inline step, alone in its call."""
+    (answer,) = await start_inline(broker, Q, [("r1", plan)], expiry)
+    return answer
+
+
 # -- durable_inline.lua --------------------------------------------------------------------
 
 
@@ -42,12 +48,12 @@ async def test_an_inline_step_is_leased_to_the_caller_and_the_run_stays_active(
     redis: Redis, client: Client
 ) -> None:
     broker = Broker(redis)
-    run = await active_run(broker, client)
+    await active_run(broker, client)
     await redis.hset(keys.run_key(Q, "r1"), "state", "pending")  # as durable_start left it
     await redis.expire(keys.run_key(Q, "r1"), PENDING_RUN_KEPT)
     run_lease = await redis.zscore(keys.lease_key(Q), "r1")
     expiry = time.time() + 30
-    assert await start_inline(broker, run, one_step(0, **{"s:0": b"step x {}"}), expiry) == "here"
+    assert await start_one(broker, one_step(0, **{"s:0": b"step x {}"}), expiry) == "here"
     # the step: active at the head (where a fetch puts it), leased to us, its message stored
     assert await redis.lrange(keys.active_key(Q), 0, -1) == [b"r1-0", b"r1"]
     assert await redis.zscore(keys.lease_key(Q), "r1-0") == int(expiry)
@@ -81,7 +87,7 @@ async def test_an_inline_step_not_taken_writes_nothing_and_says_why(
     redis: Redis, client: Client, setup: dict[str, object], answer: str
 ) -> None:
     broker = Broker(redis)
-    run = await active_run(broker, client)
+    await active_run(broker, client)
     if "run" in setup:
         await redis.hset(keys.run_key(Q, "r1"), mapping=setup["run"])  # type: ignore[arg-type]
     if "step" in setup:
@@ -90,35 +96,49 @@ async def test_an_inline_step_not_taken_writes_nothing_and_says_why(
         await redis.set(keys.queue_key_prefix(Q) + str(setup["flag"]), "1")
     before = await dump_all(redis)
     plan = one_step(0, **{"s:0": b"step x {}"})
-    assert await start_inline(broker, run, plan, time.time() + 30) == answer
+    assert await start_one(broker, plan, time.time() + 30) == answer
     assert await dump_all(redis) == before
 
 
-@pytest.mark.parametrize("damaged", ["run", "active", "lease"])
-async def test_an_inline_step_on_a_damaged_key_changes_nothing(
+@pytest.mark.parametrize("damaged", ["active", "lease"])
+async def test_inline_steps_on_a_damaged_key_of_their_queue_change_nothing(
     redis: Redis, client: Client, damaged: str
 ) -> None:
     broker = Broker(redis)
-    run = await active_run(broker, client)
-    key = {
-        "run": keys.run_key(Q, "r1"),
-        "active": keys.active_key(Q),
-        "lease": keys.lease_key(Q),
-    }[damaged]
+    await active_run(broker, client)
+    key = {"active": keys.active_key(Q), "lease": keys.lease_key(Q)}[damaged]
     await redis.delete(key)
     await redis.set(key, "x")
     before = await dump_all(redis)
     with pytest.raises(BrokerError, match="WRONGTYPE"):
-        await start_inline(broker, run, one_step(), time.time() + 30)
+        await start_one(broker, one_step(), time.time() + 30)
     assert await dump_all(redis) == before
+
+
+async def test_a_damaged_record_fails_its_own_step_only(redis: Redis, client: Client) -> None:
+    broker = Broker(redis)
+    await active_run(broker, client)
+    await client.enqueue(Task("run"), task_id="r2")
+    assert await transitions.dequeue(broker, [Q]) is not None
+    await redis.set(keys.run_key(Q, "r1"), "x")
+    r2_step = TaskMessage(type="step", id="r2-0", queue=Q)
+    plans = [
+        ("r1", one_step()),
+        ("r2", SuspendPlan("steps", steps=[(0, r2_step)], waits=[0])),
+    ]
+    answers = await start_inline(broker, Q, plans, time.time() + 30)
+    assert answers[0].startswith("WRONGTYPE") and answers[1] == "here"
+    assert await redis.exists(keys.task_key(Q, "r1-0")) == 0  # nothing of r1's written
+    assert await redis.get(keys.run_key(Q, "r1")) == b"x"
+    assert await redis.lrange(keys.active_key(Q), 0, -1) == [b"r2-0", b"r2", b"r1"]
 
 
 async def test_an_inline_step_in_another_queue_is_refused(redis: Redis, client: Client) -> None:
     broker = Broker(redis)
-    run = await active_run(broker, client)
+    await active_run(broker, client)
     plan = SuspendPlan("steps", steps=[(0, step_message(0, "other"))], waits=[0])
     with pytest.raises(ValueError, match="not in its run's queue"):
-        await start_inline(broker, run, plan, time.time() + 30)
+        await start_one(broker, plan, time.time() + 30)
 
 
 # -- its acknowledgement (ack_many.lua kinds i and I) ----------------------------------------
@@ -126,8 +146,8 @@ async def test_an_inline_step_in_another_queue_is_refused(redis: Redis, client: 
 
 async def leased_inline(redis: Redis, client: Client) -> tuple[Broker, TaskMessage]:
     broker = Broker(redis)
-    run = await active_run(broker, client)
-    assert await start_inline(broker, run, one_step(), time.time() + 30) == "here"
+    await active_run(broker, client)
+    assert await start_one(broker, one_step(), time.time() + 30) == "here"
     return broker, step_message(0)
 
 

@@ -380,19 +380,23 @@ class FakeBroker:
         self.suspensions.append((msg.id, plan))
         return "here" if leased else "parked"
 
-    async def start_inline_step(
-        self, run: TaskMessage, plan: SuspendPlan, lease_expiry: float
-    ) -> str:
-        """Leases the plan's one step to the caller, the run staying active (records are
+    async def start_inline_steps(
+        self, qname: str, attempts: Sequence[tuple[str, SuspendPlan]], lease_expiry: float
+    ) -> list[str]:
+        """Leases each plan's one step to the caller, the run staying active (records are
         not modelled); "there" when the step's task exists."""
-        await self._enter("start_inline_step", (run.id, plan.steps[0][1].id))
-        step = plan.steps[0][1]
-        if step.id in self.tasks:
-            return "there"
-        self.tasks[step.id] = StoredTask(step, "active")
-        self.leases[step.id] = float(int(lease_expiry))
-        self.inline_steps.append((run.id, step.id))
-        return "here"
+        await self._enter("start_inline_steps", [(r, p.steps[0][1].id) for r, p in attempts])
+        out = []
+        for run_id, plan in attempts:
+            step = plan.steps[0][1]
+            if step.id in self.tasks:
+                out.append("there")
+                continue
+            self.tasks[step.id] = StoredTask(step, "active")
+            self.leases[step.id] = float(int(lease_expiry))
+            self.inline_steps.append((run_id, step.id))
+            out.append("here")
+        return out
 
     async def take_type_tokens(
         self, task_type: str, count: int, *, interval_us: int, burst: int, max_wait_us: int
