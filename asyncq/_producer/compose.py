@@ -345,7 +345,7 @@ class Template:
         return _new_plain(Plain, (self, task_type, payload, task_id, headers, data))
 
     def message(
-        self, task: Task, task_id: str, headers: Mapping[str, str]
+        self, task: Task, task_id: str, headers: dict[str, str]
     ) -> tuple[TaskMessage, bytes]:
         """*task*'s message with this option set, *task_id* and *headers* over its own,
         and its encoding: what :func:`compose` gives with those as the call's options,
@@ -353,7 +353,7 @@ class Template:
         if not isinstance(task.type, str) or not task.type.strip():
             raise ValueError("task typename cannot be empty")
         keys.refuse_braces("task ID", task_id)
-        merged = _merge_headers(task, ({"headers": headers},))
+        merged = _merge_headers(task, ({"headers": headers},)) if task.headers else headers
         payload = b"" if task.payload is None else task.payload
         message = TaskMessage(
             type=task.type,

@@ -386,10 +386,12 @@ class Attempts:
         self.stats.inline += 1
         self.active[step.id] = guest
         done = guest.task = self._spawn(self.live(guest))
+        ended = deadlines.loop.create_future()  # not the step's task: a stop here is not its
+        done.add_done_callback(partial(_resolve, ended))
         if self._debug:
             self.log.debug("inline step started", run=run_id, **task_fields(step))
         try:
-            await asyncio.shield(done)  # stopped here, the attempt ends; the step runs on
+            await ended  # stopped here, the attempt ends; the step runs on
         finally:
             select = host.select
             if select is not None:  # the attempt goes on: what the step took is not its own
@@ -411,6 +413,11 @@ class _Held:
     async def write_result(self, qname: str, task_id: str, data: bytes) -> int:
         self._active.held = data
         return len(data)
+
+
+def _resolve(fut: asyncio.Future[None], _: object) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _after(first: Callable[[], Awaitable[object]], then: _Write) -> _Write:
