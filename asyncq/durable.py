@@ -19,7 +19,10 @@ acknowledgement, the signal or the time makes the run pending again. A wait for 
 awaited in the function's own coroutine parks it instead (:class:`ParkedRuns`,
 :func:`drive`): the attempt ends the same way, and the next one on this worker resumes
 the coroutine rather than replaying, while the record shows nothing it does not know.
-See docs/durable.md.
+Before that, a wait for one step in the run's queue is offered to the worker
+(:data:`~asyncq._broker.durable.INLINE_STEPS`): run inline, in the attempt's slot, the
+step's recorded result comes back and the coroutine goes on (:func:`drive` again)
+without the attempt ending. See docs/durable.md.
 """
 
 from __future__ import annotations
@@ -470,7 +473,7 @@ class Run:
     async def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
     async def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """Run *fn* here, inline, as the run's next entry, and record its return value
+        """Run *fn* here, in the attempt, as the run's next entry, and record its return value
         (JSON, by its return annotation): a replay returns the recorded value instead of
         calling *fn* again.
 
