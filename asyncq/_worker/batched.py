@@ -27,7 +27,7 @@ __all__ = ["AckBatcher", "InlineStarts", "TypeTokens"]
 _Acked = BaseException | DequeuedTask | Recorded | None
 """An acknowledgement's answer: None, the task's error, the run a durable step woke here,
 or what an inline step recorded in its run."""
-_Ack = tuple[TaskMessage, bool, bool, bytes | None, "asyncio.Future[_Acked]"]
+_Ack = tuple[TaskMessage, bool, "asyncio.Future[_Acked]"]
 _Token = tuple[str, Rate, "asyncio.Future[tuple[bool, int]]"]
 _Started = tuple[str, float]
 """An inline step's start: its answer (``here``, or why not) and the lease expiry written."""
@@ -48,7 +48,7 @@ class AckBatcher:
     with the result it recorded in its run, whose attempt awaits it.
     """
 
-    __slots__ = ("_batch", "_broker", "_runs_here", "_slots")
+    __slots__ = ("_batch", "_broker", "_inline", "_runs_here", "_slots")
 
     def __init__(
         self,
@@ -60,6 +60,8 @@ class AckBatcher:
         self._broker = broker
         self._slots = slots  # the processor's bound on writes in flight
         self._runs_here = runs_here
+        self._inline: dict[str, bytes | None] = {}
+        """The inline steps among the acknowledgements not sent yet: id -> result held."""
         self._batch: TurnBatcher[_Ack] = TurnBatcher(self._send, spawn=spawn)
 
     def ack(
@@ -69,25 +71,30 @@ class AckBatcher:
         durable step) to the run it woke, leased to this worker, or (an *inline* step,
         whose result *held* is written with it) to what it recorded."""
         fut: asyncio.Future[_Acked] = asyncio.get_running_loop().create_future()
-        self._batch.add((msg, complete, inline, held, fut))
+        if inline:
+            self._inline[msg.id] = held
+        self._batch.add((msg, complete, fut))
         return fut
 
     async def _send(self, batch: list[_Ack]) -> None:
-        inline = {msg.id: held for msg, _, step, held, _ in batch if step}
+        inline = None
+        if self._inline:  # this batch's (the next one's may be there too)
+            held = self._inline
+            inline = {m.id: held.pop(m.id) for m, _, _ in batch if m.id in held}
         try:
             async with self._slots:
                 results: Sequence[_Acked] = await self._broker.ack_many(
-                    [(msg, complete) for msg, complete, *_ in batch],
+                    [(msg, complete) for msg, complete, _ in batch],
                     runs_here=self._runs_here,
                     inline=inline,
                 )
         except Exception as exc:  # e.g. connection lost: every task of the batch gets it
             results = [exc] * len(batch)
         except BaseException:
-            for *_, fut in batch:
+            for _, _, fut in batch:
                 fut.cancel()
             raise
-        for (*_, fut), result in zip(batch, results, strict=True):
+        for (_, _, fut), result in zip(batch, results, strict=True):
             if not fut.done():
                 fut.set_result(result)
             elif isinstance(result, DequeuedTask):
