@@ -264,7 +264,7 @@ async def test_a_runs_steps_run_inline_and_the_attempt_goes_on(
 
 
 async def test_while_an_inline_step_runs_its_run_is_active_and_leased(
-    redis: Redis, worker: Server
+    redis: Redis, insp: Inspector, worker: Server
 ) -> None:
     handle = await d.gate_inline.start(1)
     await wait_until(
@@ -275,6 +275,12 @@ async def test_while_an_inline_step_runs_its_run_is_active_and_leased(
     assert await redis.zscore(keys.lease_key(d.QUEUE), handle.id) is not None
     assert await redis.zscore(keys.scheduled_key(d.QUEUE), handle.id) is None
     assert await redis.hget(keys.run_key(d.QUEUE, handle.id), "state") == b"running"
+    # as the Inspector, the CLI and the web page show it: running, its step under way
+    info = await insp.get_durable_run(d.QUEUE, handle.id)
+    assert info.state == "running" and info.waiting_for is None
+    (entry,) = info.entries
+    assert entry.step_id == f"{handle.id}-0" and entry.result is None and entry.error is None
+    assert (await insp.get_task(d.QUEUE, entry.step_id)).state is TaskState.ACTIVE
     d.gate["open"].set()
     assert await handle.result(timeout=20) == 101
     assert worker.stats.inline == 1

@@ -1,10 +1,12 @@
 """A durable run's page in a real browser (Playwright driving Debian's chromium, as
 tests/web/test_web_browser.py): its steps and what it waits for shown, a signal sent
 with the page's form, and a run cancelled with its button. With
-``ASYNCQ_SCREENSHOTS=DIR`` it saves ``durable-run.png`` (docs/images/durable-run.png)."""
+``ASYNCQ_SCREENSHOTS=DIR`` it saves ``durable-run.png`` (docs/images/durable-run.png) and
+``durable-run-inline.png`` (a step under way inline)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncq import DurableRunNotFoundError, Inspector, Server
+from asyncq import _keys as keys
 from tests.support import durable_app as d
 from tests.support.browser import WebProcess, mutation, new_page, shot
 from tests.support.procs import wait_until
@@ -83,3 +86,32 @@ async def test_a_runs_page_shows_its_steps_sends_a_signal_and_cancels(
         assert await state(other.id) == "cancelled"
         assert await page.locator("button:text('Cancel run')").count() == 0
         assert page.js_errors == []
+
+
+async def test_a_runs_page_shows_the_step_it_runs_inline(
+    web: WebProcess, browser: Any, worker: Server, redis: Redis
+) -> None:
+    d.gate["open"] = asyncio.Event()
+    try:
+        handle = await d.gate_inline.start(1)  # its one step waits for the gate, inline
+        step = f"{handle.id}-0"
+        await wait_until(
+            lambda: redis.exists(keys.task_key(Q, step)), what="the inline step started"
+        )
+        page = await new_page(browser)
+        await page.goto(f"{web.url}/queues/{Q}/durable/{handle.id}")
+        await page.wait_for_selector("#entries")
+        assert await page.locator("#run-state").inner_text() == "running"
+        assert await page.locator("#waits-for").inner_text() == "-"
+        (row,) = await page.locator("#entries tbody tr").all_inner_texts()
+        assert 'step d:gated {"n":1}' in row and row.rstrip().endswith("running")
+        await shot(page, "durable-run-inline")
+        d.gate["open"].set()
+        assert await handle.result(timeout=30) == 101
+        await page.reload()
+        assert await page.locator("#run-state").inner_text() == "completed"
+        (row,) = await page.locator("#entries tbody tr").all_inner_texts()
+        assert "101" in row and "running" not in row
+        assert page.js_errors == []
+    finally:
+        d.gate["open"].set()
