@@ -203,6 +203,16 @@ async def test_an_inline_steps_ack_after_its_outcome_was_recorded_answers_none(
     assert await redis.get(keys.processed_total_key(Q)) == b"1"
 
 
+async def test_an_inline_steps_ack_on_a_gone_record_answers_none_and_writes_none(
+    redis: Redis, client: Client
+) -> None:
+    broker, step = await leased_inline(redis, client)
+    await redis.delete(keys.run_key(Q, "r1"))  # expired after the run ended elsewhere
+    assert await broker.ack_many([(step, False)], inline={"r1-0": b"42"}) == [None]
+    assert await redis.exists(keys.run_key(Q, "r1")) == 0  # not written again
+    assert await redis.exists(keys.task_key(Q, "r1-0")) == 0  # acknowledged all the same
+
+
 async def test_an_inline_steps_ack_wakes_an_attempt_parked_on_it_and_answers_none(
     redis: Redis, client: Client
 ) -> None:
