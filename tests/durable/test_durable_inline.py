@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 
 import pytest
 from redis.asyncio import Redis
@@ -190,6 +191,22 @@ async def test_a_batch_mixes_inline_steps_with_other_tasks_of_the_queue(
     assert acked == [None, Recorded(b"")]  # an empty result is a result
     assert await redis.exists(keys.task_key(Q, "p1")) == 0
     assert await redis.hget(keys.task_key(Q, "r1-0"), "result") == b""
+
+
+@pytest.mark.parametrize("complete", [False, True])
+async def test_a_batch_checks_the_task_after_an_inline_step_too(
+    redis: Redis, client: Client, complete: bool
+) -> None:
+    broker, step = await leased_inline(redis, client)
+    await client.enqueue(Task("plain"), task_id="p1", retention=timedelta(minutes=1))
+    got = await transitions.dequeue(broker, [Q])
+    assert got is not None and got.message.id == "p1"
+    await redis.delete(keys.task_key(Q, "p1"))
+    await redis.set(keys.task_key(Q, "p1"), "x")  # the task after the step: damaged
+    before = await dump_all(redis)
+    acked = await broker.ack_many([(step, complete), (got.message, True)], inline={"r1-0": b"42"})
+    assert all(isinstance(a, BrokerError) and "WRONGTYPE" in str(a) for a in acked)
+    assert await dump_all(redis) == before
 
 
 async def test_an_inline_steps_ack_after_its_outcome_was_recorded_answers_none(
