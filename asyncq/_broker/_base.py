@@ -453,7 +453,7 @@ def ack_results(
             results[i] = reply
         return
     for i, code in zip(indices, reply, strict=True):
-        if code in (1, 2) or isinstance(code, bytes):  # 2, bytes: see ack_many.lua
+        if code == 1 or isinstance(code, bytes):
             continue
         tid = items[i][0].id
         if code == 0:

@@ -44,8 +44,8 @@
 -- completed set already held the id), -2 unique key outside the queue
 -- (nothing touched); for a step of kind h or H whose run continues here, the run's
 -- task message instead of 1; for a step of kind i or I, the result recorded in its
--- run (as stored) when this call recorded it, else 2 (acknowledged: the outcome was
--- recorded before, the record is gone or the run was waiting and went to pending).
+-- run (as stored) in place of 1 when this call recorded it (not when the outcome was
+-- recorded before, the record is gone or a run waiting for it went to pending).
 local tprefix, qprefix = ARGV[1], ARGV[2]
 local plen = #qprefix
 local out = {}
@@ -205,7 +205,7 @@ for k = 1, #kinds do
         if got == "here" then
             res = run_msg  -- in place of 1: the step is acknowledged, its run continues here
         elseif kind == "i" or kind == "I" then
-            res = got == "recorded" and value or 2  -- the run's attempt goes on with value
+            res = got == "recorded" and value or 1  -- the run's attempt goes on with value
         end
     elseif wf then
         -- as workflow_done.lua: the result is read before the task hash goes (a key of
@@ -245,7 +245,7 @@ for k = 1, #kinds do
         redis.call("HSET", tprefix .. id, "msg", msg, "state", "completed")
         res = 1
     end
-    if res == 1 or res == 2 or type(res) == "string" then
+    if res == 1 or type(res) == "string" then
         n = n + 1
         if ukey ~= "" and redis.call("GET", ukey) == id then
             redis.call("DEL", ukey)
