@@ -1,7 +1,7 @@
 """The processor's coalesced calls: acknowledgements, type tokens and inline steps' starts,
 one call per turn.
 
-Both are :class:`~asyncq._batch.TurnBatcher` users whose sends are tasks of the
+All three are :class:`~asyncq._batch.TurnBatcher` users whose sends are tasks of the
 processor's TaskGroup (leaving ``Processor.run()`` waits for every call in flight)
 and whose callers each wait for their own answer, a future resolved by the send.
 """
