@@ -79,6 +79,8 @@ class Outcome:
 
 
 _LOST = Outcome("lost")
+_DONE = Outcome("done")
+_COMPLETE = Outcome("complete")
 
 
 def decide(
@@ -98,10 +100,15 @@ def decide(
     """
     if lease == "expired":
         return _LOST
-    workflow = is_workflow_step(msg)
-    durable = not workflow and is_durable_step(msg)
+    if msg.headers:  # only a message with headers can be a step
+        workflow = is_workflow_step(msg)
+        durable = not workflow and is_durable_step(msg)
+    else:
+        workflow = durable = False
     if exc is None:
         kind: OutcomeKind = "complete" if msg.retention > 0 else "done"
+        if not workflow and not durable:  # nearly every task: one of two outcomes, made once
+            return _COMPLETE if kind == "complete" else _DONE
         return Outcome(kind, workflow=workflow, durable=durable)
     # Steps awaited in a TaskGroup raise their suspensions in a group: one is written, and
     # the replay it resumes asks for the others again.

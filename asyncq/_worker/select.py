@@ -68,8 +68,10 @@ class Deadlines:
         """Selects entered and not yet left."""
 
     def add(self, when: float, select: FirstOf) -> None:
+        heappush(self._heap, (when, next(self._order), select))  # push(), inlined: every task
         self.waiting += 1
-        self.push(when, select)
+        if when < self._at:
+            self._arm(when)
 
     def push(self, when: float, select: FirstOf) -> None:
         """Another deadline for a waiting *select* (its entry for the old one is passed
