@@ -69,12 +69,13 @@ class Arming:
         :data:`DELIVERY_TTL` (which keeps the credit alive). Writes this server into the
         queues' waiters lists when the queues changed, every :data:`REGISTER_EVERY`
         seconds (a ``queue rm`` or FLUSHALL drops the lists), or once the credit expired.
-        Nothing while every slot is taken: the next empty fetch asks."""
+        Nothing while every slot is taken (the next empty fetch asks) or once the processor
+        stopped fetching; an ask that lands after the stop is withdrawn at once."""
         now = self._clock()
         if not self._spent and now < self._armed_at + DELIVERY_TTL / 3:
             return
         queues = self._limits.unlimited(self._queues.names())
-        if not queues or self._slots.free <= 0:
+        if not queues or self._slots.free <= 0 or self._slots.closed:
             return
         self._armed_at, self._spent = now, False
         version, when = self._registered
@@ -92,6 +93,11 @@ class Arming:
                     error=error_text(exc),
                     suppressed_since_last=self._errors.take_suppressed(),
                 )
+            return
+        if self._slots.closed:
+            # The processor stopped while this ask was on its way: its withdrawal may have
+            # landed first, so withdraw again (a task delivered now would wait for its lease).
+            await self.disarm()
 
     async def disarm(self) -> None:
         """Stop being delivered tasks and leave the waiters lists (the credit would expire

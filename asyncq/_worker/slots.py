@@ -33,6 +33,11 @@ class Slots:
         self._closed = False
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (the processor fetches no more)."""
+        return self._closed
+
+    @property
     def free(self) -> int:
         """Slots neither held by a handler nor by a fetch in flight."""
         return self._free

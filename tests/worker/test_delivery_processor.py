@@ -262,3 +262,18 @@ async def test_a_delivery_after_the_processor_stopped_is_left_to_its_lease() -> 
     (logged,) = logs
     assert logged["event"].startswith("task delivered after the processor stopped")
     assert logged["log_level"] == "warning"
+
+
+async def test_an_ask_for_delivery_landing_after_the_stop_is_withdrawn_again() -> None:
+    fake = FakeBroker()
+    hold = fake.hold("arm_delivery")
+    async with Armed(fake, _noop) as run:
+        await hold.arrived.wait()  # the first ask for a delivery, on its way
+        run.processor.stop_fetching()  # the stop's withdrawal lands before it
+        await wait_until(lambda: fake.called("disarm_delivery"), what="the stop's withdrawal")
+        hold.release.set()  # then the ask lands: this server has a credit again ...
+        await wait_until(
+            lambda: len(fake.called("disarm_delivery")) == 2, what="the ask withdrawn again"
+        )
+    assert SERVER not in fake.credits  # ... and no longer: nothing is delivered to it
+    assert SERVER not in fake.waiters[Q]
