@@ -513,7 +513,7 @@ class TypedTask(TaskCall[P, R]):
                 value = await anyio.to_thread.run_sync(
                     functools.partial(ctx.run, self._args.call, self.fn, arguments),
                     abandon_on_cancel=True,
-                    limiter=sync_limiter.get(),
+                    limiter=sync_limiter(),
                 )
         finally:
             _current_task.reset(token)

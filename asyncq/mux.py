@@ -48,10 +48,37 @@ _AnyHandler = TypeVar("_AnyHandler", bound=Callable[[Task], Any])
 
 _CACHE_LIMIT = 1024
 
-sync_limiter: contextvars.ContextVar[anyio.CapacityLimiter | None] = contextvars.ContextVar(
-    "asyncq_sync_limiter", default=None
+
+class SyncThreads:
+    """The worker threads sync handlers run in: at most *size* at once.
+
+    Its anyio limiter is made when the first sync handler runs: making one imports
+    anyio's asyncio backend, which cost an async-only worker a third of its start-up CPU.
+    """
+
+    __slots__ = ("_limiter", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    @property
+    def limiter(self) -> anyio.CapacityLimiter:
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.size)
+        return self._limiter
+
+
+sync_threads: contextvars.ContextVar[SyncThreads | None] = contextvars.ContextVar(
+    "asyncq_sync_threads", default=None
 )
-"""The thread limiter for sync handlers; the server's processor sets it for its tasks."""
+"""The threads of sync handlers; the server's processor sets them for its tasks."""
+
+
+def sync_limiter() -> anyio.CapacityLimiter | None:
+    """The limiter of this task's sync handler threads; None: anyio's default limiter."""
+    threads = sync_threads.get()
+    return None if threads is None else threads.limiter
 
 
 def is_async_callable(fn: object) -> bool:
@@ -77,7 +104,7 @@ def as_async_handler(fn: Callable[[Task], Any]) -> Handler:
         # abandon_on_cancel: a cancelled task (deadline, shutdown) returns at once;
         # Python cannot stop the thread, which finishes in the background.
         await anyio.to_thread.run_sync(
-            sync_fn, task, abandon_on_cancel=True, limiter=sync_limiter.get()
+            sync_fn, task, abandon_on_cancel=True, limiter=sync_limiter()
         )
 
     functools.update_wrapper(run_in_thread, sync_fn)

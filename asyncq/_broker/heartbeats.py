@@ -21,6 +21,7 @@ from asyncq._broker._base import (
     BrokerBase,
     record_ttl,
 )
+from asyncq._codec import encode_record
 from asyncq._redis.scripts import load_script
 from asyncq._time import to_unix
 from asyncq.proto.asynq import SchedulerEnqueueEvent as SchedulerEnqueueEventProto
@@ -74,9 +75,9 @@ class HeartbeatWrites(BrokerBase):
         pipe.execute_command("ZADD", keys.ALL_SERVERS, exp, skey)
         pipe.execute_command("ZADD", keys.ALL_WORKERS, exp, wkey)
         await pipe.execute()
-        args: list[Any] = [secs, bytes(info)]
+        args: list[Any] = [secs, encode_record(info)]
         for w in workers:
-            args += (w.task_id, bytes(w))
+            args += (w.task_id, encode_record(w))
         await self._run(_WRITE_SERVER_STATE, (skey, wkey), args, "", "")
         if type_rates:
             tkey = keys.server_type_rates_key(info.host, info.pid, info.server_id)
@@ -117,7 +118,7 @@ class HeartbeatWrites(BrokerBase):
         key = keys.scheduler_entries_key(scheduler_id)
         exp = int(self.clock() + secs)
         await self.redis.execute_command("ZADD", keys.ALL_SCHEDULERS, exp, key)
-        args: list[Any] = [secs, *(bytes(e) for e in entries)]
+        args: list[Any] = [secs, *(encode_record(e) for e in entries)]
         await self._run(_WRITE_SCHEDULER_ENTRIES, (key,), args, "", "")
 
     async def clear_scheduler_entries(self, scheduler_id: str) -> None:
@@ -135,7 +136,7 @@ class HeartbeatWrites(BrokerBase):
         await self._run(
             _RECORD_SCHEDULER_ENQUEUE_EVENT,
             (keys.scheduler_history_key(entry_id),),
-            (to_unix(event.enqueue_time), bytes(event), SCHEDULER_HISTORY_CAP),
+            (to_unix(event.enqueue_time), encode_record(event), SCHEDULER_HISTORY_CAP),
             "",
             "",
         )

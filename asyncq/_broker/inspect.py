@@ -28,7 +28,7 @@ from asyncq import _keys as keys
 
 # One definition of the archive limits: the worker's and the inspector's trims must agree.
 from asyncq._broker._base import ARCHIVE_MAX_SIZE, ARCHIVED_EXPIRATION, LUA_PACKAGE
-from asyncq._codec import decode_task_message
+from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._redis.options import RedisClient
 from asyncq._redis.scripts import Script, load_script
 from asyncq._time import from_unix
@@ -675,9 +675,8 @@ class InspectBroker:
 
     async def update_task_message(self, qname: str, msg: TaskMessage) -> None:
         """Replace a scheduled task's message."""
-        code = await self._call(
-            "inspect_update_task_payload", [keys.task_key(qname, msg.id)], [bytes(msg)]
-        )
+        key, data = keys.task_key(qname, msg.id), encode_task_message(msg)
+        code = await self._call("inspect_update_task_payload", [key], [data])
         if code == 0:
             raise TaskNotFoundError(qname, msg.id)
         if code == -1:

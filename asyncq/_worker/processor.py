@@ -59,8 +59,6 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import reduce
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import anyio
-
 from asyncq._broker.delivery import DeliveryNote, read_note
 from asyncq._broker.durable import INLINE_STEPS
 from asyncq._logging import Backoff, RateLimiter, error_text, is_debug_enabled, task_fields
@@ -75,7 +73,7 @@ from asyncq._worker.slots import Slots
 from asyncq._worker.wakeup import QueueWakeup
 from asyncq.history import HistoryRecorder
 from asyncq.hooks import NO_HOOKS, WorkerHooks
-from asyncq.mux import Handler, sync_limiter
+from asyncq.mux import Handler, SyncThreads, sync_threads
 from asyncq.progress import ProgressWriter
 
 if TYPE_CHECKING:
@@ -200,7 +198,7 @@ class Processor(Role):
         self._fetch_errors = RateLimiter(3.0)
         self._notifier = notifier
         self._backoff = Backoff(0.05, 1.0)
-        self._limiter = anyio.CapacityLimiter(cfg.sync_concurrency)
+        self._threads = SyncThreads(cfg.sync_concurrency)
         self._debug = is_debug_enabled(self.log)
         self._burst = cfg.burst
         self._group: asyncio.TaskGroup | None = None
@@ -300,7 +298,7 @@ class Processor(Role):
         """The fetch loop, inside the TaskGroup that owns every task's coroutine and the
         ack and token senders. Leaving the group waits for them; a crash of the fetch loop
         (a bug) stops fetching, lets the running tasks finish, then reaches ``supervise``."""
-        sync_limiter.set(self._limiter)
+        sync_threads.set(self._threads)
         INLINE_STEPS.set(self.attempts)
         # Every task's coroutine starts from this context (with the limiter of its sync
         # handlers and where a durable run's attempt runs a step inline), whoever starts

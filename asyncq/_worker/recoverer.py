@@ -30,6 +30,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
+from asyncq._codec import decode_task_message, encode_task_message
 from asyncq._logging import error_text, is_debug_enabled, task_fields
 from asyncq._redis.errors import REDIS_ERRORS, is_transient
 from asyncq._worker.active import ActiveTasks
@@ -148,7 +149,7 @@ class Recoverer(PeriodicRole):
                     f"{qname!r}; archived by the recoverer"
                 )
                 self.log.error("archiving task whose message names another queue", **fields)
-                fixed = TaskMessage.parse(bytes(msg))
+                fixed = decode_task_message(encode_task_message(msg))
                 fixed.queue = qname
                 await broker.archive(fixed, err_msg, lease_expired_by=cutoff)
             else:

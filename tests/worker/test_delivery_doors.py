@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from asyncq.mux import sync_limiter
+from asyncq.mux import sync_threads
 from asyncq.task import Task
 from tests.support.fakebroker import FakeBroker
 from tests.support.helpers import wait_until
@@ -33,7 +33,7 @@ async def test_a_delivered_task_starts_by_the_fetched_tasks_door(door: str) -> N
             lease=active.lease.expires_at,
             deadline=active.deadline,
             task_deadline=task._deadline_ts,
-            limiter=sync_limiter.get(None),
+            threads=sync_threads.get(None),
             inflight=run.processor._inflight_bytes,
             free=run.processor.slots.free,
         )
@@ -54,7 +54,7 @@ async def test_a_delivered_task_starts_by_the_fetched_tasks_door(door: str) -> N
         assert seen["lease"] == math.floor(fake.now + fake.lease_duration)
         assert seen["deadline"] == fake.now + 60
         assert seen["task_deadline"] == seen["deadline"]
-        assert seen["limiter"] is run.processor._limiter
+        assert seen["threads"] is run.processor._threads
         assert seen["inflight"] == 5
         assert seen["free"] == 1
         release.set()

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from asyncq import Limits
 from asyncq._broker.delivery import DeliveryNote, parse_note
 from asyncq._worker.arming import DELIVERY_TTL, REGISTER_EVERY
-from asyncq.mux import sync_limiter
+from asyncq.mux import sync_limiter, sync_threads
 from asyncq.task import Task
 from tests.support.fakebroker import FakeBroker
 from tests.support.helpers import wait_until
@@ -234,14 +234,15 @@ async def test_a_delivered_task_runs_in_the_processors_context() -> None:
     seen: list[object] = []
 
     async def handler(task: Task) -> None:
-        seen.append(sync_limiter.get(None))
+        seen.append((sync_threads.get(None), sync_limiter()))
 
     async with Armed(fake, handler, limits=Limits(sync_concurrency=3)) as run:
         await wait_until(lambda: fake.credits.get(SERVER) == 1, what="armed")
         tid = run.deliver()
         await wait_until(lambda: seen, what=f"task {tid}")
-        assert seen == [run.processor._limiter]
-        assert run.processor._limiter.total_tokens == 3
+        threads = run.processor._threads
+        assert seen == [(threads, threads.limiter)]
+        assert threads.limiter.total_tokens == 3
 
 
 async def test_a_delivery_after_the_processor_stopped_is_left_to_its_lease() -> None:
