@@ -735,6 +735,9 @@ def machine_info(url: str) -> dict[str, Any]:
         info["memory_gib"] = round(mem_kb / 2**20, 1)
     with contextlib.suppress(OSError):
         info["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    # Set, every Python process compiles what it imports from source: a module first
+    # imported after a worker's CPU meter started counts against its CPU per task.
+    info["pythondontwritebytecode"] = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
     resp = Resp(url)
     server = resp.info("server")
     resp.close()
@@ -866,7 +869,9 @@ def render_heading(
         f"machine: nproc {nproc}, {machine.get('cpu_model', '?')},"
         f" {machine.get('memory_gib', '?')} GiB memory, Linux {machine['kernel']}"
         + (f", load average {' '.join(str(x) for x in load)} at the start" if load else ""),
-        f"Python {machine['python']}, redis-server {machine['redis_version']} (one server, every"
+        f"Python {machine['python']}"
+        + (" (PYTHONDONTWRITEBYTECODE set)" if machine.get("pythondontwritebytecode") else "")
+        + f", redis-server {machine['redis_version']} (one server, every"
         f" system over TCP unless its row says otherwise), N = {n}",
         f"command: {command}",
         f"commit: {commit}",
