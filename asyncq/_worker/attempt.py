@@ -212,7 +212,7 @@ class Attempts:
         now = self.clock()
         if active.cancel_exc is None and now >= active.deadline:
             active.cancel_exc = DeadlineExceededError()
-        elif active.cancel_exc is None and not active.lease.valid():
+        elif active.cancel_exc is None and not active.lease.valid_at(now):
             # The loop stalled between the fetch and this first step for longer than the
             # lease: the recoverer may have given the task to another server already.
             active.cancel_exc = LeaseExpiredError()
@@ -524,11 +524,12 @@ class OutcomeWriter:
     ) -> None:
         """Decide the attempt's outcome (:func:`~asyncq._worker.outcome.decide`) and write it."""
         msg = active.msg
-        lease: LeaseState = "held" if active.lease.valid() else "expired"
-        # A success's end is its "now" for decide: no second clock read (issue 40). A
-        # failure reads the clock again: its error handler may have taken a while.
+        # A success's end is its "now" for decide and its lease: no other clock read (the
+        # outcome is decided as the handler returns). A failure reads the clock again:
+        # its error handler may have taken a while.
         ran = active.ran
         now = ran[1] if ran is not None and exc is None else self.clock()
+        lease: LeaseState = "held" if active.lease.valid_at(now) else "expired"
         outcome = decide(
             msg, exc, lease=lease, config=self.config, now=now, task=task, log=self.log
         )

@@ -63,6 +63,10 @@ class Lease:
         """True while the lease has not run out (asynq: expiry at or after now)."""
         return not self.expired.done() and self._clock() <= self.expires_at
 
+    def valid_at(self, now: float) -> bool:
+        """:meth:`valid` at *now*, a time of this lease's clock the caller has just read."""
+        return not self.expired.done() and now <= self.expires_at
+
     def remaining(self) -> float:
         """Seconds left (negative once expired)."""
         return self.expires_at - self._clock()
