@@ -131,6 +131,13 @@ class ActiveTask:
             return str(DeadlineExceededError())
         return None
 
+    def move_deadline(self, by: float) -> None:
+        """Move the deadline *by* seconds (earlier when negative), the running handler's
+        with it: a durable run's attempt does not spend its own time on an inline step."""
+        self.deadline += by
+        if self.select is not None:
+            self.select.move_deadline(by)
+
     def cancel(self, exc: BaseException) -> bool:
         """Ask the handler to stop with *exc* as the failure; False once it returned or was
         stopped. Before the coroutine's first step only the reason is recorded: it starts

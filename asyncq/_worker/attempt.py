@@ -380,8 +380,7 @@ class Attempts:
             compute_deadline(step, now), now, deadlines.loop,
         )  # fmt: skip
         allowance = guest.deadline - now
-        host.select.move_deadline(allowance)
-        host.deadline += allowance
+        host.move_deadline(allowance)
         guest.host, host.guest = host, guest
         self.stats.inline += 1
         self.active[step.id] = guest
@@ -393,11 +392,8 @@ class Attempts:
         try:
             await ended  # stopped here, the attempt ends; the step runs on
         finally:
-            select = host.select
-            if select is not None:  # the attempt goes on: what the step took is not its own
-                back = self.clock() - now - allowance
-                select.move_deadline(back)
-                host.deadline += back
+            if host.select is not None:  # the attempt goes on: what the step took is not its own
+                host.move_deadline(self.clock() - now - allowance)
         return guest.recorded
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis
@@ -28,3 +29,12 @@ async def worker(app: None) -> AsyncIterator[Server]:
         yield server
     finally:
         await server.shutdown()
+
+
+@pytest.fixture
+def gate() -> Iterator[None]:
+    """:func:`~tests.support.durable_app.gated` waits until the test opens the gate (or
+    the test ends)."""
+    d.gate["open"] = asyncio.Event()
+    yield
+    d.gate["open"].set()

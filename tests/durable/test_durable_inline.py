@@ -8,9 +8,8 @@ run's result."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -26,6 +25,9 @@ from tests.support import durable_app as d
 from tests.support import transitions
 from tests.support.durable_scripts import active_run, step_message
 from tests.support.helpers import dump_all, wait_until
+
+# gated() waits until a test opens the gate (tests/durable/conftest.py)
+pytestmark = pytest.mark.usefixtures("gate")
 
 Q = "default"
 
@@ -264,15 +266,6 @@ async def test_an_inline_steps_ack_on_a_damaged_record_changes_nothing(
 async def insp(redis: Redis) -> AsyncIterator[Inspector]:
     async with Inspector(redis) as inspector:
         yield inspector
-
-
-@pytest.fixture(autouse=True)
-def gate() -> Iterator[None]:
-    """:func:`~tests.support.durable_app.gated` waits until the test opens the gate (or
-    the test ends)."""
-    d.gate["open"] = asyncio.Event()
-    yield
-    d.gate["open"].set()
 
 
 async def test_a_runs_steps_run_inline_and_the_attempt_goes_on(

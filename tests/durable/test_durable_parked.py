@@ -7,7 +7,6 @@ replays. :func:`drive` runs the coroutine as if awaited by the attempt's task.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -22,12 +21,9 @@ from tests.support.helpers import wait_until
 
 
 @pytest.fixture(autouse=True)
-def counters() -> Generator[None, None, None]:
+def counters(gate: None) -> None:
     d.entered.clear()
     d.unwound.clear()
-    d.gate["open"] = asyncio.Event()
-    yield
-    d.gate["open"].set()
 
 
 async def test_a_run_continued_on_its_worker_resumes_where_it_waited(
