@@ -249,19 +249,18 @@ class QueueLimits:
     def started(self, qname: str) -> None:
         self._running[qname] += 1
 
-    def finished(self, qname: str) -> None:
-        self._running[qname] -= 1
-        if self._running[qname] <= 0:
-            del self._running[qname]
+    def finished(self, qname: str) -> bool:
+        """A task of *qname* ended here: whether that freed room under a server-local limit."""
+        running = self._running
+        running[qname] -= 1
+        if running[qname] <= 0:
+            del running[qname]
+        self._resolve()
+        return qname in self._local
 
     def running(self, qname: str) -> int:
         """Tasks of *qname* this server runs now."""
         return self._running[qname]
-
-    def is_local_limited(self, qname: str) -> bool:
-        """Whether a finished task of *qname* frees room under a server-local limit."""
-        self._resolve()
-        return qname in self._local
 
     def for_fetch(self) -> dict[str, tuple[int, ...]] | None:
         """``{queue: (fleet limit, local room[, interval µs, burst])}`` (-1 = none).

@@ -473,11 +473,9 @@ class Processor(Role):
         """A task's coroutine ended: its slot, bytes and local count are free again; or its
         slot goes to the task its outcome leased to us (:attr:`ActiveTask.then`)."""
         msg = active.msg
-        limits = self._limits
         self._inflight_bytes -= len(msg.payload)
         self._bytes_freed.set()
-        limits.finished(msg.queue)
-        if limits.is_local_limited(msg.queue):
+        if self._limits.finished(msg.queue):
             self._wakeup.set()  # room under this server's limit for the queue: fetch again
         then = active.then
         if then is not None:
