@@ -124,12 +124,21 @@ class RedisProc:
             self.proc.wait(30)
         self.proc = None
 
-    def cleanup(self) -> None:
+    def cleanup(self, logs: Path | None = None) -> None:
+        """Stop the server and remove its directory; its log is copied first into *logs*
+        when that directory exists (a failed scenario's, which the harness keeps)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
         self.proc = None
+        _keep(self.dir / "redis.log", logs, f"redis-{self.port}.log")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _keep(log: Path, logs: Path | None, name: str) -> None:
+    """Copy *log* into the directory *logs* as *name*, when both exist."""
+    if logs is not None and logs.is_dir() and log.is_file():
+        shutil.copyfile(log, logs / name)
 
 
 class SentinelGroup:
@@ -193,13 +202,17 @@ class SentinelGroup:
         out = redis_cli(self.sentinel_ports[0], "sentinel", "get-master-addr-by-name", self.name)
         return int(out.split()[1])
 
-    def cleanup(self) -> None:
+    def cleanup(self, logs: Path | None = None) -> None:
+        """Stop every process and remove their files, keeping their logs in *logs* as
+        :meth:`RedisProc.cleanup` does: the sentinels' say which failovers they made."""
         for proc in self.sentinels:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+        for n in range(len(self.sentinel_ports)):
+            _keep(self.dir / f"sentinel-{n}.log", logs, f"sentinel-{n}.log")
         for node in self.nodes:
-            node.cleanup()
+            node.cleanup(logs)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -264,6 +277,6 @@ class ClusterGroup:
     def masters(self, alive: Sequence[RedisProc] | None = None) -> list[RedisProc]:
         return [n for n in (alive or self.nodes) if n.proc is not None and self.role(n) == "master"]
 
-    def cleanup(self) -> None:
+    def cleanup(self, logs: Path | None = None) -> None:
         for node in self.nodes:
-            node.cleanup()
+            node.cleanup(logs)

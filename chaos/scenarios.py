@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import redis as sync_redis
@@ -177,11 +178,13 @@ async def sentinel_failover(size: Size) -> Figures:
     load = size.pick(25, 12)
     group = SentinelGroup(replicas=2, sentinels=3)
     group.start()
+    logs: Path | None = None  # the harness's, kept when the scenario fails: the group's go in
     try:
         async with (
             Harness("sentinel failover", group.url, lease=4.0) as h,
             Connection(group.url) as conn,
         ):
+            logs = h.logs
             # What min_replicas costs: serial enqueue latency, before any fault.
             m = group.master.url
             h.figures.notes["enqueue_latency_min_replicas_0"] = await _enqueue_latency(m, 0, 300)
@@ -208,7 +211,7 @@ async def sentinel_failover(size: Size) -> Figures:
             h.figures.notes["min_replicas"] = 1
             return await _finish(h, conn)
     finally:
-        group.cleanup()
+        group.cleanup(logs)
 
 
 def _promoted(group: SentinelGroup, old_port: int) -> bool:
@@ -246,11 +249,13 @@ async def cluster_failover(size: Size) -> Figures:
     load = size.pick(25, 12)
     group = ClusterGroup(3)
     group.start()
+    logs: Path | None = None  # the harness's, kept when the scenario fails: the group's go in
     try:
         async with (
             Harness("cluster failover", group.url, lease=4.0) as h,
             Connection(group.url) as conn,
         ):
+            logs = h.logs
             for _ in range(3):
                 await h.spawn(concurrency=10)
             async with Client(conn) as client:
@@ -268,7 +273,7 @@ async def cluster_failover(size: Size) -> Figures:
             h.figures.notes["min_replicas"] = "not supported on Cluster"
             return await _finish(h, conn)
     finally:
-        group.cleanup()
+        group.cleanup(logs)
 
 
 def _slot_master(group: ClusterGroup, slot: int) -> RedisProc:
