@@ -21,7 +21,7 @@ start-up costs.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import betterproto2
@@ -300,20 +300,14 @@ def encode_task_headers(headers: Mapping[str, str]) -> bytes:
 
 # -- records: what servers and schedulers write about themselves -------------------------
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _Field = Callable[[Any], bytes]  # a field's value -> its bytes (b"" when not written)
 
 
 def _timestamp(value: datetime) -> bytes:
     """A google.protobuf.Timestamp's body, converted as betterproto2 converts a datetime."""
-    if value.tzinfo is None:
-        raise ValueError(f"datetime must be timezone aware: {value!r}")
-    offset = value - _EPOCH
-    seconds, micros = divmod(
-        (offset.days * 86_400 + offset.seconds) * 1_000_000 + offset.microseconds, 1_000_000
-    )
-    return (b"\x08" + _varint(seconds) if seconds else b"") + (
-        b"\x10" + _varint(micros * 1000) if micros else b""
+    ts = Timestamp.from_datetime(value)  # ValueError for a naive datetime
+    return (b"\x08" + _varint(ts.seconds) if ts.seconds else b"") + (
+        b"\x10" + _varint(ts.nanos) if ts.nanos else b""
     )
 
 

@@ -61,7 +61,7 @@ class Lease:
 
     def valid(self) -> bool:
         """True while the lease has not run out (asynq: expiry at or after now)."""
-        return not self.expired.done() and self._clock() <= self.expires_at
+        return self.valid_at(self._clock())
 
     def valid_at(self, now: float) -> bool:
         """:meth:`valid` at *now*, a time of this lease's clock the caller has just read."""
