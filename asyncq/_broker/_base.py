@@ -300,6 +300,17 @@ class BrokerBase:
         except ResponseError as exc:
             raise script_error(exc, script, qname, task_id) from exc
 
+    async def confirm_existing(self, queue: str, task_id: str) -> None:
+        """Under min_replicas, before a write is refused because its task (or unique
+        lock) exists: raise ReplicationTimeoutError unless that is on enough replicas
+        (:meth:`Replication.confirm_existing`). A caller retrying an unconfirmed enqueue with
+        the same ID is told "conflict" only when the first write is known to survive
+        a failover."""
+        if self.replication is not None:
+            await self.replication.confirm_existing(
+                self._pipeline, keys.wakeup_channel(queue), queue=queue, task_id=task_id
+            )
+
     async def _pipeline(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """Commands in one non-transactional pipeline; error replies come back in place."""
         if self.fast is not None:

@@ -207,6 +207,7 @@ async def start_run(broker: BrokerBase, msg: TaskMessage) -> None:
         qk.name, PENDING_RUN_KEPT,
     )  # fmt: skip
     if await _write(broker, _START, keys_, args, qname=qk.name, tid=tid) != "1":
+        await broker.confirm_existing(qk.name, tid)
         raise conflict_error(qk.name, tid)
 
 

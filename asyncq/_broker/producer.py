@@ -30,7 +30,9 @@ from asyncq._time import to_unix
 from asyncq.errors import (
     AsyncqError,
     BrokerError,
+    DuplicateTaskError,
     ReplicationTimeoutError,
+    TaskIdConflictError,
     TaskNotFoundError,
 )
 from asyncq.proto.asynq import (
@@ -219,6 +221,8 @@ class ProducerWrites(BrokerBase):
         await self._register_once(qk)
         tid = item.message.id
         res = self._dropped(await self._run(script, keys_, args, qk.name, tid), qk)
+        if res in (0, -1):
+            await self.confirm_existing(qk.name, tid)
         if res == 0:
             raise conflict_error(qk.name, tid)
         if res == -1:
@@ -248,6 +252,7 @@ class ProducerWrites(BrokerBase):
             cmd = self._enqueue_command(qk, task_id, data, now)
             res = await self._run_enqueue(cmd, queue, task_id)
         if res != 1 and self._dropped(res, qk) == 0:
+            await self.confirm_existing(queue, task_id)
             raise conflict_error(queue, task_id)
 
     async def _run_enqueue(self, cmd: tuple[Any, ...], queue: str, task_id: str) -> Any:
@@ -348,7 +353,35 @@ class ProducerWrites(BrokerBase):
                 i = c.indices[0]
                 reply = self._dropped(reply, c.qk) if c.script is _ENQUEUE else reply
                 results[i] = self._outcome(reply, c, c.first_id, items[i], waited)
+        if self.replication is not None:
+            await self._existing_in_batch(results, items)
         return results
+
+    async def _existing_in_batch(
+        self, results: list[Exception | None], items: Sequence[BatchItem | PendingItem]
+    ) -> None:
+        """:meth:`_existing` for a batch's refused items, proven at once (one WAIT covers
+        the master's whole dataset); unproven, each becomes a ReplicationTimeoutError."""
+        refused = [
+            i
+            for i, r in enumerate(results)
+            if isinstance(r, TaskIdConflictError | DuplicateTaskError)
+        ]
+        if not refused:
+            return
+        first = items[refused[0]]
+        try:
+            await self.confirm_existing(*_where(first))
+        except ReplicationTimeoutError as exc:
+            for i in refused:
+                queue, task_id = _where(items[i])
+                results[i] = ReplicationTimeoutError(
+                    acknowledged=exc.acknowledged,
+                    required=exc.required,
+                    timeout=exc.timeout,
+                    queue=queue,
+                    task_id=task_id,
+                )
 
     def _outcome(
         self,
@@ -431,3 +464,10 @@ class ProducerWrites(BrokerBase):
                 qk,
             )
         return (_ENQUEUE, *self._enqueue_call(qk, tid, encode_task_message(msg), now), qk)
+
+
+def _where(item: BatchItem | PendingItem) -> tuple[str, str]:
+    """An item's queue and task ID."""
+    if isinstance(item, PendingItem):
+        return item.queue, item.task_id
+    return item.message.queue, item.message.id

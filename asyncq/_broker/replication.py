@@ -105,5 +105,25 @@ class Replication:
         self.check(waited, queue=queue, task_id=task_id)
         return reply
 
+    async def confirm_existing(
+        self, pipeline: Pipeline, channel: str, *, queue: str, task_id: str
+    ) -> None:
+        """Prove that what refused a write (the task ID or unique lock existing) is on
+        *min_replicas* replicas, or raise ReplicationTimeoutError.
+
+        The refusing script wrote nothing, so a WAIT after it would count replicas for
+        this connection's earlier writes and prove nothing: an earlier attempt's write,
+        applied on a master and not replicated, would be reported as existing and then
+        lost by a failover. A PUBLISH is a write the master replicates (to *channel*,
+        the queue's wakeup channel: waking idle workers is harmless); a WAIT after it
+        counts the replicas that hold this master's whole dataset up to now, the
+        existing task included. When the ACL refuses the PUBLISH, nothing can be proven
+        and nothing is raised: the refusal is reported as it is without min_replicas.
+        """
+        published, waited = await pipeline([("PUBLISH", channel, queue), self.wait])
+        if isinstance(published, Exception):
+            return
+        self.check(waited, queue=queue, task_id=task_id)
+
     def __repr__(self) -> str:
         return f"<Replication min_replicas={self.min_replicas} timeout={self.timeout:g}s>"

@@ -127,6 +127,42 @@ async def test_refused_write_raises_its_own_error_not_a_timeout(
             await client.enqueue(Task("t"), task_id="same")
 
 
+@pytest.mark.parametrize("transport", ["fast", "redis-py"])
+async def test_a_retry_is_told_conflict_only_once_the_first_write_is_replicated(
+    pair: tuple[RedisServer, RedisServer], linked: tuple[Redis, Redis], transport: str
+) -> None:
+    # The first write reached only the master. A retry meeting it must not report
+    # "conflict" (it exists) before the replica has it: a failover now would lose it.
+    from asyncq import DuplicateTaskError, TaskIdConflictError
+
+    master_srv, replica_srv = pair
+    master, replica = linked
+    target: str | Redis = master_srv.url if transport == "fast" else master
+    unique = timedelta(hours=1)
+    async with Client(target, min_replicas=1, replica_timeout=timedelta(milliseconds=200)) as c:
+        await c.ping()
+        with _Stopped(replica_srv):
+            for _ in range(2):  # the write, then its retry: neither is confirmed
+                with pytest.raises(ReplicationTimeoutError) as caught:
+                    await c.enqueue(Task("t", b"1"), task_id="held")
+                assert (caught.value.task_id, caught.value.queue) == ("held", "default")
+            with pytest.raises(ReplicationTimeoutError):
+                await c.enqueue(Task("u", b"1"), unique=unique)
+            with pytest.raises(ReplicationTimeoutError):
+                await c.enqueue(Task("u", b"1"), unique=unique)  # held lock, unconfirmed
+            batch = await c.enqueue_many([(Task("t", b"1"), {"task_id": "held"})])
+            assert isinstance(batch[0], ReplicationTimeoutError), batch
+            assert batch[0].task_id == "held"
+        # The replica caught up: the same retries are now refused for what they are.
+        with pytest.raises(TaskIdConflictError):
+            await c.enqueue(Task("t", b"1"), task_id="held")
+        with pytest.raises(DuplicateTaskError):
+            await c.enqueue(Task("u", b"1"), unique=unique)
+        batch = await c.enqueue_many([(Task("t", b"1"), {"task_id": "held"})])
+        assert isinstance(batch[0], TaskIdConflictError), batch
+    assert await replica.hget(keys.task_key("default", "held"), "state") == b"pending"
+
+
 async def test_server_outcome_waits_for_the_replica(
     pair: tuple[RedisServer, RedisServer], linked: tuple[Redis, Redis]
 ) -> None:
