@@ -145,6 +145,10 @@ class SentinelGroup:
     """A master, *replicas* replicas and *sentinels* sentinels (quorum 2) for ``mymaster``."""
 
     name = "mymaster"
+    down_after = 3.0
+    """Seconds a master must not answer before the sentinels fail it over: at 1 s, the
+    master they had just promoted was found "down" on a loaded CI machine and failed over
+    a second time."""
 
     def __init__(self, replicas: int = 2, sentinels: int = 3) -> None:
         self.master = RedisProc("--repl-diskless-sync-delay", "0")
@@ -179,7 +183,7 @@ class SentinelGroup:
             conf.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
                 f"sentinel monitor {self.name} 127.0.0.1 {self.master.port} 2\n"
-                f"sentinel down-after-milliseconds {self.name} 1000\n"
+                f"sentinel down-after-milliseconds {self.name} {int(self.down_after * 1000)}\n"
                 f"sentinel failover-timeout {self.name} 5000\n"
                 f"sentinel parallel-syncs {self.name} 2\n"
             )

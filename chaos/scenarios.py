@@ -18,7 +18,7 @@ from redis.crc import key_slot
 from asyncq import App, Client, Connection, Inspector, Task
 from chaos.harness import QUEUE, Figures, Harness, faketime_library
 from chaos.ledger import Fault, read_ledger
-from chaos.procs import ClusterGroup, RedisProc, SentinelGroup
+from chaos.procs import ClusterGroup, RedisProc, SentinelGroup, redis_cli
 from chaos.proxy import PartitionProxy
 from chaos.worker import DURABLE, DURABLE_RESULT, SIGNAL
 
@@ -173,7 +173,8 @@ async def _enqueue_latency(url: str, min_replicas: int, count: int) -> dict[str,
 
 
 async def sentinel_failover(size: Size) -> Figures:
-    """Master SIGKILLed under load; sentinels promote a replica; everyone follows by itself."""
+    """Master SIGKILLed under load; sentinels promote a replica; everyone follows by itself;
+    then a second failover, forced with the new master alive, while the tasks still flow."""
     n = size.count(6_000, 1_200)
     load = size.pick(25, 12)
     group = SentinelGroup(replicas=2, sentinels=3)
@@ -192,33 +193,84 @@ async def sentinel_failover(size: Size) -> Figures:
             await conn.redis.delete("asynq:{latency}:pending")
             for _ in range(3):
                 await h.spawn(concurrency=10, extra=["--min-replicas", "1"])
-            async with Client(conn, min_replicas=1, replica_timeout=timedelta(seconds=2)) as c:
-                producer = asyncio.create_task(h.produce(c, n, seconds=load))
-                await asyncio.sleep(load / 3)
-                old = group.master
-                start = time.time()
-                old.kill()
-                await _until(lambda: _promoted(group, old.port), 60, "a replica to be promoted")
-                h.figures.notes["failover_s"] = round(time.time() - start, 2)
-                # Until a replica follows the new master, min_replicas=1 cannot confirm an
-                # outcome: it is logged as unconfirmed and may run again (documented), so
-                # the fault lasts until the new master has an online replica.
-                await _until(lambda: _followed(group), 60, "a replica to follow the new master")
-                h.faults.append(Fault("failover", start, time.time()))
-                h.figures.kills += 1
-                h.figures.notes["failover_until_replicated_s"] = round(time.time() - start, 2)
-                await producer
-            h.figures.notes["min_replicas"] = 1
-            return await _finish(h, conn)
+            watch = asyncio.create_task(_watch_failovers(group, h.faults))
+            try:
+                async with Client(conn, min_replicas=1, replica_timeout=timedelta(seconds=2)) as c:
+                    producer = asyncio.create_task(h.produce(c, n, seconds=load))
+                    await asyncio.sleep(load / 3)
+                    old = group.master
+                    start = time.time()
+                    old.kill()
+                    await _until(lambda: _promoted(group, old.port), 60, "a promotion")
+                    h.figures.notes["failover_s"] = round(time.time() - start, 2)
+                    # Until a replica follows the new master, min_replicas=1 cannot confirm
+                    # an outcome: it is logged as unconfirmed and may run again
+                    # (documented), so the fault lasts until the new master has an online
+                    # replica.
+                    await _until(lambda: _followed(group), 60, "a replica to follow")
+                    h.faults.append(Fault("failover", start, time.time()))
+                    h.figures.kills += 1
+                    h.figures.notes["failover_until_replicated_s"] = round(time.time() - start, 2)
+                    # A second failover while the tasks still flow, with the master alive:
+                    # a retry meeting a write that reached only the demoted master must
+                    # not count it as written (see docs/guarantees.md, min_replicas).
+                    await asyncio.sleep(1)
+                    second = group.current_master_port()
+                    await _until(lambda: _force_failover(group), 30, "a forced failover")
+                    await _until(lambda: _promoted(group, second), 60, "a second promotion")
+                    h.figures.notes["forced_failovers"] = 1
+                    await producer
+                h.figures.notes["min_replicas"] = 1
+                return await _finish(h, conn)
+            finally:
+                watch.cancel()
+                h.figures.notes["master_switches"] = sum(f.kind == "switch" for f in h.faults)
     finally:
         group.cleanup(logs)
 
 
-def _promoted(group: SentinelGroup, old_port: int) -> bool:
+async def _watch_failovers(group: SentinelGroup, faults: list[Fault]) -> None:
+    """Add every switch of master the sentinels make to *faults*, the one the scenario
+    causes and any other: a master they judge down on a loaded machine is failed over
+    too, and runs in flight then may run again like those of the killed master.
+
+    A switch's fault begins when its master may have stopped answering (the sentinels'
+    down-after and a second for their election before the switch was seen) and ends when
+    a replica follows the new master; until then it stays open (end: infinity).
+    """
+    port = await asyncio.to_thread(group.current_master_port)
+    while True:
+        await asyncio.sleep(0.1)
+        now = await asyncio.to_thread(_master_port, group)
+        if now is None or now == port:
+            continue
+        port = now
+        seen = time.time()
+        open_fault = Fault("switch", seen - group.down_after - 1.0, float("inf"))
+        faults.append(open_fault)
+        try:
+            await _until(lambda: _followed(group), 60, "a replica to follow")
+        except RuntimeError:
+            return  # never followed: the fault stays open, and the drain says what failed
+        faults[faults.index(open_fault)] = Fault("switch", open_fault.start, time.time())
+
+
+def _force_failover(group: SentinelGroup) -> bool:
+    """SENTINEL FAILOVER; False while the sentinels refuse it (one still in progress, or
+    no replica ready to be promoted yet)."""
+    out = redis_cli(group.sentinel_ports[0], "sentinel", "failover", group.name)
+    return out.strip() == "OK"
+
+
+def _master_port(group: SentinelGroup) -> int | None:
     try:
-        return group.current_master_port() != old_port
+        return group.current_master_port()
     except Exception:
-        return False
+        return None
+
+
+def _promoted(group: SentinelGroup, old_port: int) -> bool:
+    return _master_port(group) not in (None, old_port)
 
 
 def _followed(group: SentinelGroup) -> bool:
@@ -277,7 +329,6 @@ async def cluster_failover(size: Size) -> Figures:
 
 
 def _slot_master(group: ClusterGroup, slot: int) -> RedisProc:
-    from chaos.procs import redis_cli
 
     for node in group.nodes:
         if node.proc is None or group.role(node) != "master":
