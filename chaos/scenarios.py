@@ -329,7 +329,6 @@ async def cluster_failover(size: Size) -> Figures:
 
 
 def _slot_master(group: ClusterGroup, slot: int) -> RedisProc:
-
     for node in group.nodes:
         if node.proc is None or group.role(node) != "master":
             continue

@@ -354,14 +354,14 @@ class ProducerWrites(BrokerBase):
                 reply = self._dropped(reply, c.qk) if c.script is _ENQUEUE else reply
                 results[i] = self._outcome(reply, c, c.first_id, items[i], waited)
         if self.replication is not None:
-            await self._existing_in_batch(results, items)
+            await self._confirm_refused(results, items)
         return results
 
-    async def _existing_in_batch(
+    async def _confirm_refused(
         self, results: list[Exception | None], items: Sequence[BatchItem | PendingItem]
     ) -> None:
-        """:meth:`_existing` for a batch's refused items, proven at once (one WAIT covers
-        the master's whole dataset); unproven, each becomes a ReplicationTimeoutError."""
+        """:meth:`confirm_existing` for a batch's refused items, proven at once (one WAIT
+        covers the master's whole dataset); unproven, each becomes a ReplicationTimeoutError."""
         refused = [
             i
             for i, r in enumerate(results)
