@@ -364,9 +364,8 @@ class Harness:
             if now_records != records:
                 records, last_progress = now_records, time.monotonic()
             elif time.monotonic() - last_progress > idle_limit:
-                self.figures.notes["drain_stopped"] = (
-                    f"no handler ran for {idle_limit:.0f}s: the workers are wedged"
-                )
+                why = await self._why_stalled(conn, view, idle_limit)
+                self.figures.notes["drain_stopped"] = why
                 break
             if all(self._settled(view, tid, kind) for tid, kind in self.acked.items()):
                 with contextlib.suppress(Exception):
@@ -375,6 +374,24 @@ class Harness:
             await asyncio.sleep(0.25)
         self.figures.drain_s = time.monotonic() - started
         return view
+
+    async def _why_stalled(self, conn: Connection, view: LedgerView, idle: float) -> str:
+        """Why the drain gave up after *idle* seconds without a handler running: the workers
+        are wedged while tasks are in flight; with nothing in flight, the unsettled tasks
+        are nowhere for a worker to take (lost, unless the check finds them elsewhere)."""
+        missing = sum(1 for tid, kind in self.acked.items() if not self._settled(view, tid, kind))
+        try:
+            in_flight = await self.in_flight(conn)
+        except Exception as exc:  # Redis down at the end: say so rather than guess
+            return f"no handler ran for {idle:.0f}s; the queue could not be read ({exc!r})"
+        if in_flight:
+            return (
+                f"no handler ran for {idle:.0f}s with {in_flight} in flight: the workers are wedged"
+            )
+        return (
+            f"no handler ran for {idle:.0f}s and nothing is in flight: {missing} acknowledged "
+            "task(s) not run are not in the queue"
+        )
 
     def _settled(self, view: LedgerView, tid: str, kind: str) -> bool:
         return view.finished(tid) if kind in FINISHING else view.started(tid)

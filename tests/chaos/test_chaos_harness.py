@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from asyncq import Connection
+from chaos.harness import PREFIX, Harness
 from chaos.ledger import Fault, LedgerView, Run, duplicates
 from chaos.proxy import PartitionProxy
 from chaos.runner import markdown
@@ -152,3 +155,21 @@ def test_chaos_uses_only_the_public_api() -> None:
         assert "asyncq._" not in text, path
         assert "from asyncq." not in text, path
         assert "import asyncq." not in text, path
+
+
+async def test_a_stalled_drain_says_lost_when_nothing_is_in_flight(redis: Redis) -> None:
+    harness = Harness("stalled", "redis://unused")
+    try:
+        harness.acked = {"ran": "work", "gone": "work"}
+        view = LedgerView()
+        view.runs["ran"].append(Run("r1", 1, 0.0, 1.0))
+        conn = Connection(redis)
+        why = await harness._why_stalled(conn, view, 30)
+        assert why.endswith(
+            "nothing is in flight: 1 acknowledged task(s) not run are not in the queue"
+        )
+        await redis.lpush(PREFIX + "pending", "gone")
+        why = await harness._why_stalled(conn, view, 30)
+        assert why == "no handler ran for 30s with 1 in flight: the workers are wedged"
+    finally:
+        shutil.rmtree(harness.logs)
