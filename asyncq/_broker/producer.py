@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -160,35 +160,22 @@ class ProducerWrites(BrokerBase):
         return (*head, tkey, *keys_after, data, tid, now_ns, *mid, qk.name, int(now))
 
     def _enqueue_parts(self, qk: QueueKeys) -> tuple[Any, ...]:
-        """What :meth:`_enqueue_command` and :meth:`_send_enqueue` take from the queue,
+        """What :meth:`_enqueue_command` and :meth:`write_pending` take from the queue,
         built on its first enqueue: the EVALSHA head, the KEYS after the task key, ARGV 4-5,
-        and, on the fast transport, the whole command packed but for the task's and the
-        clock's parts, and the task key's prefix as bytes."""
+        and, on the fast transport (never on a cluster), the format of the whole command
+        but for the task's and the clock's parts (:class:`PackedCommand`), and the task
+        key's prefix as bytes."""
         reg = self._registry()
         keys_after = (qk.pending, *reg, qk.waiters) if reg else (qk.pending,)
         head = (_ENQUEUE.sha, 1 + len(keys_after))
         mid = (qk.wakeup, qk.name)
         packed = None
-        if self.fast is not None:
-            last = (qk.name, None) if reg else ()
-            packed = PackedCommand(
-                ("EVALSHA", *head, None, *keys_after, None, None, None, *mid, *last)
-            )
+        if self.fast is not None and reg:
+            # the task key, the message, the id, the clock in ns and in seconds open
+            args = ("EVALSHA", *head, None, *keys_after, None, None, None, *mid, qk.name, None)
+            packed = PackedCommand(args).format
         parts = qk.enqueue_call = (head, keys_after, mid, packed, qk.task_prefix.encode())
         return parts
-
-    def _send_enqueue(self, qk: QueueKeys, tid: str, data: bytes, now: float) -> Awaitable[Any]:
-        """enqueue.lua's EVALSHA (:meth:`_enqueue_command`) sent; its reply awaitable."""
-        parts = qk.enqueue_call or self._enqueue_parts(qk)
-        packed: PackedCommand | None = parts[3]
-        if packed is None or self.fast is None:
-            return self._cmd.evalsha(*self._enqueue_command(qk, tid, data, now))
-        ib = tid.encode()
-        tkey = parts[4] + ib
-        now_ns = b"%d" % int(now * 1_000_000_000)
-        if self.on_cluster:
-            return self.fast.send_packed(packed.pack(tkey, data, ib, now_ns))
-        return self.fast.send_packed(packed.pack(tkey, data, ib, now_ns, b"%d" % int(now)))
 
     def _dropped(self, reply: Any, qk: QueueKeys) -> Any:
         """enqueue.lua's *reply* as 1 or 0, with each waiters member it dropped (one no
@@ -240,9 +227,25 @@ class ProducerWrites(BrokerBase):
         if self.on_cluster and queue not in self._published:
             await self._register_queue(qk)
         now = self.clock()
+        parts = qk.enqueue_call or self._enqueue_parts(qk)
+        packed: bytes | None = parts[3]
         if self.replication is None:
             try:
-                res = await self._send_enqueue(qk, task_id, data, now)
+                if packed is not None and self.fast is not None:
+                    # The EVALSHA packed by its format, the values spread out by hand (see
+                    # PackedCommand): the enqueue's hot path.
+                    ib = task_id.encode()
+                    tkey = parts[4] + ib
+                    ns = b"%d" % int(now * 1_000_000_000)
+                    secs = b"%d" % int(now)
+                    res = await self.fast.send_packed(
+                        packed % (
+                            len(tkey), tkey, len(data), data, len(ib), ib, len(ns), ns,
+                            len(secs), secs,
+                        )
+                    )  # fmt: skip
+                else:
+                    res = await self._cmd.evalsha(*self._enqueue_command(qk, task_id, data, now))
             except NoScriptError:
                 cmd = self._enqueue_command(qk, task_id, data, now)
                 res = await self._run_enqueue(cmd, queue, task_id)

@@ -616,7 +616,8 @@ def test_a_packed_command_packs_as_the_whole_command(shape: list[Any], data: Any
     values = [data.draw(st.binary(max_size=300)) for arg in shape if arg is None]
     given_values = iter(values)
     whole = tuple(next(given_values) if arg is None else arg for arg in shape)
-    assert PackedCommand(shape).pack(*values) == _pack_command(whole)
-    assert PackedCommand([b"100%", "%d%s", None]).pack(b"%b") == _pack_command(
+    spread = tuple(part for value in values for part in (len(value), value))
+    assert PackedCommand(shape).format % spread == _pack_command(whole)
+    assert PackedCommand([b"100%", "%d%s", None]).format % (2, b"%b") == _pack_command(
         (b"100%", "%d%s", b"%b")
     )
