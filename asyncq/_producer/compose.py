@@ -368,22 +368,6 @@ class Template:
         data = encode_task_head(task.type, payload, task_id) + self.tail
         return message, data + encode_task_headers(merged) if merged else data
 
-    def info(
-        self, task_type: str, payload: bytes, task_id: str, headers: dict[str, str], now: datetime
-    ) -> TaskInfo:
-        """The TaskInfo :func:`info_of` gives for the same task."""
-        return pending_info(
-            task_id,
-            task_type,
-            payload,
-            headers,
-            now,
-            self.queue,
-            self.max_retry,
-            self.timeout,
-            self.retention,
-        )
-
 
 class Plain(NamedTuple):
     """A task composed on the hot path: its template, fields and encoded message."""
@@ -396,7 +380,7 @@ class Plain(NamedTuple):
     data: bytes
 
     def info(self, now: datetime) -> TaskInfo:
-        """Its TaskInfo once written at *now* (what :meth:`Template.info` gives)."""
+        """Its TaskInfo once written at *now*: what :func:`info_of` gives for the same task."""
         t = self.template
         return pending_info(
             self.task_id,
