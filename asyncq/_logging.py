@@ -9,6 +9,7 @@ not thousands, and the roles back off instead of spinning.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from asyncq.proto.asynq import TaskMessage
 
 __all__ = [
     "Backoff",
+    "DebugCheck",
     "LazyLogger",
     "RateLimiter",
     "error_text",
@@ -123,6 +125,27 @@ def is_debug_enabled(log: Any) -> bool:
         _DEBUG_CHECKS.clear()
     _DEBUG_CHECKS[key] = (now, wrapper, enabled)
     return enabled
+
+
+class DebugCheck:
+    """:func:`is_debug_enabled` for one logger, asked again once a second at most: for a
+    check made on every call of a hot path (a Client's enqueue), where asking structlog
+    for its configuration each time cost a tenth of the call's Python. A change of the
+    configuration shows within that second, as a stdlib level change does there."""
+
+    __slots__ = ("_enabled", "_log", "_until")
+
+    def __init__(self, log: Any) -> None:
+        self._log = log
+        self._until = -math.inf
+        self._enabled = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now >= self._until:
+            self._enabled = is_debug_enabled(self._log)
+            self._until = now + _DEBUG_CHECK_TTL
+        return self._enabled
 
 
 def task_fields(msg: TaskMessage) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from asyncq._broker.replication import replica_wait_seconds
 from asyncq._broker.workflow import WORKFLOW_HEADER
 from asyncq._duration import wait_seconds
 from asyncq._keys import task_key
-from asyncq._logging import LazyLogger, is_debug_enabled
+from asyncq._logging import DebugCheck, LazyLogger, is_debug_enabled
 from asyncq._producer.completion import DEFAULT_POLL_INTERVAL, ResultWaiter
 from asyncq._producer.compose import (
     DEFAULT_MAX_RETRY,
@@ -89,6 +89,7 @@ class Client:
     __slots__ = (
         "_closed",
         "_conn",
+        "_debug",
         "_events",
         "_owns_conn",
         "_templates",
@@ -120,6 +121,7 @@ class Client:
         self._closed = False
         self._waiter: ResultWaiter | None = None
         self._templates = Templates()
+        self._debug = DebugCheck(log)
         self.broker = Broker(
             self._conn.redis,
             fast=self._conn.fast,
@@ -235,7 +237,7 @@ class Client:
             if key is not None:
                 self._templates.learn(key, c)
             info = info_of(c, now)
-        if is_debug_enabled(log):
+        if self._debug():
             log.debug(
                 "task enqueued",
                 task_id=info.id,

@@ -309,6 +309,32 @@ async def test_enqueue_many_logs_one_debug_line_per_call(redis: Redis) -> None:
     assert (line["log_level"], line["items"], line["written"]) == ("debug", 2, 1)
 
 
+async def test_enqueue_logs_at_debug_and_sees_a_new_configuration_within_a_second(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    import structlog
+    from structlog.testing import capture_logs
+
+    clock = [1000.0]  # the logging module's clock only: the event loop keeps its own
+    monkeypatch.setattr("asyncq._logging.time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(20))  # INFO
+    try:
+        async with Client(redis) as client:
+            await client.enqueue(Task("t"))  # asks: not at debug
+            structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(10))
+            with capture_logs() as logs:
+                first = await client.enqueue(Task("t"))  # the answer is kept for a second
+                clock[0] += 1.0
+                second = await client.enqueue(Task("t"))
+    finally:
+        structlog.reset_defaults()
+    (line,) = [e for e in logs if e["event"] == "task enqueued"]
+    assert line["task_id"] == second.id != first.id
+    assert (line["log_level"], line["queue"], line["state"]) == ("debug", "default", "pending")
+
+
 async def test_enqueue_many_composes_each_option_set_once(
     redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
