@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import platform
 import shutil
 import statistics
@@ -36,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import runner
-from benchmarks.systems._common import Config
 
 ROOT = runner.ROOT
 CACHE = runner.ENVS / "ab"
@@ -467,24 +465,13 @@ def physical_round(
                 records[ours] = recs[theirs]
         if "latency" in recs:
             records["hop"] = recs["latency"]
-    # The serial enqueue's own N, not the reference's raised minimum: CPU per call is
-    # what this row is for, and 20,000 awaited SETs would take 5-10 s of every round.
-    n = args.serial_n or (Config.quick(url) if args.quick else Config(url=url)).serial_n
-    env = dict(os.environ, PYTHONPATH=str(harness_root))
-    proc = subprocess.run(
-        [str(python), "-m", "benchmarks.redispy_set", "--url", url, "--n", str(n)],
-        cwd=harness_root, env=env, capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
-    if proc.returncode == 0 and proc.stdout.strip():
-        records["redispy_set"] = json.loads(proc.stdout.strip().splitlines()[-1])
-        rec = records["redispy_set"]
-        log(
-            f"  redis-py SET: {rec['tasks_per_s']:,.0f}/s,"
-            f" {rec['client_cpu_us_per_task']:.1f} µs CPU/call;"
-            f" the event loop's floor {rec['floor_cpu_us_per_call']:.1f} µs CPU/call"
-        )
+    rec, error = runner.run_redispy_set(
+        url, runner._serial_n(args, url), python, harness_root, timeout
+    )
+    if rec is not None:
+        records["redispy_set"] = rec
     else:
-        errors.append(f"redis-py SET exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+        errors.append(str(error))
     return records, errors
 
 

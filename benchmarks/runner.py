@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import csv
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -391,6 +392,32 @@ def run_reference(
     return {"system": REFERENCE, "records": records, "error": error}
 
 
+def run_redispy_set(
+    url: str, n: int, python: Path, harness_root: Path, timeout: float
+) -> tuple[dict[str, Any] | None, str | None]:
+    """:mod:`benchmarks.redispy_set` run by *python* (an environment with redis-py): a
+    plain redis-py asyncio ``SET`` *n* times, one awaited at a time, and the event loop's
+    floor; its record, or what failed."""
+    env = dict(os.environ, PYTHONPATH=str(harness_root))
+    try:
+        proc = subprocess.run(
+            [str(python), "-m", "benchmarks.redispy_set", "--url", url, "--n", str(n)],
+            cwd=harness_root, env=env, capture_output=True, text=True, timeout=timeout,
+            check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None, f"redis-py SET killed after {timeout:.0f} s"
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None, f"redis-py SET exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
+    rec: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    log(
+        f"  redis-py SET: {rec['tasks_per_s']:,.0f}/s,"
+        f" {rec['client_cpu_us_per_task']:.1f} µs CPU/call;"
+        f" the event loop's floor {rec['floor_cpu_us_per_call']:.1f} µs CPU/call"
+    )
+    return rec, None
+
+
 def _parse_benchmark_csv(text: str) -> dict[str, float] | None:
     """The SET line of ``redis-benchmark --csv`` (header line, then one line per test)."""
     rows = list(csv.reader(line for line in text.splitlines() if line.strip()))
@@ -481,13 +508,16 @@ def _to_reference(phase: str) -> Callable[[dict[str, Any]], float | None]:
     return get
 
 
-def _over_reference(phase: str, field: str) -> Callable[[dict[str, Any]], float | None]:
-    """A system's *field* of *phase* (a latency) divided by the reference's in the same
-    round: how many physical hops' worth it takes."""
+def _over_reference(
+    phase: str, field: str, ref_phase: str | None = None, ref_field: str | None = None
+) -> Callable[[dict[str, Any]], float | None]:
+    """A system's *field* of *phase* divided by the reference's (its *ref_field* of
+    *ref_phase*, by default the same) in the same round: how many physical hops' worth a
+    pickup takes, or a serial enqueue's client CPU over a redis-py ``SET``'s."""
 
     def get(records: dict[str, Any]) -> float | None:
         ours = records.get(phase, {}).get(field)
-        ref = records.get(_REF_KEY, {}).get(phase, {}).get(field)
+        ref = records.get(_REF_KEY, {}).get(ref_phase or phase, {}).get(ref_field or field)
         if ours is None or not ref or records.get("meta", {}).get("system") == REFERENCE:
             return None
         return float(ours) / float(ref)
@@ -507,6 +537,9 @@ _FAST, _SERIAL, _PROC, _LAT, _LEFT = (
 SERIAL_RATIO = "enqueue, serial ÷ redis-benchmark SET, 1 client"
 C32_RATIO = "enqueue, 32 callers ÷ redis-benchmark SET, 32 clients"
 PICKUP_RATIO = "pickup p50 ÷ one Pub/Sub hop p50"
+CLIENT_CPU_RATIO = "client CPU, serial enqueue ÷ redis-py SET's"
+REDISPY = "redispy_set"
+"""The reference's record of a plain redis-py asyncio ``SET`` (:mod:`benchmarks.redispy_set`)."""
 ROWS = (
     Row("enqueue, fast path, tasks/s ¹", _field(_FAST, "tasks_per_s"), "rate", True),
     Row("enqueue, serial `await`, tasks/s", _field(_SERIAL, "tasks_per_s"), "rate", True),
@@ -518,6 +551,10 @@ ROWS = (
     Row("enqueue, 1,000 callers, tasks/s", _field("enqueue_c1000", "tasks_per_s"), "rate", True),
     Row("enqueue, 1,000 callers, p99 ms per call", _field("enqueue_c1000", "p99_ms"), "ms"),
     Row("client CPU µs / task, serial enqueue", _field(_SERIAL, "client_cpu_us_per_task"), "us"),
+    Row("redis-py asyncio SET, client CPU µs / call ⁵", _field(REDISPY, "client_cpu_us_per_task"),
+        "us"),
+    Row(CLIENT_CPU_RATIO, _over_reference(_SERIAL, "client_cpu_us_per_task", REDISPY,
+                                          "client_cpu_us_per_task"), "ratio"),
     Row("process, 1 worker, conc. 100, tasks/s", _field(_PROC, "tasks_per_s"), "rate", True),
     Row("pickup latency p50, ms", _field(_LAT, "p50_ms"), "ms"),
     Row("pickup latency p99, ms", _field(_LAT, "p99_ms"), "ms"),
@@ -632,7 +669,10 @@ def _footnote(n_runs: int) -> str:
         "BullMQ: `Queue.addBulk` (one pipeline); arq, saq, taskiq: 32 concurrent `enqueue` "
         "calls (`asyncio.gather`). ² serial phase, `INFO commandstats` incl. commands run "
         "inside Lua. ³ after the worker shut down; see the leftovers section for what they are. "
-        "Ratios to redis-benchmark are taken within each round, then summarized."
+        "⁵ in the reference column: a plain redis-py asyncio `SET`, one awaited at a time, "
+        "with the serial phase's N (`python -m benchmarks.redispy_set`), what every asyncio "
+        "client built on redis-py pays per round trip. "
+        "Ratios to the reference are taken within each round, then summarized."
     )
 
 
@@ -831,6 +871,11 @@ def _sizes(args: argparse.Namespace, url: str) -> dict[str, int]:
     return sizes
 
 
+def _serial_n(args: argparse.Namespace, url: str) -> int:
+    """The serial enqueue's N (``--serial-n``, or the run's default)."""
+    return int(args.serial_n or (Config.quick(url) if args.quick else Config(url=url)).serial_n)
+
+
 def _latency_config(args: argparse.Namespace, url: str) -> Config:
     """The latency phase's sizes (n, cadence, warm-up), for the reference's Pub/Sub hop."""
     over = {"latency_n": args.latency_n} if args.latency_n is not None else {}
@@ -908,6 +953,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"skipped {name}: {reason}")
         systems = [s for s in systems if s not in skipped]
         sizes = _sizes(args, url)
+        # The serial enqueue's own N, not the reference's raised minimum: CPU per call is
+        # what the redis-py row is for. Measured by this Python, which needs redis-py.
+        redispy: int | None = _serial_n(args, url)
+        if with_reference and importlib.util.find_spec("redis") is None:
+            log("skipped the redis-py SET row: redis-py is not installed in this Python")
+            redispy = None
         for k in range(args.runs):
             run: dict[str, dict[str, Any]] = {}
             if with_reference:
@@ -915,6 +966,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run[REFERENCE] = run_reference(url, sizes, timeout, _latency_config(args, url))
                 if run[REFERENCE]["error"]:
                     log(f"  {REFERENCE} FAILED: {run[REFERENCE]['error']}")
+                elif redispy is not None:
+                    rec, error = run_redispy_set(url, redispy, Path(sys.executable), ROOT, timeout)
+                    if rec is not None:
+                        run[REFERENCE]["records"][REDISPY] = rec
+                    else:
+                        log(f"  {error}")
             for name in systems:
                 if name in setup_errors:
                     run[name] = {"system": name, "records": {}, "error": setup_errors[name]}

@@ -277,8 +277,12 @@ def test_headline_has_every_row(
     """asyncq, a peer, the socket row and the reference row, with ratios to the reference."""
     socket = quick_result | {"system": "asyncq-socket"}
     peer = quick_result | {"system": "bullmq"}
+    redispy = {"phase": runner.REDISPY, "client_cpu_us_per_task": 100.0}
+    reference = reference_result | {
+        "records": reference_result["records"] | {runner.REDISPY: redispy}
+    }
     run = {"asyncq": quick_result, "bullmq": peer, "asyncq-socket": socket,
-           runner.REFERENCE: reference_result}  # fmt: skip
+           runner.REFERENCE: reference}  # fmt: skip
     systems = ["asyncq", "bullmq", "asyncq-socket"]
     summary = runner.summarize([run], [*systems, runner.REFERENCE])
     labels = {s: runner.system_label(runner.SYSTEMS[s], run[s]["records"]) for s in systems}
@@ -303,6 +307,9 @@ def test_headline_has_every_row(
     assert summary["asyncq"][runner.SERIAL_RATIO]["median"] == pytest.approx(expected)
     hops = quick_result["records"]["latency"]["p50_ms"] / ref["latency"]["p50_ms"]
     assert summary["asyncq"][runner.PICKUP_RATIO]["median"] == pytest.approx(hops)
+    cpu = quick_result["records"]["enqueue_serial"]["client_cpu_us_per_task"] / 100.0
+    assert summary["asyncq"][runner.CLIENT_CPU_RATIO]["median"] == pytest.approx(cpu)
+    assert runner.CLIENT_CPU_RATIO not in summary[runner.REFERENCE]
     table = runner.render_table(summary, [*systems, runner.REFERENCE], 1).splitlines()
     assert table[0] == (
         "| metric | asyncq | bullmq | asyncq-socket | redis-benchmark | asyncq ÷ best peer |"
@@ -336,6 +343,15 @@ def test_main_report(redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixtu
     if shutil.which("redis-benchmark"):
         assert "| redis-benchmark SET, one Pub/Sub hop (physical reference) | TCP |" in out
         assert runner.REFERENCE in document["runs"][0]
+        # the redis-py SET row, in the reference column only, and asyncq's ratio to it
+        redispy = document["runs"][0][runner.REFERENCE]["records"][runner.REDISPY]
+        assert redispy["client_cpu_us_per_task"] > 0
+        row = next(line for line in out.splitlines() if line.startswith("| redis-py asyncio"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == "–" and cells[2] != "–"  # asyncq, then redis-benchmark's column
+        ratio = next(line for line in out.splitlines() if line.startswith(
+            f"| {runner.CLIENT_CPU_RATIO} |"))  # fmt: skip
+        assert ratio.split("|")[2].strip().endswith("×")
 
 
 def test_asyncq_socket_variant_opts_in() -> None:
