@@ -452,7 +452,7 @@ def physical_round(
     errors: list[str] = []
     try:
         ref = runner.run_reference(
-            url, runner._sizes(args, url), timeout, runner._latency_config(args, url)
+            url, runner._sizes(args, url), timeout, runner._run_config(args, url)
         )
     except runner.Skipped as exc:
         log(f"physical rows: {exc}")
@@ -466,7 +466,7 @@ def physical_round(
         if "latency" in recs:
             records["hop"] = recs["latency"]
     rec, error = runner.run_redispy_set(
-        url, runner._serial_n(args, url), python, harness_root, timeout
+        url, runner._run_config(args, url).serial_n, python, harness_root, timeout
     )
     if rec is not None:
         records["redispy_set"] = rec

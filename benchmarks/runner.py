@@ -860,26 +860,22 @@ each here): a window of a few hundred milliseconds is at the mercy of one schedu
 hiccup on a shared machine, and the reference divides every system's rate."""
 
 
+def _run_config(args: argparse.Namespace, url: str) -> Config:
+    """The run's sizes (``--quick`` or full, with ``--n``, ``--serial-n`` and
+    ``--latency-n`` where given), as every system's script gets them."""
+    names = ("n", "serial_n", "latency_n")
+    over = {k: v for k in names if (v := getattr(args, k, None)) is not None}
+    return Config.quick(url, **over) if args.quick else Config(url=url, **over)
+
+
 def _sizes(args: argparse.Namespace, url: str) -> dict[str, int]:
     """Requests per reference measurement: the N of the enqueue phase it stands beside,
     raised to :data:`REFERENCE_MIN_REQUESTS` outside ``--quick``."""
-    overrides = {k: getattr(args, k) for k in ("n", "serial_n") if getattr(args, k) is not None}
-    cfg = Config.quick(url, **overrides) if args.quick else Config(url=url, **overrides)
+    cfg = _run_config(args, url)
     sizes = {"enqueue_serial": cfg.serial_n, "enqueue_c32": cfg.n}
     if not args.quick:
         sizes = {k: max(v, REFERENCE_MIN_REQUESTS[k]) for k, v in sizes.items()}
     return sizes
-
-
-def _serial_n(args: argparse.Namespace, url: str) -> int:
-    """The serial enqueue's N (``--serial-n``, or the run's default)."""
-    return int(args.serial_n or (Config.quick(url) if args.quick else Config(url=url)).serial_n)
-
-
-def _latency_config(args: argparse.Namespace, url: str) -> Config:
-    """The latency phase's sizes (n, cadence, warm-up), for the reference's Pub/Sub hop."""
-    over = {"latency_n": args.latency_n} if args.latency_n is not None else {}
-    return Config.quick(url, **over) if args.quick else Config(url=url, **over)
 
 
 def _default_json() -> Path:
@@ -955,7 +951,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = _sizes(args, url)
         # The serial enqueue's own N, not the reference's raised minimum: CPU per call is
         # what the redis-py row is for. Measured by this Python, which needs redis-py.
-        redispy: int | None = _serial_n(args, url)
+        redispy: int | None = _run_config(args, url).serial_n
         if with_reference and importlib.util.find_spec("redis") is None:
             log("skipped the redis-py SET row: redis-py is not installed in this Python")
             redispy = None
@@ -963,7 +959,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run: dict[str, dict[str, Any]] = {}
             if with_reference:
                 log(f"run {k + 1}/{args.runs}: {REFERENCE}")
-                run[REFERENCE] = run_reference(url, sizes, timeout, _latency_config(args, url))
+                run[REFERENCE] = run_reference(url, sizes, timeout, _run_config(args, url))
                 if run[REFERENCE]["error"]:
                     log(f"  {REFERENCE} FAILED: {run[REFERENCE]['error']}")
                 elif redispy is not None:
