@@ -169,12 +169,12 @@ class ProducerWrites(BrokerBase):
         keys_after = (qk.pending, *reg, qk.waiters) if reg else (qk.pending,)
         head = (_ENQUEUE.sha, 1 + len(keys_after))
         mid = (qk.wakeup, qk.name)
-        packed = None
+        command_format = None
         if self.fast is not None and reg:
             # the task key, the message, the id, the clock in ns and in seconds open
             args = ("EVALSHA", *head, None, *keys_after, None, None, None, *mid, qk.name, None)
-            packed = PackedCommand(args).format
-        parts = qk.enqueue_call = (head, keys_after, mid, packed, qk.task_prefix.encode())
+            command_format = PackedCommand(args).format
+        parts = qk.enqueue_call = (head, keys_after, mid, command_format, qk.task_prefix.encode())
         return parts
 
     def _dropped(self, reply: Any, qk: QueueKeys) -> Any:
@@ -227,11 +227,11 @@ class ProducerWrites(BrokerBase):
         if self.on_cluster and queue not in self._published:
             await self._register_queue(qk)
         now = self.clock()
-        parts = qk.enqueue_call or self._enqueue_parts(qk)
-        packed: bytes | None = parts[3]
         if self.replication is None:
+            parts = qk.enqueue_call or self._enqueue_parts(qk)
+            command_format: bytes | None = parts[3]
             try:
-                if packed is not None and self.fast is not None:
+                if command_format is not None and self.fast is not None:
                     # The EVALSHA packed by its format, the values spread out by hand (see
                     # PackedCommand): the enqueue's hot path.
                     ib = task_id.encode()
@@ -239,7 +239,7 @@ class ProducerWrites(BrokerBase):
                     ns = b"%d" % int(now * 1_000_000_000)
                     secs = b"%d" % int(now)
                     res = await self.fast.send_packed(
-                        packed % (
+                        command_format % (
                             len(tkey), tkey, len(data), data, len(ib), ib, len(ns), ns,
                             len(secs), secs,
                         )
