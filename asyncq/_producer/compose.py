@@ -333,13 +333,20 @@ class Template:
         Raises as :func:`compose` does for a blank type or non-str headers.
         """
         task_type = task.type
-        if not isinstance(task_type, str) or not task_type.strip():
-            raise ValueError("task typename cannot be empty")
-        payload = b"" if task.payload is None else task.payload
+        try:
+            type_field = _TYPE_FIELDS[task_type]
+        except (KeyError, TypeError):
+            type_field = _learn_type_field(task_type)
+        payload = task.payload or b""
         headers = _merge_headers(task, ()) if task.headers else {}
         task_id = new_task_id()
         # exactly what encoding compose's message gives: its head, the tail, its headers
-        data = encode_task_head(task_type, payload, task_id) + self.tail
+        ib = task_id.encode()
+        if 0 < len(payload) < 0x80 and len(ib) < 0x80:  # one byte each length: the usual task
+            # encode_task_head's bytes with the type field kept
+            data = _PLAIN_MESSAGE % (type_field, len(payload), payload, len(ib), ib, self.tail)
+        else:
+            data = encode_task_head(task_type, payload, task_id) + self.tail
         if headers:
             data += encode_task_headers(headers)
         return _new_plain(Plain, (self, task_type, payload, task_id, headers, data))
@@ -367,6 +374,26 @@ class Template:
         )
         data = encode_task_head(task.type, payload, task_id) + self.tail
         return message, data + encode_task_headers(merged) if merged else data
+
+
+# Field 1 of the messages of each task type encoded on the hot path, by type (checked
+# before it is kept): a producer has few types, and its own bound keeps a hostile one small.
+_TYPE_FIELDS: dict[str, bytes] = {}
+_TYPE_FIELDS_LIMIT = 1024
+# A plain message whose payload and id have 1-127 bytes: the type field, fields 2 and 3,
+# then the template's tail.
+_PLAIN_MESSAGE = b"%b\x12%c%b\x1a%c%b%b"
+
+
+def _learn_type_field(task_type: object) -> bytes:
+    """*task_type*'s field 1, encoded as :func:`encode_task_head` writes it, and kept."""
+    if not isinstance(task_type, str) or not task_type.strip():
+        raise ValueError("task typename cannot be empty")
+    field = encode_task_head(task_type, b"", "")
+    if len(_TYPE_FIELDS) >= _TYPE_FIELDS_LIMIT:
+        _TYPE_FIELDS.clear()
+    _TYPE_FIELDS[task_type] = field
+    return field
 
 
 class Plain(NamedTuple):
@@ -399,9 +426,13 @@ class Plain(NamedTuple):
 _new_plain = tuple.__new__
 
 
-def _cache_key(options: Mapping[str, object]) -> tuple[object, ...] | None:
+def _cache_key(options: Mapping[str, object]) -> object | None:
     if not options:
         return ()
+    if len(options) == 1:
+        queue = options.get("queue")
+        if queue.__class__ is str:
+            return queue  # the usual set, by the name alone (no tuple to build and hash)
     if not _TEMPLATE_OPTIONS.issuperset(options):
         return None
     # The classes too: True == 1 and 1.0 == 1 hash alike, but compose refuses them.
@@ -434,11 +465,8 @@ class Templates:
     def find(self, task: Task, options: Mapping[str, object]) -> Template | None:
         """The template for *task* enqueued with call *options*, when one was learned:
         ``get(key(task, call_key(options)))`` in one call (the Client's hot path)."""
-        if not options:
-            call: tuple[object, ...] = ()
-        elif _TEMPLATE_OPTIONS.issuperset(options):
-            call = (*options.items(), *map(type, options.values()))  # as _cache_key
-        else:
+        call = _cache_key(options) if options else ()
+        if call is None:
             return None
         own = task.options
         own_key = _cache_key(own) if own else ()

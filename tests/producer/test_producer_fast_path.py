@@ -131,6 +131,11 @@ async def test_a_cached_set_does_not_accept_lookalike_values(redis: Redis) -> No
             task = Task("t")
             task.type = " "
             await client.enqueue(task, max_retry=1)
+        for odd in (["t"], b"t"):  # unhashable, and one that equals no str: neither is kept
+            task = Task("t")
+            task.type = odd  # type: ignore[assignment]
+            with pytest.raises(ValueError, match="typename cannot be empty"):
+                await client.enqueue(task, max_retry=1)
         with pytest.raises(TypeError, match="header keys and values must be str"):
             await client.enqueue(Task("t", headers={"a": 1}), max_retry=1)  # type: ignore[dict-item]
         assert await redis.llen(keys.pending_key("default")) == 2
