@@ -516,6 +516,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="keep each commit's environment in benchmarks/.envs/ab/ and reuse it",
     )
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="redis-server on the first usable core, both sides and the physical rows on the"
+        " others (see the runner's --pin)",
+    )
     p.add_argument("--json", type=Path, help="output (default benchmarks/results/ab-<time>.json)")
     args = p.parse_args(argv)
     if args.runs < 1:
@@ -562,8 +568,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds: list[dict[str, Any]] = []
         failures: list[str] = []
         socket = "socket" in (a.variant, b.variant)  # the variant needs the unix socket
-        with runner.redis_server(args.redis_url, unix_socket=socket) as url:
+        server_cpus, measured_cpus = runner.pin_plan() if args.pin else (None, None)
+        with runner.redis_server(args.redis_url, unix_socket=socket, cpus=server_cpus) as url:
             machine = runner.machine_info(url)
+            if (pinned := runner.pin(server_cpus, measured_cpus)) is not None:
+                machine["pinned"] = pinned
             for k in range(args.runs):
                 log(f"round {k + 1}/{args.runs}: physical rows")
                 assert a.python is not None and b.python is not None
@@ -651,6 +660,7 @@ def render_heading(
         + (" — SMOKE RUN (--quick): the figures are not results" if args.quick else ""),
         f"machine: nproc {cpus}, {machine.get('cpu_model', '?')}, Linux {machine['kernel']}"
         + (f", load average {' '.join(str(x) for x in load)} at the start" if load else ""),
+        *runner.pinned_lines(machine),
         f"Python {machine['python']}, redis-server {machine['redis_version']} over TCP,"
         f" N = {n}, {args.runs} round(s), "
         + ("each A then B" if args.order == "ab" else "A then B, then B then A, ...")

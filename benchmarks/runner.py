@@ -196,10 +196,44 @@ def has_unix_socket(url: str) -> bool:
     return bool(reply) and len(reply) == 2 and bool(reply[1])
 
 
+def pin_plan() -> tuple[set[int], set[int]]:
+    """``--pin``'s cores: the first usable one for redis-server, the others for everything
+    measured (systems, redis-benchmark, the redis-py row).
+
+    Unpinned, a client's CPU per round trip depends on where the scheduler put it: on the
+    server's core it waits without its core going idle, on a core of its own it pays to
+    be woken (8-10 µs a round trip more in the kernel, measured in issue 40), and the
+    scheduler picks again every round. Pinned, every system gets the second case, always.
+    """
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < 2:
+        raise SystemExit(f"--pin needs two usable cores; this process has {len(usable)}")
+    return {usable[0]}, set(usable[1:])
+
+
+def _start_server(
+    binary: str, port: int, workdir: str, unix_socket: bool
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning",
+         # A local Redis usually has a unix socket too: the asyncq-socket row opts in to it;
+         # every other row, asyncq's headline one included, is on TCP.
+         *(("--unixsocket", os.path.join(workdir, "redis.sock"), "--unixsocketperm", "700")
+           if unix_socket else ())],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 @contextlib.contextmanager
-def redis_server(url: str | None, *, unix_socket: bool = True) -> Iterator[str]:
-    """*url* as given, or a throwaway redis-server on a free port (no persistence)."""
+def redis_server(
+    url: str | None, *, unix_socket: bool = True, cpus: set[int] | None = None
+) -> Iterator[str]:
+    """*url* as given, or a throwaway redis-server on a free port (no persistence), on
+    *cpus* when given (its threads too: the affinity is set before it starts them)."""
     if url:
+        if cpus is not None:
+            raise SystemExit("--pin places the throwaway redis-server: leave out --redis-url")
         yield url
         return
     binary = shutil.which("redis-server")
@@ -213,15 +247,15 @@ def redis_server(url: str | None, *, unix_socket: bool = True) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     workdir = tempfile.mkdtemp(prefix="asyncq-bench-redis-")
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning",
-         # A local Redis usually has a unix socket too: the asyncq-socket row opts in to it;
-         # every other row, asyncq's headline one included, is on TCP.
-         *(("--unixsocket", os.path.join(workdir, "redis.sock"), "--unixsocketperm", "700")
-           if unix_socket else ())],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+    if cpus is None:
+        proc = _start_server(binary, port, workdir, unix_socket)
+    else:
+        own = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, cpus)  # the server inherits this process's cores: its threads too
+        try:
+            proc = _start_server(binary, port, workdir, unix_socket)
+        finally:
+            os.sched_setaffinity(0, own)
     url = f"redis://127.0.0.1:{port}/0"
     try:
         deadline = time.monotonic() + 10
@@ -756,6 +790,15 @@ def git_commit() -> str:
     return proc.stdout.strip() or "?"
 
 
+def pin(server: set[int] | None, measured: set[int] | None) -> dict[str, list[int]] | None:
+    """Put this process, and so every process it starts from now on, on the *measured*
+    cores (``--pin``; None: nothing to do); what was pinned, for the record."""
+    if server is None or measured is None:
+        return None
+    os.sched_setaffinity(0, measured)
+    return {"redis-server": sorted(server), "measured": sorted(measured)}
+
+
 def machine_info(url: str) -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
@@ -830,6 +873,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, help="worker concurrency (100)")
     p.add_argument("--batch-size", type=int, help="tasks per batch-API call (0 = all at once)")
     p.add_argument("--settle", type=float, help="seconds to wait for late duplicate runs (1.0)")
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="redis-server on the first usable core, every measured process on the others",
+    )
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be >= 1")
@@ -910,6 +958,7 @@ def render_heading(
         f"machine: nproc {nproc}, {machine.get('cpu_model', '?')},"
         f" {machine.get('memory_gib', '?')} GiB memory, Linux {machine['kernel']}"
         + (f", load average {' '.join(str(x) for x in load)} at the start" if load else ""),
+        *pinned_lines(machine),
         f"Python {machine['python']}"
         + (" (PYTHONDONTWRITEBYTECODE set)" if machine.get("pythondontwritebytecode") else "")
         + f", redis-server {machine['redis_version']} (one server, every"
@@ -918,6 +967,17 @@ def render_heading(
         f"commit: {commit}",
     ]
     return "\n".join(lines)
+
+
+def pinned_lines(machine: dict[str, Any]) -> list[str]:
+    """The heading's line saying where ``--pin`` put the processes (none when unpinned)."""
+    pinned = machine.get("pinned")
+    if not pinned:
+        return []
+    server, measured = (",".join(map(str, pinned[k])) for k in ("redis-server", "measured"))
+    return [
+        f"pinned (--pin): redis-server on CPU {server}, every measured process on CPU {measured}"
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -938,8 +998,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = datetime.now(UTC)
     runs: list[dict[str, dict[str, Any]]] = []
     with_reference = not args.no_reference
-    with redis_server(args.redis_url, unix_socket=not args.no_unix_socket) as url:
-        machine = machine_info(url)
+    server_cpus, measured_cpus = pin_plan() if args.pin else (None, None)
+    with redis_server(args.redis_url, unix_socket=not args.no_unix_socket, cpus=server_cpus) as url:
+        machine = machine_info(url)  # the cores usable before --pin narrows this process's
+        if (pinned := pin(server_cpus, measured_cpus)) is not None:
+            machine["pinned"] = pinned
         if "asyncq-socket" in systems and not has_unix_socket(url):
             skipped["asyncq-socket"] = "the Redis server has no unix socket"
         if with_reference and shutil.which("redis-benchmark") is None:
