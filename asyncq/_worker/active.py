@@ -26,6 +26,7 @@ from asyncq.proto.asynq import TaskMessage
 if TYPE_CHECKING:
     from asyncq._broker import DequeuedTask
     from asyncq._worker.select import FirstOf
+    from asyncq.task import Task
 
 __all__ = ["CANCEL_GRACE", "ActiveTask", "ActiveTasks", "AttemptPhase"]
 
@@ -48,6 +49,7 @@ class ActiveTask:
         "cancel_exc",
         "cancelled",
         "deadline",
+        "given",
         "guest",
         "held",
         "host",
@@ -81,6 +83,9 @@ class ActiveTask:
         """Shutdown requeued the task (or left it to recovery): nothing more is written."""
         self.task: asyncio.Task[None] | None = None
         """The asyncio task of the processor's coroutine for this task (it runs the handler)."""
+        self.given: Task | None = None
+        """The :class:`~asyncq.Task` its handler was given, while the handler runs: its
+        ``deadline`` is this one's, moved with it."""
         self.then: DequeuedTask | None = None
         """A task leased to us by this task's outcome (a durable run's first step, by the
         run's suspension; the run a step's success woke), to start in this task's slot when
@@ -137,6 +142,9 @@ class ActiveTask:
         self.deadline += by
         if self.select is not None:
             self.select.move_deadline(by)
+        given = self.given
+        if given is not None and given._deadline_ts is not None:  # not one the handler set
+            given._deadline_ts, given._deadline = self.deadline, None
 
     def cancel(self, exc: BaseException) -> bool:
         """Ask the handler to stop with *exc* as the failure; False once it returned or was

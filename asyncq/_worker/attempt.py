@@ -224,6 +224,7 @@ class Attempts:
         expired, cancelled = active.lease.expired, active.cancelled
         when = deadlines.loop.time() + active.deadline - now
         select = active.select = FirstOf((expired, cancelled), when, deadlines, active.task)
+        active.given = task  # while its deadline can move: no cycle left once it ran
         exc: BaseException | None = None
         limited: timedelta | None = None  # its type's rate had no token: put back unrun
         returned = False  # the handler returned (did not raise or swallow a stop)
@@ -251,7 +252,7 @@ class Attempts:
             exc = err
         finally:
             active.state = "writing"  # from here on a cancel request changes nothing
-            active.select = None
+            active.select = active.given = None
             if active.began:
                 if self.writer.history is not None:
                     active.ran = (active.began, self.clock())

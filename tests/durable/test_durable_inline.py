@@ -359,3 +359,15 @@ async def test_an_attempt_does_not_spend_its_timeout_on_an_inline_step(
     assert await handle.result(timeout=20) == 7
     assert worker.stats.inline == 1
     assert worker.stats.failed == 0  # no attempt ended on its deadline
+
+
+async def test_the_run_task_s_deadline_moves_with_its_attempt_s(
+    redis: Redis, worker: Server
+) -> None:
+    """After an inline step the handler's ``task.deadline`` is the attempt's: moved on by
+    what the step took, not the one it started with (which has passed by then)."""
+    handle = await d.brief_deadline.start()  # 1 s per attempt; its inline step takes 1.5 s
+    before, after, step_ended = await handle.result(timeout=20)
+    assert worker.stats.inline == 1
+    assert after - before >= 1.5  # the step's own time, at least
+    assert before < step_ended < after  # the first had passed, the moved one had not

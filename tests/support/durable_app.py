@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Awaitable
 from datetime import timedelta
 
@@ -262,3 +263,14 @@ async def gate_inline(run: Run, n: int) -> int:
 async def brief(run: Run) -> int:
     """An attempt of 1 s at most, awaiting an inline step that takes longer."""
     return await run.step(slow, 7, 1500)
+
+
+@app.durable(name="d:brief-deadline", queue=QUEUE, timeout=timedelta(seconds=1))
+async def brief_deadline(run: Run) -> list[float]:
+    """:func:`brief`, returning what its task's deadline says before and after the step,
+    and when the step ended (unix seconds)."""
+    before = current_task().deadline
+    await run.step(slow, 7, 1500)
+    after = current_task().deadline
+    assert before is not None and after is not None
+    return [before.timestamp(), after.timestamp(), time.time()]
