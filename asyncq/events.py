@@ -468,6 +468,9 @@ def read_events(
 ) -> AsyncIterator[Event]:
     """Yield events after *since*, waiting for new ones (XREAD BLOCK) without end.
 
+    *block* is how long one read waits before the next: at most four fifths of the
+    client's read timeout (redis-py's default is 5 s), so any *block* works on any client.
+
     *queues*, *types* (task types), *kinds* (:data:`EVENT_KINDS`), *workflows*
     (workflow ids: the events of their steps) and *task_ids* filter what is
     yielded (None: all; several filters: events matching all of them). The
@@ -479,7 +482,21 @@ def read_events(
     wanted = EventFilter.of(
         queues=queues, types=types, kinds=kinds, workflows=workflows, task_ids=task_ids
     )
-    return _read(redis, wanted, stream_id(since), max(1, int(block * 1000)), batch)
+    block_ms = max(1, int(min(block, _longest_block(redis)) * 1000))
+    return _read(redis, wanted, stream_id(since), block_ms, batch)
+
+
+_REDIS_PY_READ_TIMEOUT = 5.0
+"""redis-py's read timeout for a connection given no ``socket_timeout`` (redis-py 8; before
+it, none): an XREAD that blocks longer fails with "Timeout reading from ..."."""
+
+
+def _longest_block(redis: RedisClient) -> float:
+    """The longest one XREAD may block on *redis* (seconds): four fifths of its read
+    timeout, so that a long *block* is read as several waits rather than failing."""
+    kwargs = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", None) or {}
+    timeout = kwargs.get("socket_timeout") or _REDIS_PY_READ_TIMEOUT
+    return float(timeout) * 0.8
 
 
 async def _read(
