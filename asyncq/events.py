@@ -468,8 +468,8 @@ def read_events(
 ) -> AsyncIterator[Event]:
     """Yield events after *since*, waiting for new ones (XREAD BLOCK) without end.
 
-    *block* is how long one read waits before the next: at most four fifths of the
-    client's read timeout (redis-py's default is 5 s), so any *block* works on any client.
+    *block* is how long one read waits before the next: at most half the client's read
+    timeout (redis-py's default is 5 s), so any *block* works on any client.
 
     *queues*, *types* (task types), *kinds* (:data:`EVENT_KINDS`), *workflows*
     (workflow ids: the events of their steps) and *task_ids* filter what is
@@ -492,11 +492,12 @@ it, none): an XREAD that blocks longer fails with "Timeout reading from ..."."""
 
 
 def _longest_block(redis: RedisClient) -> float:
-    """The longest one XREAD may block on *redis* (seconds): four fifths of its read
-    timeout, so that a long *block* is read as several waits rather than failing."""
+    """The longest one XREAD may block on *redis* (seconds): half its read timeout, so
+    that a long *block* is read as several waits rather than failing, and the reply of
+    each has the other half to arrive in on a busy machine."""
     kwargs = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", None) or {}
     timeout = kwargs.get("socket_timeout") or _REDIS_PY_READ_TIMEOUT
-    return float(timeout) * 0.8
+    return float(timeout) / 2
 
 
 async def _read(
