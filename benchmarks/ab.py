@@ -568,11 +568,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds: list[dict[str, Any]] = []
         failures: list[str] = []
         socket = "socket" in (a.variant, b.variant)  # the variant needs the unix socket
-        server_cpus, measured_cpus = runner.pin_plan() if args.pin else (None, None)
-        with runner.redis_server(args.redis_url, unix_socket=socket, cpus=server_cpus) as url:
-            machine = runner.machine_info(url)
-            if (pinned := runner.pin(server_cpus, measured_cpus)) is not None:
-                machine["pinned"] = pinned
+        with runner.measured_server(args.redis_url, pin_cores=args.pin, unix_socket=socket) as (
+            url,
+            machine,
+        ):
             for k in range(args.runs):
                 log(f"round {k + 1}/{args.runs}: physical rows")
                 assert a.python is not None and b.python is not None

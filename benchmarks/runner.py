@@ -202,8 +202,9 @@ def pin_plan() -> tuple[set[int], set[int]]:
 
     Unpinned, a client's CPU per round trip depends on where the scheduler put it: on the
     server's core it waits without its core going idle, on a core of its own it pays to
-    be woken (8-10 µs a round trip more in the kernel, measured in issue 40), and the
-    scheduler picks again every round. Pinned, every system gets the second case, always.
+    be woken (measured in issue 40: 8-10 µs a round trip more on one VM, 25-45 µs on
+    others), and the scheduler picks again every round. Pinned, every system gets the
+    second case, always.
     """
     usable = sorted(os.sched_getaffinity(0))
     if len(usable) < 2:
@@ -799,6 +800,21 @@ def pin(server: set[int] | None, measured: set[int] | None) -> dict[str, list[in
     return {"redis-server": sorted(server), "measured": sorted(measured)}
 
 
+@contextlib.contextmanager
+def measured_server(
+    url: str | None, *, pin_cores: bool, unix_socket: bool
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The server the rounds measure (*url*, or a throwaway one: see ``redis_server``) and
+    the machine they run on. With *pin_cores* (``--pin``), the server gets the first usable
+    core and this process, so every process it starts from then on, the others."""
+    server_cpus, measured_cpus = pin_plan() if pin_cores else (None, None)
+    with redis_server(url, unix_socket=unix_socket, cpus=server_cpus) as served:
+        machine = machine_info(served)  # the cores usable before pin() narrows this process's
+        if (pinned := pin(server_cpus, measured_cpus)) is not None:
+            machine["pinned"] = pinned
+        yield served, machine
+
+
 def machine_info(url: str) -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
@@ -998,11 +1014,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = datetime.now(UTC)
     runs: list[dict[str, dict[str, Any]]] = []
     with_reference = not args.no_reference
-    server_cpus, measured_cpus = pin_plan() if args.pin else (None, None)
-    with redis_server(args.redis_url, unix_socket=not args.no_unix_socket, cpus=server_cpus) as url:
-        machine = machine_info(url)  # the cores usable before --pin narrows this process's
-        if (pinned := pin(server_cpus, measured_cpus)) is not None:
-            machine["pinned"] = pinned
+    with measured_server(
+        args.redis_url, pin_cores=args.pin, unix_socket=not args.no_unix_socket
+    ) as (url, machine):
         if "asyncq-socket" in systems and not has_unix_socket(url):
             skipped["asyncq-socket"] = "the Redis server has no unix socket"
         if with_reference and shutil.which("redis-benchmark") is None:

@@ -197,12 +197,20 @@ def _instant(opts: Mapping[str, object], name: str) -> datetime | None:
     return require_aware(value, name)
 
 
+def require_typename(value: object) -> str:
+    """*value* as a task's type: a string with a character that is not blank. Task() checks
+    its argument the same way, but ``Task.type`` can be set afterwards, so every path from
+    a Task to a message checks again."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("task typename cannot be empty")
+    return value
+
+
 def compose(task: Task, levels: Sequence[Mapping[str, object]], now: datetime) -> Composed:
     """asynq's composeOptions + message construction + routing decision (spec section 1.3)."""
     if not isinstance(task, Task):
         raise TypeError(f"expected an asyncq Task, got {type(task).__name__}")
-    if not isinstance(task.type, str) or not task.type.strip():
-        raise ValueError("task typename cannot be empty")
+    require_typename(task.type)
     levels = [task.options, *levels]
     for i, level in enumerate(levels):
         check_option_names(level, "the task's options" if i == 0 else "the enqueue options")
@@ -357,8 +365,7 @@ class Template:
         """*task*'s message with this option set, *task_id* and *headers* over its own,
         and its encoding: what :func:`compose` gives with those as the call's options,
         and :func:`~asyncq._codec.encode_task_message` of it (a durable run's step)."""
-        if not isinstance(task.type, str) or not task.type.strip():
-            raise ValueError("task typename cannot be empty")
+        require_typename(task.type)
         keys.refuse_braces("task ID", task_id)
         merged = _merge_headers(task, ({"headers": headers},)) if task.headers else headers
         payload = b"" if task.payload is None else task.payload
@@ -387,12 +394,11 @@ _PLAIN_MESSAGE = b"%b\x12%c%b\x1a%c%b%b"
 
 def _learn_type_field(task_type: object) -> bytes:
     """*task_type*'s field 1, encoded as :func:`encode_task_head` writes it, and kept."""
-    if not isinstance(task_type, str) or not task_type.strip():
-        raise ValueError("task typename cannot be empty")
-    field = encode_task_head(task_type, b"", "")
+    name = require_typename(task_type)
+    field = encode_task_head(name, b"", "")
     if len(_TYPE_FIELDS) >= _TYPE_FIELDS_LIMIT:
         _TYPE_FIELDS.clear()
-    _TYPE_FIELDS[task_type] = field
+    _TYPE_FIELDS[name] = field
     return field
 
 

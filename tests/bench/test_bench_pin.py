@@ -80,3 +80,28 @@ def test_pin_refuses_a_given_server() -> None:
         runner.redis_server("redis://127.0.0.1:6379/0", cpus={0}),
     ):
         pass
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not on PATH")
+def test_the_measured_server_pins_both_sides_and_records_it_in_the_machine() -> None:
+    if len(_usable()) < 2:
+        pytest.skip("one usable core")
+    server, measured = runner.pin_plan()
+    code = (
+        "import os; from benchmarks import runner\n"
+        "for pin_cores in (False, True):\n"
+        "    with runner.measured_server(None, pin_cores=pin_cores, unix_socket=False)"
+        " as (url, machine):\n"
+        "        resp = runner.Resp(url); pid = int(resp.info('server')['process_id']);"
+        " resp.close()\n"
+        "        print(machine.get('pinned'), sorted(os.sched_getaffinity(0)),"
+        " sorted(os.sched_getaffinity(pid)), machine['cpus_usable'])\n"
+    )  # in a child: pinning is for the rest of a process's life
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    everything = sorted(_usable())
+    assert out[0] == f"None {everything} {everything} {len(everything)}"
+    pinned = {"redis-server": sorted(server), "measured": sorted(measured)}
+    # the machine's usable cores are read before this process is narrowed
+    assert out[1] == f"{pinned} {sorted(measured)} {sorted(server)} {len(everything)}"
