@@ -518,9 +518,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--pin",
-        action="store_true",
+        nargs="?",
+        const="apart",
+        choices=runner.PIN_MODES,
         help="redis-server on the first usable core, both sides and the physical rows on the"
-        " others (see the runner's --pin)",
+        " others (apart, the default) or on the server's core too (shared); see the runner's"
+        " --pin",
     )
     p.add_argument("--json", type=Path, help="output (default benchmarks/results/ab-<time>.json)")
     args = p.parse_args(argv)
@@ -568,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds: list[dict[str, Any]] = []
         failures: list[str] = []
         socket = "socket" in (a.variant, b.variant)  # the variant needs the unix socket
-        with runner.measured_server(args.redis_url, pin_cores=args.pin, unix_socket=socket) as (
+        with runner.measured_server(args.redis_url, pin_mode=args.pin, unix_socket=socket) as (
             url,
             machine,
         ):

@@ -49,7 +49,7 @@ def _subscribe(url: str, channel: str) -> None:
     resp.close()
 
 
-def probe(url: str, n: int, interval_ms: float, warmup: int) -> dict[str, float | int]:
+def probe(url: str, n: int, interval_ms: float, warmup: int) -> dict[str, str | float | int]:
     """Publish *warmup* + *n* messages to a subscriber process; the latency record."""
     channel = f"pubsub-probe:{uuid.uuid4()}"
     child = subprocess.Popen(

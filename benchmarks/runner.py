@@ -196,17 +196,28 @@ def has_unix_socket(url: str) -> bool:
     return bool(reply) and len(reply) == 2 and bool(reply[1])
 
 
-def pin_plan() -> tuple[set[int], set[int]]:
-    """``--pin``'s cores: the first usable one for redis-server, the others for everything
-    measured (systems, redis-benchmark, the redis-py row).
+PIN_MODES = ("apart", "shared")
+"""``--pin``'s placements: the measured processes on cores of their own (``apart``, what
+``--pin`` alone means) or on the server's (``shared``)."""
+
+
+def pin_plan(mode: str = "apart") -> tuple[set[int], set[int]]:
+    """``--pin``'s cores: the first usable one for redis-server; for everything measured
+    (systems, redis-benchmark, the redis-py row) the others (*mode* ``apart``) or the
+    server's own (``shared``).
 
     Unpinned, a client's CPU per round trip depends on where the scheduler put it: on the
     server's core it waits without its core going idle, on a core of its own it pays to
-    be woken (measured in issue 40: 8-10 µs a round trip more on one VM, 25-45 µs on
-    others), and the scheduler picks again every round. Pinned, every system gets the
-    second case, always.
+    be woken (measured in issue 40: 8-10 µs a round trip more on one VM, 25-80 µs on
+    others), and the scheduler picks again every round. Pinned, every system gets one
+    case, always: ``apart`` is the deployment's (a server has cores of its own), and
+    ``shared`` leaves out the wake-up, so a client's CPU is what its own code costs.
     """
+    if mode not in PIN_MODES:
+        raise SystemExit(f"--pin is one of {', '.join(PIN_MODES)}, not {mode!r}")
     usable = sorted(os.sched_getaffinity(0))
+    if mode == "shared":
+        return {usable[0]}, {usable[0]}
     if len(usable) < 2:
         raise SystemExit(f"--pin needs two usable cores; this process has {len(usable)}")
     return {usable[0]}, set(usable[1:])
@@ -802,12 +813,13 @@ def pin(server: set[int] | None, measured: set[int] | None) -> dict[str, list[in
 
 @contextlib.contextmanager
 def measured_server(
-    url: str | None, *, pin_cores: bool, unix_socket: bool
+    url: str | None, *, pin_mode: str | None, unix_socket: bool
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """The server the rounds measure (*url*, or a throwaway one: see ``redis_server``) and
-    the machine they run on. With *pin_cores* (``--pin``), the server gets the first usable
-    core and this process, so every process it starts from then on, the others."""
-    server_cpus, measured_cpus = pin_plan() if pin_cores else (None, None)
+    the machine they run on. With a *pin_mode* (``--pin``, see :func:`pin_plan`), the
+    server gets the first usable core and this process, so every process it starts from
+    then on, the measured cores."""
+    server_cpus, measured_cpus = pin_plan(pin_mode) if pin_mode else (None, None)
     with redis_server(url, unix_socket=unix_socket, cpus=server_cpus) as served:
         machine = machine_info(served)  # the cores usable before pin() narrows this process's
         if (pinned := pin(server_cpus, measured_cpus)) is not None:
@@ -891,8 +903,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--settle", type=float, help="seconds to wait for late duplicate runs (1.0)")
     p.add_argument(
         "--pin",
-        action="store_true",
-        help="redis-server on the first usable core, every measured process on the others",
+        nargs="?",
+        const="apart",
+        choices=PIN_MODES,
+        help="redis-server on the first usable core, every measured process on the others"
+        " (apart, the default) or on the server's core too (shared)",
     )
     args = p.parse_args(argv)
     if args.runs < 1:
@@ -991,6 +1006,11 @@ def pinned_lines(machine: dict[str, Any]) -> list[str]:
     if not pinned:
         return []
     server, measured = (",".join(map(str, pinned[k])) for k in ("redis-server", "measured"))
+    if server == measured:
+        return [
+            f"pinned (--pin shared): redis-server and every measured process on CPU {server},"
+            " so no client pays to be woken on a core of its own (see benchmarks/README.md)"
+        ]
     return [
         f"pinned (--pin): redis-server on CPU {server}, every measured process on CPU {measured}"
     ]
@@ -1015,7 +1035,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[dict[str, dict[str, Any]]] = []
     with_reference = not args.no_reference
     with measured_server(
-        args.redis_url, pin_cores=args.pin, unix_socket=not args.no_unix_socket
+        args.redis_url, pin_mode=args.pin, unix_socket=not args.no_unix_socket
     ) as (url, machine):
         if "asyncq-socket" in systems and not has_unix_socket(url):
             skipped["asyncq-socket"] = "the Redis server has no unix socket"

@@ -89,19 +89,37 @@ def test_the_measured_server_pins_both_sides_and_records_it_in_the_machine() -> 
     server, measured = runner.pin_plan()
     code = (
         "import os; from benchmarks import runner\n"
-        "for pin_cores in (False, True):\n"
-        "    with runner.measured_server(None, pin_cores=pin_cores, unix_socket=False)"
+        "for pin_mode in (None, 'apart', 'shared'):\n"
+        "    with runner.measured_server(None, pin_mode=pin_mode, unix_socket=False)"
         " as (url, machine):\n"
         "        resp = runner.Resp(url); pid = int(resp.info('server')['process_id']);"
         " resp.close()\n"
         "        print(machine.get('pinned'), sorted(os.sched_getaffinity(0)),"
         " sorted(os.sched_getaffinity(pid)), machine['cpus_usable'])\n"
-    )  # in a child: pinning is for the rest of a process's life
+        f"    os.sched_setaffinity(0, {_usable()!r})\n"
+    )  # in a child: pinning is for the rest of a process's life (given back between modes)
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.splitlines()
     everything = sorted(_usable())
     assert out[0] == f"None {everything} {everything} {len(everything)}"
-    pinned = {"redis-server": sorted(server), "measured": sorted(measured)}
+    apart = {"redis-server": sorted(server), "measured": sorted(measured)}
     # the machine's usable cores are read before this process is narrowed
-    assert out[1] == f"{pinned} {sorted(measured)} {sorted(server)} {len(everything)}"
+    assert out[1] == f"{apart} {sorted(measured)} {sorted(server)} {len(everything)}"
+    shared = {"redis-server": sorted(server), "measured": sorted(server)}
+    assert out[2] == f"{shared} {sorted(server)} {sorted(server)} {len(everything)}"
+
+
+def test_shared_puts_the_measured_processes_on_the_server_s_core_and_says_so() -> None:
+    server, measured = runner.pin_plan("shared")
+    assert server == measured == {min(_usable())}
+    lines = runner.pinned_lines({"pinned": {"redis-server": [0], "measured": [0]}})
+    assert lines == [
+        "pinned (--pin shared): redis-server and every measured process on CPU 0, so no client"
+        " pays to be woken on a core of its own (see benchmarks/README.md)"
+    ]
+    with pytest.raises(SystemExit, match="--pin is one of apart, shared, not 'near'"):
+        runner.pin_plan("near")
+    assert runner.parse_args(["--pin"]).pin == "apart"
+    assert runner.parse_args(["--pin", "shared"]).pin == "shared"
+    assert runner.parse_args([]).pin is None
