@@ -155,6 +155,12 @@ class Task:
         self._deadline = value
         self._deadline_ts = None
 
+    def _deadline_moved(self, ts: float) -> None:
+        """The running attempt's deadline is now *ts* (unix seconds), unless the handler set
+        its own (internal: the worker's, when an inline step moves the attempt's)."""
+        if self._deadline_ts is not None:
+            self._deadline_ts, self._deadline = ts, None
+
     def json(self) -> Any:
         """Decode the payload as JSON (raises ValueError when it is not JSON)."""
         if self.payload is None:

@@ -142,9 +142,8 @@ class ActiveTask:
         self.deadline += by
         if self.select is not None:
             self.select.move_deadline(by)
-        given = self.given
-        if given is not None and given._deadline_ts is not None:  # not one the handler set
-            given._deadline_ts, given._deadline = self.deadline, None
+        if self.given is not None:
+            self.given._deadline_moved(self.deadline)
 
     def cancel(self, exc: BaseException) -> bool:
         """Ask the handler to stop with *exc* as the failure; False once it returned or was
