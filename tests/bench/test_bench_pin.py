@@ -25,6 +25,13 @@ def _usable() -> set[int]:
     return os.sched_getaffinity(0)
 
 
+def _child_lines(code: str) -> list[str]:
+    """What *code* prints, run in a child: pinning is for the rest of a process's life."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+
+
 def test_the_plan_gives_the_server_one_core_and_the_measured_processes_the_rest() -> None:
     if len(_usable()) < 2:
         with pytest.raises(SystemExit, match="--pin needs two usable cores"):
@@ -62,10 +69,8 @@ def test_pin_narrows_this_process_and_the_processes_it_starts_and_records_it() -
         " child = 'import os; print(sorted(os.sched_getaffinity(0)))';"
         " print(subprocess.run([sys.executable, '-c', child], capture_output=True, text=True)"
         ".stdout.strip())"
-    )  # in a child: pinning is for the rest of a process's life
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.splitlines()
+    )
+    out = _child_lines(code)
     assert out[0] == repr({"redis-server": sorted(server), "measured": sorted(measured)})
     assert out[1] == repr(sorted(measured))
     assert runner.pin(None, None) is None
@@ -97,10 +102,8 @@ def test_the_measured_server_pins_both_sides_and_records_it_in_the_machine() -> 
         "        print(machine.get('pinned'), sorted(os.sched_getaffinity(0)),"
         " sorted(os.sched_getaffinity(pid)), machine['cpus_usable'])\n"
         f"    os.sched_setaffinity(0, {_usable()!r})\n"
-    )  # in a child: pinning is for the rest of a process's life (given back between modes)
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.splitlines()
+    )  # the cores given back between modes
+    out = _child_lines(code)
     everything = sorted(_usable())
     assert out[0] == f"None {everything} {everything} {len(everything)}"
     apart = {"redis-server": sorted(server), "measured": sorted(measured)}
