@@ -29,10 +29,10 @@ from asyncq.cli import main
 from asyncq.cli._format import format_payload, parse_time, table
 from tests.support import gofixtures as go
 from tests.support.gofixtures import GoTask, GoWorker
+from tests.support.helpers import same_day_now
 from tests.support.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-NOW = datetime.now(UTC).replace(microsecond=0)
 ENTRY_ID = "7d3c9a6e-2b1f-4e8a-9f5d-0c1b2a3d4e5f"
 
 
@@ -77,45 +77,48 @@ def assert_fits_80(text: str) -> None:
 @pytest.fixture
 def state(redis_url: str, r: sync_redis.Redis) -> dict[str, Any]:
     """A realistic Go-written Redis: two queues with tasks in every state."""
-    out: dict[str, Any] = {}
+    # Fresh for each test, not the module's import time: the CLI reads today's daily
+    # counters on the real clock, and a suite that ran past midnight read none.
+    now = same_day_now()
+    out: dict[str, Any] = {"now": now}
 
     async def fill(rr: Redis) -> None:
         out["pending"] = [GoTask("email:welcome", b'{"user_id": %d}' % i) for i in range(3)]
         for i, t in enumerate(out["pending"]):
-            await go.enqueue(rr, t, NOW - timedelta(seconds=30 - i))
+            await go.enqueue(rr, t, now - timedelta(seconds=30 - i))
         out["active"] = GoTask("image:resize", b'{"src": "cat.png"}', queue="critical")
-        await go.seed_active(rr, out["active"], NOW + timedelta(seconds=30))
+        await go.seed_active(rr, out["active"], now + timedelta(seconds=30))
         out["scheduled"] = GoTask("report:daily", b"{}")
-        await go.schedule(rr, out["scheduled"], NOW + timedelta(minutes=5))
+        await go.schedule(rr, out["scheduled"], now + timedelta(minutes=5))
         out["retry"] = GoTask(
             "webhook:send",
             b"{}",
             retried=2,
             error_msg="503 Service Unavailable",
-            last_failed_at=go.unix(NOW),
+            last_failed_at=go.unix(now),
         )
-        await go.seed_retry(rr, out["retry"], NOW + timedelta(minutes=1))
+        await go.seed_retry(rr, out["retry"], now + timedelta(minutes=1))
         out["archived"] = GoTask("pdf:render", b"\x89PDF\x00\xff", error_msg="out of memory")
-        await go.seed_archived(rr, out["archived"], NOW - timedelta(hours=2))
-        out["completed"] = GoTask("email:welcome", b"{}", completed_at=go.unix(NOW), retention=3600)
+        await go.seed_archived(rr, out["archived"], now - timedelta(hours=2))
+        out["completed"] = GoTask("email:welcome", b"{}", completed_at=go.unix(now), retention=3600)
         await go.seed_completed(rr, out["completed"], result=b'{"sent": true}')
         out["aggregating"] = [
             GoTask("notify:digest", b"%d" % i, queue="critical", group_key="user:42")
             for i in range(2)
         ]
         for t in out["aggregating"]:
-            await go.add_to_group(rr, t, NOW)
-        await go.seed_daily(rr, "default", NOW, 1520, 12)
-        await go.seed_daily(rr, "default", NOW - timedelta(days=1), 2210, 40)
+            await go.add_to_group(rr, t, now)
+        await go.seed_daily(rr, "default", now, 1520, 12)
+        await go.seed_daily(rr, "default", now - timedelta(days=1), 2210, 40)
         await go.seed_totals(rr, "default", 48210, 402)
         out["server"] = await go.seed_server(
             rr,
-            now=NOW,
+            now=now,
             host="worker-1",
             pid=3120,
             concurrency=20,
             queues={"critical": 6, "default": 3},
-            workers=[GoWorker(out["active"], NOW, NOW + timedelta(minutes=30))],
+            workers=[GoWorker(out["active"], now, now + timedelta(minutes=30))],
             ttl=600,
         )
         entry = go.encode_scheduler_entry(
@@ -124,12 +127,12 @@ def state(redis_url: str, r: sync_redis.Redis) -> dict[str, Any]:
             task_type="report:hourly",
             payload=b"",
             options=['Queue("default")', "MaxRetry(3)"],
-            next_at=NOW + timedelta(minutes=20),
+            next_at=now + timedelta(minutes=20),
             prev_at=None,
         )
-        await go.seed_scheduler(rr, "worker-1:3121:abc", [entry], NOW, ttl=600)
+        await go.seed_scheduler(rr, "worker-1:3121:abc", [entry], now, ttl=600)
         for i in range(3):
-            await go.seed_enqueue_event(rr, ENTRY_ID, f"task-{i}", NOW - timedelta(hours=3 - i))
+            await go.seed_enqueue_event(rr, ENTRY_ID, f"task-{i}", now - timedelta(hours=3 - i))
 
     seed(redis_url, fill)
     return out
@@ -335,7 +338,7 @@ def test_queue_ls_inspect_history(cli: Callable[..., Result], state: dict[str, A
 
     hist = cli("queue", "history", "default", "--days", "2")
     assert hist.exit_code == 0
-    assert f"{NOW.date().isoformat()}  1520       12      0.79%" in hist.stdout
+    assert f"{state['now'].date().isoformat()}  1520       12      0.79%" in hist.stdout
     data = json.loads(cli("queue", "history", "default", "-x", "3", "--json").stdout)
     assert [d["processed"] for d in data["default"]] == [1520, 2210, 0]
 

@@ -10,7 +10,7 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from redis.asyncio import Redis
@@ -40,6 +40,22 @@ class FakeClock:
     @property
     def dt(self) -> datetime:
         return datetime.fromtimestamp(self.now, UTC)
+
+
+def same_day_now(margin: float = 120.0) -> datetime:
+    """Now (UTC, whole seconds), at least *margin* seconds before the next UTC midnight.
+
+    A test that seeds today's daily counters (``processed:<date>``) and reads them back
+    through code on the real clock must not see the day change in between: within the
+    day's last *margin* seconds this sleeps until the next day has begun.
+    """
+    now = datetime.now(UTC)
+    midnight = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    left = (midnight - now).total_seconds()
+    if left < margin:
+        time.sleep(left + 0.01)
+        now = datetime.now(UTC)
+    return now.replace(microsecond=0)
 
 
 def make_msg(task_id: str = "t1", queue: str = Q, **fields: Any) -> TaskMessage:

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from tests.support import gofixtures as go
 from tests.support.gofixtures import GoTask, GoWorker
+from tests.support.helpers import same_day_now
 
 
 @dataclass
@@ -39,7 +40,7 @@ def _json(data: object) -> bytes:
 
 
 async def seed(r: Redis) -> Seeded:
-    now = datetime.now(UTC).replace(microsecond=0)
+    now = same_day_now()  # its daily counters are read back on the real clock
     s = Seeded(now=now)
     for i in range(3):
         t = GoTask("email:send", _json({"to": f"user{i}@example.com"}), queue="critical")
