@@ -302,8 +302,11 @@ async def test_timeout_and_deadline_cancel_the_handler(
     errors: list[BaseException] = []
     await serve(mux, retry_delay=lambda n, e, t: HOUR, error_handler=lambda t, e: errors.append(e))
     a = await client.enqueue(Task("slow:timeout"), timeout=timedelta(seconds=1))
+    # Far enough ahead that the handler has started when it comes, on a busy machine too
+    # (stored in whole seconds, a deadline 1 s ahead could pass before the fetch, and the
+    # task then fails unrun: test_deadline_already_passed_fails_without_running).
     b = await client.enqueue(
-        Task("slow:deadline"), deadline=datetime.now(UTC) + timedelta(seconds=1)
+        Task("slow:deadline"), deadline=datetime.now(UTC) + timedelta(seconds=5)
     )
     for info in (a, b):
         await wait_state(redis, info.id, "retry")
